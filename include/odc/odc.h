@@ -1,0 +1,103 @@
+/* odc: On-Demand Communication for sharded data-parallel training with variable-length data.
+ *
+ * The stable C boundary of the library. Everything above it (the Python package, the torch
+ * integration, other frameworks) goes through these calls. Conventions, as in NCCL:
+ *   - every call returns an odcResult_t; odcGetErrorString() names the code and
+ *     odcGetLastError() gives the message of the calling thread's last failure;
+ *   - handles are opaque and owned by the caller until the matching Destroy call;
+ *   - a failed call changes nothing the caller can observe.
+ */
+#ifndef ODC_ODC_H_
+#define ODC_ODC_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define ODC_API __attribute__((visibility("default")))
+#else
+#define ODC_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ODC_VERSION_MAJOR 0
+#define ODC_VERSION_MINOR 1
+#define ODC_VERSION_PATCH 0
+
+typedef enum {
+  odcSuccess = 0,
+  odcInvalidArgument = 1, /* bad input from the caller; nothing was changed */
+  odcSystemError = 2,     /* the operating system refused (file, memory, ...) */
+  odcInternalError = 3,   /* a bug in odc: please report it with the message */
+  odcNumResults = 4
+} odcResult_t;
+
+/* A static, human-readable name for a result code. Never NULL. */
+ODC_API const char* odcGetErrorString(odcResult_t result);
+
+/* The message of the calling thread's most recent failed call ("" if none). The pointer stays valid
+ * until the next odc call on this thread. */
+ODC_API const char* odcGetLastError(void);
+
+/* The library version as MAJOR*10000 + MINOR*100 + PATCH. */
+ODC_API int odcGetVersion(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Planner: load-balancing plans and predicted bubbles (design.md, "Load balancing").
+ * Pure CPU; thread-safe for distinct plan handles.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum {
+  odcPolicyLocalSort = 0, /* rank r takes samples r, r+N, ...; one sample per microbatch */
+  odcPolicyLbMicro = 1,   /* equal sample and microbatch counts per rank (collective or ODC) */
+  odcPolicyLbMini = 2     /* cost-balanced ranks, independent microbatch counts (ODC only) */
+} odcPolicy_t;
+
+/* Minibatch size meaning "all samples form one minibatch". */
+#define ODC_PLAN_ALL_SAMPLES INT64_MAX
+
+typedef struct {
+  int64_t num_ranks;  /* >= 1 */
+  int64_t max_tokens; /* token cap per microbatch, >= 1; every sample must fit */
+  odcPolicy_t policy;
+  int64_t minibatch_size; /* consecutive samples per minibatch, >= 1, or ODC_PLAN_ALL_SAMPLES */
+  double cost_a;          /* microbatch cost = cost_c + sum(cost_a*L + cost_b*L^2); all >= 0 */
+  double cost_b;
+  double cost_c;
+  const double* rank_speed; /* NULL (all 1.0) or positive relative speeds, one per rank; copied */
+  size_t num_rank_speeds;   /* entries in rank_speed; must equal num_ranks when it is not NULL */
+} odcPlanOptions_t;
+
+typedef struct odcPlan* odcPlan_t;
+
+/* Fills `options` with the defaults: 1 rank, max_tokens 0 (must be set), LB-Mini, all samples
+ * in one minibatch, cost 1,0,0, uniform speed. */
+ODC_API odcResult_t odcPlanOptionsInit(odcPlanOptions_t* options);
+
+/* Parses "local-sort", "lb-micro" or "lb-mini". */
+ODC_API odcResult_t odcPolicyFromName(const char* name, odcPolicy_t* policy);
+
+/* Plans `num_samples` samples with the given lengths (tokens). On success *plan owns the result;
+ * release it with odcPlanDestroy. On failure *plan is untouched and odcGetLastError() names the
+ * offending input (e.g. "sample 12 has length 70000, above max_tokens 65536"). */
+ODC_API odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
+                                  const odcPlanOptions_t* options, odcPlan_t* plan);
+
+/* Predicted bubble over all minibatches under collective and ODC execution. */
+ODC_API odcResult_t odcPlanGetBubble(odcPlan_t plan, double* collective, double* odc);
+
+/* The plan as JSON, the same document `odc plan` prints (docs/planner.md). The string is owned by
+ * the plan and valid until odcPlanDestroy. */
+ODC_API odcResult_t odcPlanToJson(odcPlan_t plan, const char** json);
+
+/* Releases a plan. NULL is accepted and ignored. */
+ODC_API odcResult_t odcPlanDestroy(odcPlan_t plan);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ODC_ODC_H_ */

@@ -1,0 +1,110 @@
+"""ctypes binding of the C API (include/odc/odc.h). The only module that touches the shared library.
+
+The library is found, in order: $ODC_LIBRARY (a path to libodc.so), then next to this file (where
+`pip install .` puts it).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+
+class Error(Exception):
+    """A failure reported by the odc library. `code` is the odcResult_t value."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+# odcResult_t
+SUCCESS = 0
+INVALID_ARGUMENT = 1
+
+ODC_PLAN_ALL_SAMPLES = 2**63 - 1
+
+
+class PlanOptions(ctypes.Structure):
+    _fields_ = [
+        ("num_ranks", ctypes.c_int64),
+        ("max_tokens", ctypes.c_int64),
+        ("policy", ctypes.c_int),
+        ("minibatch_size", ctypes.c_int64),
+        ("cost_a", ctypes.c_double),
+        ("cost_b", ctypes.c_double),
+        ("cost_c", ctypes.c_double),
+        ("rank_speed", ctypes.POINTER(ctypes.c_double)),
+        ("num_rank_speeds", ctypes.c_size_t),
+    ]
+
+
+def _find_library() -> str:
+    override = os.environ.get("ODC_LIBRARY")
+    if override:
+        if not Path(override).is_file():
+            raise ImportError(f"ODC_LIBRARY={override!r} is not a file")
+        return override
+    bundled = Path(__file__).resolve().parent / "libodc.so"
+    if bundled.is_file():
+        return str(bundled)
+    raise ImportError(
+        f"libodc.so not found next to {__file__}; install the package with `pip install .` "
+        "or point ODC_LIBRARY at a built libodc.so"
+    )
+
+
+def _load() -> ctypes.CDLL:
+    lib = ctypes.CDLL(_find_library())
+    result = ctypes.c_int
+    lib.odcGetErrorString.argtypes = [result]
+    lib.odcGetErrorString.restype = ctypes.c_char_p
+    lib.odcGetLastError.argtypes = []
+    lib.odcGetLastError.restype = ctypes.c_char_p
+    lib.odcGetVersion.argtypes = []
+    lib.odcGetVersion.restype = ctypes.c_int
+    lib.odcPlanOptionsInit.argtypes = [ctypes.POINTER(PlanOptions)]
+    lib.odcPolicyFromName.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]
+    lib.odcPlanCreate.argtypes = [
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_size_t,
+        ctypes.POINTER(PlanOptions),
+        ctypes.POINTER(ctypes.c_void_p),
+    ]
+    lib.odcPlanGetBubble.argtypes = [
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_double),
+        ctypes.POINTER(ctypes.c_double),
+    ]
+    lib.odcPlanToJson.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p)]
+    lib.odcPlanDestroy.argtypes = [ctypes.c_void_p]
+    for name in (
+        "odcPlanOptionsInit",
+        "odcPolicyFromName",
+        "odcPlanCreate",
+        "odcPlanGetBubble",
+        "odcPlanToJson",
+        "odcPlanDestroy",
+    ):
+        getattr(lib, name).restype = result
+    return lib
+
+
+lib = _load()
+
+
+def check(result: int) -> None:
+    """Raises for a failed call: ValueError for invalid arguments, Error otherwise."""
+    if result == SUCCESS:
+        return
+    message = lib.odcGetLastError().decode("utf-8", "replace")
+    if result == INVALID_ARGUMENT:
+        raise ValueError(message)
+    name = lib.odcGetErrorString(result).decode()
+    raise Error(f"{name}: {message}", result)
+
+
+def version() -> str:
+    packed = lib.odcGetVersion()
+    return f"{packed // 10000}.{packed // 100 % 100}.{packed % 100}"

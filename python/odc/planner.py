@@ -1,0 +1,98 @@
+"""`odc.plan`: load-balancing plans computed by the C++ planner (through the C API).
+
+The returned structure is exactly the JSON document of `odc plan` (docs/planner.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import numbers
+from typing import Any, Optional, Sequence
+
+from . import _capi
+
+_COST_MESSAGE = "expected three comma-separated non-negative numbers A,B,C"
+
+
+def _lengths_array(lengths: Sequence[int]) -> "ctypes.Array[ctypes.c_int64]":
+    values = []
+    for index, length in enumerate(lengths):
+        if isinstance(length, bool) or not isinstance(length, numbers.Integral):
+            raise ValueError(f"sample {index}: length must be an integer, got {length!r}")
+        values.append(int(length))
+    try:
+        return (ctypes.c_int64 * len(values))(*values)
+    except OverflowError:
+        raise ValueError("a sample length does not fit in 64 bits") from None
+
+
+def _integer(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def plan(
+    lengths: Sequence[int],
+    ranks: int,
+    max_tokens: int,
+    policy: str,
+    minibatch_size: Optional[int] = None,
+    cost: Sequence[float] = (1.0, 0.0, 0.0),
+    rank_speed: Optional[Sequence[float]] = None,
+) -> dict:
+    """Plans microbatches for every rank and predicts the bubble (design.md, "Load balancing").
+
+    lengths: tokens per sample, in order; consecutive groups of `minibatch_size` form the
+        minibatches (default: all samples in one).
+    policy: "local-sort", "lb-micro" or "lb-mini".
+    cost: (a, b, c): a microbatch costs c + sum(a*L + b*L^2).
+    rank_speed: relative speed of each rank (heterogeneous GPUs); LB-Mini balances cost / speed.
+
+    Returns {"policy", "ranks", "max_tokens", "cost", "minibatches", "bubble"} as dicts and lists.
+    Raises ValueError, with the same message as the CLI, for bad arguments.
+    """
+    options = _capi.PlanOptions()
+    _capi.check(_capi.lib.odcPlanOptionsInit(ctypes.byref(options)))
+    options.num_ranks = _integer("ranks", ranks)
+    options.max_tokens = _integer("max_tokens", max_tokens)
+    if minibatch_size is not None:
+        options.minibatch_size = _integer("minibatch_size", minibatch_size)
+    if not isinstance(policy, str):
+        raise ValueError(f"policy must be a string, got {policy!r}")
+    policy_value = ctypes.c_int()
+    _capi.check(_capi.lib.odcPolicyFromName(policy.encode(), ctypes.byref(policy_value)))
+    options.policy = policy_value.value
+
+    cost_values = tuple(cost) if isinstance(cost, (list, tuple)) else None
+    if (
+        cost_values is None
+        or len(cost_values) != 3
+        or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in cost_values)
+    ):
+        raise ValueError(f"malformed cost {cost!r}: {_COST_MESSAGE}")
+    options.cost_a, options.cost_b, options.cost_c = (float(v) for v in cost_values)
+
+    speeds = None
+    if rank_speed is not None:
+        if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in rank_speed):
+            raise ValueError(
+                f"malformed rank_speed {rank_speed!r}: expected comma-separated positive numbers "
+                "S0,S1,..."
+            )
+        speeds = (ctypes.c_double * len(rank_speed))(*[float(v) for v in rank_speed])
+        options.rank_speed = speeds
+        options.num_rank_speeds = len(rank_speed)
+
+    array = _lengths_array(lengths)
+    handle = ctypes.c_void_p()
+    _capi.check(
+        _capi.lib.odcPlanCreate(array, len(array), ctypes.byref(options), ctypes.byref(handle))
+    )
+    try:
+        text = ctypes.c_char_p()
+        _capi.check(_capi.lib.odcPlanToJson(handle, ctypes.byref(text)))
+        return json.loads(text.value)
+    finally:
+        _capi.lib.odcPlanDestroy(handle)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs everything odc needs to build, test and run its demo, idempotently: Debian packages
+# (compiler, CMake, GoogleTest, clang-format) and a Python virtual environment in .venv with the
+# build backend and test tools. Safe to run any number of times; fast when nothing is missing.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+
+apt_packages=(build-essential cmake ninja-build libgtest-dev clang-format python3 python3-venv python3-pip)
+missing=()
+for package in "${apt_packages[@]}"; do
+  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+# The Python environment. Any python3 >= 3.9 on PATH will do (a pyenv one, or Debian's).
+venv="$repo_root/.venv"
+if [[ ! -x "$venv/bin/python" ]]; then
+  echo "setup: creating $venv"
+  python3 -m venv "$venv"
+fi
+python_packages=("scikit-build-core>=0.8" "pytest>=7" "ruff==0.8.4")
+if ! "$venv/bin/python" - "${python_packages[@]}" <<'PY' >/dev/null 2>&1; then
+import sys
+from importlib.metadata import version
+from packaging.requirements import Requirement
+for spec in sys.argv[1:]:
+    requirement = Requirement(spec)
+    assert requirement.specifier.contains(version(requirement.name), prereleases=True)
+PY
+  echo "setup: installing Python packages: ${python_packages[*]}"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q packaging "${python_packages[@]}"
+fi

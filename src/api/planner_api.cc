@@ -1,0 +1,107 @@
+// C API of the planner: validates handles and pointers, then delegates to odc::planner.
+#include <span>
+#include <string>
+#include <vector>
+
+#include "api/api_errors.h"
+#include "odc/odc.h"
+#include "planner/plan.h"
+#include "planner/plan_format.h"
+
+struct odcPlan {
+  odc::planner::Plan plan;
+  std::string json;  // rendered on first request
+};
+
+namespace {
+
+using odc::Status;
+using odc::api::guarded;
+using odc::api::report;
+using odc::api::success;
+
+Status null_argument(const char* function, const char* name) {
+  return Status::InvalidArgument(std::string(function) + ": " + name + " is NULL");
+}
+
+}  // namespace
+
+extern "C" odcResult_t odcPlanOptionsInit(odcPlanOptions_t* options) {
+  if (options == nullptr) return report(null_argument("odcPlanOptionsInit", "options"));
+  *options = odcPlanOptions_t{};
+  options->num_ranks = 1;
+  options->max_tokens = 0;
+  options->policy = odcPolicyLbMini;
+  options->minibatch_size = ODC_PLAN_ALL_SAMPLES;
+  options->cost_a = 1.0;
+  options->cost_b = 0.0;
+  options->cost_c = 0.0;
+  options->rank_speed = nullptr;
+  options->num_rank_speeds = 0;
+  return success();
+}
+
+extern "C" odcResult_t odcPolicyFromName(const char* name, odcPolicy_t* policy) {
+  if (name == nullptr) return report(null_argument("odcPolicyFromName", "name"));
+  if (policy == nullptr) return report(null_argument("odcPolicyFromName", "policy"));
+  auto parsed = odc::planner::parse_policy(name);
+  if (!parsed.ok()) return report(parsed.status());
+  *policy = static_cast<odcPolicy_t>(parsed.value());
+  return success();
+}
+
+extern "C" odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
+                                     const odcPlanOptions_t* options, odcPlan_t* plan) {
+  return guarded([&]() -> odcResult_t {
+    if (lengths == nullptr && num_samples > 0) {
+      return report(null_argument("odcPlanCreate", "lengths"));
+    }
+    if (options == nullptr) return report(null_argument("odcPlanCreate", "options"));
+    if (plan == nullptr) return report(null_argument("odcPlanCreate", "plan"));
+    if (options->policy < odcPolicyLocalSort || options->policy > odcPolicyLbMini) {
+      return report(Status::InvalidArgument("odcPlanCreate: unknown policy value " +
+                                            std::to_string(static_cast<int>(options->policy))));
+    }
+    odc::planner::PlanOptions plan_options;
+    plan_options.num_ranks = options->num_ranks;
+    plan_options.max_tokens = options->max_tokens;
+    plan_options.policy = static_cast<odc::planner::Policy>(options->policy);
+    plan_options.minibatch_size = options->minibatch_size;
+    plan_options.cost = {options->cost_a, options->cost_b, options->cost_c};
+    if (options->rank_speed != nullptr) {
+      plan_options.rank_speed.assign(options->rank_speed,
+                                     options->rank_speed + options->num_rank_speeds);
+    } else if (options->num_rank_speeds != 0) {
+      return report(null_argument("odcPlanCreate", "options->rank_speed"));
+    }
+    auto result = odc::planner::make_plan(
+        std::span<const int64_t>(lengths, lengths ? num_samples : 0), plan_options);
+    if (!result.ok()) return report(result.status());
+    *plan = new odcPlan{std::move(result).value(), {}};
+    return success();
+  });
+}
+
+extern "C" odcResult_t odcPlanGetBubble(odcPlan_t plan, double* collective, double* odc) {
+  if (plan == nullptr) return report(null_argument("odcPlanGetBubble", "plan"));
+  if (collective == nullptr) return report(null_argument("odcPlanGetBubble", "collective"));
+  if (odc == nullptr) return report(null_argument("odcPlanGetBubble", "odc"));
+  *collective = plan->plan.bubble.collective;
+  *odc = plan->plan.bubble.odc;
+  return success();
+}
+
+extern "C" odcResult_t odcPlanToJson(odcPlan_t plan, const char** json) {
+  return guarded([&]() -> odcResult_t {
+    if (plan == nullptr) return report(null_argument("odcPlanToJson", "plan"));
+    if (json == nullptr) return report(null_argument("odcPlanToJson", "json"));
+    if (plan->json.empty()) plan->json = odc::planner::plan_to_json(plan->plan);
+    *json = plan->json.c_str();
+    return success();
+  });
+}
+
+extern "C" odcResult_t odcPlanDestroy(odcPlan_t plan) {
+  delete plan;
+  return success();
+}

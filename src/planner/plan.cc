@@ -1,0 +1,308 @@
+// The three load-balancing policies and the bubble prediction. Within a minibatch, samples are
+// addressed by local index (0..M-1) and mapped to global indices only when a plan is emitted.
+#include "planner/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <sstream>
+
+#include "planner/packing.h"
+#include "planner/partition.h"
+
+namespace odc::planner {
+namespace {
+
+std::string format_number(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// One minibatch, in local indices.
+struct MinibatchInput {
+  int64_t first_global_index = 0;
+  std::span<const int64_t> tokens;
+  std::vector<double> costs;
+};
+
+// Local microbatches of one rank.
+using LocalBins = Bins;
+
+double microbatch_cost(const std::vector<int>& microbatch, const MinibatchInput& input,
+                       const CostModel& cost) {
+  double total = cost.c;
+  for (int item : microbatch) total += input.costs[item];
+  return total;
+}
+
+// Heaviest microbatch first, so step k lines up across ranks; ties keep packing order.
+void sort_by_cost_descending(LocalBins& microbatches, const MinibatchInput& input,
+                             const CostModel& cost) {
+  std::stable_sort(microbatches.begin(), microbatches.end(), [&](const auto& x, const auto& y) {
+    return microbatch_cost(x, input, cost) > microbatch_cost(y, input, cost);
+  });
+}
+
+// Re-indexes a rank's sample subset (indices into `input`) as its own packing problem.
+struct RankSamples {
+  std::vector<int> items;  // local minibatch indices
+  std::vector<int64_t> tokens;
+  std::vector<double> costs;
+
+  RankSamples(const std::vector<int>& rank_items, const MinibatchInput& input) : items(rank_items) {
+    for (int item : items) {
+      tokens.push_back(input.tokens[item]);
+      costs.push_back(input.costs[item]);
+    }
+  }
+  PackingInput packing(int64_t token_cap) const { return PackingInput{tokens, costs, token_cap}; }
+  // Maps packed bins (indices into this subset) back to minibatch-local indices.
+  LocalBins to_local(const Bins& packed) const {
+    LocalBins local(packed.size());
+    for (size_t b = 0; b < packed.size(); ++b) {
+      for (int k : packed[b]) local[b].push_back(items[k]);
+      std::sort(local[b].begin(), local[b].end());
+    }
+    return local;
+  }
+};
+
+std::vector<LocalBins> plan_local_sort(const MinibatchInput& input, int num_ranks) {
+  std::vector<LocalBins> ranks(static_cast<size_t>(num_ranks));
+  for (int r = 0; r < num_ranks; ++r) {
+    std::vector<int> mine;
+    for (size_t i = static_cast<size_t>(r); i < input.tokens.size(); i += num_ranks) {
+      mine.push_back(static_cast<int>(i));
+    }
+    std::stable_sort(mine.begin(), mine.end(),
+                     [&](int x, int y) { return input.tokens[x] < input.tokens[y]; });
+    for (int item : mine) ranks[r].push_back({item});
+  }
+  return ranks;
+}
+
+std::vector<LocalBins> plan_lb_micro(const MinibatchInput& input, const PlanOptions& options) {
+  const int num_ranks = static_cast<int>(options.num_ranks);
+  Bins by_rank = karmarkar_karp(input.costs, num_ranks, /*equal_size=*/true);
+  RefineLimits limits;
+  limits.keep_counts_balanced = true;
+  (void)refine(by_rank, input.costs, limits);
+
+  std::vector<RankSamples> samples;
+  std::vector<Bins> fewest;
+  int common_count = 0;
+  for (const auto& items : by_rank) {
+    samples.emplace_back(items, input);
+    fewest.push_back(pack_fewest(samples.back().packing(options.max_tokens)));
+    common_count = std::max(common_count, static_cast<int>(fewest.back().size()));
+  }
+  std::vector<LocalBins> ranks;
+  for (int r = 0; r < num_ranks; ++r) {
+    const PackingInput packing = samples[r].packing(options.max_tokens);
+    const Bins packed = static_cast<int>(fewest[r].size()) == common_count
+                            ? fewest[r]
+                            : pack_exact(packing, common_count);
+    ranks.push_back(samples[r].to_local(packed));
+    sort_by_cost_descending(ranks.back(), input, options.cost);
+  }
+  return ranks;
+}
+
+std::vector<LocalBins> plan_lb_mini(const MinibatchInput& input, const PlanOptions& options) {
+  const int num_ranks = static_cast<int>(options.num_ranks);
+  const bool uniform_speed = options.rank_speed.empty() ||
+                             std::all_of(options.rank_speed.begin(), options.rank_speed.end(),
+                                         [&](double s) { return s == options.rank_speed.front(); });
+  RefineLimits limits;
+  Bins by_rank;
+  if (uniform_speed) {
+    by_rank = karmarkar_karp(input.costs, num_ranks, /*equal_size=*/false);
+  } else {
+    // Differencing balances equal bins; with unequal speeds the greedy that minimizes each
+    // sample's finish time starts closer, and refinement then balances cost / speed.
+    by_rank = greedy_by_speed(input.costs, options.rank_speed);
+    limits.bin_speeds = options.rank_speed;
+  }
+  (void)refine(by_rank, input.costs, limits);
+
+  std::vector<LocalBins> ranks;
+  for (const auto& items : by_rank) {
+    RankSamples samples(items, input);
+    ranks.push_back(samples.to_local(pack_fewest(samples.packing(options.max_tokens))));
+    sort_by_cost_descending(ranks.back(), input, options.cost);
+  }
+  return ranks;
+}
+
+double rank_speed(const PlanOptions& options, size_t rank) {
+  return options.rank_speed.empty() ? 1.0 : options.rank_speed[rank];
+}
+
+}  // namespace
+
+std::string_view policy_name(Policy policy) {
+  switch (policy) {
+    case Policy::kLocalSort:
+      return "local-sort";
+    case Policy::kLbMicro:
+      return "lb-micro";
+    case Policy::kLbMini:
+      return "lb-mini";
+  }
+  return "unknown";
+}
+
+Result<Policy> parse_policy(std::string_view name) {
+  for (Policy policy : {Policy::kLocalSort, Policy::kLbMicro, Policy::kLbMini}) {
+    if (name == policy_name(policy)) return policy;
+  }
+  return Status::InvalidArgument("unknown policy '" + std::string(name) +
+                                 "': expected local-sort, lb-micro or lb-mini");
+}
+
+Status validate_plan_options(const PlanOptions& options) {
+  if (options.num_ranks < 1) {
+    return Status::InvalidArgument("ranks must be at least 1, got " +
+                                   std::to_string(options.num_ranks));
+  }
+  if (options.num_ranks > kMaxRanks) {
+    return Status::InvalidArgument("ranks must be at most " + std::to_string(kMaxRanks) + ", got " +
+                                   std::to_string(options.num_ranks));
+  }
+  if (options.max_tokens < 1) {
+    return Status::InvalidArgument("max_tokens must be at least 1, got " +
+                                   std::to_string(options.max_tokens));
+  }
+  if (options.minibatch_size < 1) {
+    return Status::InvalidArgument("minibatch_size must be at least 1, got " +
+                                   std::to_string(options.minibatch_size));
+  }
+  const CostModel& cost = options.cost;
+  for (double coefficient : {cost.a, cost.b, cost.c}) {
+    if (!std::isfinite(coefficient) || coefficient < 0.0) {
+      return Status::InvalidArgument("malformed cost " + format_number(cost.a) + "," +
+                                     format_number(cost.b) + "," + format_number(cost.c) +
+                                     ": expected three comma-separated non-negative numbers "
+                                     "A,B,C");
+    }
+  }
+  if (!options.rank_speed.empty()) {
+    if (static_cast<int64_t>(options.rank_speed.size()) != options.num_ranks) {
+      return Status::InvalidArgument("rank_speed must have one entry per rank: got " +
+                                     std::to_string(options.rank_speed.size()) + " for " +
+                                     std::to_string(options.num_ranks) + " ranks");
+    }
+    for (size_t r = 0; r < options.rank_speed.size(); ++r) {
+      const double speed = options.rank_speed[r];
+      if (!std::isfinite(speed) || speed <= 0.0) {
+        return Status::InvalidArgument("rank_speed entries must be positive: got " +
+                                       format_number(speed) + " for rank " + std::to_string(r));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status validate_plan_inputs(std::span<const int64_t> lengths, const PlanOptions& options) {
+  ODC_RETURN_IF_ERROR(validate_plan_options(options));
+  if (lengths.empty()) return Status::InvalidArgument("empty input: no sample lengths given");
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    if (lengths[i] < 1) {
+      return Status::InvalidArgument("sample " + std::to_string(i) + " has non-positive length " +
+                                     std::to_string(lengths[i]));
+    }
+    if (lengths[i] > options.max_tokens) {
+      return Status::InvalidArgument("sample " + std::to_string(i) + " has length " +
+                                     std::to_string(lengths[i]) + ", above max_tokens " +
+                                     std::to_string(options.max_tokens));
+    }
+  }
+  return Status::Ok();
+}
+
+double bubble_rate(double busy, int64_t num_ranks, double span) {
+  if (span <= 0.0) return 0.0;
+  return 1.0 - busy / (static_cast<double>(num_ranks) * span);
+}
+
+MinibatchTimes predict_times(const std::vector<RankPlan>& ranks, std::span<const int64_t> lengths,
+                             const PlanOptions& options) {
+  MinibatchTimes times;
+  size_t num_steps = 0;
+  for (const auto& rank : ranks) num_steps = std::max(num_steps, rank.microbatches.size());
+  std::vector<double> slowest_at_step(num_steps, 0.0);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    double rank_total = 0.0;
+    const auto& microbatches = ranks[r].microbatches;
+    for (size_t k = 0; k < microbatches.size(); ++k) {
+      double cost = options.cost.c;
+      for (int64_t sample : microbatches[k]) cost += options.cost.sample_cost(lengths[sample]);
+      const double time = cost / rank_speed(options, r);
+      rank_total += time;
+      slowest_at_step[k] = std::max(slowest_at_step[k], time);
+    }
+    times.busy += rank_total;
+    times.odc = std::max(times.odc, rank_total);
+  }
+  for (double step : slowest_at_step) times.collective += step;
+  return times;
+}
+
+Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& options) {
+  ODC_RETURN_IF_ERROR(validate_plan_inputs(lengths, options));
+  Plan plan;
+  plan.options = options;
+  const int64_t num_samples = static_cast<int64_t>(lengths.size());
+  const int64_t per_minibatch = std::min(options.minibatch_size, num_samples);
+  double busy = 0.0;
+  double collective = 0.0;
+  double odc = 0.0;
+  for (int64_t start = 0; start < num_samples; start += per_minibatch) {
+    const int64_t count = std::min(per_minibatch, num_samples - start);
+    MinibatchInput input;
+    input.first_global_index = start;
+    input.tokens = lengths.subspan(static_cast<size_t>(start), static_cast<size_t>(count));
+    for (int64_t tokens : input.tokens) input.costs.push_back(options.cost.sample_cost(tokens));
+
+    std::vector<LocalBins> local;
+    switch (options.policy) {
+      case Policy::kLocalSort:
+        local = plan_local_sort(input, static_cast<int>(options.num_ranks));
+        break;
+      case Policy::kLbMicro:
+        local = plan_lb_micro(input, options);
+        break;
+      case Policy::kLbMini:
+        local = plan_lb_mini(input, options);
+        break;
+    }
+
+    MinibatchPlan minibatch;
+    minibatch.samples.resize(static_cast<size_t>(count));
+    std::iota(minibatch.samples.begin(), minibatch.samples.end(), start);
+    for (const auto& rank_bins : local) {
+      RankPlan rank;
+      for (const auto& bin : rank_bins) {
+        Microbatch microbatch;
+        for (int item : bin) microbatch.push_back(start + item);
+        rank.microbatches.push_back(std::move(microbatch));
+      }
+      minibatch.ranks.push_back(std::move(rank));
+    }
+    minibatch.times = predict_times(minibatch.ranks, lengths, options);
+    minibatch.bubble.collective =
+        bubble_rate(minibatch.times.busy, options.num_ranks, minibatch.times.collective);
+    minibatch.bubble.odc =
+        bubble_rate(minibatch.times.busy, options.num_ranks, minibatch.times.odc);
+    busy += minibatch.times.busy;
+    collective += minibatch.times.collective;
+    odc += minibatch.times.odc;
+    plan.minibatches.push_back(std::move(minibatch));
+  }
+  plan.bubble.collective = bubble_rate(busy, options.num_ranks, collective);
+  plan.bubble.odc = bubble_rate(busy, options.num_ranks, odc);
+  return plan;
+}
+
+}  // namespace odc::planner

@@ -1,0 +1,140 @@
+// The `odc` command-line tool. Subcommands:
+//   odc plan     one policy's plan as JSON (the documented contract) or a table
+//   odc compare  the three policies side by side on the same lengths (the main job's table)
+// Every user error exits with status 2 and one line naming the problem.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/plan.h"
+#include "planner/plan_format.h"
+#include "planner/plan_io.h"
+
+namespace {
+
+using odc::Status;
+using odc::planner::Plan;
+using odc::planner::PlanOptions;
+
+constexpr int kUsageError = 2;
+
+// Options shared by `plan` and `compare`, as the user typed them.
+struct CommonArgs {
+  std::string lengths_path;
+  int64_t num_ranks = 0;
+  int64_t max_tokens = 0;
+  std::optional<int64_t> minibatch_size;
+  std::string cost = "1,0,0";
+  std::string rank_speed;
+};
+
+void add_common_options(CLI::App& command, CommonArgs& args) {
+  command
+      .add_option("--lengths", args.lengths_path,
+                  "file with one sample length (tokens) per line; '-' reads stdin")
+      ->required();
+  command.add_option("--ranks", args.num_ranks, "number of data-parallel ranks (N)")->required();
+  command.add_option("--max-tokens", args.max_tokens, "token cap per microbatch (T)")->required();
+  command.add_option("--minibatch-size", args.minibatch_size,
+                     "samples per minibatch, consecutive in file order (default: all)");
+  command.add_option("--cost", args.cost, "microbatch cost C + sum(A*L + B*L^2), as A,B,C")
+      ->capture_default_str();
+  command.add_option("--rank-speed", args.rank_speed,
+                     "relative speed of each rank, S0,S1,... (default: all equal)");
+}
+
+// Turns the typed arguments into plan inputs; the first problem found is returned.
+Status build_inputs(const CommonArgs& args, std::vector<int64_t>& lengths, PlanOptions& options) {
+  options.num_ranks = args.num_ranks;
+  options.max_tokens = args.max_tokens;
+  if (args.minibatch_size) options.minibatch_size = *args.minibatch_size;
+  auto cost = odc::planner::parse_cost(args.cost);
+  if (!cost.ok()) return cost.status();
+  options.cost = cost.value();
+  if (!args.rank_speed.empty()) {
+    auto speeds = odc::planner::parse_rank_speed(args.rank_speed);
+    if (!speeds.ok()) return speeds.status();
+    options.rank_speed = speeds.value();
+  }
+  // Option errors come before reading a possibly large file.
+  ODC_RETURN_IF_ERROR(odc::planner::validate_plan_options(options));
+  auto read = odc::planner::read_lengths_file(args.lengths_path);
+  if (!read.ok()) return read.status();
+  lengths = std::move(read).value();
+  return Status::Ok();
+}
+
+int fail(const std::string& command, const std::string& message) {
+  const std::string prefix = command.empty() ? "odc" : "odc " + command;
+  std::fprintf(stderr, "%s: error: %s\n", prefix.c_str(), message.c_str());
+  return kUsageError;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"odc: On-Demand Communication for variable-length sharded training"};
+  app.require_subcommand(1);
+
+  CommonArgs plan_args;
+  std::string policy_text;
+  std::string format = "json";
+  CLI::App* plan_command =
+      app.add_subcommand("plan", "plan one minibatch schedule and predict its bubble");
+  add_common_options(*plan_command, plan_args);
+  plan_command->add_option("--policy", policy_text, "local-sort, lb-micro or lb-mini")->required();
+  plan_command->add_option("--format", format, "json or table")->capture_default_str();
+
+  CommonArgs compare_args;
+  CLI::App* compare_command = app.add_subcommand(
+      "compare", "predict the bubble of all three policies under collective and ODC execution");
+  add_common_options(*compare_command, compare_args);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::ParseError& error) {
+    const std::string command =
+        app.get_subcommands().empty() ? std::string("") : app.get_subcommands().front()->get_name();
+    return fail(command, error.what());
+  }
+
+  if (plan_command->parsed()) {
+    if (format != "json" && format != "table") {
+      return fail("plan", "unknown format '" + format + "': expected json or table");
+    }
+    auto policy = odc::planner::parse_policy(policy_text);
+    if (!policy.ok()) return fail("plan", policy.status().message());
+    std::vector<int64_t> lengths;
+    PlanOptions options;
+    options.policy = policy.value();
+    if (Status status = build_inputs(plan_args, lengths, options); !status.ok()) {
+      return fail("plan", status.message());
+    }
+    auto plan = odc::planner::make_plan(lengths, options);
+    if (!plan.ok()) return fail("plan", plan.status().message());
+    std::cout << (format == "json" ? odc::planner::plan_to_json(plan.value()) + "\n"
+                                   : odc::planner::plan_to_table(plan.value()));
+    return 0;
+  }
+
+  std::vector<int64_t> lengths;
+  PlanOptions options;
+  if (Status status = build_inputs(compare_args, lengths, options); !status.ok()) {
+    return fail("compare", status.message());
+  }
+  std::vector<Plan> plans;
+  for (auto policy : {odc::planner::Policy::kLocalSort, odc::planner::Policy::kLbMicro,
+                      odc::planner::Policy::kLbMini}) {
+    options.policy = policy;
+    auto plan = odc::planner::make_plan(lengths, options);
+    if (!plan.ok()) return fail("compare", plan.status().message());
+    plans.push_back(std::move(plan).value());
+  }
+  std::cout << odc::planner::compare_table(plans);
+  return 0;
+}

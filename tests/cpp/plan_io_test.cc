@@ -1,0 +1,75 @@
+// Parsing of length files and option strings.
+#include "planner/plan_io.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+namespace odc::planner {
+namespace {
+
+Result<std::vector<int64_t>> read(const std::string& text) {
+  std::istringstream input(text);
+  return read_lengths(input, "'test'");
+}
+
+TEST(ReadLengths, SkipsBlankAndCommentLines) {
+  auto lengths = read("# header\n12\n\n  7 \n# more\n3\r\n");
+  ASSERT_TRUE(lengths.ok()) << lengths.status().message();
+  EXPECT_EQ(lengths.value(), (std::vector<int64_t>{12, 7, 3}));
+}
+
+TEST(ReadLengths, RejectsBadLinesWithLineNumber) {
+  EXPECT_EQ(read("1\n2\nabc\n").status().message(),
+            "'test' line 3: expected a positive integer length, got 'abc'");
+  EXPECT_EQ(read("1\n-4\n").status().message(),
+            "'test' line 2: expected a positive integer length, got '-4'");
+  EXPECT_EQ(read("0\n").status().message(),
+            "'test' line 1: expected a positive integer length, got '0'");
+  EXPECT_EQ(read("2.5\n").status().message(),
+            "'test' line 1: expected a positive integer length, got '2.5'");
+  EXPECT_EQ(read("99999999999999999999\n").status().message(),
+            "'test' line 1: expected a positive integer length, got '99999999999999999999'");
+}
+
+TEST(ReadLengths, EmptyInputIsEmpty) {
+  auto lengths = read("# nothing\n\n");
+  ASSERT_TRUE(lengths.ok());
+  EXPECT_TRUE(lengths.value().empty());
+}
+
+TEST(ReadLengthsFile, MissingFileNamesPath) {
+  auto lengths = read_lengths_file("/nonexistent/lengths.txt");
+  ASSERT_FALSE(lengths.ok());
+  EXPECT_EQ(lengths.status().message(),
+            "cannot read lengths file '/nonexistent/lengths.txt': No such file or directory");
+}
+
+TEST(ParseCost, AcceptsThreeNumbers) {
+  auto cost = parse_cost("0.00027401178,0.0000000042464424,0");
+  ASSERT_TRUE(cost.ok());
+  EXPECT_DOUBLE_EQ(cost.value().a, 0.00027401178);
+  EXPECT_DOUBLE_EQ(cost.value().b, 4.2464424e-9);
+  EXPECT_DOUBLE_EQ(cost.value().c, 0.0);
+}
+
+TEST(ParseCost, RejectsMalformed) {
+  for (const char* text : {"", "1,2", "1,2,3,4", "1,x,3", "1,,3", "1,2,", "nan,1,1", "1,2,inf"}) {
+    auto cost = parse_cost(text);
+    ASSERT_FALSE(cost.ok()) << text;
+    EXPECT_EQ(cost.status().message(),
+              std::string("malformed cost '") + text +
+                  "': expected three comma-separated non-negative numbers A,B,C");
+  }
+}
+
+TEST(ParseRankSpeed, ParsesAndRejects) {
+  auto speeds = parse_rank_speed("1,0.5,2");
+  ASSERT_TRUE(speeds.ok());
+  EXPECT_EQ(speeds.value(), (std::vector<double>{1, 0.5, 2}));
+  EXPECT_FALSE(parse_rank_speed("1,fast").ok());
+  EXPECT_FALSE(parse_rank_speed("").ok());
+}
+
+}  // namespace
+}  // namespace odc::planner

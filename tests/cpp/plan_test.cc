@@ -1,0 +1,257 @@
+// Policies and bubble predictions, against design.md's definitions and hand-computed cases.
+#include "planner/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "planner/plan_format.h"
+#include "test_util.h"
+
+namespace odc::planner {
+namespace {
+
+using testing::expect_valid_plan;
+using testing::random_lengths;
+
+PlanOptions options_for(Policy policy, int64_t ranks, int64_t max_tokens) {
+  PlanOptions options;
+  options.policy = policy;
+  options.num_ranks = ranks;
+  options.max_tokens = max_tokens;
+  return options;
+}
+
+Plan plan_or_die(const std::vector<int64_t>& lengths, const PlanOptions& options) {
+  auto plan = make_plan(lengths, options);
+  EXPECT_TRUE(plan.ok()) << plan.status().message();
+  return plan.ok() ? plan.value() : Plan{};
+}
+
+std::string error_of(const std::vector<int64_t>& lengths, const PlanOptions& options) {
+  auto plan = make_plan(lengths, options);
+  EXPECT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+  return plan.status().message();
+}
+
+TEST(LocalSort, TakesStridedSamplesShortestFirst) {
+  const std::vector<int64_t> lengths = {5, 1, 4, 2, 3, 6, 7};
+  const Plan plan = plan_or_die(lengths, options_for(Policy::kLocalSort, 3, 10));
+  const auto& ranks = plan.minibatches.at(0).ranks;
+  using MB = std::vector<Microbatch>;
+  EXPECT_EQ(ranks[0].microbatches, (MB{{3}, {0}, {6}}));  // lengths 2, 5, 7
+  EXPECT_EQ(ranks[1].microbatches, (MB{{1}, {4}}));       // lengths 1, 3
+  EXPECT_EQ(ranks[2].microbatches, (MB{{2}, {5}}));       // lengths 4, 6
+}
+
+TEST(Bubble, HandComputedLocalSort) {
+  // Microbatch costs: rank0 [2,5,7], rank1 [1,3], rank2 [4,6]; busy 28.
+  // T_coll = 4 + 6 + 7 = 17, T_odc = max(14, 4, 10) = 14.
+  const std::vector<int64_t> lengths = {5, 1, 4, 2, 3, 6, 7};
+  const Plan plan = plan_or_die(lengths, options_for(Policy::kLocalSort, 3, 10));
+  const auto& times = plan.minibatches[0].times;
+  EXPECT_DOUBLE_EQ(times.busy, 28);
+  EXPECT_DOUBLE_EQ(times.collective, 17);
+  EXPECT_DOUBLE_EQ(times.odc, 14);
+  EXPECT_DOUBLE_EQ(plan.bubble.collective, 1.0 - 28.0 / 51.0);
+  EXPECT_DOUBLE_EQ(plan.bubble.odc, 1.0 - 28.0 / 42.0);
+}
+
+TEST(Bubble, HandComputedWithSpeedAndMicrobatchConstant) {
+  // Same plan; rank 1 twice as fast; c = 1 per microbatch.
+  // Times: rank0 [3,6,8] = 17, rank1 [1,2] = 3, rank2 [5,7] = 12; busy 32.
+  // T_coll = 5 + 7 + 8 = 20, T_odc = 17.
+  const std::vector<int64_t> lengths = {5, 1, 4, 2, 3, 6, 7};
+  PlanOptions options = options_for(Policy::kLocalSort, 3, 10);
+  options.cost = {1.0, 0.0, 1.0};
+  options.rank_speed = {1.0, 2.0, 1.0};
+  const Plan plan = plan_or_die(lengths, options);
+  EXPECT_DOUBLE_EQ(plan.minibatches[0].times.busy, 32);
+  EXPECT_DOUBLE_EQ(plan.bubble.collective, 1.0 - 32.0 / 60.0);
+  EXPECT_DOUBLE_EQ(plan.bubble.odc, 1.0 - 32.0 / 51.0);
+}
+
+TEST(Bubble, QuadraticCost) {
+  // cost = L^2: rank0 takes {3} -> 9, rank1 {4} -> 16. busy 25, T = 16 either way.
+  PlanOptions options = options_for(Policy::kLocalSort, 2, 10);
+  options.cost = {0.0, 1.0, 0.0};
+  const Plan plan = plan_or_die({3, 4}, options);
+  EXPECT_DOUBLE_EQ(plan.bubble.odc, 1.0 - 25.0 / 32.0);
+  EXPECT_DOUBLE_EQ(plan.bubble.collective, 1.0 - 25.0 / 32.0);
+}
+
+TEST(Bubble, AggregatesOverMinibatches) {
+  // M = 2: minibatch 0 {1 | 2}: busy 3, T 2; minibatch 1 {3 | 4}: busy 7, T 4.
+  PlanOptions options = options_for(Policy::kLocalSort, 2, 10);
+  options.minibatch_size = 2;
+  const Plan plan = plan_or_die({1, 2, 3, 4}, options);
+  ASSERT_EQ(plan.minibatches.size(), 2u);
+  EXPECT_DOUBLE_EQ(plan.minibatches[0].bubble.odc, 0.25);
+  EXPECT_DOUBLE_EQ(plan.minibatches[1].bubble.odc, 0.125);
+  EXPECT_DOUBLE_EQ(plan.bubble.odc, 1.0 - 10.0 / 12.0);
+  EXPECT_DOUBLE_EQ(plan.bubble.collective, 1.0 - 10.0 / 12.0);
+}
+
+TEST(Bubble, ZeroCostIsZeroBubble) {
+  PlanOptions options = options_for(Policy::kLbMini, 2, 10);
+  options.cost = {0.0, 0.0, 0.0};
+  const Plan plan = plan_or_die({1, 2, 3}, options);
+  EXPECT_EQ(plan.bubble.odc, 0.0);
+  EXPECT_EQ(plan.bubble.collective, 0.0);
+}
+
+TEST(Minibatches, ConsecutiveGroupsLastSmaller) {
+  PlanOptions options = options_for(Policy::kLbMini, 2, 100);
+  options.minibatch_size = 4;
+  const std::vector<int64_t> lengths = random_lengths(10, 100, 1);
+  const Plan plan = plan_or_die(lengths, options);
+  ASSERT_EQ(plan.minibatches.size(), 3u);
+  EXPECT_EQ(plan.minibatches[0].samples, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(plan.minibatches[2].samples, (std::vector<int64_t>{8, 9}));
+  expect_valid_plan(plan, lengths);
+}
+
+class PolicyInvariants : public ::testing::TestWithParam<std::tuple<Policy, int, int>> {};
+
+TEST_P(PolicyInvariants, EverySampleOnceUnderTheCap) {
+  const auto [policy, ranks, minibatch_size] = GetParam();
+  for (uint32_t seed = 0; seed < 5; ++seed) {
+    const int64_t max_tokens = 8192;
+    const auto lengths = random_lengths(300, max_tokens, seed);
+    PlanOptions options = options_for(policy, ranks, max_tokens);
+    options.minibatch_size = minibatch_size;
+    options.cost = {1.0, 1e-4, 5.0};
+    const Plan plan = plan_or_die(lengths, options);
+    expect_valid_plan(plan, lengths);
+    for (const auto& minibatch : plan.minibatches) {
+      const size_t samples = minibatch.samples.size();
+      size_t fewest = SIZE_MAX;
+      size_t most = 0;
+      size_t common = minibatch.ranks[0].microbatches.size();
+      for (const auto& rank : minibatch.ranks) {
+        size_t count = 0;
+        for (const auto& mb : rank.microbatches) count += mb.size();
+        fewest = std::min(fewest, count);
+        most = std::max(most, count);
+        const size_t empty = std::count_if(rank.microbatches.begin(), rank.microbatches.end(),
+                                           [](const auto& mb) { return mb.empty(); });
+        if (policy == Policy::kLbMicro) {
+          EXPECT_EQ(rank.microbatches.size(), common);
+          // Padding only when the rank has fewer samples than the common count.
+          EXPECT_EQ(empty, count < common ? common - count : 0);
+          // Heaviest microbatch first.
+          for (size_t k = 1; k < rank.microbatches.size(); ++k) {
+            double prev = 0, cur = 0;
+            for (auto s : rank.microbatches[k - 1]) prev += options.cost.sample_cost(lengths[s]);
+            for (auto s : rank.microbatches[k]) cur += options.cost.sample_cost(lengths[s]);
+            EXPECT_GE(prev, cur);
+          }
+        } else {
+          EXPECT_EQ(empty, 0u);
+        }
+        if (policy == Policy::kLocalSort) {
+          for (const auto& mb : rank.microbatches) EXPECT_EQ(mb.size(), 1u);
+        }
+      }
+      if (policy != Policy::kLbMini) {
+        EXPECT_LE(most - fewest, 1u) << samples;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllPolicies, PolicyInvariants,
+    ::testing::Combine(::testing::Values(Policy::kLocalSort, Policy::kLbMicro, Policy::kLbMini),
+                       ::testing::Values(1, 3, 8), ::testing::Values(7, 32, 300)));
+
+TEST(LbMini, BeatsLbMicroOnSkewedData) {
+  // A long-tailed minibatch: LB-Mini under ODC idles far less than LB-Micro under collectives.
+  const auto lengths = random_lengths(512, 65536, 11);
+  PlanOptions options = options_for(Policy::kLbMicro, 8, 65536);
+  options.minibatch_size = 64;
+  options.cost = {2.7401178e-4, 4.2464424e-9, 0.0};
+  const Plan micro = plan_or_die(lengths, options);
+  options.policy = Policy::kLbMini;
+  const Plan mini = plan_or_die(lengths, options);
+  EXPECT_LT(mini.bubble.odc, micro.bubble.collective);
+  EXPECT_LE(mini.bubble.odc, micro.bubble.odc + 1e-9);
+}
+
+TEST(LbMini, UsesRankSpeed) {
+  const auto lengths = random_lengths(400, 4096, 5);
+  PlanOptions options = options_for(Policy::kLbMini, 4, 4096);
+  const std::vector<double> speeds = {1.0, 1.0, 2.0, 2.0};
+  options.rank_speed = speeds;
+  const Plan aware = plan_or_die(lengths, options);
+  // The fast ranks get about twice the tokens.
+  const auto tokens_of = [&](const RankPlan& rank) {
+    int64_t total = 0;
+    for (const auto& mb : rank.microbatches)
+      for (auto s : mb) total += lengths[s];
+    return total;
+  };
+  const auto& ranks = aware.minibatches[0].ranks;
+  EXPECT_GT(tokens_of(ranks[2]), 1.8 * tokens_of(ranks[0]));
+  EXPECT_LT(aware.bubble.odc, 0.01);
+}
+
+TEST(Plans, Deterministic) {
+  const auto lengths = random_lengths(2000, 32768, 9);
+  for (Policy policy : {Policy::kLocalSort, Policy::kLbMicro, Policy::kLbMini}) {
+    PlanOptions options = options_for(policy, 8, 32768);
+    options.minibatch_size = 256;
+    EXPECT_EQ(plan_to_json(plan_or_die(lengths, options)),
+              plan_to_json(plan_or_die(lengths, options)));
+  }
+}
+
+TEST(Plans, JsonFollowsTheContract) {
+  PlanOptions options = options_for(Policy::kLbMicro, 2, 100);
+  options.cost = {1.0, 0.5, 2.0};
+  const auto json = nlohmann::json::parse(plan_to_json(plan_or_die({10, 20, 30}, options)));
+  EXPECT_EQ(json["policy"], "lb-micro");
+  EXPECT_EQ(json["ranks"], 2);
+  EXPECT_EQ(json["max_tokens"], 100);
+  EXPECT_EQ(json["cost"]["b"], 0.5);
+  ASSERT_EQ(json["minibatches"].size(), 1u);
+  EXPECT_EQ(json["minibatches"][0]["samples"], (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(json["minibatches"][0]["ranks"].size(), 2u);
+  EXPECT_TRUE(json["minibatches"][0]["ranks"][0]["microbatches"].is_array());
+  EXPECT_TRUE(json["bubble"]["collective"].is_number());
+  EXPECT_TRUE(json["minibatches"][0]["bubble"]["odc"].is_number());
+}
+
+TEST(Validation, NamesTheProblem) {
+  const PlanOptions good = options_for(Policy::kLbMini, 2, 100);
+  auto with = [&](auto change) {
+    PlanOptions options = good;
+    change(options);
+    return options;
+  };
+  EXPECT_EQ(error_of({10}, with([](auto& o) { o.num_ranks = 0; })),
+            "ranks must be at least 1, got 0");
+  EXPECT_EQ(error_of({10}, with([](auto& o) { o.max_tokens = 0; })),
+            "max_tokens must be at least 1, got 0");
+  EXPECT_EQ(error_of({10}, with([](auto& o) { o.minibatch_size = 0; })),
+            "minibatch_size must be at least 1, got 0");
+  EXPECT_EQ(error_of({10}, with([](auto& o) {
+                       o.cost = {1, -1, 0};
+                     })),
+            "malformed cost 1,-1,0: expected three comma-separated non-negative numbers A,B,C");
+  EXPECT_EQ(error_of({10}, with([](auto& o) { o.rank_speed = {1}; })),
+            "rank_speed must have one entry per rank: got 1 for 2 ranks");
+  EXPECT_EQ(error_of({10}, with([](auto& o) {
+                       o.rank_speed = {1, 0};
+                     })),
+            "rank_speed entries must be positive: got 0 for rank 1");
+  EXPECT_EQ(error_of({}, good), "empty input: no sample lengths given");
+  EXPECT_EQ(error_of({10, 0}, good), "sample 1 has non-positive length 0");
+  EXPECT_EQ(error_of({10, 20, 101}, good), "sample 2 has length 101, above max_tokens 100");
+  EXPECT_EQ(parse_policy("fsdp").status().message(),
+            "unknown policy 'fsdp': expected local-sort, lb-micro or lb-mini");
+}
+
+}  // namespace
+}  // namespace odc::planner

@@ -1,0 +1,167 @@
+"""odc.plan and `odc plan`: same results, same errors, and the documented contract."""
+
+import json
+import subprocess
+
+import pytest
+
+import odc
+
+LENGTHS = [5, 1, 4, 2, 3, 6, 7, 12, 9, 30, 2, 2]
+COST_7B = "0.00027401178,0.0000000042464424,0"
+
+
+def run_cli(odc_cli, *args, stdin=None):
+    return subprocess.run(
+        [odc_cli, *args], input=stdin, capture_output=True, text=True, timeout=120
+    )
+
+
+def write_lengths(tmp_path, lines):
+    path = tmp_path / "lengths.txt"
+    path.write_text("\n".join(str(x) for x in lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("policy", ["local-sort", "lb-micro", "lb-mini"])
+@pytest.mark.parametrize("minibatch_size", [None, 5])
+def test_python_equals_cli(odc_cli, tmp_path, policy, minibatch_size):
+    path = write_lengths(tmp_path, ["# a comment", "", *LENGTHS])
+    args = ["plan", "--lengths", str(path), "--ranks", "3", "--max-tokens", "32"]
+    args += ["--policy", policy, "--cost", "1,0.01,0.5", "--rank-speed", "1,2,1"]
+    if minibatch_size:
+        args += ["--minibatch-size", str(minibatch_size)]
+    result = run_cli(odc_cli, *args)
+    assert result.returncode == 0, result.stderr
+    from_cli = json.loads(result.stdout)
+    from_python = odc.plan(
+        LENGTHS,
+        ranks=3,
+        max_tokens=32,
+        policy=policy,
+        minibatch_size=minibatch_size,
+        cost=(1, 0.01, 0.5),
+        rank_speed=[1, 2, 1],
+    )
+    assert from_python == from_cli
+
+
+def test_structure_and_invariants():
+    plan = odc.plan(LENGTHS, ranks=2, max_tokens=32, policy="lb-micro", minibatch_size=8)
+    assert list(plan) == ["policy", "ranks", "max_tokens", "cost", "minibatches", "bubble"]
+    assert plan["cost"] == {"a": 1.0, "b": 0.0, "c": 0.0}
+    assert [mb["samples"] for mb in plan["minibatches"]] == [list(range(8)), list(range(8, 12))]
+    for minibatch in plan["minibatches"]:
+        assert len(minibatch["ranks"]) == 2
+        placed = sorted(s for r in minibatch["ranks"] for mb in r["microbatches"] for s in mb)
+        assert placed == minibatch["samples"]
+        counts = {len(r["microbatches"]) for r in minibatch["ranks"]}
+        assert len(counts) == 1  # LB-Micro: same microbatch count on every rank
+        for rank in minibatch["ranks"]:
+            for microbatch in rank["microbatches"]:
+                assert sum(LENGTHS[s] for s in microbatch) <= 32
+        assert 0.0 <= minibatch["bubble"]["odc"] <= minibatch["bubble"]["collective"] < 1.0
+
+
+def test_lb_mini_far_below_lb_micro_on_longalign(odc_cli, data_dir):
+    """The foundation issue's acceptance case: 8 ranks, M = 32, T = 64K, 7B cost."""
+    common = ["--lengths", str(data_dir / "longalign_like.txt"), "--ranks", "8"]
+    common += ["--minibatch-size", "32", "--max-tokens", "65536", "--cost", COST_7B]
+    bubbles = {}
+    for policy in ("lb-micro", "lb-mini"):
+        result = run_cli(odc_cli, "plan", *common, "--policy", policy)
+        assert result.returncode == 0, result.stderr
+        bubbles[policy] = json.loads(result.stdout)["bubble"]
+    assert bubbles["lb-mini"]["odc"] < 0.5 * bubbles["lb-micro"]["collective"]
+
+
+def test_table_and_compare_formats(odc_cli, data_dir):
+    path = str(data_dir / "aime_rl_like.txt")
+    common = ["--lengths", path, "--ranks", "4", "--max-tokens", "32768", "--minibatch-size", "64"]
+    table = run_cli(odc_cli, "plan", *common, "--policy", "lb-mini", "--format", "table")
+    assert table.returncode == 0, table.stderr
+    assert "predicted bubble" in table.stdout and "lb-mini" in table.stdout
+    compare = run_cli(odc_cli, "compare", *common)
+    assert compare.returncode == 0, compare.stderr
+    rows = compare.stdout.splitlines()
+    assert [row.split()[0] for row in rows[1:]] == ["local-sort", "lb-micro", "lb-mini"]
+
+
+def test_stdin(odc_cli):
+    result = run_cli(
+        odc_cli,
+        *("plan", "--lengths", "-", "--ranks", "2", "--max-tokens", "10", "--policy", "lb-mini"),
+        stdin="3\n4\n5\n",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["minibatches"][0]["samples"] == [0, 1, 2]
+
+
+CLI_ERRORS = [
+    # (file lines or None for a missing file, extra args, expected message fragment)
+    (None, [], "cannot read lengths file"),
+    (["10", "abc"], [], "line 2: expected a positive integer length, got 'abc'"),
+    (["10", "-3"], [], "line 2: expected a positive integer length, got '-3'"),
+    (["10", "0"], [], "line 2: expected a positive integer length, got '0'"),
+    (["10", "100"], [], "sample 1 has length 100, above max_tokens 50"),
+    (["10"], ["--ranks", "0"], "ranks must be at least 1, got 0"),
+    (["10"], ["--max-tokens", "0"], "max_tokens must be at least 1, got 0"),
+    (["10"], ["--minibatch-size", "0"], "minibatch_size must be at least 1, got 0"),
+    (["10"], ["--cost", "1,2"], "malformed cost '1,2'"),
+    (["10"], ["--cost", "1,-2,0"], "malformed cost 1,-2,0"),
+    (["10"], ["--rank-speed", "1,1,1"], "rank_speed must have one entry per rank: got 3 for 2"),
+    (["10"], ["--rank-speed", "1,-1"], "rank_speed entries must be positive: got -1 for rank 1"),
+    (["# only a comment", ""], [], "empty input: no sample lengths given"),
+    (["10"], ["--policy", "fsdp"], "unknown policy 'fsdp'"),
+]
+
+
+@pytest.mark.parametrize("lines,extra,message", CLI_ERRORS)
+def test_cli_errors_exit_2_with_one_line(odc_cli, tmp_path, lines, extra, message):
+    path = tmp_path / "missing.txt" if lines is None else write_lengths(tmp_path, lines)
+    args = {"--lengths": str(path), "--ranks": "2", "--max-tokens": "50", "--policy": "lb-mini"}
+    for key, value in zip(extra[::2], extra[1::2]):
+        args[key] = value
+    result = run_cli(odc_cli, "plan", *[item for pair in args.items() for item in pair])
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert message in result.stderr
+
+
+PYTHON_ERRORS = [
+    (dict(lengths=[10, 100]), "sample 1 has length 100, above max_tokens 50"),
+    (dict(lengths=[10, 0]), "sample 1 has non-positive length 0"),
+    (dict(lengths=[10, 2.5]), "sample 1: length must be an integer, got 2.5"),
+    (dict(ranks=0), "ranks must be at least 1, got 0"),
+    (dict(max_tokens=0), "max_tokens must be at least 1, got 0"),
+    (dict(minibatch_size=0), "minibatch_size must be at least 1, got 0"),
+    (dict(cost=(1, 2)), "malformed cost (1, 2)"),
+    (dict(cost=(1, -2, 0)), "malformed cost 1,-2,0"),
+    (dict(rank_speed=[1, 1, 1]), "rank_speed must have one entry per rank: got 3 for 2 ranks"),
+    (dict(rank_speed=[1, -1]), "rank_speed entries must be positive: got -1 for rank 1"),
+    (dict(lengths=[]), "empty input: no sample lengths given"),
+    (dict(policy="fsdp"), "unknown policy 'fsdp': expected local-sort, lb-micro or lb-mini"),
+]
+
+
+@pytest.mark.parametrize("change,message", PYTHON_ERRORS)
+def test_python_errors(change, message):
+    args = dict(lengths=[10, 20], ranks=2, max_tokens=50, policy="lb-mini")
+    args.update(change)
+    with pytest.raises(ValueError) as error:
+        odc.plan(**args)
+    assert message in str(error.value)
+
+
+def test_deterministic(data_dir):
+    lengths = [int(x) for x in (data_dir / "swe_smith_like.txt").read_text().split() if x.isdigit()]
+    first = odc.plan(lengths[:2000], ranks=8, max_tokens=65536, policy="lb-mini", minibatch_size=64)
+    second = odc.plan(
+        lengths[:2000], ranks=8, max_tokens=65536, policy="lb-mini", minibatch_size=64
+    )
+    assert first == second
+
+
+def test_version():
+    assert odc.__version__ == "0.1.0"
