@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "planner/plan_format.h"
@@ -164,7 +165,13 @@ TEST_P(PolicyInvariants, EverySampleOnceUnderTheCap) {
 INSTANTIATE_TEST_SUITE_P(
     AllPolicies, PolicyInvariants,
     ::testing::Combine(::testing::Values(Policy::kLocalSort, Policy::kLbMicro, Policy::kLbMini),
-                       ::testing::Values(1, 3, 8), ::testing::Values(7, 32, 300)));
+                       ::testing::Values(1, 3, 8), ::testing::Values(7, 32, 300)),
+    [](const auto& info) {
+      std::string name(policy_name(std::get<0>(info.param)));
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name + "_ranks" + std::to_string(std::get<1>(info.param)) + "_mb" +
+             std::to_string(std::get<2>(info.param));
+    });
 
 TEST(LbMini, BeatsLbMicroOnSkewedData) {
   // A long-tailed minibatch: LB-Mini under ODC idles far less than LB-Micro under collectives.
