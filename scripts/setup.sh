@@ -26,7 +26,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
   echo "setup: creating $venv"
   python3 -m venv "$venv"
 fi
-python_packages=("scikit-build-core>=0.8" "pytest>=7" "ruff==0.8.4")
+python_packages=("scikit-build-core>=0.8" "numpy>=1.22" "pytest>=7" "ruff==0.8.4")
 if ! "$venv/bin/python" - "${python_packages[@]}" <<'PY' >/dev/null 2>&1; then
 import sys
 from importlib.metadata import version

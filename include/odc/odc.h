@@ -32,7 +32,10 @@ typedef enum {
   odcInvalidArgument = 1, /* bad input from the caller; nothing was changed */
   odcSystemError = 2,     /* the operating system refused (file, memory, ...) */
   odcInternalError = 3,   /* a bug in odc: please report it with the message */
-  odcNumResults = 4
+  odcInvalidUsage = 4, /* a valid call at the wrong moment (outside a minibatch, after destroy) */
+  odcTimeout = 5,      /* a wait on another rank ran past the communicator's timeout */
+  odcRemoteError = 6,  /* another rank died, failed, or entered a different collective */
+  odcNumResults = 7
 } odcResult_t;
 
 /* A static, human-readable name for a result code. Never NULL. */
@@ -95,6 +98,68 @@ ODC_API odcResult_t odcPlanToJson(odcPlan_t plan, const char** json);
 
 /* Releases a plan. NULL is accepted and ignored. */
 ODC_API odcResult_t odcPlanDestroy(odcPlan_t plan);
+
+/* ---------------------------------------------------------------------------------------------
+ * Communicator: ranks, symmetric buffers and the ODC operations (design.md, "Semantics").
+ * One process per rank. A communicator is used by one thread at a time. Calls marked
+ * "collective" must be made by every rank, in the same order. Errors name the rank and the
+ * operation. After a timeout or a peer's failure the communicator is failed: every later call
+ * returns odcRemoteError with the original message; destroy it.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum { odcFloat32 = 0, odcBfloat16 = 1 } odcDataType_t;
+
+typedef struct odcComm* odcComm_t;
+typedef struct odcBuffer* odcBuffer_t;
+
+/* Collective. Joins `world_size` ranks on this machine that pass the same `key` (1-200 letters,
+ * digits, '_', '-', '.'; unique per job: e.g. from the launcher). Host shared-memory transport.
+ * `timeout_seconds` bounds every wait on another rank; <= 0 takes $ODC_TIMEOUT, else 60 s. On
+ * failure *comm is untouched and odcGetLastError() says which rank was missing or why. */
+ODC_API odcResult_t odcCommInit(odcComm_t* comm, int rank, int world_size, const char* key,
+                                double timeout_seconds);
+
+/* Local. Frees the communicator and its buffers; the handle is invalid afterwards (calls with it
+ * return odcInvalidUsage). Peers still waiting on this rank fail with odcRemoteError. */
+ODC_API odcResult_t odcCommDestroy(odcComm_t comm);
+
+ODC_API odcResult_t odcCommRank(odcComm_t comm, int* rank);
+ODC_API odcResult_t odcCommWorldSize(odcComm_t comm, int* world_size);
+
+/* The message of this communicator's most recent failed call ("" if none); valid until the next
+ * call on the communicator. */
+ODC_API const char* odcCommGetLastError(odcComm_t comm);
+
+/* Collective. A symmetric buffer of `count` elements of `dtype` on every rank (zeroed); every rank
+ * must pass the same count, dtype and accumulator flag, else all fail with odcInvalidArgument and
+ * nothing is allocated. Accumulators (accumulator != 0) must be odcFloat32. *local receives this
+ * rank's shard, valid until odcBufferFree / odcCommDestroy. */
+ODC_API odcResult_t odcBufferAlloc(odcComm_t comm, size_t count, odcDataType_t dtype,
+                                   int accumulator, odcBuffer_t* buffer, void** local);
+
+/* Collective: peers may read the buffer until every rank has called it. */
+ODC_API odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer);
+
+/* Local (reads peers' memory). dst[r*count:(r+1)*count] = rank r's shard, for every r; `dst` holds
+ * dst_count = world_size * count elements of the buffer's dtype. Valid while owners do not rewrite
+ * their shards (they do so only between minibatches). */
+ODC_API odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBuffer_t buffer);
+
+/* Local (writes to peers), inside a minibatch, any number of times, concurrently with every other
+ * rank: for every owner r, accumulator@r += src[r*count:(r+1)*count], accumulated in fp32 whatever
+ * `src_dtype`. src_count must be world_size * count. The sums are visible after odcMinibatchEnd. */
+ODC_API odcResult_t odcScatterAccumulate(odcComm_t comm, const void* src, size_t src_count,
+                                         odcDataType_t src_dtype, odcBuffer_t accumulator);
+
+/* Collective: zeroes this rank's accumulators, waits for every rank, opens the minibatch. */
+ODC_API odcResult_t odcMinibatchBegin(odcComm_t comm);
+
+/* Collective: returns when every contribution of every rank in this minibatch has been added at
+ * its owner, on every rank. The one synchronization per minibatch. */
+ODC_API odcResult_t odcMinibatchEnd(odcComm_t comm);
+
+/* Collective: returns when every rank has called it. */
+ODC_API odcResult_t odcBarrier(odcComm_t comm);
 
 #ifdef __cplusplus
 } /* extern "C" */

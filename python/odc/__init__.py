@@ -1,10 +1,12 @@
 """odc: On-Demand Communication for sharded data-parallel training with variable-length data.
 
-The core package needs neither torch nor numpy: it binds the C library (libodc.so) with ctypes.
+The core package needs numpy but not torch: it binds the C library (libodc.so) with ctypes.
 """
 
 from ._capi import Error, version
+from .comm import Buffer, Comm
+from .launch import LaunchError, launch
 from .planner import plan
 
 __version__ = version()
-__all__ = ["Error", "plan", "__version__"]
+__all__ = ["Buffer", "Comm", "Error", "LaunchError", "launch", "plan", "__version__"]

@@ -22,6 +22,15 @@ class Error(Exception):
 # odcResult_t
 SUCCESS = 0
 INVALID_ARGUMENT = 1
+SYSTEM_ERROR = 2
+INTERNAL_ERROR = 3
+INVALID_USAGE = 4
+TIMEOUT = 5
+REMOTE_ERROR = 6
+
+# odcDataType_t
+FLOAT32 = 0
+BFLOAT16 = 1
 
 ODC_PLAN_ALL_SAMPLES = 2**63 - 1
 
@@ -79,7 +88,46 @@ def _load() -> ctypes.CDLL:
     ]
     lib.odcPlanToJson.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p)]
     lib.odcPlanDestroy.argtypes = [ctypes.c_void_p]
+    handle = ctypes.c_void_p
+    size = ctypes.c_size_t
+    lib.odcCommInit.argtypes = [
+        ctypes.POINTER(handle),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_double,
+    ]
+    lib.odcCommDestroy.argtypes = [handle]
+    lib.odcCommRank.argtypes = [handle, ctypes.POINTER(ctypes.c_int)]
+    lib.odcCommWorldSize.argtypes = [handle, ctypes.POINTER(ctypes.c_int)]
+    lib.odcCommGetLastError.argtypes = [handle]
+    lib.odcCommGetLastError.restype = ctypes.c_char_p
+    lib.odcBufferAlloc.argtypes = [
+        handle,
+        size,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.POINTER(handle),
+        ctypes.POINTER(ctypes.c_void_p),
+    ]
+    lib.odcBufferFree.argtypes = [handle, handle]
+    lib.odcGather.argtypes = [handle, ctypes.c_void_p, size, handle]
+    lib.odcScatterAccumulate.argtypes = [handle, ctypes.c_void_p, size, ctypes.c_int, handle]
+    lib.odcMinibatchBegin.argtypes = [handle]
+    lib.odcMinibatchEnd.argtypes = [handle]
+    lib.odcBarrier.argtypes = [handle]
     for name in (
+        "odcCommInit",
+        "odcCommDestroy",
+        "odcCommRank",
+        "odcCommWorldSize",
+        "odcBufferAlloc",
+        "odcBufferFree",
+        "odcGather",
+        "odcScatterAccumulate",
+        "odcMinibatchBegin",
+        "odcMinibatchEnd",
+        "odcBarrier",
         "odcPlanOptionsInit",
         "odcPolicyFromName",
         "odcPlanCreate",
@@ -103,6 +151,12 @@ def check(result: int) -> None:
         raise ValueError(message)
     name = lib.odcGetErrorString(result).decode()
     raise Error(f"{name}: {message}", result)
+
+
+def check_comm(result: int) -> None:
+    """Raises Error (with .code) for any failed communicator call."""
+    if result != SUCCESS:
+        raise Error(lib.odcGetLastError().decode("utf-8", "replace"), result)
 
 
 def version() -> str:

@@ -18,6 +18,12 @@ odcResult_t to_result(StatusCode code) {
       return odcSystemError;
     case StatusCode::kInternalError:
       return odcInternalError;
+    case StatusCode::kInvalidUsage:
+      return odcInvalidUsage;
+    case StatusCode::kTimeout:
+      return odcTimeout;
+    case StatusCode::kRemoteError:
+      return odcRemoteError;
   }
   return odcInternalError;
 }
@@ -46,6 +52,12 @@ extern "C" const char* odcGetErrorString(odcResult_t result) {
       return "system error";
     case odcInternalError:
       return "internal error";
+    case odcInvalidUsage:
+      return "invalid usage";
+    case odcTimeout:
+      return "timeout";
+    case odcRemoteError:
+      return "remote error";
     case odcNumResults:
       break;
   }

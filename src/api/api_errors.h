@@ -1,10 +1,22 @@
 // Glue between internal Status values and the C API's result codes and last-error text.
 #pragma once
 
+#include <cstring>
+
 #include "common/status.h"
 #include "odc/odc.h"
 
 namespace odc::api {
+
+// The integer value of a C enum received from a caller, read without assuming it is one of the
+// enumerators (a C caller may pass any int; loading it as the enum type would be undefined).
+template <typename Enum>
+int raw_enum_value(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums are int-sized");
+  int raw;
+  std::memcpy(&raw, &value, sizeof(raw));
+  return raw;
+}
 
 // Records `status` as the calling thread's last error and returns its result code.
 odcResult_t report(const Status& status);

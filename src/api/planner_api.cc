@@ -58,14 +58,15 @@ extern "C" odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
     }
     if (options == nullptr) return report(null_argument("odcPlanCreate", "options"));
     if (plan == nullptr) return report(null_argument("odcPlanCreate", "plan"));
-    if (options->policy < odcPolicyLocalSort || options->policy > odcPolicyLbMini) {
-      return report(Status::InvalidArgument("odcPlanCreate: unknown policy value " +
-                                            std::to_string(static_cast<int>(options->policy))));
+    const int policy = odc::api::raw_enum_value(options->policy);
+    if (policy < odcPolicyLocalSort || policy > odcPolicyLbMini) {
+      return report(
+          Status::InvalidArgument("odcPlanCreate: unknown policy value " + std::to_string(policy)));
     }
     odc::planner::PlanOptions plan_options;
     plan_options.num_ranks = options->num_ranks;
     plan_options.max_tokens = options->max_tokens;
-    plan_options.policy = static_cast<odc::planner::Policy>(options->policy);
+    plan_options.policy = static_cast<odc::planner::Policy>(policy);
     plan_options.minibatch_size = options->minibatch_size;
     plan_options.cost = {options->cost_a, options->cost_b, options->cost_c};
     if (options->rank_speed != nullptr) {

@@ -15,6 +15,9 @@ enum class StatusCode {
   kInvalidArgument,  // the caller passed something wrong; nothing was changed
   kSystemError,      // the OS refused (file, memory, ...)
   kInternalError,    // a bug in odc
+  kInvalidUsage,     // a valid call at the wrong moment (outside a minibatch, after destroy, ...)
+  kTimeout,          // a wait on another rank ran past the communicator's timeout
+  kRemoteError,      // another rank died or failed
 };
 
 class [[nodiscard]] Status {
@@ -29,6 +32,21 @@ class [[nodiscard]] Status {
   }
   static Status InternalError(std::string message) {
     return Status(StatusCode::kInternalError, std::move(message));
+  }
+  static Status InvalidUsage(std::string message) {
+    return Status(StatusCode::kInvalidUsage, std::move(message));
+  }
+  static Status Timeout(std::string message) {
+    return Status(StatusCode::kTimeout, std::move(message));
+  }
+  static Status RemoteError(std::string message) {
+    return Status(StatusCode::kRemoteError, std::move(message));
+  }
+
+  // The same status with `context` prepended to the message ("rank 2: minibatch_end: ...").
+  Status with_context(const std::string& context) const {
+    if (ok()) return *this;
+    return Status(code_, context + ": " + message_);
   }
 
   bool ok() const { return code_ == StatusCode::kOk; }

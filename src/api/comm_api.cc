@@ -1,0 +1,179 @@
+// C API of the communicator. Handles are checked against a registry of live communicators, so a
+// destroyed handle gives odcInvalidUsage instead of undefined behaviour.
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "api/api_errors.h"
+#include "common/env.h"
+#include "core/communicator.h"
+#include "odc/odc.h"
+#include "transport/shm/shm_transport.h"
+
+namespace {
+
+// Default for every wait on another rank when the caller passes no timeout.
+ODC_ENV_DOUBLE(default_timeout_seconds, "ODC_TIMEOUT", 60.0)
+
+}  // namespace
+
+struct odcComm {
+  std::unique_ptr<odc::Communicator> communicator;
+  std::string last_error;
+};
+
+namespace {
+
+using odc::Status;
+using odc::api::guarded;
+using odc::api::report;
+using odc::api::success;
+
+std::mutex registry_mutex;
+std::set<const odcComm*> live_comms;
+
+// Records a failure on the communicator and the thread.
+odcResult_t report_on(odcComm* comm, const Status& status) {
+  if (comm != nullptr) comm->last_error = status.message();
+  return report(status);
+}
+
+odcResult_t succeed_on(odcComm* comm) {
+  comm->last_error.clear();
+  return success();
+}
+
+// The communicator behind a handle, or the error for a NULL / destroyed one.
+Status lookup(odcComm_t comm, const char* function) {
+  if (comm == nullptr) return Status::InvalidArgument(std::string(function) + ": comm is NULL");
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  if (live_comms.count(comm) == 0) {
+    return Status::InvalidUsage(std::string(function) +
+                                ": communicator used after destroy (or never created)");
+  }
+  return Status::Ok();
+}
+
+odc::Buffer* as_buffer(odcBuffer_t buffer) {
+  return reinterpret_cast<odc::Buffer*>(buffer);
+}
+
+// Out-of-range values stay out of range here; the communicator rejects them by name.
+odc::DataType as_dtype(const odcDataType_t& dtype) {
+  return static_cast<odc::DataType>(static_cast<uint32_t>(odc::api::raw_enum_value(dtype)));
+}
+
+// Runs `body(communicator)` on a live handle, recording any failure on it.
+template <typename Body>
+odcResult_t with_comm(odcComm_t comm, const char* function, Body&& body) {
+  return guarded([&]() -> odcResult_t {
+    if (Status status = lookup(comm, function); !status.ok()) return report(status);
+    Status status = body(*comm->communicator);
+    return status.ok() ? succeed_on(comm) : report_on(comm, status);
+  });
+}
+
+}  // namespace
+
+extern "C" odcResult_t odcCommInit(odcComm_t* comm, int rank, int world_size, const char* key,
+                                   double timeout_seconds) {
+  return guarded([&]() -> odcResult_t {
+    if (comm == nullptr) return report(Status::InvalidArgument("odcCommInit: comm is NULL"));
+    if (key == nullptr) return report(Status::InvalidArgument("odcCommInit: key is NULL"));
+    const double timeout = timeout_seconds > 0 ? timeout_seconds : default_timeout_seconds();
+    auto transport = odc::shm::ShmTransport::create(rank, world_size, key,
+                                                    std::chrono::duration<double>(timeout));
+    if (!transport.ok()) {
+      return report(transport.status().with_context("rank " + std::to_string(rank) + ": init"));
+    }
+    auto* created = new odcComm{std::make_unique<odc::Communicator>(std::move(transport).value()),
+                                std::string()};
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      live_comms.insert(created);
+    }
+    *comm = created;
+    return success();
+  });
+}
+
+extern "C" odcResult_t odcCommDestroy(odcComm_t comm) {
+  return guarded([&]() -> odcResult_t {
+    if (Status status = lookup(comm, "odcCommDestroy"); !status.ok()) return report(status);
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      live_comms.erase(comm);
+    }
+    delete comm;
+    return success();
+  });
+}
+
+extern "C" odcResult_t odcCommRank(odcComm_t comm, int* rank) {
+  return with_comm(comm, "odcCommRank", [&](odc::Communicator& c) {
+    if (rank == nullptr) return Status::InvalidArgument("odcCommRank: rank is NULL");
+    *rank = c.rank();
+    return Status::Ok();
+  });
+}
+
+extern "C" odcResult_t odcCommWorldSize(odcComm_t comm, int* world_size) {
+  return with_comm(comm, "odcCommWorldSize", [&](odc::Communicator& c) {
+    if (world_size == nullptr)
+      return Status::InvalidArgument("odcCommWorldSize: world_size is NULL");
+    *world_size = c.world_size();
+    return Status::Ok();
+  });
+}
+
+extern "C" const char* odcCommGetLastError(odcComm_t comm) {
+  if (!lookup(comm, "odcCommGetLastError").ok()) return "invalid or destroyed communicator";
+  return comm->last_error.c_str();
+}
+
+extern "C" odcResult_t odcBufferAlloc(odcComm_t comm, size_t count, odcDataType_t dtype,
+                                      int accumulator, odcBuffer_t* buffer, void** local) {
+  return with_comm(comm, "odcBufferAlloc", [&](odc::Communicator& c) -> Status {
+    if (buffer == nullptr || local == nullptr) {
+      return Status::InvalidArgument("rank " + std::to_string(c.rank()) +
+                                     ": alloc: buffer and local must not be NULL");
+    }
+    auto allocated = c.allocate(count, as_dtype(dtype), accumulator != 0);
+    if (!allocated.ok()) return allocated.status();
+    *buffer = reinterpret_cast<odcBuffer_t>(allocated.value());
+    *local = allocated.value()->local();
+    return Status::Ok();
+  });
+}
+
+extern "C" odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer) {
+  return with_comm(comm, "odcBufferFree",
+                   [&](odc::Communicator& c) { return c.release(as_buffer(buffer)); });
+}
+
+extern "C" odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBuffer_t buffer) {
+  return with_comm(comm, "odcGather", [&](odc::Communicator& c) {
+    return c.gather(dst, dst_count, as_buffer(buffer));
+  });
+}
+
+extern "C" odcResult_t odcScatterAccumulate(odcComm_t comm, const void* src, size_t src_count,
+                                            odcDataType_t src_dtype, odcBuffer_t accumulator) {
+  return with_comm(comm, "odcScatterAccumulate", [&](odc::Communicator& c) {
+    return c.scatter_accumulate(src, src_count, as_dtype(src_dtype), as_buffer(accumulator));
+  });
+}
+
+extern "C" odcResult_t odcMinibatchBegin(odcComm_t comm) {
+  return with_comm(comm, "odcMinibatchBegin",
+                   [](odc::Communicator& c) { return c.minibatch_begin(); });
+}
+
+extern "C" odcResult_t odcMinibatchEnd(odcComm_t comm) {
+  return with_comm(comm, "odcMinibatchEnd", [](odc::Communicator& c) { return c.minibatch_end(); });
+}
+
+extern "C" odcResult_t odcBarrier(odcComm_t comm) {
+  return with_comm(comm, "odcBarrier", [](odc::Communicator& c) { return c.barrier(); });
+}

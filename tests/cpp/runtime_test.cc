@@ -1,0 +1,426 @@
+// The ODC runtime on the host transport, through the C API, with one process per rank: gather,
+// scatter-accumulate under uneven load and random delays, many minibatches, bf16, invalid use,
+// dead and silent peers, and the lifecycle of shared-memory segments.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "core/dtype.h"
+#include "multiprocess.h"
+#include "odc/odc.h"
+
+namespace odc {
+namespace {
+
+using testing::run_ranks;
+
+// Element i of the source that `sender` pushes in call `call` of minibatch `minibatch`: small
+// integers, so fp32 sums are exact in any order.
+float contribution(int minibatch, int sender, int call, size_t i) {
+  return static_cast<float>((minibatch * 7 + sender * 3 + call * 5 + static_cast<int>(i)) % 17);
+}
+
+// Pushes per rank per minibatch: uneven, zero for some ranks in some minibatches.
+int pushes(int minibatch, int rank) {
+  return (minibatch + rank * 2) % 4;
+}
+
+void expect_all_ok(const std::vector<std::string>& outcome) {
+  for (size_t rank = 0; rank < outcome.size(); ++rank) {
+    EXPECT_EQ(outcome[rank], "") << "rank " << rank;
+  }
+}
+
+bool shm_segments_left(const std::string& key) {
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    if (entry.path().filename().string().rfind("odc." + key + ".", 0) == 0) return true;
+  }
+  return false;
+}
+
+class Gather : public ::testing::TestWithParam<int> {};
+
+TEST_P(Gather, EqualsConcatenatedShards) {
+  expect_all_ok(run_ranks(GetParam(), [](int rank, int world, const std::string& key) {
+    odcComm_t comm;
+    RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), 20.0));
+    const size_t count = 1000 + 3;  // not a multiple of any vector width
+    odcBuffer_t params;
+    void* local;
+    RANK_CHECK(odcBufferAlloc(comm, count, odcFloat32, 0, &params, &local));
+    for (size_t i = 0; i < count; ++i) static_cast<float*>(local)[i] = rank * 10000.0f + i;
+    odcBuffer_t bf16;
+    void* bf16_local;
+    RANK_CHECK(odcBufferAlloc(comm, count, odcBfloat16, 0, &bf16, &bf16_local));
+    for (size_t i = 0; i < count; ++i) {
+      static_cast<uint16_t*>(bf16_local)[i] = float_to_bf16(static_cast<float>(rank * 8 + i % 8));
+    }
+    RANK_CHECK(odcBarrier(comm));  // shards are written before anyone reads them
+
+    std::vector<float> full(world * count);
+    RANK_CHECK(odcGather(comm, full.data(), full.size(), params));
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        RANK_EXPECT(full[r * count + i] == r * 10000.0f + i, "gathered fp32 element differs");
+      }
+    }
+    std::vector<uint16_t> full_bf16(world * count);
+    RANK_CHECK(odcGather(comm, full_bf16.data(), full_bf16.size(), bf16));
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        RANK_EXPECT(bf16_to_float(full_bf16[r * count + i]) == r * 8 + i % 8,
+                    "gathered bf16 element differs");
+      }
+    }
+    RANK_CHECK(odcBarrier(comm));  // nobody frees while others read
+    RANK_CHECK(odcCommDestroy(comm));
+    return std::string();
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Gather, ::testing::Values(1, 2, 3, 4, 8));
+
+// Minibatches of uneven pushes with random delays; every rank checks every owner's sum.
+std::string run_minibatches(int rank, int world, const std::string& key, int num_minibatches,
+                            size_t count, odcDataType_t src_dtype, bool random_delays) {
+  odcComm_t comm;
+  RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), 30.0));
+  odcBuffer_t accumulator;
+  void* local;
+  RANK_CHECK(odcBufferAlloc(comm, count, odcFloat32, 1, &accumulator, &local));
+  std::mt19937 rng(1234 + rank);
+  std::uniform_int_distribution<int> delay_us(0, 1500);
+  std::vector<float> src(world * count);
+  std::vector<uint16_t> src_bf16(world * count);
+  std::vector<float> everything(world * count);
+  for (int minibatch = 0; minibatch < num_minibatches; ++minibatch) {
+    RANK_CHECK(odcMinibatchBegin(comm));
+    for (int call = 0; call < pushes(minibatch, rank); ++call) {
+      if (random_delays) std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
+      for (size_t i = 0; i < src.size(); ++i) {
+        src[i] = contribution(minibatch, rank, call, i);
+        src_bf16[i] = float_to_bf16(src[i]);
+      }
+      const void* data = src_dtype == odcFloat32 ? static_cast<const void*>(src.data())
+                                                 : static_cast<const void*>(src_bf16.data());
+      RANK_CHECK(odcScatterAccumulate(comm, data, src.size(), src_dtype, accumulator));
+    }
+    RANK_CHECK(odcMinibatchEnd(comm));
+    // Sums are final everywhere: read every owner's accumulator.
+    RANK_CHECK(odcGather(comm, everything.data(), everything.size(), accumulator));
+    for (size_t j = 0; j < everything.size(); ++j) {
+      float expected = 0;
+      for (int sender = 0; sender < world; ++sender) {
+        for (int call = 0; call < pushes(minibatch, sender); ++call) {
+          expected += contribution(minibatch, sender, call, j);
+        }
+      }
+      RANK_EXPECT(everything[j] == expected, "minibatch " + std::to_string(minibatch) +
+                                                 " element " + std::to_string(j) + ": got " +
+                                                 std::to_string(everything[j]) + ", expected " +
+                                                 std::to_string(expected));
+    }
+    // Nobody may zero (next begin) while a peer still reads.
+    RANK_CHECK(odcBarrier(comm));
+  }
+  RANK_CHECK(odcCommDestroy(comm));
+  return std::string();
+}
+
+class ScatterAccumulate : public ::testing::TestWithParam<int> {};
+
+TEST_P(ScatterAccumulate, UnevenPushesWithDelaysSumExactly) {
+  expect_all_ok(run_ranks(GetParam(), [](int rank, int world, const std::string& key) {
+    return run_minibatches(rank, world, key, 6, 257, odcFloat32, /*random_delays=*/true);
+  }));
+}
+
+TEST_P(ScatterAccumulate, Bf16Sources) {
+  expect_all_ok(run_ranks(GetParam(), [](int rank, int world, const std::string& key) {
+    return run_minibatches(rank, world, key, 4, 129, odcBfloat16, /*random_delays=*/true);
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ScatterAccumulate, ::testing::Values(1, 2, 4, 8));
+
+TEST(ScatterAccumulate, ThousandMinibatchesLoseNothing) {
+  expect_all_ok(run_ranks(
+      4,
+      [](int rank, int world, const std::string& key) {
+        return run_minibatches(rank, world, key, 1000, 33, odcFloat32, /*random_delays=*/false);
+      },
+      std::chrono::seconds(240)));
+}
+
+TEST(ScatterAccumulate, ThreadsAsRanks) {
+  // Ranks as threads of one process: the same protocol, visible to ThreadSanitizer.
+  const int world = 3;
+  const std::string key = testing::unique_key("threads");
+  std::vector<std::string> outcome(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      outcome[rank] = run_minibatches(rank, world, key, 50, 64, odcFloat32, false);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  expect_all_ok(outcome);
+}
+
+TEST(InvalidUse, ReturnsErrorsAndChangesNothing) {
+  expect_all_ok(run_ranks(2, [](int rank, int world, const std::string& key) {
+    odcComm_t comm;
+    RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), 20.0));
+    odcBuffer_t buffer;
+    void* local;
+    // Count and dtype must agree across ranks: every rank fails, nothing is allocated.
+    odcResult_t result = odcBufferAlloc(comm, rank == 0 ? 10 : 12, odcFloat32, 1, &buffer, &local);
+    RANK_EXPECT(result == odcInvalidArgument, odcGetErrorString(result));
+    RANK_EXPECT(std::strstr(odcCommGetLastError(comm), "buffers differ across ranks") != nullptr,
+                odcCommGetLastError(comm));
+    result = odcBufferAlloc(comm, 10, rank == 0 ? odcFloat32 : odcBfloat16, 0, &buffer, &local);
+    RANK_EXPECT(result == odcInvalidArgument, odcGetErrorString(result));
+    RANK_EXPECT(odcBufferAlloc(comm, 10, odcBfloat16, 1, &buffer, &local) == odcInvalidArgument,
+                "a bf16 accumulator must be refused");
+    RANK_EXPECT(odcBufferAlloc(comm, 0, odcFloat32, 1, &buffer, &local) == odcInvalidArgument,
+                "a zero count must be refused");
+    RANK_EXPECT(odcBufferAlloc(comm, 10, odcFloat32, 1, nullptr, nullptr) == odcInvalidArgument,
+                "NULL outputs must be refused");
+
+    odcBuffer_t accumulator, params;
+    void* accumulator_local;
+    void* params_local;
+    RANK_CHECK(odcBufferAlloc(comm, 10, odcFloat32, 1, &accumulator, &accumulator_local));
+    RANK_CHECK(odcBufferAlloc(comm, 10, odcFloat32, 0, &params, &params_local));
+    std::vector<float> src(world * 10, 1.0f);
+
+    // Outside a minibatch.
+    result = odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, accumulator);
+    RANK_EXPECT(result == odcInvalidUsage, odcGetErrorString(result));
+    RANK_EXPECT(std::strstr(odcGetLastError(), "outside a minibatch") != nullptr,
+                odcGetLastError());
+    RANK_EXPECT(std::strstr(odcGetLastError(), ("rank " + std::to_string(rank)).c_str()),
+                "errors name the rank");
+    RANK_EXPECT(odcMinibatchEnd(comm) == odcInvalidUsage, "end without begin");
+
+    RANK_CHECK(odcMinibatchBegin(comm));
+    RANK_EXPECT(odcMinibatchBegin(comm) == odcInvalidUsage, "begin twice");
+    // Wrong source size, NULL source, non-accumulator target.
+    result = odcScatterAccumulate(comm, src.data(), src.size() - 1, odcFloat32, accumulator);
+    RANK_EXPECT(result == odcInvalidArgument, odcGetErrorString(result));
+    RANK_EXPECT(std::strstr(odcGetLastError(), "expected world size x shard = 2 x 10 = 20"),
+                odcGetLastError());
+    RANK_EXPECT(odcScatterAccumulate(comm, nullptr, src.size(), odcFloat32, accumulator) ==
+                    odcInvalidArgument,
+                "NULL source");
+    RANK_EXPECT(odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, params) ==
+                    odcInvalidArgument,
+                "target must be an accumulator");
+    RANK_EXPECT(odcScatterAccumulate(comm, src.data(), src.size(), static_cast<odcDataType_t>(9),
+                                     accumulator) == odcInvalidArgument,
+                "unknown dtype");
+    // Gather: wrong size, NULL destination.
+    std::vector<float> out(world * 10);
+    RANK_EXPECT(odcGather(comm, out.data(), out.size() + 1, params) == odcInvalidArgument,
+                "gather size");
+    RANK_EXPECT(odcGather(comm, nullptr, out.size(), params) == odcInvalidArgument, "NULL dst");
+
+    // A buffer of another communicator.
+    odcComm_t other;
+    RANK_CHECK(odcCommInit(&other, rank, world, (key + "-other").c_str(), 20.0));
+    odcBuffer_t foreign;
+    void* foreign_local;
+    RANK_CHECK(odcBufferAlloc(other, 10, odcFloat32, 1, &foreign, &foreign_local));
+    result = odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, foreign);
+    RANK_EXPECT(result == odcInvalidArgument, odcGetErrorString(result));
+    RANK_EXPECT(std::strstr(odcGetLastError(), "does not belong to this communicator"),
+                odcGetLastError());
+    RANK_CHECK(odcBarrier(other));
+    RANK_CHECK(odcCommDestroy(other));
+    // Use after destroy.
+    RANK_EXPECT(odcBarrier(other) == odcInvalidUsage, "use after destroy");
+    RANK_EXPECT(std::strstr(odcGetLastError(), "after destroy"), odcGetLastError());
+    RANK_EXPECT(odcCommDestroy(other) == odcInvalidUsage, "double destroy");
+    RANK_EXPECT(odcBarrier(nullptr) == odcInvalidArgument, "NULL comm");
+    RANK_EXPECT(odcCommInit(nullptr, rank, world, key.c_str(), 1) == odcInvalidArgument, "NULL");
+
+    // None of the above changed anything: this minibatch still sums exactly.
+    RANK_CHECK(odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, accumulator));
+    RANK_CHECK(odcMinibatchEnd(comm));
+    for (int i = 0; i < 10; ++i) {
+      RANK_EXPECT(static_cast<float*>(accumulator_local)[i] == world, "sum after errors");
+    }
+    RANK_CHECK(odcBarrier(comm));
+    RANK_CHECK(odcBufferFree(comm, params));
+    RANK_EXPECT(odcBufferFree(comm, params) == odcInvalidArgument, "double free");
+    RANK_CHECK(odcCommDestroy(comm));
+    return std::string();
+  }));
+}
+
+TEST(InvalidUse, BadInitArguments) {
+  odcComm_t comm = nullptr;
+  EXPECT_EQ(odcCommInit(&comm, 2, 2, "k", 1.0), odcInvalidArgument);
+  EXPECT_STREQ(odcGetLastError(), "rank 2: init: rank 2 is outside world size 2");
+  EXPECT_EQ(odcCommInit(&comm, 0, 0, "k", 1.0), odcInvalidArgument);
+  EXPECT_EQ(odcCommInit(&comm, 0, 1, "bad/key", 1.0), odcInvalidArgument);
+  EXPECT_EQ(odcCommInit(&comm, 0, 1, "", 1.0), odcInvalidArgument);
+  EXPECT_EQ(odcCommInit(&comm, 0, 1, nullptr, 1.0), odcInvalidArgument);
+  EXPECT_EQ(comm, nullptr);
+}
+
+TEST(Faults, DeadRankFailsTheOthersWithItsName) {
+  const double timeout = 5.0;
+  const auto outcome = run_ranks(3, [&](int rank, int world, const std::string& key) {
+    odcComm_t comm;
+    RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), timeout));
+    odcBuffer_t accumulator;
+    void* local;
+    RANK_CHECK(odcBufferAlloc(comm, 16, odcFloat32, 1, &accumulator, &local));
+    RANK_CHECK(odcMinibatchBegin(comm));
+    if (rank == 2) raise(SIGKILL);  // dies mid-minibatch, before its pushes
+    std::vector<float> src(world * 16, 1.0f);
+    RANK_CHECK(odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, accumulator));
+    const auto start = std::chrono::steady_clock::now();
+    const odcResult_t result = odcMinibatchEnd(comm);
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    RANK_EXPECT(result == odcRemoteError, odcGetErrorString(result));
+    const std::string message = odcGetLastError();
+    RANK_EXPECT(message.find("rank 2") != std::string::npos, message);
+    RANK_EXPECT(message.find("died") != std::string::npos, message);
+    RANK_EXPECT(message.find("minibatch_end") != std::string::npos, message);
+    RANK_EXPECT(waited < timeout + 1.0, "reported after " + std::to_string(waited) + " s");
+    // The communicator stays failed: no partial sum is ever reported as success.
+    RANK_EXPECT(odcBarrier(comm) == odcRemoteError, "later calls fail too");
+    RANK_EXPECT(std::string(odcGetLastError()).find("failed earlier") != std::string::npos,
+                odcGetLastError());
+    RANK_CHECK(odcCommDestroy(comm));
+    return std::string();
+  });
+  EXPECT_EQ(outcome[0], "");
+  EXPECT_EQ(outcome[1], "");
+  EXPECT_EQ(outcome[2], "killed by signal 9");
+}
+
+TEST(Faults, SilentRankTimesOut) {
+  const double timeout = 1.5;
+  const auto outcome = run_ranks(2, [&](int rank, int world, const std::string& key) {
+    odcComm_t comm;
+    RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), timeout));
+    if (rank == 1) {
+      // Alive but never arrives.
+      std::this_thread::sleep_for(std::chrono::duration<double>(timeout + 2.0));
+      return std::string();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const odcResult_t result = odcMinibatchBegin(comm);
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    RANK_EXPECT(result == odcTimeout, odcGetErrorString(result));
+    const std::string message = odcGetLastError();
+    RANK_EXPECT(message.find("rank 0: minibatch_begin: timed out") == 0, message);
+    RANK_EXPECT(message.find("waiting for rank 1") != std::string::npos, message);
+    RANK_EXPECT(waited >= timeout && waited < timeout + 1.0,
+                "reported after " + std::to_string(waited) + " s");
+    RANK_CHECK(odcCommDestroy(comm));
+    return std::string();
+  });
+  expect_all_ok(outcome);
+}
+
+TEST(Faults, MissingRankAtInitTimesOut) {
+  const auto outcome = run_ranks(1, [](int, int, const std::string& key) {
+    odcComm_t comm;
+    const odcResult_t result = odcCommInit(&comm, 0, 2, key.c_str(), 1.0);
+    RANK_EXPECT(result == odcTimeout, odcGetErrorString(result));
+    RANK_EXPECT(
+        std::string(odcGetLastError()).find("waiting for rank 1 to join") != std::string::npos,
+        odcGetLastError());
+    return std::string();
+  });
+  expect_all_ok(outcome);
+}
+
+TEST(Faults, CollectiveMismatchNamesBoth) {
+  expect_all_ok(run_ranks(2, [](int rank, int world, const std::string& key) {
+    odcComm_t comm;
+    RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), 10.0));
+    const odcResult_t result = rank == 0 ? odcBarrier(comm) : odcMinibatchBegin(comm);
+    RANK_EXPECT(result == odcRemoteError, odcGetErrorString(result));
+    RANK_EXPECT(std::string(odcGetLastError()).find("collective mismatch") != std::string::npos,
+                odcGetLastError());
+    RANK_CHECK(odcCommDestroy(comm));
+    return std::string();
+  }));
+}
+
+TEST(Segments, RemovedOnNormalExit) {
+  const std::string label = "clean";
+  std::string key_seen;
+  const auto outcome = run_ranks(
+      3,
+      [&](int rank, int world, const std::string& key) {
+        odcComm_t comm;
+        RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), 10.0));
+        odcBuffer_t buffer;
+        void* local;
+        RANK_CHECK(odcBufferAlloc(comm, 100, odcFloat32, 1, &buffer, &local));
+        RANK_CHECK(odcBarrier(comm));
+        RANK_CHECK(odcCommDestroy(comm));
+        return std::string();
+      },
+      std::chrono::seconds(30), label);
+  expect_all_ok(outcome);
+  // Keys are "t-<label>-<pid>-<n>": nothing of this process's runs may remain.
+  EXPECT_FALSE(shm_segments_left("t-" + label + "-" + std::to_string(getpid())));
+}
+
+TEST(Segments, PrivateRefusedWhileLiveReclaimedAfterCrash) {
+  const std::string key = testing::unique_key("stale");
+  // A rank 0 that waits forever for rank 1 (its segment exists, named, owner alive).
+  std::fflush(nullptr);
+  const pid_t waiter = fork();
+  if (waiter == 0) {
+    odcComm_t comm;
+    (void)odcCommInit(&comm, 0, 2, key.c_str(), 30.0);
+    _exit(0);
+  }
+  const std::string path = "/dev/shm/odc." + key + ".r0";
+  struct stat info {};
+  for (int i = 0; i < 500 && stat(path.c_str(), &info) != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(stat(path.c_str(), &info), 0) << "rank 0 never created its segment";
+  EXPECT_EQ(info.st_mode & 0777, 0600u);
+
+  odcComm_t comm = nullptr;
+  EXPECT_EQ(odcCommInit(&comm, 0, 2, key.c_str(), 2.0), odcInvalidUsage);
+  EXPECT_NE(std::string(odcGetLastError()).find("is in use"), std::string::npos)
+      << odcGetLastError();
+
+  // The crash: the segment stays behind with a dead owner...
+  kill(waiter, SIGKILL);
+  waitpid(waiter, nullptr, 0);
+  ASSERT_EQ(stat(path.c_str(), &info), 0);
+  // ...and the next run with the same key reclaims it.
+  const auto outcome = run_ranks(2, [&](int rank, int world, const std::string&) {
+    odcComm_t fresh;
+    RANK_CHECK(odcCommInit(&fresh, rank, world, key.c_str(), 10.0));
+    RANK_CHECK(odcBarrier(fresh));
+    RANK_CHECK(odcCommDestroy(fresh));
+    return std::string();
+  });
+  expect_all_ok(outcome);
+  EXPECT_FALSE(shm_segments_left(key));
+}
+
+}  // namespace
+}  // namespace odc

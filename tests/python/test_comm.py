@@ -1,0 +1,261 @@
+"""odc.Comm and odc.launch on the host transport: real processes, real shared memory."""
+
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import odc
+
+
+def _contribution(minibatch, sender, call, size):
+    return ((minibatch * 7 + sender * 3 + call * 5 + np.arange(size)) % 17).astype(np.float32)
+
+
+def _pushes(minibatch, rank):
+    return (minibatch + rank * 2) % 4
+
+
+def _bf16_bits(values):
+    # Exact for the small integers used here: bf16 is the top half of the fp32 bits.
+    return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _gather_rank(rank, world_size, key):
+    with odc.Comm(rank, world_size, key, timeout=20) as comm:
+        count = 1003
+        params = comm.alloc(count)
+        params.array[:] = rank * 10000 + np.arange(count)
+        halves = comm.alloc(count, dtype="bfloat16")
+        halves.array.view(np.uint16)[:] = _bf16_bits(np.full(count, rank + 1.0))
+        comm.barrier()
+        full = np.empty(world_size * count, dtype=np.float32)
+        comm.gather(full, params)
+        expected = np.concatenate([r * 10000 + np.arange(count) for r in range(world_size)])
+        assert np.array_equal(full, expected.astype(np.float32))
+        full_bits = np.empty(world_size * count, dtype=np.uint16)
+        comm.gather(full_bits, halves)
+        assert np.array_equal(
+            full_bits,
+            np.concatenate([_bf16_bits(np.full(count, r + 1.0)) for r in range(world_size)]),
+        )
+        comm.barrier()
+    return rank
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+def test_gather_equals_concatenated_shards(world_size):
+    assert odc.launch(_gather_rank, world_size, timeout=120) == list(range(world_size))
+
+
+def _minibatch_rank(rank, world_size, key, num_minibatches, count, src_dtype, delays):
+    rng = random.Random(rank)
+    with odc.Comm(rank, world_size, key, timeout=30) as comm:
+        accumulator = comm.alloc(count, accumulator=True)
+        everything = np.empty(world_size * count, dtype=np.float32)
+        for minibatch in range(num_minibatches):
+            comm.minibatch_begin()
+            for call in range(_pushes(minibatch, rank)):
+                if delays:
+                    time.sleep(rng.uniform(0, 0.002))
+                src = _contribution(minibatch, rank, call, world_size * count)
+                if src_dtype == "bfloat16":
+                    comm.scatter_accumulate(_bf16_bits(src), accumulator, src_dtype="bfloat16")
+                else:
+                    comm.scatter_accumulate(src, accumulator)
+            comm.minibatch_end()
+            comm.gather(everything, accumulator)
+            expected = sum(
+                (
+                    _contribution(minibatch, sender, call, world_size * count)
+                    for sender in range(world_size)
+                    for call in range(_pushes(minibatch, sender))
+                ),
+                np.zeros(world_size * count, dtype=np.float32),
+            )
+            assert np.array_equal(everything, expected), f"minibatch {minibatch}"
+            comm.barrier()
+    return num_minibatches
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+@pytest.mark.parametrize("src_dtype", ["float32", "bfloat16"])
+def test_scatter_accumulate_uneven_with_delays(world_size, src_dtype):
+    results = odc.launch(_minibatch_rank, world_size, 5, 129, src_dtype, True, timeout=180)
+    assert results == [5] * world_size
+
+
+def test_thousand_minibatches_lose_nothing():
+    assert odc.launch(_minibatch_rank, 2, 1000, 16, "float32", False, timeout=300) == [1000, 1000]
+
+
+def _invalid_use_rank(rank, world_size, key):
+    errors = {}
+    with odc.Comm(rank, world_size, key, timeout=20) as comm:
+
+        def record(name, function):
+            try:
+                function()
+            except odc.Error as error:
+                errors[name] = (error.code, str(error))
+            else:
+                errors[name] = None
+
+        record("mismatched count", lambda: comm.alloc(10 + rank, accumulator=True))
+        record("mismatched dtype", lambda: comm.alloc(10, dtype=["float32", "bfloat16"][rank]))
+        record("bf16 accumulator", lambda: comm.alloc(10, dtype="bfloat16", accumulator=True))
+        record("unknown dtype", lambda: comm.alloc(10, dtype="float64"))
+        accumulator = comm.alloc(10, accumulator=True)
+        params = comm.alloc(10)
+        src = np.ones(world_size * 10, dtype=np.float32)
+        record("outside minibatch", lambda: comm.scatter_accumulate(src, accumulator))
+        record("end without begin", comm.minibatch_end)
+        comm.minibatch_begin()
+        record("begin twice", comm.minibatch_begin)
+        record("wrong source size", lambda: comm.scatter_accumulate(src[:-1], accumulator))
+        record("not an accumulator", lambda: comm.scatter_accumulate(src, params))
+        record(
+            "float64 source", lambda: comm.scatter_accumulate(src.astype(np.float64), accumulator)
+        )
+        record("wrong gather size", lambda: comm.gather(np.empty(7, np.float32), params))
+        record(
+            "wrong gather dtype", lambda: comm.gather(np.empty(world_size * 10, np.float64), params)
+        )
+        with odc.Comm(rank, world_size, key + "-other", timeout=20) as other:
+            foreign = other.alloc(10, accumulator=True)
+            record("foreign buffer", lambda: comm.scatter_accumulate(src, foreign))
+            other.barrier()
+        record("buffer after its comm closed", lambda: comm.scatter_accumulate(src, foreign))
+        comm.scatter_accumulate(src, accumulator)  # nothing above changed anything
+        comm.minibatch_end()
+        assert np.array_equal(accumulator.array, np.full(10, world_size, np.float32))
+        comm.barrier()
+    record("after close", comm.barrier)
+    return errors
+
+
+def test_invalid_use_raises_and_changes_nothing():
+    for errors in odc.launch(_invalid_use_rank, 2, timeout=120):
+        expected_codes = {
+            "mismatched count": odc._capi.INVALID_ARGUMENT,
+            "mismatched dtype": odc._capi.INVALID_ARGUMENT,
+            "bf16 accumulator": odc._capi.INVALID_ARGUMENT,
+            "unknown dtype": odc._capi.INVALID_ARGUMENT,
+            "outside minibatch": odc._capi.INVALID_USAGE,
+            "end without begin": odc._capi.INVALID_USAGE,
+            "begin twice": odc._capi.INVALID_USAGE,
+            "wrong source size": odc._capi.INVALID_ARGUMENT,
+            "not an accumulator": odc._capi.INVALID_ARGUMENT,
+            "float64 source": odc._capi.INVALID_ARGUMENT,
+            "wrong gather size": odc._capi.INVALID_ARGUMENT,
+            "wrong gather dtype": odc._capi.INVALID_ARGUMENT,
+            "foreign buffer": odc._capi.INVALID_ARGUMENT,
+            "buffer after its comm closed": odc._capi.INVALID_USAGE,
+            "after close": odc._capi.INVALID_USAGE,
+        }
+        for name, code in expected_codes.items():
+            assert errors[name] is not None, f"{name}: no error raised"
+            assert errors[name][0] == code, f"{name}: {errors[name]}"
+        assert "buffers differ across ranks" in errors["mismatched count"][1]
+        assert "outside a minibatch" in errors["outside minibatch"][1]
+        assert "does not belong to this communicator" in errors["foreign buffer"][1]
+
+
+def _dies_rank(rank, world_size, key):
+    with odc.Comm(rank, world_size, key, timeout=5) as comm:
+        accumulator = comm.alloc(16, accumulator=True)
+        comm.minibatch_begin()
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        comm.scatter_accumulate(np.ones(world_size * 16, np.float32), accumulator)
+        start = time.monotonic()
+        try:
+            comm.minibatch_end()
+        except odc.Error as error:
+            return error.code, str(error), time.monotonic() - start
+        return None
+
+
+def test_killed_rank_makes_the_others_fail():
+    with pytest.raises(odc.LaunchError) as raised:
+        odc.launch(_dies_rank, 3, timeout=60)
+    error = raised.value
+    assert list(error.failures) == [1]
+    assert "exited with code -9" in error.failures[1]
+    for rank in (0, 2):
+        code, message, waited = error.results[rank]
+        assert code == odc._capi.REMOTE_ERROR
+        assert f"rank {rank}: minibatch_end: rank 1 (pid" in message and "died" in message
+        assert waited < 5 + 1
+
+
+def _silent_rank(rank, world_size, key):
+    with odc.Comm(rank, world_size, key, timeout=1.0) as comm:
+        if rank == 1:
+            time.sleep(3.0)  # alive, never arrives
+            return None
+        try:
+            comm.barrier()
+        except odc.Error as error:
+            return error.code, str(error)
+    return None
+
+
+def test_silent_rank_times_out():
+    code, message = odc.launch(_silent_rank, 2, timeout=60)[0]
+    assert code == odc._capi.TIMEOUT
+    assert message.startswith("rank 0: barrier: timed out after 1 s waiting for rank 1")
+
+
+def _raises_rank(rank, world_size, key):
+    if rank == 1:
+        raise RuntimeError("boom on rank 1")
+    return rank
+
+
+def test_launch_reports_exceptions_with_traceback():
+    with pytest.raises(odc.LaunchError) as raised:
+        odc.launch(_raises_rank, 3, timeout=60)
+    assert list(raised.value.failures) == [1]
+    assert "RuntimeError: boom on rank 1" in raised.value.failures[1]
+    assert "Traceback" in raised.value.failures[1]
+    assert raised.value.results == {0: 0, 2: 2}
+
+
+def _sleeps_rank(rank, world_size, key):
+    time.sleep(30)
+
+
+def test_launch_timeout_kills():
+    start = time.monotonic()
+    with pytest.raises(odc.LaunchError) as raised:
+        odc.launch(_sleeps_rank, 2, timeout=2)
+    assert time.monotonic() - start < 20
+    assert "did not finish within 2 s" in raised.value.failures[0]
+
+
+def test_bad_comm_arguments():
+    with pytest.raises(odc.Error) as raised:
+        odc.Comm(3, 2, "some-key")
+    assert raised.value.code == odc._capi.INVALID_ARGUMENT
+    assert "rank 3 is outside world size 2" in str(raised.value)
+    with pytest.raises(odc.Error):
+        odc.Comm(0, 1, "bad key with spaces")
+    with pytest.raises(ValueError):
+        odc.launch(_raises_rank, 0)
+
+
+def test_single_rank_roundtrip():
+    with odc.Comm(0, 1, f"single-{os.getpid()}", timeout=5) as comm:
+        buffer = comm.alloc(4, accumulator=True)
+        comm.minibatch_begin()
+        comm.scatter_accumulate(np.arange(4, dtype=np.float32), buffer)
+        comm.scatter_accumulate(np.arange(4, dtype=np.float32), buffer)
+        comm.minibatch_end()
+        assert buffer.array.tolist() == [0.0, 2.0, 4.0, 6.0]
+        buffer.free()
+        with pytest.raises(odc.Error):
+            buffer.array
