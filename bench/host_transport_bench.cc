@@ -43,12 +43,12 @@ void reference(size_t bytes, double& copy_gbps, double& add_gbps) {
   if (b[0] < 0) std::printf("impossible\n");  // keep the loop
 }
 
-#define BENCH_CHECK(call)                                                     \
-  do {                                                                        \
-    if ((call) != odcSuccess) {                                               \
-      std::fprintf(stderr, "%s failed: %s\n", #call, odcGetLastError());      \
-      _exit(1);                                                               \
-    }                                                                         \
+#define BENCH_CHECK(call)                                                \
+  do {                                                                   \
+    if ((call) != odcSuccess) {                                          \
+      std::fprintf(stderr, "%s failed: %s\n", #call, odcGetLastError()); \
+      _exit(1);                                                          \
+    }                                                                    \
   } while (0)
 
 // One rank: measures gather and scatter-accumulate for every size; rank 0 prints.
@@ -65,37 +65,39 @@ void run_rank(int rank, int world, const std::string& key, size_t max_bytes) {
     std::vector<float> full(world * shard, 1.0f);
     const int iterations = iterations_for(bytes);
 
-    BENCH_CHECK(odcGather(comm, full.data(), full.size(), params));  // warm-up
-    BENCH_CHECK(odcBarrier(comm));
+    BENCH_CHECK(odcGather(comm, full.data(), full.size(), params, nullptr));  // warm-up
+    BENCH_CHECK(odcBarrier(comm, nullptr));
     auto start = Clock::now();
     for (int i = 0; i < iterations; ++i) {
-      BENCH_CHECK(odcGather(comm, full.data(), full.size(), params));
+      BENCH_CHECK(odcGather(comm, full.data(), full.size(), params, nullptr));
     }
-    BENCH_CHECK(odcBarrier(comm));
+    BENCH_CHECK(odcBarrier(comm, nullptr));
     const double gather_s = seconds_since(start) / iterations;
 
-    BENCH_CHECK(odcMinibatchBegin(comm));
-    BENCH_CHECK(odcScatterAccumulate(comm, full.data(), full.size(), odcFloat32, accumulator));
-    BENCH_CHECK(odcBarrier(comm));
+    BENCH_CHECK(odcMinibatchBegin(comm, nullptr));
+    BENCH_CHECK(
+        odcScatterAccumulate(comm, full.data(), full.size(), odcFloat32, accumulator, nullptr));
+    BENCH_CHECK(odcBarrier(comm, nullptr));
     start = Clock::now();
     for (int i = 0; i < iterations; ++i) {
-      BENCH_CHECK(odcScatterAccumulate(comm, full.data(), full.size(), odcFloat32, accumulator));
+      BENCH_CHECK(
+          odcScatterAccumulate(comm, full.data(), full.size(), odcFloat32, accumulator, nullptr));
     }
-    BENCH_CHECK(odcBarrier(comm));
+    BENCH_CHECK(odcBarrier(comm, nullptr));
     const double scatter_s = seconds_since(start) / iterations;
     start = Clock::now();
-    BENCH_CHECK(odcMinibatchEnd(comm));
+    BENCH_CHECK(odcMinibatchEnd(comm, nullptr));
     const double end_s = seconds_since(start);
 
     if (rank == 0) {
       double copy_gbps = 0, add_gbps = 0;
       reference(bytes, copy_gbps, add_gbps);
-      std::printf("%5d %9zu %12.1f %10.2f %10.2f %14.1f %10.2f %10.2f %10.1f\n", world,
-                  bytes >> 20, gather_s * 1e6, bytes / gather_s / 1e9, copy_gbps, scatter_s * 1e6,
+      std::printf("%5d %9zu %12.1f %10.2f %10.2f %14.1f %10.2f %10.2f %10.1f\n", world, bytes >> 20,
+                  gather_s * 1e6, bytes / gather_s / 1e9, copy_gbps, scatter_s * 1e6,
                   bytes / scatter_s / 1e9, add_gbps, end_s * 1e3);
       std::fflush(stdout);
     }
-    BENCH_CHECK(odcBarrier(comm));
+    BENCH_CHECK(odcBarrier(comm, nullptr));
     BENCH_CHECK(odcBufferFree(comm, params));
     BENCH_CHECK(odcBufferFree(comm, accumulator));
   }

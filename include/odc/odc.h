@@ -112,6 +112,11 @@ typedef enum { odcFloat32 = 0, odcBfloat16 = 1 } odcDataType_t;
 typedef struct odcComm* odcComm_t;
 typedef struct odcBuffer* odcBuffer_t;
 
+/* The stream that orders an operation: a cudaStream_t on device communicators (NULL = the legacy
+ * default stream); ignored by host communicators (pass NULL). Device operations are enqueued and
+ * return without waiting; their completion follows stream order. */
+typedef void* odcStream_t;
+
 /* Collective. Joins `world_size` ranks on this machine that pass the same `key` (1-200 letters,
  * digits, '_', '-', '.'; unique per job: e.g. from the launcher). Host shared-memory transport.
  * `timeout_seconds` bounds every wait on another rank; <= 0 takes $ODC_TIMEOUT, else 60 s. On
@@ -143,23 +148,25 @@ ODC_API odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer);
 /* Local (reads peers' memory). dst[r*count:(r+1)*count] = rank r's shard, for every r; `dst` holds
  * dst_count = world_size * count elements of the buffer's dtype. Valid while owners do not rewrite
  * their shards (they do so only between minibatches). */
-ODC_API odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBuffer_t buffer);
+ODC_API odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBuffer_t buffer,
+                              odcStream_t stream);
 
 /* Local (writes to peers), inside a minibatch, any number of times, concurrently with every other
  * rank: for every owner r, accumulator@r += src[r*count:(r+1)*count], accumulated in fp32 whatever
  * `src_dtype`. src_count must be world_size * count. The sums are visible after odcMinibatchEnd. */
 ODC_API odcResult_t odcScatterAccumulate(odcComm_t comm, const void* src, size_t src_count,
-                                         odcDataType_t src_dtype, odcBuffer_t accumulator);
+                                         odcDataType_t src_dtype, odcBuffer_t accumulator,
+                                         odcStream_t stream);
 
 /* Collective: zeroes this rank's accumulators, waits for every rank, opens the minibatch. */
-ODC_API odcResult_t odcMinibatchBegin(odcComm_t comm);
+ODC_API odcResult_t odcMinibatchBegin(odcComm_t comm, odcStream_t stream);
 
 /* Collective: returns when every contribution of every rank in this minibatch has been added at
  * its owner, on every rank. The one synchronization per minibatch. */
-ODC_API odcResult_t odcMinibatchEnd(odcComm_t comm);
+ODC_API odcResult_t odcMinibatchEnd(odcComm_t comm, odcStream_t stream);
 
 /* Collective: returns when every rank has called it. */
-ODC_API odcResult_t odcBarrier(odcComm_t comm);
+ODC_API odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

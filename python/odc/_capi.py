@@ -111,11 +111,19 @@ def _load() -> ctypes.CDLL:
         ctypes.POINTER(ctypes.c_void_p),
     ]
     lib.odcBufferFree.argtypes = [handle, handle]
-    lib.odcGather.argtypes = [handle, ctypes.c_void_p, size, handle]
-    lib.odcScatterAccumulate.argtypes = [handle, ctypes.c_void_p, size, ctypes.c_int, handle]
-    lib.odcMinibatchBegin.argtypes = [handle]
-    lib.odcMinibatchEnd.argtypes = [handle]
-    lib.odcBarrier.argtypes = [handle]
+    stream = ctypes.c_void_p
+    lib.odcGather.argtypes = [handle, ctypes.c_void_p, size, handle, stream]
+    lib.odcScatterAccumulate.argtypes = [
+        handle,
+        ctypes.c_void_p,
+        size,
+        ctypes.c_int,
+        handle,
+        stream,
+    ]
+    lib.odcMinibatchBegin.argtypes = [handle, stream]
+    lib.odcMinibatchEnd.argtypes = [handle, stream]
+    lib.odcBarrier.argtypes = [handle, stream]
     for name in (
         "odcCommInit",
         "odcCommDestroy",

@@ -165,7 +165,7 @@ class Comm:
                 f"rank {self.rank}: gather: out has dtype {out.dtype}, the buffer "
                 f"holds {buffer.dtype}"
             )
-        self._call(_capi.lib.odcGather, out.ctypes.data, out.size, buffer._handle)
+        self._call(_capi.lib.odcGather, out.ctypes.data, out.size, buffer._handle, None)
 
     def scatter_accumulate(
         self, src: np.ndarray, accumulator: Buffer, src_dtype: Optional[str] = None
@@ -204,16 +204,17 @@ class Comm:
             src.size,
             _DTYPES[src_dtype],
             accumulator._handle,
+            None,
         )
 
     def minibatch_begin(self) -> None:
         """Collective: zeroes this rank's accumulators, then waits for every rank."""
-        self._call(_capi.lib.odcMinibatchBegin)
+        self._call(_capi.lib.odcMinibatchBegin, None)
 
     def minibatch_end(self) -> None:
         """Collective: returns when every rank's contributions are applied everywhere."""
-        self._call(_capi.lib.odcMinibatchEnd)
+        self._call(_capi.lib.odcMinibatchEnd, None)
 
     def barrier(self) -> None:
         """Collective: returns when every rank has called it."""
-        self._call(_capi.lib.odcBarrier)
+        self._call(_capi.lib.odcBarrier, None)

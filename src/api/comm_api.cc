@@ -152,28 +152,32 @@ extern "C" odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer) {
                    [&](odc::Communicator& c) { return c.release(as_buffer(buffer)); });
 }
 
-extern "C" odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBuffer_t buffer) {
+extern "C" odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBuffer_t buffer,
+                                 odcStream_t stream) {
   return with_comm(comm, "odcGather", [&](odc::Communicator& c) {
-    return c.gather(dst, dst_count, as_buffer(buffer));
+    return c.gather(dst, dst_count, as_buffer(buffer), stream);
   });
 }
 
 extern "C" odcResult_t odcScatterAccumulate(odcComm_t comm, const void* src, size_t src_count,
-                                            odcDataType_t src_dtype, odcBuffer_t accumulator) {
+                                            odcDataType_t src_dtype, odcBuffer_t accumulator,
+                                            odcStream_t stream) {
   return with_comm(comm, "odcScatterAccumulate", [&](odc::Communicator& c) {
-    return c.scatter_accumulate(src, src_count, as_dtype(src_dtype), as_buffer(accumulator));
+    return c.scatter_accumulate(src, src_count, as_dtype(src_dtype), as_buffer(accumulator),
+                                stream);
   });
 }
 
-extern "C" odcResult_t odcMinibatchBegin(odcComm_t comm) {
+extern "C" odcResult_t odcMinibatchBegin(odcComm_t comm, odcStream_t stream) {
   return with_comm(comm, "odcMinibatchBegin",
-                   [](odc::Communicator& c) { return c.minibatch_begin(); });
+                   [&](odc::Communicator& c) { return c.minibatch_begin(stream); });
 }
 
-extern "C" odcResult_t odcMinibatchEnd(odcComm_t comm) {
-  return with_comm(comm, "odcMinibatchEnd", [](odc::Communicator& c) { return c.minibatch_end(); });
+extern "C" odcResult_t odcMinibatchEnd(odcComm_t comm, odcStream_t stream) {
+  return with_comm(comm, "odcMinibatchEnd",
+                   [&](odc::Communicator& c) { return c.minibatch_end(stream); });
 }
 
-extern "C" odcResult_t odcBarrier(odcComm_t comm) {
-  return with_comm(comm, "odcBarrier", [](odc::Communicator& c) { return c.barrier(); });
+extern "C" odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream) {
+  return with_comm(comm, "odcBarrier", [&](odc::Communicator& c) { return c.barrier(stream); });
 }

@@ -102,18 +102,17 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
     }
   }
   auto buffer = std::make_unique<Buffer>();
-  buffer->owner = this;
   buffer->id = next_buffer_id_++;
   buffer->count = count;
   buffer->dtype = dtype;
-  buffer->accumulator = accumulator;
-  auto data = transport_->allocate(buffer->bytes());
-  if (!data.ok()) return finish(op, data.status());
-  buffer->data = std::move(data).value();
   if (accumulator) {
-    auto slots = transport_->allocate(static_cast<size_t>(world_size()) * count * sizeof(float));
-    if (!slots.ok()) return finish(op, slots.status());
-    buffer->slots = std::move(slots).value();
+    auto region = transport_->allocate_accumulator(count);
+    if (!region.ok()) return finish(op, region.status());
+    buffer->accumulation = std::move(region).value();
+  } else {
+    auto region = transport_->allocate(buffer->bytes());
+    if (!region.ok()) return finish(op, region.status());
+    buffer->data = std::move(region).value();
   }
   Buffer* handle = buffer.get();
   buffers_.emplace(handle, std::move(buffer));
@@ -128,12 +127,13 @@ Status Communicator::release(Buffer* buffer) {
     return Status::Ok();
   }
   // Peers may still read this buffer until they too arrive here.
-  ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kRelease)));
+  ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kRelease, nullptr)));
   buffers_.erase(buffer);
   return Status::Ok();
 }
 
-Status Communicator::gather(void* dst, size_t dst_count, const Buffer* buffer) {
+Status Communicator::gather(void* dst, size_t dst_count, const Buffer* buffer,
+                            StreamHandle stream) {
   const char* op = "gather";
   ODC_RETURN_IF_ERROR(usable(op));
   ODC_RETURN_IF_ERROR(check_buffer(op, buffer));
@@ -146,20 +146,15 @@ Status Communicator::gather(void* dst, size_t dst_count, const Buffer* buffer) {
                 " elements; expected world size x shard = " + std::to_string(world_size()) + " x " +
                 std::to_string(buffer->count) + " = " + std::to_string(expected)));
   }
-  auto* out = static_cast<char*>(dst);
-  for (int r = 0; r < world_size(); ++r) {
-    transport_->copy(out + static_cast<size_t>(r) * buffer->bytes(), buffer->data->peer(r),
-                     buffer->bytes());
-  }
-  return Status::Ok();
+  return finish(op, transport_->gather(dst, buffer->shards(), buffer->bytes(), stream));
 }
 
 Status Communicator::scatter_accumulate(const void* src, size_t src_count, DataType src_dtype,
-                                        Buffer* accumulator) {
+                                        Buffer* accumulator, StreamHandle stream) {
   const char* op = "scatter_accumulate";
   ODC_RETURN_IF_ERROR(usable(op));
   ODC_RETURN_IF_ERROR(check_buffer(op, accumulator));
-  if (!accumulator->accumulator) {
+  if (!accumulator->is_accumulator()) {
     return finish(op, Status::InvalidArgument(
                           "buffer was not allocated as an accumulator (accumulator=true)"));
   }
@@ -181,62 +176,52 @@ Status Communicator::scatter_accumulate(const void* src, size_t src_count, DataT
     return finish(op, Status::InvalidUsage("called outside a minibatch (call minibatch_begin "
                                            "first)"));
   }
-  const auto* bytes = static_cast<const char*>(src);
-  const size_t slice_bytes = shard * element_bytes(src_dtype);
-  for (int owner = 0; owner < world_size(); ++owner) {
-    // Our own slot at `owner`: nobody else writes it, so plain adds are exact.
-    float* slot =
-        static_cast<float*>(accumulator->slots->peer(owner)) + static_cast<size_t>(rank()) * shard;
-    transport_->accumulate(slot, bytes + static_cast<size_t>(owner) * slice_bytes, src_dtype,
-                           shard);
-  }
-  return Status::Ok();
+  return finish(op, transport_->push(src, src_dtype, *accumulator->accumulation, stream));
 }
 
-Status Communicator::minibatch_begin() {
+Status Communicator::minibatch_begin(StreamHandle stream) {
   const char* op = "minibatch_begin";
   ODC_RETURN_IF_ERROR(usable(op));
   if (state_ == CommState::kInMinibatch) {
     return finish(op, Status::InvalidUsage("a minibatch is already open (call minibatch_end)"));
   }
+  ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
   for (auto& [handle, buffer] : buffers_) {
-    if (!buffer->accumulator) continue;
-    transport_->zero(buffer->data->local(), buffer->bytes());
-    transport_->zero(buffer->slots->local(), buffer->slots->bytes());
+    if (buffer->is_accumulator()) {
+      ODC_RETURN_IF_ERROR(finish(op, transport_->reset(*buffer->accumulation, stream)));
+    }
   }
-  // Nobody may push into a slot before its owner has zeroed it.
-  ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchBegin)));
+  // Nobody may push into an accumulator before its owner has zeroed it.
+  ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchBegin, stream)));
   state_ = CommState::kInMinibatch;
   return Status::Ok();
 }
 
-Status Communicator::minibatch_end() {
+Status Communicator::minibatch_end(StreamHandle stream) {
   const char* op = "minibatch_end";
   ODC_RETURN_IF_ERROR(usable(op));
   if (state_ != CommState::kInMinibatch) {
     return finish(op, Status::InvalidUsage("no minibatch is open (call minibatch_begin first)"));
   }
-  // After this barrier every rank has finished pushing.
-  ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchEnd)));
+  // After this barrier every rank has finished pushing...
+  ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchEnd, stream)));
   for (auto& [handle, buffer] : buffers_) {
-    if (!buffer->accumulator) continue;
-    auto* accumulator = static_cast<float*>(buffer->data->local());
-    const auto* slots = static_cast<const float*>(buffer->slots->local());
-    for (int sender = 0; sender < world_size(); ++sender) {
-      transport_->accumulate(accumulator, slots + static_cast<size_t>(sender) * buffer->count,
-                             DataType::kFloat32, buffer->count);
+    if (buffer->is_accumulator()) {
+      ODC_RETURN_IF_ERROR(finish(op, transport_->settle(*buffer->accumulation, stream)));
     }
   }
-  // ...and after this one every owner has folded its slots: sums are final everywhere.
-  ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchApplied)));
+  // ...and after this one every owner has settled its sums: they are final everywhere.
+  ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchApplied, stream)));
+  ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
   state_ = CommState::kReady;
   return Status::Ok();
 }
 
-Status Communicator::barrier() {
+Status Communicator::barrier(StreamHandle stream) {
   const char* op = "barrier";
   ODC_RETURN_IF_ERROR(usable(op));
-  return finish(op, transport_->barrier(CollectiveOp::kBarrier));
+  ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
+  return finish(op, transport_->barrier(CollectiveOp::kBarrier, stream));
 }
 
 }  // namespace odc

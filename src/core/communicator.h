@@ -1,8 +1,8 @@
 // The ODC protocol on top of a Transport: symmetric buffers, gather, scatter-accumulate and the
 // one synchronization per minibatch. Invariants:
-//   - a pushed contribution is added exactly once at its owner: each sender writes only its own
-//     fp32 slot at each owner (no two writers share memory), and owners fold the slots into the
-//     accumulator only after the minibatch-end barrier has ordered every push before the fold;
+//   - a pushed contribution is added exactly once at its owner: the transport lands each push
+//     (host: in the sender's own staging slot; GPU: by remote fp32 reductions), and owners
+//     settle their sums only after the minibatch-end barrier has ordered every push before it;
 //   - a failed call that is the caller's mistake changes nothing; a failure of another rank or a
 //     timeout leaves the communicator failed (every later call reports the original error).
 #pragma once
@@ -20,18 +20,18 @@ namespace odc {
 
 class Communicator;
 
-// A symmetric buffer: `count` elements of `dtype` on every rank. Accumulators are fp32 and carry
-// one staging slot per sender at their owner.
+// A symmetric buffer: `count` elements of `dtype` on every rank. Accumulators are fp32 and hold
+// whatever their transport needs to land pushes.
 struct Buffer {
-  const Communicator* owner = nullptr;
   uint64_t id = 0;
   size_t count = 0;
   DataType dtype = DataType::kFloat32;
-  bool accumulator = false;
-  std::unique_ptr<SymmetricRegion> data;   // the shard, count elements
-  std::unique_ptr<SymmetricRegion> slots;  // accumulators only: world_size x count fp32
+  std::unique_ptr<SymmetricRegion> data;            // plain buffers
+  std::unique_ptr<AccumulatorRegion> accumulation;  // accumulators
 
-  void* local() const { return data->local(); }
+  bool is_accumulator() const { return accumulation != nullptr; }
+  const SymmetricRegion& shards() const { return data ? *data : accumulation->sums(); }
+  void* local() const { return shards().local(); }
   size_t bytes() const { return count * element_bytes(dtype); }
 };
 
@@ -55,14 +55,16 @@ class Communicator {
   // Collective. `buffer` is invalid afterwards.
   Status release(Buffer* buffer);
   // dst[r*count:(r+1)*count] = rank r's shard, for all r; dst holds world_size*count elements of
-  // the buffer's dtype.
-  Status gather(void* dst, size_t dst_count, const Buffer* buffer);
+  // the buffer's dtype. `stream` orders the work on stream-ordered transports.
+  Status gather(void* dst, size_t dst_count, const Buffer* buffer, StreamHandle stream);
   // For every owner r: accumulator@r += src[r*count:(r+1)*count] (fp32 accumulation).
   Status scatter_accumulate(const void* src, size_t src_count, DataType src_dtype,
-                            Buffer* accumulator);
-  Status minibatch_begin();  // collective: zero own accumulators, then meet every rank
-  Status minibatch_end();    // collective: returns when every push is applied everywhere
-  Status barrier();          // collective
+                            Buffer* accumulator, StreamHandle stream);
+  // Collective: zero own accumulators, then meet every rank.
+  Status minibatch_begin(StreamHandle stream);
+  // Collective: every push of every rank is applied everywhere when it completes.
+  Status minibatch_end(StreamHandle stream);
+  Status barrier(StreamHandle stream);  // collective
 
   // Is `buffer` a live buffer of this communicator?
   bool owns(const Buffer* buffer) const;

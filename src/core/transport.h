@@ -48,9 +48,29 @@ class SymmetricRegion {
   size_t bytes_;
 };
 
-// A small fixed-size record every rank contributes to exchange().
+// A small fixed-size record every rank contributes to exchange() (big enough for a CUDA IPC
+// handle or an NCCL unique id).
 struct ExchangeRecord {
-  uint64_t words[4] = {0, 0, 0, 0};
+  uint64_t words[16] = {};
+};
+
+// Where stream-ordered transports enqueue work (a cudaStream_t); host transports ignore it.
+using StreamHandle = void*;
+
+// An fp32 accumulator of `count` elements per rank, plus whatever the transport needs so that
+// pushes from every rank land exactly once (staging slots, signals, ...).
+class AccumulatorRegion {
+ public:
+  virtual ~AccumulatorRegion() = default;
+  virtual float* local() const = 0;                 // this rank's sums, valid after settle()
+  virtual const SymmetricRegion& sums() const = 0;  // every rank's accumulator, for gather
+  size_t count() const { return count_; }
+
+ protected:
+  explicit AccumulatorRegion(size_t count) : count_(count) {}
+
+ private:
+  size_t count_;
 };
 
 class Transport {
@@ -60,25 +80,38 @@ class Transport {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
 
-  // Collective: every rank contributes `mine`; returns all records in rank order.
+  // Collective, host-blocking: every rank contributes `mine`; returns all records in rank order.
   virtual Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) = 0;
 
-  // Collective: `bytes` (> 0, equal on every rank; callers check with exchange() first) of
-  // zeroed memory on every rank, mapped so that each rank can address every peer's copy.
+  // Collective, host-blocking: `bytes` (> 0, equal on every rank; callers check with exchange()
+  // first) of zeroed memory on every rank, mapped so that each rank can address every peer's copy.
   virtual Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) = 0;
+  virtual Result<std::unique_ptr<AccumulatorRegion>> allocate_accumulator(size_t count) = 0;
 
-  // Collective: returns once every rank has called barrier() with the same `op`.
-  virtual Status barrier(CollectiveOp op) = 0;
+  // Collective: every rank must call barrier() with the same `op`. Work issued before it on
+  // every rank (copies, pushes) is complete and visible after it. Stream-ordered transports may
+  // return before the barrier completes; its failure then surfaces from poll_error().
+  virtual Status barrier(CollectiveOp op, StreamHandle stream) = 0;
+
+  // A failure detected asynchronously (a device-side wait that expired), or Ok.
+  virtual Status poll_error() = 0;
 
   // Marks this rank failed with `reason`, so peers waiting on it fail at once instead of timing
   // out. Idempotent.
   virtual void mark_failed(const std::string& reason) = 0;
 
-  // Data movement, in the order called. dst/src may be peer addresses from a SymmetricRegion.
-  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
-  // dst[i] += src[i] in fp32, for `count` elements of `src_type`.
-  virtual void accumulate(float* dst, const void* src, DataType src_type, size_t count) = 0;
-  virtual void zero(void* dst, size_t bytes) = 0;
+  // dst[r*shard_bytes:(r+1)*shard_bytes] = shards.peer(r)[0:shard_bytes], for every rank r.
+  virtual Status gather(void* dst, const SymmetricRegion& shards, size_t shard_bytes,
+                        StreamHandle stream) = 0;
+  // Zeroes this rank's accumulator before a minibatch (no peer may push into it until the
+  // following barrier).
+  virtual Status reset(AccumulatorRegion& accumulator, StreamHandle stream) = 0;
+  // For every owner r: accumulator@r += src[r*count:(r+1)*count] in fp32. Concurrent with every
+  // other rank's pushes.
+  virtual Status push(const void* src, DataType src_type, AccumulatorRegion& accumulator,
+                      StreamHandle stream) = 0;
+  // After a barrier that ordered every rank's pushes: make this rank's sums final.
+  virtual Status settle(AccumulatorRegion& accumulator, StreamHandle stream) = 0;
 };
 
 }  // namespace odc

@@ -62,24 +62,24 @@ TEST_P(Gather, EqualsConcatenatedShards) {
     for (size_t i = 0; i < count; ++i) {
       static_cast<uint16_t*>(bf16_local)[i] = float_to_bf16(static_cast<float>(rank * 8 + i % 8));
     }
-    RANK_CHECK(odcBarrier(comm));  // shards are written before anyone reads them
+    RANK_CHECK(odcBarrier(comm, nullptr));  // shards are written before anyone reads them
 
     std::vector<float> full(world * count);
-    RANK_CHECK(odcGather(comm, full.data(), full.size(), params));
+    RANK_CHECK(odcGather(comm, full.data(), full.size(), params, nullptr));
     for (int r = 0; r < world; ++r) {
       for (size_t i = 0; i < count; ++i) {
         RANK_EXPECT(full[r * count + i] == r * 10000.0f + i, "gathered fp32 element differs");
       }
     }
     std::vector<uint16_t> full_bf16(world * count);
-    RANK_CHECK(odcGather(comm, full_bf16.data(), full_bf16.size(), bf16));
+    RANK_CHECK(odcGather(comm, full_bf16.data(), full_bf16.size(), bf16, nullptr));
     for (int r = 0; r < world; ++r) {
       for (size_t i = 0; i < count; ++i) {
         RANK_EXPECT(bf16_to_float(full_bf16[r * count + i]) == r * 8 + i % 8,
                     "gathered bf16 element differs");
       }
     }
-    RANK_CHECK(odcBarrier(comm));  // nobody frees while others read
+    RANK_CHECK(odcBarrier(comm, nullptr));  // nobody frees while others read
     RANK_CHECK(odcCommDestroy(comm));
     return std::string();
   }));
@@ -101,7 +101,7 @@ std::string run_minibatches(int rank, int world, const std::string& key, int num
   std::vector<uint16_t> src_bf16(world * count);
   std::vector<float> everything(world * count);
   for (int minibatch = 0; minibatch < num_minibatches; ++minibatch) {
-    RANK_CHECK(odcMinibatchBegin(comm));
+    RANK_CHECK(odcMinibatchBegin(comm, nullptr));
     for (int call = 0; call < pushes(minibatch, rank); ++call) {
       if (random_delays) std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
       for (size_t i = 0; i < src.size(); ++i) {
@@ -110,11 +110,11 @@ std::string run_minibatches(int rank, int world, const std::string& key, int num
       }
       const void* data = src_dtype == odcFloat32 ? static_cast<const void*>(src.data())
                                                  : static_cast<const void*>(src_bf16.data());
-      RANK_CHECK(odcScatterAccumulate(comm, data, src.size(), src_dtype, accumulator));
+      RANK_CHECK(odcScatterAccumulate(comm, data, src.size(), src_dtype, accumulator, nullptr));
     }
-    RANK_CHECK(odcMinibatchEnd(comm));
+    RANK_CHECK(odcMinibatchEnd(comm, nullptr));
     // Sums are final everywhere: read every owner's accumulator.
-    RANK_CHECK(odcGather(comm, everything.data(), everything.size(), accumulator));
+    RANK_CHECK(odcGather(comm, everything.data(), everything.size(), accumulator, nullptr));
     for (size_t j = 0; j < everything.size(); ++j) {
       float expected = 0;
       for (int sender = 0; sender < world; ++sender) {
@@ -128,7 +128,7 @@ std::string run_minibatches(int rank, int world, const std::string& key, int num
                                                  std::to_string(expected));
     }
     // Nobody may zero (next begin) while a peer still reads.
-    RANK_CHECK(odcBarrier(comm));
+    RANK_CHECK(odcBarrier(comm, nullptr));
   }
   RANK_CHECK(odcCommDestroy(comm));
   return std::string();
@@ -202,35 +202,37 @@ TEST(InvalidUse, ReturnsErrorsAndChangesNothing) {
     std::vector<float> src(world * 10, 1.0f);
 
     // Outside a minibatch.
-    result = odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, accumulator);
+    result = odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, accumulator, nullptr);
     RANK_EXPECT(result == odcInvalidUsage, odcGetErrorString(result));
     RANK_EXPECT(std::strstr(odcGetLastError(), "outside a minibatch") != nullptr,
                 odcGetLastError());
     RANK_EXPECT(std::strstr(odcGetLastError(), ("rank " + std::to_string(rank)).c_str()),
                 "errors name the rank");
-    RANK_EXPECT(odcMinibatchEnd(comm) == odcInvalidUsage, "end without begin");
+    RANK_EXPECT(odcMinibatchEnd(comm, nullptr) == odcInvalidUsage, "end without begin");
 
-    RANK_CHECK(odcMinibatchBegin(comm));
-    RANK_EXPECT(odcMinibatchBegin(comm) == odcInvalidUsage, "begin twice");
+    RANK_CHECK(odcMinibatchBegin(comm, nullptr));
+    RANK_EXPECT(odcMinibatchBegin(comm, nullptr) == odcInvalidUsage, "begin twice");
     // Wrong source size, NULL source, non-accumulator target.
-    result = odcScatterAccumulate(comm, src.data(), src.size() - 1, odcFloat32, accumulator);
+    result =
+        odcScatterAccumulate(comm, src.data(), src.size() - 1, odcFloat32, accumulator, nullptr);
     RANK_EXPECT(result == odcInvalidArgument, odcGetErrorString(result));
     RANK_EXPECT(std::strstr(odcGetLastError(), "expected world size x shard = 2 x 10 = 20"),
                 odcGetLastError());
-    RANK_EXPECT(odcScatterAccumulate(comm, nullptr, src.size(), odcFloat32, accumulator) ==
+    RANK_EXPECT(odcScatterAccumulate(comm, nullptr, src.size(), odcFloat32, accumulator, nullptr) ==
                     odcInvalidArgument,
                 "NULL source");
-    RANK_EXPECT(odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, params) ==
+    RANK_EXPECT(odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, params, nullptr) ==
                     odcInvalidArgument,
                 "target must be an accumulator");
     RANK_EXPECT(odcScatterAccumulate(comm, src.data(), src.size(), static_cast<odcDataType_t>(9),
-                                     accumulator) == odcInvalidArgument,
+                                     accumulator, nullptr) == odcInvalidArgument,
                 "unknown dtype");
     // Gather: wrong size, NULL destination.
     std::vector<float> out(world * 10);
-    RANK_EXPECT(odcGather(comm, out.data(), out.size() + 1, params) == odcInvalidArgument,
+    RANK_EXPECT(odcGather(comm, out.data(), out.size() + 1, params, nullptr) == odcInvalidArgument,
                 "gather size");
-    RANK_EXPECT(odcGather(comm, nullptr, out.size(), params) == odcInvalidArgument, "NULL dst");
+    RANK_EXPECT(odcGather(comm, nullptr, out.size(), params, nullptr) == odcInvalidArgument,
+                "NULL dst");
 
     // A buffer of another communicator.
     odcComm_t other;
@@ -238,26 +240,27 @@ TEST(InvalidUse, ReturnsErrorsAndChangesNothing) {
     odcBuffer_t foreign;
     void* foreign_local;
     RANK_CHECK(odcBufferAlloc(other, 10, odcFloat32, 1, &foreign, &foreign_local));
-    result = odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, foreign);
+    result = odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, foreign, nullptr);
     RANK_EXPECT(result == odcInvalidArgument, odcGetErrorString(result));
     RANK_EXPECT(std::strstr(odcGetLastError(), "does not belong to this communicator"),
                 odcGetLastError());
-    RANK_CHECK(odcBarrier(other));
+    RANK_CHECK(odcBarrier(other, nullptr));
     RANK_CHECK(odcCommDestroy(other));
     // Use after destroy.
-    RANK_EXPECT(odcBarrier(other) == odcInvalidUsage, "use after destroy");
+    RANK_EXPECT(odcBarrier(other, nullptr) == odcInvalidUsage, "use after destroy");
     RANK_EXPECT(std::strstr(odcGetLastError(), "after destroy"), odcGetLastError());
     RANK_EXPECT(odcCommDestroy(other) == odcInvalidUsage, "double destroy");
-    RANK_EXPECT(odcBarrier(nullptr) == odcInvalidArgument, "NULL comm");
+    RANK_EXPECT(odcBarrier(nullptr, nullptr) == odcInvalidArgument, "NULL comm");
     RANK_EXPECT(odcCommInit(nullptr, rank, world, key.c_str(), 1) == odcInvalidArgument, "NULL");
 
     // None of the above changed anything: this minibatch still sums exactly.
-    RANK_CHECK(odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, accumulator));
-    RANK_CHECK(odcMinibatchEnd(comm));
+    RANK_CHECK(
+        odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, accumulator, nullptr));
+    RANK_CHECK(odcMinibatchEnd(comm, nullptr));
     for (int i = 0; i < 10; ++i) {
       RANK_EXPECT(static_cast<float*>(accumulator_local)[i] == world, "sum after errors");
     }
-    RANK_CHECK(odcBarrier(comm));
+    RANK_CHECK(odcBarrier(comm, nullptr));
     RANK_CHECK(odcBufferFree(comm, params));
     RANK_EXPECT(odcBufferFree(comm, params) == odcInvalidArgument, "double free");
     RANK_CHECK(odcCommDestroy(comm));
@@ -284,12 +287,13 @@ TEST(Faults, DeadRankFailsTheOthersWithItsName) {
     odcBuffer_t accumulator;
     void* local;
     RANK_CHECK(odcBufferAlloc(comm, 16, odcFloat32, 1, &accumulator, &local));
-    RANK_CHECK(odcMinibatchBegin(comm));
+    RANK_CHECK(odcMinibatchBegin(comm, nullptr));
     if (rank == 2) raise(SIGKILL);  // dies mid-minibatch, before its pushes
     std::vector<float> src(world * 16, 1.0f);
-    RANK_CHECK(odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, accumulator));
+    RANK_CHECK(
+        odcScatterAccumulate(comm, src.data(), src.size(), odcFloat32, accumulator, nullptr));
     const auto start = std::chrono::steady_clock::now();
-    const odcResult_t result = odcMinibatchEnd(comm);
+    const odcResult_t result = odcMinibatchEnd(comm, nullptr);
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     RANK_EXPECT(result == odcRemoteError, odcGetErrorString(result));
@@ -299,7 +303,7 @@ TEST(Faults, DeadRankFailsTheOthersWithItsName) {
     RANK_EXPECT(message.find("minibatch_end") != std::string::npos, message);
     RANK_EXPECT(waited < timeout + 1.0, "reported after " + std::to_string(waited) + " s");
     // The communicator stays failed: no partial sum is ever reported as success.
-    RANK_EXPECT(odcBarrier(comm) == odcRemoteError, "later calls fail too");
+    RANK_EXPECT(odcBarrier(comm, nullptr) == odcRemoteError, "later calls fail too");
     RANK_EXPECT(std::string(odcGetLastError()).find("failed earlier") != std::string::npos,
                 odcGetLastError());
     RANK_CHECK(odcCommDestroy(comm));
@@ -321,7 +325,7 @@ TEST(Faults, SilentRankTimesOut) {
       return std::string();
     }
     const auto start = std::chrono::steady_clock::now();
-    const odcResult_t result = odcMinibatchBegin(comm);
+    const odcResult_t result = odcMinibatchBegin(comm, nullptr);
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     RANK_EXPECT(result == odcTimeout, odcGetErrorString(result));
@@ -353,7 +357,8 @@ TEST(Faults, CollectiveMismatchNamesBoth) {
   expect_all_ok(run_ranks(2, [](int rank, int world, const std::string& key) {
     odcComm_t comm;
     RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), 10.0));
-    const odcResult_t result = rank == 0 ? odcBarrier(comm) : odcMinibatchBegin(comm);
+    const odcResult_t result =
+        rank == 0 ? odcBarrier(comm, nullptr) : odcMinibatchBegin(comm, nullptr);
     RANK_EXPECT(result == odcRemoteError, odcGetErrorString(result));
     RANK_EXPECT(std::string(odcGetLastError()).find("collective mismatch") != std::string::npos,
                 odcGetLastError());
@@ -373,7 +378,7 @@ TEST(Segments, RemovedOnNormalExit) {
         odcBuffer_t buffer;
         void* local;
         RANK_CHECK(odcBufferAlloc(comm, 100, odcFloat32, 1, &buffer, &local));
-        RANK_CHECK(odcBarrier(comm));
+        RANK_CHECK(odcBarrier(comm, nullptr));
         RANK_CHECK(odcCommDestroy(comm));
         return std::string();
       },
@@ -414,7 +419,7 @@ TEST(Segments, PrivateRefusedWhileLiveReclaimedAfterCrash) {
   const auto outcome = run_ranks(2, [&](int rank, int world, const std::string&) {
     odcComm_t fresh;
     RANK_CHECK(odcCommInit(&fresh, rank, world, key.c_str(), 10.0));
-    RANK_CHECK(odcBarrier(fresh));
+    RANK_CHECK(odcBarrier(fresh, nullptr));
     RANK_CHECK(odcCommDestroy(fresh));
     return std::string();
   });

@@ -87,6 +87,16 @@ bool valid_key(const std::string& key) {
   });
 }
 
+void add_into(float* dst, const void* src, DataType src_type, size_t count) {
+  if (src_type == DataType::kFloat32) {
+    const auto* values = static_cast<const float*>(src);
+    for (size_t i = 0; i < count; ++i) dst[i] += values[i];
+  } else {
+    const auto* values = static_cast<const uint16_t*>(src);
+    for (size_t i = 0; i < count; ++i) dst[i] += bf16_to_float(values[i]);
+  }
+}
+
 class ShmRegion final : public SymmetricRegion {
  public:
   ShmRegion(std::vector<std::unique_ptr<Segment>> segments, std::vector<void*> peers, int rank,
@@ -95,6 +105,21 @@ class ShmRegion final : public SymmetricRegion {
 
  private:
   std::vector<std::unique_ptr<Segment>> segments_;  // unmapped on destruction
+};
+
+// Sums plus world_size staging slots (one per sender) at every owner.
+class ShmAccumulator final : public AccumulatorRegion {
+ public:
+  ShmAccumulator(size_t count, std::unique_ptr<SymmetricRegion> sums,
+                 std::unique_ptr<SymmetricRegion> slots)
+      : AccumulatorRegion(count), sums_(std::move(sums)), slots_(std::move(slots)) {}
+  float* local() const override { return static_cast<float*>(sums_->local()); }
+  const SymmetricRegion& sums() const override { return *sums_; }
+  const SymmetricRegion& slots() const { return *slots_; }
+
+ private:
+  std::unique_ptr<SymmetricRegion> sums_;
+  std::unique_ptr<SymmetricRegion> slots_;
 };
 
 }  // namespace
@@ -245,9 +270,7 @@ Status ShmTransport::join() {
   return controls_[rank_]->unlink();
 }
 
-Status ShmTransport::barrier(CollectiveOp op) {
-  return arrive_and_wait(op);
-}
+Status ShmTransport::barrier(CollectiveOp op, StreamHandle) { return arrive_and_wait(op); }
 
 Status ShmTransport::arrive_and_wait(CollectiveOp op) {
   ++epoch_;
@@ -384,22 +407,53 @@ void ShmTransport::mark_failed(const std::string& reason) {
   futex_wake_all(&own.wake);
 }
 
-void ShmTransport::copy(void* dst, const void* src, size_t bytes) {
-  std::memcpy(dst, src, bytes);
+Result<std::unique_ptr<AccumulatorRegion>> ShmTransport::allocate_accumulator(size_t count) {
+  auto sums = allocate(count * sizeof(float));
+  if (!sums.ok()) return sums.status();
+  auto slots = allocate(static_cast<size_t>(world_size_) * count * sizeof(float));
+  if (!slots.ok()) return slots.status();
+  return std::unique_ptr<AccumulatorRegion>(
+      new ShmAccumulator(count, std::move(sums).value(), std::move(slots).value()));
 }
 
-void ShmTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count) {
-  if (src_type == DataType::kFloat32) {
-    const auto* values = static_cast<const float*>(src);
-    for (size_t i = 0; i < count; ++i) dst[i] += values[i];
-  } else {
-    const auto* values = static_cast<const uint16_t*>(src);
-    for (size_t i = 0; i < count; ++i) dst[i] += bf16_to_float(values[i]);
+Status ShmTransport::gather(void* dst, const SymmetricRegion& shards, size_t shard_bytes,
+                            StreamHandle) {
+  auto* out = static_cast<char*>(dst);
+  for (int r = 0; r < world_size_; ++r) {
+    std::memcpy(out + static_cast<size_t>(r) * shard_bytes, shards.peer(r), shard_bytes);
   }
+  return Status::Ok();
 }
 
-void ShmTransport::zero(void* dst, size_t bytes) {
-  std::memset(dst, 0, bytes);
+Status ShmTransport::reset(AccumulatorRegion& accumulator, StreamHandle) {
+  auto& shm = static_cast<ShmAccumulator&>(accumulator);
+  std::memset(shm.local(), 0, shm.count() * sizeof(float));
+  std::memset(shm.slots().local(), 0, shm.slots().bytes());
+  return Status::Ok();
+}
+
+Status ShmTransport::push(const void* src, DataType src_type, AccumulatorRegion& accumulator,
+                          StreamHandle) {
+  auto& shm = static_cast<ShmAccumulator&>(accumulator);
+  const size_t count = shm.count();
+  const auto* bytes = static_cast<const char*>(src);
+  for (int owner = 0; owner < world_size_; ++owner) {
+    // Our own slot at `owner`: nobody else writes it, so plain adds are exact.
+    float* slot = static_cast<float*>(shm.slots().peer(owner)) + static_cast<size_t>(rank_) * count;
+    add_into(slot, bytes + static_cast<size_t>(owner) * count * element_bytes(src_type), src_type,
+             count);
+  }
+  return Status::Ok();
+}
+
+Status ShmTransport::settle(AccumulatorRegion& accumulator, StreamHandle) {
+  auto& shm = static_cast<ShmAccumulator&>(accumulator);
+  const auto* slots = static_cast<const float*>(shm.slots().local());
+  for (int sender = 0; sender < world_size_; ++sender) {
+    add_into(shm.local(), slots + static_cast<size_t>(sender) * shm.count(), DataType::kFloat32,
+             shm.count());
+  }
+  return Status::Ok();
 }
 
 }  // namespace odc::shm

@@ -1,8 +1,10 @@
 // Host shared-memory transport: every local rank maps every other rank's segments, so copies and
-// accumulations are plain loads and stores. Ranks meet through a key, with no server: each rank
-// publishes a control segment "/odc.<key>.r<rank>" and maps its peers'. Names are unlinked as soon
-// as every rank has mapped them, so a crash after init leaves nothing behind; segments left by a
-// crash during init are recognized by their dead owner pid and reclaimed.
+// accumulations are plain loads and stores. A push adds into the sender's own fp32 staging slot
+// at each owner (single writer: exact without atomics); settle() folds the slots in sender order.
+// Ranks meet through a key, with no server: each rank publishes a control segment
+// "/odc.<key>.r<rank>" and maps its peers'. Names are unlinked as soon as every rank has mapped
+// them, so a crash after init leaves nothing behind; segments left by a crash during init are
+// recognized by their dead owner pid and reclaimed.
 #pragma once
 
 #include <chrono>
@@ -30,11 +32,19 @@ class ShmTransport final : public Transport {
   int world_size() const override { return world_size_; }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
-  Status barrier(CollectiveOp op) override;
+  Result<std::unique_ptr<AccumulatorRegion>> allocate_accumulator(size_t count) override;
+  Status barrier(CollectiveOp op, StreamHandle stream) override;
+  Status poll_error() override { return Status::Ok(); }
   void mark_failed(const std::string& reason) override;
-  void copy(void* dst, const void* src, size_t bytes) override;
-  void accumulate(float* dst, const void* src, DataType src_type, size_t count) override;
-  void zero(void* dst, size_t bytes) override;
+  Status gather(void* dst, const SymmetricRegion& shards, size_t shard_bytes,
+                StreamHandle stream) override;
+  Status reset(AccumulatorRegion& accumulator, StreamHandle stream) override;
+  Status push(const void* src, DataType src_type, AccumulatorRegion& accumulator,
+              StreamHandle stream) override;
+  Status settle(AccumulatorRegion& accumulator, StreamHandle stream) override;
+
+  // Host-blocking barrier, also used by transports that bootstrap through this one.
+  Status host_barrier(CollectiveOp op) { return arrive_and_wait(op); }
 
  private:
   ShmTransport(int rank, int world_size, std::string key, std::chrono::duration<double> timeout);
