@@ -9,4 +9,4 @@ build_dir="${ODC_BUILD_DIR:-build/cmake}"
 scripts/setup.sh
 scripts/build.sh
 ctest --test-dir "$build_dir" --output-on-failure --timeout 300 -j "$(nproc)"
-ODC_CLI="$repo_root/.venv/bin/odc" .venv/bin/python -m pytest -q -rs tests/python
+ODC_CLI="$repo_root/.venv/bin/odc" .venv/bin/python -m pytest -q -rs tests/python tests/gpu

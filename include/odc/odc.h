@@ -124,6 +124,17 @@ typedef void* odcStream_t;
 ODC_API odcResult_t odcCommInit(odcComm_t* comm, int rank, int world_size, const char* key,
                                 double timeout_seconds);
 
+/* Collective. As odcCommInit, on GPU `cuda_device` with the CUDA transport (one process per GPU,
+ * at most 8 GPUs of one node): buffers are device memory mapped into every rank through CUDA IPC;
+ * data operations are enqueued on the stream they are given and return without waiting. A device
+ * wait that times out is reported by the next call on the communicator. odcInvalidUsage when the
+ * library was built without CUDA. */
+ODC_API odcResult_t odcCommInitCuda(odcComm_t* comm, int rank, int world_size, const char* key,
+                                    double timeout_seconds, int cuda_device);
+
+/* 1 when the library was built with the CUDA transport, else 0. */
+ODC_API int odcHasCuda(void);
+
 /* Local. Frees the communicator and its buffers; the handle is invalid afterwards (calls with it
  * return odcInvalidUsage). Peers still waiting on this rank fail with odcRemoteError. */
 ODC_API odcResult_t odcCommDestroy(odcComm_t comm);

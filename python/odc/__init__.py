@@ -3,10 +3,10 @@
 The core package needs numpy but not torch: it binds the C library (libodc.so) with ctypes.
 """
 
-from ._capi import Error, version
+from ._capi import Error, has_cuda, version
 from .comm import Buffer, Comm
 from .launch import LaunchError, launch
 from .planner import plan
 
 __version__ = version()
-__all__ = ["Buffer", "Comm", "Error", "LaunchError", "launch", "plan", "__version__"]
+__all__ = ["Buffer", "Comm", "Error", "LaunchError", "has_cuda", "launch", "plan", "__version__"]

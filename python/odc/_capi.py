@@ -97,6 +97,16 @@ def _load() -> ctypes.CDLL:
         ctypes.c_char_p,
         ctypes.c_double,
     ]
+    lib.odcCommInitCuda.argtypes = [
+        ctypes.POINTER(handle),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_double,
+        ctypes.c_int,
+    ]
+    lib.odcHasCuda.argtypes = []
+    lib.odcHasCuda.restype = ctypes.c_int
     lib.odcCommDestroy.argtypes = [handle]
     lib.odcCommRank.argtypes = [handle, ctypes.POINTER(ctypes.c_int)]
     lib.odcCommWorldSize.argtypes = [handle, ctypes.POINTER(ctypes.c_int)]
@@ -126,6 +136,7 @@ def _load() -> ctypes.CDLL:
     lib.odcBarrier.argtypes = [handle, stream]
     for name in (
         "odcCommInit",
+        "odcCommInitCuda",
         "odcCommDestroy",
         "odcCommRank",
         "odcCommWorldSize",
@@ -165,6 +176,11 @@ def check_comm(result: int) -> None:
     """Raises Error (with .code) for any failed communicator call."""
     if result != SUCCESS:
         raise Error(lib.odcGetLastError().decode("utf-8", "replace"), result)
+
+
+def has_cuda() -> bool:
+    """True when libodc.so was built with the CUDA transport."""
+    return bool(lib.odcHasCuda())
 
 
 def version() -> str:

@@ -1,14 +1,20 @@
-"""`odc.Comm`: a communicator on the host shared-memory transport, and its symmetric buffers.
+"""`odc.Comm`: a communicator and its symmetric buffers, on the host or on GPUs.
 
-One object per communicator, closed explicitly (or by a `with` block). Buffers expose their local
-shard as a numpy array without copying; the array is valid until the buffer is freed or the
-communicator closed.
+One object per communicator, closed explicitly (or by a `with` block).
+- Host (`device=None`): buffers expose their shard as a numpy array (`buffer.array`), operations
+  take numpy arrays and complete before returning.
+- GPU (`device=<CUDA index>`, one process per GPU): buffers are device memory usable from torch
+  (`buffer.tensor()`) and CuPy (`__cuda_array_interface__`) without copies; operations take torch
+  CUDA tensors or `__cuda_array_interface__` arrays, are enqueued on `stream` (default: torch's
+  current stream when torch is loaded, else the legacy default stream) and return at once.
+Views are valid until the buffer is freed or the communicator closed.
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Optional
+import sys
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
@@ -38,8 +44,58 @@ def _is_bf16_bits(array: np.ndarray) -> bool:
     return array.dtype == np.uint16 or (_BF16_NUMPY is not None and array.dtype == _BF16_NUMPY)
 
 
+def _torch_dtype(torch, dtype: str):
+    return torch.float32 if dtype == "float32" else torch.bfloat16
+
+
+def _device_array(obj: Any, what: str) -> Tuple[int, int, str]:
+    """(device pointer, element count, "float32" | "bfloat16" | other) of a contiguous GPU array."""
+    if type(obj).__module__.split(".")[0] == "torch":
+        if not obj.is_cuda or not obj.is_contiguous():
+            raise _invalid(f"{what} must be a contiguous CUDA tensor")
+        kind = {
+            "torch.float32": "float32",
+            "torch.bfloat16": "bfloat16",
+            "torch.uint16": "bfloat16",
+        }.get(str(obj.dtype), str(obj.dtype))
+        return obj.data_ptr(), obj.numel(), kind
+    interface = getattr(obj, "__cuda_array_interface__", None)
+    if interface is None:
+        raise _invalid(f"{what} must be a CUDA tensor or expose __cuda_array_interface__")
+    shape = tuple(interface["shape"])
+    count = int(np.prod(shape)) if shape else 1
+    typestr = interface["typestr"]
+    strides = interface.get("strides")
+    itemsize = int(typestr[2:])
+    dense = tuple(int(np.prod(shape[i + 1 :])) * itemsize for i in range(len(shape)))
+    if strides is not None and tuple(strides) != dense:
+        raise _invalid(f"{what} must be C-contiguous")
+    kind = {"<f4": "float32", "<u2": "bfloat16"}.get(typestr, typestr)
+    return int(interface["data"][0]), count, kind
+
+
+def _stream_handle(stream: Any, device: Optional[int]) -> Optional[int]:
+    """A cudaStream_t as an int: the given one (int, torch or CuPy stream), else torch's current
+    stream when torch is in use, else None (the legacy default stream). None on host comms."""
+    if device is None:
+        return None
+    if stream is None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return torch.cuda.current_stream(device).cuda_stream
+        return None
+    for attribute in ("cuda_stream", "ptr"):
+        if hasattr(stream, attribute):
+            return int(getattr(stream, attribute))
+    return int(stream)
+
+
 class Buffer:
-    """A symmetric buffer: `count` elements of `dtype` on every rank; `array` is this rank's shard."""
+    """A symmetric buffer: `count` elements of `dtype` on every rank.
+
+    Host communicators: `array` is this rank's shard as numpy. Device communicators: `tensor()`
+    (torch) or `__cuda_array_interface__` (CuPy, Numba) view the shard without copying.
+    """
 
     def __init__(
         self,
@@ -52,18 +108,52 @@ class Buffer:
     ):
         self._comm = comm
         self._handle = handle
+        self._local = local
         self.count = count
         self.dtype = dtype
         self.accumulator = accumulator
-        element = ctypes.c_float if dtype == "float32" else ctypes.c_uint16
-        raw = np.ctypeslib.as_array(ctypes.cast(local, ctypes.POINTER(element)), shape=(count,))
-        self._array = raw.view(_array_dtype(dtype))
+        self.device = comm.device
+        self._array = None
+        if comm.device is None:
+            element = ctypes.c_float if dtype == "float32" else ctypes.c_uint16
+            raw = np.ctypeslib.as_array(ctypes.cast(local, ctypes.POINTER(element)), shape=(count,))
+            self._array = raw.view(_array_dtype(dtype))
 
     @property
     def array(self) -> np.ndarray:
-        """This rank's shard (bfloat16 as uint16 bits unless ml_dtypes is installed)."""
+        """This rank's shard on a host communicator (bfloat16 as uint16 bits unless ml_dtypes)."""
         self._require_live()
+        if self._array is None:
+            raise _invalid(
+                "buffer.array is for host communicators; use buffer.tensor() or "
+                "__cuda_array_interface__ for device buffers"
+            )
         return self._array
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """The device shard for CuPy, Numba and torch.as_tensor (bfloat16 as uint16 bits)."""
+        if self.device is None:
+            raise AttributeError("host buffers have no __cuda_array_interface__")
+        self._require_live()
+        return {
+            "shape": (self.count,),
+            "typestr": "<f4" if self.dtype == "float32" else "<u2",
+            "data": (self._local, False),
+            "version": 3,
+            "strides": None,
+        }
+
+    def tensor(self):
+        """This rank's shard as a torch tensor sharing the buffer's memory (no copy)."""
+        import torch
+
+        self._require_live()
+        if self.device is None:
+            host = self._array.view(np.uint16) if self.dtype == "bfloat16" else self._array
+            return torch.from_numpy(host).view(_torch_dtype(torch, self.dtype))
+        view = torch.as_tensor(self, device=f"cuda:{self.device}")
+        return view.view(_torch_dtype(torch, self.dtype))
 
     def free(self) -> None:
         """Collective: releases the buffer on every rank."""
@@ -81,22 +171,29 @@ class Comm:
 
     timeout: seconds any wait on another rank may take before failing (default: $ODC_TIMEOUT,
     else 60). A dead or silent peer raises odc.Error naming the rank and the operation.
+    device: None for the host shared-memory transport, or this rank's CUDA device index for the
+    CUDA transport (one process per GPU).
     """
 
-    def __init__(self, rank: int, world_size: int, key: str, timeout: Optional[float] = None):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        key: str,
+        timeout: Optional[float] = None,
+        device: Optional[int] = None,
+    ):
         if not isinstance(key, str):
             raise _invalid(f"key must be a string, got {key!r}")
         handle = ctypes.c_void_p()
-        _capi.check_comm(
-            _capi.lib.odcCommInit(
-                ctypes.byref(handle),
-                int(rank),
-                int(world_size),
-                key.encode(),
-                float(timeout) if timeout is not None else 0.0,
-            )
-        )
+        seconds = float(timeout) if timeout is not None else 0.0
+        arguments = (ctypes.byref(handle), int(rank), int(world_size), key.encode(), seconds)
+        if device is None:
+            _capi.check_comm(_capi.lib.odcCommInit(*arguments))
+        else:
+            _capi.check_comm(_capi.lib.odcCommInitCuda(*arguments, int(device)))
         self._handle = handle
+        self.device = None if device is None else int(device)
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.key = key
@@ -152,69 +249,83 @@ class Comm:
         return Buffer(self, handle, local.value, int(count), dtype, bool(accumulator))
 
     # -- operations ------------------------------------------------------------------------
-    def gather(self, out: np.ndarray, buffer: Buffer) -> None:
+    def gather(self, out: Any, buffer: Buffer, stream: Any = None) -> None:
         """out[r*count:(r+1)*count] = rank r's shard, for every rank r."""
         buffer._require_live()
-        if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
+        if self.device is None:
+            if (
+                not isinstance(out, np.ndarray)
+                or not out.flags.c_contiguous
+                or not out.flags.writeable
+            ):
+                raise _invalid(
+                    f"rank {self.rank}: gather: out must be a writeable C-contiguous " "numpy array"
+                )
+            matches = out.dtype == np.float32 if buffer.dtype == "float32" else _is_bf16_bits(out)
+            pointer, count, kind = out.ctypes.data, out.size, buffer.dtype if matches else out.dtype
+        else:
+            pointer, count, kind = _device_array(out, f"rank {self.rank}: gather: out")
+        if kind != buffer.dtype:
             raise _invalid(
-                f"rank {self.rank}: gather: out must be a writeable C-contiguous " "numpy array"
+                f"rank {self.rank}: gather: out holds {kind}, the buffer holds " f"{buffer.dtype}"
             )
-        matches = out.dtype == np.float32 if buffer.dtype == "float32" else _is_bf16_bits(out)
-        if not matches:
-            raise _invalid(
-                f"rank {self.rank}: gather: out has dtype {out.dtype}, the buffer "
-                f"holds {buffer.dtype}"
-            )
-        self._call(_capi.lib.odcGather, out.ctypes.data, out.size, buffer._handle, None)
+        self._call(
+            _capi.lib.odcGather, pointer, count, buffer._handle, _stream_handle(stream, self.device)
+        )
 
     def scatter_accumulate(
-        self, src: np.ndarray, accumulator: Buffer, src_dtype: Optional[str] = None
+        self, src: Any, accumulator: Buffer, src_dtype: Optional[str] = None, stream: Any = None
     ) -> None:
         """Adds src[r*count:(r+1)*count] into rank r's accumulator, for every rank r (fp32).
 
-        src is float32, or bfloat16 (ml_dtypes) or its uint16 bits with src_dtype="bfloat16".
+        Host: src is a float32 numpy array, or bfloat16 (ml_dtypes) or its uint16 bits with
+        src_dtype="bfloat16". GPU: a float32 or bfloat16 CUDA tensor (or array interface).
         """
         accumulator._require_live()
-        if not isinstance(src, np.ndarray):
-            raise _invalid(f"rank {self.rank}: scatter_accumulate: src must be a numpy array")
-        if src_dtype is None:
-            if src.dtype == np.float32:
-                src_dtype = "float32"
-            elif _BF16_NUMPY is not None and src.dtype == _BF16_NUMPY:
-                src_dtype = "bfloat16"
-            else:
-                raise _invalid(
-                    f"rank {self.rank}: scatter_accumulate: src has dtype {src.dtype}; "
-                    "expected float32, or uint16 bits with src_dtype='bfloat16'"
-                )
-        if src_dtype not in _DTYPES:
+        if src_dtype is not None and src_dtype not in _DTYPES:
             raise _invalid(
                 f"rank {self.rank}: scatter_accumulate: unknown src_dtype " f"{src_dtype!r}"
             )
-        expected_ok = src.dtype == np.float32 if src_dtype == "float32" else _is_bf16_bits(src)
-        if not expected_ok:
+        if self.device is None:
+            if not isinstance(src, np.ndarray):
+                raise _invalid(f"rank {self.rank}: scatter_accumulate: src must be a numpy array")
+            if src.dtype == np.float32:
+                kind = "float32"
+            elif _is_bf16_bits(src) and (src_dtype == "bfloat16" or src.dtype != np.uint16):
+                kind = "bfloat16"
+            else:
+                kind = str(src.dtype)
+            src = np.ascontiguousarray(src)
+            pointer, count = src.ctypes.data, src.size
+        else:
+            pointer, count, kind = _device_array(src, f"rank {self.rank}: scatter_accumulate: src")
+        if src_dtype is not None and kind != src_dtype:
             raise _invalid(
-                f"rank {self.rank}: scatter_accumulate: src has dtype {src.dtype}, "
-                f"which does not hold {src_dtype}"
+                f"rank {self.rank}: scatter_accumulate: src holds {kind}, not " f"{src_dtype}"
             )
-        src = np.ascontiguousarray(src)
+        if kind not in _DTYPES:
+            raise _invalid(
+                f"rank {self.rank}: scatter_accumulate: src has dtype {kind}; expected "
+                "float32 or bfloat16 (uint16 bits with src_dtype='bfloat16')"
+            )
         self._call(
             _capi.lib.odcScatterAccumulate,
-            src.ctypes.data,
-            src.size,
-            _DTYPES[src_dtype],
+            pointer,
+            count,
+            _DTYPES[kind],
             accumulator._handle,
-            None,
+            _stream_handle(stream, self.device),
         )
 
-    def minibatch_begin(self) -> None:
+    def minibatch_begin(self, stream: Any = None) -> None:
         """Collective: zeroes this rank's accumulators, then waits for every rank."""
-        self._call(_capi.lib.odcMinibatchBegin, None)
+        self._call(_capi.lib.odcMinibatchBegin, _stream_handle(stream, self.device))
 
-    def minibatch_end(self) -> None:
-        """Collective: returns when every rank's contributions are applied everywhere."""
-        self._call(_capi.lib.odcMinibatchEnd, None)
+    def minibatch_end(self, stream: Any = None) -> None:
+        """Collective: every rank's contributions are applied everywhere when it completes
+        (on return for host communicators; in stream order on GPUs)."""
+        self._call(_capi.lib.odcMinibatchEnd, _stream_handle(stream, self.device))
 
-    def barrier(self) -> None:
-        """Collective: returns when every rank has called it."""
-        self._call(_capi.lib.odcBarrier, None)
+    def barrier(self, stream: Any = None) -> None:
+        """Collective: completes when every rank has called it."""
+        self._call(_capi.lib.odcBarrier, _stream_handle(stream, self.device))

@@ -10,6 +10,9 @@
 #include "core/communicator.h"
 #include "odc/odc.h"
 #include "transport/shm/shm_transport.h"
+#if ODC_WITH_CUDA
+#include "transport/cuda/cuda_transport.h"
+#endif
 
 namespace {
 
@@ -76,14 +79,19 @@ odcResult_t with_comm(odcComm_t comm, const char* function, Body&& body) {
 
 }  // namespace
 
-extern "C" odcResult_t odcCommInit(odcComm_t* comm, int rank, int world_size, const char* key,
-                                   double timeout_seconds) {
+namespace {
+
+// Shared by the init calls: validates, builds the transport with `make_transport(timeout)`, and
+// registers the new communicator.
+template <typename MakeTransport>
+odcResult_t init_comm(odcComm_t* comm, int rank, const char* key, double timeout_seconds,
+                      MakeTransport&& make_transport) {
   return guarded([&]() -> odcResult_t {
     if (comm == nullptr) return report(Status::InvalidArgument("odcCommInit: comm is NULL"));
     if (key == nullptr) return report(Status::InvalidArgument("odcCommInit: key is NULL"));
     const double timeout = timeout_seconds > 0 ? timeout_seconds : default_timeout_seconds();
-    auto transport = odc::shm::ShmTransport::create(rank, world_size, key,
-                                                    std::chrono::duration<double>(timeout));
+    odc::Result<std::unique_ptr<odc::Transport>> transport =
+        make_transport(std::chrono::duration<double>(timeout));
     if (!transport.ok()) {
       return report(transport.status().with_context("rank " + std::to_string(rank) + ": init"));
     }
@@ -96,6 +104,43 @@ extern "C" odcResult_t odcCommInit(odcComm_t* comm, int rank, int world_size, co
     *comm = created;
     return success();
   });
+}
+
+}  // namespace
+
+extern "C" odcResult_t odcCommInit(odcComm_t* comm, int rank, int world_size, const char* key,
+                                   double timeout_seconds) {
+  return init_comm(
+      comm, rank, key, timeout_seconds,
+      [&](std::chrono::duration<double> timeout) -> odc::Result<std::unique_ptr<odc::Transport>> {
+        auto made = odc::shm::ShmTransport::create(rank, world_size, key, timeout);
+        if (!made.ok()) return made.status();
+        return std::unique_ptr<odc::Transport>(std::move(made).value());
+      });
+}
+
+extern "C" odcResult_t odcCommInitCuda(odcComm_t* comm, int rank, int world_size, const char* key,
+                                       double timeout_seconds, int cuda_device) {
+#if ODC_WITH_CUDA
+  return init_comm(
+      comm, rank, key, timeout_seconds,
+      [&](std::chrono::duration<double> timeout) -> odc::Result<std::unique_ptr<odc::Transport>> {
+        auto made = odc::cuda::CudaTransport::create(rank, world_size, key, timeout, cuda_device);
+        if (!made.ok()) return made.status();
+        return std::unique_ptr<odc::Transport>(std::move(made).value());
+      });
+#else
+  (void)comm, (void)world_size, (void)key, (void)timeout_seconds, (void)cuda_device;
+  return report(Status::InvalidUsage("rank " + std::to_string(rank) +
+                                     ": init: odc was built without CUDA (ODC_WITH_CUDA=OFF)"));
+#endif
+}
+
+#ifndef ODC_WITH_CUDA
+#define ODC_WITH_CUDA 0
+#endif
+extern "C" int odcHasCuda(void) {
+  return ODC_WITH_CUDA;
 }
 
 extern "C" odcResult_t odcCommDestroy(odcComm_t comm) {

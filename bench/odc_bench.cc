@@ -1,0 +1,260 @@
+// odc-bench: ODC's one-sided gather and scatter-accumulate against NCCL's all-gather and
+// reduce-scatter, one process per GPU (forked here), nccl-tests style. Every ODC result is
+// checked against NCCL's output.
+// Usage: odc_bench [min_mib=1] [max_mib=1024] [ranks=all GPUs]
+// Sizes are per-rank bytes: the gathered output (bf16) and the pushed source (fp32).
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "odc/odc.h"
+
+namespace {
+
+constexpr double kNvlinkGBs = 478.0;  // per direction per GPU, design.md
+
+#define BENCH_CUDA(call)                                                         \
+  do {                                                                           \
+    const cudaError_t bench_error_ = (call);                                     \
+    if (bench_error_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(bench_error_)); \
+      _exit(1);                                                                  \
+    }                                                                            \
+  } while (0)
+#define BENCH_NCCL(call)                                                         \
+  do {                                                                           \
+    const ncclResult_t bench_error_ = (call);                                    \
+    if (bench_error_ != ncclSuccess) {                                           \
+      std::fprintf(stderr, "%s: %s\n", #call, ncclGetErrorString(bench_error_)); \
+      _exit(1);                                                                  \
+    }                                                                            \
+  } while (0)
+#define BENCH_ODC(call)                                           \
+  do {                                                            \
+    if ((call) != odcSuccess) {                                   \
+      std::fprintf(stderr, "%s: %s\n", #call, odcGetLastError()); \
+      _exit(1);                                                   \
+    }                                                             \
+  } while (0)
+
+// Per size and rank, written by the children into shared memory; rank 0 prints the slowest rank.
+struct Measurement {
+  double odc_us;
+  double nccl_us;
+  int mismatches;
+};
+
+int iterations_for(size_t bytes) {
+  return bytes <= (64u << 20) ? 20 : (bytes <= (256u << 20) ? 10 : 5);
+}
+
+// Times `iterations` calls of `op` on `stream`, after `warmup` untimed ones; microseconds per call.
+template <typename Op>
+double time_on_stream(cudaStream_t stream, int iterations, Op&& op) {
+  for (int i = 0; i < 3; ++i) op();
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  cudaEvent_t start, stop;
+  BENCH_CUDA(cudaEventCreate(&start));
+  BENCH_CUDA(cudaEventCreate(&stop));
+  BENCH_CUDA(cudaEventRecord(start, stream));
+  for (int i = 0; i < iterations; ++i) op();
+  BENCH_CUDA(cudaEventRecord(stop, stream));
+  BENCH_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 1000.0 * ms / iterations;
+}
+
+void run_rank(int rank, int world, const std::string& key, const ncclUniqueId& id,
+              const std::vector<size_t>& sizes, Measurement* gather_table,
+              Measurement* scatter_table) {
+  BENCH_CUDA(cudaSetDevice(rank));
+  odcComm_t comm;
+  BENCH_ODC(odcCommInitCuda(&comm, rank, world, key.c_str(), 120.0, rank));
+  ncclComm_t nccl;
+  BENCH_NCCL(ncclCommInitRank(&nccl, world, id, rank));
+  cudaStream_t stream;
+  BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    const size_t bytes = sizes[s];
+    const int iterations = iterations_for(bytes);
+    const auto sync_all = [&] {
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+      BENCH_ODC(odcBarrier(comm, stream));
+      BENCH_CUDA(cudaStreamSynchronize(stream));
+    };
+
+    // gather (bf16) vs ncclAllGather
+    {
+      const size_t shard = bytes / 2 / world;
+      odcBuffer_t params;
+      void* local;
+      BENCH_ODC(odcBufferAlloc(comm, shard, odcBfloat16, 0, &params, &local));
+      std::vector<uint16_t> host(shard);
+      for (size_t i = 0; i < shard; ++i) host[i] = static_cast<uint16_t>(rank * 7919 + i);
+      BENCH_CUDA(cudaMemcpy(local, host.data(), shard * 2, cudaMemcpyHostToDevice));
+      void *out_odc, *out_nccl;
+      BENCH_CUDA(cudaMalloc(&out_odc, shard * 2 * world));
+      BENCH_CUDA(cudaMalloc(&out_nccl, shard * 2 * world));
+      sync_all();
+      const double odc_us = time_on_stream(stream, iterations, [&] {
+        BENCH_ODC(odcGather(comm, out_odc, shard * world, params, stream));
+      });
+      sync_all();
+      const double nccl_us = time_on_stream(stream, iterations, [&] {
+        BENCH_NCCL(ncclAllGather(local, out_nccl, shard, ncclBfloat16, nccl, stream));
+      });
+      std::vector<uint16_t> a(shard * world), b(shard * world);
+      BENCH_CUDA(cudaMemcpy(a.data(), out_odc, a.size() * 2, cudaMemcpyDeviceToHost));
+      BENCH_CUDA(cudaMemcpy(b.data(), out_nccl, b.size() * 2, cudaMemcpyDeviceToHost));
+      int mismatches = 0;
+      for (size_t i = 0; i < a.size(); ++i) mismatches += a[i] != b[i];
+      gather_table[s * world + rank] = {odc_us, nccl_us, mismatches};
+      sync_all();
+      BENCH_ODC(odcBufferFree(comm, params));
+      cudaFree(out_odc);
+      cudaFree(out_nccl);
+    }
+
+    // scatter-accumulate (fp32 source, fp32 accumulator) vs ncclReduceScatter
+    {
+      const size_t shard = bytes / 4 / world;
+      odcBuffer_t accumulator;
+      void* local;
+      BENCH_ODC(odcBufferAlloc(comm, shard, odcFloat32, 1, &accumulator, &local));
+      std::vector<float> host(shard * world);
+      for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>((i + rank) % 13);
+      void *src, *out_nccl;
+      BENCH_CUDA(cudaMalloc(&src, shard * 4 * world));
+      BENCH_CUDA(cudaMalloc(&out_nccl, shard * 4));
+      BENCH_CUDA(cudaMemcpy(src, host.data(), shard * 4 * world, cudaMemcpyHostToDevice));
+      sync_all();
+      // One push per minibatch, so the timed op includes the minibatch barriers that make the
+      // sums final: the fair counterpart of one synchronizing reduce-scatter.
+      const double odc_us = time_on_stream(stream, iterations, [&] {
+        BENCH_ODC(odcMinibatchBegin(comm, stream));
+        BENCH_ODC(odcScatterAccumulate(comm, src, shard * world, odcFloat32, accumulator, stream));
+        BENCH_ODC(odcMinibatchEnd(comm, stream));
+      });
+      sync_all();
+      const double nccl_us = time_on_stream(stream, iterations, [&] {
+        BENCH_NCCL(ncclReduceScatter(src, out_nccl, shard, ncclFloat32, ncclSum, nccl, stream));
+      });
+      std::vector<float> a(shard), b(shard);
+      BENCH_CUDA(cudaMemcpy(a.data(), local, shard * 4, cudaMemcpyDeviceToHost));
+      BENCH_CUDA(cudaMemcpy(b.data(), out_nccl, shard * 4, cudaMemcpyDeviceToHost));
+      int mismatches = 0;
+      for (size_t i = 0; i < shard; ++i) mismatches += a[i] != b[i];  // small integers: exact
+      scatter_table[s * world + rank] = {odc_us, nccl_us, mismatches};
+      sync_all();
+      BENCH_ODC(odcBufferFree(comm, accumulator));
+      cudaFree(src);
+      cudaFree(out_nccl);
+    }
+  }
+  ncclCommDestroy(nccl);
+  BENCH_ODC(odcCommDestroy(comm));
+}
+
+void print_table(const char* title, const char* odc_name, const char* nccl_name,
+                 const std::vector<size_t>& sizes, const Measurement* table, int world) {
+  std::printf("\n%s (%d ranks; size = per-rank bytes; slowest rank; busbw = size/time*(N-1)/N)\n",
+              title, world);
+  std::printf("%10s %12s %12s %12s %12s %8s %9s %6s\n", "size",
+              (std::string(odc_name) + "_us").c_str(), "odc_busbw",
+              (std::string(nccl_name) + "_us").c_str(), "nccl_busbw", "speedup", "odc/nvl",
+              "check");
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    Measurement worst{0, 0, 0};
+    for (int r = 0; r < world; ++r) {
+      const Measurement& m = table[s * world + r];
+      worst.odc_us = std::max(worst.odc_us, m.odc_us);
+      worst.nccl_us = std::max(worst.nccl_us, m.nccl_us);
+      worst.mismatches += m.mismatches;
+    }
+    const double factor = static_cast<double>(world - 1) / world;
+    const double odc_bus = sizes[s] / (worst.odc_us * 1e-6) / 1e9 * factor;
+    const double nccl_bus = sizes[s] / (worst.nccl_us * 1e-6) / 1e9 * factor;
+    char size_text[32];
+    if (sizes[s] >= (1u << 30)) {
+      std::snprintf(size_text, sizeof(size_text), "%zuGiB", sizes[s] >> 30);
+    } else {
+      std::snprintf(size_text, sizeof(size_text), "%zuMiB", sizes[s] >> 20);
+    }
+    std::printf("%10s %12.1f %12.1f %12.1f %12.1f %7.2fx %8.1f%% %6s\n", size_text, worst.odc_us,
+                odc_bus, worst.nccl_us, nccl_bus, worst.nccl_us / worst.odc_us,
+                100.0 * odc_bus / kNvlinkGBs, worst.mismatches == 0 ? "ok" : "FAIL");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const size_t min_mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
+  const size_t max_mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1024;
+  int world = argc > 3 ? std::atoi(argv[3]) : 0;
+  if (world <= 0) {
+    // Count GPUs in a child: a CUDA context must not exist in the parent before fork().
+    int* shared = static_cast<int*>(
+        mmap(nullptr, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    if (fork() == 0) {
+      if (cudaGetDeviceCount(shared) != cudaSuccess) *shared = 0;
+      _exit(0);
+    }
+    wait(nullptr);
+    world = *shared;
+  }
+  if (world < 2) {
+    std::fprintf(stderr, "odc_bench needs at least 2 GPUs, found %d\n", world);
+    return 2;
+  }
+  std::vector<size_t> sizes;
+  for (size_t mib = min_mib; mib <= max_mib; mib *= 2) sizes.push_back(mib << 20);
+  const size_t table_bytes = sizeof(Measurement) * sizes.size() * world;
+  auto* gather_table = static_cast<Measurement*>(
+      mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* scatter_table = static_cast<Measurement*>(
+      mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ncclUniqueId id;
+  BENCH_NCCL(ncclGetUniqueId(&id));
+  const std::string key = "odc-bench-" + std::to_string(getpid());
+  std::vector<pid_t> children;
+  std::fflush(stdout);
+  for (int rank = 0; rank < world; ++rank) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      run_rank(rank, world, key, id, sizes, gather_table, scatter_table);
+      _exit(0);
+    }
+    children.push_back(pid);
+  }
+  int failures = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    failures += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  if (failures) {
+    std::fprintf(stderr, "%d rank(s) failed\n", failures);
+    return 1;
+  }
+  int nccl_version = 0;
+  ncclGetVersion(&nccl_version);
+  std::printf("odc-bench: %d GPUs, NCCL %d\n", world, nccl_version);
+  print_table("gather (bf16) vs ncclAllGather", "odc", "nccl", sizes, gather_table, world);
+  print_table("scatter-accumulate (fp32 -> fp32, incl. minibatch barriers) vs ncclReduceScatter",
+              "odc", "nccl", sizes, scatter_table, world);
+  return 0;
+}

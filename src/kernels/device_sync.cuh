@@ -1,0 +1,170 @@
+// Device-side building blocks shared by the kernels: system-scope acquire/release on peer-visible
+// flags, the bounded spin-wait that records a WaitError, vector loads and fp32 reductions.
+// Internal to src/kernels.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/kernels.h"
+
+// Host side: returns the CUDA error of `expr` from the enclosing function.
+#define ODC_CUDA_TRY(expr)                        \
+  do {                                            \
+    const cudaError_t odc_err_ = (expr);          \
+    if (odc_err_ != cudaSuccess) return odc_err_; \
+  } while (0)
+
+namespace odc::kernels::detail {
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Spins until *flag >= expected or timeout_ns passes. On expiry records the first error and
+// returns false. Call from one thread.
+__device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t expected,
+                                              int64_t timeout_ns, WaitError* error, int32_t site,
+                                              int rank, int peer) {
+  // Fail fast: once this rank has recorded an error, no later wait succeeds, so no further data
+  // moves and peers waiting on this rank time out and name it.
+  if (error != nullptr && *reinterpret_cast<volatile int32_t*>(&error->site) != kWaitNone)
+    return false;
+  uint64_t seen = ld_acquire_sys(flag);
+  if (seen >= expected) return true;
+  const uint64_t start = global_timer_ns();
+  while (true) {
+    seen = ld_acquire_sys(flag);
+    if (seen >= expected) return true;
+    if (static_cast<int64_t>(global_timer_ns() - start) > timeout_ns) break;
+  }
+  if (error != nullptr && atomicCAS(reinterpret_cast<int*>(&error->site), 0, site) == 0) {
+    error->rank = rank;
+    error->peer = peer;
+    error->expected = expected;
+    error->seen = seen;
+    __threadfence_system();
+  }
+  return false;
+}
+
+template <typename T>
+struct Vec4;  // four elements of T, loaded with one instruction
+template <>
+struct Vec4<float> {
+  using Raw = float4;
+  __device__ __forceinline__ static float4 to_float4(Raw r) { return r; }
+};
+template <>
+struct Vec4<__nv_bfloat16> {
+  using Raw = uint2;
+  __device__ __forceinline__ static float4 to_float4(Raw r) {
+    // bf16 is the upper half of an fp32: widening is a shift.
+    return make_float4(__uint_as_float(r.x << 16), __uint_as_float(r.x & 0xffff0000u),
+                       __uint_as_float(r.y << 16), __uint_as_float(r.y & 0xffff0000u));
+  }
+};
+
+__device__ __forceinline__ float to_float(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <bool kSys>
+__device__ __forceinline__ void red_add(float* p, float v);
+
+// One 16-byte reduction (sm_90+: red.global.add.v4.f32); four scalar ones on older targets.
+template <bool kSys>
+__device__ __forceinline__ void red_add_v4(float* p, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kSys) {
+    asm volatile("red.relaxed.sys.global.add.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(p), "f"(v.x),
+                 "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+  } else {
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(p), "f"(v.x),
+                 "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+  }
+#else
+  red_add<kSys>(p, v.x);
+  red_add<kSys>(p + 1, v.y);
+  red_add<kSys>(p + 2, v.z);
+  red_add<kSys>(p + 3, v.w);
+#endif
+}
+
+template <bool kSys>
+__device__ __forceinline__ void red_add(float* p, float v) {
+  if constexpr (kSys) {
+    asm volatile("red.relaxed.sys.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+  } else {
+    asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+  }
+}
+
+// Copies n bytes with 16-byte accesses where src and dst share their alignment mod 16, by bytes
+// otherwise. Work is split over `num_threads` threads, this one being `tid`.
+__device__ __forceinline__ void copy_bytes(char* dst, const char* src, size_t n, size_t tid,
+                                           size_t num_threads) {
+  const uintptr_t d = reinterpret_cast<uintptr_t>(dst);
+  const uintptr_t s = reinterpret_cast<uintptr_t>(src);
+  size_t head = n;
+  if (((d ^ s) & 15) == 0) head = min(n, static_cast<size_t>((16 - (d & 15)) & 15));
+  for (size_t i = tid; i < head; i += num_threads) dst[i] = src[i];
+  if (head == n) return;
+  const size_t num_vec = (n - head) / 16;
+  const uint4* vs = reinterpret_cast<const uint4*>(src + head);
+  uint4* vd = reinterpret_cast<uint4*>(dst + head);
+  constexpr int kUnroll = 4;  // 64 bytes in flight per thread before the first store
+  size_t i = tid;
+  for (; i + (kUnroll - 1) * num_threads < num_vec; i += kUnroll * num_threads) {
+    uint4 r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) r[u] = vs[i + u * num_threads];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) vd[i + u * num_threads] = r[u];
+  }
+  for (; i < num_vec; i += num_threads) vd[i] = vs[i];
+  const size_t done = head + num_vec * 16;
+  for (size_t j = done + tid; j < n; j += num_threads) dst[j] = src[j];
+}
+
+// arr[i] for a run-time i without copying the (kernel-parameter) array to local memory.
+template <typename T, int kN>
+__device__ __forceinline__ T pick(const T (&arr)[kN], int i) {
+  T v = arr[0];
+#pragma unroll
+  for (int j = 1; j < kN; ++j)
+    if (j == i) v = arr[j];
+  return v;
+}
+
+// Blocks per job: `num_blocks` / num_jobs when given, else two blocks per SM shared by the jobs,
+// but no more than one block per 16 KiB of a job (small transfers: fewer blocks to launch, fence
+// and count; measured in dev/cuda_lab).
+inline int auto_blocks(const RankInfo& info, int num_blocks, int num_jobs, size_t bytes_per_job) {
+  if (num_blocks > 0) return num_blocks / num_jobs > 0 ? num_blocks / num_jobs : 1;
+  const int sms = info.num_sms > 0 ? info.num_sms : 132;
+  size_t per_job = static_cast<size_t>(2 * sms / num_jobs);
+  per_job = per_job < bytes_per_job / (16 << 10) ? per_job : bytes_per_job / (16 << 10);
+  return per_job > 0 ? static_cast<int>(per_job) : 1;
+}
+
+}  // namespace odc::kernels::detail

@@ -1,0 +1,136 @@
+// CUDA kernels of the ODC data paths within a node: gather (pull every owner's shard),
+// scatter-accumulate (push each owner's slice into its fp32 accumulator) and a stream-ordered
+// device barrier. Raw pointers, element counts, a table of peer pointers and a stream: no torch,
+// no NCCL. Invariant: every inter-rank wait is bounded and reports (rank, peer, value seen) in a
+// WaitError instead of hanging; a block whose wait expired does no further work.
+//
+// Measured (dev/cuda_lab, docs/cuda_lab.md; 4 x H200, NCCL 2.28.9, 2026-11-21), all GPUs at once:
+// gather: gather_sm wins at every size, 2.01x NCCL all-gather at 1 MiB, 1.19x at 64 MiB, 1.03x at
+//   512 MiB; gather_copy_engine reaches 390 GB/s for one GPU alone but ~195 GB/s busbw when all
+//   pull.
+// scatter-accumulate, fp32 source: scatter_accumulate_reduce wins (1.85x / 1.15x / 0.99x NCCL
+//   reduce-scatter at 1 / 64 / 512 MiB). bf16 source: reduce up to 4 MiB (1.61x at 1 MiB), then
+//   staged with PushEngine::kSm (0.91x / 0.89x NCCL bf16 at 64 / 512 MiB): reductions carry fp32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace odc::kernels {
+
+inline constexpr int kMaxRanks = 8;
+
+// One pointer per rank, each valid on the calling device (peer-mapped, IPC-opened or local).
+// Passed by value to kernels.
+struct PeerPointers {
+  void* ptr[kMaxRanks] = {};
+};
+
+// Per-rank flags in device memory that peers write through peer pointers. Zero-initialize once
+// (cudaMemset) before first use; all values are monotonic counters, never reset while in use.
+struct SignalBlock {
+  uint64_t barrier[kMaxRanks];    // barrier[p]: last barrier epoch rank p announced to this rank
+  uint64_t ready[kMaxRanks];      // ready[p]: last push seq whose staging slot from sender p landed
+  uint64_t freed[kMaxRanks];      // freed[r]: last push seq owner r finished reading from our slot
+  uint32_t push_done[kMaxRanks];  // local: blocks done pushing to owner r (reset by the last)
+  uint32_t accumulate_done;       // local: blocks done accumulating (reset by the last)
+  uint32_t reserved[7];
+};
+
+enum WaitSite : int32_t {
+  kWaitNone = 0,
+  kWaitBarrier = 1,    // device_barrier: peer has not reached the epoch
+  kWaitSlotFree = 2,   // staged push: owner has not released our slot from the previous push
+  kWaitSlotReady = 3,  // staged accumulate: sender's slot has not landed
+};
+
+// Written by the first wait that expires (first writer wins); `site` == kWaitNone means no error.
+// Every wait reads it first (fail fast), so keep it in device memory and copy it out once the
+// stream is synchronized; host-mapped memory also works but costs a PCIe read per wait.
+struct WaitError {
+  int32_t site;
+  int32_t rank;  // the rank that waited
+  int32_t peer;  // the rank it waited for
+  int32_t reserved;
+  uint64_t expected;  // the value it waited for (at least)
+  uint64_t seen;      // the last value it read
+};
+
+enum class ElemType : int32_t { kFloat32 = 0, kBfloat16 = 1 };
+
+inline constexpr size_t elem_bytes(ElemType type) {
+  return type == ElemType::kFloat32 ? 4 : 2;
+}
+
+// Auxiliary streams on the current device (one per rank) and the events that fork them from and
+// join them back to the caller's stream, for the copy-engine variants.
+struct CopyEngineSet {
+  int num_streams = 0;
+  cudaStream_t streams[kMaxRanks] = {};
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t joined[kMaxRanks] = {};
+};
+cudaError_t copy_engine_set_create(CopyEngineSet* set, int num_streams);
+cudaError_t copy_engine_set_destroy(CopyEngineSet* set);
+
+// Common description of the calling rank and its peers.
+struct RankInfo {
+  int rank = 0;
+  int num_ranks = 0;
+  int num_sms = 0;  // of the calling device; used to size grids when num_blocks == 0
+};
+
+// ---- gather ----------------------------------------------------------------------------------
+// dst[r*shard_bytes : (r+1)*shard_bytes] = shards.ptr[r][0 : shard_bytes] for every rank r.
+// Owners do nothing; their shards must not be rewritten until the call completes (stream order).
+
+// (a) one cudaMemcpyAsync per rank, each on its own stream of `engines` (no SMs used).
+cudaError_t gather_copy_engine(void* dst, const PeerPointers& shards, size_t shard_bytes,
+                               const RankInfo& info, const CopyEngineSet& engines,
+                               cudaStream_t stream);
+// (b) one SM kernel with 16-byte loads from peer memory (byte-wise head/tail; pairs whose
+// addresses differ in alignment mod 16 fall back to byte copies). num_blocks == 0: automatic.
+cudaError_t gather_sm(void* dst, const PeerPointers& shards, size_t shard_bytes,
+                      const RankInfo& info, int num_blocks, cudaStream_t stream);
+
+// ---- scatter-accumulate ----------------------------------------------------------------------
+// For every owner r: accs.ptr[r][0:shard_elems] += src[r*shard_elems : (r+1)*shard_elems], in
+// fp32, src fp32 or bf16. Every rank may call it concurrently with every other rank.
+
+// (a) vectorized fp32 reductions (red.global.add.v4.f32, system scope) straight into each owner's
+// accumulator. Accumulators must be 4-byte aligned; 16-byte alignment enables the vector path.
+// `sys_scope` false uses gpu scope (lab comparison only: atomicity across devices is only
+// guaranteed at system scope).
+cudaError_t scatter_accumulate_reduce(const void* src, ElemType src_type, const PeerPointers& accs,
+                                      size_t shard_elems, const RankInfo& info, int num_blocks,
+                                      cudaStream_t stream, bool sys_scope = true);
+
+// (b) staged push: the caller copies owner r's slice into its own slot of r's staging buffer,
+// then raises r's ready flag; then, on its own device, waits for every sender's slot, adds all
+// of them plus its own slice into its accumulator, and releases the slots (freed flags). Before
+// pushing push `seq` it waits until the owner has released push seq-1. Calls on every rank must
+// use the same sequence 1, 2, 3, ... (all ranks call it the same number of times).
+enum class PushEngine : int32_t { kCopyEngine = 0, kSm = 1 };
+struct StagedBuffers {
+  PeerPointers staging;  // per rank: staging_bytes(...) bytes of device memory
+  PeerPointers signals;  // per rank: one SignalBlock
+  PeerPointers accs;  // per rank: the fp32 accumulator (slots are laid out to match its alignment)
+};
+size_t staging_slot_bytes(size_t shard_elems, ElemType src_type);
+size_t staging_bytes(size_t shard_elems, ElemType src_type, int num_ranks);
+cudaError_t scatter_accumulate_staged(const void* src, ElemType src_type,
+                                      const StagedBuffers& buffers, size_t shard_elems,
+                                      const RankInfo& info, uint64_t seq, PushEngine engine,
+                                      const CopyEngineSet* engines, int num_blocks,
+                                      int64_t timeout_ns, WaitError* error, cudaStream_t stream);
+
+// ---- barrier ---------------------------------------------------------------------------------
+// Stream-ordered: returns (on the device) when every rank has reached `epoch` (1, 2, 3, ... on
+// every rank). Work enqueued before it on every rank's stream, peer writes included, is complete
+// and visible afterwards. On expiry of `timeout_ns` writes `error` and lets the stream go on.
+cudaError_t device_barrier(const PeerPointers& signals, const RankInfo& info, uint64_t epoch,
+                           int64_t timeout_ns, WaitError* error, cudaStream_t stream);
+
+}  // namespace odc::kernels

@@ -1,0 +1,307 @@
+// CUDA transport (see cuda_transport.h). Invariant: every operation that touches peers' memory is
+// enqueued on the caller's stream after a device barrier that ordered the peers' writes, and
+// every device-side wait is bounded.
+#include "transport/cuda/cuda_transport.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "transport/cuda/cuda_check.h"
+
+namespace odc::cuda {
+namespace {
+
+cudaStream_t as_stream(StreamHandle stream) {
+  return static_cast<cudaStream_t>(stream);
+}
+
+// Device memory of this rank plus every peer's, opened through CUDA IPC.
+class CudaRegion final : public SymmetricRegion {
+ public:
+  CudaRegion(std::vector<void*> peers, int rank, size_t bytes, int device)
+      : SymmetricRegion(peers, rank, bytes),
+        pointers_(std::move(peers)),
+        rank_(rank),
+        device_(device) {}
+  ~CudaRegion() override {
+    DeviceGuard guard(device_);
+    for (size_t r = 0; r < pointers_.size(); ++r) {
+      if (pointers_[r] == nullptr) continue;
+      if (static_cast<int>(r) == rank_) {
+        cudaFree(pointers_[r]);
+      } else {
+        cudaIpcCloseMemHandle(pointers_[r]);
+      }
+    }
+  }
+
+ private:
+  std::vector<void*> pointers_;
+  int rank_;
+  int device_;
+};
+
+// Device memory acquired during an allocation (own buffer, opened peer buffers), released again
+// unless handed to a CudaRegion.
+struct PendingMapping {
+  PendingMapping(int device, int rank, int world_size)
+      : device(device), rank(rank), pointers(static_cast<size_t>(world_size), nullptr) {}
+  ~PendingMapping() {
+    DeviceGuard guard(device);
+    for (size_t r = 0; r < pointers.size(); ++r) {
+      if (pointers[r] == nullptr) continue;
+      if (static_cast<int>(r) == rank) {
+        cudaFree(pointers[r]);
+      } else {
+        cudaIpcCloseMemHandle(pointers[r]);
+      }
+    }
+  }
+  std::vector<void*> release() {
+    std::vector<void*> out = pointers;
+    pointers.assign(out.size(), nullptr);
+    return out;
+  }
+  int device;
+  int rank;
+  std::vector<void*> pointers;  // [rank] = own allocation, others = opened IPC mappings
+};
+
+class CudaAccumulator final : public AccumulatorRegion {
+ public:
+  CudaAccumulator(size_t count, std::unique_ptr<SymmetricRegion> sums)
+      : AccumulatorRegion(count), sums_(std::move(sums)) {}
+  float* local() const override { return static_cast<float*>(sums_->local()); }
+  const SymmetricRegion& sums() const override { return *sums_; }
+
+ private:
+  std::unique_ptr<SymmetricRegion> sums_;
+};
+
+const char* wait_site_name(int32_t site) {
+  switch (site) {
+    case kernels::kWaitBarrier:
+      return "device barrier";
+    case kernels::kWaitSlotFree:
+      return "staging slot release";
+    case kernels::kWaitSlotReady:
+      return "staging slot arrival";
+    default:
+      return "device wait";
+  }
+}
+
+}  // namespace
+
+CudaTransport::CudaTransport(std::unique_ptr<shm::ShmTransport> bootstrap, int device,
+                             std::chrono::duration<double> timeout)
+    : bootstrap_(std::move(bootstrap)),
+      device_(device),
+      timeout_ns_(static_cast<int64_t>(timeout.count() * 1e9)) {}
+
+Result<std::unique_ptr<CudaTransport>> CudaTransport::create(int rank, int world_size,
+                                                             const std::string& key,
+                                                             std::chrono::duration<double> timeout,
+                                                             int device) {
+  if (world_size > kernels::kMaxRanks) {
+    return Status::InvalidArgument(
+        "the CUDA transport joins at most " + std::to_string(kernels::kMaxRanks) +
+        " GPUs of one node, got world size " + std::to_string(world_size));
+  }
+  int num_devices = 0;
+  if (cudaGetDeviceCount(&num_devices) != cudaSuccess) num_devices = 0;
+  if (device < 0 || device >= num_devices) {
+    return Status::InvalidArgument("CUDA device " + std::to_string(device) +
+                                   " does not exist (this process sees " +
+                                   std::to_string(num_devices) + ")");
+  }
+  auto bootstrap = shm::ShmTransport::create(rank, world_size, key, timeout);
+  if (!bootstrap.ok()) return bootstrap.status();
+  std::unique_ptr<CudaTransport> transport(
+      new CudaTransport(std::move(bootstrap).value(), device, timeout));
+  if (Status status = transport->init_device_state(); !status.ok()) {
+    transport->mark_failed("init: " + status.message());
+    return status;
+  }
+  return transport;
+}
+
+Status CudaTransport::init_device_state() {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
+  ODC_CUDA_CHECK(cudaMalloc(&device_error_, sizeof(kernels::WaitError)));
+  ODC_CUDA_CHECK(cudaMemset(device_error_, 0, sizeof(kernels::WaitError)));
+  ODC_CUDA_CHECK(cudaMallocHost(&host_error_, sizeof(kernels::WaitError)));
+  std::memset(host_error_, 0, sizeof(kernels::WaitError));
+  auto signals = allocate(sizeof(kernels::SignalBlock));
+  if (!signals.ok()) return signals.status();
+  signals_ = std::move(signals).value();
+  return Status::Ok();
+}
+
+CudaTransport::~CudaTransport() {
+  DeviceGuard guard(device_);
+  cudaDeviceSynchronize();  // nothing of ours may still run when the memory goes
+  signals_.reset();
+  if (device_error_ != nullptr) cudaFree(device_error_);
+  if (host_error_ != nullptr) cudaFreeHost(host_error_);
+}
+
+kernels::RankInfo CudaTransport::rank_info() const {
+  kernels::RankInfo info;
+  info.rank = rank();
+  info.num_ranks = world_size();
+  info.num_sms = num_sms_;
+  return info;
+}
+
+kernels::PeerPointers CudaTransport::peer_pointers(const SymmetricRegion& region) const {
+  kernels::PeerPointers pointers;
+  for (int r = 0; r < world_size(); ++r) pointers.ptr[r] = region.peer(r);
+  return pointers;
+}
+
+Result<std::unique_ptr<SymmetricRegion>> CudaTransport::allocate(size_t bytes) {
+  DeviceGuard guard(device_);
+  PendingMapping pending(device_, rank(), world_size());
+  cudaIpcMemHandle_t handle{};
+  cudaError_t error = cudaMalloc(&pending.pointers[rank()], bytes);
+  if (error == cudaSuccess) error = cudaMemset(pending.pointers[rank()], 0, bytes);
+  if (error == cudaSuccess) error = cudaIpcGetMemHandle(&handle, pending.pointers[rank()]);
+  std::string problem = error == cudaSuccess ? "" : cudaGetErrorString(error);
+  static_assert(sizeof(cudaIpcMemHandle_t) <= sizeof(ExchangeRecord::words) - sizeof(uint64_t));
+
+  // Every rank learns whether every rank succeeded, so all fail (and stay usable) together.
+  ExchangeRecord mine;
+  mine.words[0] = error == cudaSuccess ? 1 : 0;
+  std::memcpy(&mine.words[1], &handle, sizeof(handle));
+  auto all = bootstrap_->exchange(mine);
+  if (!all.ok()) return all.status();
+  for (int r = 0; r < world_size(); ++r) {
+    if (all.value()[r].words[0] == 0) {
+      return Status::SystemError("rank " + std::to_string(r) + " could not allocate " +
+                                 std::to_string(bytes) + " bytes of device memory" +
+                                 (r == rank() ? " (" + problem + ")" : ""));
+    }
+  }
+  for (int peer = 0; peer < world_size() && error == cudaSuccess; ++peer) {
+    if (peer == rank()) continue;
+    cudaIpcMemHandle_t peer_handle;
+    std::memcpy(&peer_handle, &all.value()[peer].words[1], sizeof(peer_handle));
+    error =
+        cudaIpcOpenMemHandle(&pending.pointers[peer], peer_handle, cudaIpcMemLazyEnablePeerAccess);
+    if (error != cudaSuccess) {
+      pending.pointers[peer] = nullptr;
+      problem = "rank " + std::to_string(peer) + ": " + cudaGetErrorString(error);
+    }
+  }
+  ExchangeRecord mapped;
+  mapped.words[0] = error == cudaSuccess ? 1 : 0;
+  auto agreed = bootstrap_->exchange(mapped);
+  if (!agreed.ok()) return agreed.status();
+  for (int r = 0; r < world_size(); ++r) {
+    if (agreed.value()[r].words[0] == 0) {
+      return Status::SystemError("rank " + std::to_string(r) + " could not map its peers' memory" +
+                                 (r == rank() ? " (" + problem + ")" : ""));
+    }
+  }
+  return std::unique_ptr<SymmetricRegion>(
+      new CudaRegion(pending.release(), rank(), bytes, device_));
+}
+
+Result<std::unique_ptr<AccumulatorRegion>> CudaTransport::allocate_accumulator(size_t count) {
+  auto sums = allocate(count * sizeof(float));
+  if (!sums.ok()) return sums.status();
+  return std::unique_ptr<AccumulatorRegion>(new CudaAccumulator(count, std::move(sums).value()));
+}
+
+Status CudaTransport::barrier(CollectiveOp op, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  switch (op) {
+    case CollectiveOp::kMinibatchApplied:
+      // Pushes land in the owners' accumulators directly: the minibatch-end barrier already made
+      // every sum final.
+      return Status::Ok();
+    case CollectiveOp::kMinibatchBegin:
+    case CollectiveOp::kMinibatchEnd:
+    case CollectiveOp::kBarrier: {
+      ++barrier_epoch_;
+      ODC_CUDA_CHECK(kernels::device_barrier(peer_pointers(*signals_), rank_info(), barrier_epoch_,
+                                             timeout_ns_, device_error_, as_stream(stream)));
+      // Publish the wait record to the host once this barrier has finished, without blocking.
+      ODC_CUDA_CHECK(cudaMemcpyAsync(host_error_, device_error_, sizeof(kernels::WaitError),
+                                     cudaMemcpyDeviceToHost, as_stream(stream)));
+      return Status::Ok();
+    }
+    default:
+      // Collectives that change memory (free) must not overtake queued work on any rank.
+      ODC_CUDA_CHECK(cudaDeviceSynchronize());
+      ODC_RETURN_IF_ERROR(poll_error());
+      return bootstrap_->host_barrier(op);
+  }
+}
+
+Status CudaTransport::poll_error() {
+  const auto* record = static_cast<volatile kernels::WaitError*>(host_error_);
+  if (record->site != kernels::kWaitNone) {
+    return Status::Timeout(std::string(wait_site_name(record->site)) + " timed out after " +
+                           std::to_string(static_cast<double>(timeout_ns_) / 1e9) + " s: rank " +
+                           std::to_string(record->rank) + " waited for rank " +
+                           std::to_string(record->peer) + " (expected epoch " +
+                           std::to_string(record->expected) + ", saw " +
+                           std::to_string(record->seen) + ")");
+  }
+  const cudaError_t sticky = cudaPeekAtLastError();
+  if (sticky != cudaSuccess) {
+    return Status::SystemError(std::string("CUDA error on device ") + std::to_string(device_) +
+                               ": " + cudaGetErrorString(sticky));
+  }
+  return Status::Ok();
+}
+
+Status CudaTransport::check_device_pointer(const void* pointer, const char* what) const {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    cudaGetLastError();  // clear: an unregistered host pointer is an answer, not a failure
+    attributes.type = cudaMemoryTypeUnregistered;
+  }
+  const bool on_device =
+      (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) &&
+      attributes.device == device_;
+  if (!on_device) {
+    return Status::InvalidArgument(std::string(what) + " is not device memory of CUDA device " +
+                                   std::to_string(device_));
+  }
+  return Status::Ok();
+}
+
+Status CudaTransport::gather(void* dst, const SymmetricRegion& shards, size_t shard_bytes,
+                             StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(dst, "destination"));
+  ODC_CUDA_CHECK(kernels::gather_sm(dst, peer_pointers(shards), shard_bytes, rank_info(),
+                                    /*num_blocks=*/0, as_stream(stream)));
+  return Status::Ok();
+}
+
+Status CudaTransport::reset(AccumulatorRegion& accumulator, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(cudaMemsetAsync(accumulator.local(), 0, accumulator.count() * sizeof(float),
+                                 as_stream(stream)));
+  return Status::Ok();
+}
+
+Status CudaTransport::push(const void* src, DataType src_type, AccumulatorRegion& accumulator,
+                           StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
+  const auto type =
+      src_type == DataType::kFloat32 ? kernels::ElemType::kFloat32 : kernels::ElemType::kBfloat16;
+  ODC_CUDA_CHECK(kernels::scatter_accumulate_reduce(src, type, peer_pointers(accumulator.sums()),
+                                                    accumulator.count(), rank_info(),
+                                                    /*num_blocks=*/0, as_stream(stream)));
+  return Status::Ok();
+}
+
+}  // namespace odc::cuda

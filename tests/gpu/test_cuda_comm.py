@@ -1,0 +1,176 @@
+"""The ODC protocol on GPUs (CUDA transport), one process per GPU: gather, uneven
+scatter-accumulate with random delays, 1,000 minibatches, bf16 and fp32, faults, bad input."""
+
+import os
+import random
+import time
+
+import pytest
+
+import odc
+
+
+def _device_count():
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _contribution(torch, minibatch, sender, call, size, device):
+    index = torch.arange(size, device=device)
+    return ((minibatch * 7 + sender * 3 + call * 5 + index) % 17).to(torch.float32)
+
+
+def _pushes(minibatch, rank):
+    return (minibatch + rank * 2) % 4
+
+
+def _gather_rank(rank, world_size, key):
+    import torch
+
+    torch.cuda.set_device(rank)
+    with odc.Comm(rank, world_size, key, timeout=30, device=rank) as comm:
+        count = 100003  # odd: exercises the unaligned tail
+        params = comm.alloc(count)
+        params.tensor().copy_(rank * 1000 + torch.arange(count, device="cuda") % 1000)
+        halves = comm.alloc(count, dtype="bfloat16")
+        halves.tensor().fill_(rank + 1)
+        comm.barrier()
+        full = torch.empty(world_size * count, device="cuda")
+        comm.gather(full, params)
+        full_bf16 = torch.empty(world_size * count, device="cuda", dtype=torch.bfloat16)
+        comm.gather(full_bf16, halves)
+        torch.cuda.synchronize()
+        for r in range(world_size):
+            expected = r * 1000 + torch.arange(count, device="cuda") % 1000
+            assert torch.equal(full[r * count : (r + 1) * count], expected.float())
+            assert torch.all(full_bf16[r * count : (r + 1) * count] == r + 1)
+        comm.barrier()
+        torch.cuda.synchronize()
+    return True
+
+
+def _minibatch_rank(rank, world_size, key, num_minibatches, count, src_dtype, delays):
+    import torch
+
+    torch.cuda.set_device(rank)
+    rng = random.Random(rank)
+    dtype = torch.float32 if src_dtype == "float32" else torch.bfloat16
+    with odc.Comm(rank, world_size, key, timeout=60, device=rank) as comm:
+        accumulator = comm.alloc(count, accumulator=True)
+        everything = torch.empty(world_size * count, device="cuda")
+        for minibatch in range(num_minibatches):
+            comm.minibatch_begin()
+            for call in range(_pushes(minibatch, rank)):
+                if delays:
+                    time.sleep(rng.uniform(0, 0.002))  # host-side skew
+                    torch.cuda._sleep(rng.randint(0, 200_000))  # device-side skew
+                src = _contribution(torch, minibatch, rank, call, world_size * count, "cuda")
+                comm.scatter_accumulate(src.to(dtype), accumulator)
+            comm.minibatch_end()
+            comm.gather(everything, accumulator)
+            expected = torch.zeros(world_size * count, device="cuda")
+            for sender in range(world_size):
+                for call in range(_pushes(minibatch, sender)):
+                    expected += _contribution(
+                        torch, minibatch, sender, call, world_size * count, "cuda"
+                    )
+            if not torch.equal(everything, expected):
+                bad = (everything != expected).nonzero()[0].item()
+                raise AssertionError(
+                    f"minibatch {minibatch} element {bad}: {everything[bad]} != {expected[bad]}"
+                )
+            comm.barrier()  # nobody zeroes (next begin) while a peer still reads
+        torch.cuda.synchronize()
+    return num_minibatches
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_gather_equals_concatenated_shards(world_size):
+    if _device_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs")
+    assert odc.launch(_gather_rank, world_size, timeout=300) == [True] * world_size
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("src_dtype", ["float32", "bfloat16"])
+def test_scatter_accumulate_uneven_with_delays(world_size, src_dtype):
+    if _device_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs")
+    results = odc.launch(_minibatch_rank, world_size, 6, 65537, src_dtype, True, timeout=300)
+    assert results == [6] * world_size
+
+
+def test_thousand_minibatches_lose_nothing():
+    world_size = min(4, _device_count())
+    results = odc.launch(_minibatch_rank, world_size, 1000, 1024, "float32", False, timeout=600)
+    assert results == [1000] * world_size
+
+
+def _silent_rank(rank, world_size, key):
+    import torch
+
+    torch.cuda.set_device(rank)
+    with odc.Comm(rank, world_size, key, timeout=2.0, device=rank) as comm:
+        if rank == 1:
+            time.sleep(6.0)  # alive, never arrives at the barrier
+            return None
+        comm.barrier()  # enqueued: returns at once
+        torch.cuda.synchronize()  # the device wait expires after the timeout: no hang
+        try:
+            comm.barrier()
+        except odc.Error as error:
+            return error.code, str(error)
+    return None
+
+
+def test_silent_rank_reports_timeout_instead_of_hanging():
+    code, message = odc.launch(_silent_rank, 2, timeout=120)[0]
+    assert code == odc._capi.TIMEOUT
+    assert "rank 0: barrier: device barrier timed out" in message
+    assert "rank 0 waited for rank 1" in message
+
+
+def _bad_input_rank(rank, world_size, key):
+    import numpy as np
+    import torch
+
+    torch.cuda.set_device(rank)
+    errors = {}
+    with odc.Comm(rank, world_size, key, timeout=30, device=rank) as comm:
+        accumulator = comm.alloc(16, accumulator=True)
+        comm.minibatch_begin()
+        for name, src in {
+            "host numpy": np.ones(world_size * 16, np.float32),
+            "wrong size": torch.ones(world_size * 16 + 1, device="cuda"),
+            "float64": torch.ones(world_size * 16, device="cuda", dtype=torch.float64),
+            "cpu tensor": torch.ones(world_size * 16),
+        }.items():
+            try:
+                comm.scatter_accumulate(src, accumulator)
+                errors[name] = None
+            except odc.Error as error:
+                errors[name] = error.code
+        comm.scatter_accumulate(torch.ones(world_size * 16, device="cuda"), accumulator)
+        comm.minibatch_end()
+        torch.cuda.synchronize()
+        assert torch.all(accumulator.tensor() == world_size)
+        comm.barrier()
+        torch.cuda.synchronize()
+    return errors
+
+
+def test_bad_input_is_refused_and_changes_nothing():
+    for errors in odc.launch(_bad_input_rank, 2, timeout=120):
+        assert errors == {
+            "host numpy": odc._capi.INVALID_ARGUMENT,
+            "wrong size": odc._capi.INVALID_ARGUMENT,
+            "float64": odc._capi.INVALID_ARGUMENT,
+            "cpu tensor": odc._capi.INVALID_ARGUMENT,
+        }
+
+
+def test_no_such_device():
+    with pytest.raises(odc.Error) as raised:
+        odc.Comm(0, 1, f"nodev-{os.getpid()}", device=99)
+    assert "CUDA device 99 does not exist" in str(raised.value)
