@@ -78,7 +78,7 @@ double time_on_stream(cudaStream_t stream, int iterations, Op&& op) {
 
 void run_rank(int rank, int world, const std::string& key, const ncclUniqueId& id,
               const std::vector<size_t>& sizes, Measurement* gather_table,
-              Measurement* scatter_table) {
+              Measurement* scatter_table, Measurement* push_table) {
   BENCH_CUDA(cudaSetDevice(rank));
   odcComm_t comm;
   BENCH_ODC(odcCommInitCuda(&comm, rank, world, key.c_str(), 120.0, rank));
@@ -152,12 +152,26 @@ void run_rank(int rank, int world, const std::string& key, const ncclUniqueId& i
       const double nccl_us = time_on_stream(stream, iterations, [&] {
         BENCH_NCCL(ncclReduceScatter(src, out_nccl, shard, ncclFloat32, ncclSum, nccl, stream));
       });
+      sync_all();
+      // The pattern of training: many pushes into one open minibatch, one end barrier.
+      BENCH_ODC(odcMinibatchBegin(comm, stream));
+      const double push_us = time_on_stream(stream, iterations, [&] {
+        BENCH_ODC(odcScatterAccumulate(comm, src, shard * world, odcFloat32, accumulator, stream));
+      });
+      BENCH_ODC(odcMinibatchEnd(comm, stream));
+      sync_all();
+      // Checked minibatch: one push per rank, compared with NCCL's reduce-scatter.
+      BENCH_ODC(odcMinibatchBegin(comm, stream));
+      BENCH_ODC(odcScatterAccumulate(comm, src, shard * world, odcFloat32, accumulator, stream));
+      BENCH_ODC(odcMinibatchEnd(comm, stream));
+      BENCH_CUDA(cudaStreamSynchronize(stream));
       std::vector<float> a(shard), b(shard);
       BENCH_CUDA(cudaMemcpy(a.data(), local, shard * 4, cudaMemcpyDeviceToHost));
       BENCH_CUDA(cudaMemcpy(b.data(), out_nccl, shard * 4, cudaMemcpyDeviceToHost));
       int mismatches = 0;
       for (size_t i = 0; i < shard; ++i) mismatches += a[i] != b[i];  // small integers: exact
       scatter_table[s * world + rank] = {odc_us, nccl_us, mismatches};
+      push_table[s * world + rank] = {push_us, nccl_us, mismatches};
       sync_all();
       BENCH_ODC(odcBufferFree(comm, accumulator));
       cudaFree(src);
@@ -227,6 +241,8 @@ int main(int argc, char** argv) {
       mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   auto* scatter_table = static_cast<Measurement*>(
       mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* push_table = static_cast<Measurement*>(
+      mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   ncclUniqueId id;
   BENCH_NCCL(ncclGetUniqueId(&id));
   const std::string key = "odc-bench-" + std::to_string(getpid());
@@ -235,7 +251,7 @@ int main(int argc, char** argv) {
   for (int rank = 0; rank < world; ++rank) {
     const pid_t pid = fork();
     if (pid == 0) {
-      run_rank(rank, world, key, id, sizes, gather_table, scatter_table);
+      run_rank(rank, world, key, id, sizes, gather_table, scatter_table, push_table);
       _exit(0);
     }
     children.push_back(pid);
@@ -254,7 +270,13 @@ int main(int argc, char** argv) {
   ncclGetVersion(&nccl_version);
   std::printf("odc-bench: %d GPUs, NCCL %d\n", world, nccl_version);
   print_table("gather (bf16) vs ncclAllGather", "odc", "nccl", sizes, gather_table, world);
-  print_table("scatter-accumulate (fp32 -> fp32, incl. minibatch barriers) vs ncclReduceScatter",
-              "odc", "nccl", sizes, scatter_table, world);
+  print_table(
+      "scatter-accumulate (fp32 -> fp32), one push per minibatch incl. its begin/end "
+      "barriers, vs ncclReduceScatter",
+      "odc", "nccl", sizes, scatter_table, world);
+  print_table(
+      "scatter-accumulate (fp32 -> fp32), back-to-back pushes in one open minibatch, vs "
+      "ncclReduceScatter",
+      "odc", "nccl", sizes, push_table, world);
   return 0;
 }

@@ -58,6 +58,15 @@ __device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t exp
     error->expected = expected;
     error->seen = seen;
     __threadfence_system();
+    if (volatile WaitError* mirror = error->host_mirror) {
+      mirror->rank = rank;
+      mirror->peer = peer;
+      mirror->expected = expected;
+      mirror->seen = seen;
+      __threadfence_system();
+      mirror->site = site;  // last: the host reads the record once site is set
+      __threadfence_system();
+    }
   }
   return false;
 }

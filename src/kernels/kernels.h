@@ -56,6 +56,9 @@ struct WaitError {
   int32_t reserved;
   uint64_t expected;  // the value it waited for (at least)
   uint64_t seen;      // the last value it read
+  // Optional: a WaitError in host-mapped pinned memory (its device address) that receives a copy
+  // of the record, site written last, so the host can poll for errors without a CUDA call.
+  WaitError* host_mirror;
 };
 
 enum class ElemType : int32_t { kFloat32 = 0, kBfloat16 = 1 };

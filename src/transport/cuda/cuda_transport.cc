@@ -130,10 +130,14 @@ Result<std::unique_ptr<CudaTransport>> CudaTransport::create(int rank, int world
 Status CudaTransport::init_device_state() {
   DeviceGuard guard(device_);
   ODC_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
-  ODC_CUDA_CHECK(cudaMalloc(&device_error_, sizeof(kernels::WaitError)));
-  ODC_CUDA_CHECK(cudaMemset(device_error_, 0, sizeof(kernels::WaitError)));
-  ODC_CUDA_CHECK(cudaMallocHost(&host_error_, sizeof(kernels::WaitError)));
+  // The record lives in device memory (every wait reads it first, to fail fast); an expired wait
+  // also copies it into host-mapped memory, so poll_error() needs no CUDA call and no stream op.
+  ODC_CUDA_CHECK(cudaHostAlloc(&host_error_, sizeof(kernels::WaitError), cudaHostAllocMapped));
   std::memset(host_error_, 0, sizeof(kernels::WaitError));
+  kernels::WaitError initial{};
+  ODC_CUDA_CHECK(cudaHostGetDevicePointer(&initial.host_mirror, host_error_, 0));
+  ODC_CUDA_CHECK(cudaMalloc(&device_error_, sizeof(kernels::WaitError)));
+  ODC_CUDA_CHECK(cudaMemcpy(device_error_, &initial, sizeof(initial), cudaMemcpyHostToDevice));
   auto signals = allocate(sizeof(kernels::SignalBlock));
   if (!signals.ok()) return signals.status();
   signals_ = std::move(signals).value();
@@ -229,9 +233,6 @@ Status CudaTransport::barrier(CollectiveOp op, StreamHandle stream) {
       ++barrier_epoch_;
       ODC_CUDA_CHECK(kernels::device_barrier(peer_pointers(*signals_), rank_info(), barrier_epoch_,
                                              timeout_ns_, device_error_, as_stream(stream)));
-      // Publish the wait record to the host once this barrier has finished, without blocking.
-      ODC_CUDA_CHECK(cudaMemcpyAsync(host_error_, device_error_, sizeof(kernels::WaitError),
-                                     cudaMemcpyDeviceToHost, as_stream(stream)));
       return Status::Ok();
     }
     default:
