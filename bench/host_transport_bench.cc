@@ -2,7 +2,6 @@
 // per rank, against a single-process memcpy / fp32 add loop over the same bytes.
 // Usage: odc_host_bench [max_mib=256] [ranks=2,4]
 // Sizes are per-rank totals: the gathered output (world x shard) and the pushed source.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -12,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fork_ranks.h"
 #include "odc/odc.h"
 
 namespace {
@@ -114,22 +114,10 @@ int main(int argc, char** argv) {
               "gather_GBs", "memcpy_GBs", "scatter_acc_us", "scatter_GBs", "add_GBs", "end_ms");
   for (int world : worlds) {
     const std::string key = "bench-" + std::to_string(getpid()) + "-" + std::to_string(world);
-    std::vector<pid_t> children;
-    std::fflush(stdout);
-    for (int rank = 0; rank < world; ++rank) {
-      const pid_t pid = fork();
-      if (pid == 0) {
-        run_rank(rank, world, key, max_mib << 20);
-        _exit(0);
-      }
-      children.push_back(pid);
-    }
-    int failures = 0;
-    for (pid_t pid : children) {
-      int status = 0;
-      waitpid(pid, &status, 0);
-      failures += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    }
+    const int failures = odc::fork_ranks(world, [&](int rank) {
+      run_rank(rank, world, key, max_mib << 20);
+      return 0;
+    });
     if (failures) {
       std::fprintf(stderr, "%d rank(s) failed\n", failures);
       return 1;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fork_ranks.h"
 #include "odc/odc.h"
 
 namespace {
@@ -246,22 +247,10 @@ int main(int argc, char** argv) {
   ncclUniqueId id;
   BENCH_NCCL(ncclGetUniqueId(&id));
   const std::string key = "odc-bench-" + std::to_string(getpid());
-  std::vector<pid_t> children;
-  std::fflush(stdout);
-  for (int rank = 0; rank < world; ++rank) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      run_rank(rank, world, key, id, sizes, gather_table, scatter_table, push_table);
-      _exit(0);
-    }
-    children.push_back(pid);
-  }
-  int failures = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    failures += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
+  const int failures = odc::fork_ranks(world, [&](int rank) {
+    run_rank(rank, world, key, id, sizes, gather_table, scatter_table, push_table);
+    return 0;
+  });
   if (failures) {
     std::fprintf(stderr, "%d rank(s) failed\n", failures);
     return 1;

@@ -2,13 +2,13 @@
 // 2 ranks (forked, one per GPU), a few minibatches of gather and scatter-accumulate, checked.
 // Exit status 0 when every rank's sums are right.
 #include <cuda_runtime.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "common/fork_ranks.h"
 #include "odc/odc.h"
 
 namespace {
@@ -73,18 +73,7 @@ int run_rank(int rank, int world, const std::string& key) {
 int main() {
   const int world = 2;
   const std::string key = "smoke-" + std::to_string(getpid());
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < world; ++rank) {
-    const pid_t pid = fork();
-    if (pid == 0) _exit(run_rank(rank, world, key));
-    children.push_back(pid);
-  }
-  int failures = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    failures += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
+  const int failures = odc::fork_ranks(world, [&](int rank) { return run_rank(rank, world, key); });
   std::printf("cuda smoke: %s\n", failures ? "FAILED" : "ok");
   return failures ? 1 : 0;
 }
