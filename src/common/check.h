@@ -20,7 +20,7 @@ inline Status errno_status(const char* what, const char* file, int line) {
 
 // Evaluates `expr` (a syscall returning -1 on failure) and returns a SystemError from the
 // enclosing function when it fails.
-#define ODC_SYSCHECK(expr, what)                                           \
-  do {                                                                     \
+#define ODC_SYSCHECK(expr, what)                                            \
+  do {                                                                      \
     if ((expr) == -1) return ::odc::errno_status(what, __FILE__, __LINE__); \
   } while (0)

@@ -19,8 +19,8 @@ inline double env_double(const char* name, double fallback) {
 }  // namespace odc
 
 // Declares `double function()` returning the cached value of environment variable `name`.
-#define ODC_ENV_DOUBLE(function, name, fallback)                        \
-  inline double function() {                                            \
+#define ODC_ENV_DOUBLE(function, name, fallback)                          \
+  inline double function() {                                              \
     static const double cached_value = ::odc::env_double(name, fallback); \
-    return cached_value;                                                \
+    return cached_value;                                                  \
   }

@@ -270,7 +270,9 @@ Status ShmTransport::join() {
   return controls_[rank_]->unlink();
 }
 
-Status ShmTransport::barrier(CollectiveOp op, StreamHandle) { return arrive_and_wait(op); }
+Status ShmTransport::barrier(CollectiveOp op, StreamHandle) {
+  return arrive_and_wait(op);
+}
 
 Status ShmTransport::arrive_and_wait(CollectiveOp op) {
   ++epoch_;
