@@ -95,8 +95,10 @@ cudaError_t gather_copy_engine(void* dst, const PeerPointers& shards, size_t sha
                                cudaStream_t stream);
 // (b) one SM kernel with 16-byte loads from peer memory (byte-wise head/tail; pairs whose
 // addresses differ in alignment mod 16 fall back to byte copies). num_blocks == 0: automatic.
+// `error` (optional): when it records a failed wait, the kernel copies nothing.
 cudaError_t gather_sm(void* dst, const PeerPointers& shards, size_t shard_bytes,
-                      const RankInfo& info, int num_blocks, cudaStream_t stream);
+                      const RankInfo& info, int num_blocks, cudaStream_t stream,
+                      const WaitError* error = nullptr);
 
 // ---- scatter-accumulate ----------------------------------------------------------------------
 // For every owner r: accs.ptr[r][0:shard_elems] += src[r*shard_elems : (r+1)*shard_elems], in
@@ -106,9 +108,11 @@ cudaError_t gather_sm(void* dst, const PeerPointers& shards, size_t shard_bytes,
 // accumulator. Accumulators must be 4-byte aligned; 16-byte alignment enables the vector path.
 // `sys_scope` false uses gpu scope (lab comparison only: atomicity across devices is only
 // guaranteed at system scope).
+// `error` (optional): when it records a failed wait, the kernel writes nothing.
 cudaError_t scatter_accumulate_reduce(const void* src, ElemType src_type, const PeerPointers& accs,
                                       size_t shard_elems, const RankInfo& info, int num_blocks,
-                                      cudaStream_t stream, bool sys_scope = true);
+                                      cudaStream_t stream, bool sys_scope = true,
+                                      const WaitError* error = nullptr);
 
 // (b) staged push: the caller copies owner r's slice into its own slot of r's staging buffer,
 // then raises r's ready flag; then, on its own device, waits for every sender's slot, adds all

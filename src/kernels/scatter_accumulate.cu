@@ -21,6 +21,9 @@ static_assert(kMaxRanks <= kSmallThreads, "one thread per rank in the flag kerne
 struct ReduceJobs {
   float* acc[kMaxRanks];
   const void* src[kMaxRanks];
+  // When set and holding an error: do nothing (a failed barrier must not be followed by writes
+  // into peers that may be gone).
+  const WaitError* error;
 };
 
 template <typename T, bool kSys>
@@ -55,6 +58,8 @@ __device__ __forceinline__ void reduce_into(float* acc, const T* src, size_t n, 
 
 template <typename T, bool kSys>
 __global__ void __launch_bounds__(kThreads) reduce_kernel(ReduceJobs jobs, size_t n) {
+  if (jobs.error != nullptr && *reinterpret_cast<const volatile int32_t*>(&jobs.error->site) != 0)
+    return;
   const int job = blockIdx.y;
   const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t num_threads = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -248,11 +253,12 @@ size_t staging_bytes(size_t shard_elems, ElemType src_type, int num_ranks) {
 
 cudaError_t scatter_accumulate_reduce(const void* src, ElemType src_type, const PeerPointers& accs,
                                       size_t shard_elems, const RankInfo& info, int num_blocks,
-                                      cudaStream_t stream, bool sys_scope) {
+                                      cudaStream_t stream, bool sys_scope, const WaitError* error) {
   if (info.num_ranks < 1 || info.num_ranks > kMaxRanks) return cudaErrorInvalidValue;
   if (shard_elems == 0) return cudaSuccess;
   const size_t eb = elem_bytes(src_type);
   ReduceJobs jobs{};
+  jobs.error = error;
   for (int i = 0; i < info.num_ranks; ++i) {
     const int owner = (info.rank + 1 + i) % info.num_ranks;
     if (reinterpret_cast<uintptr_t>(accs.ptr[owner]) % 4 != 0) return cudaErrorMisalignedAddress;

@@ -174,3 +174,59 @@ def test_no_such_device():
     with pytest.raises(odc.Error) as raised:
         odc.Comm(0, 1, f"nodev-{os.getpid()}", device=99)
     assert "CUDA device 99 does not exist" in str(raised.value)
+
+
+def _dies_rank(rank, world_size, key):
+    import signal
+
+    import torch
+
+    torch.cuda.set_device(rank)
+    with odc.Comm(rank, world_size, key, timeout=2.0, device=rank) as comm:
+        accumulator = comm.alloc(1024, accumulator=True)
+        comm.minibatch_begin()
+        torch.cuda.synchronize()
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # dies mid-minibatch, before pushing
+        comm.scatter_accumulate(torch.ones(world_size * 1024, device="cuda"), accumulator)
+        comm.minibatch_end()
+        torch.cuda.synchronize()  # the device wait gives up after the timeout: no hang
+        try:
+            comm.barrier()
+        except odc.Error as error:
+            return error.code, str(error)
+    return None
+
+
+def test_dead_rank_reports_timeout_naming_it():
+    with pytest.raises(odc.LaunchError) as raised:
+        odc.launch(_dies_rank, 2, timeout=120)
+    assert "exited with code -9" in raised.value.failures[1]
+    code, message = raised.value.results[0]
+    assert code == odc._capi.TIMEOUT
+    assert "rank 0 waited for rank 1" in message
+
+
+def _cupy_rank(rank, world_size, key):
+    import cupy
+
+    with cupy.cuda.Device(rank):
+        with odc.Comm(rank, world_size, key, timeout=30, device=rank) as comm:
+            params = comm.alloc(4096)
+            shard = cupy.asarray(params)  # a view through __cuda_array_interface__, no copy
+            shard[:] = rank + 1
+            comm.barrier()
+            full = cupy.empty(world_size * 4096, dtype=cupy.float32)
+            comm.gather(full, params)
+            cupy.cuda.Device(rank).synchronize()
+            expected = cupy.repeat(cupy.arange(1, world_size + 1, dtype=cupy.float32), 4096)
+            assert bool(cupy.all(full == expected))
+            assert shard.data.ptr == params.__cuda_array_interface__["data"][0]
+            comm.barrier()
+            cupy.cuda.Device(rank).synchronize()
+    return True
+
+
+def test_cupy_arrays_without_copies():
+    pytest.importorskip("cupy")
+    assert odc.launch(_cupy_rank, 2, timeout=120) == [True, True]

@@ -282,7 +282,7 @@ Status CudaTransport::gather(void* dst, const SymmetricRegion& shards, size_t sh
   DeviceGuard guard(device_);
   ODC_RETURN_IF_ERROR(check_device_pointer(dst, "destination"));
   ODC_CUDA_CHECK(kernels::gather_sm(dst, peer_pointers(shards), shard_bytes, rank_info(),
-                                    /*num_blocks=*/0, as_stream(stream)));
+                                    /*num_blocks=*/0, as_stream(stream), device_error_));
   return Status::Ok();
 }
 
@@ -299,9 +299,10 @@ Status CudaTransport::push(const void* src, DataType src_type, AccumulatorRegion
   ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
   const auto type =
       src_type == DataType::kFloat32 ? kernels::ElemType::kFloat32 : kernels::ElemType::kBfloat16;
-  ODC_CUDA_CHECK(kernels::scatter_accumulate_reduce(src, type, peer_pointers(accumulator.sums()),
-                                                    accumulator.count(), rank_info(),
-                                                    /*num_blocks=*/0, as_stream(stream)));
+  // After a failed device wait nothing more moves (the kernel checks the error record first).
+  ODC_CUDA_CHECK(kernels::scatter_accumulate_reduce(
+      src, type, peer_pointers(accumulator.sums()), accumulator.count(), rank_info(),
+      /*num_blocks=*/0, as_stream(stream), /*sys_scope=*/true, device_error_));
   return Status::Ok();
 }
 
