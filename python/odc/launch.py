@@ -19,6 +19,10 @@ from typing import Any, Callable, Dict, Optional
 from . import _capi
 
 
+# How long a rank that has returned its result may take to exit before it is killed.
+_EXIT_GRACE_SECONDS = 30.0
+
+
 class LaunchError(_capi.Error):
     """One or more launched ranks failed. `failures`: rank -> text; `results`: rank -> value."""
 
@@ -41,30 +45,9 @@ def _run_rank(fn: Callable, rank: int, world_size: int, key: str, args: tuple, c
         conn.close()
 
 
-def launch(fn: Callable, world_size: int, *args, timeout: Optional[float] = None) -> list:
-    """Runs fn(rank, world_size, key, *args) in world_size processes; returns results by rank.
-
-    timeout: seconds the whole launch may take; ranks still running then are killed and reported.
-    """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
-    context = multiprocessing.get_context("spawn")
-    key = f"launch-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    processes, receivers = [], []
-    for rank in range(world_size):
-        receiver, sender = context.Pipe(duplex=False)
-        process = context.Process(
-            target=_run_rank, args=(fn, rank, world_size, key, args, sender), daemon=True
-        )
-        process.start()
-        sender.close()
-        processes.append(process)
-        receivers.append(receiver)
-
-    deadline = None if timeout is None else time.monotonic() + timeout
-    results: Dict[int, Any] = {}
-    failures: Dict[int, str] = {}
-    pending = set(range(world_size))
+def _collect(processes, receivers, deadline, timeout, results, failures) -> None:
+    """Waits for every rank's result or exit, or for the deadline."""
+    pending = set(range(len(processes)))
     while pending:
         wait_for = None if deadline is None else max(0.0, deadline - time.monotonic())
         handles = [receivers[r] for r in pending] + [processes[r].sentinel for r in pending]
@@ -72,7 +55,7 @@ def launch(fn: Callable, world_size: int, *args, timeout: Optional[float] = None
             for rank in sorted(pending):
                 processes[rank].kill()
                 failures[rank] = f"did not finish within {timeout} s (killed)"
-            break
+            return
         for rank in sorted(pending):
             message = None
             if receivers[rank].poll():
@@ -88,8 +71,41 @@ def launch(fn: Callable, world_size: int, *args, timeout: Optional[float] = None
                 processes[rank].join()
                 failures[rank] = f"exited with code {processes[rank].exitcode} without returning"
                 pending.discard(rank)
-    for process in processes:
-        process.join()
+
+
+def launch(fn: Callable, world_size: int, *args, timeout: Optional[float] = None) -> list:
+    """Runs fn(rank, world_size, key, *args) in world_size processes; returns results by rank.
+
+    timeout: seconds the whole launch may take; ranks still running then are killed and reported.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    context = multiprocessing.get_context("spawn")
+    key = f"launch-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    processes, receivers = [], []
+    for rank in range(world_size):
+        receiver, sender = context.Pipe(duplex=False)
+        process = context.Process(target=_run_rank, args=(fn, rank, world_size, key, args, sender))
+        process.start()
+        sender.close()
+        processes.append(process)
+        receivers.append(receiver)
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    results: Dict[int, Any] = {}
+    failures: Dict[int, str] = {}
+    collected = False
+    try:
+        _collect(processes, receivers, deadline, timeout, results, failures)
+        collected = True
+    finally:
+        # Ranks that returned get a moment to exit cleanly; after that (or after an interrupt
+        # here) no rank outlives the launch.
+        for process in processes:
+            process.join(timeout=_EXIT_GRACE_SECONDS if collected else 0)
+            if process.is_alive():
+                process.kill()
+                process.join()
     if failures:
         raise LaunchError(failures, results)
     return [results[rank] for rank in range(world_size)]
