@@ -4,6 +4,7 @@
 #include "transport/cuda/cuda_transport.h"
 
 #include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -246,12 +247,12 @@ Status CudaTransport::barrier(CollectiveOp op, StreamHandle stream) {
 Status CudaTransport::poll_error() {
   const auto* record = static_cast<volatile kernels::WaitError*>(host_error_);
   if (record->site != kernels::kWaitNone) {
-    return Status::Timeout(std::string(wait_site_name(record->site)) + " timed out after " +
-                           std::to_string(static_cast<double>(timeout_ns_) / 1e9) + " s: rank " +
-                           std::to_string(record->rank) + " waited for rank " +
-                           std::to_string(record->peer) + " (expected epoch " +
-                           std::to_string(record->expected) + ", saw " +
-                           std::to_string(record->seen) + ")");
+    std::ostringstream message;
+    message << wait_site_name(record->site) << " timed out after "
+            << static_cast<double>(timeout_ns_) / 1e9 << " s: rank " << record->rank
+            << " waited for rank " << record->peer << " (expected epoch " << record->expected
+            << ", saw " << record->seen << ")";
+    return Status::Timeout(message.str());
   }
   const cudaError_t sticky = cudaPeekAtLastError();
   if (sticky != cudaSuccess) {
