@@ -26,7 +26,8 @@ if [[ ! -x "$venv/bin/python" ]]; then
   echo "setup: creating $venv"
   python3 -m venv "$venv"
 fi
-python_packages=("scikit-build-core>=0.8" "numpy>=1.22" "pytest>=7" "ruff==0.8.4")
+# torch is pinned to the minor version odc.torch was checked against (python/odc/torch).
+python_packages=("scikit-build-core>=0.8" "numpy>=1.22" "pytest>=7" "ruff==0.8.4" "torch>=2.11,<2.12")
 if ! "$venv/bin/python" - "${python_packages[@]}" <<'PY' >/dev/null 2>&1; then
 import sys
 from importlib.metadata import version

@@ -1,0 +1,308 @@
+"""ODC behind PyTorch FSDP2: per-layer all-gathers become pulls of shards published once per
+minibatch, per-layer reduce-scatters become pushes into the owners' fp32 accumulators, and the
+only synchronization left in a minibatch is its end. Ranks may run different numbers of
+microbatches.
+
+How it plugs in (public FSDP2 extension points; private reads isolated in _fsdp2_internals.py):
+- set_custom_all_gather: OdcAllGather fills FSDP2's all-gather output from the published
+  symmetric buffers (FSDP2's own copy-in of this rank's slot is rewritten with the same bytes);
+- set_custom_reduce_scatter: OdcReduceScatter pushes FSDP2's reduce-scatter input and hands FSDP2
+  an all-zero output, so FSDP2 accumulates nothing real into .grad per microbatch;
+- set_gradient_divide_factor(1.0) + set_force_sum_reduction_for_comms(True): plain sums; the loss
+  is scaled by the minibatch's global token count instead (scale_loss);
+- at minibatch end every sharded parameter's .grad becomes a DTensor view of its accumulator.
+Invariant: nothing in forward or backward calls the process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from ..comm import Comm
+from . import _fsdp2_internals as internals
+
+_ODC_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+def _comm_view(tensor: torch.Tensor, comm: Comm):
+    """What odc.Comm takes for `tensor`: a numpy view on host communicators (bf16 as uint16
+    bits), the tensor itself on device communicators."""
+    if comm.device is not None:
+        return tensor
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.uint16).numpy()
+    return tensor.numpy()
+
+
+class _Group:
+    """ODC state of one FSDP2 parameter group: its published shard and its accumulator."""
+
+    def __init__(
+        self,
+        owner: "OdcFSDP",
+        layout: internals.GroupLayout,
+        device: torch.device,
+        zeros: torch.Tensor,
+    ):
+        for dtype in (layout.param_dtype, layout.reduce_dtype):
+            if dtype not in _ODC_DTYPES:
+                raise NotImplementedError(
+                    f"odc.torch moves float32 and bfloat16, FSDP2 uses {dtype} here"
+                )
+        self.owner = owner
+        self.layout = layout
+        comm = owner.comm
+        self.published = comm.alloc(layout.shard_numel, dtype=_ODC_DTYPES[layout.param_dtype])
+        self.accumulator = comm.alloc(layout.shard_numel, accumulator=True)
+        # FSDP2 views its reduce-scatter output into .grad and adds later outputs into it: an
+        # always-zero output keeps every per-microbatch .grad at zero. One buffer, shared by all
+        # groups of this reduce dtype (a view of its first shard_numel elements).
+        self.zeros = zeros[: layout.shard_numel]
+
+    def check_group(self, group: dist.ProcessGroup) -> None:
+        comm = self.owner.comm
+        if group.size() != comm.world_size or group.rank() != comm.rank:
+            raise RuntimeError(
+                f"the FSDP2 mesh (rank {group.rank()} of {group.size()}) does not match the odc "
+                f"communicator (rank {comm.rank} of {comm.world_size})"
+            )
+
+    def publish(self) -> None:
+        """Owner side, between minibatches: this rank's shards, in param_dtype, to the buffer
+        peers read."""
+        flat = self.published.tensor()
+        for index, slot in enumerate(self.layout.slots):
+            source = internals.all_gather_input(self.layout.module, index)
+            flat[slot.offset : slot.offset + slot.padded_numel].copy_(source)
+
+    def set_grads(self) -> None:
+        """After minibatch end: .grad = DTensor view of this rank's accumulator slice."""
+        flat = self.accumulator.tensor()  # fp32, aliases the symmetric memory
+        for slot in self.layout.slots:
+            param = slot.param
+            local = flat[slot.offset : slot.offset + slot.local_numel].view(param.to_local().shape)
+            if param.dtype != torch.float32:
+                local = local.to(param.dtype)
+            param.grad = DTensor.from_local(
+                local,
+                param.device_mesh,
+                param.placements,
+                run_check=False,
+                shape=param.shape,
+                stride=param.stride(),
+            )
+
+
+class OdcAllGather(internals.AllGather):
+    """FSDP2 custom all-gather: output[r*S:(r+1)*S] = rank r's published shard (a pull)."""
+
+    def __init__(self, group: _Group):
+        self.group = group
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        owner = self.group.owner
+        if owner.published_stale:
+            raise RuntimeError(
+                "odc.torch: forward with parameters changed since they were published; call "
+                "minibatch_begin() after optimizer.step() (it publishes the new shards)"
+            )
+        self.group.check_group(group)
+        # Enqueued on the current stream: FSDP2's all-gather stream on GPUs.
+        owner.comm.gather(_comm_view(output_tensor, owner.comm), self.group.published)
+        return None
+
+
+class OdcReduceScatter(internals.ReduceScatter):
+    """FSDP2 custom reduce-scatter: push input[r*S:(r+1)*S] into owner r's accumulator and give
+    FSDP2 zeros; the sums exist after minibatch_end."""
+
+    def __init__(self, group: _Group):
+        self.group = group
+
+    def allocate(self, size, *, dtype, device):
+        numel = int(np.prod([int(s) for s in size]))
+        zeros = self.group.zeros
+        if numel == self.group.layout.shard_numel and dtype == zeros.dtype:
+            return zeros  # the reduce-scatter output
+        return torch.empty(*size, dtype=dtype, device=device)  # the reduce-scatter input
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        owner = self.group.owner
+        if not owner.in_minibatch:
+            raise RuntimeError("odc.torch: backward outside a minibatch: call minibatch_begin()")
+        self.group.check_group(group)
+        if op != dist.ReduceOp.SUM:
+            raise RuntimeError(f"odc.torch pushes sums; FSDP2 asked for {op}")
+        if output_tensor.data_ptr() != self.group.zeros.data_ptr():
+            raise RuntimeError("odc.torch: FSDP2's reduce-scatter output was not ours")
+        owner.comm.scatter_accumulate(
+            _comm_view(input_tensor, owner.comm),
+            self.group.accumulator,
+            src_dtype=_ODC_DTYPES[input_tensor.dtype],
+        )
+        return None
+
+
+class OdcFSDP:
+    """ODC for a model already wrapped with fully_shard (per-layer units and the root).
+
+        odc_model = odc.torch.OdcFSDP(model, comm, optimizer)
+        for minibatch in minibatches:
+            with odc_model.minibatch():          # begin: publish shards; end: .grad = sums
+                for microbatch in my_microbatches[minibatch]:   # any count, per rank
+                    loss_sum, tokens = ...
+                    odc.torch.scale_loss(loss_sum, global_tokens).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # optional
+            optimizer.step()
+
+    `comm` must span the same ranks as the FSDP2 mesh: a host odc.Comm for CPU models (gloo), a
+    device one (device=<this rank's GPU>) for CUDA models. Collective: every rank constructs it.
+    """
+
+    def __init__(
+        self, model: nn.Module, comm: Comm, optimizer: Optional[torch.optim.Optimizer] = None
+    ):
+        internals.check_torch_version()
+        if not isinstance(model, FSDPModule):
+            raise TypeError(
+                "odc.torch needs the root module wrapped with fully_shard (and its layers: "
+                f"fully_shard(layer) for each, then fully_shard(model)); got {type(model).__name__}"
+            )
+        if comm.world_size < 2:
+            raise ValueError(
+                "odc.torch needs at least 2 ranks (FSDP2 skips its communication hooks on one)"
+            )
+        self.model = model
+        self.comm = comm
+        self.in_minibatch = False
+        self.published_stale = True
+        internals.lazy_init(model)
+        self._modules: List[FSDPModule] = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        self._groups: List[_Group] = []
+        layouts = [(m, internals.group_layout(m)) for m in self._modules]
+        layouts = [(m, layout) for m, layout in layouts if layout is not None]
+        shared_zeros = {}
+        for module, layout in layouts:
+            self._check_placement(layout)
+            key = (layout.reduce_dtype, layout.slots[0].param.device)
+            shared_zeros[key] = max(shared_zeros.get(key, 0), layout.shard_numel)
+        shared_zeros = {
+            key: torch.zeros(numel, dtype=key[0], device=key[1])
+            for key, numel in shared_zeros.items()
+        }
+        for module, layout in layouts:  # the same order on every rank: alloc is collective
+            device = layout.slots[0].param.device
+            zeros = shared_zeros[(layout.reduce_dtype, device)]
+            group = _Group(self, layout, device, zeros)
+            group.check_group(internals.shard_process_group(module))
+            module.set_custom_all_gather(OdcAllGather(group))
+            module.set_custom_reduce_scatter(OdcReduceScatter(group))
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+            self._groups.append(group)
+        if optimizer is not None:
+            optimizer.register_step_pre_hook(self._before_step)
+            optimizer.register_step_post_hook(self._after_step)
+
+    def _check_placement(self, layout: internals.GroupLayout) -> None:
+        param = layout.slots[0].param
+        if param.device_mesh.ndim != 1:
+            raise NotImplementedError("odc.torch supports 1-D FSDP meshes (no HSDP / TP)")
+        on_gpu = param.device.type == "cuda"
+        if on_gpu != (self.comm.device is not None):
+            raise ValueError(
+                f"parameters are on {param.device} but the odc communicator is "
+                f"{'on CUDA device ' + str(self.comm.device) if self.comm.device is not None else 'a host one'}: "
+                "use odc.Comm(..., device=<GPU index>) for CUDA models and a host Comm for CPU"
+            )
+        if on_gpu and param.device.index != self.comm.device:
+            raise ValueError(
+                f"parameters are on {param.device}, the odc communicator on cuda:{self.comm.device}"
+            )
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        if self.in_minibatch:
+            raise RuntimeError(
+                "optimizer.step() called before minibatch_end(): the gradients are not summed yet"
+            )
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        self.published_stale = True
+
+    @property
+    def symmetric_bytes(self) -> int:
+        """Bytes of odc symmetric memory this model uses per rank (published shards and
+        accumulators; allocated by libodc, so torch's memory statistics do not include them)."""
+        total = 0
+        for group in self._groups:
+            published = 4 if group.published.dtype == "float32" else 2
+            total += group.layout.shard_numel * (published + 4)
+        return total
+
+    def minibatch_begin(self) -> None:
+        """Collective: publishes this rank's updated shards and opens the minibatch."""
+        if self.in_minibatch:
+            raise RuntimeError("minibatch_begin() called twice without minibatch_end()")
+        for module in self._modules:
+            module.reshard()  # unsharded parameters may predate the optimizer step
+        # The end of every backward then orders the current stream after the pushes.
+        self.model.set_is_last_backward(True)
+        for group in self._groups:
+            layout = internals.group_layout(group.layout.module)  # params may have been reassigned
+            if layout.shard_numel != group.layout.shard_numel:
+                raise RuntimeError("a parameter group changed size after odc.torch was enabled")
+            group.layout = layout
+            for slot in layout.slots:
+                slot.param.grad = None  # FSDP2 must not add into last minibatch's sums
+            group.publish()
+        self.comm.minibatch_begin()  # zero accumulators; every rank has published
+        self.in_minibatch = True
+        self.published_stale = False
+
+    def minibatch_end(self) -> None:
+        """Collective: when it returns (host) / in stream order (GPU), every parameter's .grad
+        holds the sum over all ranks' microbatches of this minibatch."""
+        if not self.in_minibatch:
+            raise RuntimeError("minibatch_end() without minibatch_begin()")
+        self.comm.minibatch_end()
+        for group in self._groups:
+            group.set_grads()
+        self.in_minibatch = False
+
+    @contextlib.contextmanager
+    def minibatch(self) -> Iterator["OdcFSDP"]:
+        """minibatch_begin() ... minibatch_end(); the end is skipped when the body raises."""
+        self.minibatch_begin()
+        yield self
+        self.minibatch_end()
+
+
+def scale_loss(loss_sum: torch.Tensor, global_tokens: int) -> torch.Tensor:
+    """A microbatch's loss summed over its tokens, divided by the tokens of the whole minibatch
+    on all ranks: the summed gradients then equal the single-process gradient of the minibatch's
+    token-mean loss, whatever the microbatch counts per rank."""
+    if global_tokens <= 0:
+        raise ValueError(f"global_tokens must be positive, got {global_tokens}")
+    return loss_sum / float(global_tokens)
+
+
+def global_count(count: int, group: Optional[dist.ProcessGroup] = None) -> int:
+    """Sum of `count` over all ranks (one all-reduce; call once per minibatch, e.g. for tokens)."""
+    device = "cpu" if dist.get_backend(group) == "gloo" else torch.cuda.current_device()
+    total = torch.tensor([int(count)], dtype=torch.int64, device=device)
+    dist.all_reduce(total, group=group)
+    return int(total.item())
+
+
+__all__ = ["OdcFSDP", "scale_loss", "global_count"]

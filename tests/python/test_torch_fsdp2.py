@@ -1,0 +1,114 @@
+"""odc.torch on the CPU (gloo + host transport): FSDP2 models trained with ODC, ranks running
+different numbers of microbatches from LB-Mini plans, equal a single-process reference; with equal
+counts they equal plain FSDP2. Also mixed precision, reshard_after_forward=False, clipping, a
+torch.distributed.checkpoint round trip, and the errors users get."""
+
+import os
+import tempfile
+
+import pytest
+
+
+torch = pytest.importorskip("torch", reason="odc.torch tests need torch")
+
+
+from tiny_lm import (  # noqa: E402
+    LR,
+    loss_sum,
+    make_model,
+    max_diff,
+    minibatch_samples,
+    plans,
+    reference_state,
+    train,
+)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_unequal_microbatch_counts_equal_single_process(world_size):
+    schedule = plans(world_size, "lb-mini")
+    results = train(world_size, schedule, use_odc=True)
+    counts_per_rank = [result[0] for result in results]
+    assert any(len(set(step)) > 1 for step in zip(*counts_per_rank)), "plans must be uneven"
+    state = results[0][1]
+    assert max_diff(state, reference_state()) < 1e-5
+
+
+def test_equal_counts_equal_plain_fsdp2_and_checkpoint_round_trip():
+    schedule = plans(2, "lb-micro")  # equal counts: plain FSDP2 can run it
+    odc_state = train(2, schedule, use_odc=True, checkpoint=True)[0][1]
+    fsdp2_state = train(2, schedule, use_odc=False)[0][1]
+    assert max_diff(odc_state, fsdp2_state) < 1e-6
+    assert max_diff(odc_state, reference_state()) < 1e-5
+
+
+def test_bf16_mixed_precision_and_no_reshard_match_plain_fsdp2():
+    schedule = plans(2, "lb-micro")
+    options = dict(bf16=True, reshard_after_forward=False)
+    odc_state = train(2, schedule, use_odc=True, **options)[0][1]
+    fsdp2_state = train(2, schedule, use_odc=False, **options)[0][1]
+    # Same bf16 compute, same fp32 sums (up to summation order).
+    assert max_diff(odc_state, fsdp2_state) < 1e-5
+
+
+def _errors_rank(rank, world_size, key, store_path):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    import odc.torch
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
+    )
+    messages = {}
+    try:
+        model = make_model()
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        # A communicator whose ranks are not the mesh's.
+        swapped = odc.Comm(world_size - 1 - rank, world_size, key + "-swapped", timeout=30)
+        try:
+            odc.torch.OdcFSDP(model, swapped)
+        except RuntimeError as error:
+            messages["mesh"] = str(error)
+        swapped.close()
+        comm = odc.Comm(rank, world_size, key, timeout=30)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        engine = odc.torch.OdcFSDP(model, comm, optimizer)
+        engine.minibatch_begin()
+        odc.torch.scale_loss(loss_sum(model, minibatch_samples(0)[:1]), 10).backward()
+        try:
+            optimizer.step()
+        except RuntimeError as error:
+            messages["step"] = str(error)
+        engine.minibatch_end()
+        optimizer.step()
+        try:
+            loss_sum(model, minibatch_samples(0)[:1])  # forward with unpublished parameters
+        except RuntimeError as error:
+            messages["stale"] = str(error)
+        comm.close()
+        return messages
+    finally:
+        dist.destroy_process_group()
+
+
+def test_errors_name_the_problem():
+    from torch import nn
+
+    import odc.torch
+    from odc.torch import _fsdp2_internals
+
+    with pytest.raises(TypeError, match="wrapped with fully_shard"):
+        odc.torch.OdcFSDP(nn.Linear(2, 2), comm=None)
+    with pytest.raises(RuntimeError, match="checked against torch 2.11"):
+        _fsdp2_internals.check_torch_version("2.9.1")
+    with pytest.raises(ValueError, match="global_tokens must be positive"):
+        odc.torch.scale_loss(torch.ones(()), 0)
+    with tempfile.TemporaryDirectory() as directory:
+        results = odc.launch(_errors_rank, 2, os.path.join(directory, "store"), timeout=300)
+    for messages in results:
+        assert "does not match the odc communicator" in messages["mesh"]
+        assert "before minibatch_end()" in messages["step"]
+        assert "changed since they were published" in messages["stale"]
