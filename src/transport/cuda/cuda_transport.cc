@@ -17,15 +17,20 @@ cudaStream_t as_stream(StreamHandle stream) {
   return static_cast<cudaStream_t>(stream);
 }
 
-// Device memory of this rank plus every peer's, opened through CUDA IPC.
-class CudaRegion final : public SymmetricRegion {
+// This rank's device allocation ([rank]) and the peers' opened through CUDA IPC (the others),
+// released on destruction: freed, respectively closed.
+class IpcMapping {
  public:
-  CudaRegion(std::vector<void*> peers, int rank, size_t bytes, int device)
-      : SymmetricRegion(peers, rank, bytes),
-        pointers_(std::move(peers)),
-        rank_(rank),
-        device_(device) {}
-  ~CudaRegion() override {
+  IpcMapping(int device, int rank, int world_size)
+      : device_(device), rank_(rank), pointers_(static_cast<size_t>(world_size), nullptr) {}
+  IpcMapping(IpcMapping&& other) noexcept
+      : device_(other.device_), rank_(other.rank_), pointers_(std::move(other.pointers_)) {
+    other.pointers_.clear();
+  }
+  IpcMapping(const IpcMapping&) = delete;
+  IpcMapping& operator=(const IpcMapping&) = delete;
+  ~IpcMapping() {
+    if (pointers_.empty()) return;
     DeviceGuard guard(device_);
     for (size_t r = 0; r < pointers_.size(); ++r) {
       if (pointers_[r] == nullptr) continue;
@@ -36,37 +41,24 @@ class CudaRegion final : public SymmetricRegion {
       }
     }
   }
+  void*& operator[](int rank) { return pointers_[static_cast<size_t>(rank)]; }
+  const std::vector<void*>& pointers() const { return pointers_; }
+  int rank() const { return rank_; }
 
  private:
-  std::vector<void*> pointers_;
-  int rank_;
   int device_;
+  int rank_;
+  std::vector<void*> pointers_;
 };
 
-// Device memory acquired during an allocation (own buffer, opened peer buffers), released again
-// unless handed to a CudaRegion.
-struct PendingMapping {
-  PendingMapping(int device, int rank, int world_size)
-      : device(device), rank(rank), pointers(static_cast<size_t>(world_size), nullptr) {}
-  ~PendingMapping() {
-    DeviceGuard guard(device);
-    for (size_t r = 0; r < pointers.size(); ++r) {
-      if (pointers[r] == nullptr) continue;
-      if (static_cast<int>(r) == rank) {
-        cudaFree(pointers[r]);
-      } else {
-        cudaIpcCloseMemHandle(pointers[r]);
-      }
-    }
-  }
-  std::vector<void*> release() {
-    std::vector<void*> out = pointers;
-    pointers.assign(out.size(), nullptr);
-    return out;
-  }
-  int device;
-  int rank;
-  std::vector<void*> pointers;  // [rank] = own allocation, others = opened IPC mappings
+// Device memory of this rank plus every peer's, opened through CUDA IPC.
+class CudaRegion final : public SymmetricRegion {
+ public:
+  CudaRegion(IpcMapping mapping, size_t bytes)
+      : SymmetricRegion(mapping.pointers(), mapping.rank(), bytes), mapping_(std::move(mapping)) {}
+
+ private:
+  IpcMapping mapping_;
 };
 
 class CudaAccumulator final : public AccumulatorRegion {
@@ -169,11 +161,12 @@ kernels::PeerPointers CudaTransport::peer_pointers(const SymmetricRegion& region
 
 Result<std::unique_ptr<SymmetricRegion>> CudaTransport::allocate(size_t bytes) {
   DeviceGuard guard(device_);
-  PendingMapping pending(device_, rank(), world_size());
+  // Released again unless every rank succeeds and it is handed to the region.
+  IpcMapping mapping(device_, rank(), world_size());
   cudaIpcMemHandle_t handle{};
-  cudaError_t error = cudaMalloc(&pending.pointers[rank()], bytes);
-  if (error == cudaSuccess) error = cudaMemset(pending.pointers[rank()], 0, bytes);
-  if (error == cudaSuccess) error = cudaIpcGetMemHandle(&handle, pending.pointers[rank()]);
+  cudaError_t error = cudaMalloc(&mapping[rank()], bytes);
+  if (error == cudaSuccess) error = cudaMemset(mapping[rank()], 0, bytes);
+  if (error == cudaSuccess) error = cudaIpcGetMemHandle(&handle, mapping[rank()]);
   std::string problem = error == cudaSuccess ? "" : cudaGetErrorString(error);
   static_assert(sizeof(cudaIpcMemHandle_t) <= sizeof(ExchangeRecord::words) - sizeof(uint64_t));
 
@@ -194,10 +187,9 @@ Result<std::unique_ptr<SymmetricRegion>> CudaTransport::allocate(size_t bytes) {
     if (peer == rank()) continue;
     cudaIpcMemHandle_t peer_handle;
     std::memcpy(&peer_handle, &all.value()[peer].words[1], sizeof(peer_handle));
-    error =
-        cudaIpcOpenMemHandle(&pending.pointers[peer], peer_handle, cudaIpcMemLazyEnablePeerAccess);
+    error = cudaIpcOpenMemHandle(&mapping[peer], peer_handle, cudaIpcMemLazyEnablePeerAccess);
     if (error != cudaSuccess) {
-      pending.pointers[peer] = nullptr;
+      mapping[peer] = nullptr;
       problem = "rank " + std::to_string(peer) + ": " + cudaGetErrorString(error);
     }
   }
@@ -211,8 +203,7 @@ Result<std::unique_ptr<SymmetricRegion>> CudaTransport::allocate(size_t bytes) {
                                  (r == rank() ? " (" + problem + ")" : ""));
     }
   }
-  return std::unique_ptr<SymmetricRegion>(
-      new CudaRegion(pending.release(), rank(), bytes, device_));
+  return std::unique_ptr<SymmetricRegion>(new CudaRegion(std::move(mapping), bytes));
 }
 
 Result<std::unique_ptr<AccumulatorRegion>> CudaTransport::allocate_accumulator(size_t count) {
