@@ -292,14 +292,27 @@ Status ShmTransport::wait_for_peer(int peer, uint64_t epoch, CollectiveOp op,
   ControlBlock& other = block(peer);
   const std::string who = "rank " + std::to_string(peer);
   auto next_liveness_check = Clock::now();
+  // 1: the peer reached this collective; 0: not yet; -1: it is in a different one.
+  auto reached = [&](uint64_t word) {
+    const uint64_t peer_epoch = word >> 8;
+    if (peer_epoch > epoch) return 1;
+    if (peer_epoch < epoch) return 0;
+    return static_cast<CollectiveOp>(word & 0xff) == op ? 1 : -1;
+  };
+  // A peer may arrive, pass the collective and exit between our reads: before reporting that it
+  // failed, closed or died, look once more whether it arrived.
+  auto unless_arrived = [&](Status failure) {
+    const uint64_t word = other.arrival.load(std::memory_order_acquire);
+    return reached(word) == 1 ? Status::Ok() : failure;
+  };
   for (int attempt = 0;; ++attempt) {
     const uint32_t seen_wake = other.wake.load(std::memory_order_acquire);
     const uint64_t word = other.arrival.load(std::memory_order_acquire);
     const uint64_t peer_epoch = word >> 8;
     const auto peer_op = static_cast<CollectiveOp>(word & 0xff);
-    if (peer_epoch > epoch) return Status::Ok();
-    if (peer_epoch == epoch) {
-      if (peer_op == op) return Status::Ok();
+    const int state_of_peer = reached(word);
+    if (state_of_peer == 1) return Status::Ok();
+    if (state_of_peer == -1) {
       return Status::RemoteError(std::string("collective mismatch: ") + who + " called " +
                                  collective_op_name(peer_op) + " where this rank called " +
                                  collective_op_name(op));
@@ -307,13 +320,16 @@ Status ShmTransport::wait_for_peer(int peer, uint64_t epoch, CollectiveOp op,
     const uint32_t state = other.state.load(std::memory_order_acquire);
     if (state == kFailed) {
       const std::string reason(other.failure, strnlen(other.failure, sizeof(other.failure)));
-      return Status::RemoteError(who + " failed: " + reason);
+      return unless_arrived(Status::RemoteError(who + " failed: " + reason));
     }
-    if (state == kClosed) return Status::RemoteError(who + " destroyed its communicator");
+    if (state == kClosed) {
+      return unless_arrived(Status::RemoteError(who + " destroyed its communicator"));
+    }
     const auto now = Clock::now();
     if (now >= next_liveness_check) {
       if (!pid_alive(other.pid)) {
-        return Status::RemoteError(who + " (pid " + std::to_string(other.pid) + ") died");
+        return unless_arrived(
+            Status::RemoteError(who + " (pid " + std::to_string(other.pid) + ") died"));
       }
       next_liveness_check = now + std::chrono::milliseconds(10);
     }
@@ -321,8 +337,9 @@ Status ShmTransport::wait_for_peer(int peer, uint64_t epoch, CollectiveOp op,
       const std::string last = peer_epoch == 0 ? std::string("none")
                                                : std::string(collective_op_name(peer_op)) + " #" +
                                                      std::to_string(peer_epoch);
-      return Status::Timeout("timed out after " + seconds_text(timeout_) + " waiting for " + who +
-                             " (its last collective: " + last + ")");
+      return unless_arrived(Status::Timeout("timed out after " + seconds_text(timeout_) +
+                                            " waiting for " + who +
+                                            " (its last collective: " + last + ")"));
     }
     if (attempt < 64) {
       std::this_thread::yield();
