@@ -111,4 +111,4 @@ def test_errors_name_the_problem():
     for messages in results:
         assert "does not match the odc communicator" in messages["mesh"]
         assert "before minibatch_end()" in messages["step"]
-        assert "changed since they were published" in messages["stale"]
+        assert "shards not published since" in messages["stale"]

@@ -114,8 +114,8 @@ class OdcAllGather(internals.AllGather):
         owner = self.group.owner
         if owner.published_stale:
             raise RuntimeError(
-                "odc.torch: forward with parameters changed since they were published; call "
-                "minibatch_begin() after optimizer.step() (it publishes the new shards)"
+                "odc.torch: forward with shards not published since construction or the last "
+                "optimizer.step(); call minibatch_begin() first (it publishes them)"
             )
         self.group.check_group(group)
         # Enqueued on the current stream: FSDP2's all-gather stream on GPUs.
