@@ -1,0 +1,104 @@
+"""Training data for `odc train`: sample lengths or token ids, plans, packed microbatches.
+
+A sample is a 1-D int64 array of token ids. A microbatch packs several samples into one sequence:
+positions restart at 0 for each document, document ids tell attention which tokens may see each
+other, and the label of a document's last token is -100 (no next token inside the document), so
+packed samples neither attend to nor predict each other.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Sequence
+
+import numpy as np
+
+from ..planner import plan
+
+IGNORE_INDEX = -100
+
+
+def load_token_ids(path: str) -> List[np.ndarray]:
+    """JSONL: each line a list of token ids or an object with "input_ids"."""
+    samples = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"'{path}' line {number}: not JSON ({error.msg})") from None
+        ids = record.get("input_ids") if isinstance(record, dict) else record
+        if (
+            not isinstance(ids, list)
+            or len(ids) < 2
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
+        ):
+            raise ValueError(
+                f"'{path}' line {number}: expected at least 2 non-negative integer "
+                'token ids (a list, or an object with "input_ids")'
+            )
+        samples.append(np.asarray(ids, dtype=np.int64))
+    if not samples:
+        raise ValueError(f"'{path}': no samples")
+    return samples
+
+
+def synthetic_tokens(lengths: Sequence[int], vocab_size: int, seed: int = 0) -> List[np.ndarray]:
+    """Random token ids with the given lengths (fixed seed: the same data on every rank)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab_size, size=int(n), dtype=np.int64) for n in lengths]
+
+
+def schedule(
+    lengths: Sequence[int],
+    ranks: int,
+    samples_per_minibatch: int,
+    max_tokens: int,
+    policy: str,
+    cost=(1.0, 0.0, 0.0),
+) -> dict:
+    """The planner's plan (odc.plan) for consecutive minibatches of `samples_per_minibatch`."""
+    return plan(
+        list(lengths),
+        ranks=ranks,
+        max_tokens=max_tokens,
+        policy=policy,
+        minibatch_size=samples_per_minibatch,
+        cost=cost,
+    )
+
+
+@dataclass
+class PackedMicrobatch:
+    input_ids: np.ndarray  # [T] int64
+    position_ids: np.ndarray  # [T] int64, restarting at 0 per document
+    document_ids: np.ndarray  # [T] int64, 0..num_documents-1
+    labels: np.ndarray  # [T] int64, next token within the document, else IGNORE_INDEX
+    num_documents: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_predicted(self) -> int:
+        """Tokens that carry a loss term (each document's tokens but its last)."""
+        return int(np.count_nonzero(self.labels != IGNORE_INDEX))
+
+
+def pack(samples: Sequence[np.ndarray]) -> PackedMicrobatch:
+    """Concatenates documents into one sequence with positions, document ids and labels.
+    An empty list (an LB-Micro padding microbatch) gives a 1-token microbatch with no labels."""
+    if not samples:
+        zero = np.zeros(1, dtype=np.int64)
+        return PackedMicrobatch(zero, zero, zero, np.full(1, IGNORE_INDEX, np.int64), 0)
+    input_ids = np.concatenate(samples).astype(np.int64)
+    position_ids = np.concatenate([np.arange(len(s), dtype=np.int64) for s in samples])
+    document_ids = np.concatenate(
+        [np.full(len(s), i, dtype=np.int64) for i, s in enumerate(samples)]
+    )
+    labels = np.concatenate([np.append(s[1:], IGNORE_INDEX).astype(np.int64) for s in samples])
+    return PackedMicrobatch(input_ids, position_ids, document_ids, labels, len(samples))

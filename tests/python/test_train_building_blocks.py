@@ -1,0 +1,71 @@
+"""odc.train's data and metrics building blocks (no torch needed)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from odc.train import MinibatchTiming, load_token_ids, pack, schedule, summarize, synthetic_tokens
+from odc.train.data import IGNORE_INDEX
+
+
+def test_pack_keeps_documents_apart():
+    a, b = np.array([5, 6, 7]), np.array([8, 9])
+    packed = pack([a, b])
+    assert packed.input_ids.tolist() == [5, 6, 7, 8, 9]
+    assert packed.position_ids.tolist() == [0, 1, 2, 0, 1]
+    assert packed.document_ids.tolist() == [0, 0, 0, 1, 1]
+    # No document predicts the next one's first token.
+    assert packed.labels.tolist() == [6, 7, IGNORE_INDEX, 9, IGNORE_INDEX]
+    assert packed.num_tokens == 5 and packed.num_predicted == 3 and packed.num_documents == 2
+
+
+def test_pack_empty_microbatch_has_no_loss():
+    packed = pack([])
+    assert packed.num_tokens == 1 and packed.num_predicted == 0 and packed.num_documents == 0
+
+
+def test_synthetic_tokens_are_reproducible():
+    first = synthetic_tokens([3, 5], vocab_size=11, seed=4)
+    second = synthetic_tokens([3, 5], vocab_size=11, seed=4)
+    assert [len(s) for s in first] == [3, 5]
+    assert all(np.array_equal(x, y) for x, y in zip(first, second))
+    assert all(s.max() < 11 for s in first)
+
+
+def test_load_token_ids(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps([1, 2, 3]) + "\n\n" + json.dumps({"input_ids": [4, 5]}) + "\n")
+    samples = load_token_ids(str(path))
+    assert [s.tolist() for s in samples] == [[1, 2, 3], [4, 5]]
+    path.write_text("[1, 2]\n{not json\n")
+    with pytest.raises(ValueError, match="line 2: not JSON"):
+        load_token_ids(str(path))
+    path.write_text("[1]\n")
+    with pytest.raises(ValueError, match="line 1: expected at least 2"):
+        load_token_ids(str(path))
+    path.write_text("\n")
+    with pytest.raises(ValueError, match="no samples"):
+        load_token_ids(str(path))
+
+
+def test_schedule_is_the_planner_plan():
+    plan = schedule(
+        [5, 9, 3, 7, 2, 8], ranks=2, samples_per_minibatch=3, max_tokens=10, policy="lb-mini"
+    )
+    assert [mb["samples"] for mb in plan["minibatches"]] == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_measured_bubble_and_summary():
+    # Two ranks: 3 s and 1 s of compute in a 4 s minibatch: bubble 1 - 4 / (2 * 4) = 0.5.
+    first = MinibatchTiming(busy_seconds=[3.0, 1.0], span_seconds=4.0, samples=4, tokens=400)
+    second = MinibatchTiming(busy_seconds=[2.0, 2.0], span_seconds=2.0, samples=4, tokens=200)
+    assert first.bubble == pytest.approx(0.5)
+    assert second.bubble == pytest.approx(0.0)
+    summary = summarize([first, second])
+    assert summary["bubble"] == pytest.approx(1 - 8.0 / (2 * 6.0))
+    assert summary["samples_per_second"] == pytest.approx(8 / 6.0)
+    assert summary["tokens_per_second"] == pytest.approx(100.0)
+    assert summary["idle_seconds"] == pytest.approx([1.0, 3.0])
+    with pytest.raises(ValueError, match="no minibatches"):
+        summarize([])
