@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The main job: predicts, on the three shipped sample datasets, the idle ("bubble") rate of each
-# load-balancing policy under collective FSDP and under ODC: 8 ranks, minibatches of 32 samples,
-# 64K tokens per microbatch, and the cost model fitted for a 7B model.
+# The main job. 1) The planner's predicted bubble of each load-balancing policy on the three
+# shipped datasets (8 ranks, 32 samples per minibatch, 64K tokens, 7B cost model). 2) `odc train`:
+# collective FSDP2 + LB-Micro against ODC + LB-Mini on LongAlign-like lengths, measured: on all
+# GPUs with the 1.5b preset where GPUs exist, else the tiny preset on 4 CPU processes with the
+# lengths scaled down 128x.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -11,7 +13,18 @@ scripts/build.sh >/dev/null
 cost_7b="0.00027401178,0.0000000042464424,0"
 for dataset in longalign_like swe_smith_like aime_rl_like; do
   echo
-  echo "== data/$dataset.txt: 8 ranks, 32 samples per minibatch, max 65536 tokens, 7B cost =="
+  echo "== planner, data/$dataset.txt: 8 ranks, 32 samples per minibatch, max 65536 tokens, 7B cost =="
   .venv/bin/odc compare --lengths "data/$dataset.txt" --ranks 8 --minibatch-size 32 \
     --max-tokens 65536 --cost "$cost_7b"
 done
+
+echo
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)"; then
+  echo "== odc train: all GPUs, 1.5b preset, LongAlign-like lengths up to 32K =="
+  .venv/bin/python -m odc.train --lengths data/longalign_like.txt --max-length 32768 --compare
+else
+  echo "== odc train: no GPUs: tiny preset, 4 CPU processes, LongAlign-like lengths / 128 =="
+  .venv/bin/python -m odc.train --lengths data/longalign_like.txt --device cpu --ranks 4 \
+    --preset tiny --length-scale 0.0078125 --steps 3 --compare
+fi

@@ -26,8 +26,9 @@ if [[ ! -x "$venv/bin/python" ]]; then
   echo "setup: creating $venv"
   python3 -m venv "$venv"
 fi
-# torch is pinned to the minor version odc.torch was checked against (python/odc/torch).
-python_packages=("scikit-build-core>=0.8" "numpy>=1.22" "pytest>=7" "ruff==0.8.4" "torch>=2.11,<2.12")
+# torch is pinned to the minor version odc.torch was checked against (python/odc/torch);
+# transformers provides the Qwen2 model of `odc train`, matplotlib its timeline plot.
+python_packages=("scikit-build-core>=0.8" "numpy>=1.22" "pytest>=7" "ruff==0.8.4" "torch>=2.11,<2.12" "transformers>=5,<6" "matplotlib>=3.7")
 if ! "$venv/bin/python" - "${python_packages[@]}" <<'PY' >/dev/null 2>&1; then
 import sys
 from importlib.metadata import version
