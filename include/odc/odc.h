@@ -99,6 +99,12 @@ ODC_API odcResult_t odcPlanToJson(odcPlan_t plan, const char** json);
 /* Releases a plan. NULL is accepted and ignored. */
 ODC_API odcResult_t odcPlanDestroy(odcPlan_t plan);
 
+/* Reads a lengths file in the `odc plan` format (one positive integer per line, blank and '#'
+ * lines skipped; "-" is stdin). On success *lengths (owned by the caller, release with
+ * odcLengthsFree) holds *num_samples values; errors name the file and line. */
+ODC_API odcResult_t odcLengthsRead(const char* path, int64_t** lengths, size_t* num_samples);
+ODC_API odcResult_t odcLengthsFree(int64_t* lengths);
+
 /* ---------------------------------------------------------------------------------------------
  * Communicator: ranks, symmetric buffers and the ODC operations (design.md, "Semantics").
  * One process per rank. A communicator is used by one thread at a time. Calls marked

@@ -88,6 +88,12 @@ def _load() -> ctypes.CDLL:
     ]
     lib.odcPlanToJson.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p)]
     lib.odcPlanDestroy.argtypes = [ctypes.c_void_p]
+    lib.odcLengthsRead.argtypes = [
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    lib.odcLengthsFree.argtypes = [ctypes.POINTER(ctypes.c_int64)]
     handle = ctypes.c_void_p
     size = ctypes.c_size_t
     lib.odcCommInit.argtypes = [
@@ -153,6 +159,8 @@ def _load() -> ctypes.CDLL:
         "odcPlanGetBubble",
         "odcPlanToJson",
         "odcPlanDestroy",
+        "odcLengthsRead",
+        "odcLengthsFree",
     ):
         getattr(lib, name).restype = result
     return lib

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import json
 import numbers
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from . import _capi
 
@@ -96,3 +96,16 @@ def plan(
         return json.loads(text.value)
     finally:
         _capi.lib.odcPlanDestroy(handle)
+
+
+def read_lengths(path: str) -> List[int]:
+    """A lengths file in the `odc plan` format, read by the same C++ code (same errors)."""
+    values = ctypes.POINTER(ctypes.c_int64)()
+    count = ctypes.c_size_t()
+    _capi.check(
+        _capi.lib.odcLengthsRead(str(path).encode(), ctypes.byref(values), ctypes.byref(count))
+    )
+    try:
+        return [int(values[i]) for i in range(count.value)]
+    finally:
+        _capi.lib.odcLengthsFree(values)

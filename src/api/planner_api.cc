@@ -1,4 +1,5 @@
 // C API of the planner: validates handles and pointers, then delegates to odc::planner.
+#include <algorithm>
 #include <span>
 #include <string>
 #include <vector>
@@ -7,6 +8,7 @@
 #include "odc/odc.h"
 #include "planner/plan.h"
 #include "planner/plan_format.h"
+#include "planner/plan_io.h"
 
 struct odcPlan {
   odc::planner::Plan plan;
@@ -104,5 +106,26 @@ extern "C" odcResult_t odcPlanToJson(odcPlan_t plan, const char** json) {
 
 extern "C" odcResult_t odcPlanDestroy(odcPlan_t plan) {
   delete plan;
+  return success();
+}
+
+extern "C" odcResult_t odcLengthsRead(const char* path, int64_t** lengths, size_t* num_samples) {
+  return guarded([&]() -> odcResult_t {
+    if (path == nullptr) return report(null_argument("odcLengthsRead", "path"));
+    if (lengths == nullptr) return report(null_argument("odcLengthsRead", "lengths"));
+    if (num_samples == nullptr) return report(null_argument("odcLengthsRead", "num_samples"));
+    auto read = odc::planner::read_lengths_file(path);
+    if (!read.ok()) return report(read.status());
+    const std::vector<int64_t>& values = read.value();
+    auto* out = new int64_t[values.empty() ? 1 : values.size()];
+    std::copy(values.begin(), values.end(), out);
+    *lengths = out;
+    *num_samples = values.size();
+    return success();
+  });
+}
+
+extern "C" odcResult_t odcLengthsFree(int64_t* lengths) {
+  delete[] lengths;
   return success();
 }

@@ -165,3 +165,14 @@ def test_deterministic(data_dir):
 
 def test_version():
     assert odc.__version__ == "0.1.0"
+
+
+def test_read_lengths_uses_the_cli_reader(tmp_path):
+    path = tmp_path / "lengths.txt"
+    path.write_text("# header\n3\n\n5\n")
+    assert odc.read_lengths(str(path)) == [3, 5]
+    path.write_text("3\n-1\n")
+    with pytest.raises(ValueError, match="line 2: expected a positive integer length, got '-1'"):
+        odc.read_lengths(str(path))
+    with pytest.raises(ValueError, match="cannot read lengths file"):
+        odc.read_lengths(str(tmp_path / "missing.txt"))

@@ -50,3 +50,26 @@ def test_train_refuses_lb_mini_under_collectives(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode != 0
     assert "collective FSDP2 cannot run" in result.stderr
+
+
+def test_train_reads_jsonl_token_ids(tmp_path):
+    data = tmp_path / "tokens.jsonl"
+    data.write_text("\n".join(json.dumps(list(range(n % 50, n % 50 + n))) for n in range(5, 17)))
+    command = [
+        sys.executable, "-m", "odc.train", "--jsonl", str(data), "--device", "cpu",
+        "--ranks", "2", "--preset", "tiny", "--steps", "1", "--samples-per-rank", "2",
+        "--output", str(tmp_path / "r.json"), "--timeline", "",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = json.loads((tmp_path / "r.json").read_text())
+    assert (run["comm"], run["policy"]) == ("odc", "lb-mini") and run["steps_measured"] == 1
+
+
+def test_train_names_a_bad_lengths_line(tmp_path):
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("12\nabc\n")
+    command = [sys.executable, "-m", "odc.train", "--lengths", str(lengths), "--device", "cpu"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "line 2: expected a positive integer length, got 'abc'" in result.stderr

@@ -22,7 +22,11 @@ COMBINATIONS = {
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m odc.train", description=__doc__.split("\n")[0])
-    parser.add_argument("--lengths", required=True, help="sample lengths file (odc plan format)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--lengths", help="sample lengths file (odc plan format): synthetic tokens")
+    source.add_argument(
+        "--jsonl", help='token ids, one JSON list (or {"input_ids": [...]}) per line'
+    )
     parser.add_argument("--preset", choices=["tiny", "0.5b", "1.5b", "7b"])
     parser.add_argument("--device", choices=["cpu", "cuda"])
     parser.add_argument("--ranks", type=int, help="processes (default: all GPUs, or 4 on CPU)")
@@ -61,20 +65,28 @@ def parse_args(argv):
 
 
 def load_lengths(args) -> list:
-    lengths = []
-    for number, line in enumerate(Path(args.lengths).read_text().splitlines(), start=1):
-        item = line.strip()
-        if not item or item.startswith("#"):
-            continue
-        if not item.isdigit() or int(item) < 1:
-            sys.exit(f"odc train: '{args.lengths}' line {number}: expected a positive integer")
-        lengths.append(max(2, int(round(int(item) * args.length_scale))))
+    """Sample lengths from --lengths (read by the planner's C++ reader) or --jsonl, then scaled,
+    filtered or replaced as the options say."""
+    import odc
+
+    from .data import load_token_ids
+
+    try:
+        if args.jsonl:
+            lengths = [len(ids) for ids in load_token_ids(args.jsonl)]
+        else:
+            lengths = odc.read_lengths(args.lengths)
+    except (OSError, ValueError) as error:
+        sys.exit(f"odc train: {error}")
+    lengths = [max(2, int(round(n * args.length_scale))) for n in lengths]
     if args.max_length:
         lengths = [n for n in lengths if n <= args.max_length]
     if args.constant_length:
         lengths = [args.constant_length] * len(lengths)
     if not lengths:
-        sys.exit(f"odc train: '{args.lengths}': no sample lengths")
+        sys.exit("odc train: no samples left (check --max-length)")
+    if args.jsonl and (args.length_scale != 1.0 or args.max_length or args.constant_length):
+        sys.exit("odc train: --length-scale, --max-length and --constant-length apply to --lengths")
     return lengths
 
 
@@ -120,6 +132,7 @@ def main(argv=None) -> int:
                 store_path=default_store_path(directory),
                 lr=args.lr,
                 activation_checkpointing=device == "cuda",
+                token_ids_path=args.jsonl,
             )
             results.append(odc.launch(run_rank, ranks, config)[0])
 

@@ -33,6 +33,7 @@ class RunConfig:
     activation_checkpointing: bool = True
     cost: tuple = (1.69e-5, 9.75e-10, 0.069)  # design.md: Qwen2-1.5B shape on one H200, seconds
     seed: int = 0
+    token_ids_path: Optional[str] = None  # JSONL token ids instead of synthetic ones
 
 
 @dataclass
@@ -52,7 +53,7 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
     import odc
     import odc.torch
 
-    from .data import pack, schedule, synthetic_tokens
+    from .data import load_token_ids, pack, schedule, synthetic_tokens
     from .model import build_model, document_mask
 
     on_gpu = config.device == "cuda"
@@ -91,7 +92,17 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
                     module.set_gradient_divide_factor(1.0)  # sums, like ODC (loss is pre-scaled)
                     module.set_force_sum_reduction_for_comms(True)
 
-        samples = synthetic_tokens(config.lengths, model.config.vocab_size, seed=config.seed)
+        vocab_size = model.config.vocab_size
+        if config.token_ids_path:
+            samples = load_token_ids(config.token_ids_path)
+            largest = max(int(s.max()) for s in samples)
+            if largest >= vocab_size:
+                raise ValueError(
+                    f"'{config.token_ids_path}' holds token id {largest}, beyond the "
+                    f"{config.preset} preset's vocabulary of {vocab_size}"
+                )
+        else:
+            samples = synthetic_tokens(config.lengths, vocab_size, seed=config.seed)
         plan = schedule(
             config.lengths,
             ranks=world_size,
