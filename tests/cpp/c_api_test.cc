@@ -1,6 +1,7 @@
 // The planner's C API: results, last-error text, NULL handling, and JSON equal to the C++ render.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,31 @@ TEST(CApi, RankSpeedIsCopiedAndChecked) {
 
 TEST(CApi, Version) {
   EXPECT_EQ(odcGetVersion(), 100);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(CApi, LengthsRead) {
+  const std::string path = ::testing::TempDir() + "odc_lengths_test.txt";
+  {
+    FILE* file = std::fopen(path.c_str(), "w");
+    ASSERT_NE(file, nullptr);
+    std::fputs("# comment\n7\n\n9\n", file);
+    std::fclose(file);
+  }
+  int64_t* lengths = nullptr;
+  size_t count = 0;
+  ASSERT_EQ(odcLengthsRead(path.c_str(), &lengths, &count), odcSuccess) << odcGetLastError();
+  ASSERT_EQ(count, 2u);
+  EXPECT_EQ(lengths[0], 7);
+  EXPECT_EQ(lengths[1], 9);
+  EXPECT_EQ(odcLengthsFree(lengths), odcSuccess);
+  EXPECT_EQ(odcLengthsRead("/nonexistent/lengths.txt", &lengths, &count), odcInvalidArgument);
+  EXPECT_NE(std::string(odcGetLastError()).find("cannot read lengths file"), std::string::npos);
+  EXPECT_EQ(odcLengthsRead(nullptr, &lengths, &count), odcInvalidArgument);
+  std::remove(path.c_str());
 }
 
 }  // namespace
