@@ -25,6 +25,8 @@ if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.device_count
   .venv/bin/python -m odc.train --lengths data/longalign_like.txt --max-length 32768 --compare
 else
   echo "== odc train: no GPUs: tiny preset, 4 CPU processes, LongAlign-like lengths / 128 =="
+  echo "   (CPU processes share this machine's cores: the run shows the mechanics and that both"
+  echo "    modes train alike, not GPU speed; GPU results: docs/benchmarks.md)"
   .venv/bin/python -m odc.train --lengths data/longalign_like.txt --device cpu --ranks 4 \
     --preset tiny --length-scale 0.0078125 --steps 3 --compare
 fi
