@@ -137,9 +137,7 @@ def _train_rank(rank, world_size, key, store_path, schedule, use_odc, options):
             comm = odc.Comm(rank, world_size, key, timeout=60, device=rank if on_gpu else None)
             engine = odc.torch.OdcFSDP(model, comm, optimizer)
         else:
-            for module in [model, *model.blocks]:  # the same sums as ODC: no averaging
-                module.set_gradient_divide_factor(1.0)
-                module.set_force_sum_reduction_for_comms(True)
+            odc.torch.sum_gradients(model)  # the same sums as ODC: no averaging
         counts, losses = [], []
         if on_gpu:
             torch.cuda.reset_peak_memory_stats()

@@ -12,6 +12,6 @@ Turn ODC on for a model already wrapped with `fully_shard`; keep the model, opti
 Importing this module imports torch; `import odc` alone does not.
 """
 
-from .fsdp2 import OdcFSDP, global_count, scale_loss
+from .fsdp2 import OdcFSDP, global_count, scale_loss, sum_gradients
 
-__all__ = ["OdcFSDP", "global_count", "scale_loss"]
+__all__ = ["OdcFSDP", "global_count", "scale_loss", "sum_gradients"]

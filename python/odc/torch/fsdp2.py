@@ -208,9 +208,8 @@ class OdcFSDP:
             group.check_group(internals.shard_process_group(module))
             module.set_custom_all_gather(OdcAllGather(group))
             module.set_custom_reduce_scatter(OdcReduceScatter(group))
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)
             self._groups.append(group)
+        sum_gradients(model)
         if optimizer is not None:
             optimizer.register_step_pre_hook(self._before_step)
             optimizer.register_step_post_hook(self._after_step)
@@ -288,6 +287,16 @@ class OdcFSDP:
         self.minibatch_end()
 
 
+def sum_gradients(model: nn.Module) -> None:
+    """Makes every fully_shard module of `model` reduce gradients as plain sums (no division by
+    the world size), the convention scale_loss relies on. OdcFSDP applies it; a plain FSDP2 model
+    trained with scale_loss needs it too, to compute the same gradients."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # SUM, not PREMUL_SUM (gloo has none)
+
+
 def scale_loss(loss_sum: torch.Tensor, global_tokens: int) -> torch.Tensor:
     """A microbatch's loss summed over its tokens, divided by the tokens of the whole minibatch
     on all ranks: the summed gradients then equal the single-process gradient of the minibatch's
@@ -305,4 +314,4 @@ def global_count(count: int, group: Optional[dist.ProcessGroup] = None) -> int:
     return int(total.item())
 
 
-__all__ = ["OdcFSDP", "scale_loss", "global_count"]
+__all__ = ["OdcFSDP", "global_count", "scale_loss", "sum_gradients"]

@@ -1,9 +1,8 @@
-"""odc.train: building blocks of the end-to-end SFT benchmark (`odc train`, in progress).
+"""odc.train: the end-to-end SFT benchmark, `python -m odc.train` (docs/train.md).
 
-Ready: data (JSONL token ids, synthetic tokens, per-minibatch plans, packing into
-microbatches with per-document positions and labels) and measured metrics (busy/idle per rank,
-the measured bubble beside the planner's prediction, throughput). The model presets, the training
-loop and the command line come next.
+data: JSONL token ids, synthetic tokens, per-minibatch plans, packing into microbatches with
+per-document positions and labels. metrics: busy/idle per rank, the measured bubble beside the
+planner's prediction, throughput. model: Qwen2 presets. run: one rank of a run. __main__: the CLI.
 """
 
 from .data import PackedMicrobatch, load_token_ids, pack, schedule, synthetic_tokens

@@ -87,10 +87,7 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
             comm = odc.Comm(rank, world_size, key, timeout=600, device=rank if on_gpu else None)
             engine = odc.torch.OdcFSDP(model, comm, optimizer)
         else:
-            for module in model.modules():
-                if hasattr(module, "set_gradient_divide_factor"):
-                    module.set_gradient_divide_factor(1.0)  # sums, like ODC (loss is pre-scaled)
-                    module.set_force_sum_reduction_for_comms(True)
+            odc.torch.sum_gradients(model)  # the same sums as ODC (the loss is pre-scaled)
 
         vocab_size = model.config.vocab_size
         if config.token_ids_path:
