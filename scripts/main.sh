@@ -21,8 +21,8 @@ done
 echo
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)"; then
-  echo "== odc train: all GPUs, 1.5b preset, LongAlign-like lengths up to 32K =="
-  .venv/bin/python -m odc.train --lengths data/longalign_like.txt --max-length 32768 --compare
+  echo "== odc train: all GPUs, 1.5b preset, LongAlign-like lengths (up to 64K) =="
+  .venv/bin/python -m odc.train --lengths data/longalign_like.txt --max-length 65536 --compare
 else
   echo "== odc train: no GPUs: tiny preset, 4 CPU processes, LongAlign-like lengths / 128 =="
   echo "   (CPU processes share this machine's cores: the run shows the mechanics and that both"

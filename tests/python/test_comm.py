@@ -259,3 +259,15 @@ def test_single_rank_roundtrip():
         buffer.free()
         with pytest.raises(odc.Error):
             buffer.array
+
+
+def _threads_rank(rank, world_size, key):
+    return os.environ.get("OMP_NUM_THREADS")
+
+
+def test_launch_shares_cpu_cores_like_torchrun(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    expected = str(max(1, (os.cpu_count() or 1) // 2))
+    assert odc.launch(_threads_rank, 2, timeout=60) == [expected, expected]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's setting wins
+    assert odc.launch(_threads_rank, 2, timeout=60) == ["3", "3"]

@@ -37,6 +37,9 @@ def test_train_compare_runs_and_reports(tmp_path):
         assert len(run["busy_seconds"]) == 2 and all(b > 0 for b in run["busy_seconds"])
         assert all(loss > 0 for loss in run["losses"])
         assert len(run["timeline"]) == 2
+    # One cost model, fitted in the first run and reused by the second.
+    assert runs[0]["cost_source"] == "fitted" and len(runs[0]["calibration"]) >= 3
+    assert runs[1]["cost"] == runs[0]["cost"] and runs[1]["calibration"] == []
     # Same data, same initialization, same summed gradients: the same losses step by step.
     assert runs[0]["losses"] == pytest.approx(runs[1]["losses"], rel=1e-4)
     assert timeline.stat().st_size > 1000
@@ -73,3 +76,31 @@ def test_train_names_a_bad_lengths_line(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode != 0
     assert "line 2: expected a positive integer length, got 'abc'" in result.stderr
+
+
+@pytest.mark.parametrize("cost", ["1,2", "1,-2,0", "a,b,c", "1,nan,0"])
+def test_train_names_a_bad_cost(tmp_path, cost):
+    command = [
+        sys.executable, "-m", "odc.train", "--lengths", str(REPO / "data" / "aime_rl_like.txt"),
+        "--device", "cpu", "--cost", cost,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode != 0
+    assert (
+        f"--cost must be 'fit' or three non-negative numbers A,B,C, got '{cost}'" in result.stderr
+    )
+
+
+def test_train_with_a_given_cost_reports_it(tmp_path):
+    output = tmp_path / "r.json"
+    command = [
+        sys.executable, "-m", "odc.train", "--lengths", str(REPO / "data" / "aime_rl_like.txt"),
+        "--device", "cpu", "--ranks", "2", "--preset", "tiny", "--length-scale", "0.004",
+        "--steps", "1", "--samples-per-rank", "2", "--comm", "collective", "--policy",
+        "lb-micro", "--cost", "0.001,0.00001,0.01", "--output", str(output), "--timeline", "",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = json.loads(output.read_text())
+    assert run["cost"] == [0.001, 0.00001, 0.01] and run["cost_source"] == "given"
+    assert run["calibration"] == []

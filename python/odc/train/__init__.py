@@ -2,7 +2,9 @@
 
 data: JSONL token ids, synthetic tokens, per-minibatch plans, packing into microbatches with
 per-document positions and labels. metrics: busy/idle per rank, the measured bubble beside the
-planner's prediction, throughput. model: Qwen2 presets. run: one rank of a run. __main__: the CLI.
+planner's prediction, throughput. model: Qwen2 presets on packed microbatches (varlen attention,
+chunked loss). calibrate: the planner's cost model fitted to measured times. run: one rank of a
+run. __main__: the CLI.
 """
 
 from .data import PackedMicrobatch, load_token_ids, pack, schedule, synthetic_tokens

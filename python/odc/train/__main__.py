@@ -58,6 +58,13 @@ def parse_args(argv):
     parser.add_argument(
         "--length-scale", type=float, default=1.0, help="multiply lengths (small CPU runs)"
     )
+    parser.add_argument(
+        "--cost",
+        default="fit",
+        help="planner cost model A,B,C (C + sum(A*L + B*L^2) seconds per microbatch), or 'fit' "
+        "(default): time single-sample microbatches on the model first and fit it; later runs "
+        "of --compare/--all reuse the first run's fit, so their plans share one cost model",
+    )
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--output", default="odc_train_results.json")
     parser.add_argument("--timeline", default="odc_train_timeline.png")
@@ -90,8 +97,24 @@ def load_lengths(args) -> list:
     return lengths
 
 
+def parse_cost(text: str):
+    """'fit' -> None (fit on the model); 'A,B,C' -> (A, B, C), all finite and >= 0."""
+    if text == "fit":
+        return None
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or not all(0.0 <= v < float("inf") for v in values):
+        sys.exit(
+            f"odc train: --cost must be 'fit' or three non-negative numbers A,B,C, got '{text}'"
+        )
+    return values
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    cost = parse_cost(args.cost)
     import torch
 
     import odc
@@ -132,9 +155,13 @@ def main(argv=None) -> int:
                 store_path=default_store_path(directory),
                 lr=args.lr,
                 activation_checkpointing=device == "cuda",
+                cost=cost,
                 token_ids_path=args.jsonl,
             )
             results.append(odc.launch(run_rank, ranks, config)[0])
+            if len(results) > 1 and args.cost == "fit":
+                results[-1]["cost_source"] = f"fitted in the {runs[0][0]} + {runs[0][1]} run"
+            cost = tuple(results[-1]["cost"])  # one cost model for every run of this command
 
     print_table(results)
     Path(args.output).write_text(json.dumps(results, indent=1))
@@ -147,6 +174,11 @@ def main(argv=None) -> int:
 
 def print_table(results) -> None:
     base = results[0]["samples_per_second"]
+    a, b, c = results[0]["cost"]
+    print(
+        f"\nplanner cost model ({results[0]['cost_source']}): "
+        f"{c:.4g} s + {a:.4g} s x L + {b:.4g} s x L^2 per microbatch"
+    )
     print(
         f"\n{'comm':10} {'policy':10} {'samples/s':>10} {'tokens/s':>11} {'step s':>8} "
         f"{'bubble':>7} {'predicted':>9} {'peak GiB':>9} {'vs first':>8}"

@@ -84,6 +84,18 @@ class PackedMicrobatch:
         return int(self.input_ids.shape[0])
 
     @property
+    def boundaries(self) -> np.ndarray:
+        """int32 [documents + 1]: where each document starts, then the total (varlen attention's
+        cu_seqlens). A padding microbatch is one 1-token document."""
+        counts = np.bincount(self.document_ids)
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+
+    @property
+    def longest(self) -> int:
+        """Tokens of the longest document."""
+        return int(np.bincount(self.document_ids).max())
+
+    @property
     def num_predicted(self) -> int:
         """Tokens that carry a loss term (each document's tokens but its last)."""
         return int(np.count_nonzero(self.labels != IGNORE_INDEX))

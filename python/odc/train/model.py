@@ -1,5 +1,6 @@
-"""Qwen2-architecture causal LMs from explicit configurations (no download), and the attention
-mask that keeps packed documents apart.
+"""Qwen2-architecture causal LMs from explicit configurations (no download), run on packed
+microbatches: documents concatenated into one sequence, attention kept inside each document, and
+the LM-head loss computed in chunks so that 64K-token microbatches never hold all their logits.
 
 The model class is transformers' Qwen2ForCausalLM, so transformers must be installed; without it
 `build_model` raises a RuntimeError saying so. Weights are random (seeded): the benchmark measures
@@ -9,6 +10,10 @@ speed, memory and equality of results, not quality.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .data import IGNORE_INDEX
 
 # Shapes of the public Qwen2 checkpoints of these sizes (config.json of Qwen2-0.5B/1.5B/7B);
 # `tiny` is for CPU runs.
@@ -51,9 +56,70 @@ PRESETS = {
     ),
 }
 
+ATTENTION_NAME = "odc_packed"  # our entry in transformers' AttentionInterface
+LOSS_CHUNK_TOKENS = 4096  # logits of this many tokens at a time: 4096 x 152K fp32 = 2.5 GB
 
-def build_model(preset: str, seed: int = 0):
-    """A randomly initialized Qwen2ForCausalLM of `preset` (on the CPU, fp32), SDPA attention."""
+
+def varlen_available(device: torch.device) -> bool:
+    """Whether torch's variable-length flash attention can run on `device` (CUDA, torch >= 2.10)."""
+    if device.type != "cuda":
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def packed_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
+    """transformers attention function for one packed sequence ([1, heads, T, head_dim] inputs):
+    causal attention within each document, whose boundaries come as `cu_seq_lens_q` (int32,
+    [documents + 1]) and `max_length_q`. Returns [1, T, heads, head_dim], no weights.
+
+    bf16/fp16 on CUDA: torch's varlen flash attention (cost grows with sum of L_i^2, not T^2).
+    Elsewhere (CPU, fp32): causal SDPA per document, the same arithmetic in a loop."""
+    if attention_mask is not None:
+        raise ValueError("odc packed attention takes document boundaries, not an attention mask")
+    boundaries = kwargs.get("cu_seq_lens_q")
+    if boundaries is None or query.shape[0] != 1:
+        raise ValueError("odc packed attention needs one packed sequence and its cu_seq_lens_q")
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, head_dim]
+    if varlen_available(q.device) and q.dtype in (torch.bfloat16, torch.float16):
+        from torch.nn.attention.varlen import varlen_attn
+
+        longest = int(kwargs["max_length_q"])
+        out = varlen_attn(
+            q, k, v, boundaries, boundaries, longest, longest, scale=scaling, window_size=(-1, 0)
+        )
+        return out.unsqueeze(0), None
+    outputs = []
+    starts = boundaries.tolist()
+    for begin, end in zip(starts[:-1], starts[1:]):
+        # [heads, L, head_dim]; key/value heads are shared by groups of query heads (GQA).
+        outputs.append(
+            F.scaled_dot_product_attention(
+                query[0, :, begin:end],
+                key[0, :, begin:end],
+                value[0, :, begin:end],
+                is_causal=True,
+                scale=scaling,
+                enable_gqa=True,
+            )
+        )
+    return torch.cat(outputs, dim=1).transpose(0, 1).unsqueeze(0), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, packed_attention)
+
+
+def build_model(preset: str, seed: int = 0) -> "PackedCausalLM":
+    """A randomly initialized Qwen2 model of `preset` (fp32, on the current default device),
+    wrapped for packed microbatches."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset '{preset}': expected one of {', '.join(PRESETS)}")
     try:
@@ -63,13 +129,62 @@ def build_model(preset: str, seed: int = 0):
             "odc train builds its models with transformers' Qwen2 classes: "
             "pip install 'transformers>=5'"
         ) from None
+    _register_attention()
     config = Qwen2Config(**PRESETS[preset], max_position_embeddings=131072, rope_theta=1_000_000.0)
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM._from_config(config, attn_implementation="sdpa")
+    return PackedCausalLM(Qwen2ForCausalLM._from_config(config, attn_implementation=ATTENTION_NAME))
 
 
-def document_mask(document_ids: torch.Tensor) -> torch.Tensor:
-    """[1, 1, T, T] boolean mask: a token attends to earlier tokens of its own document only."""
-    same = document_ids.view(-1, 1) == document_ids.view(1, -1)
-    causal = torch.ones_like(same).tril()
-    return (same & causal).view(1, 1, *same.shape)
+def _lm_head_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor):
+    logits = F.linear(hidden, weight).float()
+    return F.cross_entropy(logits, labels, reduction="sum", ignore_index=IGNORE_INDEX)
+
+
+class PackedCausalLM(torch.nn.Module):
+    """Qwen2ForCausalLM (`.lm`) whose forward takes one packed microbatch and returns the summed
+    token loss. Shard it like the plain model: `fully_shard` each of `.layers`, then this module."""
+
+    def __init__(self, lm) -> None:
+        super().__init__()
+        self.lm = lm
+
+    @property
+    def config(self):
+        return self.lm.config
+
+    @property
+    def layers(self):
+        return self.lm.model.layers
+
+    def gradient_checkpointing_enable(self) -> None:
+        self.lm.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        labels: torch.Tensor,
+        boundaries: torch.Tensor,
+        longest: int,
+    ) -> torch.Tensor:
+        """input_ids, position_ids, labels: [T]; boundaries: int32 [documents + 1] cumulative
+        document lengths; longest: the longest document. Returns the loss summed over tokens."""
+        hidden = self.lm.model(
+            input_ids=input_ids.view(1, -1),
+            position_ids=position_ids.view(1, -1),
+            cu_seq_lens_q=boundaries,
+            cu_seq_lens_k=boundaries,
+            max_length_q=longest,
+            max_length_k=longest,
+        ).last_hidden_state[0]
+        weight = self.lm.lm_head.weight
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for begin in range(0, hidden.shape[0], LOSS_CHUNK_TOKENS):
+            end = begin + LOSS_CHUNK_TOKENS
+            # Recomputed in backward: only one chunk's logits exist at a time.
+            total = total + checkpoint(
+                _lm_head_loss_sum, hidden[begin:end], weight, labels[begin:end], use_reentrant=False
+            )
+        return total

@@ -4,6 +4,9 @@ microbatches from the planner, timed per microbatch and per minibatch.
 Invariant: every rank runs the same minibatches in the same order; under `collective` every rank
 also runs the same number of microbatches (LB-Micro pads with empty ones, which still join FSDP2's
 collectives through a zero-weighted 1-token forward), under `odc` the counts may differ.
+
+Timing: on GPUs, CUDA events around every microbatch, read once per minibatch, so the host never
+waits inside a minibatch and queues work ahead as in real training; on the CPU, the wall clock.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ class RunConfig:
     lr: float = 1e-4
     warmup_steps: int = 1
     activation_checkpointing: bool = True
-    cost: tuple = (1.69e-5, 9.75e-10, 0.069)  # design.md: Qwen2-1.5B shape on one H200, seconds
+    # The planner's cost model (a, b, c): c + sum(a*L + b*L^2) seconds per microbatch. None: fit
+    # it to single-sample microbatches timed on this model before planning (calibrate.py).
+    cost: Optional[tuple] = None
     seed: int = 0
     token_ids_path: Optional[str] = None  # JSONL token ids instead of synthetic ones
 
@@ -45,6 +50,107 @@ class RankRecord:
     microbatches: List[tuple] = field(default_factory=list)  # (start, end, tokens)
 
 
+class _Clock:
+    """Timestamps in stream order (CUDA events) or wall time (CPU); read after a synchronize."""
+
+    def __init__(self, on_gpu: bool):
+        import torch
+
+        self.on_gpu = on_gpu
+        self._torch = torch
+
+    def mark(self):
+        if not self.on_gpu:
+            return time.perf_counter()
+        event = self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def sync(self) -> None:
+        if self.on_gpu:
+            self._torch.cuda.synchronize()
+
+    def seconds(self, begin, end) -> float:
+        if not self.on_gpu:
+            return end - begin
+        return begin.elapsed_time(end) / 1000.0
+
+
+class _Trainer:
+    """The sharded model, its optimizer and (under odc) the OdcFSDP engine, running microbatches."""
+
+    def __init__(self, model, optimizer, engine, device):
+        self.model, self.optimizer, self.engine, self.device = model, optimizer, engine, device
+
+    def _to_device(self, array: np.ndarray):
+        import torch
+
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cuda":
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor
+
+    def microbatch(self, packed, global_tokens: int):
+        """Forward and backward of one packed microbatch; returns the detached scaled loss."""
+        import odc.torch
+
+        loss_sum = self.model(
+            self._to_device(packed.input_ids),
+            self._to_device(packed.position_ids),
+            self._to_device(packed.labels),
+            self._to_device(packed.boundaries),
+            packed.longest,
+        )
+        loss = odc.torch.scale_loss(loss_sum, global_tokens)
+        loss.backward()  # an empty (padding) microbatch has no labels: loss 0
+        return loss.detach()
+
+    def begin(self) -> None:
+        if self.engine is not None:
+            self.engine.minibatch_begin()
+
+    def end(self) -> None:
+        if self.engine is not None:
+            self.engine.minibatch_end()
+
+
+def _calibrate(trainer, clock, max_tokens: int, vocab_size: int, world_size: int, seed: int):
+    """Times single-sample microbatches of calibrate.ladder(max_tokens) on every rank (one
+    untimed, then the median of two), averages over ranks and fits the cost model; every rank
+    gets the same (a, b, c), so every rank computes the same plan. No optimizer step: the
+    weights stay as initialized."""
+    import torch
+    import torch.distributed as dist
+
+    from .calibrate import MIN_FIT_TOKENS, fit_cost, ladder
+    from .data import pack, synthetic_tokens
+
+    if max_tokens < MIN_FIT_TOKENS:
+        return (1.0, 0.0, 0.0), []  # nothing to fit: balance tokens
+    lengths = ladder(max_tokens)
+    documents = synthetic_tokens(lengths, vocab_size, seed=seed + 1)
+    trainer.begin()
+    medians = []
+    for document, length in zip(documents, lengths):
+        packed = pack([document])
+        trainer.microbatch(packed, world_size * length)  # untimed: allocator growth, autotuning
+        times = []
+        for _ in range(2):
+            clock.sync()
+            begin = clock.mark()
+            trainer.microbatch(packed, world_size * length)
+            end = clock.mark()
+            clock.sync()
+            times.append(clock.seconds(begin, end))
+        medians.append(float(np.median(times)))
+    trainer.end()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    seconds = torch.tensor(medians, dtype=torch.float64, device=trainer.device)
+    dist.all_reduce(seconds)
+    mean = (seconds / world_size).tolist()
+    return fit_cost(lengths, mean), list(zip(lengths, mean))
+
+
 def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optional[dict]:
     import torch
     import torch.distributed as dist
@@ -54,7 +160,7 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
     import odc.torch
 
     from .data import load_token_ids, pack, schedule, synthetic_tokens
-    from .model import build_model, document_mask
+    from .model import build_model
 
     on_gpu = config.device == "cuda"
     device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
@@ -71,14 +177,12 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
         with device:  # initialize on the device: a 7B model initialized on the CPU takes minutes
             model = build_model(config.preset, seed=config.seed)
         if config.activation_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            model.gradient_checkpointing_enable()
         policy = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if on_gpu else None,
             reduce_dtype=torch.float32 if on_gpu else None,
         )
-        for layer in model.model.layers:
+        for layer in model.layers:
             fully_shard(layer, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
@@ -88,6 +192,8 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
             engine = odc.torch.OdcFSDP(model, comm, optimizer)
         else:
             odc.torch.sum_gradients(model)  # the same sums as ODC (the loss is pre-scaled)
+        trainer = _Trainer(model, optimizer, engine, device)
+        clock = _Clock(on_gpu)
 
         vocab_size = model.config.vocab_size
         if config.token_ids_path:
@@ -100,59 +206,57 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
                 )
         else:
             samples = synthetic_tokens(config.lengths, vocab_size, seed=config.seed)
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+        cost, calibration = config.cost, []
+        if cost is None:
+            cost, calibration = _calibrate(
+                trainer, clock, config.max_tokens, vocab_size, world_size, config.seed
+            )
+            if rank == 0:
+                print(
+                    f"[{config.comm} {config.policy}] fitted cost: {cost[2]:.4g} s + "
+                    f"{cost[0]:.4g} s x L + {cost[1]:.4g} s x L^2 per microbatch",
+                    file=sys.stderr,
+                    flush=True,
+                )
         plan = schedule(
             config.lengths,
             ranks=world_size,
             samples_per_minibatch=world_size * config.samples_per_rank,
             max_tokens=config.max_tokens,
             policy=config.policy,
-            cost=config.cost,
+            cost=cost,
         )
         num_steps = min(config.steps + config.warmup_steps, len(plan["minibatches"]))
         records, losses = [], []
-        sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-        if on_gpu:
-            torch.cuda.reset_peak_memory_stats()
         for step in range(num_steps):
             minibatch = plan["minibatches"][step]
             global_tokens = sum(len(samples[i]) - 1 for i in minibatch["samples"])
             mine = minibatch["ranks"][rank]["microbatches"]
-            sync()
+            clock.sync()
             dist.barrier()  # a common start: the span covers everything after it
-            start = time.perf_counter()
-            record = RankRecord(busy=0.0, span=0.0)
+            start_wall = time.perf_counter()
+            start = clock.mark()
+            marks = []
             step_loss = torch.zeros((), device=device)
-            if engine is not None:
-                engine.minibatch_begin()
+            trainer.begin()
             for microbatch in mine:
-                sync()
-                begin = time.perf_counter()
                 packed = pack([samples[i] for i in microbatch])
-                ids = torch.from_numpy(packed.input_ids).view(1, -1).to(device)
-                positions = torch.from_numpy(packed.position_ids).view(1, -1).to(device)
-                labels = torch.from_numpy(packed.labels).to(device)
-                mask = document_mask(torch.from_numpy(packed.document_ids).to(device))
-                logits = model(input_ids=ids, position_ids=positions, attention_mask=mask).logits
-                loss_sum = torch.nn.functional.cross_entropy(
-                    logits.view(-1, logits.shape[-1]).float(),
-                    labels,
-                    reduction="sum",
-                    ignore_index=-100,
-                )
-                loss = odc.torch.scale_loss(loss_sum, global_tokens)
-                loss.backward()  # an empty (padding) microbatch has no labels: loss 0
-                step_loss += loss.detach()
-                sync()
-                end = time.perf_counter()
-                record.busy += end - begin
-                record.microbatches.append((begin - start, end - start, packed.num_tokens))
-            if engine is not None:
-                engine.minibatch_end()
+                begin = clock.mark()
+                step_loss += trainer.microbatch(packed, global_tokens)
+                marks.append((begin, clock.mark(), packed.num_tokens))
+            trainer.end()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad()
-            sync()
-            record.span = time.perf_counter() - start
+            clock.sync()
+            record = RankRecord(busy=0.0, span=time.perf_counter() - start_wall)
+            for begin, end, tokens in marks:
+                record.microbatches.append(
+                    (clock.seconds(start, begin), clock.seconds(start, end), tokens)
+                )
+                record.busy += clock.seconds(begin, end)
             dist.all_reduce(step_loss)  # after the timed span
             losses.append(float(step_loss))
             records.append(record)
@@ -172,7 +276,11 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
             comm.close()
         if rank != 0:
             return None
-        return _summary(config, plan, gathered, losses, num_steps, world_size)
+        summary = _summary(config, plan, gathered, losses, num_steps, world_size)
+        summary["cost"] = list(cost)
+        summary["cost_source"] = "given" if config.cost is not None else "fitted"
+        summary["calibration"] = calibration
+        return summary
     finally:
         dist.destroy_process_group()
 

@@ -1,0 +1,56 @@
+"""Fitting the planner's cost model to measured microbatch times.
+
+The planner balances cost(microbatch) = c + sum(a*L + b*L^2) (design.md). Its plans, and the
+bubble it predicts, are only as good as a, b and c: attention kernels, masks, activation
+checkpointing and the loss all change them. `odc train` therefore times single-sample
+microbatches of a ladder of lengths on the model it is about to train, and fits the model here.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+
+MIN_FIT_TOKENS = 8  # below this there are too few distinct lengths to fit three terms
+
+
+def ladder(max_tokens: int, rungs: int = 7) -> List[int]:
+    """Lengths to time: geometric from max_tokens/32 (but at least min(16, max_tokens/4)) up to
+    max_tokens; at least three distinct lengths."""
+    if max_tokens < MIN_FIT_TOKENS:
+        raise ValueError(f"max_tokens must be at least {MIN_FIT_TOKENS} to fit a cost model")
+    start = max(max_tokens / 32, min(16, max_tokens / 4))
+    lengths = np.geomspace(start, max_tokens, rungs)
+    return sorted({min(max_tokens, max(2, int(round(n)))) for n in lengths})
+
+
+def fit_cost(lengths: Sequence[float], seconds: Sequence[float]) -> Tuple[float, float, float]:
+    """Non-negative least-squares fit of seconds = c + a*L + b*L^2; returns (a, b, c), the
+    order `odc plan --cost A,B,C` takes. Every subset of the three terms is solved and the best
+    fit whose coefficients are all >= 0 wins, so a noisy point cannot make a term negative."""
+    x = np.asarray(lengths, dtype=np.float64)
+    y = np.asarray(seconds, dtype=np.float64)
+    if x.shape != y.shape or x.size < 3:
+        raise ValueError("fit_cost needs at least three (length, seconds) pairs of equal count")
+    if np.any(y < 0) or np.any(x <= 0):
+        raise ValueError("fit_cost needs positive lengths and non-negative times")
+    # Columns scaled to unit size so that L^2 (up to ~4e9) does not swamp the solve.
+    columns = [x, x * x, np.ones_like(x)]
+    scales = [float(np.max(np.abs(c))) or 1.0 for c in columns]
+    best, best_residual = (0.0, 0.0, float(np.mean(y))), float("inf")
+    for size in (1, 2, 3):
+        for subset in itertools.combinations(range(3), size):
+            design = np.stack([columns[i] / scales[i] for i in subset], axis=1)
+            solution, *_ = np.linalg.lstsq(design, y, rcond=None)
+            if np.any(solution < 0):
+                continue
+            residual = float(np.sum((design @ solution - y) ** 2))
+            if residual < best_residual - 1e-15:
+                coefficients = [0.0, 0.0, 0.0]
+                for i, value in zip(subset, solution):
+                    coefficients[i] = float(value) / scales[i]
+                best, best_residual = tuple(coefficients), residual
+    return best

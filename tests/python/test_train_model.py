@@ -1,0 +1,105 @@
+"""odc.train's packed model and cost fit: a packed microbatch gives exactly the loss and gradients
+of its documents run one by one through plain transformers; the cost fit recovers known
+coefficients and never goes negative."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the packed model needs torch")
+pytest.importorskip("transformers", reason="the packed model needs transformers")
+
+from odc.train.calibrate import fit_cost, ladder  # noqa: E402
+from odc.train.data import pack  # noqa: E402
+from odc.train.model import build_model, packed_attention  # noqa: E402
+
+
+def _inputs(packed):
+    t = torch.from_numpy
+    return (
+        t(packed.input_ids),
+        t(packed.position_ids),
+        t(packed.labels),
+        t(packed.boundaries),
+        packed.longest,
+    )
+
+
+def _plain_hf_loss(model, documents):
+    """The same weights in transformers' own SDPA model, one unpacked document at a time."""
+    plain = type(model.lm)._from_config(model.lm.config, attn_implementation="sdpa")
+    plain.load_state_dict(model.lm.state_dict())
+    total = 0.0
+    for document in documents:
+        ids = torch.from_numpy(document).view(1, -1)
+        logits = plain(input_ids=ids).logits[0, :-1].float()
+        total = total + torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum")
+    return total, plain
+
+
+def test_packed_loss_and_gradients_equal_separate_documents():
+    model = build_model("tiny", seed=3)
+    rng = np.random.default_rng(0)
+    documents = [rng.integers(0, 1024, n) for n in (5, 17, 1, 9)]
+    loss = model(*_inputs(pack(documents)))
+    loss.backward()
+    reference, plain = _plain_hf_loss(model, documents)
+    reference.backward()
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
+    for (name, ours), theirs in zip(model.lm.named_parameters(), plain.parameters()):
+        assert torch.allclose(ours.grad, theirs.grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_loss_chunks_do_not_change_the_loss(monkeypatch):
+    import odc.train.model as model_module
+
+    model = build_model("tiny", seed=1)
+    documents = [np.arange(1, 40) % 1024, np.arange(7, 30) % 1024]
+    whole = float(model(*_inputs(pack(documents))))
+    monkeypatch.setattr(model_module, "LOSS_CHUNK_TOKENS", 7)
+    assert float(model(*_inputs(pack(documents)))) == pytest.approx(whole, rel=1e-6)
+
+
+def test_padding_microbatch_has_zero_loss():
+    model = build_model("tiny")
+    assert float(model(*_inputs(pack([])))) == 0.0
+
+
+def test_packed_attention_refuses_a_mask_or_missing_boundaries():
+    q = torch.zeros(1, 4, 6, 8)
+    with pytest.raises(ValueError, match="not an attention mask"):
+        packed_attention(None, q, q, q, torch.ones(1, 1, 6, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+        packed_attention(None, q, q, q, None)
+
+
+def test_unknown_preset_is_named():
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        build_model("huge")
+
+
+def test_fit_cost_recovers_coefficients():
+    lengths = ladder(65536)
+    seconds = [0.069 + 1.69e-5 * n + 9.75e-10 * n * n for n in lengths]
+    a, b, c = fit_cost(lengths, seconds)
+    assert a == pytest.approx(1.69e-5, rel=1e-6)
+    assert b == pytest.approx(9.75e-10, rel=1e-6)
+    assert c == pytest.approx(0.069, rel=1e-6)
+
+
+def test_fit_cost_stays_non_negative():
+    # Times that fall with length would need a negative slope: the fit drops that term instead.
+    a, b, c = fit_cost([100, 200, 400, 800], [0.5, 0.4, 0.45, 0.41])
+    assert min(a, b, c) >= 0.0
+    with pytest.raises(ValueError, match="at least three"):
+        fit_cost([1, 2], [1, 2])
+    with pytest.raises(ValueError, match="positive lengths"):
+        fit_cost([0, 1, 2], [1, 1, 1])
+
+
+def test_ladder():
+    assert ladder(65536) == sorted(ladder(65536))
+    assert ladder(65536)[0] == 2048 and ladder(65536)[-1] == 65536
+    assert ladder(40)[0] == 10 and ladder(40)[-1] == 40
+    assert len(ladder(8)) >= 3 and ladder(16)[-1] == 16
+    with pytest.raises(ValueError, match="at least 8"):
+        ladder(7)
