@@ -20,7 +20,7 @@ def _loss_and_grads(model, documents):
         packed.longest,
     )  # fmt: skip
     loss.backward()
-    return float(loss), [p.grad.float().clone() for p in model.parameters()]
+    return loss.detach().item(), [p.grad.float().clone() for p in model.parameters()]
 
 
 def test_varlen_packed_equals_documents_one_by_one():
