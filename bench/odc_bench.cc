@@ -1,6 +1,7 @@
 // odc-bench: ODC's one-sided gather and scatter-accumulate against NCCL's all-gather and
 // reduce-scatter, one process per GPU (forked here), nccl-tests style. Every ODC result is
-// checked against NCCL's output.
+// checked against NCCL's output. Gather is also timed one rank at a time (the others wait), the
+// out-of-step pattern of ODC training that a collective cannot follow.
 // Usage: odc_bench [min_mib=1] [max_mib=1024] [ranks=all GPUs]
 // Sizes are per-rank bytes: the gathered output (bf16) and the pushed source (fp32).
 #include <cuda_runtime.h>
@@ -78,7 +79,7 @@ double time_on_stream(cudaStream_t stream, int iterations, Op&& op) {
 }
 
 void run_rank(int rank, int world, const std::string& key, const ncclUniqueId& id,
-              const std::vector<size_t>& sizes, Measurement* gather_table,
+              const std::vector<size_t>& sizes, Measurement* gather_table, Measurement* solo_table,
               Measurement* scatter_table, Measurement* push_table) {
   BENCH_CUDA(cudaSetDevice(rank));
   odcComm_t comm;
@@ -123,6 +124,23 @@ void run_rank(int rank, int world, const std::string& key, const ncclUniqueId& i
       int mismatches = 0;
       for (size_t i = 0; i < a.size(); ++i) mismatches += a[i] != b[i];
       gather_table[s * world + rank] = {odc_us, nccl_us, mismatches};
+      // One rank gathers while the others wait in a barrier: how ODC's pulls run when ranks
+      // are out of step (training with uneven microbatches), which no collective can do.
+      double solo_us = 0;
+      for (int turn = 0; turn < world; ++turn) {
+        sync_all();
+        if (turn == rank) {
+          BENCH_CUDA(cudaMemset(out_odc, 0, shard * 2 * world));
+          solo_us = time_on_stream(stream, iterations, [&] {
+            BENCH_ODC(odcGather(comm, out_odc, shard * world, params, stream));
+          });
+        }
+      }
+      sync_all();
+      BENCH_CUDA(cudaMemcpy(a.data(), out_odc, a.size() * 2, cudaMemcpyDeviceToHost));
+      int solo_mismatches = 0;
+      for (size_t i = 0; i < a.size(); ++i) solo_mismatches += a[i] != b[i];
+      solo_table[s * world + rank] = {solo_us, nccl_us, solo_mismatches};
       sync_all();
       BENCH_ODC(odcBufferFree(comm, params));
       cudaFree(out_odc);
@@ -240,6 +258,8 @@ int main(int argc, char** argv) {
   const size_t table_bytes = sizeof(Measurement) * sizes.size() * world;
   auto* gather_table = static_cast<Measurement*>(
       mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* solo_table = static_cast<Measurement*>(
+      mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   auto* scatter_table = static_cast<Measurement*>(
       mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   auto* push_table = static_cast<Measurement*>(
@@ -248,7 +268,7 @@ int main(int argc, char** argv) {
   BENCH_NCCL(ncclGetUniqueId(&id));
   const std::string key = "odc-bench-" + std::to_string(getpid());
   const int failures = odc::fork_ranks(world, [&](int rank) {
-    run_rank(rank, world, key, id, sizes, gather_table, scatter_table, push_table);
+    run_rank(rank, world, key, id, sizes, gather_table, solo_table, scatter_table, push_table);
     return 0;
   });
   if (failures) {
@@ -259,6 +279,10 @@ int main(int argc, char** argv) {
   ncclGetVersion(&nccl_version);
   std::printf("odc-bench: %d GPUs, NCCL %d\n", world, nccl_version);
   print_table("gather (bf16) vs ncclAllGather", "odc", "nccl", sizes, gather_table, world);
+  print_table(
+      "gather (bf16), one rank at a time while the others wait (ranks out of step), vs "
+      "ncclAllGather",
+      "solo", "nccl", sizes, solo_table, world);
   print_table(
       "scatter-accumulate (fp32 -> fp32), one push per minibatch incl. its begin/end "
       "barriers, vs ncclReduceScatter",
