@@ -160,7 +160,8 @@ def main(argv=None) -> int:
             )
             results.append(odc.launch(run_rank, ranks, config)[0])
             if len(results) > 1 and args.cost == "fit":
-                results[-1]["cost_source"] = f"fitted in the {runs[0][0]} + {runs[0][1]} run"
+                first = f"{runs[0][0]} + {runs[0][1]}"
+                results[-1]["cost_source"] = f"from the {first} run ({results[0]['cost_source']})"
             cost = tuple(results[-1]["cost"])  # one cost model for every run of this command
 
     print_table(results)

@@ -278,7 +278,10 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
             return None
         summary = _summary(config, plan, gathered, losses, num_steps, world_size)
         summary["cost"] = list(cost)
-        summary["cost_source"] = "given" if config.cost is not None else "fitted"
+        if config.cost is not None:
+            summary["cost_source"] = "given"
+        else:
+            summary["cost_source"] = "fitted" if calibration else "tokens (too short to fit)"
         summary["calibration"] = calibration
         return summary
     finally:
