@@ -9,6 +9,8 @@ speed, memory and equality of results, not quality.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -60,15 +62,19 @@ ATTENTION_NAME = "odc_packed"  # our entry in transformers' AttentionInterface
 LOSS_CHUNK_TOKENS = 4096  # logits of this many tokens at a time: 4096 x 152K fp32 = 2.5 GB
 
 
+@functools.lru_cache(maxsize=1)
+def _varlen_attn():
+    """torch's varlen_attn (torch >= 2.10), or None; looked up once, not per attention call."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
 def varlen_available(device: torch.device) -> bool:
     """Whether torch's variable-length flash attention can run on `device` (CUDA, torch >= 2.10)."""
-    if device.type != "cuda":
-        return False
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return device.type == "cuda" and _varlen_attn() is not None
 
 
 def packed_attention(
@@ -87,10 +93,8 @@ def packed_attention(
         raise ValueError("odc packed attention needs one packed sequence and its cu_seq_lens_q")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, head_dim]
     if varlen_available(q.device) and q.dtype in (torch.bfloat16, torch.float16):
-        from torch.nn.attention.varlen import varlen_attn
-
         longest = int(kwargs["max_length_q"])
-        out = varlen_attn(
+        out = _varlen_attn()(
             q, k, v, boundaries, boundaries, longest, longest, scale=scaling, window_size=(-1, 0)
         )
         return out.unsqueeze(0), None
