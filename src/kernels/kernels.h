@@ -44,6 +44,7 @@ enum WaitSite : int32_t {
   kWaitBarrier = 1,    // device_barrier: peer has not reached the epoch
   kWaitSlotFree = 2,   // staged push: owner has not released our slot from the previous push
   kWaitSlotReady = 3,  // staged accumulate: sender's slot has not landed
+  kWaitSignal = 4,     // wait_signals: a peer's signal has not reached the value
 };
 
 // Written by the first wait that expires (first writer wins); `site` == kWaitNone means no error.
@@ -132,6 +133,31 @@ cudaError_t scatter_accumulate_staged(const void* src, ElemType src_type,
                                       const RankInfo& info, uint64_t seq, PushEngine engine,
                                       const CopyEngineSet* engines, int num_blocks,
                                       int64_t timeout_ns, WaitError* error, cudaStream_t stream);
+
+// ---- put-with-signal, signal waits, local arithmetic (staged accumulation) ------------------
+// For every job j < num_jobs: copy `bytes` from src[j] to dst[j] (local or peer memory), then,
+// when signal[j] is set, store `value` there (system-scope release) once every block of job j
+// has copied its share. `done`: kMaxRanks zeroed device counters owned by the caller, not shared
+// by concurrent launches. Copies and signals nothing when `error` records a failed wait.
+struct PutSignalJobs {
+  void* dst[kMaxRanks] = {};
+  const void* src[kMaxRanks] = {};
+  uint64_t* signal[kMaxRanks] = {};
+  int num_jobs = 0;
+};
+cudaError_t put_signal(const PutSignalJobs& jobs, size_t bytes, uint64_t value, uint32_t* done,
+                       const RankInfo& info, const WaitError* error, cudaStream_t stream);
+// Stream-ordered: returns (on the device) when signals[p] >= value for every p < info.num_ranks;
+// on expiry of `timeout_ns` records (kWaitSignal, rank, peer, value, seen) in `error`.
+cudaError_t wait_signals(const uint64_t* signals, uint64_t value, const RankInfo& info,
+                         int64_t timeout_ns, WaitError* error, cudaStream_t stream);
+// dst[i] += src[i] (fp32 or bf16 source) for i < n; local memory. Nothing after a failed wait.
+cudaError_t accumulate_local(float* dst, const void* src, ElemType src_type, size_t n,
+                             const RankInfo& info, const WaitError* error, cudaStream_t stream);
+// dst[i] = ((0 + slots[i]) + slots[slot_stride + i]) + ... over num_slots slots, in slot order
+// (bitwise reproducible), for i < n. Nothing after a failed wait.
+cudaError_t sum_slots(float* dst, const float* slots, size_t slot_stride, int num_slots, size_t n,
+                      const RankInfo& info, const WaitError* error, cudaStream_t stream);
 
 // ---- barrier ---------------------------------------------------------------------------------
 // Stream-ordered: returns (on the device) when every rank has reached `epoch` (1, 2, 3, ... on
