@@ -173,6 +173,9 @@ class Comm:
     else 60). A dead or silent peer raises odc.Error naming the rank and the operation.
     device: None for the host shared-memory transport, or this rank's CUDA device index for the
     CUDA transport (one process per GPU).
+    deterministic: every owner adds contributions in a fixed order (sender rank, then push index),
+    so sums are bitwise identical whatever the timing; costs 2 x world_size x count fp32 of extra
+    memory per accumulator (docs/runtime.md). Default: the fastest exact scheme (CUDA: atomics).
     """
 
     def __init__(
@@ -182,17 +185,26 @@ class Comm:
         key: str,
         timeout: Optional[float] = None,
         device: Optional[int] = None,
+        deterministic: bool = False,
     ):
         if not isinstance(key, str):
             raise _invalid(f"key must be a string, got {key!r}")
         handle = ctypes.c_void_p()
-        seconds = float(timeout) if timeout is not None else 0.0
-        arguments = (ctypes.byref(handle), int(rank), int(world_size), key.encode(), seconds)
-        if device is None:
-            _capi.check_comm(_capi.lib.odcCommInit(*arguments))
-        else:
-            _capi.check_comm(_capi.lib.odcCommInitCuda(*arguments, int(device)))
+        config = _capi.CommConfig()
+        _capi.check_comm(_capi.lib.odcCommConfigInit(ctypes.byref(config)))
+        encoded_key = key.encode()  # kept alive until init returns (the library copies it)
+        config.key = encoded_key
+        config.timeout_seconds = float(timeout) if timeout is not None else 0.0
+        config.transport = _capi.TRANSPORT_SHM if device is None else _capi.TRANSPORT_CUDA
+        config.device = -1 if device is None else int(device)
+        config.deterministic = int(bool(deterministic))
+        _capi.check_comm(
+            _capi.lib.odcCommInitConfig(
+                ctypes.byref(handle), int(rank), int(world_size), ctypes.byref(config)
+            )
+        )
         self._handle = handle
+        self.deterministic = bool(deterministic)
         self.device = None if device is None else int(device)
         self.rank = int(rank)
         self.world_size = int(world_size)

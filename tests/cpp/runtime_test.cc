@@ -127,8 +127,8 @@ std::string run_minibatches(int rank, int world, const std::string& key, int num
                                                  std::to_string(everything[j]) + ", expected " +
                                                  std::to_string(expected));
     }
-    // Nobody may zero (next begin) while a peer still reads.
-    RANK_CHECK(odcBarrier(comm, nullptr));
+    // No barrier here: the sums stay valid for every rank until the next minibatch_end fills
+    // them, whatever a faster peer's next minibatch_begin does.
   }
   RANK_CHECK(odcCommDestroy(comm));
   return std::string();
