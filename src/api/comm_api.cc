@@ -102,8 +102,7 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
     odc::CommOptions options;
     options.deterministic = deterministic;
     auto* created = new odcComm{
-        std::make_unique<odc::Communicator>(std::move(transport).value(), options),
-        std::string()};
+        std::make_unique<odc::Communicator>(std::move(transport).value(), options), std::string()};
     {
       std::lock_guard<std::mutex> lock(registry_mutex);
       live_comms.insert(created);

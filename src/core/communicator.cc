@@ -202,7 +202,8 @@ std::vector<Buffer*> Communicator::accumulators() const {
   for (const auto& [handle, buffer] : buffers_) {
     if (buffer->is_accumulator()) found.push_back(buffer.get());
   }
-  std::sort(found.begin(), found.end(), [](const Buffer* a, const Buffer* b) { return a->id < b->id; });
+  std::sort(found.begin(), found.end(),
+            [](const Buffer* a, const Buffer* b) { return a->id < b->id; });
   return found;
 }
 
@@ -249,18 +250,19 @@ Status Communicator::minibatch_end(StreamHandle stream) {
   for (Buffer* acc : accs) {
     if (!acc->is_staged()) continue;
     const size_t slot_bytes = acc->bytes();
-    ODC_RETURN_IF_ERROR(finish(
-        op, transport_->put_signal_all(acc->pending->local(), *acc->staging,
-                                       static_cast<size_t>(rank()) * slot_bytes, slot_bytes,
-                                       acc->signals.get(), minibatch_, stream)));
+    ODC_RETURN_IF_ERROR(
+        finish(op, transport_->put_signal_all(acc->pending->local(), *acc->staging,
+                                              static_cast<size_t>(rank()) * slot_bytes, slot_bytes,
+                                              acc->signals.get(), minibatch_, stream)));
   }
   for (Buffer* acc : accs) {
     if (!acc->is_staged()) continue;
-    ODC_RETURN_IF_ERROR(finish(op, transport_->wait_signals(*acc->signals, minibatch_, op, stream)));
-    ODC_RETURN_IF_ERROR(finish(
-        op, transport_->sum_slots(static_cast<float*>(acc->local()),
-                                  static_cast<const float*>(acc->staging->local()), acc->count,
-                                  world_size(), acc->count, stream)));
+    ODC_RETURN_IF_ERROR(
+        finish(op, transport_->wait_signals(*acc->signals, minibatch_, op, stream)));
+    ODC_RETURN_IF_ERROR(
+        finish(op, transport_->sum_slots(static_cast<float*>(acc->local()),
+                                         static_cast<const float*>(acc->staging->local()),
+                                         acc->count, world_size(), acc->count, stream)));
   }
   // After this barrier every push (remote adds) or fold (staged) is complete everywhere.
   ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchEnd, stream)));

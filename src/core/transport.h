@@ -126,8 +126,8 @@ class Transport {
   // timeout: on expiry a Timeout naming this rank, the peer whose slot fell short, `operation`,
   // the expected and the seen value (stream-ordered transports report it from poll_error()). A
   // failed or dead peer ends the wait with a RemoteError naming it.
-  virtual Status wait_signals(const SymmetricRegion& signals, uint64_t value,
-                              const char* operation, StreamHandle stream) = 0;
+  virtual Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
+                              StreamHandle stream) = 0;
 
   // ---- local operations in this transport's memory space (host or device) -------------------
   virtual Status zero(void* dst, size_t bytes, StreamHandle stream) = 0;

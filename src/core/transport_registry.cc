@@ -29,9 +29,9 @@ Result<std::unique_ptr<Transport>> create_cuda(const TransportSpec& spec) {
 
 const std::vector<TransportInfo>& transports() {
   static const std::vector<TransportInfo> all = {
-      {"shm", false, TransportCaps{false, false}, &create_shm},
+    {"shm", false, TransportCaps{false, false}, &create_shm},
 #if ODC_WITH_CUDA
-      {"cuda", true, TransportCaps{true, true}, &create_cuda},
+    {"cuda", true, TransportCaps{true, true}, &create_cuda},
 #endif
   };
   return all;
@@ -43,9 +43,9 @@ Result<const TransportInfo*> find_transport(const std::string& name) {
     if (name == info.name) return &info;
     known += (known.empty() ? "" : ", ") + std::string(info.name);
   }
-  return Status::InvalidUsage("transport '" + name + "' is not in this build (it has: " + known +
-                              ")" +
-                              (name == "cuda" ? ": odc was built without CUDA (ODC_WITH_CUDA=OFF)" : ""));
+  return Status::InvalidUsage(
+      "transport '" + name + "' is not in this build (it has: " + known + ")" +
+      (name == "cuda" ? ": odc was built without CUDA (ODC_WITH_CUDA=OFF)" : ""));
 }
 
 }  // namespace odc

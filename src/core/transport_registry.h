@@ -21,9 +21,9 @@ struct TransportSpec {
 };
 
 struct TransportInfo {
-  const char* name;        // "shm", "cuda"
-  bool needs_device;       // takes a CUDA device
-  TransportCaps caps;      // what the core can rely on
+  const char* name;    // "shm", "cuda"
+  bool needs_device;   // takes a CUDA device
+  TransportCaps caps;  // what the core can rely on
   Result<std::unique_ptr<Transport>> (*create)(const TransportSpec& spec);
 };
 

@@ -123,7 +123,7 @@ cudaError_t sum_slots(float* dst, const float* slots, size_t slot_stride, int nu
   if (n == 0) return cudaSuccess;
   if (num_slots < 1) return cudaErrorInvalidValue;
   sum_slots_kernel<<<elementwise_blocks(info, n), kThreads, 0, stream>>>(dst, slots, slot_stride,
-                                                                       num_slots, n, error);
+                                                                         num_slots, n, error);
   return cudaGetLastError();
 }
 

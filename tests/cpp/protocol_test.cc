@@ -119,9 +119,9 @@ std::string run_rank(Communicator& comm, const RunOptions& o, const Expected& ex
     for (size_t j = 0; j < sums.size(); ++j) {
       const double want = expected.base[m] + static_cast<double>(expected.pushes[m]) * (j % 64);
       if (sums[j] != want) {
-        return "minibatch " + std::to_string(m) + " element " + std::to_string(j) +
-               " (owner " + std::to_string(j / o.count) + "): got " + std::to_string(sums[j]) +
-               ", expected " + std::to_string(want);
+        return "minibatch " + std::to_string(m) + " element " + std::to_string(j) + " (owner " +
+               std::to_string(j / o.count) + "): got " + std::to_string(sums[j]) + ", expected " +
+               std::to_string(want);
       }
     }
     if (completed != nullptr) *completed = m + 1;
@@ -246,8 +246,8 @@ struct FaultResult {
   std::vector<int> completed;  // minibatches each rank finished and verified
 };
 
-FaultResult run_with_fault(int world_size, int faulty_rank, fault::FaultPlan plan,
-                           bool remote_add, bool kill_on_death = true) {
+FaultResult run_with_fault(int world_size, int faulty_rank, fault::FaultPlan plan, bool remote_add,
+                           bool kill_on_death = true) {
   mem::MemOptions mem_options;
   mem_options.remote_fp32_add = remote_add;
   mem_options.timeout = std::chrono::duration<double>(1.0);

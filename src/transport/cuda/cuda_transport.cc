@@ -219,8 +219,8 @@ Status CudaTransport::poll_error() {
     std::ostringstream message;
     message << wait_site_name(record->site) << " timed out after "
             << static_cast<double>(timeout_ns_) / 1e9 << " s: rank " << record->rank
-            << " waited for rank " << record->peer << " (expected " << record->expected
-            << ", saw " << record->seen << ")";
+            << " waited for rank " << record->peer << " (expected " << record->expected << ", saw "
+            << record->seen << ")";
     return Status::Timeout(message.str());
   }
   const cudaError_t sticky = cudaPeekAtLastError();
@@ -260,8 +260,8 @@ Status CudaTransport::launch_puts(const kernels::PutSignalJobs& jobs, size_t byt
                                   StreamHandle stream) {
   // The local SignalBlock's push_done counters: one per job, reset by each job's last block.
   auto* done = static_cast<kernels::SignalBlock*>(signals_->local())->push_done;
-  ODC_CUDA_CHECK(kernels::put_signal(jobs, bytes, value, done, rank_info(), device_error_,
-                                     as_stream(stream)));
+  ODC_CUDA_CHECK(
+      kernels::put_signal(jobs, bytes, value, done, rank_info(), device_error_, as_stream(stream)));
   return Status::Ok();
 }
 
@@ -309,10 +309,9 @@ Status CudaTransport::add_all(const void* src, DataType src_type, const Symmetri
   const auto type =
       src_type == DataType::kFloat32 ? kernels::ElemType::kFloat32 : kernels::ElemType::kBfloat16;
   // After a failed device wait nothing more moves (the kernel checks the error record first).
-  ODC_CUDA_CHECK(kernels::scatter_accumulate_reduce(src, type, peer_pointers(region), count,
-                                                    rank_info(), /*num_blocks=*/0,
-                                                    as_stream(stream), /*sys_scope=*/true,
-                                                    device_error_));
+  ODC_CUDA_CHECK(kernels::scatter_accumulate_reduce(
+      src, type, peer_pointers(region), count, rank_info(), /*num_blocks=*/0, as_stream(stream),
+      /*sys_scope=*/true, device_error_));
   return Status::Ok();
 }
 
@@ -320,8 +319,7 @@ Status CudaTransport::wait_signals(const SymmetricRegion& signals, uint64_t valu
                                    StreamHandle stream) {
   DeviceGuard guard(device_);
   ODC_CUDA_CHECK(kernels::wait_signals(static_cast<const uint64_t*>(signals.local()), value,
-                                       rank_info(), timeout_ns_, device_error_,
-                                       as_stream(stream)));
+                                       rank_info(), timeout_ns_, device_error_, as_stream(stream)));
   return Status::Ok();
 }
 

@@ -24,13 +24,12 @@ Status FaultTransport::enter(const char* what) {
   if (plan_.kind == FaultKind::kDieAtCall && calls_ >= plan_.at_call) {
     dead_ = true;
     die_();
-    return Status::RemoteError(std::string("rank ") + std::to_string(rank()) +
-                               " died at call " + std::to_string(calls_) + " (" + what +
-                               ", injected)");
+    return Status::RemoteError(std::string("rank ") + std::to_string(rank()) + " died at call " +
+                               std::to_string(calls_) + " (" + what + ", injected)");
   }
   if (plan_.max_delay_us > 0 && rng_() % 4 == 0) {
-    std::this_thread::sleep_for(std::chrono::microseconds(
-        std::uniform_int_distribution<int>(0, plan_.max_delay_us)(rng_)));
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(std::uniform_int_distribution<int>(0, plan_.max_delay_us)(rng_)));
   }
   return Status::Ok();
 }

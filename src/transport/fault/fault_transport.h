@@ -57,8 +57,8 @@ class FaultTransport final : public Transport {
              StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
-  Status put_signal_all(const void* src, const SymmetricRegion& region, size_t offset,
-                        size_t bytes, const SymmetricRegion* signals, uint64_t value,
+  Status put_signal_all(const void* src, const SymmetricRegion& region, size_t offset, size_t bytes,
+                        const SymmetricRegion* signals, uint64_t value,
                         StreamHandle stream) override;
   Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
                  StreamHandle stream) override;

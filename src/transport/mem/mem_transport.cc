@@ -76,8 +76,8 @@ class MemTransport final : public Transport {
     return Status::Ok();
   }
 
-  Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
-             size_t bytes, StreamHandle) override {
+  Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
+             StreamHandle) override {
     // Published to the owner by the next signal (its mailbox mutex) or barrier (the world's).
     std::memcpy(static_cast<char*>(region.peer(peer)) + offset, src, bytes);
     return Status::Ok();
@@ -137,8 +137,8 @@ class MemTransport final : public Transport {
         }
       }
       if (!result.ok()) break;
-      if (box.wake.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(
-                                                                        100))) ==
+      if (box.wake.wait_until(lock,
+                              std::min(deadline, Clock::now() + std::chrono::milliseconds(100))) ==
               std::cv_status::timeout &&
           Clock::now() >= deadline && box.missing > 0) {
         const int peer = first_short();

@@ -59,12 +59,12 @@ class MemWorld : public std::enable_shared_from_this<MemWorld> {
   const int world_size_;
   const MemOptions options_;
   std::atomic<int> num_not_alive_{0};  // ranks failed, dead or closed: waiters look only then
-  std::mutex mutex_;  // collective state, statuses, allocations
+  std::mutex mutex_;                   // collective state, statuses, allocations
   std::condition_variable collective_done_;
   uint64_t generation_ = 0;  // collectives completed
   int num_arrived_ = 0;
   CollectiveOp op_ = CollectiveOp::kInit;
-  int op_rank_ = -1;  // the first rank to arrive at the current collective
+  int op_rank_ = -1;                  // the first rank to arrive at the current collective
   std::vector<uint64_t> arrived_at_;  // per rank: generation + 1 of its last arrival
   std::vector<CollectiveOp> last_op_;
   std::vector<ExchangeRecord> arriving_, completed_;

@@ -404,8 +404,7 @@ void ShmTransport::mark_failed(const std::string& reason) {
   futex_wake_all(&own.wake);
 }
 
-Status ShmTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                             StreamHandle) {
+Status ShmTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes, StreamHandle) {
   auto* out = static_cast<char*>(dst);
   for (int r = 0; r < world_size_; ++r) {
     std::memcpy(out + static_cast<size_t>(r) * bytes, region.peer(r), bytes);
@@ -437,8 +436,7 @@ Status ShmTransport::wait_signals(const SymmetricRegion& signals, uint64_t value
     if (peer == rank_) {
       if (slot.load(std::memory_order_acquire) >= value) continue;
       return Status::InternalError(std::string(operation) + ": own signal " +
-                                   std::to_string(slot.load()) + " below " +
-                                   std::to_string(value));
+                                   std::to_string(slot.load()) + " below " + std::to_string(value));
     }
     ControlBlock& other = block(peer);
     const std::string who = "rank " + std::to_string(peer);
