@@ -13,7 +13,9 @@ Views are valid until the buffer is freed or the communicator closed.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
+import uuid
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -166,8 +168,32 @@ class Buffer:
             raise _capi.Error("buffer used after free() or Comm.close()", _capi.INVALID_USAGE)
 
 
+def _key_from_store(store: Any, rank: int, world_size: int) -> str:
+    """A rendezvous key agreed through a torch.distributed-style store (duck-typed: `set(key,
+    value)` and a `get(key)` that waits until the key exists). Rank 0 makes a fresh random key per
+    communicator; communicators are created collectively, so every rank's own counter (`add`, else
+    a process-local count) names the same communicator."""
+    if hasattr(store, "add"):
+        sequence = int(store.add(f"odc/comm/sequence/{rank}", 1))
+    else:
+        sequence = _local_sequence.setdefault(id(store), 0) + 1
+        _local_sequence[id(store)] = sequence
+    name = f"odc/comm/{sequence}/key"
+    if rank == 0:
+        key = f"store-{os.getpid()}-{uuid.uuid4().hex[:16]}"
+        store.set(name, key)
+        return key
+    value = store.get(name)
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+_local_sequence: dict = {}
+
+
 class Comm:
-    """A communicator of `world_size` local processes that share `key` (see odc.launch).
+    """A communicator of `world_size` local processes that share `key` (see odc.launch), or that
+    agree on one through `store` (a torch.distributed store, e.g. torchrun's, or any object with
+    set/get/add; then no key is needed).
 
     timeout: seconds any wait on another rank may take before failing (default: $ODC_TIMEOUT,
     else 60). A dead or silent peer raises odc.Error naming the rank and the operation.
@@ -182,11 +208,16 @@ class Comm:
         self,
         rank: int,
         world_size: int,
-        key: str,
+        key: Optional[str] = None,
         timeout: Optional[float] = None,
         device: Optional[int] = None,
         deterministic: bool = False,
+        store: Any = None,
     ):
+        if key is None and store is not None:
+            key = _key_from_store(store, int(rank), int(world_size))
+        if key is None:
+            raise _invalid("give a rendezvous key, or a store to agree on one (store=...)")
         if not isinstance(key, str):
             raise _invalid(f"key must be a string, got {key!r}")
         handle = ctypes.c_void_p()
