@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the C++ tests with AddressSanitizer + UndefinedBehaviorSanitizer, and with
-# ThreadSanitizer (the runtime's atomics and the threads-as-ranks test), and runs them.
+# ThreadSanitizer (the runtime's atomics, the threads-as-ranks test and the in-memory protocol
+# tests), and runs them.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -8,8 +9,12 @@ for sanitizer in address thread; do
   build_dir="build/sanitize-$sanitizer"
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DODC_WITH_CUDA=OFF \
     -DODC_SANITIZE="$sanitizer" -DODC_BUILD_BENCHMARKS=OFF >/dev/null
-  cmake --build "$build_dir" --parallel "$(nproc)" --target odc_cpp_tests
+  cmake --build "$build_dir" --parallel "$(nproc)" --target odc_cpp_tests odc_protocol_tests
   echo "== $sanitizer sanitizer =="
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1 \
     "$build_dir/tests/odc_cpp_tests" --gtest_brief=1
+  # The protocol at scale (threads as ranks); scaled down to 64 ranks and 100 minibatches under
+  # ThreadSanitizer (tests/cpp/protocol_test.cc, kScaleDivisor).
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1 \
+    "$build_dir/tests/odc_protocol_tests" --gtest_brief=1
 done

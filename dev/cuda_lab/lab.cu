@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "lab_kernels.h"
 
 using namespace odc::kernels;
 

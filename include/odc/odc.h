@@ -138,6 +138,43 @@ ODC_API odcResult_t odcCommInit(odcComm_t* comm, int rank, int world_size, const
 ODC_API odcResult_t odcCommInitCuda(odcComm_t* comm, int rank, int world_size, const char* key,
                                     double timeout_seconds, int cuda_device);
 
+/* Which transport a communicator uses. */
+typedef enum {
+  odcTransportAuto = 0, /* "cuda" when config.device >= 0, else "shm" */
+  odcTransportShm = 1,  /* host shared memory: local processes, host pointers */
+  odcTransportCuda = 2  /* CUDA IPC within a node: one process per GPU, device pointers */
+} odcTransport_t;
+
+#define ODC_COMM_CONFIG_VERSION 1
+
+/* Versioned communicator configuration (NCCL style): fill it with odcCommConfigInit, change the
+ * fields you need, pass it to odcCommInitConfig. `size` and `version` let later library versions
+ * add fields without breaking callers compiled against this header. */
+typedef struct {
+  size_t size;          /* sizeof(odcCommConfig_t), set by odcCommConfigInit */
+  unsigned int version; /* ODC_COMM_CONFIG_VERSION, set by odcCommConfigInit */
+  odcTransport_t transport;
+  const char* key;        /* rendezvous of local ranks (as odcCommInit); copied */
+  double timeout_seconds; /* bounds every wait on another rank; <= 0: $ODC_TIMEOUT, else 60 s */
+  int device;             /* CUDA device for odcTransportCuda; -1 (default) for none */
+  /* 1: every owner adds the contributions in a fixed order (sender rank, then push index), so
+   * sums are bitwise identical whatever the timing. Pushes are then summed at the sender and
+   * delivered at odcMinibatchEnd into per-sender staging at the owner: 2 x world_size x count
+   * fp32 of extra memory per accumulator and rank. 0 (default): the fastest exact scheme the
+   * transport has (CUDA: remote fp32 atomic adds, no extra memory). */
+  int deterministic;
+} odcCommConfig_t;
+
+/* Local: fills `config` with the defaults (auto transport, no key, default timeout, no device,
+ * not deterministic). */
+ODC_API odcResult_t odcCommConfigInit(odcCommConfig_t* config);
+
+/* Collective. As odcCommInit / odcCommInitCuda, configured by `config` (not retained). A config
+ * with an unknown version, a size smaller than version 1's, or a transport this build lacks is
+ * refused with a message naming the problem. */
+ODC_API odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_size,
+                                      const odcCommConfig_t* config);
+
 /* 1 when the library was built with the CUDA transport, else 0. */
 ODC_API int odcHasCuda(void);
 

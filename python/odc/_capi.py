@@ -49,6 +49,27 @@ class PlanOptions(ctypes.Structure):
     ]
 
 
+# odcTransport_t
+TRANSPORT_AUTO = 0
+TRANSPORT_SHM = 1
+TRANSPORT_CUDA = 2
+COMM_CONFIG_VERSION = 1
+
+
+class CommConfig(ctypes.Structure):
+    """odcCommConfig_t (fill with lib.odcCommConfigInit)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("version", ctypes.c_uint),
+        ("transport", ctypes.c_int),
+        ("key", ctypes.c_char_p),
+        ("timeout_seconds", ctypes.c_double),
+        ("device", ctypes.c_int),
+        ("deterministic", ctypes.c_int),
+    ]
+
+
 def _find_library() -> str:
     override = os.environ.get("ODC_LIBRARY")
     if override:
@@ -111,6 +132,13 @@ def _load() -> ctypes.CDLL:
         ctypes.c_double,
         ctypes.c_int,
     ]
+    lib.odcCommConfigInit.argtypes = [ctypes.POINTER(CommConfig)]
+    lib.odcCommInitConfig.argtypes = [
+        ctypes.POINTER(handle),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.POINTER(CommConfig),
+    ]
     lib.odcHasCuda.argtypes = []
     lib.odcHasCuda.restype = ctypes.c_int
     lib.odcCommDestroy.argtypes = [handle]
@@ -143,6 +171,8 @@ def _load() -> ctypes.CDLL:
     for name in (
         "odcCommInit",
         "odcCommInitCuda",
+        "odcCommConfigInit",
+        "odcCommInitConfig",
         "odcCommDestroy",
         "odcCommRank",
         "odcCommWorldSize",

@@ -13,7 +13,9 @@ Views are valid until the buffer is freed or the communicator closed.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
+import uuid
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -166,33 +168,74 @@ class Buffer:
             raise _capi.Error("buffer used after free() or Comm.close()", _capi.INVALID_USAGE)
 
 
+def _key_from_store(store: Any, rank: int, world_size: int) -> str:
+    """A rendezvous key agreed through a torch.distributed-style store (duck-typed: `set(key,
+    value)` and a `get(key)` that waits until the key exists). Rank 0 makes a fresh random key per
+    communicator; communicators are created collectively, so every rank's own counter (`add`, else
+    a process-local count) names the same communicator."""
+    if hasattr(store, "add"):
+        sequence = int(store.add(f"odc/comm/sequence/{rank}", 1))
+    else:
+        sequence = _local_sequence.setdefault(id(store), 0) + 1
+        _local_sequence[id(store)] = sequence
+    name = f"odc/comm/{sequence}/key"
+    if rank == 0:
+        key = f"store-{os.getpid()}-{uuid.uuid4().hex[:16]}"
+        store.set(name, key)
+        return key
+    value = store.get(name)
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+_local_sequence: dict = {}
+
+
 class Comm:
-    """A communicator of `world_size` local processes that share `key` (see odc.launch).
+    """A communicator of `world_size` local processes that share `key` (see odc.launch), or that
+    agree on one through `store` (a torch.distributed store, e.g. torchrun's, or any object with
+    set/get/add; then no key is needed).
 
     timeout: seconds any wait on another rank may take before failing (default: $ODC_TIMEOUT,
     else 60). A dead or silent peer raises odc.Error naming the rank and the operation.
     device: None for the host shared-memory transport, or this rank's CUDA device index for the
     CUDA transport (one process per GPU).
+    deterministic: every owner adds contributions in a fixed order (sender rank, then push index),
+    so sums are bitwise identical whatever the timing; costs 2 x world_size x count fp32 of extra
+    memory per accumulator (docs/runtime.md). Default: the fastest exact scheme (CUDA: atomics).
     """
 
     def __init__(
         self,
         rank: int,
         world_size: int,
-        key: str,
+        key: Optional[str] = None,
         timeout: Optional[float] = None,
         device: Optional[int] = None,
+        deterministic: bool = False,
+        store: Any = None,
     ):
+        if key is None and store is not None:
+            key = _key_from_store(store, int(rank), int(world_size))
+        if key is None:
+            raise _invalid("give a rendezvous key, or a store to agree on one (store=...)")
         if not isinstance(key, str):
             raise _invalid(f"key must be a string, got {key!r}")
         handle = ctypes.c_void_p()
-        seconds = float(timeout) if timeout is not None else 0.0
-        arguments = (ctypes.byref(handle), int(rank), int(world_size), key.encode(), seconds)
-        if device is None:
-            _capi.check_comm(_capi.lib.odcCommInit(*arguments))
-        else:
-            _capi.check_comm(_capi.lib.odcCommInitCuda(*arguments, int(device)))
+        config = _capi.CommConfig()
+        _capi.check_comm(_capi.lib.odcCommConfigInit(ctypes.byref(config)))
+        encoded_key = key.encode()  # kept alive until init returns (the library copies it)
+        config.key = encoded_key
+        config.timeout_seconds = float(timeout) if timeout is not None else 0.0
+        config.transport = _capi.TRANSPORT_SHM if device is None else _capi.TRANSPORT_CUDA
+        config.device = -1 if device is None else int(device)
+        config.deterministic = int(bool(deterministic))
+        _capi.check_comm(
+            _capi.lib.odcCommInitConfig(
+                ctypes.byref(handle), int(rank), int(world_size), ctypes.byref(config)
+            )
+        )
         self._handle = handle
+        self.deterministic = bool(deterministic)
         self.device = None if device is None else int(device)
         self.rank = int(rank)
         self.world_size = int(world_size)

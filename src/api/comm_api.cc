@@ -8,11 +8,8 @@
 #include "api/api_errors.h"
 #include "common/env.h"
 #include "core/communicator.h"
+#include "core/transport_registry.h"
 #include "odc/odc.h"
-#include "transport/shm/shm_transport.h"
-#if ODC_WITH_CUDA
-#include "transport/cuda/cuda_transport.h"
-#endif
 
 namespace {
 
@@ -81,22 +78,31 @@ odcResult_t with_comm(odcComm_t comm, const char* function, Body&& body) {
 
 namespace {
 
-// Shared by the init calls: validates, builds the transport with `make_transport(timeout)`, and
-// registers the new communicator.
-template <typename MakeTransport>
-odcResult_t init_comm(odcComm_t* comm, int rank, const char* key, double timeout_seconds,
-                      MakeTransport&& make_transport) {
+// Shared by the init calls: validates, builds the transport through the registry and registers
+// the new communicator.
+odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* transport_name,
+                      const char* key, double timeout_seconds, int device, bool deterministic) {
   return guarded([&]() -> odcResult_t {
     if (comm == nullptr) return report(Status::InvalidArgument("odcCommInit: comm is NULL"));
     if (key == nullptr) return report(Status::InvalidArgument("odcCommInit: key is NULL"));
-    const double timeout = timeout_seconds > 0 ? timeout_seconds : default_timeout_seconds();
-    odc::Result<std::unique_ptr<odc::Transport>> transport =
-        make_transport(std::chrono::duration<double>(timeout));
-    if (!transport.ok()) {
-      return report(transport.status().with_context("rank " + std::to_string(rank) + ": init"));
-    }
-    auto* created = new odcComm{std::make_unique<odc::Communicator>(std::move(transport).value()),
-                                std::string()};
+    auto fail = [&](const Status& status) {
+      return report(status.with_context("rank " + std::to_string(rank) + ": init"));
+    };
+    auto info = odc::find_transport(transport_name);
+    if (!info.ok()) return fail(info.status());
+    odc::TransportSpec spec;
+    spec.rank = rank;
+    spec.world_size = world_size;
+    spec.key = key;
+    spec.timeout = std::chrono::duration<double>(timeout_seconds > 0 ? timeout_seconds
+                                                                     : default_timeout_seconds());
+    spec.device = device;
+    auto transport = info.value()->create(spec);
+    if (!transport.ok()) return fail(transport.status());
+    odc::CommOptions options;
+    options.deterministic = deterministic;
+    auto* created = new odcComm{
+        std::make_unique<odc::Communicator>(std::move(transport).value(), options), std::string()};
     {
       std::lock_guard<std::mutex> lock(registry_mutex);
       live_comms.insert(created);
@@ -110,37 +116,66 @@ odcResult_t init_comm(odcComm_t* comm, int rank, const char* key, double timeout
 
 extern "C" odcResult_t odcCommInit(odcComm_t* comm, int rank, int world_size, const char* key,
                                    double timeout_seconds) {
-  return init_comm(
-      comm, rank, key, timeout_seconds,
-      [&](std::chrono::duration<double> timeout) -> odc::Result<std::unique_ptr<odc::Transport>> {
-        auto made = odc::shm::ShmTransport::create(rank, world_size, key, timeout);
-        if (!made.ok()) return made.status();
-        return std::unique_ptr<odc::Transport>(std::move(made).value());
-      });
+  return init_comm(comm, rank, world_size, "shm", key, timeout_seconds, -1, false);
 }
 
 extern "C" odcResult_t odcCommInitCuda(odcComm_t* comm, int rank, int world_size, const char* key,
                                        double timeout_seconds, int cuda_device) {
-#if ODC_WITH_CUDA
-  return init_comm(
-      comm, rank, key, timeout_seconds,
-      [&](std::chrono::duration<double> timeout) -> odc::Result<std::unique_ptr<odc::Transport>> {
-        auto made = odc::cuda::CudaTransport::create(rank, world_size, key, timeout, cuda_device);
-        if (!made.ok()) return made.status();
-        return std::unique_ptr<odc::Transport>(std::move(made).value());
-      });
-#else
-  (void)comm, (void)world_size, (void)key, (void)timeout_seconds, (void)cuda_device;
-  return report(Status::InvalidUsage("rank " + std::to_string(rank) +
-                                     ": init: odc was built without CUDA (ODC_WITH_CUDA=OFF)"));
-#endif
+  return init_comm(comm, rank, world_size, "cuda", key, timeout_seconds, cuda_device, false);
 }
 
-#ifndef ODC_WITH_CUDA
-#define ODC_WITH_CUDA 0
-#endif
-extern "C" int odcHasCuda(void) {
-  return ODC_WITH_CUDA;
+extern "C" odcResult_t odcCommConfigInit(odcCommConfig_t* config) {
+  return guarded([&]() -> odcResult_t {
+    if (config == nullptr) {
+      return report(Status::InvalidArgument("odcCommConfigInit: config is NULL"));
+    }
+    *config = odcCommConfig_t{};
+    config->size = sizeof(odcCommConfig_t);
+    config->version = ODC_COMM_CONFIG_VERSION;
+    config->transport = odcTransportAuto;
+    config->key = nullptr;
+    config->timeout_seconds = 0.0;
+    config->device = -1;
+    config->deterministic = 0;
+    return success();
+  });
+}
+
+extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_size,
+                                         const odcCommConfig_t* config) {
+  return guarded([&]() -> odcResult_t {
+    const std::string where = "rank " + std::to_string(rank) + ": init: ";
+    if (config == nullptr) return report(Status::InvalidArgument(where + "config is NULL"));
+    if (config->version != ODC_COMM_CONFIG_VERSION || config->size < sizeof(odcCommConfig_t)) {
+      return report(Status::InvalidArgument(
+          where + "config has version " + std::to_string(config->version) + " and size " +
+          std::to_string(config->size) + "; this library expects version " +
+          std::to_string(ODC_COMM_CONFIG_VERSION) + " and size " +
+          std::to_string(sizeof(odcCommConfig_t)) + " (fill it with odcCommConfigInit)"));
+    }
+    const char* name = nullptr;
+    switch (static_cast<int>(odc::api::raw_enum_value(config->transport))) {
+      case odcTransportAuto:
+        name = config->device >= 0 ? "cuda" : "shm";
+        break;
+      case odcTransportShm:
+        name = "shm";
+        break;
+      case odcTransportCuda:
+        name = "cuda";
+        break;
+      default:
+        return report(Status::InvalidArgument(
+            where + "unknown transport " +
+            std::to_string(static_cast<int>(odc::api::raw_enum_value(config->transport)))));
+    }
+    if (std::string(name) == "shm" && config->device >= 0) {
+      return report(Status::InvalidArgument(where + "the shm transport takes no device (got " +
+                                            std::to_string(config->device) + ")"));
+    }
+    return init_comm(comm, rank, world_size, name, config->key, config->timeout_seconds,
+                     config->device, config->deterministic != 0);
+  });
 }
 
 extern "C" odcResult_t odcCommDestroy(odcComm_t comm) {
@@ -225,4 +260,8 @@ extern "C" odcResult_t odcMinibatchEnd(odcComm_t comm, odcStream_t stream) {
 
 extern "C" odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream) {
   return with_comm(comm, "odcBarrier", [&](odc::Communicator& c) { return c.barrier(stream); });
+}
+
+extern "C" int odcHasCuda(void) {
+  return odc::find_transport("cuda").ok() ? 1 : 0;
 }

@@ -1,6 +1,7 @@
 // ODC protocol over any transport (see communicator.h for the invariants).
 #include "core/communicator.h"
 
+#include <algorithm>
 #include <string>
 
 namespace odc {
@@ -27,8 +28,15 @@ std::string describe(size_t count, DataType dtype, bool accumulator) {
 
 }  // namespace
 
-Communicator::Communicator(std::unique_ptr<Transport> transport)
-    : transport_(std::move(transport)) {}
+const char* scheme_name(AccumulationScheme scheme) {
+  return scheme == AccumulationScheme::kRemoteAdd ? "remote-add" : "staged";
+}
+
+Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions options)
+    : transport_(std::move(transport)),
+      scheme_(transport_->caps().remote_fp32_add && !options.deterministic
+                  ? AccumulationScheme::kRemoteAdd
+                  : AccumulationScheme::kStaged) {}
 
 Communicator::~Communicator() {
   buffers_.clear();  // unmap buffers before the transport's control segments
@@ -105,14 +113,20 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   buffer->id = next_buffer_id_++;
   buffer->count = count;
   buffer->dtype = dtype;
-  if (accumulator) {
-    auto region = transport_->allocate_accumulator(count);
-    if (!region.ok()) return finish(op, region.status());
-    buffer->accumulation = std::move(region).value();
-  } else {
-    auto region = transport_->allocate(buffer->bytes());
-    if (!region.ok()) return finish(op, region.status());
-    buffer->data = std::move(region).value();
+  buffer->accumulator = accumulator;
+  auto region = transport_->allocate(buffer->bytes());
+  if (!region.ok()) return finish(op, region.status());
+  buffer->data = std::move(region).value();
+  if (accumulator && scheme_ == AccumulationScheme::kStaged) {
+    const size_t all_bytes = static_cast<size_t>(world_size()) * count * sizeof(float);
+    for (auto* part : {&buffer->pending, &buffer->staging}) {
+      auto made = transport_->allocate(all_bytes);
+      if (!made.ok()) return finish(op, made.status());
+      *part = std::move(made).value();
+    }
+    auto signals = transport_->allocate(static_cast<size_t>(world_size()) * sizeof(uint64_t));
+    if (!signals.ok()) return finish(op, signals.status());
+    buffer->signals = std::move(signals).value();
   }
   Buffer* handle = buffer.get();
   buffers_.emplace(handle, std::move(buffer));
@@ -127,7 +141,7 @@ Status Communicator::release(Buffer* buffer) {
     return Status::Ok();
   }
   // Peers may still read this buffer until they too arrive here.
-  ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kRelease, nullptr)));
+  ODC_RETURN_IF_ERROR(finish(op, transport_->host_barrier(CollectiveOp::kRelease)));
   buffers_.erase(buffer);
   return Status::Ok();
 }
@@ -146,7 +160,7 @@ Status Communicator::gather(void* dst, size_t dst_count, const Buffer* buffer,
                 " elements; expected world size x shard = " + std::to_string(world_size()) + " x " +
                 std::to_string(buffer->count) + " = " + std::to_string(expected)));
   }
-  return finish(op, transport_->gather(dst, buffer->shards(), buffer->bytes(), stream));
+  return finish(op, transport_->get_all(dst, buffer->shards(), buffer->bytes(), stream));
 }
 
 Status Communicator::scatter_accumulate(const void* src, size_t src_count, DataType src_dtype,
@@ -176,7 +190,21 @@ Status Communicator::scatter_accumulate(const void* src, size_t src_count, DataT
     return finish(op, Status::InvalidUsage("called outside a minibatch (call minibatch_begin "
                                            "first)"));
   }
-  return finish(op, transport_->push(src, src_dtype, *accumulator->accumulation, stream));
+  if (accumulator->is_staged()) {
+    return finish(op, transport_->accumulate(static_cast<float*>(accumulator->pending->local()),
+                                             src, src_dtype, expected, stream));
+  }
+  return finish(op, transport_->add_all(src, src_dtype, *accumulator->data, shard, stream));
+}
+
+std::vector<Buffer*> Communicator::accumulators() const {
+  std::vector<Buffer*> found;
+  for (const auto& [handle, buffer] : buffers_) {
+    if (buffer->is_accumulator()) found.push_back(buffer.get());
+  }
+  std::sort(found.begin(), found.end(),
+            [](const Buffer* a, const Buffer* b) { return a->id < b->id; });
+  return found;
 }
 
 Status Communicator::minibatch_begin(StreamHandle stream) {
@@ -186,13 +214,24 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
     return finish(op, Status::InvalidUsage("a minibatch is already open (call minibatch_end)"));
   }
   ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
-  for (auto& [handle, buffer] : buffers_) {
-    if (buffer->is_accumulator()) {
-      ODC_RETURN_IF_ERROR(finish(op, transport_->reset(*buffer->accumulation, stream)));
+  const std::vector<Buffer*> accs = accumulators();
+  if (scheme_ == AccumulationScheme::kRemoteAdd && !accs.empty()) {
+    // Peers may still read the previous minibatch's sums until they arrive here; only then may
+    // the owner zero them, and only after that may anyone add into them (the barrier below).
+    ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchBegin, stream)));
+    for (Buffer* acc : accs) {
+      ODC_RETURN_IF_ERROR(finish(op, transport_->zero(acc->local(), acc->bytes(), stream)));
     }
   }
-  // Nobody may push into an accumulator before its owner has zeroed it.
+  for (Buffer* acc : accs) {
+    if (acc->is_staged()) {  // local: the sums stay as they are until the next fold assigns them
+      ODC_RETURN_IF_ERROR(
+          finish(op, transport_->zero(acc->pending->local(), acc->pending->bytes(), stream)));
+    }
+  }
+  // Owners rewrite their shards (optimizer step) before this point: nobody gathers before it.
   ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchBegin, stream)));
+  ++minibatch_;
   state_ = CommState::kInMinibatch;
   return Status::Ok();
 }
@@ -203,15 +242,30 @@ Status Communicator::minibatch_end(StreamHandle stream) {
   if (state_ != CommState::kInMinibatch) {
     return finish(op, Status::InvalidUsage("no minibatch is open (call minibatch_begin first)"));
   }
-  // After this barrier every rank has finished pushing...
-  ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchEnd, stream)));
-  for (auto& [handle, buffer] : buffers_) {
-    if (buffer->is_accumulator()) {
-      ODC_RETURN_IF_ERROR(finish(op, transport_->settle(*buffer->accumulation, stream)));
-    }
+  const std::vector<Buffer*> accs = accumulators();
+  // Staged: deliver this sender's sums (a zero slot when it pushed nothing, so owners always
+  // wait for exactly world_size signals), then fold once every sender's signal arrived. The
+  // owner's previous fold finished before the previous minibatch_end's barrier, so the slots
+  // are free; the fold assigns, so nothing of the previous minibatch leaks in.
+  for (Buffer* acc : accs) {
+    if (!acc->is_staged()) continue;
+    const size_t slot_bytes = acc->bytes();
+    ODC_RETURN_IF_ERROR(
+        finish(op, transport_->put_signal_all(acc->pending->local(), *acc->staging,
+                                              static_cast<size_t>(rank()) * slot_bytes, slot_bytes,
+                                              acc->signals.get(), minibatch_, stream)));
   }
-  // ...and after this one every owner has settled its sums: they are final everywhere.
-  ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchApplied, stream)));
+  for (Buffer* acc : accs) {
+    if (!acc->is_staged()) continue;
+    ODC_RETURN_IF_ERROR(
+        finish(op, transport_->wait_signals(*acc->signals, minibatch_, op, stream)));
+    ODC_RETURN_IF_ERROR(
+        finish(op, transport_->sum_slots(static_cast<float*>(acc->local()),
+                                         static_cast<const float*>(acc->staging->local()),
+                                         acc->count, world_size(), acc->count, stream)));
+  }
+  // After this barrier every push (remote adds) or fold (staged) is complete everywhere.
+  ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchEnd, stream)));
   ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
   state_ = CommState::kReady;
   return Status::Ok();

@@ -1,16 +1,23 @@
 // The ODC protocol on top of a Transport: symmetric buffers, gather, scatter-accumulate and the
-// one synchronization per minibatch. Invariants:
-//   - a pushed contribution is added exactly once at its owner: the transport lands each push
-//     (host: in the sender's own staging slot; GPU: by remote fp32 reductions), and owners
-//     settle their sums only after the minibatch-end barrier has ordered every push before it;
+// one synchronization per minibatch. The communicator picks how pushes land from the transport's
+// capabilities (AccumulationScheme); transports only move bytes. Invariants:
+//   - a pushed contribution is added exactly once at its owner: either by an atomic remote fp32
+//     add straight into the owner's sums, or by summing it into this sender's pending buffer and
+//     putting that (with a signal) into the sender's own staging slot at the owner at
+//     minibatch_end, where the owner folds the slots in sender order once every signal arrived;
+//   - the sums an owner exposes after minibatch_end stay valid for every rank until the next
+//     minibatch starts filling them (remote adds: the owner zeroes only after every rank entered
+//     minibatch_begin; staged: the fold assigns, inside the next minibatch_end);
 //   - a failed call that is the caller's mistake changes nothing; a failure of another rank or a
-//     timeout leaves the communicator failed (every later call reports the original error).
+//     timeout leaves the communicator failed (every later call reports the original error) and
+//     silent, so that its peers fail too: no partial sum is ever reported as success.
 #pragma once
 
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "core/dtype.h"
@@ -20,18 +27,40 @@ namespace odc {
 
 class Communicator;
 
-// A symmetric buffer: `count` elements of `dtype` on every rank. Accumulators are fp32 and hold
-// whatever their transport needs to land pushes.
+// How pushes reach their owners.
+enum class AccumulationScheme {
+  // add_all() straight into the owners' sums: the transport's remote fp32 add is atomic (CUDA).
+  kRemoteAdd,
+  // Pushes are summed locally into a pending buffer (world_size x count fp32); minibatch_end puts
+  // each owner's slice into this sender's slot of the owner's staging (world_size x count fp32)
+  // with a signal, and each owner folds the slots in sender order once every signal arrived.
+  // Deterministic (sender rank, then push index); costs 2 x world_size x count fp32 per rank.
+  kStaged,
+};
+
+const char* scheme_name(AccumulationScheme scheme);
+
+struct CommOptions {
+  // Add contributions in a fixed order (kStaged) even where remote atomic adds exist.
+  bool deterministic = false;
+};
+
+// A symmetric buffer: `count` elements of `dtype` on every rank. Accumulators are fp32; staged
+// ones carry their pending, staging and signal regions.
 struct Buffer {
   uint64_t id = 0;
   size_t count = 0;
   DataType dtype = DataType::kFloat32;
-  std::unique_ptr<SymmetricRegion> data;            // plain buffers
-  std::unique_ptr<AccumulatorRegion> accumulation;  // accumulators
+  bool accumulator = false;
+  std::unique_ptr<SymmetricRegion> data;     // the shards (an accumulator's sums)
+  std::unique_ptr<SymmetricRegion> pending;  // kStaged: this sender's sum of its pushes
+  std::unique_ptr<SymmetricRegion> staging;  // kStaged: slot s holds sender s's sum
+  std::unique_ptr<SymmetricRegion> signals;  // kStaged: slot s = last minibatch s delivered
 
-  bool is_accumulator() const { return accumulation != nullptr; }
-  const SymmetricRegion& shards() const { return data ? *data : accumulation->sums(); }
-  void* local() const { return shards().local(); }
+  bool is_accumulator() const { return accumulator; }
+  bool is_staged() const { return staging != nullptr; }
+  const SymmetricRegion& shards() const { return *data; }
+  void* local() const { return data->local(); }
   size_t bytes() const { return count * element_bytes(dtype); }
 };
 
@@ -43,12 +72,14 @@ enum class CommState {
 
 class Communicator {
  public:
-  explicit Communicator(std::unique_ptr<Transport> transport);
+  explicit Communicator(std::unique_ptr<Transport> transport, CommOptions options = {});
   ~Communicator();
 
   int rank() const { return transport_->rank(); }
   int world_size() const { return transport_->world_size(); }
   CommState state() const { return state_; }
+  AccumulationScheme scheme() const { return scheme_; }
+  Transport& transport() { return *transport_; }
 
   // Collective. Every rank must ask for the same count, dtype and kind.
   Result<Buffer*> allocate(size_t count, DataType dtype, bool accumulator);
@@ -60,9 +91,10 @@ class Communicator {
   // For every owner r: accumulator@r += src[r*count:(r+1)*count] (fp32 accumulation).
   Status scatter_accumulate(const void* src, size_t src_count, DataType src_dtype,
                             Buffer* accumulator, StreamHandle stream);
-  // Collective: zero own accumulators, then meet every rank.
+  // Collective: meet every rank (owners rewrote their shards before it), then open the minibatch.
   Status minibatch_begin(StreamHandle stream);
-  // Collective: every push of every rank is applied everywhere when it completes.
+  // Collective: every push of every rank is applied everywhere when it completes; the sums stay
+  // valid for every rank until the next minibatch starts filling them.
   Status minibatch_end(StreamHandle stream);
   Status barrier(StreamHandle stream);  // collective
 
@@ -75,7 +107,12 @@ class Communicator {
   Status usable(const char* operation) const;
   Status check_buffer(const char* operation, const Buffer* buffer) const;
 
+  // Accumulators in allocation order (the same on every rank).
+  std::vector<Buffer*> accumulators() const;
+
   std::unique_ptr<Transport> transport_;
+  AccumulationScheme scheme_;
+  uint64_t minibatch_ = 0;  // minibatches opened so far: the value staged signals carry
   CommState state_ = CommState::kReady;
   std::string failure_;  // the error that failed the communicator
   uint64_t next_buffer_id_ = 0;

@@ -1,4 +1,4 @@
-// Names of collectives, for error messages.
+// Names of collectives, for error messages, and the transport operations with a generic default.
 #include "core/transport.h"
 
 namespace odc {
@@ -17,12 +17,28 @@ const char* collective_op_name(CollectiveOp op) {
       return "minibatch_begin";
     case CollectiveOp::kMinibatchEnd:
       return "minibatch_end";
-    case CollectiveOp::kMinibatchApplied:
-      return "minibatch_end (apply)";
     case CollectiveOp::kBarrier:
       return "barrier";
   }
   return "unknown collective";
+}
+
+Status Transport::put_signal_all(const void* src, const SymmetricRegion& region, size_t offset,
+                                 size_t bytes, const SymmetricRegion* signals, uint64_t value,
+                                 StreamHandle stream) {
+  const auto* data = static_cast<const char*>(src);
+  // Start with the next rank so that the ranks' first writes go to different owners.
+  for (int i = 0; i < world_size(); ++i) {
+    const int peer = (rank() + 1 + i) % world_size();
+    ODC_RETURN_IF_ERROR(
+        put(data + static_cast<size_t>(peer) * bytes, region, peer, offset, bytes, stream));
+    if (signals != nullptr) ODC_RETURN_IF_ERROR(signal(*signals, peer, value, stream));
+  }
+  return Status::Ok();
+}
+
+Status Transport::add_all(const void*, DataType, const SymmetricRegion&, size_t, StreamHandle) {
+  return Status::InternalError("this transport has no atomic remote fp32 add (caps)");
 }
 
 }  // namespace odc

@@ -1,13 +1,16 @@
-// The transport interface: what the ODC protocol (core/communicator) needs from a backend.
-// A transport moves bytes between ranks and synchronizes them; it knows nothing of minibatches,
-// shards or accumulators. Backends: transport/shm (host shared memory), later CUDA and NVSHMEM.
-// Invariant: collective calls (exchange, allocate, barrier, release) are made by every rank in the
-// same order; a transport reports a mismatch or a missing rank as an error, never a hang.
+// The transport interface: what the ODC protocol (core/communicator) needs from a backend. A
+// transport moves bytes between ranks and synchronizes them: symmetric regions, one-sided get / put
+// / put-with-signal, an fp32 remote add only where the hardware does it atomically, signals with
+// bounded waits, barriers, and a few local operations in its own memory space (host or device).
+// It knows nothing of minibatches, shards or accumulators: the protocol lives in the core.
+// Invariant: collective calls (exchange, allocate, barriers) are made by every rank in the same
+// order; a transport reports a mismatch or a missing rank as an error, never a hang.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -16,7 +19,7 @@
 namespace odc {
 
 // Which collective a rank is in: ranks that meet in different collectives fail with a message
-// naming both, instead of silently pairing up.
+// naming both, instead of silently pairing up. Transports only compare and name these tags.
 enum class CollectiveOp : uint32_t {
   kInit = 1,
   kExchange,
@@ -24,7 +27,6 @@ enum class CollectiveOp : uint32_t {
   kRelease,
   kMinibatchBegin,
   kMinibatchEnd,
-  kMinibatchApplied,
   kBarrier,
 };
 
@@ -57,61 +59,85 @@ struct ExchangeRecord {
 // Where stream-ordered transports enqueue work (a cudaStream_t); host transports ignore it.
 using StreamHandle = void*;
 
-// An fp32 accumulator of `count` elements per rank, plus whatever the transport needs so that
-// pushes from every rank land exactly once (staging slots, signals, ...).
-class AccumulatorRegion {
- public:
-  virtual ~AccumulatorRegion() = default;
-  virtual float* local() const = 0;                 // this rank's sums, valid after settle()
-  virtual const SymmetricRegion& sums() const = 0;  // every rank's accumulator, for gather
-  size_t count() const { return count_; }
-
- protected:
-  explicit AccumulatorRegion(size_t count) : count_(count) {}
-
- private:
-  size_t count_;
+// What a transport can do; the core picks its protocol from these.
+struct TransportCaps {
+  // add_all() exists and is atomic at the destination: concurrent adds from every rank into the
+  // same memory each land exactly once (CUDA: red.global.add.f32 at system scope over NVLink).
+  bool remote_fp32_add = false;
+  // Data operations, signals and barrier() are enqueued on the caller's stream and complete in
+  // stream order; their failures surface later through poll_error(). Otherwise every call has
+  // completed (and its writes are visible to the peer it targets) when it returns.
+  bool stream_ordered = false;
 };
 
+// Signals are symmetric regions of world_size uint64 slots per rank, zeroed at allocation: slot p
+// at rank r is written only by rank p (signal(), put_signal()) and read only by rank r
+// (wait_signals()). Values only grow.
 class Transport {
  public:
   virtual ~Transport() = default;
 
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  virtual TransportCaps caps() const = 0;
 
-  // Collective, host-blocking: every rank contributes `mine`; returns all records in rank order.
+  // ---- collectives (every rank, same order) -------------------------------------------------
+  // Host-blocking: every rank contributes `mine`; returns all records in rank order.
   virtual Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) = 0;
-
-  // Collective, host-blocking: `bytes` (> 0, equal on every rank; callers check with exchange()
-  // first) of zeroed memory on every rank, mapped so that each rank can address every peer's copy.
+  // Host-blocking: `bytes` (> 0, equal on every rank; callers check with exchange() first) of
+  // zeroed memory on every rank, mapped so that each rank can address every peer's copy. Fails on
+  // every rank when it fails on one.
   virtual Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) = 0;
-  virtual Result<std::unique_ptr<AccumulatorRegion>> allocate_accumulator(size_t count) = 0;
-
-  // Collective: every rank must call barrier() with the same `op`. Work issued before it on
-  // every rank (copies, pushes) is complete and visible after it. Stream-ordered transports may
-  // return before the barrier completes; its failure then surfaces from poll_error().
+  // Work issued before it on every rank (puts, adds, local operations) is complete and visible
+  // after it. Stream-ordered on stream-ordered transports.
   virtual Status barrier(CollectiveOp op, StreamHandle stream) = 0;
+  // As barrier(), but host-blocking, and all of this rank's queued work is complete before it
+  // (for collectives that change memory: free).
+  virtual Status host_barrier(CollectiveOp op) = 0;
 
+  // ---- failures ------------------------------------------------------------------------------
   // A failure detected asynchronously (a device-side wait that expired), or Ok.
   virtual Status poll_error() = 0;
-
   // Marks this rank failed with `reason`, so peers waiting on it fail at once instead of timing
-  // out. Idempotent.
+  // out, and makes it silent (it signals and announces nothing more). Idempotent.
   virtual void mark_failed(const std::string& reason) = 0;
 
-  // dst[r*shard_bytes:(r+1)*shard_bytes] = shards.peer(r)[0:shard_bytes], for every rank r.
-  virtual Status gather(void* dst, const SymmetricRegion& shards, size_t shard_bytes,
+  // ---- one-sided operations ------------------------------------------------------------------
+  // dst[p*bytes : (p+1)*bytes] = region@p[0 : bytes], for every rank p (self included).
+  virtual Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
+                         StreamHandle stream) = 0;
+  // region@peer[offset : offset+bytes] = src[0 : bytes].
+  virtual Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
+                     size_t bytes, StreamHandle stream) = 0;
+  // Sets slot rank() of `signals` at `peer` to `value`, after every earlier put of this rank to
+  // that peer is visible there (a fence, then the store).
+  virtual Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                         StreamHandle stream) = 0;
-  // Zeroes this rank's accumulator before a minibatch (no peer may push into it until the
-  // following barrier).
-  virtual Status reset(AccumulatorRegion& accumulator, StreamHandle stream) = 0;
-  // For every owner r: accumulator@r += src[r*count:(r+1)*count] in fp32. Concurrent with every
-  // other rank's pushes.
-  virtual Status push(const void* src, DataType src_type, AccumulatorRegion& accumulator,
-                      StreamHandle stream) = 0;
-  // After a barrier that ordered every rank's pushes: make this rank's sums final.
-  virtual Status settle(AccumulatorRegion& accumulator, StreamHandle stream) = 0;
+  // For every rank p: region@p[offset : offset+bytes] = src[p*bytes : (p+1)*bytes], then (when
+  // `signals` is set) signal(signals, p, value). Transports may fuse it; the default loops.
+  virtual Status put_signal_all(const void* src, const SymmetricRegion& region, size_t offset,
+                                size_t bytes, const SymmetricRegion* signals, uint64_t value,
+                                StreamHandle stream);
+  // Only where caps().remote_fp32_add: for every rank p, region@p[0:count] (fp32) +=
+  // src[p*count : (p+1)*count] (fp32 or bf16), atomically at p.
+  virtual Status add_all(const void* src, DataType src_type, const SymmetricRegion& region,
+                         size_t count, StreamHandle stream);
+  // Waits until every slot of this rank's `signals` is >= value. Bounded by the transport's
+  // timeout: on expiry a Timeout naming this rank, the peer whose slot fell short, `operation`,
+  // the expected and the seen value (stream-ordered transports report it from poll_error()). A
+  // failed or dead peer ends the wait with a RemoteError naming it.
+  virtual Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
+                              StreamHandle stream) = 0;
+
+  // ---- local operations in this transport's memory space (host or device) -------------------
+  virtual Status zero(void* dst, size_t bytes, StreamHandle stream) = 0;
+  // dst[i] += src[i] for i < count (src fp32 or bf16), in fp32.
+  virtual Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
+                            StreamHandle stream) = 0;
+  // dst[i] = slots[i] + slots[stride + i] + ... + slots[(num_slots-1)*stride + i], added in slot
+  // order (so bitwise reproducible), for i < count.
+  virtual Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
+                           size_t count, StreamHandle stream) = 0;
 };
 
 }  // namespace odc

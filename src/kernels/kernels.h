@@ -4,6 +4,8 @@
 // no NCCL. Invariant: every inter-rank wait is bounded and reports (rank, peer, value seen) in a
 // WaitError instead of hanging; a block whose wait expired does no further work.
 //
+// What the product runs; the losing variants (copy-engine gather, per-push staged
+// scatter-accumulate) live in dev/cuda_lab/lab_kernels.h with the lab that measured them.
 // Measured (dev/cuda_lab, docs/cuda_lab.md; 4 x H200, NCCL 2.28.9, 2026-11-21), all GPUs at once:
 // gather: gather_sm wins at every size, 2.01x NCCL all-gather at 1 MiB, 1.19x at 64 MiB, 1.03x at
 //   512 MiB; gather_copy_engine reaches 390 GB/s for one GPU alone but ~195 GB/s busbw when all
@@ -44,6 +46,7 @@ enum WaitSite : int32_t {
   kWaitBarrier = 1,    // device_barrier: peer has not reached the epoch
   kWaitSlotFree = 2,   // staged push: owner has not released our slot from the previous push
   kWaitSlotReady = 3,  // staged accumulate: sender's slot has not landed
+  kWaitSignal = 4,     // wait_signals: a peer's signal has not reached the value
 };
 
 // Written by the first wait that expires (first writer wins); `site` == kWaitNone means no error.
@@ -67,17 +70,6 @@ inline constexpr size_t elem_bytes(ElemType type) {
   return type == ElemType::kFloat32 ? 4 : 2;
 }
 
-// Auxiliary streams on the current device (one per rank) and the events that fork them from and
-// join them back to the caller's stream, for the copy-engine variants.
-struct CopyEngineSet {
-  int num_streams = 0;
-  cudaStream_t streams[kMaxRanks] = {};
-  cudaEvent_t fork = nullptr;
-  cudaEvent_t joined[kMaxRanks] = {};
-};
-cudaError_t copy_engine_set_create(CopyEngineSet* set, int num_streams);
-cudaError_t copy_engine_set_destroy(CopyEngineSet* set);
-
 // Common description of the calling rank and its peers.
 struct RankInfo {
   int rank = 0;
@@ -89,11 +81,7 @@ struct RankInfo {
 // dst[r*shard_bytes : (r+1)*shard_bytes] = shards.ptr[r][0 : shard_bytes] for every rank r.
 // Owners do nothing; their shards must not be rewritten until the call completes (stream order).
 
-// (a) one cudaMemcpyAsync per rank, each on its own stream of `engines` (no SMs used).
-cudaError_t gather_copy_engine(void* dst, const PeerPointers& shards, size_t shard_bytes,
-                               const RankInfo& info, const CopyEngineSet& engines,
-                               cudaStream_t stream);
-// (b) one SM kernel with 16-byte loads from peer memory (byte-wise head/tail; pairs whose
+// One SM kernel with 16-byte loads from peer memory (byte-wise head/tail; pairs whose
 // addresses differ in alignment mod 16 fall back to byte copies). num_blocks == 0: automatic.
 // `error` (optional): when it records a failed wait, the kernel copies nothing.
 cudaError_t gather_sm(void* dst, const PeerPointers& shards, size_t shard_bytes,
@@ -104,7 +92,7 @@ cudaError_t gather_sm(void* dst, const PeerPointers& shards, size_t shard_bytes,
 // For every owner r: accs.ptr[r][0:shard_elems] += src[r*shard_elems : (r+1)*shard_elems], in
 // fp32, src fp32 or bf16. Every rank may call it concurrently with every other rank.
 
-// (a) vectorized fp32 reductions (red.global.add.v4.f32, system scope) straight into each owner's
+// Vectorized fp32 reductions (red.global.add.v4.f32, system scope) straight into each owner's
 // accumulator. Accumulators must be 4-byte aligned; 16-byte alignment enables the vector path.
 // `sys_scope` false uses gpu scope (lab comparison only: atomicity across devices is only
 // guaranteed at system scope).
@@ -114,24 +102,30 @@ cudaError_t scatter_accumulate_reduce(const void* src, ElemType src_type, const 
                                       cudaStream_t stream, bool sys_scope = true,
                                       const WaitError* error = nullptr);
 
-// (b) staged push: the caller copies owner r's slice into its own slot of r's staging buffer,
-// then raises r's ready flag; then, on its own device, waits for every sender's slot, adds all
-// of them plus its own slice into its accumulator, and releases the slots (freed flags). Before
-// pushing push `seq` it waits until the owner has released push seq-1. Calls on every rank must
-// use the same sequence 1, 2, 3, ... (all ranks call it the same number of times).
-enum class PushEngine : int32_t { kCopyEngine = 0, kSm = 1 };
-struct StagedBuffers {
-  PeerPointers staging;  // per rank: staging_bytes(...) bytes of device memory
-  PeerPointers signals;  // per rank: one SignalBlock
-  PeerPointers accs;  // per rank: the fp32 accumulator (slots are laid out to match its alignment)
+// ---- put-with-signal, signal waits, local arithmetic (staged accumulation) ------------------
+// For every job j < num_jobs: copy `bytes` from src[j] to dst[j] (local or peer memory), then,
+// when signal[j] is set, store `value` there (system-scope release) once every block of job j
+// has copied its share. `done`: kMaxRanks zeroed device counters owned by the caller, not shared
+// by concurrent launches. Copies and signals nothing when `error` records a failed wait.
+struct PutSignalJobs {
+  void* dst[kMaxRanks] = {};
+  const void* src[kMaxRanks] = {};
+  uint64_t* signal[kMaxRanks] = {};
+  int num_jobs = 0;
 };
-size_t staging_slot_bytes(size_t shard_elems, ElemType src_type);
-size_t staging_bytes(size_t shard_elems, ElemType src_type, int num_ranks);
-cudaError_t scatter_accumulate_staged(const void* src, ElemType src_type,
-                                      const StagedBuffers& buffers, size_t shard_elems,
-                                      const RankInfo& info, uint64_t seq, PushEngine engine,
-                                      const CopyEngineSet* engines, int num_blocks,
-                                      int64_t timeout_ns, WaitError* error, cudaStream_t stream);
+cudaError_t put_signal(const PutSignalJobs& jobs, size_t bytes, uint64_t value, uint32_t* done,
+                       const RankInfo& info, const WaitError* error, cudaStream_t stream);
+// Stream-ordered: returns (on the device) when signals[p] >= value for every p < info.num_ranks;
+// on expiry of `timeout_ns` records (kWaitSignal, rank, peer, value, seen) in `error`.
+cudaError_t wait_signals(const uint64_t* signals, uint64_t value, const RankInfo& info,
+                         int64_t timeout_ns, WaitError* error, cudaStream_t stream);
+// dst[i] += src[i] (fp32 or bf16 source) for i < n; local memory. Nothing after a failed wait.
+cudaError_t accumulate_local(float* dst, const void* src, ElemType src_type, size_t n,
+                             const RankInfo& info, const WaitError* error, cudaStream_t stream);
+// dst[i] = ((0 + slots[i]) + slots[slot_stride + i]) + ... over num_slots slots, in slot order
+// (bitwise reproducible), for i < n. Nothing after a failed wait.
+cudaError_t sum_slots(float* dst, const float* slots, size_t slot_stride, int num_slots, size_t n,
+                      const RankInfo& info, const WaitError* error, cudaStream_t stream);
 
 // ---- barrier ---------------------------------------------------------------------------------
 // Stream-ordered: returns (on the device) when every rank has reached `epoch` (1, 2, 3, ... on

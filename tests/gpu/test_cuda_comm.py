@@ -1,5 +1,7 @@
 """The ODC protocol on GPUs (CUDA transport), one process per GPU: gather, uneven
-scatter-accumulate with random delays, 1,000 minibatches, bf16 and fp32, faults, bad input."""
+scatter-accumulate with random delays (remote atomic adds and the deterministic staged scheme),
+sums read right after minibatch_end with no extra barrier, bitwise-identical deterministic sums
+under different random delays, 1,000 minibatches, bf16 and fp32, faults, bad input."""
 
 import os
 import random
@@ -50,13 +52,25 @@ def _gather_rank(rank, world_size, key):
     return True
 
 
-def _minibatch_rank(rank, world_size, key, num_minibatches, count, src_dtype, delays):
+def _minibatch_rank(
+    rank,
+    world_size,
+    key,
+    num_minibatches,
+    count,
+    src_dtype,
+    delays,
+    deterministic=False,
+    barrier_after=True,
+):
     import torch
 
     torch.cuda.set_device(rank)
     rng = random.Random(rank)
     dtype = torch.float32 if src_dtype == "float32" else torch.bfloat16
-    with odc.Comm(rank, world_size, key, timeout=60, device=rank) as comm:
+    with odc.Comm(
+        rank, world_size, key, timeout=60, device=rank, deterministic=deterministic
+    ) as comm:
         accumulator = comm.alloc(count, accumulator=True)
         everything = torch.empty(world_size * count, device="cuda")
         for minibatch in range(num_minibatches):
@@ -80,7 +94,8 @@ def _minibatch_rank(rank, world_size, key, num_minibatches, count, src_dtype, de
                 raise AssertionError(
                     f"minibatch {minibatch} element {bad}: {everything[bad]} != {expected[bad]}"
                 )
-            comm.barrier()  # nobody zeroes (next begin) while a peer still reads
+            if barrier_after:
+                comm.barrier()
         torch.cuda.synchronize()
     return num_minibatches
 
@@ -99,6 +114,51 @@ def test_scatter_accumulate_uneven_with_delays(world_size, src_dtype):
         pytest.skip(f"needs {world_size} GPUs")
     results = odc.launch(_minibatch_rank, world_size, 6, 65537, src_dtype, True, timeout=300)
     assert results == [6] * world_size
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_sums_valid_after_minibatch_end_without_barrier(deterministic):
+    # Every rank gathers every owner's sums right after minibatch_end, with no barrier before the
+    # next minibatch_begin: a faster peer must not reset what a slower one still reads.
+    world_size = min(4, _device_count())
+    results = odc.launch(
+        _minibatch_rank, world_size, 40, 4099, "bfloat16", True, deterministic, False, timeout=300
+    )
+    assert results == [40] * world_size
+
+
+def _deterministic_rank(rank, world_size, key, delay_seed, count):
+    import torch
+
+    torch.cuda.set_device(rank)
+    delays = random.Random(delay_seed * 100 + rank)
+    data = torch.Generator(device="cuda").manual_seed(1000 + rank)  # the same data in every run
+    with odc.Comm(rank, world_size, key, timeout=60, device=rank, deterministic=True) as comm:
+        accumulator = comm.alloc(count, accumulator=True)
+        everything = torch.empty(world_size * count, device="cuda")
+        runs = []
+        for minibatch in range(4):
+            comm.minibatch_begin()
+            for _ in range(1 + (rank + minibatch) % 3):
+                time.sleep(delays.uniform(0, 0.003))  # host-side skew
+                torch.cuda._sleep(delays.randint(0, 400_000))  # device-side skew
+                src = torch.randn(world_size * count, device="cuda", generator=data) * 1e3
+                comm.scatter_accumulate(src, accumulator)
+            comm.minibatch_end()
+            comm.gather(everything, accumulator)
+            runs.append(everything.view(torch.int32).cpu().clone())
+        torch.cuda.synchronize()
+    return [r.numpy().tobytes() for r in runs]
+
+
+def test_deterministic_sums_bitwise_identical_under_random_delays():
+    # Non-integer fp32 contributions (their sum depends on the order of addition), pushed with
+    # different random host and device delays in each run: every bit of every sum is the same.
+    world_size = min(4, _device_count())
+    first = odc.launch(_deterministic_rank, world_size, 1, 65537, timeout=300)
+    second = odc.launch(_deterministic_rank, world_size, 2, 65537, timeout=300)
+    assert first == second
+    assert all(len(minibatches) == 4 for minibatches in first)
 
 
 def test_thousand_minibatches_lose_nothing():

@@ -51,9 +51,11 @@ def test_gather_equals_concatenated_shards(world_size):
     assert odc.launch(_gather_rank, world_size, timeout=120) == list(range(world_size))
 
 
-def _minibatch_rank(rank, world_size, key, num_minibatches, count, src_dtype, delays):
+def _minibatch_rank(
+    rank, world_size, key, num_minibatches, count, src_dtype, delays, deterministic=False
+):
     rng = random.Random(rank)
-    with odc.Comm(rank, world_size, key, timeout=30) as comm:
+    with odc.Comm(rank, world_size, key, timeout=30, deterministic=deterministic) as comm:
         accumulator = comm.alloc(count, accumulator=True)
         everything = np.empty(world_size * count, dtype=np.float32)
         for minibatch in range(num_minibatches):
@@ -76,8 +78,8 @@ def _minibatch_rank(rank, world_size, key, num_minibatches, count, src_dtype, de
                 ),
                 np.zeros(world_size * count, dtype=np.float32),
             )
+            # No barrier: the sums stay valid until the next minibatch_end fills them.
             assert np.array_equal(everything, expected), f"minibatch {minibatch}"
-            comm.barrier()
     return num_minibatches
 
 
@@ -86,6 +88,65 @@ def _minibatch_rank(rank, world_size, key, num_minibatches, count, src_dtype, de
 def test_scatter_accumulate_uneven_with_delays(world_size, src_dtype):
     results = odc.launch(_minibatch_rank, world_size, 5, 129, src_dtype, True, timeout=180)
     assert results == [5] * world_size
+
+
+def test_deterministic_option():
+    results = odc.launch(_minibatch_rank, 3, 5, 33, "float32", True, True, timeout=180)
+    assert results == [5] * 3
+
+
+class _FileStore:
+    """A duck-typed store on a directory (no torch): set/get(wait)/add, as torch's stores."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def _file(self, key):
+        return os.path.join(self.path, key.replace("/", "_"))
+
+    def set(self, key, value):
+        temporary = self._file(key) + f".tmp{os.getpid()}"
+        with open(temporary, "wb") as out:
+            out.write(value.encode() if isinstance(value, str) else value)
+        os.replace(temporary, self._file(key))
+
+    def get(self, key):
+        deadline = time.monotonic() + 30
+        while not os.path.exists(self._file(key)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(key)
+            time.sleep(0.01)
+        with open(self._file(key), "rb") as data:
+            return data.read()
+
+    def add(self, key, amount):  # only ever called for keys of one rank here
+        value = int(self.get(key)) + amount if os.path.exists(self._file(key)) else amount
+        self.set(key, str(value))
+        return value
+
+
+def _store_rank(rank, world_size, key, path):
+    store = _FileStore(path)
+    sums = []
+    for _ in range(2):  # two communicators in a row: each gets its own key
+        with odc.Comm(rank, world_size, store=store, timeout=20) as comm:
+            accumulator = comm.alloc(4, accumulator=True)
+            comm.minibatch_begin()
+            comm.scatter_accumulate(np.full(world_size * 4, rank + 1.0, np.float32), accumulator)
+            comm.minibatch_end()
+            sums.append(float(accumulator.array.sum()))
+            comm.barrier()
+    return sums
+
+
+def test_comm_from_a_store_needs_no_key(tmp_path):
+    expected = 4.0 * sum(range(1, 4))
+    assert odc.launch(_store_rank, 3, str(tmp_path), timeout=120) == [[expected, expected]] * 3
+
+
+def test_comm_needs_a_key_or_a_store():
+    with pytest.raises(odc.Error, match="rendezvous key"):
+        odc.Comm(0, 1)
 
 
 def test_thousand_minibatches_lose_nothing():
@@ -271,3 +332,38 @@ def test_launch_shares_cpu_cores_like_torchrun(monkeypatch):
     assert odc.launch(_threads_rank, 2, timeout=60) == [expected, expected]
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's setting wins
     assert odc.launch(_threads_rank, 2, timeout=60) == ["3", "3"]
+
+
+def _tcp_store_rank(rank, world_size, key, port):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    # Generous timeouts: importing torch in freshly spawned processes is slow on a busy machine.
+    store = dist.TCPStore(
+        "127.0.0.1",
+        port,
+        world_size,
+        is_master=rank == 0,
+        timeout=timedelta(seconds=180),
+        wait_for_workers=False,
+    )
+    with odc.Comm(rank, world_size, store=store, timeout=20) as comm:
+        params = comm.alloc(8)
+        params.array[:] = rank
+        comm.barrier()
+        full = np.empty(world_size * 8, np.float32)
+        comm.gather(full, params)
+        comm.barrier()
+        return full.tolist()
+
+
+def test_comm_from_a_torch_store():
+    pytest.importorskip("torch.distributed")
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    expected = [float(r) for r in range(2) for _ in range(8)]
+    assert odc.launch(_tcp_store_rank, 2, port, timeout=300) == [expected, expected]

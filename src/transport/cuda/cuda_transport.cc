@@ -61,17 +61,6 @@ class CudaRegion final : public SymmetricRegion {
   IpcMapping mapping_;
 };
 
-class CudaAccumulator final : public AccumulatorRegion {
- public:
-  CudaAccumulator(size_t count, std::unique_ptr<SymmetricRegion> sums)
-      : AccumulatorRegion(count), sums_(std::move(sums)) {}
-  float* local() const override { return static_cast<float*>(sums_->local()); }
-  const SymmetricRegion& sums() const override { return *sums_; }
-
- private:
-  std::unique_ptr<SymmetricRegion> sums_;
-};
-
 const char* wait_site_name(int32_t site) {
   switch (site) {
     case kernels::kWaitBarrier:
@@ -80,6 +69,8 @@ const char* wait_site_name(int32_t site) {
       return "staging slot release";
     case kernels::kWaitSlotReady:
       return "staging slot arrival";
+    case kernels::kWaitSignal:
+      return "signal wait";
     default:
       return "device wait";
   }
@@ -206,33 +197,20 @@ Result<std::unique_ptr<SymmetricRegion>> CudaTransport::allocate(size_t bytes) {
   return std::unique_ptr<SymmetricRegion>(new CudaRegion(std::move(mapping), bytes));
 }
 
-Result<std::unique_ptr<AccumulatorRegion>> CudaTransport::allocate_accumulator(size_t count) {
-  auto sums = allocate(count * sizeof(float));
-  if (!sums.ok()) return sums.status();
-  return std::unique_ptr<AccumulatorRegion>(new CudaAccumulator(count, std::move(sums).value()));
+Status CudaTransport::barrier(CollectiveOp, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ++barrier_epoch_;
+  ODC_CUDA_CHECK(kernels::device_barrier(peer_pointers(*signals_), rank_info(), barrier_epoch_,
+                                         timeout_ns_, device_error_, as_stream(stream)));
+  return Status::Ok();
 }
 
-Status CudaTransport::barrier(CollectiveOp op, StreamHandle stream) {
+Status CudaTransport::host_barrier(CollectiveOp op) {
   DeviceGuard guard(device_);
-  switch (op) {
-    case CollectiveOp::kMinibatchApplied:
-      // Pushes land in the owners' accumulators directly: the minibatch-end barrier already made
-      // every sum final.
-      return Status::Ok();
-    case CollectiveOp::kMinibatchBegin:
-    case CollectiveOp::kMinibatchEnd:
-    case CollectiveOp::kBarrier: {
-      ++barrier_epoch_;
-      ODC_CUDA_CHECK(kernels::device_barrier(peer_pointers(*signals_), rank_info(), barrier_epoch_,
-                                             timeout_ns_, device_error_, as_stream(stream)));
-      return Status::Ok();
-    }
-    default:
-      // Collectives that change memory (free) must not overtake queued work on any rank.
-      ODC_CUDA_CHECK(cudaDeviceSynchronize());
-      ODC_RETURN_IF_ERROR(poll_error());
-      return bootstrap_->host_barrier(op);
-  }
+  // Collectives that change memory (free) must not overtake queued work on any rank.
+  ODC_CUDA_CHECK(cudaDeviceSynchronize());
+  ODC_RETURN_IF_ERROR(poll_error());
+  return bootstrap_->host_barrier(op);
 }
 
 Status CudaTransport::poll_error() {
@@ -241,8 +219,8 @@ Status CudaTransport::poll_error() {
     std::ostringstream message;
     message << wait_site_name(record->site) << " timed out after "
             << static_cast<double>(timeout_ns_) / 1e9 << " s: rank " << record->rank
-            << " waited for rank " << record->peer << " (expected epoch " << record->expected
-            << ", saw " << record->seen << ")";
+            << " waited for rank " << record->peer << " (expected " << record->expected << ", saw "
+            << record->seen << ")";
     return Status::Timeout(message.str());
   }
   const cudaError_t sticky = cudaPeekAtLastError();
@@ -269,32 +247,104 @@ Status CudaTransport::check_device_pointer(const void* pointer, const char* what
   return Status::Ok();
 }
 
-Status CudaTransport::gather(void* dst, const SymmetricRegion& shards, size_t shard_bytes,
-                             StreamHandle stream) {
+Status CudaTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes,
+                              StreamHandle stream) {
   DeviceGuard guard(device_);
   ODC_RETURN_IF_ERROR(check_device_pointer(dst, "destination"));
-  ODC_CUDA_CHECK(kernels::gather_sm(dst, peer_pointers(shards), shard_bytes, rank_info(),
+  ODC_CUDA_CHECK(kernels::gather_sm(dst, peer_pointers(region), bytes, rank_info(),
                                     /*num_blocks=*/0, as_stream(stream), device_error_));
   return Status::Ok();
 }
 
-Status CudaTransport::reset(AccumulatorRegion& accumulator, StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_CUDA_CHECK(cudaMemsetAsync(accumulator.local(), 0, accumulator.count() * sizeof(float),
-                                 as_stream(stream)));
+Status CudaTransport::launch_puts(const kernels::PutSignalJobs& jobs, size_t bytes, uint64_t value,
+                                  StreamHandle stream) {
+  // The local SignalBlock's push_done counters: one per job, reset by each job's last block.
+  auto* done = static_cast<kernels::SignalBlock*>(signals_->local())->push_done;
+  ODC_CUDA_CHECK(
+      kernels::put_signal(jobs, bytes, value, done, rank_info(), device_error_, as_stream(stream)));
   return Status::Ok();
 }
 
-Status CudaTransport::push(const void* src, DataType src_type, AccumulatorRegion& accumulator,
-                           StreamHandle stream) {
+Status CudaTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
+                          size_t bytes, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
+  kernels::PutSignalJobs jobs;
+  jobs.dst[0] = static_cast<char*>(region.peer(peer)) + offset;
+  jobs.src[0] = src;
+  jobs.num_jobs = 1;
+  return launch_puts(jobs, bytes, 0, stream);
+}
+
+Status CudaTransport::signal(const SymmetricRegion& signals, int peer, uint64_t value,
+                             StreamHandle stream) {
+  DeviceGuard guard(device_);
+  kernels::PutSignalJobs jobs;
+  jobs.signal[0] = static_cast<uint64_t*>(signals.peer(peer)) + rank();
+  jobs.num_jobs = 1;
+  return launch_puts(jobs, 0, value, stream);
+}
+
+Status CudaTransport::put_signal_all(const void* src, const SymmetricRegion& region, size_t offset,
+                                     size_t bytes, const SymmetricRegion* signals, uint64_t value,
+                                     StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
+  kernels::PutSignalJobs jobs;
+  for (int i = 0; i < world_size(); ++i) {
+    // Start with the next rank so that the ranks' first writes go to different owners.
+    const int peer = (rank() + 1 + i) % world_size();
+    jobs.dst[i] = static_cast<char*>(region.peer(peer)) + offset;
+    jobs.src[i] = static_cast<const char*>(src) + static_cast<size_t>(peer) * bytes;
+    if (signals != nullptr) jobs.signal[i] = static_cast<uint64_t*>(signals->peer(peer)) + rank();
+  }
+  jobs.num_jobs = world_size();
+  return launch_puts(jobs, bytes, value, stream);
+}
+
+Status CudaTransport::add_all(const void* src, DataType src_type, const SymmetricRegion& region,
+                              size_t count, StreamHandle stream) {
   DeviceGuard guard(device_);
   ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
   const auto type =
       src_type == DataType::kFloat32 ? kernels::ElemType::kFloat32 : kernels::ElemType::kBfloat16;
   // After a failed device wait nothing more moves (the kernel checks the error record first).
   ODC_CUDA_CHECK(kernels::scatter_accumulate_reduce(
-      src, type, peer_pointers(accumulator.sums()), accumulator.count(), rank_info(),
-      /*num_blocks=*/0, as_stream(stream), /*sys_scope=*/true, device_error_));
+      src, type, peer_pointers(region), count, rank_info(), /*num_blocks=*/0, as_stream(stream),
+      /*sys_scope=*/true, device_error_));
+  return Status::Ok();
+}
+
+Status CudaTransport::wait_signals(const SymmetricRegion& signals, uint64_t value, const char*,
+                                   StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(kernels::wait_signals(static_cast<const uint64_t*>(signals.local()), value,
+                                       rank_info(), timeout_ns_, device_error_, as_stream(stream)));
+  return Status::Ok();
+}
+
+Status CudaTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)));
+  return Status::Ok();
+}
+
+Status CudaTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count,
+                                 StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
+  const auto type =
+      src_type == DataType::kFloat32 ? kernels::ElemType::kFloat32 : kernels::ElemType::kBfloat16;
+  ODC_CUDA_CHECK(kernels::accumulate_local(dst, src, type, count, rank_info(), device_error_,
+                                           as_stream(stream)));
+  return Status::Ok();
+}
+
+Status CudaTransport::sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
+                                size_t count, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(kernels::sum_slots(dst, slots, stride, num_slots, count, rank_info(),
+                                    device_error_, as_stream(stream)));
   return Status::Ok();
 }
 

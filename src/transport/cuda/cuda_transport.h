@@ -2,11 +2,13 @@
 // every other rank's address space with CUDA IPC, exchanged through the host transport that also
 // serves as the bootstrap (rendezvous, host barriers, failure flags). Data movement is enqueued on
 // the caller's stream and never blocks the host:
-//   gather             one SM kernel pulling every shard with 16-byte loads from peer memory;
-//   scatter-accumulate vectorized fp32 reductions (red.global.add.v4.f32, system scope) straight
-//                      into each owner's accumulator: no staging, no owner action, exact once;
-//   minibatch barriers a device kernel on peer-visible epoch flags whose bounded wait records
-//                      (rank, peer, value seen) instead of hanging; poll_error() reports it.
+//   get_all            one SM kernel pulling every peer's region with 16-byte loads;
+//   add_all            vectorized fp32 reductions (red.global.add.v4.f32, system scope) straight
+//                      into each peer's region: atomic, so caps().remote_fp32_add;
+//   put, signals       an SM copy kernel whose last block raises the peer's signal (release);
+//                      signal waits and barriers are device kernels on peer-visible flags whose
+//                      bounded wait records (rank, peer, value seen) instead of hanging;
+//                      poll_error() reports it.
 // The choices and their numbers: docs/cuda_lab.md.
 #pragma once
 
@@ -31,21 +33,34 @@ class CudaTransport final : public Transport {
 
   int rank() const override { return bootstrap_->rank(); }
   int world_size() const override { return bootstrap_->world_size(); }
+  TransportCaps caps() const override { return TransportCaps{true, true}; }
   int device() const { return device_; }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override {
     return bootstrap_->exchange(mine);
   }
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
-  Result<std::unique_ptr<AccumulatorRegion>> allocate_accumulator(size_t count) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
+  Status host_barrier(CollectiveOp op) override;
   Status poll_error() override;
   void mark_failed(const std::string& reason) override { bootstrap_->mark_failed(reason); }
-  Status gather(void* dst, const SymmetricRegion& shards, size_t shard_bytes,
+  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
+                 StreamHandle stream) override;
+  Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
+             StreamHandle stream) override;
+  Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
-  Status reset(AccumulatorRegion& accumulator, StreamHandle stream) override;
-  Status push(const void* src, DataType src_type, AccumulatorRegion& accumulator,
-              StreamHandle stream) override;
-  Status settle(AccumulatorRegion&, StreamHandle) override { return Status::Ok(); }
+  Status put_signal_all(const void* src, const SymmetricRegion& region, size_t offset, size_t bytes,
+                        const SymmetricRegion* signals, uint64_t value,
+                        StreamHandle stream) override;
+  Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
+                 StreamHandle stream) override;
+  Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
+                      StreamHandle stream) override;
+  Status zero(void* dst, size_t bytes, StreamHandle stream) override;
+  Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
+                    StreamHandle stream) override;
+  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
+                   StreamHandle stream) override;
 
  private:
   CudaTransport(std::unique_ptr<shm::ShmTransport> bootstrap, int device,
@@ -54,6 +69,8 @@ class CudaTransport final : public Transport {
   Status check_device_pointer(const void* pointer, const char* what) const;
   kernels::RankInfo rank_info() const;
   kernels::PeerPointers peer_pointers(const SymmetricRegion& region) const;
+  Status launch_puts(const kernels::PutSignalJobs& jobs, size_t bytes, uint64_t value,
+                     StreamHandle stream);
 
   std::unique_ptr<shm::ShmTransport> bootstrap_;
   int device_;

@@ -3,6 +3,8 @@
 // plus a futex word bumped after it, so waiting ranks sleep in the kernel instead of spinning.
 #include "transport/shm/shm_transport.h"
 
+#include "transport/host_ops.h"
+
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -87,16 +89,6 @@ bool valid_key(const std::string& key) {
   });
 }
 
-void add_into(float* dst, const void* src, DataType src_type, size_t count) {
-  if (src_type == DataType::kFloat32) {
-    const auto* values = static_cast<const float*>(src);
-    for (size_t i = 0; i < count; ++i) dst[i] += values[i];
-  } else {
-    const auto* values = static_cast<const uint16_t*>(src);
-    for (size_t i = 0; i < count; ++i) dst[i] += bf16_to_float(values[i]);
-  }
-}
-
 class ShmRegion final : public SymmetricRegion {
  public:
   ShmRegion(std::vector<std::unique_ptr<Segment>> segments, std::vector<void*> peers, int rank,
@@ -105,21 +97,6 @@ class ShmRegion final : public SymmetricRegion {
 
  private:
   std::vector<std::unique_ptr<Segment>> segments_;  // unmapped on destruction
-};
-
-// Sums plus world_size staging slots (one per sender) at every owner.
-class ShmAccumulator final : public AccumulatorRegion {
- public:
-  ShmAccumulator(size_t count, std::unique_ptr<SymmetricRegion> sums,
-                 std::unique_ptr<SymmetricRegion> slots)
-      : AccumulatorRegion(count), sums_(std::move(sums)), slots_(std::move(slots)) {}
-  float* local() const override { return static_cast<float*>(sums_->local()); }
-  const SymmetricRegion& sums() const override { return *sums_; }
-  const SymmetricRegion& slots() const { return *slots_; }
-
- private:
-  std::unique_ptr<SymmetricRegion> sums_;
-  std::unique_ptr<SymmetricRegion> slots_;
 };
 
 }  // namespace
@@ -270,16 +247,17 @@ Status ShmTransport::join() {
   return controls_[rank_]->unlink();
 }
 
-Status ShmTransport::barrier(CollectiveOp op, StreamHandle) {
-  return arrive_and_wait(op);
+void ShmTransport::wake_peers() {
+  ControlBlock& own = block(rank_);
+  own.wake.fetch_add(1, std::memory_order_release);
+  futex_wake_all(&own.wake);
 }
 
 Status ShmTransport::arrive_and_wait(CollectiveOp op) {
   ++epoch_;
   ControlBlock& own = block(rank_);
   own.arrival.store((epoch_ << 8) | static_cast<uint64_t>(op), std::memory_order_release);
-  own.wake.fetch_add(1, std::memory_order_release);
-  futex_wake_all(&own.wake);
+  wake_peers();
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout_);
   for (int peer = 0; peer < world_size_; ++peer) {
     if (peer != rank_) ODC_RETURN_IF_ERROR(wait_for_peer(peer, epoch_, op, deadline));
@@ -426,52 +404,100 @@ void ShmTransport::mark_failed(const std::string& reason) {
   futex_wake_all(&own.wake);
 }
 
-Result<std::unique_ptr<AccumulatorRegion>> ShmTransport::allocate_accumulator(size_t count) {
-  auto sums = allocate(count * sizeof(float));
-  if (!sums.ok()) return sums.status();
-  auto slots = allocate(static_cast<size_t>(world_size_) * count * sizeof(float));
-  if (!slots.ok()) return slots.status();
-  return std::unique_ptr<AccumulatorRegion>(
-      new ShmAccumulator(count, std::move(sums).value(), std::move(slots).value()));
-}
-
-Status ShmTransport::gather(void* dst, const SymmetricRegion& shards, size_t shard_bytes,
-                            StreamHandle) {
+Status ShmTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes, StreamHandle) {
   auto* out = static_cast<char*>(dst);
   for (int r = 0; r < world_size_; ++r) {
-    std::memcpy(out + static_cast<size_t>(r) * shard_bytes, shards.peer(r), shard_bytes);
+    std::memcpy(out + static_cast<size_t>(r) * bytes, region.peer(r), bytes);
   }
   return Status::Ok();
 }
 
-Status ShmTransport::reset(AccumulatorRegion& accumulator, StreamHandle) {
-  auto& shm = static_cast<ShmAccumulator&>(accumulator);
-  std::memset(shm.local(), 0, shm.count() * sizeof(float));
-  std::memset(shm.slots().local(), 0, shm.slots().bytes());
+Status ShmTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
+                         size_t bytes, StreamHandle) {
+  std::memcpy(static_cast<char*>(region.peer(peer)) + offset, src, bytes);
   return Status::Ok();
 }
 
-Status ShmTransport::push(const void* src, DataType src_type, AccumulatorRegion& accumulator,
-                          StreamHandle) {
-  auto& shm = static_cast<ShmAccumulator&>(accumulator);
-  const size_t count = shm.count();
-  const auto* bytes = static_cast<const char*>(src);
-  for (int owner = 0; owner < world_size_; ++owner) {
-    // Our own slot at `owner`: nobody else writes it, so plain adds are exact.
-    float* slot = static_cast<float*>(shm.slots().peer(owner)) + static_cast<size_t>(rank_) * count;
-    add_into(slot, bytes + static_cast<size_t>(owner) * count * element_bytes(src_type), src_type,
-             count);
+Status ShmTransport::signal(const SymmetricRegion& signals, int peer, uint64_t value,
+                            StreamHandle) {
+  // The release store publishes every earlier put of this rank; waiters sleep on our futex word.
+  std::atomic_ref<uint64_t> slot(static_cast<uint64_t*>(signals.peer(peer))[rank_]);
+  slot.store(value, std::memory_order_release);
+  wake_peers();
+  return Status::Ok();
+}
+
+Status ShmTransport::wait_signals(const SymmetricRegion& signals, uint64_t value,
+                                  const char* operation, StreamHandle) {
+  auto* slots = static_cast<uint64_t*>(signals.local());
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout_);
+  for (int peer = 0; peer < world_size_; ++peer) {
+    std::atomic_ref<uint64_t> slot(slots[peer]);
+    if (peer == rank_) {
+      if (slot.load(std::memory_order_acquire) >= value) continue;
+      return Status::InternalError(std::string(operation) + ": own signal " +
+                                   std::to_string(slot.load()) + " below " + std::to_string(value));
+    }
+    ControlBlock& other = block(peer);
+    const std::string who = "rank " + std::to_string(peer);
+    auto next_liveness_check = Clock::now();
+    for (int attempt = 0;; ++attempt) {
+      const uint32_t seen_wake = other.wake.load(std::memory_order_acquire);
+      const uint64_t seen = slot.load(std::memory_order_acquire);
+      if (seen >= value) break;
+      const uint32_t state = other.state.load(std::memory_order_acquire);
+      // A peer may signal and then fail or exit: look at the slot once more before blaming it.
+      auto unless_signaled = [&](Status failure) {
+        return slot.load(std::memory_order_acquire) >= value ? Status::Ok() : failure;
+      };
+      Status failure = Status::Ok();
+      if (state == kFailed) {
+        const std::string reason(other.failure, strnlen(other.failure, sizeof(other.failure)));
+        failure = unless_signaled(Status::RemoteError(who + " failed: " + reason));
+      } else if (state == kClosed) {
+        failure = unless_signaled(Status::RemoteError(who + " destroyed its communicator"));
+      }
+      const auto now = Clock::now();
+      if (failure.ok() && now >= next_liveness_check) {
+        if (!pid_alive(other.pid)) {
+          failure = unless_signaled(
+              Status::RemoteError(who + " (pid " + std::to_string(other.pid) + ") died"));
+        }
+        next_liveness_check = now + std::chrono::milliseconds(10);
+      }
+      if (failure.ok() && now >= deadline) {
+        failure = unless_signaled(Status::Timeout(
+            std::string("signal wait (") + operation + ") timed out after " +
+            seconds_text(timeout_) + ": rank " + std::to_string(rank_) + " waited for " + who +
+            " (expected " + std::to_string(value) + ", saw " + std::to_string(seen) + ")"));
+      }
+      if (!failure.ok()) return failure;
+      if (slot.load(std::memory_order_acquire) >= value) break;
+      if (attempt < 64) {
+        std::this_thread::yield();
+        continue;
+      }
+      futex_wait(&other.wake, seen_wake,
+                 std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(20)));
+    }
   }
   return Status::Ok();
 }
 
-Status ShmTransport::settle(AccumulatorRegion& accumulator, StreamHandle) {
-  auto& shm = static_cast<ShmAccumulator&>(accumulator);
-  const auto* slots = static_cast<const float*>(shm.slots().local());
-  for (int sender = 0; sender < world_size_; ++sender) {
-    add_into(shm.local(), slots + static_cast<size_t>(sender) * shm.count(), DataType::kFloat32,
-             shm.count());
-  }
+Status ShmTransport::zero(void* dst, size_t bytes, StreamHandle) {
+  std::memset(dst, 0, bytes);
+  return Status::Ok();
+}
+
+Status ShmTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count,
+                                StreamHandle) {
+  host::add_into(dst, src, src_type, count);
+  return Status::Ok();
+}
+
+Status ShmTransport::sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
+                               size_t count, StreamHandle) {
+  host::sum_in_order(dst, slots, stride, num_slots, count);
   return Status::Ok();
 }
 

@@ -1,6 +1,6 @@
-// Host shared-memory transport: every local rank maps every other rank's segments, so copies and
-// accumulations are plain loads and stores. A push adds into the sender's own fp32 staging slot
-// at each owner (single writer: exact without atomics); settle() folds the slots in sender order.
+// Host shared-memory transport: every local rank maps every other rank's segments, so gets and
+// puts are plain copies; a signal is a release store into the peer's slot followed by a futex
+// wake. No remote fp32 add (the core stages pushes); nothing is stream-ordered.
 // Ranks meet through a key, with no server: each rank publishes a control segment
 // "/odc.<key>.r<rank>" and maps its peers'. Names are unlinked as soon as every rank has mapped
 // them, so a crash after init leaves nothing behind; segments left by a crash during init are
@@ -30,21 +30,26 @@ class ShmTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
+  TransportCaps caps() const override { return TransportCaps{}; }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
-  Result<std::unique_ptr<AccumulatorRegion>> allocate_accumulator(size_t count) override;
-  Status barrier(CollectiveOp op, StreamHandle stream) override;
+  Status barrier(CollectiveOp op, StreamHandle) override { return arrive_and_wait(op); }
+  Status host_barrier(CollectiveOp op) override { return arrive_and_wait(op); }
   Status poll_error() override { return Status::Ok(); }
   void mark_failed(const std::string& reason) override;
-  Status gather(void* dst, const SymmetricRegion& shards, size_t shard_bytes,
+  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
+                 StreamHandle stream) override;
+  Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
+             StreamHandle stream) override;
+  Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
-  Status reset(AccumulatorRegion& accumulator, StreamHandle stream) override;
-  Status push(const void* src, DataType src_type, AccumulatorRegion& accumulator,
-              StreamHandle stream) override;
-  Status settle(AccumulatorRegion& accumulator, StreamHandle stream) override;
-
-  // Host-blocking barrier, also used by transports that bootstrap through this one.
-  Status host_barrier(CollectiveOp op) { return arrive_and_wait(op); }
+  Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
+                      StreamHandle stream) override;
+  Status zero(void* dst, size_t bytes, StreamHandle stream) override;
+  Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
+                    StreamHandle stream) override;
+  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
+                   StreamHandle stream) override;
 
  private:
   ShmTransport(int rank, int world_size, std::string key, std::chrono::duration<double> timeout);
@@ -55,6 +60,8 @@ class ShmTransport final : public Transport {
   // Waits until peer's arrival reaches `epoch`; fails on timeout, peer death or failure.
   Status wait_for_peer(int peer, uint64_t epoch, CollectiveOp op,
                        std::chrono::steady_clock::time_point deadline);
+  // Wakes peers sleeping on this rank's futex word (after an arrival or a signal).
+  void wake_peers();
   ControlBlock& block(int rank) const;
   std::string segment_name(int rank, const std::string& suffix) const;
 

@@ -1,0 +1,35 @@
+// The transports this build has, by name, and how to make one. The C API and tools pick a transport
+// here instead of knowing which backends were compiled in.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "core/transport.h"
+
+namespace odc {
+
+struct TransportSpec {
+  int rank = 0;
+  int world_size = 1;
+  std::string key;  // the local shared-memory rendezvous
+  std::chrono::duration<double> timeout{60.0};
+  int device = -1;  // CUDA device for device transports
+};
+
+struct TransportInfo {
+  const char* name;    // "shm", "cuda"
+  bool needs_device;   // takes a CUDA device
+  TransportCaps caps;  // what the core can rely on
+  Result<std::unique_ptr<Transport>> (*create)(const TransportSpec& spec);
+};
+
+// Every transport compiled into this build.
+const std::vector<TransportInfo>& transports();
+// The transport called `name`, or an InvalidUsage naming the ones this build has.
+Result<const TransportInfo*> find_transport(const std::string& name);
+
+}  // namespace odc

@@ -1,0 +1,148 @@
+// Fault-injecting transport (see fault_transport.h).
+#include "transport/fault/fault_transport.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+namespace odc::fault {
+
+FaultTransport::FaultTransport(std::unique_ptr<Transport> inner, FaultPlan plan,
+                               std::function<void()> die)
+    : inner_(std::move(inner)), plan_(plan), die_(std::move(die)), rng_(plan.seed) {
+  if (!die_) {
+    Transport* raw = inner_.get();
+    die_ = [raw] { raw->mark_failed("died"); };
+  }
+}
+
+Status FaultTransport::enter(const char* what) {
+  if (dead_) return Status::RemoteError("this rank died earlier (injected)");
+  ++calls_;
+  if (plan_.kind == FaultKind::kDieAtCall && calls_ >= plan_.at_call) {
+    dead_ = true;
+    die_();
+    return Status::RemoteError(std::string("rank ") + std::to_string(rank()) + " died at call " +
+                               std::to_string(calls_) + " (" + what + ", injected)");
+  }
+  if (plan_.max_delay_us > 0 && rng_() % 4 == 0) {
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(std::uniform_int_distribution<int>(0, plan_.max_delay_us)(rng_)));
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<ExchangeRecord>> FaultTransport::exchange(const ExchangeRecord& mine) {
+  ODC_RETURN_IF_ERROR(enter("exchange"));
+  return inner_->exchange(mine);
+}
+
+Result<std::unique_ptr<SymmetricRegion>> FaultTransport::allocate(size_t bytes) {
+  ODC_RETURN_IF_ERROR(enter("allocate"));
+  return inner_->allocate(bytes);
+}
+
+Status FaultTransport::barrier(CollectiveOp op, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("barrier"));
+  if (due(FaultKind::kMismatch) && !fired_) {
+    fired_ = true;
+    op = op == CollectiveOp::kBarrier ? CollectiveOp::kMinibatchEnd : CollectiveOp::kBarrier;
+  }
+  return inner_->barrier(op, stream);
+}
+
+Status FaultTransport::host_barrier(CollectiveOp op) {
+  ODC_RETURN_IF_ERROR(enter("host_barrier"));
+  return inner_->host_barrier(op);
+}
+
+Status FaultTransport::poll_error() {
+  if (dead_) return Status::RemoteError("this rank died earlier (injected)");
+  return inner_->poll_error();
+}
+
+void FaultTransport::mark_failed(const std::string& reason) {
+  if (!dead_) inner_->mark_failed(reason);  // the dead stay dead, not "failed"
+}
+
+Status FaultTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes,
+                               StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("get_all"));
+  return inner_->get_all(dst, region, bytes, stream);
+}
+
+Status FaultTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
+                           size_t bytes, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("put"));
+  return inner_->put(src, region, peer, offset, bytes, stream);
+}
+
+Status FaultTransport::signal(const SymmetricRegion& signals, int peer, uint64_t value,
+                              StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("signal"));
+  if (due(FaultKind::kDropSignal) && !fired_ && peer == plan_.peer) {
+    fired_ = true;
+    return Status::Ok();  // lost on the way: the sender cannot tell
+  }
+  ODC_RETURN_IF_ERROR(inner_->signal(signals, peer, value, stream));
+  if (due(FaultKind::kDuplicateSignal) && peer == plan_.peer) {
+    return inner_->signal(signals, peer, value, stream);
+  }
+  return Status::Ok();
+}
+
+Status FaultTransport::put_signal_all(const void* src, const SymmetricRegion& region, size_t offset,
+                                      size_t bytes, const SymmetricRegion* signals, uint64_t value,
+                                      StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("put_signal_all"));
+  const bool per_peer = plan_.reorder || plan_.kind == FaultKind::kDropSignal ||
+                        plan_.kind == FaultKind::kDuplicateSignal;
+  if (!per_peer) {
+    return inner_->put_signal_all(src, region, offset, bytes, signals, value, stream);
+  }
+  std::vector<int> order(static_cast<size_t>(world_size()));
+  std::iota(order.begin(), order.end(), 0);
+  if (plan_.reorder) std::shuffle(order.begin(), order.end(), rng_);
+  for (int peer : order) {
+    const auto* data = static_cast<const char*>(src) + static_cast<size_t>(peer) * bytes;
+    ODC_RETURN_IF_ERROR(put(data, region, peer, offset, bytes, stream));
+    if (due(FaultKind::kDuplicateSignal) && peer == plan_.peer) {
+      ODC_RETURN_IF_ERROR(put(data, region, peer, offset, bytes, stream));
+    }
+    if (signals != nullptr) ODC_RETURN_IF_ERROR(signal(*signals, peer, value, stream));
+  }
+  return Status::Ok();
+}
+
+Status FaultTransport::add_all(const void* src, DataType src_type, const SymmetricRegion& region,
+                               size_t count, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("add_all"));
+  return inner_->add_all(src, src_type, region, count, stream);
+}
+
+Status FaultTransport::wait_signals(const SymmetricRegion& signals, uint64_t value,
+                                    const char* operation, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("wait_signals"));
+  return inner_->wait_signals(signals, value, operation, stream);
+}
+
+Status FaultTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("zero"));
+  return inner_->zero(dst, bytes, stream);
+}
+
+Status FaultTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count,
+                                  StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("accumulate"));
+  return inner_->accumulate(dst, src, src_type, count, stream);
+}
+
+Status FaultTransport::sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
+                                 size_t count, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("sum_slots"));
+  return inner_->sum_slots(dst, slots, stride, num_slots, count, stream);
+}
+
+}  // namespace odc::fault

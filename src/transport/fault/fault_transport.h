@@ -1,0 +1,87 @@
+// A fault-injecting wrapper around any transport, for protocol tests: random delays before calls,
+// reordered put-with-signal arrivals, a rank that dies at a chosen call, a dropped or duplicated
+// signal, a collective mismatch. Calls are numbered per rank (every Transport call after
+// construction counts), so a fault lands at a reproducible point of the protocol.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "core/transport.h"
+
+namespace odc::fault {
+
+enum class FaultKind {
+  kNone,
+  kDieAtCall,        // at call `at_call`: die() and return an error from then on
+  kDropSignal,       // the first signal to `peer` at or after call `at_call` is never delivered
+  kDuplicateSignal,  // every put-with-signal to `peer` from call `at_call` on is delivered twice
+  kMismatch,         // the first barrier at or after call `at_call` enters a different collective
+};
+
+struct FaultPlan {
+  FaultKind kind = FaultKind::kNone;
+  int64_t at_call = 0;
+  int peer = 0;
+  // Sleep up to this many microseconds before a call (each call with probability 1/4).
+  int max_delay_us = 0;
+  // Deliver put_signal_all() to peers in a random order.
+  bool reorder = false;
+  uint32_t seed = 1;
+};
+
+class FaultTransport final : public Transport {
+ public:
+  // `die` makes the rank dead as its peers see it (default: inner->mark_failed("died")).
+  FaultTransport(std::unique_ptr<Transport> inner, FaultPlan plan,
+                 std::function<void()> die = nullptr);
+
+  int64_t calls() const { return calls_; }
+  bool dead() const { return dead_; }
+
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  TransportCaps caps() const override { return inner_->caps(); }
+  Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
+  Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
+  Status barrier(CollectiveOp op, StreamHandle stream) override;
+  Status host_barrier(CollectiveOp op) override;
+  Status poll_error() override;
+  void mark_failed(const std::string& reason) override;
+  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
+                 StreamHandle stream) override;
+  Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
+             StreamHandle stream) override;
+  Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
+                StreamHandle stream) override;
+  Status put_signal_all(const void* src, const SymmetricRegion& region, size_t offset, size_t bytes,
+                        const SymmetricRegion* signals, uint64_t value,
+                        StreamHandle stream) override;
+  Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
+                 StreamHandle stream) override;
+  Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
+                      StreamHandle stream) override;
+  Status zero(void* dst, size_t bytes, StreamHandle stream) override;
+  Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
+                    StreamHandle stream) override;
+  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
+                   StreamHandle stream) override;
+
+ private:
+  // Counts the call, sleeps when delays are on, and dies when the plan says so.
+  Status enter(const char* what);
+  bool due(FaultKind kind) const { return plan_.kind == kind && calls_ >= plan_.at_call; }
+
+  std::unique_ptr<Transport> inner_;
+  FaultPlan plan_;
+  std::function<void()> die_;
+  std::mt19937 rng_;
+  int64_t calls_ = 0;
+  bool dead_ = false;
+  bool fired_ = false;  // the one-shot fault (drop, mismatch) happened
+};
+
+}  // namespace odc::fault

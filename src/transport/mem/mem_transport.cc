@@ -1,0 +1,294 @@
+// In-memory transport (see mem_transport.h). Lock order: a Mailbox mutex may be held while taking
+// the world mutex (to name a failed peer), never the other way round.
+#include "transport/mem/mem_transport.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "transport/host_ops.h"
+
+namespace odc::mem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string seconds_text(std::chrono::duration<double> duration) {
+  std::ostringstream out;
+  out << duration.count() << " s";
+  return out.str();
+}
+
+class MemRegion final : public SymmetricRegion {
+ public:
+  MemRegion(std::vector<void*> peers, int rank, size_t bytes)
+      : SymmetricRegion(std::move(peers), rank, bytes) {}
+};
+
+}  // namespace
+
+class MemTransport final : public Transport {
+ public:
+  MemTransport(std::shared_ptr<MemWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
+  ~MemTransport() override { world_->set_status(rank_, MemWorld::RankStatus::kClosed, ""); }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_->world_size(); }
+  TransportCaps caps() const override {
+    TransportCaps caps;
+    caps.remote_fp32_add = world_->options().remote_fp32_add;
+    return caps;
+  }
+
+  Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override {
+    std::vector<ExchangeRecord> all;
+    ODC_RETURN_IF_ERROR(world_->collective(rank_, CollectiveOp::kExchange, &mine, &all));
+    return all;
+  }
+
+  Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override {
+    ExchangeRecord mine;
+    mine.words[0] = reinterpret_cast<uintptr_t>(world_->allocate_bytes(bytes));
+    auto all = exchange(mine);
+    if (!all.ok()) return all.status();
+    std::vector<void*> pointers;
+    for (const ExchangeRecord& record : all.value()) {
+      pointers.push_back(reinterpret_cast<void*>(static_cast<uintptr_t>(record.words[0])));
+    }
+    return std::unique_ptr<SymmetricRegion>(new MemRegion(std::move(pointers), rank_, bytes));
+  }
+
+  Status barrier(CollectiveOp op, StreamHandle) override {
+    return world_->collective(rank_, op, nullptr, nullptr);
+  }
+  Status host_barrier(CollectiveOp op) override {
+    return world_->collective(rank_, op, nullptr, nullptr);
+  }
+  Status poll_error() override { return Status::Ok(); }
+  void mark_failed(const std::string& reason) override {
+    world_->set_status(rank_, MemWorld::RankStatus::kFailed, reason);
+  }
+
+  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes, StreamHandle) override {
+    for (int r = 0; r < world_size(); ++r) {
+      std::memcpy(static_cast<char*>(dst) + static_cast<size_t>(r) * bytes, region.peer(r), bytes);
+    }
+    return Status::Ok();
+  }
+
+  Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
+             StreamHandle) override {
+    // Published to the owner by the next signal (its mailbox mutex) or barrier (the world's).
+    std::memcpy(static_cast<char*>(region.peer(peer)) + offset, src, bytes);
+    return Status::Ok();
+  }
+
+  Status signal(const SymmetricRegion& signals, int peer, uint64_t value, StreamHandle) override {
+    MemWorld::Mailbox& box = *world_->mailboxes_[static_cast<size_t>(peer)];
+    auto* slots = static_cast<uint64_t*>(signals.peer(peer));
+    std::lock_guard<std::mutex> lock(box.mutex);
+    const uint64_t old = slots[rank_];
+    slots[rank_] = std::max(old, value);
+    if (box.waiting_on == slots && old < box.waiting_for && value >= box.waiting_for &&
+        --box.missing == 0) {
+      box.wake.notify_all();
+    }
+    return Status::Ok();
+  }
+
+  Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
+                 StreamHandle stream) override {
+    if (!caps().remote_fp32_add) return Transport::add_all(src, src_type, region, count, stream);
+    const size_t element = element_bytes(src_type);
+    for (int i = 0; i < world_size(); ++i) {
+      const int peer = (rank_ + 1 + i) % world_size();
+      // The owner's mailbox mutex makes the emulated remote add atomic.
+      std::lock_guard<std::mutex> lock(world_->mailboxes_[static_cast<size_t>(peer)]->mutex);
+      host::add_into(static_cast<float*>(region.peer(peer)),
+                     static_cast<const char*>(src) + static_cast<size_t>(peer) * count * element,
+                     src_type, count);
+    }
+    return Status::Ok();
+  }
+
+  Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
+                      StreamHandle) override {
+    MemWorld::Mailbox& box = *world_->mailboxes_[static_cast<size_t>(rank_)];
+    const auto* slots = static_cast<const uint64_t*>(signals.local());
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(world_->options().timeout);
+    std::unique_lock<std::mutex> lock(box.mutex);
+    auto first_short = [&]() {
+      for (int p = 0; p < world_size(); ++p) {
+        if (slots[p] < value) return p;
+      }
+      return -1;
+    };
+    box.missing = 0;
+    for (int p = 0; p < world_size(); ++p) box.missing += slots[p] < value ? 1 : 0;
+    box.waiting_on = slots;
+    box.waiting_for = value;
+    Status result = Status::Ok();
+    while (box.missing > 0) {
+      // A failed or dead peer that has not signalled will never do so.
+      if (world_->num_not_alive_.load(std::memory_order_acquire) > 0) {
+        for (int p = 0; p < world_size() && result.ok(); ++p) {
+          if (slots[p] < value) result = world_->peer_failure(p);
+        }
+      }
+      if (!result.ok()) break;
+      if (box.wake.wait_until(lock,
+                              std::min(deadline, Clock::now() + std::chrono::milliseconds(100))) ==
+              std::cv_status::timeout &&
+          Clock::now() >= deadline && box.missing > 0) {
+        const int peer = first_short();
+        result = Status::Timeout(std::string("signal wait (") + operation + ") timed out after " +
+                                 seconds_text(world_->options().timeout) + ": rank " +
+                                 std::to_string(rank_) + " waited for rank " +
+                                 std::to_string(peer) + " (expected " + std::to_string(value) +
+                                 ", saw " + std::to_string(slots[peer]) + ")");
+      }
+    }
+    box.waiting_on = nullptr;
+    return result;
+  }
+
+  Status zero(void* dst, size_t bytes, StreamHandle) override {
+    std::memset(dst, 0, bytes);
+    return Status::Ok();
+  }
+  Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
+                    StreamHandle) override {
+    host::add_into(dst, src, src_type, count);
+    return Status::Ok();
+  }
+  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
+                   StreamHandle) override {
+    host::sum_in_order(dst, slots, stride, num_slots, count);
+    return Status::Ok();
+  }
+
+ private:
+  std::shared_ptr<MemWorld> world_;
+  int rank_;
+};
+
+MemWorld::MemWorld(int world_size, MemOptions options)
+    : world_size_(world_size),
+      options_(options),
+      arrived_at_(static_cast<size_t>(world_size), 0),
+      last_op_(static_cast<size_t>(world_size), CollectiveOp::kInit),
+      arriving_(static_cast<size_t>(world_size)),
+      status_(static_cast<size_t>(world_size), RankStatus::kAlive),
+      reason_(static_cast<size_t>(world_size)) {
+  for (int r = 0; r < world_size; ++r) mailboxes_.push_back(std::make_unique<Mailbox>());
+}
+
+std::shared_ptr<MemWorld> MemWorld::create(int world_size, MemOptions options) {
+  return std::shared_ptr<MemWorld>(new MemWorld(world_size, options));
+}
+
+std::unique_ptr<Transport> MemWorld::join(int rank) {
+  return std::make_unique<MemTransport>(shared_from_this(), rank);
+}
+
+void MemWorld::kill(int rank) {
+  set_status(rank, RankStatus::kDead, "");
+}
+
+void* MemWorld::allocate_bytes(size_t bytes) {
+  auto memory = std::make_unique<uint64_t[]>((bytes + 7) / 8);  // zeroed, 8-byte aligned
+  std::lock_guard<std::mutex> lock(mutex_);
+  memory_.push_back(std::move(memory));
+  return memory_.back().get();
+}
+
+void MemWorld::set_status(int rank, RankStatus status, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    RankStatus& current = status_[static_cast<size_t>(rank)];
+    if (current != RankStatus::kAlive) return;  // the first failure is the one to report
+    current = status;
+    reason_[static_cast<size_t>(rank)] = reason;
+    num_not_alive_.fetch_add(1, std::memory_order_release);
+  }
+  collective_done_.notify_all();
+  for (auto& box : mailboxes_) {
+    std::lock_guard<std::mutex> lock(box->mutex);
+    box->wake.notify_all();
+  }
+}
+
+Status MemWorld::peer_failure_locked(int peer) const {
+  const std::string who = "rank " + std::to_string(peer);
+  switch (status_[static_cast<size_t>(peer)]) {
+    case RankStatus::kAlive:
+      return Status::Ok();
+    case RankStatus::kFailed:
+      return Status::RemoteError(who + " failed: " + reason_[static_cast<size_t>(peer)]);
+    case RankStatus::kDead:
+      return Status::RemoteError(who + " died");
+    case RankStatus::kClosed:
+      return Status::RemoteError(who + " destroyed its communicator");
+  }
+  return Status::InternalError("unknown rank status");
+}
+
+Status MemWorld::peer_failure(int peer) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peer_failure_locked(peer);
+}
+
+Status MemWorld::collective(int rank, CollectiveOp op, const ExchangeRecord* mine,
+                            std::vector<ExchangeRecord>* all) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t generation = generation_;
+  if (num_arrived_ == 0) {
+    op_ = op;
+    op_rank_ = rank;
+  } else if (op != op_) {
+    return Status::RemoteError(std::string("collective mismatch: rank ") +
+                               std::to_string(op_rank_) + " called " + collective_op_name(op_) +
+                               " where this rank called " + collective_op_name(op));
+  }
+  if (mine != nullptr) arriving_[static_cast<size_t>(rank)] = *mine;
+  arrived_at_[static_cast<size_t>(rank)] = generation + 1;
+  last_op_[static_cast<size_t>(rank)] = op;
+  if (++num_arrived_ == world_size_) {
+    num_arrived_ = 0;
+    ++generation_;
+    if (all != nullptr || mine != nullptr) completed_ = arriving_;
+    if (all != nullptr) *all = completed_;
+    lock.unlock();
+    collective_done_.notify_all();
+    return Status::Ok();
+  }
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.timeout);
+  while (generation_ == generation) {
+    // A peer that has not arrived and failed, died or closed never will.
+    for (int peer = 0; peer < world_size_ && num_not_alive_.load() > 0; ++peer) {
+      if (arrived_at_[static_cast<size_t>(peer)] == generation + 1) continue;
+      ODC_RETURN_IF_ERROR(peer_failure_locked(peer));
+    }
+    if (collective_done_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        generation_ == generation) {
+      for (int peer = 0; peer < world_size_; ++peer) {
+        if (arrived_at_[static_cast<size_t>(peer)] == generation + 1) continue;
+        const uint64_t last = arrived_at_[static_cast<size_t>(peer)];
+        return Status::Timeout(
+            "timed out after " + seconds_text(options_.timeout) + " waiting for rank " +
+            std::to_string(peer) + " (its last collective: " +
+            (last == 0 ? std::string("none")
+                       : std::string(collective_op_name(last_op_[static_cast<size_t>(peer)])) +
+                             " #" + std::to_string(last)) +
+            ")");
+      }
+    }
+  }
+  // The next collective needs this rank's arrival, so completed_ still holds this one's records.
+  if (all != nullptr) *all = completed_;
+  return Status::Ok();
+}
+
+}  // namespace odc::mem

@@ -1,0 +1,77 @@
+// In-memory transport: the ranks are threads of one process sharing a MemWorld. Gets and puts are
+// memcpy; signals are slots written under the owner's mutex, so waits sleep on condition
+// variables instead of spinning (256 ranks run on 2 cores). Collectives meet in one central
+// barrier. Used to test the protocol at scale and under injected faults (fault_transport.h).
+// Invariant: memory of every region lives as long as the world, so a rank that "dies" leaves
+// memory its peers may still write, as a dead process's mapped memory would be.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/transport.h"
+
+namespace odc::mem {
+
+struct MemOptions {
+  // Offer an atomic remote fp32 add (emulated under the owner's lock), so that the core's
+  // remote-add scheme runs too.
+  bool remote_fp32_add = false;
+  std::chrono::duration<double> timeout{30.0};
+};
+
+class MemWorld : public std::enable_shared_from_this<MemWorld> {
+ public:
+  static std::shared_ptr<MemWorld> create(int world_size, MemOptions options);
+  int world_size() const { return world_size_; }
+  const MemOptions& options() const { return options_; }
+  // The transport of `rank`; each rank joins once.
+  std::unique_ptr<Transport> join(int rank);
+  // Simulates the death of `rank`: its peers' waits end with "rank R died".
+  void kill(int rank);
+
+ private:
+  friend class MemTransport;
+  enum class RankStatus { kAlive, kFailed, kDead, kClosed };
+  struct Mailbox {  // signal slots of one rank are written under its mutex
+    std::mutex mutex;
+    std::condition_variable wake;
+    const uint64_t* waiting_on = nullptr;  // the slots wait_signals() is waiting on
+    uint64_t waiting_for = 0;
+    int missing = 0;
+  };
+
+  MemWorld(int world_size, MemOptions options);
+  // The central barrier: every rank calls it with the same op; `mine`/`all` exchange records.
+  Status collective(int rank, CollectiveOp op, const ExchangeRecord* mine,
+                    std::vector<ExchangeRecord>* all);
+  void set_status(int rank, RankStatus status, const std::string& reason);
+  // The failure of `peer` as seen by a waiter, or Ok while it is alive. Requires mutex_.
+  Status peer_failure_locked(int peer) const;
+  Status peer_failure(int peer);
+  void* allocate_bytes(size_t bytes);
+
+  const int world_size_;
+  const MemOptions options_;
+  std::atomic<int> num_not_alive_{0};  // ranks failed, dead or closed: waiters look only then
+  std::mutex mutex_;                   // collective state, statuses, allocations
+  std::condition_variable collective_done_;
+  uint64_t generation_ = 0;  // collectives completed
+  int num_arrived_ = 0;
+  CollectiveOp op_ = CollectiveOp::kInit;
+  int op_rank_ = -1;                  // the first rank to arrive at the current collective
+  std::vector<uint64_t> arrived_at_;  // per rank: generation + 1 of its last arrival
+  std::vector<CollectiveOp> last_op_;
+  std::vector<ExchangeRecord> arriving_, completed_;
+  std::vector<RankStatus> status_;
+  std::vector<std::string> reason_;
+  std::vector<std::unique_ptr<Mailbox>> mailboxes_;
+  std::vector<std::unique_ptr<uint64_t[]>> memory_;
+};
+
+}  // namespace odc::mem
