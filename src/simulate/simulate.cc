@@ -294,6 +294,9 @@ Status validate_simulate_options(const SimulateOptions& options) {
       return Status::InvalidArgument("link bandwidths must be > 0 and latencies >= 0, finite");
     }
   }
+  if (options.cost_calibration_ranks < 0) {
+    return Status::InvalidArgument("cost calibration ranks must be >= 0");
+  }
   if (!(options.forward_fraction > 0 && options.forward_fraction < 1)) {
     return Status::InvalidArgument("forward fraction must lie strictly between 0 and 1");
   }
@@ -317,11 +320,32 @@ Result<SimulateResult> simulate_plan(const planner::Plan& plan, std::span<const 
   SimulateOptions free_options = options;
   free_options.free_communication = true;
   Simulator full(options), free(free_options);
+  // The calibration run: collective, one node of cost_calibration_ranks GPUs, equal microbatches.
+  SimulateOptions calibration_options = options;
+  calibration_options.mode = Mode::kCollective;
+  calibration_options.plan.num_ranks = std::max<int64_t>(1, options.cost_calibration_ranks);
+  calibration_options.plan.rank_speed.clear();
+  calibration_options.topology.gpus_per_node = calibration_options.plan.num_ranks;
+  Simulator calibration(calibration_options);
+  auto compute_only = [&](std::vector<std::vector<double>> costs) {
+    if (options.cost_calibration_ranks <= 0) return costs;
+    for (auto& rank : costs) {
+      for (double& cost : rank) {
+        const std::vector<std::vector<double>> lockstep(
+            static_cast<size_t>(calibration_options.plan.num_ranks), std::vector<double>{cost});
+        double unused = 0.0;
+        const double measured = calibration.minibatch(lockstep, unused) -
+                                calibration.optimizer_seconds(calibration_options.plan.num_ranks);
+        cost = std::max(0.0, cost - (measured - cost));
+      }
+    }
+    return costs;
+  };
   SimulateResult result;
   double busy = 0.0, busy_free = 0.0, free_seconds = 0.0;
   const double n = static_cast<double>(options.plan.num_ranks);
   for (const auto& minibatch : plan.minibatches) {
-    const auto costs = microbatch_costs(minibatch, lengths, plan.options);
+    const auto costs = compute_only(microbatch_costs(minibatch, lengths, plan.options));
     const double seconds = full.minibatch(costs, busy);
     free_seconds += free.minibatch(costs, busy_free);
     result.minibatch_seconds.push_back(seconds);

@@ -63,6 +63,12 @@ struct SimulateOptions {
   double optimizer_bytes_per_param = 32.0;
   double hbm_bytes_per_second = 3.0e12;
   bool free_communication = false;  // every transfer takes no time (tests and the breakdown)
+  // When > 0, the cost model was fitted (odc.train's calibration) under FSDP2 on this many ranks
+  // of one node with these links, every rank running the same microbatch: its times include
+  // that run's exposed collective time. The simulator removes it from each microbatch's cost
+  // (C minus the lockstep run's exposed communication for C) before simulating, so that
+  // communication is not counted twice. 0: the cost is compute alone.
+  int64_t cost_calibration_ranks = 0;
 };
 
 // Where the time of a configuration goes, summed over minibatches (seconds; per rank means).

@@ -79,6 +79,9 @@ Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& s
     if (!fitted) return Status::InvalidArgument("a custom model needs --cost A,B,C (seconds)");
     cost_text = fitted;
   }
+  // The presets' costs were fitted by odc.train under FSDP2 on 4 GPUs of one node.
+  base.cost_calibration_ranks =
+      args.cost_calibrated_on ? *args.cost_calibrated_on : (args.cost.empty() ? 4 : 0);
   auto cost = planner::parse_cost(cost_text);
   if (!cost.ok()) return cost.status();
   base.plan.cost = cost.value();
@@ -140,6 +143,10 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
   command.add_option("--cost", args.cost,
                      "microbatch cost in seconds, C + sum(A*L + B*L^2), as A,B,C (default: the "
                      "preset's fit on H200, from odc.train)");
+  command.add_option("--cost-calibrated-on", args.cost_calibrated_on,
+                     "GPUs of one node the cost was fitted on under FSDP2 (odc.train's fit): its "
+                     "exposed collective time is removed from the cost (default: 4 with the "
+                     "preset's cost, else 0 = the cost is compute alone)");
   command.add_option("--ranks", args.ranks, "rank counts, comma-separated")->capture_default_str();
   command.add_option("--samples-per-rank", args.samples_per_rank, "samples per rank per minibatch")
       ->capture_default_str();
@@ -221,6 +228,7 @@ int run_cli(const CliArgs& args, std::ostream& out, std::string& error) {
                      {"layer_params", base.model.layer_params},
                      {"other_params", base.model.other_params}};
     root["cost"] = {{"a", base.plan.cost.a}, {"b", base.plan.cost.b}, {"c", base.plan.cost.c}};
+    root["cost_calibrated_on"] = base.cost_calibration_ranks;
     root["samples_per_rank"] = args.samples_per_rank;
     root["minibatches"] = args.minibatches;
     root["max_tokens"] = base.plan.max_tokens;

@@ -17,6 +17,7 @@ struct CliArgs {
   std::optional<double> layer_params;
   std::optional<double> other_params;
   std::string cost;  // A,B,C seconds; default: the model preset's fit on 4 H200s
+  std::optional<int64_t> cost_calibrated_on;  // GPUs the cost was fitted on under FSDP2
   std::string ranks = "8,16,32,64,128,256,512,1024";
   int64_t samples_per_rank = 4;
   int64_t minibatches = 20;
