@@ -140,8 +140,8 @@ class Simulator {
   double barrier_seconds() const {
     if (o_.free_communication || n_ == 1) return 0.0;
     const double rounds = std::ceil(std::log2(static_cast<double>(n_)));
-    const double latency = nodes_ > 1 ? o_.topology.network.latency_seconds
-                                      : o_.topology.nvlink.latency_seconds;
+    const double latency =
+        nodes_ > 1 ? o_.topology.network.latency_seconds : o_.topology.nvlink.latency_seconds;
     return rounds * latency;
   }
 
@@ -226,10 +226,10 @@ class Simulator {
     }
     // Per microbatch: 2 pulls and 1 push of every layer, 1 pull and 1 push of the root unit.
     const double layer_count = static_cast<double>(layers) * num_microbatches;
-    total.nvlink_in += 2 * layer_count * pull_layer_use.nvlink_in +
-                       num_microbatches * pull_root_use.nvlink_in;
-    total.network_in += 2 * layer_count * pull_layer_use.network_in +
-                        num_microbatches * pull_root_use.network_in;
+    total.nvlink_in +=
+        2 * layer_count * pull_layer_use.nvlink_in + num_microbatches * pull_root_use.nvlink_in;
+    total.network_in +=
+        2 * layer_count * pull_layer_use.network_in + num_microbatches * pull_root_use.network_in;
     total.nvlink_out +=
         layer_count * push_layer_use.nvlink_out + num_microbatches * push_root_use.nvlink_out;
     total.network_out +=
@@ -350,8 +350,8 @@ Result<SimulateResult> simulate_plan(const planner::Plan& plan, std::span<const 
     free_seconds += free.minibatch(costs, busy_free);
     result.minibatch_seconds.push_back(seconds);
     result.seconds += seconds;
-    result.planner_seconds += options.mode == Mode::kCollective ? minibatch.times.collective
-                                                                : minibatch.times.odc;
+    result.planner_seconds +=
+        options.mode == Mode::kCollective ? minibatch.times.collective : minibatch.times.odc;
   }
   result.num_minibatches = static_cast<int64_t>(plan.minibatches.size());
   const int64_t shard_ranks = options.mode == Mode::kOdcHybrid

@@ -18,8 +18,8 @@ namespace odc::simulate {
 
 enum class Mode {
   kCollective,  // FSDP2: per-layer all-gather / reduce-scatter, every rank waits for the slowest
-  kOdcFlat,     // ODC: every rank owns 1/N of the state; pulls and pushes, one barrier per minibatch
-  kOdcHybrid,   // ODC within a node, replicated across nodes, one cross-node reduction per minibatch
+  kOdcFlat,    // ODC: every rank owns 1/N of the state; pulls and pushes, one barrier per minibatch
+  kOdcHybrid,  // ODC within a node, replicated across nodes, one cross-node reduction per minibatch
 };
 
 std::string_view mode_name(Mode mode);

@@ -150,9 +150,10 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
   command.add_option("--ranks", args.ranks, "rank counts, comma-separated")->capture_default_str();
   command.add_option("--samples-per-rank", args.samples_per_rank, "samples per rank per minibatch")
       ->capture_default_str();
-  command.add_option("--minibatches", args.minibatches,
-                     "minibatches per configuration (the file is repeated, reshuffled, when it "
-                     "has too few samples)")
+  command
+      .add_option("--minibatches", args.minibatches,
+                  "minibatches per configuration (the file is repeated, reshuffled, when it "
+                  "has too few samples)")
       ->capture_default_str();
   command.add_option("--max-tokens", args.max_tokens,
                      "token cap per microbatch (default: the longest sample)");
@@ -161,18 +162,21 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
   command.add_option("--modes", args.modes, "collective, odc, odc-hybrid, comma-separated")
       ->capture_default_str();
   command.add_option("--gpus-per-node", args.gpus_per_node)->capture_default_str();
-  command.add_option("--nvlink-gbytes", args.nvlink_gbytes,
-                     "ODC pull/push bandwidth per GPU within a node, GB/s")
+  command
+      .add_option("--nvlink-gbytes", args.nvlink_gbytes,
+                  "ODC pull/push bandwidth per GPU within a node, GB/s")
       ->capture_default_str();
-  command.add_option("--nvlink-collective-gbytes", args.nvlink_collective_gbytes,
-                     "NCCL all-gather / reduce-scatter bus bandwidth within a node, GB/s")
+  command
+      .add_option("--nvlink-collective-gbytes", args.nvlink_collective_gbytes,
+                  "NCCL all-gather / reduce-scatter bus bandwidth within a node, GB/s")
       ->capture_default_str();
   command.add_option("--network-gbits", args.network_gbits, "NIC bandwidth per GPU, Gb/s")
       ->capture_default_str();
   command.add_option("--nvlink-latency-us", args.nvlink_latency_us)->capture_default_str();
   command.add_option("--network-latency-us", args.network_latency_us)->capture_default_str();
-  command.add_option("--forward-fraction", args.forward_fraction,
-                     "share of a microbatch's cost in the forward pass")
+  command
+      .add_option("--forward-fraction", args.forward_fraction,
+                  "share of a microbatch's cost in the forward pass")
       ->capture_default_str();
   command.add_option("--format", args.format, "table or json")->capture_default_str();
 }
@@ -232,11 +236,11 @@ int run_cli(const CliArgs& args, std::ostream& out, std::string& error) {
     root["samples_per_rank"] = args.samples_per_rank;
     root["minibatches"] = args.minibatches;
     root["max_tokens"] = base.plan.max_tokens;
-    root["topology"] = {{"gpus_per_node", base.topology.gpus_per_node},
-                        {"nvlink_bytes_per_second", base.topology.nvlink.bytes_per_second},
-                        {"nvlink_collective_bytes_per_second",
-                         base.topology.nvlink_collective.bytes_per_second},
-                        {"network_bytes_per_second", base.topology.network.bytes_per_second}};
+    root["topology"] = {
+        {"gpus_per_node", base.topology.gpus_per_node},
+        {"nvlink_bytes_per_second", base.topology.nvlink.bytes_per_second},
+        {"nvlink_collective_bytes_per_second", base.topology.nvlink_collective.bytes_per_second},
+        {"network_bytes_per_second", base.topology.network.bytes_per_second}};
     root["baseline"] = "collective + lb-micro at the same rank count";
     nlohmann::ordered_json results = nlohmann::ordered_json::array();
     for (const Row& row : rows) {

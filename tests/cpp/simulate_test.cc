@@ -38,8 +38,7 @@ TEST(Simulate, FreeCommunicationGivesThePlannersTimes) {
       auto options = small_options(mode, policy, 5);
       options.free_communication = true;
       const SimulateResult result = run(lengths, options);
-      EXPECT_NEAR(result.seconds, result.planner_seconds, 1e-9 * result.seconds)
-          << mode_name(mode);
+      EXPECT_NEAR(result.seconds, result.planner_seconds, 1e-9 * result.seconds) << mode_name(mode);
       EXPECT_EQ(result.exposed_comm_seconds, 0.0);
     }
   }

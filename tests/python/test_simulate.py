@@ -62,9 +62,10 @@ def test_table_json_and_speedup(odc_cli, data_dir):
             assert row["speedup"] == pytest.approx(1.0)
     # The same plan without per-layer lockstep: ODC never slower than collective on one node.
     by_key = {(r["ranks"], r["policy"], r["mode"]): r for r in rows}
-    assert by_key[(8, "lb-micro", "odc")]["step_seconds"] <= by_key[(8, "lb-micro", "collective")][
-        "step_seconds"
-    ]
+    assert (
+        by_key[(8, "lb-micro", "odc")]["step_seconds"]
+        <= by_key[(8, "lb-micro", "collective")]["step_seconds"]
+    )
 
 
 def test_errors_name_the_problem(odc_cli, data_dir):

@@ -128,8 +128,6 @@ def compare_prediction(
         "predicted_seconds": predicted_seconds,
         "span_error": _relative_error(predicted_seconds, measured_seconds),
         "span_error_mean_abs": sum(errors) / len(errors),
-        "span_error_worst": max(rows, key=lambda row: abs(row["relative_error"]))[
-            "relative_error"
-        ],
+        "span_error_worst": max(rows, key=lambda row: abs(row["relative_error"]))["relative_error"],
         "per_minibatch": rows,
     }
