@@ -3,7 +3,8 @@ speedup against GPUs, one line per policy and mode; and the validation of the si
 the training runs recorded in docs/results (`validate_recorded`).
 
   python -m odc.simulate --lengths data/longalign_like.txt --max-length 65536 --plot speedup.png
-  python -m odc.simulate --validate docs/results        # predicted vs measured step time
+  python -m odc.simulate --validate docs/results [--transport data/transport/h200x4_odc_bench.json]
+  python -m odc.simulate --curves odc_bench.txt > curves.json   # then odc simulate --transport
 """
 
 from __future__ import annotations
@@ -72,10 +73,13 @@ def _read_lengths(path: Path) -> List[int]:
     return lengths
 
 
-def validate_recorded(results_dir: Path, repo: Path = REPO) -> List[dict]:
+def validate_recorded(
+    results_dir: Path, repo: Path = REPO, transport: Optional[str] = None
+) -> List[dict]:
     """Simulates every run recorded in `results_dir` on the minibatches it measured (the warm-up
     minibatch excluded, as in the measurement) with its own cost model, model preset, ranks and
-    policy, on one node; returns one row per run with measured and simulated seconds per step."""
+    policy, on one node (with `transport`: that curves file for the links within it); returns one
+    row per run with measured and simulated seconds per step."""
     rows = []
     files = sorted(Path(results_dir).glob("*.json"))
     if not files:
@@ -112,6 +116,7 @@ def validate_recorded(results_dir: Path, repo: Path = REPO) -> List[dict]:
                         "--modes", mode, "--gpus-per-node", str(ranks),
                         "--cost-calibrated-on", str(ranks),
                     ]
+                    + (["--transport", transport] if transport else [])
                 )  # fmt: skip
             finally:
                 os.unlink(lengths_path)
@@ -129,6 +134,55 @@ def validate_recorded(results_dir: Path, repo: Path = REPO) -> List[dict]:
                 }
             )
     return rows
+
+
+_UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+# odc_bench table titles (bench/odc_bench.cc) and the curves they give: (prefix, odc key, nccl key).
+_TABLES = [
+    ("gather (bf16) vs ncclAllGather", "gather", "all_gather"),
+    ("scatter-accumulate (fp32 -> fp32), back-to-back pushes", "scatter", "reduce_scatter"),
+]
+
+
+def parse_odc_bench(text: str) -> dict:
+    """Transport curves from odc_bench's printed tables: per-rank size in bytes against bus
+    bandwidth in GB/s, for ODC's gather and back-to-back pushes (how training runs them) and
+    NCCL's all-gather and reduce-scatter. ValueError when a table is missing or malformed."""
+    curves, ranks, current = {}, None, None
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("odc-bench:"):
+            ranks = int(stripped.split()[1])
+            continue
+        matched = [t for t in _TABLES if stripped.startswith(t[0])]
+        if matched:
+            current = matched[0]
+            curves[current[1]], curves[current[2]] = [], []
+            continue
+        if not stripped:
+            current = None  # a blank line ends a table
+            continue
+        if current is None or stripped.startswith("size"):
+            continue
+        fields = stripped.split()
+        unit = fields[0][-3:]
+        if unit not in _UNITS or len(fields) < 5:
+            current = None  # a table we do not use
+            continue
+        try:
+            size = float(fields[0][:-3]) * _UNITS[unit]
+            odc, nccl = float(fields[2]), float(fields[4])
+        except ValueError:
+            raise ValueError(f"odc_bench output line {number}: cannot read '{stripped}'") from None
+        curves[current[1]].append([size, odc])
+        curves[current[2]].append([size, nccl])
+    missing = [
+        k for k in ("gather", "scatter", "all_gather", "reduce_scatter") if not curves.get(k)
+    ]
+    if missing:
+        raise ValueError(f"odc_bench output has no table for: {', '.join(missing)}")
+    return {"source": "odc_bench", "ranks": ranks, "curves": curves}
 
 
 def write_plot(document: dict, path: str) -> Optional[str]:
@@ -166,10 +220,13 @@ def write_plot(document: dict, path: str) -> Optional[str]:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--validate"]:
-        if len(argv) != 2:
-            sys.exit("usage: python -m odc.simulate --validate RESULTS_DIR")
+        transport = None
+        if len(argv) == 4 and argv[2] == "--transport":
+            transport = argv[3]
+        elif len(argv) != 2:
+            sys.exit("usage: python -m odc.simulate --validate RESULTS_DIR [--transport CURVES]")
         try:
-            rows = validate_recorded(Path(argv[1]))
+            rows = validate_recorded(Path(argv[1]), transport=transport)
         except (OSError, ValueError) as error:
             sys.exit(f"odc simulate: {error}")
         print(f"{'file':38} {'comm + policy':24} {'mb':>3} {'measured':>9} {'simulated':>9} "
@@ -187,6 +244,14 @@ def main(argv=None) -> int:
             f"worst {100 * worst['error']:+.2f}% ({worst['file']}, {worst['comm']} + "
             f"{worst['policy']})"
         )
+        return 0
+    if argv[:1] == ["--curves"]:
+        if len(argv) != 2:
+            sys.exit("usage: python -m odc.simulate --curves ODC_BENCH_OUTPUT > curves.json")
+        try:
+            print(json.dumps(parse_odc_bench(Path(argv[1]).read_text())))
+        except (OSError, ValueError) as error:
+            sys.exit(f"odc simulate: {error}")
         return 0
     plot = None
     if "--plot" in argv:

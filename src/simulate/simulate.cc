@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 
@@ -88,11 +90,12 @@ class Simulator {
  private:
   // NCCL ring collective moving `bytes` (the full unit) among all N ranks: bus bandwidth is the
   // slowest link of the ring (the NIC once the job spans nodes).
-  double collective_seconds(double bytes) const {
+  double collective_seconds(double bytes, const Curve& curve) const {
     if (o_.free_communication || n_ == 1) return 0.0;
     const double moved = bytes * static_cast<double>(n_ - 1) / static_cast<double>(n_);
     const Topology& t = o_.topology;
     if (nodes_ == 1) {
+      if (!curve.empty()) return moved / curve.bandwidth(bytes);
       return static_cast<double>(n_ - 1) * t.nvlink_collective.latency_seconds +
              moved / t.nvlink_collective.bytes_per_second;
     }
@@ -114,8 +117,12 @@ class Simulator {
     double local_seconds = 0.0, remote_seconds = 0.0;
     if (local_bytes > 0) {
       const double share = inbound ? shares.nvlink_in : shares.nvlink_out;
-      local_seconds = t.nvlink.latency_seconds + local_bytes / (t.nvlink.bytes_per_second * share);
-      (inbound ? use.nvlink_in : use.nvlink_out) += local_bytes / t.nvlink.bytes_per_second;
+      const Curve& curve = inbound ? t.curves.gather : t.curves.scatter;
+      // A measured curve already holds the latency and the all-at-once load of its run.
+      const double bandwidth = curve.empty() ? t.nvlink.bytes_per_second : curve.bandwidth(bytes);
+      const double latency = curve.empty() ? t.nvlink.latency_seconds : 0.0;
+      local_seconds = latency + local_bytes / (bandwidth * share);
+      (inbound ? use.nvlink_in : use.nvlink_out) += local_bytes / bandwidth;
     }
     if (remote_bytes > 0) {
       const double share = inbound ? shares.network_in : shares.network_out;
@@ -150,10 +157,15 @@ class Simulator {
   // order; the next layer's all-gather is issued when every rank has started the current one.
   double collective(const std::vector<std::vector<double>>& costs) {
     const int64_t layers = o_.model.num_layers;
-    const double ag_layer = collective_seconds(kParamBytes * o_.model.layer_params);
-    const double ag_root = collective_seconds(kParamBytes * o_.model.other_params);
-    const double rs_layer = collective_seconds(kGradBytes * o_.model.layer_params);
-    const double rs_root = collective_seconds(kGradBytes * o_.model.other_params);
+    const TransportCurves& curves = o_.topology.curves;
+    const double ag_layer =
+        collective_seconds(kParamBytes * o_.model.layer_params, curves.all_gather);
+    const double ag_root =
+        collective_seconds(kParamBytes * o_.model.other_params, curves.all_gather);
+    const double rs_layer =
+        collective_seconds(kGradBytes * o_.model.layer_params, curves.reduce_scatter);
+    const double rs_root =
+        collective_seconds(kGradBytes * o_.model.other_params, curves.reduce_scatter);
     size_t steps = 0;
     for (const auto& rank : costs) steps = std::max(steps, rank.size());
     std::vector<double> ready(n_, 0.0), start(n_, 0.0);
@@ -244,6 +256,61 @@ class Simulator {
 };
 
 }  // namespace
+
+double Curve::bandwidth(double bytes) const {
+  if (points.size() == 1 || bytes <= points.front().first) return points.front().second;
+  if (bytes >= points.back().first) return points.back().second;
+  auto above =
+      std::lower_bound(points.begin(), points.end(), bytes,
+                       [](const auto& point, double value) { return point.first < value; });
+  auto below = above - 1;
+  const double t = std::log(bytes / below->first) / std::log(above->first / below->first);
+  return below->second + t * (above->second - below->second);
+}
+
+Result<TransportCurves> read_transport_curves(const std::string& path) {
+  std::ifstream input(path);
+  if (!input) return Status::InvalidArgument("cannot open transport curves '" + path + "'");
+  nlohmann::json document;
+  try {
+    document = nlohmann::json::parse(input);
+  } catch (const nlohmann::json::exception& error) {
+    return Status::InvalidArgument("transport curves '" + path + "': not JSON (" +
+                                   std::string(error.what()) + ")");
+  }
+  if (!document.is_object() || !document.contains("curves") || !document["curves"].is_object()) {
+    return Status::InvalidArgument("transport curves '" + path + "': expected {\"curves\": {...}}");
+  }
+  TransportCurves curves;
+  const std::pair<const char*, Curve*> names[] = {{"gather", &curves.gather},
+                                                  {"scatter", &curves.scatter},
+                                                  {"all_gather", &curves.all_gather},
+                                                  {"reduce_scatter", &curves.reduce_scatter}};
+  for (const auto& [key, curve] : names) {
+    if (!document["curves"].contains(key)) continue;
+    const auto& points = document["curves"][key];
+    const std::string where = "transport curves '" + path + "', " + key;
+    if (!points.is_array() || points.empty()) {
+      return Status::InvalidArgument(where + ": expected a non-empty list of [bytes, GB/s]");
+    }
+    for (const auto& point : points) {
+      if (!point.is_array() || point.size() != 2 || !point[0].is_number() ||
+          !point[1].is_number()) {
+        return Status::InvalidArgument(where + ": every point must be [bytes, GB/s]");
+      }
+      const double bytes = point[0].get<double>();
+      const double gbytes = point[1].get<double>();
+      if (!(bytes > 0) || !(gbytes > 0) || !std::isfinite(bytes) || !std::isfinite(gbytes)) {
+        return Status::InvalidArgument(where + ": sizes and bandwidths must be finite and > 0");
+      }
+      if (!curve->points.empty() && bytes <= curve->points.back().first) {
+        return Status::InvalidArgument(where + ": sizes must increase");
+      }
+      curve->points.emplace_back(bytes, gbytes * 1e9);
+    }
+  }
+  return curves;
+}
 
 std::string_view mode_name(Mode mode) {
   switch (mode) {

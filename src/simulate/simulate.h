@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -41,6 +42,23 @@ struct Link {
   double latency_seconds = 0.0;   // per transfer
 };
 
+// Measured bus bandwidth against transfer size (per-rank bytes, as odc_bench and nccl-tests
+// report it), ascending sizes; looked up linearly in log(size), clamped at both ends.
+struct Curve {
+  std::vector<std::pair<double, double>> points;  // (bytes, bytes per second)
+  bool empty() const { return points.empty(); }
+  double bandwidth(double bytes) const;
+};
+
+// Within a node, from `odc_bench` (python -m odc.simulate --curves converts its output): when a
+// curve is present it replaces the constant NVLink bandwidth (and latency) for that operation.
+struct TransportCurves {
+  Curve gather;          // ODC gather (pulls)
+  Curve scatter;         // ODC scatter-accumulate, back-to-back pushes in one minibatch
+  Curve all_gather;      // NCCL all-gather
+  Curve reduce_scatter;  // NCCL reduce-scatter
+};
+
 struct Topology {
   int64_t gpus_per_node = 8;
   // Measured on 4 H200s (design.md): ODC pulls/pushes ~290 GB/s when every GPU moves data at
@@ -48,6 +66,7 @@ struct Topology {
   Link nvlink{290e9, 10e-6};
   Link nvlink_collective{300e9, 15e-6};
   Link network{50e9, 10e-6};  // a 400 Gb/s NIC per GPU
+  TransportCurves curves;
 };
 
 struct SimulateOptions {
@@ -96,6 +115,9 @@ Result<SimulateResult> simulate(std::span<const int64_t> lengths, const Simulate
 
 // `num_samples` lengths: `source` in order, repeated as often as needed, each further pass in a
 // fixed pseudo-random order (seeded by `seed`), so that large rank counts get enough minibatches.
+// Reads the curves file: {"curves": {"gather": [[bytes, GB/s], ...], ...}} (docs/simulate.md).
+Result<TransportCurves> read_transport_curves(const std::string& path);
+
 std::vector<int64_t> resample_lengths(std::span<const int64_t> source, int64_t num_samples,
                                       uint64_t seed);
 

@@ -111,6 +111,11 @@ Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& s
   t.nvlink_collective = Link{args.nvlink_collective_gbytes * 1e9, args.nvlink_latency_us * 1e-6};
   t.network = Link{args.network_gbits * 1e9 / 8, args.network_latency_us * 1e-6};
   base.forward_fraction = args.forward_fraction;
+  if (!args.transport_path.empty()) {
+    auto curves = read_transport_curves(args.transport_path);
+    if (!curves.ok()) return curves.status();
+    t.curves = std::move(curves).value();
+  }
   auto read = planner::read_lengths_file(args.lengths_path);
   if (!read.ok()) return read.status();
   source = std::move(read).value();
@@ -178,6 +183,9 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
       .add_option("--forward-fraction", args.forward_fraction,
                   "share of a microbatch's cost in the forward pass")
       ->capture_default_str();
+  command.add_option("--transport", args.transport_path,
+                     "measured curves within a node (JSON; python -m odc.simulate --curves "
+                     "converts odc_bench output): they replace the NVLink constants");
   command.add_option("--format", args.format, "table or json")->capture_default_str();
 }
 
@@ -241,6 +249,7 @@ int run_cli(const CliArgs& args, std::ostream& out, std::string& error) {
         {"nvlink_bytes_per_second", base.topology.nvlink.bytes_per_second},
         {"nvlink_collective_bytes_per_second", base.topology.nvlink_collective.bytes_per_second},
         {"network_bytes_per_second", base.topology.network.bytes_per_second}};
+    root["topology"]["transport_curves"] = args.transport_path;
     root["baseline"] = "collective + lb-micro at the same rank count";
     nlohmann::ordered_json results = nlohmann::ordered_json::array();
     for (const Row& row : rows) {

@@ -32,6 +32,7 @@ struct CliArgs {
   double nvlink_latency_us = 10;
   double network_latency_us = 10;
   double forward_fraction = 0.25;
+  std::string transport_path;  // curves from odc_bench (python -m odc.simulate --curves)
   std::string format = "table";
 };
 

@@ -154,5 +154,24 @@ TEST(Simulate, PresetsHaveTheDocumentedSizes) {
   EXPECT_NEAR(total(large.value()) / 1e9, 7.62, 0.05);
 }
 
+TEST(Simulate, CurvesInterpolateInLogSizeAndClampAtTheEnds) {
+  Curve curve;
+  curve.points = {{1e6, 100e9}, {4e6, 300e9}};
+  EXPECT_DOUBLE_EQ(curve.bandwidth(1e3), 100e9);
+  EXPECT_DOUBLE_EQ(curve.bandwidth(1e9), 300e9);
+  EXPECT_NEAR(curve.bandwidth(2e6), 200e9, 1e-3);  // halfway in log(size)
+}
+
+TEST(Simulate, MeasuredCurvesReplaceTheNvlinkConstants) {
+  // The hand case again, with a flat 1 GB/s all-gather curve and 0.5 GB/s reduce-scatter curve
+  // instead of the constants: AG 1 s, RS 4 s: 1 + 1.5 + 1 + 1.5 + 4 = 9 s.
+  const std::vector<int64_t> lengths = {3, 1};
+  auto options = hand_options(Mode::kCollective);
+  options.topology.nvlink_collective = Link{1e12, 1.0};  // would be visible if still used
+  options.topology.curves.all_gather.points = {{1.0, 1e9}};
+  options.topology.curves.reduce_scatter.points = {{1.0, 0.5e9}};
+  EXPECT_NEAR(run(lengths, options).seconds, 9.0, 1e-12);
+}
+
 }  // namespace
 }  // namespace odc::simulate

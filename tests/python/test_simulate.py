@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from odc.simulate import validate_recorded, write_plot
+from odc.simulate import parse_odc_bench, validate_recorded, write_plot
 
 REPO = Path(__file__).resolve().parents[2]
 MEAN_ABSOLUTE_ERROR_BOUND = 0.05  # issue #15
@@ -34,6 +34,54 @@ def test_validation_against_recorded_runs(odc_cli, monkeypatch):
     worst = max(rows, key=lambda r: abs(r["error"]))
     print(f"mean absolute error {mean:.2%}, worst {worst['error']:+.2%} ({worst['file']})")
     assert mean <= MEAN_ABSOLUTE_ERROR_BOUND, rows
+
+
+def test_validation_with_measured_transport_curves(odc_cli, monkeypatch):
+    monkeypatch.setenv("ODC_CLI", odc_cli)
+    curves = str(REPO / "data" / "transport" / "h200x4_odc_bench.json")
+    rows = validate_recorded(REPO / "docs" / "results", transport=curves)
+    assert len(rows) == 13
+    mean = sum(abs(r["error"]) for r in rows) / len(rows)
+    assert mean <= MEAN_ABSOLUTE_ERROR_BOUND, rows
+
+
+ODC_BENCH_SAMPLE = """odc-bench: 2 GPUs, NCCL 22809
+
+gather (bf16) vs ncclAllGather (2 ranks; size = per-rank bytes; slowest rank; busbw = x)
+      size       odc_us    odc_busbw      nccl_us   nccl_busbw  speedup   odc/nvl  check
+      1MiB          5.3         99.5         11.0         47.8    2.08x     20.8%     ok
+      1GiB       1628.3        329.7       1968.0        272.8    1.21x     69.0%     ok
+
+scatter-accumulate (fp32 -> fp32), one push per minibatch incl. its begin/end barriers, vs x
+      size       odc_us    odc_busbw      nccl_us   nccl_busbw  speedup   odc/nvl  check
+      1MiB         16.2         32.3          9.9         53.0    0.61x      6.8%     ok
+
+scatter-accumulate (fp32 -> fp32), back-to-back pushes in one open minibatch, vs x
+      size       odc_us    odc_busbw      nccl_us   nccl_busbw  speedup   odc/nvl  check
+      1MiB          4.6        113.0          9.9         53.0    2.13x     23.6%     ok
+"""
+
+
+def test_odc_bench_output_becomes_curves(odc_cli, data_dir, tmp_path):
+    document = parse_odc_bench(ODC_BENCH_SAMPLE)
+    assert document["ranks"] == 2
+    curves = document["curves"]
+    assert curves["gather"] == [[2.0**20, 99.5], [2.0**30, 329.7]]
+    assert curves["all_gather"] == [[2.0**20, 47.8], [2.0**30, 272.8]]
+    # The strict (one push per minibatch) table is not the one training runs: skipped.
+    assert curves["scatter"] == [[2.0**20, 113.0]]
+    assert curves["reduce_scatter"] == [[2.0**20, 53.0]]
+    with pytest.raises(ValueError, match="no table for: scatter, reduce_scatter"):
+        parse_odc_bench(ODC_BENCH_SAMPLE.split("scatter-accumulate")[0])
+    # odc simulate reads them, and names what is wrong with a bad file.
+    good, bad = tmp_path / "curves.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(document))
+    bad.write_text(json.dumps({"curves": {"gather": [[2.0**20, 1.0], [1.0, 2.0]]}}))
+    lengths = str(data_dir / "aime_rl_like.txt")
+    ok = simulate(odc_cli, "--lengths", lengths, "--ranks", "2", "--transport", str(good))
+    assert ok.returncode == 0, ok.stderr
+    result = simulate(odc_cli, "--lengths", lengths, "--ranks", "2", "--transport", str(bad))
+    assert result.returncode == 2 and "sizes must increase" in result.stderr
 
 
 def test_table_json_and_speedup(odc_cli, data_dir):
