@@ -85,22 +85,33 @@ def validate_recorded(
     if not files:
         raise ValueError(f"no results files in {results_dir}")
     for path in files:
+        runs = json.loads(path.read_text())
         inputs = RECORDED_INPUTS.get(path.name)
-        if inputs is None:
-            raise ValueError(
-                f"{path.name}: unknown recorded run; add how it was made to RECORDED_INPUTS"
-            )
-        lengths = _read_lengths(repo / inputs["lengths"])
-        if "max_length" in inputs:
-            lengths = [n for n in lengths if n <= inputs["max_length"]]
-        if "constant_length" in inputs:
-            lengths = [inputs["constant_length"]] * len(lengths)
-        for run in json.loads(path.read_text()):
+        lengths = None
+        if inputs is not None:
+            lengths = _read_lengths(repo / inputs["lengths"])
+            if "max_length" in inputs:
+                lengths = [n for n in lengths if n <= inputs["max_length"]]
+            if "constant_length" in inputs:
+                lengths = [inputs["constant_length"]] * len(lengths)
+        for run in runs:
             ranks, per_rank = run["ranks"], run["samples_per_rank"]
             per_minibatch = ranks * per_rank
-            warmup = 1  # odc.train's default; the recorded runs used it
             steps = run["steps_measured"]
-            measured_lengths = lengths[warmup * per_minibatch : (warmup + steps) * per_minibatch]
+            if "measured_lengths" in run:  # odc.train records them since issue #15
+                measured_lengths = run["measured_lengths"]
+            elif lengths is not None:
+                warmup = 1  # odc.train's default; the runs recorded before issue #15 used it
+                measured_lengths = lengths[
+                    warmup * per_minibatch : (warmup + steps) * per_minibatch
+                ]
+            else:
+                raise ValueError(
+                    f"{path.name}: the run records no measured_lengths and is not in "
+                    "RECORDED_INPUTS: say how it was made"
+                )
+            if len(measured_lengths) != steps * per_minibatch:
+                raise ValueError(f"{path.name}: expected {steps * per_minibatch} sample lengths")
             a, b, c = run["cost"]
             with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
                 handle.write("\n".join(str(n) for n in measured_lengths) + "\n")

@@ -333,16 +333,19 @@ Result<Mode> parse_mode(std::string_view name) {
 }
 
 Result<ModelShape> model_preset(std::string_view name) {
-  // Qwen2 shapes (hidden h, 28 layers, grouped KV heads of 128, SwiGLU intermediate i, vocab v):
-  // per layer 2*h*h + 2*h*kv + 3*h*i (+ biases and norms, <0.1%); untied embeddings and head.
-  auto shape = [](double h, double kv, double i, double v) {
-    return ModelShape{28, 2 * h * h + 2 * h * kv + 3 * h * i, 2 * h * v};
+  // The presets of python/odc/train/model.py (Qwen2: hidden h, layers n, key/value width kv =
+  // KV heads x head size, SwiGLU intermediate i, vocabulary v): per layer 2*h*h + 2*h*kv + 3*h*i
+  // (+ biases and norms, <0.1%); the embeddings, and the LM head where it is not tied.
+  auto shape = [](int64_t n, double h, double kv, double i, double v, bool tied) {
+    return ModelShape{n, 2 * h * h + 2 * h * kv + 3 * h * i, (tied ? 1 : 2) * h * v};
   };
-  if (name == "1.5b") return shape(1536, 256, 8960, 151936);
-  if (name == "7b") return shape(3584, 512, 18944, 152064);
+  if (name == "tiny") return shape(2, 64, 32, 176, 1024, true);
+  if (name == "0.5b") return shape(24, 896, 128, 4864, 151936, true);
+  if (name == "1.5b") return shape(28, 1536, 256, 8960, 151936, true);
+  if (name == "7b") return shape(28, 3584, 512, 18944, 152064, false);
   return Status::InvalidArgument("unknown model preset '" + std::string(name) +
-                                 "': expected 1.5b or 7b, or give --layers, --layer-params and "
-                                 "--other-params");
+                                 "': expected tiny, 0.5b, 1.5b or 7b, or give --layers, "
+                                 "--layer-params and --other-params");
 }
 
 Status validate_simulate_options(const SimulateOptions& options) {

@@ -34,7 +34,7 @@ struct ModelShape {
   double other_params = 0.0;  // embeddings, LM head, final norm: the root FSDP unit
 };
 
-// Qwen2-shaped presets of odc.train: "1.5b" (1.78B, untied head), "7b" (7.6B).
+// The Qwen2-shaped presets of odc.train: "tiny", "0.5b", "1.5b" (1.54B, tied head), "7b" (7.6B).
 Result<ModelShape> model_preset(std::string_view name);
 
 struct Link {

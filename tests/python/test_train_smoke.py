@@ -45,6 +45,8 @@ def test_train_compare_runs_and_reports(tmp_path):
             sum(r["predicted_span_seconds"] for r in rows)
         )
     assert runs[0]["bubble_measured"] is False and runs[1]["bubble_measured"] is True
+    # Enough to re-plan and re-simulate the measured minibatches (python -m odc.simulate).
+    assert all(len(r["measured_lengths"]) == 2 * 2 * 3 for r in runs)
     assert "n/a" in result.stdout and "per minibatch" in result.stdout
     # One cost model, fitted in the first run and reused by the second.
     assert runs[0]["cost_source"] == "fitted" and len(runs[0]["calibration"]) >= 3

@@ -330,6 +330,14 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         # idle time: compare step time (span) there instead.
         "bubble_measured": config.comm == "odc",
         **comparison,
+        # The measured minibatches' sample lengths, in plan order: with the cost model, enough to
+        # re-plan and re-simulate exactly these minibatches (python -m odc.simulate --validate).
+        "warmup_steps": config.warmup_steps,
+        "measured_lengths": [
+            config.lengths[i]
+            for s in range(config.warmup_steps, num_steps)
+            for i in plan["minibatches"][s]["samples"]
+        ],
         "peak_memory_bytes": max(gathered[r][1] for r in range(world_size)),
         "losses": losses,
         "timeline": [gathered[r][0][last]["microbatches"] for r in range(world_size)],
