@@ -1,6 +1,7 @@
 // The `odc` command-line tool. Subcommands:
 //   odc plan     one policy's plan as JSON (the documented contract) or a table
 //   odc compare  the three policies side by side on the same lengths (the main job's table)
+//   odc simulate step time, bubble and speedup of collective / ODC at many rank counts
 // Every user error exits with status 2 and one line naming the problem.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include "planner/plan.h"
 #include "planner/plan_format.h"
 #include "planner/plan_io.h"
+#include "simulate/simulate_cli.h"
 
 namespace {
 
@@ -93,6 +95,11 @@ int main(int argc, char** argv) {
       "compare", "predict the bubble of all three policies under collective and ODC execution");
   add_common_options(*compare_command, compare_args);
 
+  odc::simulate::CliArgs simulate_args;
+  CLI::App* simulate_command = app.add_subcommand(
+      "simulate", "simulate collective and ODC training at many rank counts (docs/simulate.md)");
+  odc::simulate::add_cli_options(*simulate_command, simulate_args);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {
@@ -101,6 +108,12 @@ int main(int argc, char** argv) {
     const std::string command =
         app.get_subcommands().empty() ? std::string("") : app.get_subcommands().front()->get_name();
     return fail(command, error.what());
+  }
+
+  if (simulate_command->parsed()) {
+    std::string error;
+    const int code = odc::simulate::run_cli(simulate_args, std::cout, error);
+    return code == 0 ? 0 : fail("simulate", error);
   }
 
   if (plan_command->parsed()) {

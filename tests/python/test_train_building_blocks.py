@@ -69,3 +69,48 @@ def test_measured_bubble_and_summary():
     assert summary["idle_seconds"] == pytest.approx([1.0, 3.0])
     with pytest.raises(ValueError, match="no minibatches"):
         summarize([])
+
+
+def test_prediction_is_time_weighted_like_the_measurement():
+    # design.md: over several minibatches bubble = 1 - sum(busy) / (N * sum(T)) on both sides.
+    # Cost a=1 per token: minibatch 1 is rank 0 = 9, rank 1 = 1 (ODC span 9, bubble 4/9);
+    # minibatch 2 is 1 and 1 (span 1, bubble 0). Time-weighted: 1 - 12 / (2 * 10) = 0.4; the
+    # plain mean of per-minibatch bubbles would be 2/9 = 0.222.
+    from odc.train.metrics import compare_prediction, predict_minibatch
+
+    lengths = [9, 1, 1, 1]
+    first = [{"microbatches": [[0]]}, {"microbatches": [[1]]}]
+    second = [{"microbatches": [[2]]}, {"microbatches": [[3]]}]
+    predicted = [predict_minibatch(r, lengths, (1.0, 0.0, 0.0), "odc") for r in (first, second)]
+    assert [p.span_seconds for p in predicted] == [9.0, 1.0]
+    measured = [
+        MinibatchTiming(busy_seconds=[9.0, 1.0], span_seconds=10.0, samples=2, tokens=10),
+        MinibatchTiming(busy_seconds=[1.0, 1.0], span_seconds=1.0, samples=2, tokens=2),
+    ]
+    result = compare_prediction(measured, predicted)
+    assert result["predicted_bubble"] == pytest.approx(0.4)
+    assert result["predicted_seconds"] == pytest.approx(10.0)
+    assert result["span_error"] == pytest.approx(10.0 / 11.0 - 1.0)
+    rows = result["per_minibatch"]
+    assert [r["relative_error"] for r in rows] == pytest.approx([-0.1, 0.0])
+    assert rows[0]["predicted_bubble"] == pytest.approx(4 / 9)
+    assert rows[0]["measured_bubble"] == pytest.approx(0.5)
+    assert result["span_error_worst"] == pytest.approx(-0.1)
+    assert result["span_error_mean_abs"] == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="one prediction per measured minibatch"):
+        compare_prediction(measured, predicted[:1])
+
+
+def test_collective_prediction_waits_for_the_slowest_rank_per_step():
+    from odc.train.metrics import predict_minibatch
+
+    # Rank 0 runs microbatches of cost 1+3 and 5; rank 1 runs 4 and 1, plus c = 1 each.
+    lengths = [1, 3, 5, 4, 1]
+    ranks = [{"microbatches": [[0, 1], [2]]}, {"microbatches": [[3], [4]]}]
+    collective = predict_minibatch(ranks, lengths, (1.0, 0.0, 1.0), "collective")
+    odc = predict_minibatch(ranks, lengths, (1.0, 0.0, 1.0), "odc")
+    assert collective.busy_seconds == [11.0, 7.0]
+    assert collective.span_seconds == pytest.approx(max(5, 5) + max(6, 2))
+    assert odc.span_seconds == pytest.approx(11.0)
+    with pytest.raises(ValueError, match="mode"):
+        predict_minibatch(ranks, lengths, (1.0, 0.0, 1.0), "nccl")

@@ -37,6 +37,17 @@ def test_train_compare_runs_and_reports(tmp_path):
         assert len(run["busy_seconds"]) == 2 and all(b > 0 for b in run["busy_seconds"])
         assert all(loss > 0 for loss in run["losses"])
         assert len(run["timeline"]) == 2
+        # Predicted and measured spans, minibatch by minibatch, on the same basis.
+        rows = run["per_minibatch"]
+        assert len(rows) == 2 and all(r["measured_span_seconds"] > 0 for r in rows)
+        assert all(r["predicted_span_seconds"] > 0 for r in rows)
+        assert run["predicted_seconds"] == pytest.approx(
+            sum(r["predicted_span_seconds"] for r in rows)
+        )
+    assert runs[0]["bubble_measured"] is False and runs[1]["bubble_measured"] is True
+    # Enough to re-plan and re-simulate the measured minibatches (python -m odc.simulate).
+    assert all(len(r["measured_lengths"]) == 2 * 2 * 3 for r in runs)
+    assert "n/a" in result.stdout and "per minibatch" in result.stdout
     # One cost model, fitted in the first run and reused by the second.
     assert runs[0]["cost_source"] == "fitted" and len(runs[0]["calibration"]) >= 3
     assert runs[1]["cost"] == runs[0]["cost"] and runs[1]["calibration"] == []

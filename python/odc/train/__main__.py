@@ -182,15 +182,40 @@ def print_table(results) -> None:
     )
     print(
         f"\n{'comm':10} {'policy':10} {'samples/s':>10} {'tokens/s':>11} {'step s':>8} "
-        f"{'bubble':>7} {'predicted':>9} {'peak GiB':>9} {'vs first':>8}"
+        f"{'pred s':>8} {'err':>6} {'bubble':>7} {'predicted':>9} {'peak GiB':>9} {'vs first':>8}"
     )
     for r in results:
+        measured = f"{100 * r['bubble']:6.1f}%" if r.get("bubble_measured", True) else "    n/a"
+        predicted_step = r["predicted_seconds"] / r["minibatches"]
         print(
             f"{r['comm']:10} {r['policy']:10} {r['samples_per_second']:10.2f} "
-            f"{r['tokens_per_second']:11.0f} {r['step_seconds']:8.3f} {100 * r['bubble']:6.1f}% "
+            f"{r['tokens_per_second']:11.0f} {r['step_seconds']:8.3f} {predicted_step:8.3f} "
+            f"{100 * r['span_error']:+5.1f}% {measured} "
             f"{100 * r['predicted_bubble']:8.1f}% {r['peak_memory_bytes'] / 2**30:9.2f} "
             f"{r['samples_per_second'] / base:7.2f}x"
         )
+    print(
+        "step s / pred s: measured / predicted seconds per minibatch; err = predicted / measured - 1."
+        "\nbubble / predicted: 1 - sum(busy) / (N x sum(span)) over the measured minibatches, both "
+        "weighted by time.\nn/a: under collective a rank's waits inside FSDP2's collectives count "
+        "as busy, so its idle time is not measured; compare step times there."
+    )
+    print("\nper minibatch, predicted / measured span in seconds (error):")
+    print("  mb  " + "".join(f"{r['comm'] + ' ' + r['policy']:>28}" for r in results))
+    for index in range(max(len(r["per_minibatch"]) for r in results)):
+        cells = []
+        for r in results:
+            rows = r["per_minibatch"]
+            if index >= len(rows):
+                cells.append(" " * 28)
+                continue
+            row = rows[index]
+            text = (
+                f"{row['predicted_span_seconds']:.3f} / {row['measured_span_seconds']:.3f} "
+                f"({100 * row['relative_error']:+.1f}%)"
+            )
+            cells.append(f"{text:>28}")
+        print(f"{index + 1:4}  " + "".join(cells))
 
 
 def write_timeline(results, path: str):

@@ -4,6 +4,12 @@ definition as the planner's prediction, design.md, with measured times), through
 busy[r]  = time rank r spent computing its microbatches (forward + backward, timed on the device)
 span     = wall time of the minibatch on the slowest rank (begin to the end of the optimizer step)
 bubble   = 1 - sum(busy) / (N * span); over several minibatches 1 - sum(busy) / (N * sum(span))
+
+The planner's prediction for the same minibatches is put on the same basis (predict_minibatch,
+compare_prediction): predicted busy and span per minibatch, the bubble weighted by time, and the
+relative error of the predicted span against the measured one, minibatch by minibatch.
+Under `collective`, busy includes the waits inside FSDP2's per-layer collectives (they run on the
+compute stream's critical path), so the measured bubble there is not idle time: compare spans.
 """
 
 from __future__ import annotations
@@ -48,4 +54,80 @@ def summarize(timings: Sequence[MinibatchTiming]) -> dict:
         "busy_seconds": busy,
         "idle_seconds": [span - b for b in busy],
         "bubble": 1.0 - sum(busy) / (ranks * span) if span > 0 else 0.0,
+    }
+
+
+# Prediction on the same basis as the measurement (design.md, "Measuring"): the planner's cost
+# model gives each rank's busy time and the minibatch's span under the run's communication mode,
+# and the bubble over several minibatches is weighted by time on both sides.
+
+
+@dataclass
+class PredictedTiming:
+    busy_seconds: List[float]  # per rank: sum of its microbatches' predicted costs
+    span_seconds: float  # collective: sum_k max_r C[r][k]; odc: max_r sum_k C[r][k]
+
+
+def microbatch_cost(samples: Sequence[int], lengths: Sequence[int], cost: Sequence[float]) -> float:
+    """c + sum over the microbatch's samples of (a*L + b*L^2); cost is (a, b, c)."""
+    a, b, c = cost
+    return c + sum(a * lengths[i] + b * lengths[i] * lengths[i] for i in samples)
+
+
+def predict_minibatch(
+    ranks: Sequence[dict], lengths: Sequence[int], cost: Sequence[float], mode: str
+) -> PredictedTiming:
+    """The planner's time accounting of one minibatch of a plan (`ranks` as in odc.plan's JSON:
+    [{"microbatches": [[sample, ...], ...]}, ...]) under mode "collective" or "odc"."""
+    if mode not in ("collective", "odc"):
+        raise ValueError(f"mode must be 'collective' or 'odc', got {mode!r}")
+    costs = [[microbatch_cost(m, lengths, cost) for m in r["microbatches"]] for r in ranks]
+    busy = [sum(c) for c in costs]
+    if mode == "odc":
+        span = max(busy, default=0.0)
+    else:
+        steps = max((len(c) for c in costs), default=0)
+        span = sum(max(c[k] if k < len(c) else 0.0 for c in costs) for k in range(steps))
+    return PredictedTiming(busy_seconds=busy, span_seconds=span)
+
+
+def _relative_error(predicted: float, measured: float) -> float:
+    return predicted / measured - 1.0 if measured > 0 else 0.0
+
+
+def compare_prediction(
+    measured: Sequence[MinibatchTiming], predicted: Sequence[PredictedTiming]
+) -> dict:
+    """Predicted against measured, minibatch by minibatch and in total, both weighted by time:
+    bubble = 1 - sum(busy) / (N * sum(span)). relative_error = predicted / measured - 1."""
+    if len(measured) != len(predicted) or not measured:
+        raise ValueError("need one prediction per measured minibatch, and at least one")
+    ranks = len(measured[0].busy_seconds)
+    if any(len(p.busy_seconds) != ranks for p in predicted):
+        raise ValueError("every prediction needs one busy time per rank")
+    rows = []
+    for m, p in zip(measured, predicted):
+        p_bubble = 1.0 - sum(p.busy_seconds) / (ranks * p.span_seconds) if p.span_seconds else 0.0
+        rows.append(
+            {
+                "predicted_span_seconds": p.span_seconds,
+                "measured_span_seconds": m.span_seconds,
+                "relative_error": _relative_error(p.span_seconds, m.span_seconds),
+                "predicted_bubble": p_bubble,
+                "measured_bubble": m.bubble,
+            }
+        )
+    predicted_seconds = sum(p.span_seconds for p in predicted)
+    measured_seconds = sum(m.span_seconds for m in measured)
+    predicted_busy = sum(sum(p.busy_seconds) for p in predicted)
+    errors = [abs(row["relative_error"]) for row in rows]
+    return {
+        "predicted_bubble": (
+            1.0 - predicted_busy / (ranks * predicted_seconds) if predicted_seconds > 0 else 0.0
+        ),
+        "predicted_seconds": predicted_seconds,
+        "span_error": _relative_error(predicted_seconds, measured_seconds),
+        "span_error_mean_abs": sum(errors) / len(errors),
+        "span_error_worst": max(rows, key=lambda row: abs(row["relative_error"]))["relative_error"],
+        "per_minibatch": rows,
     }

@@ -289,7 +289,7 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
 
 
 def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
-    from .metrics import MinibatchTiming, summarize
+    from .metrics import MinibatchTiming, compare_prediction, predict_minibatch, summarize
 
     timings = []
     for step in range(config.warmup_steps, num_steps):
@@ -305,11 +305,15 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
             )
         )
     measured = summarize(timings)
-    # The planner's prediction for the same minibatches, under this communication mode.
+    # The planner's prediction for the same minibatches, under this communication mode, on the
+    # measurement's basis: time-weighted over minibatches, span against span (metrics.py).
     mode = "odc" if config.comm == "odc" else "collective"
+    cost = tuple(plan["cost"][k] for k in ("a", "b", "c"))
     predicted = [
-        plan["minibatches"][s]["bubble"][mode] for s in range(config.warmup_steps, num_steps)
+        predict_minibatch(plan["minibatches"][s]["ranks"], config.lengths, cost, mode)
+        for s in range(config.warmup_steps, num_steps)
     ]
+    comparison = compare_prediction(timings, predicted)
     last = num_steps - 1
     return {
         "preset": config.preset,
@@ -321,7 +325,19 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         "samples_per_rank": config.samples_per_rank,
         "max_tokens": config.max_tokens,
         **measured,
-        "predicted_bubble": float(np.mean(predicted)) if predicted else 0.0,
+        # Under collective a rank's busy time includes its waits inside FSDP2's per-layer
+        # collectives, so its measured bubble is near zero by construction, not a measurement of
+        # idle time: compare step time (span) there instead.
+        "bubble_measured": config.comm == "odc",
+        **comparison,
+        # The measured minibatches' sample lengths, in plan order: with the cost model, enough to
+        # re-plan and re-simulate exactly these minibatches (python -m odc.simulate --validate).
+        "warmup_steps": config.warmup_steps,
+        "measured_lengths": [
+            config.lengths[i]
+            for s in range(config.warmup_steps, num_steps)
+            for i in plan["minibatches"][s]["samples"]
+        ],
         "peak_memory_bytes": max(gathered[r][1] for r in range(world_size)),
         "losses": losses,
         "timeline": [gathered[r][0][last]["microbatches"] for r in range(world_size)],

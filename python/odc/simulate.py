@@ -1,0 +1,289 @@
+"""`python -m odc.simulate`: the `odc simulate` command (C++, docs/simulate.md) plus a PNG of
+speedup against GPUs, one line per policy and mode; and the validation of the simulator against
+the training runs recorded in docs/results (`validate_recorded`).
+
+  python -m odc.simulate --lengths data/longalign_like.txt --max-length 65536 --plot speedup.png
+  python -m odc.simulate --validate docs/results [--transport data/transport/h200x4_odc_bench.json]
+  python -m odc.simulate --curves odc_bench.txt > curves.json   # then odc simulate --transport
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[2]
+
+# How each recorded results file was made (docs/benchmarks.md gives the commands): the lengths
+# file and the filter its samples went through before planning.
+RECORDED_INPUTS = {
+    "train_all_1.5b_64k_4xh200.json": {"lengths": "data/longalign_like.txt", "max_length": 65536},
+    "train_compare_1.5b_64k_4xh200.json": {
+        "lengths": "data/longalign_like.txt",
+        "max_length": 65536,
+    },
+    "train_compare_7b_32k_4xh200.json": {"lengths": "data/longalign_like.txt", "max_length": 32768},
+    "train_compare_7b_64k_4xh200.json": {"lengths": "data/longalign_like.txt", "max_length": 65536},
+    "train_control_1.5b_4xh200.json": {
+        "lengths": "data/longalign_like.txt",
+        "constant_length": 16384,
+    },
+}
+
+
+def cli_path() -> str:
+    """The `odc` binary: $ODC_CLI, then beside this Python (a virtual environment), PATH, or the
+    build tree."""
+    candidates = [
+        os.environ.get("ODC_CLI"),
+        str(Path(sys.executable).parent / "odc"),
+        shutil.which("odc"),
+        str(REPO / "build" / "cmake" / "odc"),
+    ]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise FileNotFoundError("the odc command was not found: build it or set ODC_CLI")
+
+
+def run_simulate(arguments: Sequence[str]) -> dict:
+    """`odc simulate ARGUMENTS --format json`, parsed; ValueError with odc's message on failure."""
+    result = subprocess.run(
+        [cli_path(), "simulate", *arguments, "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise ValueError(result.stderr.strip() or f"odc simulate exited with {result.returncode}")
+    return json.loads(result.stdout)
+
+
+def _read_lengths(path: Path) -> List[int]:
+    lengths = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            lengths.append(int(line))
+    return lengths
+
+
+def validate_recorded(
+    results_dir: Path, repo: Path = REPO, transport: Optional[str] = None
+) -> List[dict]:
+    """Simulates every run recorded in `results_dir` on the minibatches it measured (the warm-up
+    minibatch excluded, as in the measurement) with its own cost model, model preset, ranks and
+    policy, on one node (with `transport`: that curves file for the links within it); returns one
+    row per run with measured and simulated seconds per step."""
+    rows = []
+    files = sorted(Path(results_dir).glob("*.json"))
+    if not files:
+        raise ValueError(f"no results files in {results_dir}")
+    for path in files:
+        runs = json.loads(path.read_text())
+        inputs = RECORDED_INPUTS.get(path.name)
+        lengths = None
+        if inputs is not None:
+            lengths = _read_lengths(repo / inputs["lengths"])
+            if "max_length" in inputs:
+                lengths = [n for n in lengths if n <= inputs["max_length"]]
+            if "constant_length" in inputs:
+                lengths = [inputs["constant_length"]] * len(lengths)
+        for run in runs:
+            ranks, per_rank = run["ranks"], run["samples_per_rank"]
+            per_minibatch = ranks * per_rank
+            steps = run["steps_measured"]
+            if "measured_lengths" in run:  # odc.train records them since issue #15
+                measured_lengths = run["measured_lengths"]
+            elif lengths is not None:
+                warmup = 1  # odc.train's default; the runs recorded before issue #15 used it
+                measured_lengths = lengths[
+                    warmup * per_minibatch : (warmup + steps) * per_minibatch
+                ]
+            else:
+                raise ValueError(
+                    f"{path.name}: the run records no measured_lengths and is not in "
+                    "RECORDED_INPUTS: say how it was made"
+                )
+            if len(measured_lengths) != steps * per_minibatch:
+                raise ValueError(f"{path.name}: expected {steps * per_minibatch} sample lengths")
+            a, b, c = run["cost"]
+            with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
+                handle.write("\n".join(str(n) for n in measured_lengths) + "\n")
+                lengths_path = handle.name
+            try:
+                mode = "odc" if run["comm"] == "odc" else "collective"
+                simulated = run_simulate(
+                    [
+                        "--lengths", lengths_path, "--model", run["preset"],
+                        "--cost", f"{a!r},{b!r},{c!r}", "--ranks", str(ranks),
+                        "--samples-per-rank", str(per_rank), "--minibatches", str(steps),
+                        "--max-tokens", str(run["max_tokens"]), "--policies", run["policy"],
+                        "--modes", mode, "--gpus-per-node", str(ranks),
+                        "--cost-calibrated-on", str(ranks),
+                    ]
+                    + (["--transport", transport] if transport else [])
+                )  # fmt: skip
+            finally:
+                os.unlink(lengths_path)
+            (result,) = simulated["results"]
+            rows.append(
+                {
+                    "file": path.name,
+                    "comm": run["comm"],
+                    "policy": run["policy"],
+                    "minibatches": steps,
+                    "measured_step_seconds": run["step_seconds"],
+                    "simulated_step_seconds": result["step_seconds"],
+                    "planner_step_seconds": result["planner_step_seconds"],
+                    "error": result["step_seconds"] / run["step_seconds"] - 1.0,
+                }
+            )
+    return rows
+
+
+_UNITS = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+
+# odc_bench table titles (bench/odc_bench.cc) and the curves they give: (prefix, odc key, nccl key).
+_TABLES = [
+    ("gather (bf16) vs ncclAllGather", "gather", "all_gather"),
+    ("scatter-accumulate (fp32 -> fp32), back-to-back pushes", "scatter", "reduce_scatter"),
+]
+
+
+def parse_odc_bench(text: str) -> dict:
+    """Transport curves from odc_bench's printed tables: per-rank size in bytes against bus
+    bandwidth in GB/s, for ODC's gather and back-to-back pushes (how training runs them) and
+    NCCL's all-gather and reduce-scatter. ValueError when a table is missing or malformed."""
+    curves, ranks, current = {}, None, None
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("odc-bench:"):
+            ranks = int(stripped.split()[1])
+            continue
+        matched = [t for t in _TABLES if stripped.startswith(t[0])]
+        if matched:
+            current = matched[0]
+            curves[current[1]], curves[current[2]] = [], []
+            continue
+        if not stripped:
+            current = None  # a blank line ends a table
+            continue
+        if current is None or stripped.startswith("size"):
+            continue
+        fields = stripped.split()
+        unit = fields[0][-3:]
+        if unit not in _UNITS or len(fields) < 5:
+            current = None  # a table we do not use
+            continue
+        try:
+            size = float(fields[0][:-3]) * _UNITS[unit]
+            odc, nccl = float(fields[2]), float(fields[4])
+        except ValueError:
+            raise ValueError(f"odc_bench output line {number}: cannot read '{stripped}'") from None
+        curves[current[1]].append([size, odc])
+        curves[current[2]].append([size, nccl])
+    missing = [
+        k for k in ("gather", "scatter", "all_gather", "reduce_scatter") if not curves.get(k)
+    ]
+    if missing:
+        raise ValueError(f"odc_bench output has no table for: {', '.join(missing)}")
+    return {"source": "odc_bench", "ranks": ranks, "curves": curves}
+
+
+def write_plot(document: dict, path: str) -> Optional[str]:
+    """Speedup against GPUs (log scale), one line per policy + mode; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    lines = {}
+    for row in document["results"]:
+        if row["speedup"] is None:
+            continue
+        lines.setdefault(f"{row['mode']} + {row['policy']}", []).append(
+            (row["ranks"], row["speedup"])
+        )
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for label, points in sorted(lines.items()):
+        points.sort()
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("GPUs")
+    axis.set_ylabel("speedup vs collective + lb-micro")
+    axis.set_title("odc simulate: simulated step time, relative to FSDP2 + LB-Micro")
+    axis.grid(True, alpha=0.3)
+    if lines:
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    return path
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--validate"]:
+        transport = None
+        if len(argv) == 4 and argv[2] == "--transport":
+            transport = argv[3]
+        elif len(argv) != 2:
+            sys.exit("usage: python -m odc.simulate --validate RESULTS_DIR [--transport CURVES]")
+        try:
+            rows = validate_recorded(Path(argv[1]), transport=transport)
+        except (OSError, ValueError) as error:
+            sys.exit(f"odc simulate: {error}")
+        print(f"{'file':38} {'comm + policy':24} {'mb':>3} {'measured':>9} {'simulated':>9} "
+              f"{'planner':>8} {'error':>7}")  # fmt: skip
+        for r in rows:
+            print(
+                f"{r['file']:38} {r['comm'] + ' + ' + r['policy']:24} {r['minibatches']:3d} "
+                f"{r['measured_step_seconds']:9.3f} {r['simulated_step_seconds']:9.3f} "
+                f"{r['planner_step_seconds']:8.3f} {100 * r['error']:+6.1f}%"
+            )
+        errors = [abs(r["error"]) for r in rows]
+        worst = max(rows, key=lambda r: abs(r["error"]))
+        print(
+            f"mean absolute error {100 * sum(errors) / len(errors):.2f}% over {len(rows)} runs; "
+            f"worst {100 * worst['error']:+.2f}% ({worst['file']}, {worst['comm']} + "
+            f"{worst['policy']})"
+        )
+        return 0
+    if argv[:1] == ["--curves"]:
+        if len(argv) != 2:
+            sys.exit("usage: python -m odc.simulate --curves ODC_BENCH_OUTPUT > curves.json")
+        try:
+            print(json.dumps(parse_odc_bench(Path(argv[1]).read_text())))
+        except (OSError, ValueError) as error:
+            sys.exit(f"odc simulate: {error}")
+        return 0
+    plot = None
+    if "--plot" in argv:
+        index = argv.index("--plot")
+        if index + 1 >= len(argv):
+            sys.exit("odc simulate: --plot needs a file name")
+        plot = argv[index + 1]
+        del argv[index : index + 2]
+    if "--format" in argv:
+        sys.exit("odc simulate: python -m odc.simulate prints the table; use odc simulate for JSON")
+    try:
+        document = run_simulate(argv)
+    except (OSError, ValueError) as error:
+        sys.exit(f"odc simulate: {error}")
+    table = subprocess.run([cli_path(), "simulate", *argv], capture_output=True, text=True)
+    print(table.stdout, end="")
+    if plot:
+        written = write_plot(document, plot)
+        print(f"plot: {written}" if written else "plot: skipped (matplotlib missing)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,462 @@
+// Event simulation of collective FSDP2 and ODC on the planner's plans. Each microbatch's cost
+// (the planner's cost model, seconds) is spread evenly over the layers, forward then backward;
+// transfers run on their own channel and overlap compute as FSDP2's one-layer prefetch allows.
+// Contention between a rank's pulls and the pushes landing on it (and between serving others'
+// pulls and its own pushes) is mean-field: a second pass runs with each flow's bandwidth divided by
+// 1 + u, u being the share of the link's time the competing traffic used in the first pass.
+#include "simulate/simulate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+
+namespace odc::simulate {
+namespace {
+
+constexpr double kParamBytes = 2.0;  // bf16 parameters are gathered
+constexpr double kGradBytes = 4.0;   // fp32 gradients are reduced
+
+// Per-microbatch, per-rank costs of one minibatch (seconds).
+std::vector<std::vector<double>> microbatch_costs(const planner::MinibatchPlan& minibatch,
+                                                  std::span<const int64_t> lengths,
+                                                  const planner::PlanOptions& options) {
+  std::vector<std::vector<double>> costs(minibatch.ranks.size());
+  for (size_t r = 0; r < minibatch.ranks.size(); ++r) {
+    const double speed = options.rank_speed.empty() ? 1.0 : options.rank_speed[r];
+    for (const auto& microbatch : minibatch.ranks[r].microbatches) {
+      double cost = options.cost.c;
+      for (int64_t sample : microbatch) cost += options.cost.sample_cost(lengths[sample]);
+      costs[r].push_back(cost / speed);
+    }
+  }
+  return costs;
+}
+
+// Seconds a rank spends on each kind of link, per direction, in one minibatch (for contention).
+struct LinkUse {
+  double nvlink_in = 0.0, nvlink_out = 0.0, network_in = 0.0, network_out = 0.0;
+};
+
+// Bandwidth shares left to pulls (inbound) and pushes (outbound) by the other direction's traffic.
+struct Shares {
+  double nvlink_in = 1.0, nvlink_out = 1.0, network_in = 1.0, network_out = 1.0;
+};
+
+class Simulator {
+ public:
+  explicit Simulator(const SimulateOptions& options) : o_(options), n_(options.plan.num_ranks) {
+    const int64_t g = std::max<int64_t>(1, std::min(o_.topology.gpus_per_node, n_));
+    local_ = g;
+    nodes_ = (n_ + g - 1) / g;
+  }
+
+  // Minibatch time with everything included; adds busy seconds and link use.
+  double minibatch(const std::vector<std::vector<double>>& costs, double& busy) {
+    for (const auto& rank : costs) busy += std::accumulate(rank.begin(), rank.end(), 0.0);
+    switch (o_.mode) {
+      case Mode::kCollective:
+        return collective(costs) + optimizer_seconds(n_);
+      case Mode::kOdcFlat:
+      case Mode::kOdcHybrid: {
+        LinkUse use;
+        const double first = odc(costs, Shares{}, use);
+        // Second pass: what the other direction used of each link is not there for this one.
+        const double span = std::max(first, 1e-30) * static_cast<double>(n_);
+        // Processor sharing: a flow meets on average u other flows, u = the other traffic's
+        // share of the link's time, so it gets 1 / (1 + u) of the bandwidth.
+        Shares shares;
+        shares.nvlink_in = 1.0 / (1.0 + use.nvlink_out / span);
+        shares.nvlink_out = 1.0 / (1.0 + use.nvlink_in / span);
+        shares.network_in = 1.0 / (1.0 + use.network_out / span);
+        shares.network_out = 1.0 / (1.0 + use.network_in / span);
+        LinkUse unused;
+        const double span_seconds = odc(costs, shares, unused);
+        const int64_t shard_ranks = o_.mode == Mode::kOdcHybrid ? local_ : n_;
+        return span_seconds + cross_node_reduction() + optimizer_seconds(shard_ranks);
+      }
+    }
+    return 0.0;
+  }
+
+  double optimizer_seconds(int64_t shard_ranks) const {
+    const double params = o_.model.other_params + o_.model.layer_params * o_.model.num_layers;
+    return params / static_cast<double>(shard_ranks) * o_.optimizer_bytes_per_param /
+           o_.hbm_bytes_per_second;
+  }
+
+ private:
+  // NCCL ring collective moving `bytes` (the full unit) among all N ranks: bus bandwidth is the
+  // slowest link of the ring (the NIC once the job spans nodes).
+  double collective_seconds(double bytes, const Curve& curve) const {
+    if (o_.free_communication || n_ == 1) return 0.0;
+    const double moved = bytes * static_cast<double>(n_ - 1) / static_cast<double>(n_);
+    const Topology& t = o_.topology;
+    if (nodes_ == 1) {
+      if (!curve.empty()) return moved / curve.bandwidth(bytes);
+      return static_cast<double>(n_ - 1) * t.nvlink_collective.latency_seconds +
+             moved / t.nvlink_collective.bytes_per_second;
+    }
+    return static_cast<double>(local_ - 1) * t.nvlink_collective.latency_seconds +
+           static_cast<double>(nodes_ - 1) * t.network.latency_seconds +
+           moved / std::min(t.network.bytes_per_second, t.nvlink_collective.bytes_per_second);
+  }
+
+  // One rank pulling (inbound) or pushing (outbound) its 1/N-slices of `bytes` to or from every
+  // owner: the node's peers over NVLink and, in flat mode, the other nodes' over the network,
+  // both at once.
+  double transfer_seconds(double bytes, bool inbound, const Shares& shares, LinkUse& use) const {
+    if (o_.free_communication) return 0.0;
+    const Topology& t = o_.topology;
+    const bool flat = o_.mode == Mode::kOdcFlat;
+    const double group = static_cast<double>(flat ? n_ : local_);
+    const double local_bytes = bytes * static_cast<double>(local_ - 1) / group;
+    const double remote_bytes = flat ? bytes * static_cast<double>(n_ - local_) / group : 0.0;
+    double local_seconds = 0.0, remote_seconds = 0.0;
+    if (local_bytes > 0) {
+      const double share = inbound ? shares.nvlink_in : shares.nvlink_out;
+      const Curve& curve = inbound ? t.curves.gather : t.curves.scatter;
+      // A measured curve already holds the latency and the all-at-once load of its run.
+      const double bandwidth = curve.empty() ? t.nvlink.bytes_per_second : curve.bandwidth(bytes);
+      const double latency = curve.empty() ? t.nvlink.latency_seconds : 0.0;
+      local_seconds = latency + local_bytes / (bandwidth * share);
+      (inbound ? use.nvlink_in : use.nvlink_out) += local_bytes / bandwidth;
+    }
+    if (remote_bytes > 0) {
+      const double share = inbound ? shares.network_in : shares.network_out;
+      remote_seconds =
+          t.network.latency_seconds + remote_bytes / (t.network.bytes_per_second * share);
+      (inbound ? use.network_in : use.network_out) += remote_bytes / t.network.bytes_per_second;
+    }
+    return std::max(local_seconds, remote_seconds);
+  }
+
+  // Hybrid: the node-sharded gradient is all-reduced across nodes (ring) once per minibatch.
+  double cross_node_reduction() const {
+    if (o_.mode != Mode::kOdcHybrid || nodes_ == 1 || o_.free_communication) return 0.0;
+    const double params = o_.model.other_params + o_.model.layer_params * o_.model.num_layers;
+    const double bytes = kGradBytes * params / static_cast<double>(local_);
+    const double nodes = static_cast<double>(nodes_);
+    return 2.0 * (nodes - 1) * o_.topology.network.latency_seconds +
+           2.0 * (nodes - 1) / nodes * bytes / o_.topology.network.bytes_per_second;
+  }
+
+  // ODC's one barrier per minibatch (dissemination: log2 N rounds).
+  double barrier_seconds() const {
+    if (o_.free_communication || n_ == 1) return 0.0;
+    const double rounds = std::ceil(std::log2(static_cast<double>(n_)));
+    const double latency =
+        nodes_ > 1 ? o_.topology.network.latency_seconds : o_.topology.nvlink.latency_seconds;
+    return rounds * latency;
+  }
+
+  // Lockstep FSDP2: a collective completes when every rank has issued it; a rank computes a layer
+  // once its all-gather is done. One comm channel carries all-gathers and reduce-scatters in issue
+  // order; the next layer's all-gather is issued when every rank has started the current one.
+  double collective(const std::vector<std::vector<double>>& costs) {
+    const int64_t layers = o_.model.num_layers;
+    const TransportCurves& curves = o_.topology.curves;
+    const double ag_layer =
+        collective_seconds(kParamBytes * o_.model.layer_params, curves.all_gather);
+    const double ag_root =
+        collective_seconds(kParamBytes * o_.model.other_params, curves.all_gather);
+    const double rs_layer =
+        collective_seconds(kGradBytes * o_.model.layer_params, curves.reduce_scatter);
+    const double rs_root =
+        collective_seconds(kGradBytes * o_.model.other_params, curves.reduce_scatter);
+    size_t steps = 0;
+    for (const auto& rank : costs) steps = std::max(steps, rank.size());
+    std::vector<double> ready(n_, 0.0), start(n_, 0.0);
+    double channel = 0.0;
+    auto all_ready = [&] { return *std::max_element(ready.begin(), ready.end()); };
+    for (size_t k = 0; k < steps; ++k) {
+      double issue = all_ready();  // every rank enters the microbatch (root all-gather)
+      channel = std::max(channel, issue) + ag_root;
+      issue = channel;
+      auto run_layer = [&](double fraction) {
+        const double gathered = std::max(channel, issue) + ag_layer;
+        channel = gathered;
+        double latest_start = 0.0;
+        for (int64_t r = 0; r < n_; ++r) {
+          const double cost = k < costs[r].size() ? costs[r][k] : 0.0;
+          start[r] = std::max(ready[r], gathered);
+          ready[r] = start[r] + cost * fraction / static_cast<double>(layers);
+          latest_start = std::max(latest_start, start[r]);
+        }
+        issue = latest_start;  // prefetch of the next layer, issued by every rank
+      };
+      for (int64_t l = 0; l < layers; ++l) run_layer(o_.forward_fraction);
+      issue = all_ready();  // backward starts after the loss on every rank
+      for (int64_t l = 0; l < layers; ++l) {
+        run_layer(1.0 - o_.forward_fraction);
+        channel = std::max(channel, all_ready()) + rs_layer;  // gradients of the layer
+      }
+      channel = std::max(channel, all_ready()) + rs_root;
+    }
+    return std::max(all_ready(), channel);
+  }
+
+  // ODC: every rank on its own; pulls one layer ahead of compute, pushes after each layer's
+  // backward, and meets the others once, at the minibatch-end barrier.
+  double odc(const std::vector<std::vector<double>>& costs, const Shares& shares, LinkUse& total) {
+    const int64_t layers = o_.model.num_layers;
+    double slowest = 0.0;
+    // Transfer times and link use are the same for every rank (uniform shards).
+    LinkUse pull_layer_use, pull_root_use, push_layer_use, push_root_use;
+    const double pull_layer =
+        transfer_seconds(kParamBytes * o_.model.layer_params, true, shares, pull_layer_use);
+    const double pull_root =
+        transfer_seconds(kParamBytes * o_.model.other_params, true, shares, pull_root_use);
+    const double push_layer =
+        transfer_seconds(kGradBytes * o_.model.layer_params, false, shares, push_layer_use);
+    const double push_root =
+        transfer_seconds(kGradBytes * o_.model.other_params, false, shares, push_root_use);
+    double num_microbatches = 0.0;
+    for (int64_t r = 0; r < n_; ++r) {
+      double compute = 0.0, pull = 0.0, push = 0.0;
+      for (double cost : costs[r]) {
+        pull = std::max(pull, compute) + pull_root;
+        double issue = pull;
+        auto run_layer = [&](double fraction) {
+          pull = std::max(pull, issue) + pull_layer;
+          const double begin = std::max(compute, pull);
+          compute = begin + cost * fraction / static_cast<double>(layers);
+          issue = begin;
+        };
+        for (int64_t l = 0; l < layers; ++l) run_layer(o_.forward_fraction);
+        issue = compute;
+        for (int64_t l = 0; l < layers; ++l) {
+          run_layer(1.0 - o_.forward_fraction);
+          push = std::max(push, compute) + push_layer;
+        }
+        push = std::max(push, compute) + push_root;
+      }
+      slowest = std::max(slowest, std::max(compute, push));
+      num_microbatches += static_cast<double>(costs[r].size());
+    }
+    // Per microbatch: 2 pulls and 1 push of every layer, 1 pull and 1 push of the root unit.
+    const double layer_count = static_cast<double>(layers) * num_microbatches;
+    total.nvlink_in +=
+        2 * layer_count * pull_layer_use.nvlink_in + num_microbatches * pull_root_use.nvlink_in;
+    total.network_in +=
+        2 * layer_count * pull_layer_use.network_in + num_microbatches * pull_root_use.network_in;
+    total.nvlink_out +=
+        layer_count * push_layer_use.nvlink_out + num_microbatches * push_root_use.nvlink_out;
+    total.network_out +=
+        layer_count * push_layer_use.network_out + num_microbatches * push_root_use.network_out;
+    return slowest + barrier_seconds();
+  }
+
+  const SimulateOptions& o_;
+  int64_t n_;
+  int64_t local_ = 1;
+  int64_t nodes_ = 1;
+};
+
+}  // namespace
+
+double Curve::bandwidth(double bytes) const {
+  if (points.size() == 1 || bytes <= points.front().first) return points.front().second;
+  if (bytes >= points.back().first) return points.back().second;
+  auto above =
+      std::lower_bound(points.begin(), points.end(), bytes,
+                       [](const auto& point, double value) { return point.first < value; });
+  auto below = above - 1;
+  const double t = std::log(bytes / below->first) / std::log(above->first / below->first);
+  return below->second + t * (above->second - below->second);
+}
+
+Result<TransportCurves> read_transport_curves(const std::string& path) {
+  std::ifstream input(path);
+  if (!input) return Status::InvalidArgument("cannot open transport curves '" + path + "'");
+  nlohmann::json document;
+  try {
+    document = nlohmann::json::parse(input);
+  } catch (const nlohmann::json::exception& error) {
+    return Status::InvalidArgument("transport curves '" + path + "': not JSON (" +
+                                   std::string(error.what()) + ")");
+  }
+  if (!document.is_object() || !document.contains("curves") || !document["curves"].is_object()) {
+    return Status::InvalidArgument("transport curves '" + path + "': expected {\"curves\": {...}}");
+  }
+  TransportCurves curves;
+  const std::pair<const char*, Curve*> names[] = {{"gather", &curves.gather},
+                                                  {"scatter", &curves.scatter},
+                                                  {"all_gather", &curves.all_gather},
+                                                  {"reduce_scatter", &curves.reduce_scatter}};
+  for (const auto& [key, curve] : names) {
+    if (!document["curves"].contains(key)) continue;
+    const auto& points = document["curves"][key];
+    const std::string where = "transport curves '" + path + "', " + key;
+    if (!points.is_array() || points.empty()) {
+      return Status::InvalidArgument(where + ": expected a non-empty list of [bytes, GB/s]");
+    }
+    for (const auto& point : points) {
+      if (!point.is_array() || point.size() != 2 || !point[0].is_number() ||
+          !point[1].is_number()) {
+        return Status::InvalidArgument(where + ": every point must be [bytes, GB/s]");
+      }
+      const double bytes = point[0].get<double>();
+      const double gbytes = point[1].get<double>();
+      if (!(bytes > 0) || !(gbytes > 0) || !std::isfinite(bytes) || !std::isfinite(gbytes)) {
+        return Status::InvalidArgument(where + ": sizes and bandwidths must be finite and > 0");
+      }
+      if (!curve->points.empty() && bytes <= curve->points.back().first) {
+        return Status::InvalidArgument(where + ": sizes must increase");
+      }
+      curve->points.emplace_back(bytes, gbytes * 1e9);
+    }
+  }
+  return curves;
+}
+
+std::string_view mode_name(Mode mode) {
+  switch (mode) {
+    case Mode::kCollective:
+      return "collective";
+    case Mode::kOdcFlat:
+      return "odc";
+    case Mode::kOdcHybrid:
+      return "odc-hybrid";
+  }
+  return "unknown";
+}
+
+Result<Mode> parse_mode(std::string_view name) {
+  if (name == "collective") return Mode::kCollective;
+  if (name == "odc") return Mode::kOdcFlat;
+  if (name == "odc-hybrid") return Mode::kOdcHybrid;
+  return Status::InvalidArgument("unknown mode '" + std::string(name) +
+                                 "': expected collective, odc or odc-hybrid");
+}
+
+Result<ModelShape> model_preset(std::string_view name) {
+  // The presets of python/odc/train/model.py (Qwen2: hidden h, layers n, key/value width kv =
+  // KV heads x head size, SwiGLU intermediate i, vocabulary v): per layer 2*h*h + 2*h*kv + 3*h*i
+  // (+ biases and norms, <0.1%); the embeddings, and the LM head where it is not tied.
+  auto shape = [](int64_t n, double h, double kv, double i, double v, bool tied) {
+    return ModelShape{n, 2 * h * h + 2 * h * kv + 3 * h * i, (tied ? 1 : 2) * h * v};
+  };
+  if (name == "tiny") return shape(2, 64, 32, 176, 1024, true);
+  if (name == "0.5b") return shape(24, 896, 128, 4864, 151936, true);
+  if (name == "1.5b") return shape(28, 1536, 256, 8960, 151936, true);
+  if (name == "7b") return shape(28, 3584, 512, 18944, 152064, false);
+  return Status::InvalidArgument("unknown model preset '" + std::string(name) +
+                                 "': expected tiny, 0.5b, 1.5b or 7b, or give --layers, "
+                                 "--layer-params and --other-params");
+}
+
+Status validate_simulate_options(const SimulateOptions& options) {
+  ODC_RETURN_IF_ERROR(planner::validate_plan_options(options.plan));
+  const ModelShape& m = options.model;
+  if (m.num_layers < 1) return Status::InvalidArgument("the model needs at least one layer");
+  if (!(m.layer_params >= 0) || !(m.other_params >= 0) || !std::isfinite(m.layer_params) ||
+      !std::isfinite(m.other_params)) {
+    return Status::InvalidArgument("parameter counts must be finite and >= 0");
+  }
+  const Topology& t = options.topology;
+  if (t.gpus_per_node < 1) return Status::InvalidArgument("gpus per node must be >= 1");
+  for (const Link* link : {&t.nvlink, &t.nvlink_collective, &t.network}) {
+    if (!(link->bytes_per_second > 0) || !std::isfinite(link->bytes_per_second) ||
+        !(link->latency_seconds >= 0) || !std::isfinite(link->latency_seconds)) {
+      return Status::InvalidArgument("link bandwidths must be > 0 and latencies >= 0, finite");
+    }
+  }
+  if (options.cost_calibration_ranks < 0) {
+    return Status::InvalidArgument("cost calibration ranks must be >= 0");
+  }
+  if (!(options.forward_fraction > 0 && options.forward_fraction < 1)) {
+    return Status::InvalidArgument("forward fraction must lie strictly between 0 and 1");
+  }
+  if (!(options.optimizer_bytes_per_param >= 0) || !(options.hbm_bytes_per_second > 0)) {
+    return Status::InvalidArgument("optimizer bytes must be >= 0 and HBM bandwidth > 0");
+  }
+  if (options.mode == Mode::kCollective && options.plan.policy == planner::Policy::kLbMini) {
+    return Status::InvalidArgument(
+        "lb-mini gives ranks different microbatch counts, which collectives cannot run: use "
+        "lb-micro or local-sort with collective");
+  }
+  return Status::Ok();
+}
+
+Result<SimulateResult> simulate_plan(const planner::Plan& plan, std::span<const int64_t> lengths,
+                                     const SimulateOptions& options) {
+  ODC_RETURN_IF_ERROR(validate_simulate_options(options));
+  if (plan.options.num_ranks != options.plan.num_ranks) {
+    return Status::InvalidArgument("the plan was made for a different number of ranks");
+  }
+  SimulateOptions free_options = options;
+  free_options.free_communication = true;
+  Simulator full(options), free(free_options);
+  // The calibration run: collective, one node of cost_calibration_ranks GPUs, equal microbatches.
+  SimulateOptions calibration_options = options;
+  calibration_options.mode = Mode::kCollective;
+  calibration_options.plan.num_ranks = std::max<int64_t>(1, options.cost_calibration_ranks);
+  calibration_options.plan.rank_speed.clear();
+  calibration_options.topology.gpus_per_node = calibration_options.plan.num_ranks;
+  Simulator calibration(calibration_options);
+  auto compute_only = [&](std::vector<std::vector<double>> costs) {
+    if (options.cost_calibration_ranks <= 0) return costs;
+    for (auto& rank : costs) {
+      for (double& cost : rank) {
+        const std::vector<std::vector<double>> lockstep(
+            static_cast<size_t>(calibration_options.plan.num_ranks), std::vector<double>{cost});
+        double unused = 0.0;
+        const double measured = calibration.minibatch(lockstep, unused) -
+                                calibration.optimizer_seconds(calibration_options.plan.num_ranks);
+        cost = std::max(0.0, cost - (measured - cost));
+      }
+    }
+    return costs;
+  };
+  SimulateResult result;
+  double busy = 0.0, busy_free = 0.0, free_seconds = 0.0;
+  const double n = static_cast<double>(options.plan.num_ranks);
+  for (const auto& minibatch : plan.minibatches) {
+    const auto costs = compute_only(microbatch_costs(minibatch, lengths, plan.options));
+    const double seconds = full.minibatch(costs, busy);
+    free_seconds += free.minibatch(costs, busy_free);
+    result.minibatch_seconds.push_back(seconds);
+    result.seconds += seconds;
+    result.planner_seconds +=
+        options.mode == Mode::kCollective ? minibatch.times.collective : minibatch.times.odc;
+  }
+  result.num_minibatches = static_cast<int64_t>(plan.minibatches.size());
+  const int64_t shard_ranks = options.mode == Mode::kOdcHybrid
+                                  ? std::min(options.topology.gpus_per_node, options.plan.num_ranks)
+                                  : options.plan.num_ranks;
+  result.optimizer_seconds = full.optimizer_seconds(shard_ranks) * result.num_minibatches;
+  result.compute_seconds = busy / n;
+  result.exposed_comm_seconds = std::max(0.0, result.seconds - free_seconds);
+  result.idle_seconds = std::max(0.0, free_seconds - result.optimizer_seconds - busy / n);
+  result.bubble = planner::bubble_rate(busy, options.plan.num_ranks, result.seconds);
+  return result;
+}
+
+Result<SimulateResult> simulate(std::span<const int64_t> lengths, const SimulateOptions& options) {
+  ODC_RETURN_IF_ERROR(validate_simulate_options(options));
+  auto plan = planner::make_plan(lengths, options.plan);
+  if (!plan.ok()) return plan.status();
+  return simulate_plan(plan.value(), lengths, options);
+}
+
+std::vector<int64_t> resample_lengths(std::span<const int64_t> source, int64_t num_samples,
+                                      uint64_t seed) {
+  std::vector<int64_t> out;
+  if (source.empty() || num_samples <= 0) return out;
+  out.reserve(static_cast<size_t>(num_samples));
+  std::vector<size_t> order(source.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 random(seed);
+  for (int64_t pass = 0; static_cast<int64_t>(out.size()) < num_samples; ++pass) {
+    if (pass > 0) std::shuffle(order.begin(), order.end(), random);
+    for (size_t i = 0; i < order.size() && static_cast<int64_t>(out.size()) < num_samples; ++i) {
+      out.push_back(source[order[i]]);
+    }
+  }
+  return out;
+}
+
+}  // namespace odc::simulate

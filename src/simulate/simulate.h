@@ -1,0 +1,124 @@
+// `odc simulate`: per-layer event simulation of one training configuration (ranks, policy,
+// communication mode) on the planner's own plans and cost model, no CUDA. Key invariant: with
+// free communication and no optimizer time, a simulated minibatch takes exactly the planner's
+// predicted time (collective: sum_k max_r C[r][k]; odc: max_r sum_k C[r][k]); everything else
+// (exposed transfers, contention, barrier, cross-node reduction, optimizer) only adds to it.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "planner/plan.h"
+
+namespace odc::simulate {
+
+enum class Mode {
+  kCollective,  // FSDP2: per-layer all-gather / reduce-scatter, every rank waits for the slowest
+  kOdcFlat,    // ODC: every rank owns 1/N of the state; pulls and pushes, one barrier per minibatch
+  kOdcHybrid,  // ODC within a node, replicated across nodes, one cross-node reduction per minibatch
+};
+
+std::string_view mode_name(Mode mode);
+Result<Mode> parse_mode(std::string_view name);
+
+// Parameter counts of the model (elements). Transfers are bf16 parameters (2 bytes) gathered and
+// fp32 gradients (4 bytes) pushed or reduce-scattered, as odc.train runs them.
+struct ModelShape {
+  int64_t num_layers = 0;
+  double layer_params = 0.0;  // per transformer layer
+  double other_params = 0.0;  // embeddings, LM head, final norm: the root FSDP unit
+};
+
+// The Qwen2-shaped presets of odc.train: "tiny", "0.5b", "1.5b" (1.54B, tied head), "7b" (7.6B).
+Result<ModelShape> model_preset(std::string_view name);
+
+struct Link {
+  double bytes_per_second = 0.0;  // per GPU, per direction
+  double latency_seconds = 0.0;   // per transfer
+};
+
+// Measured bus bandwidth against transfer size (per-rank bytes, as odc_bench and nccl-tests
+// report it), ascending sizes; looked up linearly in log(size), clamped at both ends.
+struct Curve {
+  std::vector<std::pair<double, double>> points;  // (bytes, bytes per second)
+  bool empty() const { return points.empty(); }
+  double bandwidth(double bytes) const;
+};
+
+// Within a node, from `odc_bench` (python -m odc.simulate --curves converts its output): when a
+// curve is present it replaces the constant NVLink bandwidth (and latency) for that operation.
+struct TransportCurves {
+  Curve gather;          // ODC gather (pulls)
+  Curve scatter;         // ODC scatter-accumulate, back-to-back pushes in one minibatch
+  Curve all_gather;      // NCCL all-gather
+  Curve reduce_scatter;  // NCCL reduce-scatter
+};
+
+struct Topology {
+  int64_t gpus_per_node = 8;
+  // Measured on 4 H200s (design.md): ODC pulls/pushes ~290 GB/s when every GPU moves data at
+  // once, NCCL all-gather / reduce-scatter ~300 GB/s bus bandwidth at 64-512 MiB.
+  Link nvlink{290e9, 10e-6};
+  Link nvlink_collective{300e9, 15e-6};
+  Link network{50e9, 10e-6};  // a 400 Gb/s NIC per GPU
+  TransportCurves curves;
+};
+
+struct SimulateOptions {
+  Mode mode = Mode::kOdcFlat;
+  planner::PlanOptions plan;  // ranks, policy, max_tokens, minibatch_size, cost (seconds)
+  ModelShape model;
+  Topology topology;
+  // Share of a microbatch's cost spent in the forward pass; with activation checkpointing the
+  // backward recomputes the forward, so forward : backward = 1 : 3.
+  double forward_fraction = 0.25;
+  // Optimizer step (AdamW + gradient clipping) on a rank's shard: bytes of HBM traffic per
+  // parameter element over this bandwidth.
+  double optimizer_bytes_per_param = 32.0;
+  double hbm_bytes_per_second = 3.0e12;
+  bool free_communication = false;  // every transfer takes no time (tests and the breakdown)
+  // When > 0, the cost model was fitted (odc.train's calibration) under FSDP2 on this many ranks
+  // of one node with these links, every rank running the same microbatch: its times include
+  // that run's exposed collective time. The simulator removes it from each microbatch's cost
+  // (C minus the lockstep run's exposed communication for C) before simulating, so that
+  // communication is not counted twice. 0: the cost is compute alone.
+  int64_t cost_calibration_ranks = 0;
+};
+
+// Where the time of a configuration goes, summed over minibatches (seconds; per rank means).
+struct SimulateResult {
+  int64_t num_minibatches = 0;
+  double seconds = 0.0;               // sum of minibatch times
+  double compute_seconds = 0.0;       // mean over ranks of busy (forward + backward) time
+  double exposed_comm_seconds = 0.0;  // seconds minus the same run with free communication
+  double idle_seconds = 0.0;          // waiting for other ranks (imbalance)
+  double optimizer_seconds = 0.0;
+  double planner_seconds = 0.0;  // the planner's predicted time for the same plan
+  double bubble = 0.0;           // 1 - sum(busy) / (N * sum(T)), T with everything included
+  std::vector<double> minibatch_seconds;
+};
+
+Status validate_simulate_options(const SimulateOptions& options);
+
+// Simulates every minibatch of `plan` (made with options.plan from `lengths`).
+Result<SimulateResult> simulate_plan(const planner::Plan& plan, std::span<const int64_t> lengths,
+                                     const SimulateOptions& options);
+
+// Plans `lengths` with options.plan, then simulates. Collective cannot run LB-Mini (unequal
+// microbatch counts): that is an error naming the combination.
+Result<SimulateResult> simulate(std::span<const int64_t> lengths, const SimulateOptions& options);
+
+// `num_samples` lengths: `source` in order, repeated as often as needed, each further pass in a
+// fixed pseudo-random order (seeded by `seed`), so that large rank counts get enough minibatches.
+// Reads the curves file: {"curves": {"gather": [[bytes, GB/s], ...], ...}} (docs/simulate.md).
+Result<TransportCurves> read_transport_curves(const std::string& path);
+
+std::vector<int64_t> resample_lengths(std::span<const int64_t> source, int64_t num_samples,
+                                      uint64_t seed);
+
+}  // namespace odc::simulate

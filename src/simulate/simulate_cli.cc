@@ -1,0 +1,297 @@
+// `odc simulate`: for each rank count, every requested policy x mode is planned on the same
+// lengths and simulated; speedup is against collective + lb-micro at the same rank count.
+#include "simulate/simulate_cli.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "planner/plan_io.h"
+#include "simulate/simulate.h"
+
+namespace odc::simulate {
+namespace {
+
+// Cost models fitted by odc.train on 4 H200s (docs/benchmarks.md), per preset.
+const char* default_cost(const std::string& model) {
+  if (model == "1.5b") return "3.12326e-05,1.18741e-09,0.0708187";
+  if (model == "7b") return "1.09574e-04,2.71302e-09,0.103279";
+  return nullptr;
+}
+
+Result<std::vector<int64_t>> parse_int_list(const std::string& text, const std::string& what) {
+  std::vector<int64_t> values;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t used = 0;
+      const long long value = std::stoll(item, &used);
+      if (used != item.size() || value < 1) throw std::invalid_argument(item);
+      values.push_back(value);
+    } catch (const std::exception&) {
+      return Status::InvalidArgument(what + ": '" + item + "' is not a positive integer");
+    }
+  }
+  if (values.empty()) return Status::InvalidArgument(what + " is empty");
+  return values;
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) items.push_back(item);
+  return items;
+}
+
+struct Row {
+  int64_t ranks = 0;
+  std::string policy, mode;
+  SimulateResult result;
+  double speedup = 0.0;  // baseline step time / this step time; 0 when there is no baseline
+};
+
+Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& source,
+             std::vector<int64_t>& ranks, std::vector<planner::Policy>& policies,
+             std::vector<Mode>& modes) {
+  if (args.format != "table" && args.format != "json") {
+    return Status::InvalidArgument("unknown format '" + args.format + "': expected table or json");
+  }
+  const bool custom = args.layers || args.layer_params || args.other_params;
+  if (custom) {
+    if (!args.layers || !args.layer_params || !args.other_params) {
+      return Status::InvalidArgument(
+          "a custom model needs all of --layers, --layer-params and --other-params");
+    }
+    base.model = ModelShape{*args.layers, *args.layer_params, *args.other_params};
+  } else {
+    auto preset = model_preset(args.model);
+    if (!preset.ok()) return preset.status();
+    base.model = preset.value();
+  }
+  std::string cost_text = args.cost;
+  if (cost_text.empty()) {
+    const char* fitted = custom ? nullptr : default_cost(args.model);
+    if (!fitted) return Status::InvalidArgument("a custom model needs --cost A,B,C (seconds)");
+    cost_text = fitted;
+  }
+  // The presets' costs were fitted by odc.train under FSDP2 on 4 GPUs of one node.
+  base.cost_calibration_ranks =
+      args.cost_calibrated_on ? *args.cost_calibrated_on : (args.cost.empty() ? 4 : 0);
+  auto cost = planner::parse_cost(cost_text);
+  if (!cost.ok()) return cost.status();
+  base.plan.cost = cost.value();
+  auto rank_list = parse_int_list(args.ranks, "--ranks");
+  if (!rank_list.ok()) return rank_list.status();
+  ranks = rank_list.value();
+  for (const auto& name : split(args.policies)) {
+    auto policy = planner::parse_policy(name);
+    if (!policy.ok()) return policy.status();
+    policies.push_back(policy.value());
+  }
+  for (const auto& name : split(args.modes)) {
+    auto mode = parse_mode(name);
+    if (!mode.ok()) return mode.status();
+    modes.push_back(mode.value());
+  }
+  if (policies.empty() || modes.empty()) {
+    return Status::InvalidArgument("--policies and --modes need at least one entry each");
+  }
+  if (args.samples_per_rank < 1 || args.minibatches < 1) {
+    return Status::InvalidArgument("--samples-per-rank and --minibatches must be >= 1");
+  }
+  if (args.gpus_per_node < 1) return Status::InvalidArgument("--gpus-per-node must be >= 1");
+  Topology& t = base.topology;
+  t.gpus_per_node = args.gpus_per_node;
+  t.nvlink = Link{args.nvlink_gbytes * 1e9, args.nvlink_latency_us * 1e-6};
+  t.nvlink_collective = Link{args.nvlink_collective_gbytes * 1e9, args.nvlink_latency_us * 1e-6};
+  t.network = Link{args.network_gbits * 1e9 / 8, args.network_latency_us * 1e-6};
+  base.forward_fraction = args.forward_fraction;
+  if (!args.transport_path.empty()) {
+    auto curves = read_transport_curves(args.transport_path);
+    if (!curves.ok()) return curves.status();
+    t.curves = std::move(curves).value();
+  }
+  auto read = planner::read_lengths_file(args.lengths_path);
+  if (!read.ok()) return read.status();
+  source = std::move(read).value();
+  if (args.max_length) {
+    std::erase_if(source, [&](int64_t n) { return n > *args.max_length; });
+    if (source.empty()) return Status::InvalidArgument("no sample is within --max-length");
+  }
+  base.plan.max_tokens =
+      args.max_tokens ? *args.max_tokens : *std::max_element(source.begin(), source.end());
+  base.plan.minibatch_size = args.samples_per_rank;  // times ranks, set per rank count
+  return Status::Ok();
+}
+
+std::string percent(double fraction) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f%%", 100.0 * fraction);
+  return text;
+}
+
+}  // namespace
+
+void add_cli_options(CLI::App& command, CliArgs& args) {
+  command.add_option("--lengths", args.lengths_path, "sample lengths file (odc plan format)")
+      ->required();
+  command.add_option("--model", args.model, "model preset: 1.5b or 7b")->capture_default_str();
+  command.add_option("--layers", args.layers, "custom model: transformer layers");
+  command.add_option("--layer-params", args.layer_params, "custom model: parameters per layer");
+  command.add_option("--other-params", args.other_params,
+                     "custom model: parameters outside the layers (embeddings, head)");
+  command.add_option("--cost", args.cost,
+                     "microbatch cost in seconds, C + sum(A*L + B*L^2), as A,B,C (default: the "
+                     "preset's fit on H200, from odc.train)");
+  command.add_option("--cost-calibrated-on", args.cost_calibrated_on,
+                     "GPUs of one node the cost was fitted on under FSDP2 (odc.train's fit): its "
+                     "exposed collective time is removed from the cost (default: 4 with the "
+                     "preset's cost, else 0 = the cost is compute alone)");
+  command.add_option("--ranks", args.ranks, "rank counts, comma-separated")->capture_default_str();
+  command.add_option("--samples-per-rank", args.samples_per_rank, "samples per rank per minibatch")
+      ->capture_default_str();
+  command
+      .add_option("--minibatches", args.minibatches,
+                  "minibatches per configuration (the file is repeated, reshuffled, when it "
+                  "has too few samples)")
+      ->capture_default_str();
+  command.add_option("--max-tokens", args.max_tokens,
+                     "token cap per microbatch (default: the longest sample)");
+  command.add_option("--max-length", args.max_length, "drop samples longer than this");
+  command.add_option("--policies", args.policies, "comma-separated")->capture_default_str();
+  command.add_option("--modes", args.modes, "collective, odc, odc-hybrid, comma-separated")
+      ->capture_default_str();
+  command.add_option("--gpus-per-node", args.gpus_per_node)->capture_default_str();
+  command
+      .add_option("--nvlink-gbytes", args.nvlink_gbytes,
+                  "ODC pull/push bandwidth per GPU within a node, GB/s")
+      ->capture_default_str();
+  command
+      .add_option("--nvlink-collective-gbytes", args.nvlink_collective_gbytes,
+                  "NCCL all-gather / reduce-scatter bus bandwidth within a node, GB/s")
+      ->capture_default_str();
+  command.add_option("--network-gbits", args.network_gbits, "NIC bandwidth per GPU, Gb/s")
+      ->capture_default_str();
+  command.add_option("--nvlink-latency-us", args.nvlink_latency_us)->capture_default_str();
+  command.add_option("--network-latency-us", args.network_latency_us)->capture_default_str();
+  command
+      .add_option("--forward-fraction", args.forward_fraction,
+                  "share of a microbatch's cost in the forward pass")
+      ->capture_default_str();
+  command.add_option("--transport", args.transport_path,
+                     "measured curves within a node (JSON; python -m odc.simulate --curves "
+                     "converts odc_bench output): they replace the NVLink constants");
+  command.add_option("--format", args.format, "table or json")->capture_default_str();
+}
+
+int run_cli(const CliArgs& args, std::ostream& out, std::string& error) {
+  SimulateOptions base;
+  std::vector<int64_t> source, ranks;
+  std::vector<planner::Policy> policies;
+  std::vector<Mode> modes;
+  if (Status status = build(args, base, source, ranks, policies, modes); !status.ok()) {
+    error = status.message();
+    return 2;
+  }
+  std::vector<Row> rows;
+  for (int64_t num_ranks : ranks) {
+    const int64_t per_minibatch = num_ranks * args.samples_per_rank;
+    const auto lengths = resample_lengths(source, per_minibatch * args.minibatches, 0);
+    double baseline = 0.0;
+    const size_t first = rows.size();
+    for (auto policy : policies) {
+      SimulateOptions options = base;
+      options.plan.num_ranks = num_ranks;
+      options.plan.policy = policy;
+      options.plan.minibatch_size = per_minibatch;
+      auto plan = planner::make_plan(lengths, options.plan);
+      if (!plan.ok()) {
+        error = plan.status().message();
+        return 2;
+      }
+      for (auto mode : modes) {
+        if (mode == Mode::kCollective && policy == planner::Policy::kLbMini) continue;
+        options.mode = mode;
+        auto result = simulate_plan(plan.value(), lengths, options);
+        if (!result.ok()) {
+          error = result.status().message();
+          return 2;
+        }
+        rows.push_back(Row{num_ranks, std::string(planner::policy_name(policy)),
+                           std::string(mode_name(mode)), result.value(), 0.0});
+        if (mode == Mode::kCollective && policy == planner::Policy::kLbMicro) {
+          baseline = result.value().seconds;
+        }
+      }
+    }
+    for (size_t i = first; i < rows.size(); ++i) {
+      if (baseline > 0) rows[i].speedup = baseline / rows[i].result.seconds;
+    }
+  }
+
+  if (args.format == "json") {
+    nlohmann::ordered_json root;
+    root["model"] = {{"layers", base.model.num_layers},
+                     {"layer_params", base.model.layer_params},
+                     {"other_params", base.model.other_params}};
+    root["cost"] = {{"a", base.plan.cost.a}, {"b", base.plan.cost.b}, {"c", base.plan.cost.c}};
+    root["cost_calibrated_on"] = base.cost_calibration_ranks;
+    root["samples_per_rank"] = args.samples_per_rank;
+    root["minibatches"] = args.minibatches;
+    root["max_tokens"] = base.plan.max_tokens;
+    root["topology"] = {
+        {"gpus_per_node", base.topology.gpus_per_node},
+        {"nvlink_bytes_per_second", base.topology.nvlink.bytes_per_second},
+        {"nvlink_collective_bytes_per_second", base.topology.nvlink_collective.bytes_per_second},
+        {"network_bytes_per_second", base.topology.network.bytes_per_second}};
+    root["topology"]["transport_curves"] = args.transport_path;
+    root["baseline"] = "collective + lb-micro at the same rank count";
+    nlohmann::ordered_json results = nlohmann::ordered_json::array();
+    for (const Row& row : rows) {
+      const double m = static_cast<double>(row.result.num_minibatches);
+      results.push_back({{"ranks", row.ranks},
+                         {"policy", row.policy},
+                         {"mode", row.mode},
+                         {"step_seconds", row.result.seconds / m},
+                         {"bubble", row.result.bubble},
+                         {"speedup", row.speedup > 0 ? nlohmann::ordered_json(row.speedup)
+                                                     : nlohmann::ordered_json(nullptr)},
+                         {"compute_seconds", row.result.compute_seconds / m},
+                         {"exposed_comm_seconds", row.result.exposed_comm_seconds / m},
+                         {"idle_seconds", row.result.idle_seconds / m},
+                         {"optimizer_seconds", row.result.optimizer_seconds / m},
+                         {"planner_step_seconds", row.result.planner_seconds / m},
+                         {"minibatch_seconds", row.result.minibatch_seconds}});
+    }
+    root["results"] = std::move(results);
+    out << root.dump() << "\n";
+    return 0;
+  }
+  char line[200];
+  std::snprintf(line, sizeof(line), "%6s %-10s %-11s %8s %7s %8s %9s %9s %9s %9s\n", "ranks",
+                "policy", "mode", "step s", "bubble", "speedup", "compute", "exp.comm", "idle",
+                "optim");
+  out << line;
+  for (const Row& row : rows) {
+    const double m = static_cast<double>(row.result.num_minibatches);
+    char speedup[16] = "-";
+    if (row.speedup > 0) std::snprintf(speedup, sizeof(speedup), "%.2fx", row.speedup);
+    std::snprintf(line, sizeof(line), "%6lld %-10s %-11s %8.3f %7s %8s %9.3f %9.3f %9.3f %9.4f\n",
+                  static_cast<long long>(row.ranks), row.policy.c_str(), row.mode.c_str(),
+                  row.result.seconds / m, percent(row.result.bubble).c_str(), speedup,
+                  row.result.compute_seconds / m, row.result.exposed_comm_seconds / m,
+                  row.result.idle_seconds / m, row.result.optimizer_seconds / m);
+    out << line;
+  }
+  out << "seconds per minibatch (step) and its parts per rank: compute, exposed communication, "
+         "idle (waiting for other ranks), optimizer; speedup against collective + lb-micro at "
+         "the same rank count\n";
+  return 0;
+}
+
+}  // namespace odc::simulate

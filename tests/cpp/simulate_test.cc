@@ -1,0 +1,181 @@
+// The simulator against the planner's own accounting (free communication), hand-computed small
+// cases with communication, and its invariants (design.md; docs/simulate.md).
+#include "simulate/simulate.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "test_util.h"
+
+namespace odc::simulate {
+namespace {
+
+SimulateOptions small_options(Mode mode, planner::Policy policy, int64_t ranks) {
+  SimulateOptions options;
+  options.mode = mode;
+  options.plan.num_ranks = ranks;
+  options.plan.policy = policy;
+  options.plan.max_tokens = 64;
+  options.plan.minibatch_size = 4 * ranks;
+  options.plan.cost = planner::CostModel{1e-3, 2e-5, 5e-3};
+  options.model = ModelShape{4, 1e6, 2e6};
+  options.optimizer_bytes_per_param = 0.0;
+  return options;
+}
+
+SimulateResult run(std::span<const int64_t> lengths, const SimulateOptions& options) {
+  auto result = simulate(lengths, options);
+  EXPECT_TRUE(result.ok()) << result.status().message();
+  return result.ok() ? result.value() : SimulateResult{};
+}
+
+TEST(Simulate, FreeCommunicationGivesThePlannersTimes) {
+  const auto lengths = planner::testing::random_lengths(400, 64, 7);
+  for (auto policy : {planner::Policy::kLocalSort, planner::Policy::kLbMicro}) {
+    for (Mode mode : {Mode::kCollective, Mode::kOdcFlat, Mode::kOdcHybrid}) {
+      auto options = small_options(mode, policy, 5);
+      options.free_communication = true;
+      const SimulateResult result = run(lengths, options);
+      EXPECT_NEAR(result.seconds, result.planner_seconds, 1e-9 * result.seconds) << mode_name(mode);
+      EXPECT_EQ(result.exposed_comm_seconds, 0.0);
+    }
+  }
+}
+
+TEST(Simulate, CollectiveIsNeverFasterThanOdcOnTheSamePlanWhenCommunicationIsFree) {
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    const auto lengths = planner::testing::random_lengths(240, 64, seed);
+    for (auto policy : {planner::Policy::kLocalSort, planner::Policy::kLbMicro}) {
+      auto collective = small_options(Mode::kCollective, policy, 6);
+      collective.free_communication = true;
+      auto odc = small_options(Mode::kOdcFlat, policy, 6);
+      odc.free_communication = true;
+      EXPECT_GE(run(lengths, collective).seconds, run(lengths, odc).seconds * (1 - 1e-12));
+    }
+  }
+}
+
+TEST(Simulate, OneRankHasNoBubbleAndNoCommunication) {
+  const auto lengths = planner::testing::random_lengths(40, 64, 3);
+  for (Mode mode : {Mode::kCollective, Mode::kOdcFlat, Mode::kOdcHybrid}) {
+    const SimulateResult result = run(lengths, small_options(mode, planner::Policy::kLbMicro, 1));
+    EXPECT_NEAR(result.bubble, 0.0, 1e-12) << mode_name(mode);
+    EXPECT_NEAR(result.seconds, result.compute_seconds, 1e-12 * result.seconds);
+  }
+}
+
+// Two ranks, one layer of 1e9 parameters, no root unit, no latency, 1 GB/s links, forward half
+// of the cost; samples of cost 3 s and 1 s, one per rank.
+SimulateOptions hand_options(Mode mode) {
+  SimulateOptions options;
+  options.mode = mode;
+  options.plan.num_ranks = 2;
+  options.plan.policy = planner::Policy::kLbMicro;
+  options.plan.max_tokens = 3;
+  options.plan.cost = planner::CostModel{1.0, 0.0, 0.0};
+  options.model = ModelShape{1, 1e9, 0.0};
+  options.topology.nvlink = Link{1e9, 0.0};
+  options.topology.nvlink_collective = Link{1e9, 0.0};
+  options.forward_fraction = 0.5;
+  options.optimizer_bytes_per_param = 0.0;
+  return options;
+}
+
+TEST(Simulate, CollectiveByHand) {
+  // All-gather: half of 2e9 bytes at 1 GB/s = 1 s; reduce-scatter of fp32: 2 s.
+  // AG 1 + forward of the slowest 1.5 + AG again 1 + backward 1.5 + RS 2 = 7 s.
+  const std::vector<int64_t> lengths = {3, 1};
+  const SimulateResult result = run(lengths, hand_options(Mode::kCollective));
+  EXPECT_NEAR(result.seconds, 7.0, 1e-12);
+  EXPECT_NEAR(result.planner_seconds, 3.0, 1e-12);
+  EXPECT_NEAR(result.exposed_comm_seconds, 4.0, 1e-12);
+  EXPECT_NEAR(result.bubble, 1.0 - 4.0 / (2 * 7.0), 1e-12);
+}
+
+TEST(Simulate, OdcByHandWithContention) {
+  // Without contention rank 0 pulls 1 s, computes 1.5 s, pulls 1 s, computes 1.5 s, pushes 2 s:
+  // 7 s. Each rank pulls 2 s and pushes 2 s: inbound traffic of others is 4 / (2 x 7) = 2/7 of
+  // the link time, so the second pass runs every flow at 1 / (1 + 2/7) = 7/9 of the bandwidth:
+  // pull 9/7 s, push 18/7 s, and rank 0 ends at 9/7 + 1.5 + 9/7 + 1.5 + 18/7 = 36/7 + 3.
+  const std::vector<int64_t> lengths = {3, 1};
+  const SimulateResult result = run(lengths, hand_options(Mode::kOdcFlat));
+  EXPECT_NEAR(result.seconds, 36.0 / 7.0 + 3.0, 1e-12);
+  // Hybrid on one node is flat ODC.
+  EXPECT_NEAR(run(lengths, hand_options(Mode::kOdcHybrid)).seconds, result.seconds, 1e-12);
+}
+
+TEST(Simulate, HybridAddsTheCrossNodeReductionAndKeepsPullsOnTheNode) {
+  const auto lengths = planner::testing::random_lengths(256, 64, 11);
+  auto flat = small_options(Mode::kOdcFlat, planner::Policy::kLbMini, 16);
+  flat.topology.gpus_per_node = 4;
+  flat.topology.network = Link{1e6, 1e-3};  // a very slow network
+  auto hybrid = flat;
+  hybrid.mode = Mode::kOdcHybrid;
+  const SimulateResult f = run(lengths, flat), h = run(lengths, hybrid);
+  // Flat pulls 3/4 of every layer over the slow network; hybrid only reduces once per minibatch.
+  EXPECT_GT(f.exposed_comm_seconds, h.exposed_comm_seconds);
+  EXPECT_GT(h.exposed_comm_seconds, 0.0);
+  EXPECT_NEAR(f.compute_seconds, h.compute_seconds, 1e-12);
+}
+
+TEST(Simulate, RejectsWhatCannotRun) {
+  const std::vector<int64_t> lengths = {3, 1};
+  auto options = hand_options(Mode::kCollective);
+  options.plan.policy = planner::Policy::kLbMini;
+  auto result = simulate(lengths, options);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("lb-mini"), std::string::npos);
+  options = hand_options(Mode::kOdcFlat);
+  options.topology.network.bytes_per_second = 0;
+  EXPECT_FALSE(simulate(lengths, options).ok());
+  EXPECT_FALSE(parse_mode("nccl").ok());
+  EXPECT_FALSE(model_preset("70b").ok());
+}
+
+TEST(Simulate, ResampleKeepsFileOrderFirstThenRepeatsDeterministically) {
+  const std::vector<int64_t> source = {5, 6, 7};
+  const auto out = resample_lengths(source, 8, 0);
+  ASSERT_EQ(out.size(), 8u);
+  EXPECT_EQ(std::vector<int64_t>(out.begin(), out.begin() + 3), source);
+  EXPECT_EQ(out, resample_lengths(source, 8, 0));
+  std::vector<int64_t> second(out.begin() + 3, out.begin() + 6);
+  std::sort(second.begin(), second.end());
+  EXPECT_EQ(second, source);  // every pass is a permutation of the file
+}
+
+TEST(Simulate, PresetsHaveTheDocumentedSizes) {
+  auto small = model_preset("1.5b");
+  auto large = model_preset("7b");
+  ASSERT_TRUE(small.ok() && large.ok());
+  const auto total = [](const ModelShape& m) {
+    return m.other_params + static_cast<double>(m.num_layers) * m.layer_params;
+  };
+  // odc.train's 1.5b ties the LM head to the embeddings (1.54B); its 7b does not (7.62B).
+  EXPECT_NEAR(total(small.value()) / 1e9, 1.54, 0.02);
+  EXPECT_NEAR(total(large.value()) / 1e9, 7.62, 0.05);
+  EXPECT_TRUE(model_preset("tiny").ok() && model_preset("0.5b").ok());
+}
+
+TEST(Simulate, CurvesInterpolateInLogSizeAndClampAtTheEnds) {
+  Curve curve;
+  curve.points = {{1e6, 100e9}, {4e6, 300e9}};
+  EXPECT_DOUBLE_EQ(curve.bandwidth(1e3), 100e9);
+  EXPECT_DOUBLE_EQ(curve.bandwidth(1e9), 300e9);
+  EXPECT_NEAR(curve.bandwidth(2e6), 200e9, 1e-3);  // halfway in log(size)
+}
+
+TEST(Simulate, MeasuredCurvesReplaceTheNvlinkConstants) {
+  // The hand case again, with a flat 1 GB/s all-gather curve and 0.5 GB/s reduce-scatter curve
+  // instead of the constants: AG 1 s, RS 4 s: 1 + 1.5 + 1 + 1.5 + 4 = 9 s.
+  const std::vector<int64_t> lengths = {3, 1};
+  auto options = hand_options(Mode::kCollective);
+  options.topology.nvlink_collective = Link{1e12, 1.0};  // would be visible if still used
+  options.topology.curves.all_gather.points = {{1.0, 1e9}};
+  options.topology.curves.reduce_scatter.points = {{1.0, 0.5e9}};
+  EXPECT_NEAR(run(lengths, options).seconds, 9.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace odc::simulate

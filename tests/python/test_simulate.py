@@ -1,0 +1,146 @@
+"""`odc simulate`: its output, its errors, the PNG, and its validation against every training run
+recorded in docs/results (predicted against measured step time, mean absolute error <= 5%)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from odc.simulate import parse_odc_bench, validate_recorded, write_plot
+
+REPO = Path(__file__).resolve().parents[2]
+MEAN_ABSOLUTE_ERROR_BOUND = 0.05  # issue #15
+
+
+def simulate(odc_cli, *arguments):
+    return subprocess.run(
+        [odc_cli, "simulate", *arguments], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_validation_against_recorded_runs(odc_cli, monkeypatch):
+    monkeypatch.setenv("ODC_CLI", odc_cli)
+    rows = validate_recorded(REPO / "docs" / "results")
+    # Every recorded run (1.5b and 7b, all policies run) is simulated.
+    assert len(rows) == 13
+    assert {(r["comm"], r["policy"]) for r in rows} == {
+        ("collective", "local-sort"), ("collective", "lb-micro"),
+        ("odc", "local-sort"), ("odc", "lb-micro"), ("odc", "lb-mini"),
+    }  # fmt: skip
+    errors = [abs(r["error"]) for r in rows]
+    mean = sum(errors) / len(errors)
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    print(f"mean absolute error {mean:.2%}, worst {worst['error']:+.2%} ({worst['file']})")
+    assert mean <= MEAN_ABSOLUTE_ERROR_BOUND, rows
+
+
+def test_validation_with_measured_transport_curves(odc_cli, monkeypatch):
+    monkeypatch.setenv("ODC_CLI", odc_cli)
+    curves = str(REPO / "data" / "transport" / "h200x4_odc_bench.json")
+    rows = validate_recorded(REPO / "docs" / "results", transport=curves)
+    assert len(rows) == 13
+    mean = sum(abs(r["error"]) for r in rows) / len(rows)
+    assert mean <= MEAN_ABSOLUTE_ERROR_BOUND, rows
+
+
+ODC_BENCH_SAMPLE = """odc-bench: 2 GPUs, NCCL 22809
+
+gather (bf16) vs ncclAllGather (2 ranks; size = per-rank bytes; slowest rank; busbw = x)
+      size       odc_us    odc_busbw      nccl_us   nccl_busbw  speedup   odc/nvl  check
+      1MiB          5.3         99.5         11.0         47.8    2.08x     20.8%     ok
+      1GiB       1628.3        329.7       1968.0        272.8    1.21x     69.0%     ok
+
+scatter-accumulate (fp32 -> fp32), one push per minibatch incl. its begin/end barriers, vs x
+      size       odc_us    odc_busbw      nccl_us   nccl_busbw  speedup   odc/nvl  check
+      1MiB         16.2         32.3          9.9         53.0    0.61x      6.8%     ok
+
+scatter-accumulate (fp32 -> fp32), back-to-back pushes in one open minibatch, vs x
+      size       odc_us    odc_busbw      nccl_us   nccl_busbw  speedup   odc/nvl  check
+      1MiB          4.6        113.0          9.9         53.0    2.13x     23.6%     ok
+"""
+
+
+def test_odc_bench_output_becomes_curves(odc_cli, data_dir, tmp_path):
+    document = parse_odc_bench(ODC_BENCH_SAMPLE)
+    assert document["ranks"] == 2
+    curves = document["curves"]
+    assert curves["gather"] == [[2.0**20, 99.5], [2.0**30, 329.7]]
+    assert curves["all_gather"] == [[2.0**20, 47.8], [2.0**30, 272.8]]
+    # The strict (one push per minibatch) table is not the one training runs: skipped.
+    assert curves["scatter"] == [[2.0**20, 113.0]]
+    assert curves["reduce_scatter"] == [[2.0**20, 53.0]]
+    with pytest.raises(ValueError, match="no table for: scatter, reduce_scatter"):
+        parse_odc_bench(ODC_BENCH_SAMPLE.split("scatter-accumulate")[0])
+    # odc simulate reads them, and names what is wrong with a bad file.
+    good, bad = tmp_path / "curves.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(document))
+    bad.write_text(json.dumps({"curves": {"gather": [[2.0**20, 1.0], [1.0, 2.0]]}}))
+    lengths = str(data_dir / "aime_rl_like.txt")
+    ok = simulate(odc_cli, "--lengths", lengths, "--ranks", "2", "--transport", str(good))
+    assert ok.returncode == 0, ok.stderr
+    result = simulate(odc_cli, "--lengths", lengths, "--ranks", "2", "--transport", str(bad))
+    assert result.returncode == 2 and "sizes must increase" in result.stderr
+
+
+def test_table_json_and_speedup(odc_cli, data_dir):
+    common = [
+        "--lengths", str(data_dir / "longalign_like.txt"), "--max-length", "65536",
+        "--ranks", "8,64", "--minibatches", "3", "--policies", "lb-micro,lb-mini",
+    ]  # fmt: skip
+    table = simulate(odc_cli, *common)
+    assert table.returncode == 0, table.stderr
+    assert "speedup" in table.stdout and "odc-hybrid" in table.stdout
+    result = simulate(odc_cli, *common, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    rows = document["results"]
+    # collective + lb-mini cannot run: 2 rank counts x (lb-micro x 3 modes + lb-mini x 2 modes).
+    assert len(rows) == 10
+    for row in rows:
+        assert row["step_seconds"] > 0 and 0 <= row["bubble"] < 1
+        parts = (
+            row["compute_seconds"] + row["exposed_comm_seconds"] + row["idle_seconds"]
+            + row["optimizer_seconds"]
+        )  # fmt: skip
+        assert parts == pytest.approx(row["step_seconds"], rel=1e-9)
+        assert len(row["minibatch_seconds"]) == 3
+        if row["mode"] == "collective":
+            assert row["speedup"] == pytest.approx(1.0)
+    # The same plan without per-layer lockstep: ODC never slower than collective on one node.
+    by_key = {(r["ranks"], r["policy"], r["mode"]): r for r in rows}
+    assert (
+        by_key[(8, "lb-micro", "odc")]["step_seconds"]
+        <= by_key[(8, "lb-micro", "collective")]["step_seconds"]
+    )
+
+
+def test_errors_name_the_problem(odc_cli, data_dir):
+    lengths = str(data_dir / "longalign_like.txt")
+    cases = [
+        (["--lengths", lengths, "--ranks", "8,x"], "'x' is not a positive integer"),
+        (["--lengths", lengths, "--modes", "nccl"], "unknown mode 'nccl'"),
+        (["--lengths", lengths, "--model", "70b"], "unknown model preset '70b'"),
+        (["--lengths", lengths, "--layers", "4"], "needs all of --layers"),
+        (["--lengths", lengths, "--network-gbits", "0"], "bandwidths must be > 0"),
+        (["--lengths", "/nonexistent/lengths.txt"], "nonexistent"),
+    ]
+    for arguments, message in cases:
+        result = simulate(odc_cli, *arguments)
+        assert result.returncode == 2, arguments
+        assert message in result.stderr, (arguments, result.stderr)
+
+
+def test_plot(odc_cli, data_dir, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    monkeypatch.setenv("ODC_CLI", odc_cli)
+    png = tmp_path / "speedup.png"
+    command = [
+        sys.executable, "-m", "odc.simulate", "--lengths", str(data_dir / "aime_rl_like.txt"),
+        "--ranks", "8,16", "--minibatches", "2", "--plot", str(png),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "speedup" in result.stdout and png.stat().st_size > 1000
+    assert write_plot({"results": []}, str(tmp_path / "empty.png")) == str(tmp_path / "empty.png")
