@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - depends on the torch version
 
 from ..comm import Comm
 from . import _fsdp2_internals as internals
+from .debug import CollectiveGuard, mode_from_environment
 
 _ODC_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
@@ -202,6 +203,7 @@ class OdcFSDP:
         self.comm = comm
         self.in_minibatch = False
         self.published_stale = True
+        self._collective_guard = CollectiveGuard(mode_from_environment())  # ODC_DEBUG_COLLECTIVES
         internals.lazy_init(model)
         self._modules: List[FSDPModule] = [m for m in model.modules() if isinstance(m, FSDPModule)]
         self._groups: List[_Group] = []
@@ -249,6 +251,11 @@ class OdcFSDP:
         self.published_stale = True
 
     @property
+    def collectives_seen(self) -> List[str]:
+        """torch.distributed ops issued inside minibatches (recorded with ODC_DEBUG_COLLECTIVES)."""
+        return list(self._collective_guard.seen)
+
+    @property
     def symmetric_bytes(self) -> int:
         """Bytes of odc symmetric memory this model uses per rank (published shards and
         accumulators; allocated by libodc, so torch's memory statistics do not include them)."""
@@ -287,12 +294,14 @@ class OdcFSDP:
         self.comm.minibatch_begin()  # zero accumulators; every rank has published
         self.in_minibatch = True
         self.published_stale = False
+        self._collective_guard.start()
 
     def minibatch_end(self) -> None:
         """Collective: when it returns (host) / in stream order (GPU), every parameter's .grad
         holds the sum over all ranks' microbatches of this minibatch."""
         if not self.in_minibatch:
             raise RuntimeError("minibatch_end() without minibatch_begin()")
+        self._collective_guard.stop()
         self.comm.minibatch_end()
         for group in self._groups:
             group.set_grads()
@@ -302,7 +311,11 @@ class OdcFSDP:
     def minibatch(self) -> Iterator["OdcFSDP"]:
         """minibatch_begin() ... minibatch_end(); the end is skipped when the body raises."""
         self.minibatch_begin()
-        yield self
+        try:
+            yield self
+        except BaseException:
+            self._collective_guard.stop()
+            raise
         self.minibatch_end()
 
 
