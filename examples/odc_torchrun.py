@@ -1,6 +1,6 @@
 """odc.torch in your own torchrun job: FSDP2 + ODC, ranks running different microbatch counts.
 
-    torchrun --standalone --nproc_per_node 2 examples/odc_torchrun.py   # gloo on CPU, NCCL on GPUs
+torchrun --standalone --nproc_per_node 2 examples/odc_torchrun.py   # gloo on CPU, NCCL on GPUs
 """
 
 import os
