@@ -27,7 +27,8 @@ Reliances (R1-R6):
   and keeps no reference to the output. odc.torch presets every .grad to a view of one small
   shared zero buffer and hands FSDP2 a zeroed output, so FSDP2 never keeps a per-microbatch
   gradient (the real sums are in the ODC accumulators) and no output buffer outlives its call.
-- R6 world size 1: FSDP2 bypasses the custom hooks entirely on one rank (odc.torch refuses N=1).
+- R6 world size 1: FSDP2 bypasses the custom all-gather on one rank (2.11 also the custom
+  reduce-scatter; 2.9 still calls that one), so odc.torch refuses N=1.
 """
 
 from __future__ import annotations
