@@ -20,7 +20,9 @@ def main(paths):
     )
     for r in runs:
         m = r.get("memory", {})
-        ratio = r["peak_memory_bytes"] / base[r["preset"]] if base.get(r["preset"]) else float("nan")
+        ratio = (
+            r["peak_memory_bytes"] / base[r["preset"]] if base.get(r["preset"]) else float("nan")
+        )
         print(
             f"{r['preset']:6} {r['comm']:10} {r['policy']:9} {r['peak_memory_bytes'] / GIB:6.2f} "
             f"{ratio:5.3f}x {m.get('torch_peak_bytes', 0) / GIB:6.2f} "
