@@ -102,8 +102,12 @@ def test_errors_name_the_problem():
 
     with pytest.raises(TypeError, match="wrapped with fully_shard"):
         odc.torch.OdcFSDP(nn.Linear(2, 2), comm=None)
-    with pytest.raises(RuntimeError, match="checked against torch 2.11"):
-        _fsdp2_internals.check_torch_version("2.9.1")
+    with pytest.raises(
+        RuntimeError, match=r"lacks \(FSDPModule.set_custom_all_gather.*torch >= 2.9"
+    ):
+        _fsdp2_internals.check_fsdp2_support(
+            type("OldFSDPModule", (), {"reshard": lambda self: None})
+        )
     with pytest.raises(ValueError, match="global_tokens must be positive"):
         odc.torch.scale_loss(torch.ones(()), 0)
     with tempfile.TemporaryDirectory() as directory:

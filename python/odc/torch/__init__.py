@@ -1,8 +1,9 @@
-"""odc.torch: On-Demand Communication for PyTorch FSDP2 (torch 2.11).
+"""odc.torch: On-Demand Communication for PyTorch FSDP2 (torch >= 2.9; checked when OdcFSDP is
+constructed, so importing this module and `scale_loss` work on any torch 2.x).
 
 Turn ODC on for a model already wrapped with `fully_shard`; keep the model, optimizer and loop:
 
-    comm = odc.Comm(rank, world_size, key, device=local_rank)      # or a host Comm on CPU
+    comm = odc.torch.comm_from_process_group()                      # e.g. under torchrun
     odc_model = odc.torch.OdcFSDP(model, comm, optimizer)
     with odc_model.minibatch():
         for microbatch in my_microbatches:                            # counts may differ per rank
@@ -12,6 +13,15 @@ Turn ODC on for a model already wrapped with `fully_shard`; keep the model, opti
 Importing this module imports torch; `import odc` alone does not.
 """
 
+from .debug import CollectiveInMinibatchError
 from .fsdp2 import OdcFSDP, global_count, scale_loss, sum_gradients
+from .process_group import comm_from_process_group
 
-__all__ = ["OdcFSDP", "global_count", "scale_loss", "sum_gradients"]
+__all__ = [
+    "OdcFSDP",
+    "CollectiveInMinibatchError",
+    "comm_from_process_group",
+    "global_count",
+    "scale_loss",
+    "sum_gradients",
+]

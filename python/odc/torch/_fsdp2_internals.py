@@ -1,9 +1,34 @@
-"""Every use of FSDP2 private internals by odc.torch, in one file.
+"""Every use of FSDP2 behaviour that is not public API, in one file, each with its reason.
 
-Checked against torch 2.11 (torch/distributed/fsdp/_fully_shard/*.py; details and line references
-in docs/notes/fsdp2_integration.md). Everything outside this file uses public torch API only.
+Checked against torch 2.9.1 and 2.11.0 (torch/distributed/fsdp/_fully_shard/*.py; line references
+for 2.11 in docs/notes/fsdp2_integration.md). Everything outside this file uses public torch API
+only. Each reliance below is exercised by tests/python/test_torch_fsdp2_internals.py, which fails
+naming the reliance if a torch release changes it.
 Invariant: these helpers only read FSDP2 state (plus FSDP2's own idempotent lazy init); they never
-patch FSDP2 functions.
+patch FSDP2 functions. Importing this module works on any torch 2.x: the features odc.torch needs
+are checked by `check_fsdp2_support()`, which OdcFSDP calls when it is constructed.
+
+Reliances (R1-R6):
+- R1 import path: the protocol classes that FSDPModule.set_custom_all_gather /
+  set_custom_reduce_scatter take live in torch.distributed.fsdp._fully_shard._fsdp_api (public
+  methods, not re-exported by torch.distributed.fsdp). FSDP2 does no isinstance check, so where the
+  import fails the classes fall back to `object` and the hooks still work by duck typing.
+- R2 parameter groups: FSDPModule._get_fsdp_state()._fsdp_param_group and its fsdp_params,
+  mesh_info.shard_process_group and _reduce_dtype: the flat layout FSDP2 hands the hooks is not
+  described by any public API, and odc.torch must size its symmetric buffers before the first
+  forward.
+- R3 lazy init: FSDPState._lazy_init() fixes dtypes and padding at the root's first forward;
+  odc.torch needs them earlier (minibatch_begin publishes shards). It is idempotent.
+- R4 parameter shards: FSDPParam._sharded_param_data (padded 1-D shard), sharded_param,
+  param_dtype / orig_dtype, _sharded_local_tensor, all_gather_inputs: which bytes FSDP2 would
+  all-gather, at which offsets (the same offsets for the reduce-scatter input rows).
+- R5 accumulation into an existing .grad: when a sharded parameter already has a .grad, FSDP2's
+  foreach_reduce adds the reduce-scatter output into it in place (`grad._local_tensor += view`)
+  and keeps no reference to the output. odc.torch presets every .grad to a view of one small
+  shared zero buffer and hands FSDP2 a zeroed output, so FSDP2 never keeps a per-microbatch
+  gradient (the real sums are in the ODC accumulators) and no output buffer outlives its call.
+- R6 world size 1: FSDP2 bypasses the custom all-gather on one rank (2.11 also the custom
+  reduce-scatter; 2.9 still calls that one), so odc.torch refuses N=1.
 """
 
 from __future__ import annotations
@@ -14,24 +39,25 @@ from typing import List, Optional
 import torch
 from torch import nn
 
-CHECKED_TORCH_VERSIONS = ("2.11",)
+# Versions this file was read against and the tests were run on (docs/torch.md records the runs).
+CHECKED_TORCH_VERSIONS = ("2.9", "2.11")
+# The oldest release with every FSDPModule method below (set_custom_all_gather and
+# set_custom_reduce_scatter appeared in 2.9; docs/torch.md says how this was established).
+OLDEST_SUPPORTED_TORCH = "2.9"
+# Public FSDPModule methods odc.torch calls; their presence is the version check.
+REQUIRED_FSDP_METHODS = (
+    "set_custom_all_gather",
+    "set_custom_reduce_scatter",
+    "set_gradient_divide_factor",
+    "set_force_sum_reduction_for_comms",
+    "set_is_last_backward",
+    "reshard",
+)
 
-
-def check_torch_version(version: Optional[str] = None) -> None:
-    """Raises RuntimeError unless torch is a version these internals were checked against."""
-    found = (version or torch.__version__).split("+")[0]
-    if not any(found == v or found.startswith(v + ".") for v in CHECKED_TORCH_VERSIONS):
-        raise RuntimeError(
-            f"odc.torch was checked against torch {', '.join(CHECKED_TORCH_VERSIONS)}; found "
-            f"torch {torch.__version__}. FSDP2 internals it reads may differ: use torch 2.11."
-        )
-
-
-check_torch_version()
-
-# The protocol classes FSDPModule.set_custom_all_gather / set_custom_reduce_scatter take: public
-# methods, private module (torch.distributed.fsdp does not re-export them in 2.11).
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter  # noqa: E402
+try:  # R1
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+except ImportError:  # older or reorganized torch: duck typing still works (no isinstance check)
+    AllGather = ReduceScatter = object
 
 __all__ = [
     "AllGather",
@@ -39,11 +65,38 @@ __all__ = [
     "ParamSlot",
     "ReduceScatter",
     "all_gather_input",
-    "check_torch_version",
+    "check_fsdp2_support",
     "group_layout",
     "lazy_init",
+    "missing_fsdp2_features",
     "shard_process_group",
 ]
+
+
+def missing_fsdp2_features(fsdp_module_class=None) -> List[str]:
+    """Names of the FSDP2 features odc.torch needs that this torch lacks (empty: all present)."""
+    if fsdp_module_class is None:
+        try:
+            from torch.distributed.fsdp import FSDPModule as fsdp_module_class
+        except ImportError:
+            return ["torch.distributed.fsdp.FSDPModule (FSDP2)"]
+    return [
+        f"FSDPModule.{name}"
+        for name in REQUIRED_FSDP_METHODS
+        if not callable(getattr(fsdp_module_class, name, None))
+    ]
+
+
+def check_fsdp2_support(fsdp_module_class=None) -> None:
+    """Raises RuntimeError naming what is missing unless torch has every FSDP2 hook odc.torch
+    uses. A feature check, not a version string: builds that backport the hooks pass."""
+    missing = missing_fsdp2_features(fsdp_module_class)
+    if missing:
+        raise RuntimeError(
+            f"odc.torch needs FSDP2's custom communication hooks, which torch "
+            f"{torch.__version__} lacks ({', '.join(missing)}): use torch >= "
+            f"{OLDEST_SUPPORTED_TORCH}"
+        )
 
 
 @dataclass
@@ -68,18 +121,18 @@ class GroupLayout:
 
 
 def _param_group(module: nn.Module):
-    # FSDPModule._get_fsdp_state() -> FSDPState._fsdp_param_group (None: the module owns no params)
+    # R2: FSDPModule._get_fsdp_state() -> FSDPState._fsdp_param_group (None: no params)
     return module._get_fsdp_state()._fsdp_param_group
 
 
 def lazy_init(root: nn.Module) -> None:
-    """FSDP2 sets dtypes and padding at the root's first forward; odc.torch needs them before
-    (minibatch_begin publishes shards). FSDPState._lazy_init is idempotent."""
+    """R3: FSDP2 sets dtypes and padding at the root's first forward; odc.torch needs them
+    before (minibatch_begin publishes shards). FSDPState._lazy_init is idempotent."""
     root._get_fsdp_state()._lazy_init()
 
 
 def group_layout(module: nn.Module) -> Optional[GroupLayout]:
-    """Params in FSDPParamGroup.fsdp_params order, each its padded local shard
+    """R2 + R4: params in FSDPParamGroup.fsdp_params order, each its padded local shard
     (FSDPParam._sharded_param_data), as foreach_all_gather and foreach_reduce lay them out."""
     group = _param_group(module)
     if group is None:
@@ -106,11 +159,11 @@ def group_layout(module: nn.Module) -> Optional[GroupLayout]:
 
 
 def all_gather_input(module: nn.Module, index: int) -> torch.Tensor:
-    """The 1-D tensor FSDP2 copies into its all-gather input for the group's index-th param
+    """R4: the 1-D tensor FSDP2 copies into its all-gather input for the group's index-th param
     (padded local shard in param_dtype): FSDPParam.all_gather_inputs[0]."""
     return _param_group(module).fsdp_params[index].all_gather_inputs[0]
 
 
 def shard_process_group(module: nn.Module):
-    """The process group FSDP2 hands to the custom all-gather / reduce-scatter."""
+    """R2: the process group FSDP2 hands to the custom all-gather / reduce-scatter."""
     return _param_group(module).mesh_info.shard_process_group

@@ -7,7 +7,8 @@ How it plugs in (public FSDP2 extension points; private reads isolated in _fsdp2
 - set_custom_all_gather: OdcAllGather fills FSDP2's all-gather output from the published
   symmetric buffers (FSDP2's own copy-in of this rank's slot is rewritten with the same bytes);
 - set_custom_reduce_scatter: OdcReduceScatter pushes FSDP2's reduce-scatter input and hands FSDP2
-  an all-zero output, so FSDP2 accumulates nothing real into .grad per microbatch;
+  a zeroed output, which FSDP2 adds into a .grad preset to a view of one shared zero buffer, so
+  no per-microbatch gradient is ever kept (the sums live in the ODC accumulators);
 - set_gradient_divide_factor(1.0) + set_force_sum_reduction_for_comms(True): plain sums; the loss
   is scaled by the minibatch's global token count instead (scale_loss);
 - at minibatch end every sharded parameter's .grad becomes a DTensor view of its accumulator.
@@ -19,15 +20,18 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator, List, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
+
+try:  # FSDP2's public home since torch 2.6; older torch: OdcFSDP refuses, the rest works
+    from torch.distributed.fsdp import FSDPModule
+except ImportError:  # pragma: no cover - depends on the torch version
+    FSDPModule = None
 
 from ..comm import Comm
 from . import _fsdp2_internals as internals
+from .debug import CollectiveGuard, mode_from_environment
 
 _ODC_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
@@ -50,7 +54,7 @@ class _Group:
         owner: "OdcFSDP",
         layout: internals.GroupLayout,
         device: torch.device,
-        zeros: torch.Tensor,
+        scratch: torch.Tensor,
     ):
         for dtype in (layout.param_dtype, layout.reduce_dtype):
             if dtype not in _ODC_DTYPES:
@@ -62,10 +66,10 @@ class _Group:
         comm = owner.comm
         self.published = comm.alloc(layout.shard_numel, dtype=_ODC_DTYPES[layout.param_dtype])
         self.accumulator = comm.alloc(layout.shard_numel, accumulator=True)
-        # FSDP2 views its reduce-scatter output into .grad and adds later outputs into it: an
-        # always-zero output keeps every per-microbatch .grad at zero. One buffer, shared by all
-        # groups of this reduce dtype (a view of its first shard_numel elements).
-        self.zeros = zeros[: layout.shard_numel]
+        # During a minibatch every .grad of this group is a view of `scratch`, one zero buffer
+        # (the size of the largest sharded parameter) shared by all groups of this dtype and
+        # device: FSDP2 adds the zeroed reduce-scatter outputs into it (_fsdp2_internals R5).
+        self.scratch = scratch
 
     def check_group(self, group: dist.ProcessGroup) -> None:
         comm = self.owner.comm
@@ -83,6 +87,14 @@ class _Group:
             source = internals.all_gather_input(self.layout.module, index)
             flat[slot.offset : slot.offset + slot.padded_numel].copy_(source)
 
+    def preset_grads(self) -> None:
+        """Minibatch begin: .grad = DTensor view of the shared zero scratch, so FSDP2 adds its
+        (zeroed) reduce-scatter outputs there instead of keeping them as new gradients."""
+        for slot in self.layout.slots:
+            param = slot.param
+            local = self.scratch[: slot.local_numel].view(param.to_local().shape)
+            param.grad = _sharded_like(param, local)
+
     def set_grads(self) -> None:
         """After minibatch end: .grad = DTensor view of this rank's accumulator slice."""
         flat = self.accumulator.tensor()  # fp32, aliases the symmetric memory
@@ -91,14 +103,21 @@ class _Group:
             local = flat[slot.offset : slot.offset + slot.local_numel].view(param.to_local().shape)
             if param.dtype != torch.float32:
                 local = local.to(param.dtype)
-            param.grad = DTensor.from_local(
-                local,
-                param.device_mesh,
-                param.placements,
-                run_check=False,
-                shape=param.shape,
-                stride=param.stride(),
-            )
+            param.grad = _sharded_like(param, local)
+
+
+def _sharded_like(param: nn.Parameter, local: torch.Tensor):
+    """A DTensor with `param`'s mesh, placements, shape and stride around `local` (no copy)."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(
+        local,
+        param.device_mesh,
+        param.placements,
+        run_check=False,
+        shape=param.shape,
+        stride=param.stride(),
+    )
 
 
 class OdcAllGather(internals.AllGather):
@@ -125,17 +144,15 @@ class OdcAllGather(internals.AllGather):
 
 class OdcReduceScatter(internals.ReduceScatter):
     """FSDP2 custom reduce-scatter: push input[r*S:(r+1)*S] into owner r's accumulator and give
-    FSDP2 zeros; the sums exist after minibatch_end."""
+    FSDP2 a zeroed output; the sums exist after minibatch_end."""
 
     def __init__(self, group: _Group):
         self.group = group
 
     def allocate(self, size, *, dtype, device):
-        numel = int(np.prod([int(s) for s in size]))
-        zeros = self.group.zeros
-        if numel == self.group.layout.shard_numel and dtype == zeros.dtype:
-            return zeros  # the reduce-scatter output
-        return torch.empty(*size, dtype=dtype, device=device)  # the reduce-scatter input
+        # Input and output alike: plain tensors, as FSDP2's default allocates. The output lives
+        # only until FSDP2 has added it into the preset .grad (R5).
+        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         owner = self.group.owner
@@ -144,13 +161,12 @@ class OdcReduceScatter(internals.ReduceScatter):
         self.group.check_group(group)
         if op != dist.ReduceOp.SUM:
             raise RuntimeError(f"odc.torch pushes sums; FSDP2 asked for {op}")
-        if output_tensor.data_ptr() != self.group.zeros.data_ptr():
-            raise RuntimeError("odc.torch: FSDP2's reduce-scatter output was not ours")
         owner.comm.scatter_accumulate(
             _comm_view(input_tensor, owner.comm),
             self.group.accumulator,
             src_dtype=_ODC_DTYPES[input_tensor.dtype],
         )
+        output_tensor.zero_()  # what FSDP2 adds into the preset .grad: nothing
         return None
 
 
@@ -173,7 +189,7 @@ class OdcFSDP:
     def __init__(
         self, model: nn.Module, comm: Comm, optimizer: Optional[torch.optim.Optimizer] = None
     ):
-        internals.check_torch_version()
+        internals.check_fsdp2_support(FSDPModule)
         if not isinstance(model, FSDPModule):
             raise TypeError(
                 "odc.torch needs the root module wrapped with fully_shard (and its layers: "
@@ -187,24 +203,19 @@ class OdcFSDP:
         self.comm = comm
         self.in_minibatch = False
         self.published_stale = True
+        self._collective_guard = CollectiveGuard(mode_from_environment())  # ODC_DEBUG_COLLECTIVES
         internals.lazy_init(model)
         self._modules: List[FSDPModule] = [m for m in model.modules() if isinstance(m, FSDPModule)]
         self._groups: List[_Group] = []
         layouts = [(m, internals.group_layout(m)) for m in self._modules]
         layouts = [(m, layout) for m, layout in layouts if layout is not None]
-        shared_zeros = {}
         for module, layout in layouts:
             self._check_placement(layout)
-            key = (layout.reduce_dtype, layout.slots[0].param.device)
-            shared_zeros[key] = max(shared_zeros.get(key, 0), layout.shard_numel)
-        shared_zeros = {
-            key: torch.zeros(numel, dtype=key[0], device=key[1])
-            for key, numel in shared_zeros.items()
-        }
+        self._scratch = _grad_scratch([layout for _, layout in layouts])
         for module, layout in layouts:  # the same order on every rank: alloc is collective
-            device = layout.slots[0].param.device
-            zeros = shared_zeros[(layout.reduce_dtype, device)]
-            group = _Group(self, layout, device, zeros)
+            param = layout.slots[0].param
+            scratch = self._scratch[(param.dtype, param.device)]
+            group = _Group(self, layout, param.device, scratch)
             group.check_group(internals.shard_process_group(module))
             module.set_custom_all_gather(OdcAllGather(group))
             module.set_custom_reduce_scatter(OdcReduceScatter(group))
@@ -240,14 +251,29 @@ class OdcFSDP:
         self.published_stale = True
 
     @property
+    def collectives_seen(self) -> List[str]:
+        """torch.distributed ops issued inside minibatches (recorded with ODC_DEBUG_COLLECTIVES)."""
+        return list(self._collective_guard.seen)
+
+    @property
     def symmetric_bytes(self) -> int:
         """Bytes of odc symmetric memory this model uses per rank (published shards and
         accumulators; allocated by libodc, so torch's memory statistics do not include them)."""
-        total = 0
+        memory = self.memory_bytes()
+        return memory["published"] + memory["accumulators"]
+
+    def memory_bytes(self) -> dict:
+        """Per-rank bytes odc.torch holds beyond plain FSDP2, by kind: `published` (this rank's
+        shards in param_dtype, symmetric memory), `accumulators` (fp32 gradient sums, symmetric
+        memory; .grad views them after minibatch_end, where plain FSDP2 holds its own sharded
+        gradients), `grad_scratch` (torch memory: the zero buffer .grad views during a
+        minibatch, the size of the largest sharded parameter)."""
+        published = accumulators = 0
         for group in self._groups:
-            published = 4 if group.published.dtype == "float32" else 2
-            total += group.layout.shard_numel * (published + 4)
-        return total
+            published += group.layout.shard_numel * (4 if group.published.dtype == "float32" else 2)
+            accumulators += group.layout.shard_numel * 4
+        scratch = sum(t.numel() * t.element_size() for t in self._scratch.values())
+        return {"published": published, "accumulators": accumulators, "grad_scratch": scratch}
 
     def minibatch_begin(self) -> None:
         """Collective: publishes this rank's updated shards and opens the minibatch."""
@@ -262,18 +288,20 @@ class OdcFSDP:
             if layout.shard_numel != group.layout.shard_numel:
                 raise RuntimeError("a parameter group changed size after odc.torch was enabled")
             group.layout = layout
-            for slot in layout.slots:
-                slot.param.grad = None  # FSDP2 must not add into last minibatch's sums
+            # FSDP2 must not add into last minibatch's sums, nor keep gradients of its own.
+            group.preset_grads()
             group.publish()
         self.comm.minibatch_begin()  # zero accumulators; every rank has published
         self.in_minibatch = True
         self.published_stale = False
+        self._collective_guard.start()
 
     def minibatch_end(self) -> None:
         """Collective: when it returns (host) / in stream order (GPU), every parameter's .grad
         holds the sum over all ranks' microbatches of this minibatch."""
         if not self.in_minibatch:
             raise RuntimeError("minibatch_end() without minibatch_begin()")
+        self._collective_guard.stop()
         self.comm.minibatch_end()
         for group in self._groups:
             group.set_grads()
@@ -283,8 +311,23 @@ class OdcFSDP:
     def minibatch(self) -> Iterator["OdcFSDP"]:
         """minibatch_begin() ... minibatch_end(); the end is skipped when the body raises."""
         self.minibatch_begin()
-        yield self
+        try:
+            yield self
+        except BaseException:
+            self._collective_guard.stop()
+            raise
         self.minibatch_end()
+
+
+def _grad_scratch(layouts) -> dict:
+    """One zero buffer per (param dtype, device), as large as the largest local shard: every
+    .grad views its head during a minibatch (they may alias: FSDP2 only ever adds zeros)."""
+    sizes = {}
+    for layout in layouts:
+        for slot in layout.slots:
+            key = (slot.param.dtype, slot.param.device)
+            sizes[key] = max(sizes.get(key, 0), slot.local_numel)
+    return {key: torch.zeros(numel, dtype=key[0], device=key[1]) for key, numel in sizes.items()}
 
 
 def sum_gradients(model: nn.Module) -> None:

@@ -1,8 +1,10 @@
 """`python -m odc.train`: the end-to-end SFT benchmark, collective FSDP2 vs ODC on variable-length
-data. Starts one process per rank itself (odc.launch), prints a table, writes a JSON results file
-and, with matplotlib, a PNG timeline of each rank's microbatches in one minibatch.
+data. Starts one process per rank itself (odc.launch), or runs as the ranks torchrun started;
+prints a table, writes a JSON results file and, with matplotlib, a PNG timeline of each rank's
+microbatches in one minibatch.
 
   python -m odc.train --lengths data/longalign_like.txt --compare            # all GPUs, 1.5b
+  torchrun --nproc_per_node 4 -m odc.train --lengths data/longalign_like.txt --compare
   python -m odc.train --device cpu --ranks 4 --preset tiny --length-scale 0.0078125 --compare
 """
 
@@ -11,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 COMBINATIONS = {
@@ -117,12 +118,16 @@ def main(argv=None) -> int:
     cost = parse_cost(args.cost)
     import torch
 
-    import odc
-
-    from .run import RunConfig, default_store_path, run_rank
+    from .launching import Launcher
+    from .run import RunConfig
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    ranks = args.ranks or (torch.cuda.device_count() if device == "cuda" else 4)
+    launcher = Launcher(device)
+    if launcher.torchrun and args.ranks not in (None, launcher.world_size):
+        sys.exit(f"odc train: --ranks {args.ranks}, but torchrun started {launcher.world_size}")
+    ranks = (
+        launcher.world_size or args.ranks or (torch.cuda.device_count() if device == "cuda" else 4)
+    )
     preset = args.preset or ("1.5b" if device == "cuda" else "tiny")
     if ranks < 2:
         sys.exit(f"odc train: needs at least 2 ranks, got {ranks}")
@@ -141,28 +146,31 @@ def main(argv=None) -> int:
         runs = [(args.comm, args.policy)]
 
     results = []
+    launcher.start()
     for comm, policy in runs:
-        with tempfile.TemporaryDirectory() as directory:
-            config = RunConfig(
-                preset=preset,
-                comm=comm,
-                policy=policy,
-                lengths=lengths,
-                device=device,
-                steps=args.steps,
-                samples_per_rank=args.samples_per_rank,
-                max_tokens=max_tokens,
-                store_path=default_store_path(directory),
-                lr=args.lr,
-                activation_checkpointing=device == "cuda",
-                cost=cost,
-                token_ids_path=args.jsonl,
-            )
-            results.append(odc.launch(run_rank, ranks, config)[0])
-            if len(results) > 1 and args.cost == "fit":
-                first = f"{runs[0][0]} + {runs[0][1]}"
-                results[-1]["cost_source"] = f"from the {first} run ({results[0]['cost_source']})"
-            cost = tuple(results[-1]["cost"])  # one cost model for every run of this command
+        config = RunConfig(
+            preset=preset,
+            comm=comm,
+            policy=policy,
+            lengths=lengths,
+            device=device,
+            steps=args.steps,
+            samples_per_rank=args.samples_per_rank,
+            max_tokens=max_tokens,
+            store_path="",  # set by the launcher when it starts the ranks itself
+            lr=args.lr,
+            activation_checkpointing=device == "cuda",
+            cost=cost,
+            token_ids_path=args.jsonl,
+        )
+        results.append(launcher.run(config, ranks))
+        if len(results) > 1 and args.cost == "fit":
+            first = f"{runs[0][0]} + {runs[0][1]}"
+            results[-1]["cost_source"] = f"from the {first} run ({results[0]['cost_source']})"
+        cost = tuple(results[-1]["cost"])  # one cost model for every run of this command
+    launcher.close()
+    if not launcher.reports:
+        return 0
 
     print_table(results)
     Path(args.output).write_text(json.dumps(results, indent=1))

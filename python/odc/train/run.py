@@ -151,7 +151,10 @@ def _calibrate(trainer, clock, max_tokens: int, vocab_size: int, world_size: int
     return fit_cost(lengths, mean), list(zip(lengths, mean))
 
 
-def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optional[dict]:
+def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) -> Optional[dict]:
+    """One rank of one run. Self-launched (odc.launch): joins through config.store_path and
+    the odc key given. Under torchrun (the process group already initialized, key None): uses
+    that group, LOCAL_RANK's GPU and a communicator from the group (comm_from_process_group)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -162,17 +165,23 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
     from .data import load_token_ids, pack, schedule, synthetic_tokens
     from .model import build_model
 
+    from .memory import MemoryProbe
+
     on_gpu = config.device == "cuda"
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    external_group = dist.is_initialized()  # torchrun: the caller owns the process group
+    local_rank = int(os.environ.get("LOCAL_RANK", rank)) if external_group else rank
+    device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
-        torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl" if on_gpu else "gloo",
-        init_method=f"file://{config.store_path}",
-        rank=rank,
-        world_size=world_size,
-        device_id=device if on_gpu else None,
-    )
+        torch.cuda.set_device(local_rank)
+    if not external_group:
+        dist.init_process_group(
+            "nccl" if on_gpu else "gloo",
+            init_method=f"file://{config.store_path}",
+            rank=rank,
+            world_size=world_size,
+            device_id=device if on_gpu else None,
+        )
+    probe = MemoryProbe(on_gpu)
     try:
         with device:  # initialize on the device: a 7B model initialized on the CPU takes minutes
             model = build_model(config.preset, seed=config.seed)
@@ -188,7 +197,12 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
         engine = None
         if config.comm == "odc":
-            comm = odc.Comm(rank, world_size, key, timeout=600, device=rank if on_gpu else None)
+            if key is None:
+                comm = odc.torch.comm_from_process_group(timeout=600)
+            else:
+                comm = odc.Comm(
+                    rank, world_size, key, timeout=600, device=local_rank if on_gpu else None
+                )
             engine = odc.torch.OdcFSDP(model, comm, optimizer)
         else:
             odc.torch.sum_gradients(model)  # the same sums as ODC (the loss is pre-scaled)
@@ -208,6 +222,7 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
             samples = synthetic_tokens(config.lengths, vocab_size, seed=config.seed)
         if on_gpu:
             torch.cuda.reset_peak_memory_stats()
+        probe.enter("setup")
         cost, calibration = config.cost, []
         if cost is None:
             cost, calibration = _calibrate(
@@ -240,12 +255,15 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
             start = clock.mark()
             marks = []
             step_loss = torch.zeros((), device=device)
+            probe.enter("minibatch_begin")
             trainer.begin()
             for microbatch in mine:
                 packed = pack([samples[i] for i in microbatch])
+                probe.enter("microbatch", packed.num_tokens)
                 begin = clock.mark()
                 step_loss += trainer.microbatch(packed, global_tokens)
                 marks.append((begin, clock.mark(), packed.num_tokens))
+            probe.enter("end_and_step")
             trainer.end()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -267,11 +285,13 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
                     file=sys.stderr,
                     flush=True,
                 )
-        peak = torch.cuda.max_memory_allocated() if on_gpu else 0
+        memory = probe.summary()
+        peak = memory.get("torch_peak_bytes", 0)
         if engine is not None:
+            memory.update({f"odc_{k}_bytes": v for k, v in engine.memory_bytes().items()})
             peak += engine.symmetric_bytes
         gathered = [None] * world_size
-        dist.all_gather_object(gathered, ([asdict(r) for r in records], peak))
+        dist.all_gather_object(gathered, ([asdict(r) for r in records], peak, memory))
         if engine is not None:
             comm.close()
         if rank != 0:
@@ -283,9 +303,12 @@ def run_rank(rank: int, world_size: int, key: str, config: RunConfig) -> Optiona
         else:
             summary["cost_source"] = "fitted" if calibration else "tokens (too short to fit)"
         summary["calibration"] = calibration
+        # The breakdown of the rank with the largest peak (docs/benchmarks.md, memory).
+        summary["memory"] = max((g for g in gathered), key=lambda g: g[1])[2]
         return summary
     finally:
-        dist.destroy_process_group()
+        if not external_group:
+            dist.destroy_process_group()
 
 
 def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:

@@ -1,0 +1,109 @@
+"""odc communicators for the ranks of a `torch.distributed` process group (e.g. torchrun's).
+
+The communicator's key is drawn per job: rank 0 of the group picks a random key and publishes it
+in the group's own store (torchrun's rendezvous store under env://), and its peers read it there.
+Two concurrent jobs therefore never share a key, whatever their run ids, ports or settings.
+Invariant: `comm_from_process_group` is collective over the group, and every rank derives the
+same key from the same store entry.
+"""
+
+from __future__ import annotations
+
+import inspect
+import secrets
+import socket
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..comm import Comm
+
+# Store entries live under this prefix of the group's store (already prefixed per group by c10d).
+STORE_PREFIX = "odc/comm_from_process_group"
+# How many communicators this process built per group: the n-th call on every rank of a group
+# reads the n-th entry, so several communicators of one job get distinct keys.
+_calls: Dict[object, int] = {}
+
+
+def group_store(group: dist.ProcessGroup) -> dist.Store:
+    """The store `group` was created with. c10d keeps it in a private table (_world.pg_map:
+    group -> (backend, store), torch 2.x); no public accessor exists. Checked against 2.9 and
+    2.11; tests/python/test_torch_process_group.py fails naming it if it moves."""
+    from torch.distributed import distributed_c10d as c10d
+
+    entry = c10d._world.pg_map.get(group)
+    if entry is None:
+        raise RuntimeError(
+            "odc.torch: this process group has no store in torch.distributed's group table "
+            "(is it initialized, and is this rank a member?)"
+        )
+    return entry[1]
+
+
+def job_key(group: dist.ProcessGroup, store: dist.Store) -> str:
+    """Collective over `group`: the key of this job's next communicator on this group. Rank 0
+    draws it at random and publishes it in `store`; the others block on the store until it is
+    there (the store's own timeout bounds the wait). Helper #11's external bootstrap replaces
+    the key with the store itself; this is the one place that changes then."""
+    index = _calls.get(group, 0)
+    _calls[group] = index + 1
+    entry = f"{STORE_PREFIX}/{index}/key"
+    if group.rank() == 0:
+        key = f"pg-{secrets.token_hex(16)}"
+        store.set(entry, key)
+        return key
+    return store.get(entry).decode()
+
+
+def _check_one_host(group: dist.ProcessGroup, store: dist.Store, key: str) -> None:
+    """odc.Comm joins processes of one host; a group spanning hosts would wait out the timeout
+    in the communicator's bootstrap. Every rank publishes its host name and reads all of them,
+    so every rank raises the same error."""
+    entry = f"{STORE_PREFIX}/{key}/host"
+    store.set(f"{entry}/{group.rank()}", socket.gethostname())
+    hosts = [store.get(f"{entry}/{r}").decode() for r in range(group.size())]
+    if len(set(hosts)) > 1:
+        raise RuntimeError(
+            f"odc.torch: the process group spans {len(set(hosts))} hosts ({', '.join(sorted(set(hosts)))}); "
+            "odc communicators join the processes of one host"
+        )
+
+
+def comm_from_process_group(
+    group: Optional[dist.ProcessGroup] = None,
+    *,
+    device: Optional[int] = None,
+    timeout: Optional[float] = None,
+    deterministic: bool = False,
+) -> Comm:
+    """Collective over `group` (default: the world group): an odc.Comm over the same ranks.
+
+    rank and size are the group's; device is this rank's CUDA device index (default: the
+    current CUDA device when the group's backend is NCCL, else None, a host communicator);
+    timeout: seconds any wait on another rank may take (odc.Comm's default when None).
+    deterministic: a fixed summation order, where the odc core offers it (odc.Comm's
+    `deterministic` argument); raises NotImplementedError naming that where it does not.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "comm_from_process_group needs an initialized torch.distributed process group "
+            "(dist.init_process_group, e.g. under torchrun)"
+        )
+    group = group if group is not None else dist.group.WORLD
+    if group.rank() < 0:
+        raise ValueError("comm_from_process_group: this rank is not a member of the group")
+    if device is None and "nccl" in str(dist.get_backend(group)).lower():
+        device = torch.cuda.current_device()
+    options = {}
+    if deterministic:
+        if "deterministic" not in inspect.signature(Comm).parameters:
+            raise NotImplementedError(
+                "comm_from_process_group(deterministic=True): this odc build's Comm has no "
+                "deterministic mode"
+            )
+        options["deterministic"] = True
+    store = group_store(group)
+    key = job_key(group, store)
+    _check_one_host(group, store, key)
+    return Comm(group.rank(), group.size(), key, timeout=timeout, device=device, **options)

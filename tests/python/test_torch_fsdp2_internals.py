@@ -1,0 +1,168 @@
+"""The FSDP2 behaviour odc.torch relies on beyond public API (R1-R6 in
+python/odc/torch/_fsdp2_internals.py), checked directly on the installed torch with plain FSDP2
+(gloo, CPU) and recording hooks instead of ODC, so that a torch release that changes one of them
+fails here, naming it, rather than as wrong gradients elsewhere."""
+
+import os
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="odc.torch tests need torch")
+
+
+def _model():
+    from torch import nn
+
+    torch.manual_seed(0)
+    # Odd sizes: shards are padded, trailing ranks hold fewer rows.
+    return nn.Sequential(nn.Linear(5, 7), nn.GELU(), nn.Linear(7, 3))
+
+
+def _recording_hooks():
+    import torch.distributed as dist
+
+    from odc.torch import _fsdp2_internals as internals
+
+    class RecordingAllGather(internals.AllGather):
+        def __init__(self):
+            self.inputs = []
+
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            self.inputs.append(input_tensor.clone())
+            dist.all_gather_into_tensor(output_tensor, input_tensor, group=group)
+            return None
+
+    class MarkingReduceScatter(internals.ReduceScatter):
+        """No communication: the output is all 1.0, so .grad shows what FSDP2 did with it."""
+
+        def __init__(self):
+            self.output_numels = []
+
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            self.output_numels.append(output_tensor.numel())
+            output_tensor.fill_(1.0)
+            return None
+
+    return RecordingAllGather, MarkingReduceScatter
+
+
+def _internals_rank(rank, world_size, key, store_path):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    import odc.torch
+    from odc.torch import _fsdp2_internals as internals
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
+    )
+    problems = []
+    try:
+        model = _model()
+        fully_shard(model[0])
+        fully_shard(model)  # the root group: model[2]
+        odc.torch.sum_gradients(model)
+        internals.lazy_init(model)  # R3: before any forward
+        RecordingAllGather, MarkingReduceScatter = _recording_hooks()
+        hooks = {}
+        for module in (model[0], model):
+            hooks[module] = (RecordingAllGather(), MarkingReduceScatter())
+            module.set_custom_all_gather(hooks[module][0])
+            module.set_custom_reduce_scatter(hooks[module][1])
+        layouts = {module: internals.group_layout(module) for module in hooks}  # R2 + R4
+        # R5: a preset .grad must be added into in place, not replaced.
+        presets = {}
+        for module, layout in layouts.items():
+            for slot in layout.slots:
+                local = torch.full(slot.param.to_local().shape, 2.0)
+                slot.param.grad = DTensor.from_local(
+                    local, slot.param.device_mesh, slot.param.placements, run_check=False,
+                    shape=slot.param.shape, stride=slot.param.stride(),
+                )  # fmt: skip
+                presets[slot.param] = local.data_ptr()
+        x = torch.randn(4, 5)
+        model(x).pow(2).sum().backward()
+        for module, layout in layouts.items():
+            gather, scatter = hooks[module]
+            if not gather.inputs:
+                problems.append("R2: the custom all-gather was not called")
+                continue
+            expected = torch.cat(
+                [internals.all_gather_input(module, i) for i in range(len(layout.slots))]
+            )
+            if gather.inputs[0].numel() != layout.shard_numel:
+                problems.append(
+                    f"R4: all-gather input has {gather.inputs[0].numel()} elements, "
+                    f"group_layout says {layout.shard_numel}"
+                )
+            elif not torch.equal(gather.inputs[0], expected):
+                problems.append("R4: all-gather input is not the concatenated all_gather_inputs")
+            if scatter.output_numels != [layout.shard_numel]:
+                problems.append(
+                    f"R4: reduce-scatter outputs {scatter.output_numels}, expected "
+                    f"[{layout.shard_numel}]"
+                )
+            for slot in layout.slots:
+                local = slot.param.grad.to_local()
+                if local.data_ptr() != presets[slot.param]:
+                    problems.append("R5: FSDP2 replaced a preset .grad instead of adding into it")
+                elif local.numel() and not torch.all(local == 3.0):
+                    problems.append("R5: .grad is not preset (2) + reduce-scatter output (1)")
+        return problems
+    finally:
+        dist.destroy_process_group()
+
+
+def _one_rank(rank, world_size, key, store_path):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=0, world_size=1)
+    try:
+        model = _model()
+        fully_shard(model)
+        RecordingAllGather, MarkingReduceScatter = _recording_hooks()
+        gather, scatter = RecordingAllGather(), MarkingReduceScatter()
+        model.set_custom_all_gather(gather)
+        model.set_custom_reduce_scatter(scatter)
+        model(torch.randn(4, 5)).sum().backward()
+        return len(gather.inputs), len(scatter.output_numels)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_r1_protocol_classes_import_from_fsdp2():
+    from odc.torch import _fsdp2_internals as internals
+
+    assert (
+        internals.AllGather is not object and internals.ReduceScatter is not object
+    ), "R1: torch.distributed.fsdp._fully_shard._fsdp_api.AllGather/ReduceScatter moved"
+    assert internals.missing_fsdp2_features() == []
+
+
+def test_r2_to_r5_layout_lazy_init_and_grad_accumulation():
+    import odc
+
+    with tempfile.TemporaryDirectory() as directory:
+        results = odc.launch(_internals_rank, 2, os.path.join(directory, "store"), timeout=300)
+    for rank, problems in enumerate(results):
+        assert problems == [], f"rank {rank}: {problems}"
+
+
+def test_r6_one_rank_bypasses_the_hooks():
+    import odc
+
+    with tempfile.TemporaryDirectory() as directory:
+        calls = odc.launch(_one_rank, 1, os.path.join(directory, "store"), timeout=300)[0]
+    # odc.torch refuses one rank because of this (nothing would be gathered from the published
+    # shards); if FSDP2 starts calling the all-gather hook there, one rank could be allowed.
+    # The reduce-scatter hook: called on one rank by 2.9, bypassed by 2.11; either way refused.
+    assert calls[0] == 0, f"R6: FSDP2 called the custom all-gather on one rank: {calls}"

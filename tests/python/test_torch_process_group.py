@@ -1,0 +1,171 @@
+"""odc.torch in a user's own job (CPU, gloo + host transport): communicators from the process
+group with per-job keys, two concurrent torchrun jobs with default settings, the torchrun example
+of docs/torch.md as written, ODC_DEBUG_COLLECTIVES, and what ODC keeps in torch memory."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="odc.torch tests need torch")
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "odc_torchrun.py"
+
+
+def _process_group_rank(rank, world_size, key, store_path):
+    import torch.distributed as dist
+
+    import odc.torch
+    from odc.torch.process_group import group_store
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
+    )
+    try:
+        store = group_store(dist.group.WORLD)  # c10d's private group table: must still work
+        first = odc.torch.comm_from_process_group(timeout=30)
+        second = odc.torch.comm_from_process_group(timeout=30)
+        buffer = first.alloc(4)
+        buffer.array[:] = rank
+        first.barrier()
+        out = torch.zeros(4 * world_size).numpy()
+        first.gather(out, buffer)
+        facts = (first.key, second.key, (first.rank, first.world_size), out.tolist())
+        published = store.get("odc/comm_from_process_group/0/key").decode()
+        first.close()
+        second.close()
+        return facts + (published,)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_comm_from_process_group_shares_one_fresh_key_per_call():
+    import odc
+
+    with tempfile.TemporaryDirectory() as directory:
+        results = odc.launch(_process_group_rank, 2, os.path.join(directory, "store"), timeout=300)
+    (key0, second0, who0, out0, published0), (key1, second1, who1, out1, _) = results
+    assert key0 == key1 == published0 and second0 == second1 and key0 != second0
+    assert re.fullmatch(r"pg-[0-9a-f]{32}", key0)
+    assert who0 == (0, 2) and who1 == (1, 2)
+    assert out0 == out1 == [0.0] * 4 + [1.0] * 4  # the communicator works across the ranks
+
+
+def test_comm_from_process_group_needs_a_process_group():
+    import odc.torch
+
+    with pytest.raises(RuntimeError, match="needs an initialized torch.distributed"):
+        odc.torch.comm_from_process_group()
+
+
+def _torchrun():
+    beside_python = Path(sys.executable).parent / "torchrun"
+    path = str(beside_python) if beside_python.is_file() else shutil.which("torchrun")
+    if not path:
+        pytest.skip("torchrun is not installed")
+    return path
+
+
+def test_two_concurrent_torchrun_jobs_never_meet(tmp_path):
+    """Default settings (--standalone, no run id, no key): each job's key comes from its own
+    store, so both finish with the result a single job gets, under different keys."""
+    command = [_torchrun(), "--standalone", "--nproc_per_node", "2", str(EXAMPLE)]
+    environment = dict(os.environ, OMP_NUM_THREADS="1")
+    jobs = [
+        subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env=environment,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+    lines = []
+    for job in jobs:
+        stdout, stderr = job.communicate(timeout=600)
+        assert job.returncode == 0, stderr[-3000:]
+        lines.append(
+            re.search(r"odc_torchrun: 2 ranks, key (\S+), parameter checksum (\S+)", stdout)
+        )
+    assert all(lines), "the example printed no result line"
+    (key_a, checksum_a), (key_b, checksum_b) = (m.groups() for m in lines)
+    assert key_a != key_b
+    assert checksum_a == checksum_b  # same seeds, same data: no job saw the other's pushes
+
+
+def test_docs_show_the_example_as_written():
+    text = (REPO / "docs" / "torch.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert (
+        EXAMPLE.read_text() in blocks
+    ), "docs/torch.md must show examples/odc_torchrun.py verbatim"
+
+
+def _debug_rank(rank, world_size, key, store_path):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from tiny_lm import loss_sum, make_model, minibatch_samples
+
+    import odc.torch
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
+    )
+    try:
+        model = make_model()
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        os.environ["ODC_DEBUG_COLLECTIVES"] = "1"
+        comm = odc.torch.comm_from_process_group(timeout=60)
+        engine = odc.torch.OdcFSDP(model, comm, torch.optim.AdamW(model.parameters()))
+        samples = minibatch_samples(0)
+        # A clean minibatch (rank 1 runs one microbatch more): nothing to report.
+        with engine.minibatch():
+            for sample in samples[: 1 + rank]:
+                odc.torch.scale_loss(loss_sum(model, [sample]), 100).backward()
+            grad_storages = {
+                p.grad.to_local().untyped_storage().data_ptr() for p in model.parameters()
+            }
+        clean = engine.collectives_seen
+        memory = engine.memory_bytes()
+        # Every rank makes the same mistake here, so the all-reduce itself would not hang.
+        with pytest.raises(odc.torch.CollectiveInMinibatchError) as error:
+            with engine.minibatch():
+                loss = loss_sum(model, samples[:1])
+                dist.all_reduce(loss.detach())
+        message = str(error.value)
+        engine.minibatch_end()  # the raising call issued nothing: close the minibatch as usual
+        os.environ["ODC_DEBUG_COLLECTIVES"] = "warn"
+        warn_engine = odc.torch.OdcFSDP(model, comm)
+        with pytest.warns(RuntimeWarning, match="inside an ODC minibatch"):
+            with warn_engine.minibatch():
+                odc.torch.scale_loss(loss_sum(model, samples[:1]), 100).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # DTensor all-reduce
+        comm.close()
+        return clean, message, warn_engine.collectives_seen, len(grad_storages), memory
+    finally:
+        os.environ.pop("ODC_DEBUG_COLLECTIVES", None)
+        dist.destroy_process_group()
+
+
+def test_debug_collectives_names_calls_inside_a_minibatch_and_grads_share_one_scratch():
+    import odc
+
+    with tempfile.TemporaryDirectory() as directory:
+        results = odc.launch(_debug_rank, 2, os.path.join(directory, "store"), timeout=600)
+    for clean, message, warned, num_grad_storages, memory in results:
+        assert clean == []  # ODC's forward/backward issue no torch.distributed collective
+        assert "c10d.allreduce_" in message and "minibatch_end" in message
+        assert warned and all(op.startswith(("c10d.", "_c10d_functional.")) for op in warned)
+        # During a minibatch every .grad views the one shared scratch: no per-microbatch grads.
+        assert num_grad_storages == 1
+        assert 0 < memory["grad_scratch"] < memory["accumulators"]
