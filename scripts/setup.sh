@@ -45,9 +45,36 @@ for spec in sys.argv[1:]:
 PY
   echo "setup: installing Python packages: ${python_packages[*]}"
   echo "setup: (torch is the big one: its download, a few hundred MB to a few GB, is what PyPI serves)"
-  # Without -q: pip shows each download with a progress bar, so the long ones are visible.
   "$venv/bin/python" -m pip install --disable-pip-version-check --upgrade pip
-  "$venv/bin/python" -m pip install --disable-pip-version-check packaging "${python_packages[@]}"
+  # pip prints a line per package, but downloading and unpacking torch and its CUDA libraries
+  # takes minutes without a line: a heartbeat says so whenever pip has been quiet for 10 s.
+  pip_log="$venv/setup-pip.log"
+  : >"$pip_log"
+  (
+    last_size=-1 quiet=0
+    while sleep 10; do
+      size=$(stat -c %s "$pip_log" 2>/dev/null || echo 0)
+      if [[ "$size" == "$last_size" ]]; then
+        quiet=$((quiet + 10))
+        echo "setup: pip is still downloading/installing (${quiet} s since its last line)"
+      else
+        quiet=0
+      fi
+      last_size=$size
+    done
+  ) &
+  heartbeat=$!
+  set +e
+  "$venv/bin/python" -m pip install --disable-pip-version-check packaging "${python_packages[@]}" 2>&1 |
+    tee "$pip_log"
+  pip_status=${PIPESTATUS[0]}
+  set -e
+  kill "$heartbeat" 2>/dev/null || true
+  wait "$heartbeat" 2>/dev/null || true
+  if ((pip_status != 0)); then
+    echo "setup: error: pip failed (exit $pip_status); its output is in $pip_log" >&2
+    exit "$pip_status"
+  fi
   echo "setup: Python packages installed in $venv"
 else
   echo "setup: Python packages present in $venv"
