@@ -7,10 +7,11 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 for sanitizer in address thread; do
   build_dir="build/sanitize-$sanitizer"
+  echo "== $sanitizer sanitizer: building the C++ tests into $build_dir =="
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DODC_WITH_CUDA=OFF \
     -DODC_SANITIZE="$sanitizer" -DODC_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build "$build_dir" --parallel "$(nproc)" --target odc_cpp_tests odc_protocol_tests
-  echo "== $sanitizer sanitizer =="
+  echo "== $sanitizer sanitizer: running the C++ tests =="
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1 \
     "$build_dir/tests/odc_cpp_tests" --gtest_brief=1
   # The protocol at scale (threads as ranks); scaled down to 64 ranks and 100 minibatches under

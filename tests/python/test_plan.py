@@ -84,7 +84,8 @@ def test_table_and_compare_formats(odc_cli, data_dir):
     compare = run_cli(odc_cli, "compare", *common)
     assert compare.returncode == 0, compare.stderr
     rows = compare.stdout.splitlines()
-    assert [row.split()[0] for row in rows[1:]] == ["local-sort", "lb-micro", "lb-mini"]
+    assert [row.split()[0] for row in rows[1:4]] == ["local-sort", "lb-micro", "lb-mini"]
+    assert rows[4].startswith("predicted speedup of odc + lb-mini over collective + lb-micro: ")
 
 
 def test_stdin(odc_cli):

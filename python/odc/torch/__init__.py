@@ -13,9 +13,17 @@ Turn ODC on for a model already wrapped with `fully_shard`; keep the model, opti
 Importing this module imports torch; `import odc` alone does not.
 """
 
-from .debug import CollectiveInMinibatchError
-from .fsdp2 import OdcFSDP, global_count, scale_loss, sum_gradients
-from .process_group import comm_from_process_group
+try:
+    import torch  # noqa: F401
+except ImportError as error:  # a readable message instead of a traceback deep inside fsdp2.py
+    raise ImportError(
+        "odc.torch needs PyTorch (2.9 or newer): pip install 'odc[torch]' (or 'odc[train]' for "
+        "python -m odc.train)"
+    ) from error
+
+from .debug import CollectiveInMinibatchError  # noqa: E402
+from .fsdp2 import OdcFSDP, global_count, scale_loss, sum_gradients  # noqa: E402
+from .process_group import comm_from_process_group  # noqa: E402
 
 __all__ = [
     "OdcFSDP",

@@ -6,14 +6,40 @@ microbatches in one minibatch.
   python -m odc.train --lengths data/longalign_like.txt --compare            # all GPUs, 1.5b
   torchrun --nproc_per_node 4 -m odc.train --lengths data/longalign_like.txt --compare
   python -m odc.train --device cpu --ranks 4 --preset tiny --length-scale 0.0078125 --compare
+
+Results go into a new run directory (default runs/<UTC time>/: results.json, timeline.png); an
+existing file is never overwritten. Usage errors exit with status 2 and one line, like `odc`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import time
 from pathlib import Path
+
+PROG = "python -m odc.train"
+USAGE_ERROR = 2
+
+# The longest sample a CPU run takes: the tiny preset trains a 4K-token sample in seconds on a
+# few cores; GPU-sized lengths (up to 64K) would run for many minutes per step.
+CPU_MAX_TOKENS = 4096
+
+
+class UsageError(Exception):
+    """A mistake in the command line or its inputs: one line on stderr, exit status 2."""
+
+
+def usage_error(message: str):
+    raise UsageError(message)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's default prints the whole usage block
+        raise UsageError(f"{message} (see --help)")
+
 
 COMBINATIONS = {
     "collective": ("local-sort", "lb-micro"),
@@ -22,7 +48,7 @@ COMBINATIONS = {
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m odc.train", description=__doc__.split("\n")[0])
+    parser = _Parser(prog=PROG, description=__doc__.split("\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--lengths", help="sample lengths file (odc plan format): synthetic tokens")
     source.add_argument(
@@ -67,9 +93,38 @@ def parse_args(argv):
         "of --compare/--all reuse the first run's fit, so their plans share one cost model",
     )
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--output", default="odc_train_results.json")
-    parser.add_argument("--timeline", default="odc_train_timeline.png")
+    parser.add_argument(
+        "--run-dir",
+        help="directory for this run's files (default: a new runs/<UTC time>/); may exist, but "
+        "files in it are never overwritten",
+    )
+    parser.add_argument("--output", help="results JSON (default: RUN_DIR/results.json)")
+    parser.add_argument(
+        "--timeline", help="timeline PNG (default: RUN_DIR/timeline.png; '' for none)"
+    )
     return parser.parse_args(argv)
+
+
+def output_paths(args):
+    """(results path, timeline path or None): explicit paths as given, others in the run
+    directory; refuses any that exists, so no earlier result is silently overwritten."""
+    run_dir = Path(args.run_dir) if args.run_dir else None
+    if run_dir is None and (args.output is None or args.timeline is None):
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        run_dir = Path("runs") / stamp
+        suffix = 1
+        while run_dir.exists():
+            suffix += 1
+            run_dir = Path("runs") / f"{stamp}-{suffix}"
+    output = Path(args.output) if args.output else run_dir / "results.json"
+    if args.timeline == "":
+        timeline = None
+    else:
+        timeline = Path(args.timeline) if args.timeline else run_dir / "timeline.png"
+    for path in (output, timeline):
+        if path is not None and path.exists():
+            usage_error(f"{path} exists: choose another --output/--timeline/--run-dir or remove it")
+    return output, timeline
 
 
 def load_lengths(args) -> list:
@@ -85,16 +140,16 @@ def load_lengths(args) -> list:
         else:
             lengths = odc.read_lengths(args.lengths)
     except (OSError, ValueError) as error:
-        sys.exit(f"odc train: {error}")
+        usage_error(str(error))
     lengths = [max(2, int(round(n * args.length_scale))) for n in lengths]
     if args.max_length:
         lengths = [n for n in lengths if n <= args.max_length]
     if args.constant_length:
         lengths = [args.constant_length] * len(lengths)
     if not lengths:
-        sys.exit("odc train: no samples left (check --max-length)")
+        usage_error("no samples left (check --max-length)")
     if args.jsonl and (args.length_scale != 1.0 or args.max_length or args.constant_length):
-        sys.exit("odc train: --length-scale, --max-length and --constant-length apply to --lengths")
+        usage_error("--length-scale, --max-length and --constant-length apply to --lengths")
     return lengths
 
 
@@ -107,37 +162,86 @@ def parse_cost(text: str):
     except ValueError:
         values = ()
     if len(values) != 3 or not all(0.0 <= v < float("inf") for v in values):
-        sys.exit(
-            f"odc train: --cost must be 'fit' or three non-negative numbers A,B,C, got '{text}'"
-        )
+        usage_error(f"--cost must be 'fit' or three non-negative numbers A,B,C, got '{text}'")
     return values
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except UsageError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def _check_cpu_sized(preset: str, lengths, max_tokens: int) -> None:
+    """Refuses GPU-sized work on the CPU, saying how to scale it down."""
+    if preset != "tiny":
+        usage_error(
+            f"the {preset} preset is GPU-sized and no GPU is used: on the CPU use --preset tiny"
+        )
+    longest = max(max(lengths), max_tokens)
+    if longest > CPU_MAX_TOKENS:
+        scale = 2.0 ** math.floor(math.log2(CPU_MAX_TOKENS / longest))
+        usage_error(
+            f"samples or microbatches of up to {longest} tokens are GPU-sized; a CPU run takes "
+            f"at most {CPU_MAX_TOKENS}: add --length-scale {scale:g} (or --max-length / "
+            "--max-tokens)"
+        )
+
+
+def _main(argv) -> int:
     args = parse_args(argv)
     cost = parse_cost(args.cost)
-    import torch
+    if args.ranks is not None and args.ranks < 2:
+        usage_error(f"needs at least 2 ranks, got {args.ranks}")
+    if args.comm == "collective" and args.policy == "lb-mini" and not (args.compare or args.all):
+        usage_error(
+            "lb-mini gives ranks different microbatch counts, which collective FSDP2 "
+            "cannot run: use --comm odc, or --policy lb-micro / local-sort"
+        )
+    for name in ("steps", "samples_per_rank", "max_tokens", "max_length", "constant_length"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            usage_error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if not args.length_scale > 0:
+        usage_error(f"--length-scale must be positive, got {args.length_scale}")
+    try:
+        import torch
+    except ImportError:
+        print(f"{PROG}: error: needs PyTorch: pip install 'odc[train]'", file=sys.stderr)
+        return 1
 
     from .launching import Launcher
     from .run import RunConfig
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        usage_error("--device cuda, but torch sees no GPU")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     launcher = Launcher(device)
     if launcher.torchrun and args.ranks not in (None, launcher.world_size):
-        sys.exit(f"odc train: --ranks {args.ranks}, but torchrun started {launcher.world_size}")
+        usage_error(f"--ranks {args.ranks}, but torchrun started {launcher.world_size}")
+    if args.device is None and launcher.reports:
+        print(
+            f"{PROG}: "
+            + (
+                f"{torch.cuda.device_count()} GPU(s) found: running on them"
+                if device == "cuda"
+                else "no GPU found: running on the CPU"
+            ),
+            file=sys.stderr,
+        )
     ranks = (
         launcher.world_size or args.ranks or (torch.cuda.device_count() if device == "cuda" else 4)
     )
     preset = args.preset or ("1.5b" if device == "cuda" else "tiny")
     if ranks < 2:
-        sys.exit(f"odc train: needs at least 2 ranks, got {ranks}")
-    if args.comm == "collective" and args.policy == "lb-mini" and not (args.compare or args.all):
-        sys.exit(
-            "odc train: lb-mini gives ranks different microbatch counts, which collective FSDP2 "
-            "cannot run: use --comm odc, or --policy lb-micro / local-sort"
-        )
+        usage_error(f"needs at least 2 ranks, and torch sees {ranks} GPU(s): add --device cpu")
     lengths = load_lengths(args)
     max_tokens = args.max_tokens or max(lengths)
+    if device == "cpu":
+        _check_cpu_sized(preset, lengths, max_tokens)
+    output, timeline = output_paths(args)
     if args.all:
         runs = [(c, p) for c, policies in COMBINATIONS.items() for p in policies]
     elif args.compare:
@@ -147,7 +251,14 @@ def main(argv=None) -> int:
 
     results = []
     launcher.start()
-    for comm, policy in runs:
+    for index, (comm, policy) in enumerate(runs):
+        if launcher.reports:
+            print(
+                f"{PROG}: run {index + 1}/{len(runs)}: {comm} + {policy}, {ranks} ranks on "
+                f"{device}, {preset} preset; starting the ranks and building the model",
+                file=sys.stderr,
+                flush=True,
+            )
         config = RunConfig(
             preset=preset,
             comm=comm,
@@ -173,41 +284,115 @@ def main(argv=None) -> int:
         return 0
 
     print_table(results)
-    Path(args.output).write_text(json.dumps(results, indent=1))
-    print(f"results: {args.output}")
-    if args.timeline:
-        written = write_timeline(results, args.timeline)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=1))
+    print(f"results: {output}")
+    if timeline is not None:
+        timeline.parent.mkdir(parents=True, exist_ok=True)
+        written = write_timeline(results, str(timeline))
         print(f"timeline: {written}" if written else "timeline: skipped (matplotlib missing)")
     return 0
 
 
+def _spread(values) -> str:
+    """'min / median / max' of per-minibatch values."""
+    import numpy as np
+
+    return f"{min(values):.3f} / {float(np.median(values)):.3f} / {max(values):.3f}"
+
+
+def _loss_verdict(results) -> str:
+    """One line: do the runs' per-minibatch losses agree? They should: the same data and initial
+    weights, and gradients summed the same way whatever the communication or the plan."""
+    first = results[0]
+    tolerance = 1e-4 if first["device"] == "cpu" else 2e-2  # fp32 on the CPU; bf16 on GPUs
+    worst = 0.0
+    for r in results[1:]:
+        for a, b in zip(first["losses"], r["losses"]):
+            worst = max(worst, abs(a - b) / max(abs(a), 1e-12))
+    steps = len(first["losses"])
+    if len(results) < 2:
+        return f"losses: {steps} minibatches, last {first['losses'][-1]:.4f} (one run, nothing to compare)"
+    if worst <= tolerance:
+        return (
+            f"losses: AGREE across the {len(results)} runs (max relative difference {worst:.1e} "
+            f"over {steps} minibatches, tolerance {tolerance:g}): both modes train the same model"
+        )
+    return (
+        f"losses: DIFFER across runs (max relative difference {worst:.1e} over {steps} "
+        f"minibatches, tolerance {tolerance:g}): the modes did not compute the same gradients"
+    )
+
+
 def print_table(results) -> None:
-    base = results[0]["samples_per_second"]
-    a, b, c = results[0]["cost"]
+    base = results[0]
+    a, b, c = base["cost"]
     print(
-        f"\nplanner cost model ({results[0]['cost_source']}): "
+        f"\nplanner cost model ({base['cost_source']}): "
         f"{c:.4g} s + {a:.4g} s x L + {b:.4g} s x L^2 per microbatch"
     )
+    spans_known = all(r.get("minibatch_seconds") for r in results)
+    step_header = "step s min / median / max" if spans_known else "step s"
     print(
-        f"\n{'comm':10} {'policy':10} {'samples/s':>10} {'tokens/s':>11} {'step s':>8} "
-        f"{'pred s':>8} {'err':>6} {'bubble':>7} {'predicted':>9} {'peak GiB':>9} {'vs first':>8}"
+        f"\n{'comm':10} {'policy':10} {'samples/s':>10} {'tokens/s':>10} {step_header:>25} "
+        f"{'pred s':>7} {'err':>6} {'bubble':>7} {'predicted':>9} {'peak GiB':>8}  speedup"
     )
+    verdicts = []
     for r in results:
+        # Under collective, waits inside FSDP2's collectives count as busy: idle is not measured.
         measured = f"{100 * r['bubble']:6.1f}%" if r.get("bubble_measured", True) else "    n/a"
         predicted_step = r["predicted_seconds"] / r["minibatches"]
+        steps = _spread(r["minibatch_seconds"]) if spans_known else f"{r['step_seconds']:.3f}"
+        # The CPU has no peak-memory counter that means the same as the GPU's: not measured.
+        peak = "n/a" if r["device"] == "cpu" else f"{r['peak_memory_bytes'] / 2**30:.2f}"
+        ratio = r["samples_per_second"] / base["samples_per_second"]
+        if r is base:
+            speedup = "1.00x (baseline)"
+        elif spans_known and len(r["minibatch_seconds"]) == len(base["minibatch_seconds"]):
+            # The same minibatches (same samples) ran in both: per-minibatch ratios give a spread.
+            each = [x / y for x, y in zip(base["minibatch_seconds"], r["minibatch_seconds"])]
+            speedup = f"{ratio:.2f}x (per minibatch {min(each):.2f}-{max(each):.2f}x)"
+            if min(each) <= 1.0 <= max(each):
+                verdicts.append(
+                    f"{r['comm']} + {r['policy']}: the per-minibatch speedups straddle 1.00x, so "
+                    f"{ratio:.2f}x is within this machine's noise"
+                )
+        else:
+            speedup = f"{ratio:.2f}x"
         print(
             f"{r['comm']:10} {r['policy']:10} {r['samples_per_second']:10.2f} "
-            f"{r['tokens_per_second']:11.0f} {r['step_seconds']:8.3f} {predicted_step:8.3f} "
+            f"{r['tokens_per_second']:10.0f} {steps:>25} {predicted_step:7.3f} "
             f"{100 * r['span_error']:+5.1f}% {measured} "
-            f"{100 * r['predicted_bubble']:8.1f}% {r['peak_memory_bytes'] / 2**30:9.2f} "
-            f"{r['samples_per_second'] / base:7.2f}x"
+            f"{100 * r['predicted_bubble']:8.1f}% {peak:>8}  {speedup}"
         )
+    print()
+    print(_loss_verdict(results))
+    for verdict in verdicts:
+        print(f"speedup: {verdict}")
+    measured = len(base.get("minibatch_seconds") or []) or base.get("steps_measured", 0)
     print(
-        "step s / pred s: measured / predicted seconds per minibatch; err = predicted / measured - 1."
-        "\nbubble / predicted: 1 - sum(busy) / (N x sum(span)) over the measured minibatches, both "
-        "weighted by time.\nn/a: under collective a rank's waits inside FSDP2's collectives count "
-        "as busy, so its idle time is not measured; compare step times there."
+        f"""
+legend: step s      wall time of one minibatch on the slowest rank, over the {measured} measured
+                    minibatches (after 1 warm-up, not counted)
+        pred s, err the planner's predicted seconds per minibatch; err = predicted / measured - 1
+        bubble      measured share of the ranks' time spent idle, 1 - sum(busy) / (ranks x
+                    sum(span)) over the measured minibatches, busy = time inside forward+backward;
+                    n/a under collective: waits inside FSDP2's collectives count as busy there, so
+                    idle time is not measured (compare step times instead)
+        predicted   the planner's bubble for the same minibatches, from its cost model above,
+                    weighted by time like the measured one
+        peak GiB    peak GPU memory per rank incl. odc's buffers; n/a = not measured (CPU)
+        speedup     samples/s against the first row; in brackets the range over the minibatches
+                    (same samples in both runs); a range that straddles 1.00x means no
+                    measurable difference"""
     )
+    if base["device"] == "cpu":
+        print(
+            """        CPU runs: the ranks are processes sharing this machine's few cores, so they slow
+        each other down; busy time includes that contention, and measured bubbles and speedups
+        are not what GPUs (one device per rank) show. They check the mechanics and that both
+        modes train alike; GPU numbers: docs/benchmarks.md."""
+        )
     print("\nper minibatch, predicted / measured span in seconds (error):")
     print("  mb  " + "".join(f"{r['comm'] + ' ' + r['policy']:>28}" for r in results))
     for index in range(max(len(r["per_minibatch"]) for r in results)):

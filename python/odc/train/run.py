@@ -114,7 +114,9 @@ class _Trainer:
             self.engine.minibatch_end()
 
 
-def _calibrate(trainer, clock, max_tokens: int, vocab_size: int, world_size: int, seed: int):
+def _calibrate(
+    trainer, clock, max_tokens: int, vocab_size: int, world_size: int, seed: int, label=None
+):
     """Times single-sample microbatches of calibrate.ladder(max_tokens) on every rank (one
     untimed, then the median of two), averages over ranks and fits the cost model; every rank
     gets the same (a, b, c), so every rank computes the same plan. No optimizer step: the
@@ -124,6 +126,7 @@ def _calibrate(trainer, clock, max_tokens: int, vocab_size: int, world_size: int
 
     from .calibrate import MIN_FIT_TOKENS, fit_cost, ladder
     from .data import pack, synthetic_tokens
+    from .progress import Progress
 
     if max_tokens < MIN_FIT_TOKENS:
         return (1.0, 0.0, 0.0), []  # nothing to fit: balance tokens
@@ -131,6 +134,7 @@ def _calibrate(trainer, clock, max_tokens: int, vocab_size: int, world_size: int
     documents = synthetic_tokens(lengths, vocab_size, seed=seed + 1)
     trainer.begin()
     medians = []
+    progress = Progress(len(lengths), label or "", enabled=label is not None).start()
     for document, length in zip(documents, lengths):
         packed = pack([document])
         trainer.microbatch(packed, world_size * length)  # untimed: allocator growth, autotuning
@@ -143,6 +147,8 @@ def _calibrate(trainer, clock, max_tokens: int, vocab_size: int, world_size: int
             clock.sync()
             times.append(clock.seconds(begin, end))
         medians.append(float(np.median(times)))
+        progress.update(f"{length} tokens: {medians[-1]:.3g} s")
+    progress.close()
     trainer.end()
     trainer.optimizer.zero_grad(set_to_none=True)
     seconds = torch.tensor(medians, dtype=torch.float64, device=trainer.device)
@@ -164,6 +170,7 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
 
     from .data import load_token_ids, pack, schedule, synthetic_tokens
     from .model import build_model
+    from .progress import Progress
 
     from .memory import MemoryProbe
 
@@ -225,8 +232,15 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         probe.enter("setup")
         cost, calibration = config.cost, []
         if cost is None:
+            label = f"[{config.comm} {config.policy}] cost fit, one sample per microbatch"
             cost, calibration = _calibrate(
-                trainer, clock, config.max_tokens, vocab_size, world_size, config.seed
+                trainer,
+                clock,
+                config.max_tokens,
+                vocab_size,
+                world_size,
+                config.seed,
+                label if rank == 0 else None,
             )
             if rank == 0:
                 print(
@@ -245,6 +259,11 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         )
         num_steps = min(config.steps + config.warmup_steps, len(plan["minibatches"]))
         records, losses = [], []
+        steps_progress = Progress(
+            num_steps,
+            f"[{config.comm} {config.policy}] minibatches ({config.warmup_steps} warm-up)",
+            enabled=rank == 0,
+        ).start()
         for step in range(num_steps):
             minibatch = plan["minibatches"][step]
             global_tokens = sum(len(samples[i]) - 1 for i in minibatch["samples"])
@@ -278,13 +297,8 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             dist.all_reduce(step_loss)  # after the timed span
             losses.append(float(step_loss))
             records.append(record)
-            if rank == 0:
-                print(
-                    f"[{config.comm} {config.policy}] step {step + 1}/{num_steps} "
-                    f"{record.span:.3f} s loss {losses[-1]:.4f}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+            steps_progress.update(f"{record.span:.3f} s, loss {losses[-1]:.4f}")
+        steps_progress.close()
         memory = probe.summary()
         peak = memory.get("torch_peak_bytes", 0)
         if engine is not None:
@@ -361,6 +375,8 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
             for s in range(config.warmup_steps, num_steps)
             for i in plan["minibatches"][s]["samples"]
         ],
+        # Each measured minibatch's span (slowest rank): the spread the table reports.
+        "minibatch_seconds": [t.span_seconds for t in timings],
         "peak_memory_bytes": max(gathered[r][1] for r in range(world_size)),
         "losses": losses,
         "timeline": [gathered[r][0][last]["microbatches"] for r in range(world_size)],

@@ -1,0 +1,147 @@
+"""The command-line surface a new user meets: `odc --version`, `odc compare --format/--plot`, and
+`python -m odc.train`'s usage errors (exit 2, one line), CPU guards and run directories."""
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+COMMON = ["--ranks", "4", "--max-tokens", "32768", "--minibatch-size", "64"]
+
+
+def run(command, **kwargs):
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def test_version(odc_cli):
+    import odc
+
+    result = run([odc_cli, "--version"])
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"odc {odc.__version__}"
+
+
+def test_compare_formats_agree(odc_cli, data_dir):
+    lengths = ["--lengths", str(data_dir / "aime_rl_like.txt")]
+    table = run([odc_cli, "compare", *lengths, *COMMON])
+    as_json = run([odc_cli, "compare", *lengths, *COMMON, "--format", "json"])
+    as_csv = run([odc_cli, "compare", *lengths, *COMMON, "--format", "csv"])
+    for result in (table, as_json, as_csv):
+        assert result.returncode == 0, result.stderr
+    comparison = json.loads(as_json.stdout)
+    rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert [p["policy"] for p in comparison["policies"]] == ["local-sort", "lb-micro", "lb-mini"]
+    assert [r["policy"] for r in rows] == ["local-sort", "lb-micro", "lb-mini"]
+    by_policy = {p["policy"]: p for p in comparison["policies"]}
+    # The baseline is collective + lb-micro; lb-mini has no collective figures.
+    assert by_policy["lb-micro"]["speedup"]["collective"] == pytest.approx(1.0)
+    assert by_policy["lb-mini"]["bubble"]["collective"] is None
+    assert rows[2]["bubble_collective"] == "" and rows[2]["speedup_collective"] == ""
+    for policy, row in zip(comparison["policies"], rows):
+        assert float(row["bubble_odc"]) == pytest.approx(policy["bubble"]["odc"], abs=1e-6)
+        assert f"{100 * policy['bubble']['odc']:.1f}%" in table.stdout
+    # The speedup of odc + lb-mini follows from the bubbles when both run the same work.
+    speedup = by_policy["lb-mini"]["speedup"]["odc"]
+    assert speedup > 1.0
+    assert f"{speedup:.2f}x" in table.stdout.splitlines()[-1]
+    # The same numbers as the planner's own plan.
+    import odc
+
+    plan = odc.plan(
+        odc.read_lengths(str(data_dir / "aime_rl_like.txt")),
+        ranks=4,
+        max_tokens=32768,
+        policy="lb-mini",
+        minibatch_size=64,
+    )
+    assert by_policy["lb-mini"]["bubble"]["odc"] == pytest.approx(plan["bubble"]["odc"])
+
+
+def test_compare_rejects_an_unknown_format(odc_cli, data_dir):
+    result = run([odc_cli, "compare", "--lengths", str(data_dir / "aime_rl_like.txt"), *COMMON,
+                  "--format", "xml"])  # fmt: skip
+    assert result.returncode == 2
+    assert (
+        result.stderr == "odc compare: error: unknown format 'xml': expected table, json or csv\n"
+    )
+
+
+def test_compare_plot_writes_a_png(odc_cli, data_dir, tmp_path):
+    pytest.importorskip("matplotlib")
+    figure = tmp_path / "planner.png"
+    env = dict(os.environ, ODC_PYTHON=sys.executable)
+    result = run([odc_cli, "compare", "--lengths", str(data_dir / "aime_rl_like.txt"), *COMMON,
+                  "--plot", str(figure)], env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"plot: {figure}" in result.stdout
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_plot_failure_is_an_error(odc_cli, data_dir, tmp_path):
+    env = dict(os.environ, ODC_PYTHON=str(tmp_path / "no-such-python"))
+    result = run([odc_cli, "compare", "--lengths", str(data_dir / "aime_rl_like.txt"), *COMMON,
+                  "--plot", str(tmp_path / "p.png")], env=env)  # fmt: skip
+    assert result.returncode == 1
+    assert "cannot start" in result.stderr and "ODC_PYTHON" in result.stderr
+
+
+def train(*args, cwd):
+    return run([sys.executable, "-m", "odc.train", *args], cwd=cwd)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--device", "cpu"], "one of the arguments --lengths --jsonl is required"),
+        (["--lengths", "x.txt", "--bogus"], "unrecognized arguments: --bogus"),
+        (["--lengths", "x.txt", "--ranks", "1"], "needs at least 2 ranks, got 1"),
+        (["--lengths", "x.txt", "--steps", "0"], "--steps must be at least 1, got 0"),
+    ],
+)
+def test_train_usage_errors_exit_2_with_one_line(tmp_path, args, message):
+    result = train(*args, cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m odc.train: error: ")
+    assert message in lines[0]
+
+
+def test_train_refuses_gpu_sized_work_on_the_cpu(tmp_path):
+    pytest.importorskip("torch")
+    lengths = str(REPO / "data" / "longalign_like.txt")
+    big = train("--lengths", lengths, "--device", "cpu", "--ranks", "2", cwd=tmp_path)
+    assert big.returncode == 2
+    assert "GPU-sized" in big.stderr and "--length-scale 0.0625" in big.stderr
+    preset = train("--lengths", lengths, "--device", "cpu", "--preset", "1.5b",
+                   "--length-scale", "0.01", cwd=tmp_path)  # fmt: skip
+    assert preset.returncode == 2
+    assert "the 1.5b preset is GPU-sized" in preset.stderr
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
+
+
+def test_train_never_overwrites_results(tmp_path):
+    pytest.importorskip("torch")
+    existing = tmp_path / "results.json"
+    existing.write_text("keep me")
+    result = train("--lengths", str(REPO / "data" / "aime_rl_like.txt"), "--device", "cpu",
+                   "--length-scale", "0.004", "--output", str(existing), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2
+    assert f"{existing} exists" in result.stderr
+    assert existing.read_text() == "keep me"
+
+
+def test_import_odc_torch_without_torch_names_the_extra(tmp_path):
+    # A site directory whose `torch` cannot be imported stands in for an install without torch.
+    blocker = tmp_path / "torch.py"
+    blocker.write_text("raise ImportError('No module named torch')\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    result = run([sys.executable, "-c", "import odc; import odc.torch"], env=env)
+    assert result.returncode == 1
+    assert "odc.torch needs PyTorch (2.11): pip install 'odc[torch]'" in result.stderr
