@@ -13,5 +13,6 @@ Importing this module imports torch; `import odc` alone does not.
 """
 
 from .fsdp2 import OdcFSDP, global_count, scale_loss, sum_gradients
+from .hybrid import node_comm
 
-__all__ = ["OdcFSDP", "global_count", "scale_loss", "sum_gradients"]
+__all__ = ["OdcFSDP", "global_count", "node_comm", "scale_loss", "sum_gradients"]

@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from ..comm import Comm
 from . import _fsdp2_internals as internals
+from . import hybrid
 
 _ODC_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
@@ -168,6 +169,8 @@ class OdcFSDP:
 
     `comm` must span the same ranks as the FSDP2 mesh: a host odc.Comm for CPU models (gloo), a
     device one (device=<this rank's GPU>) for CUDA models. Collective: every rank constructs it.
+    On a 2-D HSDP mesh (replicate, shard) it spans the shard dimension only (one node:
+    odc.torch.node_comm(mesh, key)), and minibatch_end sums the nodes' gradients (hybrid.py).
     """
 
     def __init__(
@@ -197,6 +200,8 @@ class OdcFSDP:
             self._check_placement(layout)
             key = (layout.reduce_dtype, layout.slots[0].param.device)
             shared_zeros[key] = max(shared_zeros.get(key, 0), layout.shard_numel)
+        # HSDP (2-D mesh): the cross-replica sum at minibatch end; None on a 1-D mesh.
+        self._replicas = hybrid.replica_reduction([layout for _, layout in layouts], comm)
         shared_zeros = {
             key: torch.zeros(numel, dtype=key[0], device=key[1])
             for key, numel in shared_zeros.items()
@@ -216,8 +221,7 @@ class OdcFSDP:
 
     def _check_placement(self, layout: internals.GroupLayout) -> None:
         param = layout.slots[0].param
-        if param.device_mesh.ndim != 1:
-            raise NotImplementedError("odc.torch supports 1-D FSDP meshes (no HSDP / TP)")
+        hybrid.is_hybrid(param)  # 1-D or HSDP (replicate, shard); raises for the rest
         on_gpu = param.device.type == "cuda"
         if on_gpu != (self.comm.device is not None):
             raise ValueError(
@@ -249,6 +253,12 @@ class OdcFSDP:
             total += group.layout.shard_numel * (published + 4)
         return total
 
+    @property
+    def replica_reduction(self) -> Optional[hybrid.ReplicaReduction]:
+        """HSDP meshes: the cross-replica gradient reduction (its `seconds`, `bytes_per_minibatch`);
+        None on a 1-D mesh."""
+        return self._replicas
+
     def minibatch_begin(self) -> None:
         """Collective: publishes this rank's updated shards and opens the minibatch."""
         if self.in_minibatch:
@@ -257,6 +267,8 @@ class OdcFSDP:
             module.reshard()  # unsharded parameters may predate the optimizer step
         # The end of every backward then orders the current stream after the pushes.
         self.model.set_is_last_backward(True)
+        if self._replicas is not None:
+            self._replicas.disable_fsdp_all_reduce(self._modules)
         for group in self._groups:
             layout = internals.group_layout(group.layout.module)  # params may have been reassigned
             if layout.shard_numel != group.layout.shard_numel:
@@ -271,10 +283,13 @@ class OdcFSDP:
 
     def minibatch_end(self) -> None:
         """Collective: when it returns (host) / in stream order (GPU), every parameter's .grad
-        holds the sum over all ranks' microbatches of this minibatch."""
+        holds the sum over all ranks' microbatches of this minibatch. On an HSDP mesh the node's
+        sums are then all-reduced across replicas: collective over every rank of the job."""
         if not self.in_minibatch:
             raise RuntimeError("minibatch_end() without minibatch_begin()")
         self.comm.minibatch_end()
+        if self._replicas is not None:  # HSDP: the node's sums, summed across replicas
+            self._replicas.reduce([group.accumulator.tensor() for group in self._groups])
         for group in self._groups:
             group.set_grads()
         self.in_minibatch = False
