@@ -4,6 +4,7 @@ and, with matplotlib, a PNG timeline of each rank's microbatches in one minibatc
 
   python -m odc.train --lengths data/longalign_like.txt --compare            # all GPUs, 1.5b
   python -m odc.train --device cpu --ranks 4 --preset tiny --length-scale 0.0078125 --compare
+  python -m odc.train --lengths data/longalign_like.txt --mesh 2,2 --compare   # hybrid (HSDP)
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ def parse_args(argv):
         "(default): time single-sample microbatches on the model first and fit it; later runs "
         "of --compare/--all reuse the first run's fit, so their plans share one cost model",
     )
+    parser.add_argument(
+        "--mesh",
+        help="R,S: FSDP2 HSDP mesh of R replicas x S ranks (ODC inside each replica, one "
+        "all-reduce across replicas per minibatch; R*S ranks). --compare on a 2-D mesh also runs "
+        "flat ODC (1 x R*S). Default: flat, a 1-D mesh over all ranks",
+    )
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--output", default="odc_train_results.json")
     parser.add_argument("--timeline", default="odc_train_timeline.png")
@@ -112,9 +119,32 @@ def parse_cost(text: str):
     return values
 
 
+def parse_mesh(text):
+    """'R,S' -> (R, S), R >= 1 replicas of S >= 2 ranks; None without --mesh."""
+    if text is None:
+        return None
+    try:
+        replicas, shards = (int(v) for v in text.split(","))
+    except ValueError:
+        sys.exit(f"odc train: --mesh must be R,S (replicas, ranks per replica), got '{text}'")
+    if replicas < 1 or shards < 2:
+        sys.exit(f"odc train: --mesh {text}: needs R >= 1 replicas of S >= 2 ranks (ODC inside)")
+    return replicas, shards
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     cost = parse_cost(args.cost)
+    mesh = parse_mesh(args.mesh)
+    if mesh is not None:
+        if args.ranks is None:
+            args.ranks = mesh[0] * mesh[1]
+        elif mesh[0] * mesh[1] != args.ranks:
+            sys.exit(
+                f"odc train: --mesh {args.mesh} covers {mesh[0] * mesh[1]} ranks, not {args.ranks}"
+            )
+        if mesh[0] == 1:
+            mesh = None  # one replica: the flat 1-D mesh
     import torch
 
     import odc
@@ -139,9 +169,13 @@ def main(argv=None) -> int:
         runs = [("collective", "lb-micro"), ("odc", "lb-mini")]
     else:
         runs = [(args.comm, args.policy)]
+    meshes = [mesh] * len(runs)
+    if mesh is not None and args.compare:  # hybrid against flat ODC on the same ranks
+        runs.append(("odc", "lb-mini"))
+        meshes.append(None)
 
     results = []
-    for comm, policy in runs:
+    for (comm, policy), run_mesh in zip(runs, meshes):
         with tempfile.TemporaryDirectory() as directory:
             config = RunConfig(
                 preset=preset,
@@ -157,6 +191,7 @@ def main(argv=None) -> int:
                 activation_checkpointing=device == "cuda",
                 cost=cost,
                 token_ids_path=args.jsonl,
+                mesh=run_mesh,
             )
             results.append(odc.launch(run_rank, ranks, config)[0])
             if len(results) > 1 and args.cost == "fit":
@@ -165,6 +200,7 @@ def main(argv=None) -> int:
             cost = tuple(results[-1]["cost"])  # one cost model for every run of this command
 
     print_table(results)
+    print_mesh_table(results)
     Path(args.output).write_text(json.dumps(results, indent=1))
     print(f"results: {args.output}")
     if args.timeline:
@@ -190,6 +226,26 @@ def print_table(results) -> None:
             f"{r['tokens_per_second']:11.0f} {r['step_seconds']:8.3f} {100 * r['bubble']:6.1f}% "
             f"{100 * r['predicted_bubble']:8.1f}% {r['peak_memory_bytes'] / 2**30:9.2f} "
             f"{r['samples_per_second'] / base:7.2f}x"
+        )
+
+
+def print_mesh_table(results) -> None:
+    """Hybrid (HSDP) runs: the mesh of every run and the cross-replica reduction of ODC hybrid."""
+    if all(r.get("mesh", [1])[0] == 1 for r in results):
+        return
+    print(
+        f"\n{'comm':10} {'policy':10} {'mesh RxS':>8} {'cross-replica s':>15} "
+        f"{'MiB/rank':>9} {'peak GiB':>9}"
+    )
+    for r in results:
+        replicas, shards = r["mesh"]
+        seconds = r.get("replica_reduce_seconds")
+        reduce = f"{seconds:15.4f}" if seconds is not None else f"{'in backward':>15}"
+        if replicas == 1:
+            reduce = f"{'-':>15}"
+        print(
+            f"{r['comm']:10} {r['policy']:10} {f'{replicas}x{shards}':>8} {reduce} "
+            f"{r.get('replica_reduce_bytes', 0) / 2**20:9.1f} {r['peak_memory_bytes'] / 2**30:9.2f}"
         )
 
 
