@@ -25,16 +25,21 @@ REPLICATE_DIM, SHARD_DIM = 0, 1
 
 
 def is_hybrid(param) -> bool:
-    """True for a parameter sharded by fully_shard on a 2-D HSDP mesh, False on a 1-D mesh;
-    NotImplementedError for every other placement (tensor parallelism, Shard(dim > 0))."""
+    """True for a parameter sharded by fully_shard on a 2-D HSDP mesh (Replicate(), Shard(d)),
+    False on a 1-D mesh; NotImplementedError for every other layout (e.g. tensor parallelism)."""
     mesh, placements = param.device_mesh, tuple(param.placements)
-    if mesh.ndim == 1 and placements == (Shard(0),):
+    if mesh.ndim == 1:
         return False
-    if mesh.ndim == 2 and placements == (Replicate(), Shard(0)):
+    if (
+        mesh.ndim == 2
+        and len(placements) == 2
+        and isinstance(placements[0], Replicate)
+        and type(placements[1]) is Shard
+    ):
         return True
     raise NotImplementedError(
         "odc.torch supports fully_shard on a 1-D mesh (flat ODC) or on a 2-D HSDP mesh "
-        f"(replicate, shard) with placements (Replicate(), Shard(0)); got a {mesh.ndim}-D mesh "
+        f"(replicate, shard) with placements (Replicate(), Shard(d)); got a {mesh.ndim}-D mesh "
         f"with placements {placements}"
     )
 
