@@ -79,8 +79,8 @@ class ReplicaReduction:
     shard, or the root's), all launched before any is waited on:
     - GPUs (NCCL): the all-reduces queue back to back on NCCL's stream, which starts after the
       current stream's minibatch_end; the current stream then waits for them without the host
-      blocking, so the host returns at once and queues clipping and the optimizer step behind.
-      Bucket k+1 is on the wire while bucket k's completion is being recorded.
+      blocking, so the host returns at once and queues clipping and the optimizer step behind;
+      no host round trip separates one bucket from the next.
     - CPU (gloo): the all-reduces run concurrently on gloo's threads; wait() blocks the host.
     `seconds` is the last reduction's time: from the node's sums being final (the current stream
     after minibatch_end) to the last bucket summed; on GPUs read it after a synchronize.
