@@ -103,7 +103,9 @@ def reference_state():
 
 def _train_rank(rank, world_size, key, store_path, schedule, use_odc, options):
     """One rank of a training run: FSDP2 (per block + root), plain or with odc.torch. Returns
-    (microbatch counts, final full state as numpy, per-step losses, peak device memory)."""
+    (microbatch counts, final full state as numpy, per-step losses, peak device memory).
+    options["mesh"] = (R, S): an HSDP mesh (replicate, shard) instead of a 1-D one; odc.torch
+    then runs one communicator per replica (odc.torch.node_comm)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -124,17 +126,27 @@ def _train_rank(rank, world_size, key, store_path, schedule, use_odc, options):
     )
     try:
         model = make_model(**options.get("model", {})).to(device)
+        mesh = None
+        if options.get("mesh"):
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh(
+                device.type, tuple(options["mesh"]), mesh_dim_names=("replicate", "shard")
+            )
         policy = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if options.get("bf16") else None,
             reduce_dtype=torch.float32 if options.get("bf16") else None,
         )
         reshard = options.get("reshard_after_forward", True)
         for block in model.blocks:
-            fully_shard(block, mp_policy=policy, reshard_after_forward=reshard)
-        fully_shard(model, mp_policy=policy, reshard_after_forward=reshard)
+            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         optimizer = torch.optim.AdamW(model.parameters(), lr=options.get("lr", LR))
         if use_odc:
-            comm = odc.Comm(rank, world_size, key, timeout=60, device=rank if on_gpu else None)
+            if mesh is None:
+                comm = odc.Comm(rank, world_size, key, timeout=60, device=rank if on_gpu else None)
+            else:
+                comm = odc.torch.node_comm(mesh, key, timeout=60, device=rank if on_gpu else None)
             engine = odc.torch.OdcFSDP(model, comm, optimizer)
         else:
             odc.torch.sum_gradients(model)  # the same sums as ODC: no averaging

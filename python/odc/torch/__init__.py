@@ -23,6 +23,7 @@ except ImportError as error:  # a readable message instead of a traceback deep i
 
 from .debug import CollectiveInMinibatchError  # noqa: E402
 from .fsdp2 import OdcFSDP, global_count, scale_loss, sum_gradients  # noqa: E402
+from .hybrid import node_comm  # noqa: E402
 from .process_group import comm_from_process_group  # noqa: E402
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "CollectiveInMinibatchError",
     "comm_from_process_group",
     "global_count",
+    "node_comm",
     "scale_loss",
     "sum_gradients",
 ]

@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - depends on the torch version
 
 from ..comm import Comm
 from . import _fsdp2_internals as internals
+from . import hybrid
 from .debug import CollectiveGuard, mode_from_environment
 
 _ODC_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -184,6 +185,8 @@ class OdcFSDP:
 
     `comm` must span the same ranks as the FSDP2 mesh: a host odc.Comm for CPU models (gloo), a
     device one (device=<this rank's GPU>) for CUDA models. Collective: every rank constructs it.
+    On a 2-D HSDP mesh (replicate, shard) it spans the shard dimension only (one node:
+    odc.torch.node_comm(mesh, key)), and minibatch_end sums the nodes' gradients (hybrid.py).
     """
 
     def __init__(
@@ -212,6 +215,8 @@ class OdcFSDP:
         for module, layout in layouts:
             self._check_placement(layout)
         self._scratch = _grad_scratch([layout for _, layout in layouts])
+        # HSDP (2-D mesh): the cross-replica sum at minibatch end; None on a 1-D mesh.
+        self._replicas = hybrid.replica_reduction([layout for _, layout in layouts], comm)
         for module, layout in layouts:  # the same order on every rank: alloc is collective
             param = layout.slots[0].param
             scratch = self._scratch[(param.dtype, param.device)]
@@ -227,8 +232,7 @@ class OdcFSDP:
 
     def _check_placement(self, layout: internals.GroupLayout) -> None:
         param = layout.slots[0].param
-        if param.device_mesh.ndim != 1:
-            raise NotImplementedError("odc.torch supports 1-D FSDP meshes (no HSDP / TP)")
+        hybrid.is_hybrid(param)  # 1-D or HSDP (replicate, shard); raises for the rest
         on_gpu = param.device.type == "cuda"
         if on_gpu != (self.comm.device is not None):
             raise ValueError(
@@ -275,6 +279,12 @@ class OdcFSDP:
         scratch = sum(t.numel() * t.element_size() for t in self._scratch.values())
         return {"published": published, "accumulators": accumulators, "grad_scratch": scratch}
 
+    @property
+    def replica_reduction(self) -> Optional[hybrid.ReplicaReduction]:
+        """HSDP meshes: the cross-replica gradient reduction (its `seconds`, `bytes_per_minibatch`);
+        None on a 1-D mesh."""
+        return self._replicas
+
     def minibatch_begin(self) -> None:
         """Collective: publishes this rank's updated shards and opens the minibatch."""
         if self.in_minibatch:
@@ -283,6 +293,8 @@ class OdcFSDP:
             module.reshard()  # unsharded parameters may predate the optimizer step
         # The end of every backward then orders the current stream after the pushes.
         self.model.set_is_last_backward(True)
+        if self._replicas is not None:
+            self._replicas.disable_fsdp_all_reduce(self._modules)
         for group in self._groups:
             layout = internals.group_layout(group.layout.module)  # params may have been reassigned
             if layout.shard_numel != group.layout.shard_numel:
@@ -298,11 +310,14 @@ class OdcFSDP:
 
     def minibatch_end(self) -> None:
         """Collective: when it returns (host) / in stream order (GPU), every parameter's .grad
-        holds the sum over all ranks' microbatches of this minibatch."""
+        holds the sum over all ranks' microbatches of this minibatch. On an HSDP mesh the node's
+        sums are then all-reduced across replicas: collective over every rank of the job."""
         if not self.in_minibatch:
             raise RuntimeError("minibatch_end() without minibatch_begin()")
         self._collective_guard.stop()
         self.comm.minibatch_end()
+        if self._replicas is not None:  # HSDP: the node's sums, summed across replicas
+            self._replicas.reduce([group.accumulator.tensor() for group in self._groups])
         for group in self._groups:
             group.set_grads()
         self.in_minibatch = False

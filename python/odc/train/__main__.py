@@ -6,6 +6,7 @@ microbatches in one minibatch.
   python -m odc.train --lengths data/longalign_like.txt --compare            # all GPUs, 1.5b
   torchrun --nproc_per_node 4 -m odc.train --lengths data/longalign_like.txt --compare
   python -m odc.train --device cpu --ranks 4 --preset tiny --length-scale 0.0078125 --compare
+  python -m odc.train --lengths data/longalign_like.txt --mesh 2,2 --compare   # hybrid (HSDP)
 
 Results go into a new run directory (default runs/<UTC time>/: results.json, timeline.png); an
 existing file is never overwritten. Usage errors exit with status 2 and one line, like `odc`.
@@ -92,6 +93,12 @@ def parse_args(argv):
         "(default): time single-sample microbatches on the model first and fit it; later runs "
         "of --compare/--all reuse the first run's fit, so their plans share one cost model",
     )
+    parser.add_argument(
+        "--mesh",
+        help="R,S: FSDP2 HSDP mesh of R replicas x S ranks (ODC inside each replica, one "
+        "all-reduce across replicas per minibatch; R*S ranks). --compare on a 2-D mesh also runs "
+        "flat ODC (1 x R*S). Default: flat, a 1-D mesh over all ranks",
+    )
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument(
         "--run-dir",
@@ -166,6 +173,19 @@ def parse_cost(text: str):
     return values
 
 
+def parse_mesh(text):
+    """'R,S' -> (R, S), R >= 1 replicas of S >= 2 ranks; None without --mesh."""
+    if text is None:
+        return None
+    try:
+        replicas, shards = (int(v) for v in text.split(","))
+    except ValueError:
+        usage_error(f"--mesh must be R,S (replicas, ranks per replica), got '{text}'")
+    if replicas < 1 or shards < 2:
+        usage_error(f"--mesh {text}: needs R >= 1 replicas of S >= 2 ranks (ODC inside)")
+    return replicas, shards
+
+
 def main(argv=None) -> int:
     try:
         return _main(argv)
@@ -193,6 +213,14 @@ def _check_cpu_sized(preset: str, lengths, max_tokens: int) -> None:
 def _main(argv) -> int:
     args = parse_args(argv)
     cost = parse_cost(args.cost)
+    mesh = parse_mesh(args.mesh)
+    if mesh is not None:
+        if args.ranks is None:
+            args.ranks = mesh[0] * mesh[1]
+        elif mesh[0] * mesh[1] != args.ranks:
+            usage_error(f"--mesh {args.mesh} covers {mesh[0] * mesh[1]} ranks, not {args.ranks}")
+        if mesh[0] == 1:
+            mesh = None  # one replica: the flat 1-D mesh
     if args.ranks is not None and args.ranks < 2:
         usage_error(f"needs at least 2 ranks, got {args.ranks}")
     if args.comm == "collective" and args.policy == "lb-mini" and not (args.compare or args.all):
@@ -248,10 +276,14 @@ def _main(argv) -> int:
         runs = [("collective", "lb-micro"), ("odc", "lb-mini")]
     else:
         runs = [(args.comm, args.policy)]
+    meshes = [mesh] * len(runs)
+    if mesh is not None and args.compare:  # hybrid against flat ODC on the same ranks
+        runs.append(("odc", "lb-mini"))
+        meshes.append(None)
 
     results = []
     launcher.start()
-    for index, (comm, policy) in enumerate(runs):
+    for index, ((comm, policy), run_mesh) in enumerate(zip(runs, meshes)):
         if launcher.reports:
             print(
                 f"{PROG}: run {index + 1}/{len(runs)}: {comm} + {policy}, {ranks} ranks on "
@@ -273,6 +305,7 @@ def _main(argv) -> int:
             activation_checkpointing=device == "cuda",
             cost=cost,
             token_ids_path=args.jsonl,
+            mesh=run_mesh,
         )
         results.append(launcher.run(config, ranks))
         if len(results) > 1 and args.cost == "fit":
@@ -284,6 +317,7 @@ def _main(argv) -> int:
         return 0
 
     print_table(results)
+    print_mesh_table(results)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=1))
     print(f"results: {output}")
@@ -409,6 +443,26 @@ legend: step s      wall time of one minibatch on the slowest rank, over the {me
             )
             cells.append(f"{text:>28}")
         print(f"{index + 1:4}  " + "".join(cells))
+
+
+def print_mesh_table(results) -> None:
+    """Hybrid (HSDP) runs: the mesh of every run and the cross-replica reduction of ODC hybrid."""
+    if all(r.get("mesh", [1])[0] == 1 for r in results):
+        return
+    print(
+        f"\n{'comm':10} {'policy':10} {'mesh RxS':>8} {'cross-replica s':>15} "
+        f"{'MiB/rank':>9} {'peak GiB':>9}"
+    )
+    for r in results:
+        replicas, shards = r["mesh"]
+        seconds = r.get("replica_reduce_seconds")
+        reduce = f"{seconds:15.4f}" if seconds is not None else f"{'in backward':>15}"
+        if replicas == 1:
+            reduce = f"{'-':>15}"
+        print(
+            f"{r['comm']:10} {r['policy']:10} {f'{replicas}x{shards}':>8} {reduce} "
+            f"{r.get('replica_reduce_bytes', 0) / 2**20:9.1f} {r['peak_memory_bytes'] / 2**30:9.2f}"
+        )
 
 
 def write_timeline(results, path: str):

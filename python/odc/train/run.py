@@ -39,6 +39,9 @@ class RunConfig:
     cost: Optional[tuple] = None
     seed: int = 0
     token_ids_path: Optional[str] = None  # JSONL token ids instead of synthetic ones
+    # (replicate, shard): FSDP2 HSDP on a 2-D mesh, ODC inside each replica and one all-reduce
+    # across replicas per minibatch; None: a 1-D mesh over all ranks (flat).
+    mesh: Optional[tuple] = None
 
 
 @dataclass
@@ -48,6 +51,8 @@ class RankRecord:
     busy: float
     span: float
     microbatches: List[tuple] = field(default_factory=list)  # (start, end, tokens)
+    replica_reduce: float = 0.0  # ODC on an HSDP mesh: the cross-replica all-reduce's seconds
+    replica_reduce_bytes: int = 0  # ... and the fp32 gradient bytes this rank all-reduced
 
 
 class _Clock:
@@ -157,6 +162,18 @@ def _calibrate(
     return fit_cost(lengths, mean), list(zip(lengths, mean))
 
 
+def _device_mesh(config: RunConfig, world_size: int, device):
+    """The HSDP mesh (replicate, shard) of config.mesh, or None for FSDP2's default 1-D mesh."""
+    if config.mesh is None:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    replicas, shards = config.mesh
+    if replicas * shards != world_size:
+        raise ValueError(f"mesh {replicas}x{shards} does not cover the {world_size} ranks")
+    return init_device_mesh(device.type, (replicas, shards), mesh_dim_names=("replicate", "shard"))
+
+
 def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) -> Optional[dict]:
     """One rank of one run. Self-launched (odc.launch): joins through config.store_path and
     the odc key given. Under torchrun (the process group already initialized, key None): uses
@@ -198,18 +215,21 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             param_dtype=torch.bfloat16 if on_gpu else None,
             reduce_dtype=torch.float32 if on_gpu else None,
         )
+        mesh = _device_mesh(config, world_size, device)
         for layer in model.layers:
-            fully_shard(layer, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
         engine = None
         if config.comm == "odc":
-            if key is None:
-                comm = odc.torch.comm_from_process_group(timeout=600)
-            else:
-                comm = odc.Comm(
-                    rank, world_size, key, timeout=600, device=local_rank if on_gpu else None
-                )
+            device_index = local_rank if on_gpu else None
+            if key is None:  # torchrun: the job's process group (its shard group on HSDP meshes)
+                group = mesh.get_group("shard") if mesh is not None else None
+                comm = odc.torch.comm_from_process_group(group, timeout=600)
+            elif mesh is None:
+                comm = odc.Comm(rank, world_size, key, timeout=600, device=device_index)
+            else:  # one communicator per replica ("node")
+                comm = odc.torch.node_comm(mesh, key, timeout=600, device=device_index)
             engine = odc.torch.OdcFSDP(model, comm, optimizer)
         else:
             odc.torch.sum_gradients(model)  # the same sums as ODC (the loss is pre-scaled)
@@ -289,6 +309,9 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             optimizer.zero_grad()
             clock.sync()
             record = RankRecord(busy=0.0, span=time.perf_counter() - start_wall)
+            if engine is not None and engine.replica_reduction is not None:
+                record.replica_reduce = engine.replica_reduction.seconds
+                record.replica_reduce_bytes = engine.replica_reduction.bytes_per_minibatch
             for begin, end, tokens in marks:
                 record.microbatches.append(
                     (clock.seconds(start, begin), clock.seconds(start, end), tokens)
@@ -380,8 +403,33 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         "peak_memory_bytes": max(gathered[r][1] for r in range(world_size)),
         "losses": losses,
         "timeline": [gathered[r][0][last]["microbatches"] for r in range(world_size)],
+        **_hybrid_summary(config, gathered, num_steps, world_size),
         "last_span_seconds": max(gathered[r][0][last]["span"] for r in range(world_size)),
     }
+
+
+def _hybrid_summary(config, gathered, num_steps, world_size) -> dict:
+    """The mesh, and for ODC on an HSDP mesh the cross-replica reduction: seconds per minibatch
+    and the fp32 bytes each rank all-reduces. A rank's time runs from its node's sums being final
+    to the reduction's end, so it includes waiting for slower nodes: the least over ranks (the
+    last node to arrive) is the reduction itself; mean over the measured minibatches.
+    Collective HSDP all-reduces inside every backward, interleaved with compute: not separable."""
+    replicas, shards = config.mesh or (1, world_size)
+    summary = {
+        "mesh": [replicas, shards],
+        "replica_reduce_seconds": None,
+        "replica_reduce_bytes": 0,
+    }
+    if config.comm == "odc" and config.mesh is not None:
+        steps = range(config.warmup_steps, num_steps)
+        per_step = [
+            min(gathered[r][0][s]["replica_reduce"] for r in range(world_size)) for s in steps
+        ]
+        summary["replica_reduce_seconds"] = float(np.mean(per_step)) if per_step else 0.0
+        summary["replica_reduce_bytes"] = max(
+            gathered[r][0][-1]["replica_reduce_bytes"] for r in range(world_size)
+        )
+    return summary
 
 
 def default_store_path(directory: str) -> str:
