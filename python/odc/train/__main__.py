@@ -65,6 +65,14 @@ def parse_args(argv):
         "(default): time single-sample microbatches on the model first and fit it; later runs "
         "of --compare/--all reuse the first run's fit, so their plans share one cost model",
     )
+    parser.add_argument(
+        "--split",
+        choices=["off", "auto"],
+        default="off",
+        help="auto: run a sample costing more than a rank's share of its minibatch as chunks on "
+        "a group of ranks (lb-mini, lb-micro); with --compare, runs collective + lb-micro, "
+        "collective + lb-micro + split and odc + lb-mini + split",
+    )
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--output", default="odc_train_results.json")
     parser.add_argument("--timeline", default="odc_train_timeline.png")
@@ -131,6 +139,8 @@ def main(argv=None) -> int:
             "odc train: lb-mini gives ranks different microbatch counts, which collective FSDP2 "
             "cannot run: use --comm odc, or --policy lb-micro / local-sort"
         )
+    if args.split == "auto" and args.policy == "local-sort" and not (args.compare or args.all):
+        sys.exit("odc train: --split auto needs --policy lb-mini or lb-micro")
     lengths = load_lengths(args)
     max_tokens = args.max_tokens or max(lengths)
     if args.all:
@@ -139,9 +149,16 @@ def main(argv=None) -> int:
         runs = [("collective", "lb-micro"), ("odc", "lb-mini")]
     else:
         runs = [(args.comm, args.policy)]
+    # (comm, policy, split): with --split auto, lb-micro and lb-mini split (issue #14), and
+    # --compare adds the strongest collective baseline, collective + lb-micro + split.
+    runs = [(c, p, args.split if p != "local-sort" else "off") for c, p in runs]
+    if args.compare and args.split == "auto":
+        runs = [("collective", "lb-micro", "off"), ("collective", "lb-micro", "auto")] + [
+            ("odc", "lb-mini", "auto")
+        ]
 
     results = []
-    for comm, policy in runs:
+    for comm, policy, split in runs:
         with tempfile.TemporaryDirectory() as directory:
             config = RunConfig(
                 preset=preset,
@@ -157,6 +174,7 @@ def main(argv=None) -> int:
                 activation_checkpointing=device == "cuda",
                 cost=cost,
                 token_ids_path=args.jsonl,
+                split=split,
             )
             results.append(odc.launch(run_rank, ranks, config)[0])
             if len(results) > 1 and args.cost == "fit":
@@ -185,8 +203,9 @@ def print_table(results) -> None:
         f"{'bubble':>7} {'predicted':>9} {'peak GiB':>9} {'vs first':>8}"
     )
     for r in results:
+        label = r["policy"] + ("+split" if r.get("split") == "auto" else "")
         print(
-            f"{r['comm']:10} {r['policy']:10} {r['samples_per_second']:10.2f} "
+            f"{r['comm']:10} {label:10} {r['samples_per_second']:10.2f} "
             f"{r['tokens_per_second']:11.0f} {r['step_seconds']:8.3f} {100 * r['bubble']:6.1f}% "
             f"{100 * r['predicted_bubble']:8.1f}% {r['peak_memory_bytes'] / 2**30:9.2f} "
             f"{r['samples_per_second'] / base:7.2f}x"
@@ -212,7 +231,9 @@ def write_timeline(results, path: str):
         # The minibatch ends (optimizer step done) on the slowest rank: idle time lies before it.
         axis.axvline(result["last_span_seconds"], color="black", linestyle="--", linewidth=1)
         axis.set_title(
-            f"{result['comm']} + {result['policy']}: last minibatch, one bar per microbatch"
+            f"{result['comm']} + {result['policy']}"
+            f"{' + split' if result.get('split') == 'auto' else ''}: "
+            "last minibatch, one bar per microbatch (a split chunk first)"
         )
         axis.set_ylabel("rank")
         axis.set_yticks(range(result["ranks"]))
