@@ -95,3 +95,37 @@ def test_pack_chunk_keeps_global_positions_and_labels():
     assert packed.labels.tolist() == [11, 12, 19, IGNORE_INDEX]
     with pytest.raises(ValueError, match="bad chunk"):
         pack_chunk(sample, [(5, 11)])
+
+
+def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
+    """`odc.train --compare --split auto` on 2 CPU ranks: the split runs really split (both
+    minibatches hold an outlier) and every run trains to the same losses step by step, since a
+    split sample gives the whole sample's loss and gradients (under collectives and under ODC)."""
+    import json
+    import subprocess
+    import sys
+
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(map(str, [200, 10, 12, 8, 9, 300, 11, 7])) + "\n")
+    output = tmp_path / "results.json"
+    command = [
+        sys.executable, "-m", "odc.train", "--lengths", str(lengths), "--device", "cpu",
+        "--ranks", "2", "--preset", "tiny", "--steps", "1", "--samples-per-rank", "2",
+        "--compare", "--split", "auto", "--cost", "1,0.01,0", "--output", str(output),
+        "--timeline", "",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = json.loads(output.read_text())
+    assert [(r["comm"], r["policy"], r["split"]) for r in runs] == [
+        ("collective", "lb-micro", "off"),
+        ("collective", "lb-micro", "auto"),
+        ("odc", "lb-mini", "auto"),
+    ]
+    assert runs[0]["split_samples"] == 0
+    assert runs[1]["split_samples"] == 1 and runs[2]["split_samples"] == 1  # measured minibatch
+    assert "lb-mini+split" in result.stdout
+    for run in runs[1:]:
+        assert run["losses"] == pytest.approx(runs[0]["losses"], rel=1e-5)
+        # The members' split chunks are their first microbatch (timeline of the last minibatch).
+        assert all(len(rank) >= 1 for rank in run["timeline"])
