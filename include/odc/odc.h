@@ -59,6 +59,14 @@ typedef enum {
   odcPolicyLbMini = 2     /* cost-balanced ranks, independent microbatch counts (ODC only) */
 } odcPolicy_t;
 
+/* Splitting outliers (design.md): a sample costing more than its minibatch's ideal per-rank share
+ * may run as context-parallel chunks on a group of ranks; the plan JSON lists such samples under
+ * "splits" (docs/planner.md). */
+typedef enum {
+  odcSplitOff = 0, /* every sample runs whole on one rank */
+  odcSplitAuto = 1 /* split where the predicted span of the minibatch drops */
+} odcSplit_t;
+
 /* Minibatch size meaning "all samples form one minibatch". */
 #define ODC_PLAN_ALL_SAMPLES INT64_MAX
 
@@ -72,12 +80,17 @@ typedef struct {
   double cost_c;
   const double* rank_speed; /* NULL (all 1.0) or positive relative speeds, one per rank; copied */
   size_t num_rank_speeds;   /* entries in rank_speed; must equal num_ranks when it is not NULL */
+  /* Appended in 0.x for issue #14 (fields only ever go at the end; callers that set options through
+   * odcPlanOptionsInit get the defaults after recompiling). */
+  odcSplit_t split;      /* odcSplitOff (default) or odcSplitAuto; auto needs LB-Mini or LB-Micro */
+  double split_exchange; /* K/V exchange cost per token a chunk receives, as a fraction of cost_a;
+                            >= 0, default 0.05 (docs/planner.md, "Splitting outliers") */
 } odcPlanOptions_t;
 
 typedef struct odcPlan* odcPlan_t;
 
 /* Fills `options` with the defaults: 1 rank, max_tokens 0 (must be set), LB-Mini, all samples
- * in one minibatch, cost 1,0,0, uniform speed. */
+ * in one minibatch, cost 1,0,0, uniform speed, no splitting (exchange 0.05). */
 ODC_API odcResult_t odcPlanOptionsInit(odcPlanOptions_t* options);
 
 /* Parses "local-sort", "lb-micro" or "lb-mini". */

@@ -46,6 +46,8 @@ class PlanOptions(ctypes.Structure):
         ("cost_c", ctypes.c_double),
         ("rank_speed", ctypes.POINTER(ctypes.c_double)),
         ("num_rank_speeds", ctypes.c_size_t),
+        ("split", ctypes.c_int),  # odcSplit_t (appended for issue #14)
+        ("split_exchange", ctypes.c_double),
     ]
 
 

@@ -41,6 +41,8 @@ def plan(
     minibatch_size: Optional[int] = None,
     cost: Sequence[float] = (1.0, 0.0, 0.0),
     rank_speed: Optional[Sequence[float]] = None,
+    split: str = "off",
+    split_exchange: Optional[float] = None,
 ) -> dict:
     """Plans microbatches for every rank and predicts the bubble (design.md, "Load balancing").
 
@@ -49,6 +51,13 @@ def plan(
     policy: "local-sort", "lb-micro" or "lb-mini".
     cost: (a, b, c): a microbatch costs c + sum(a*L + b*L^2).
     rank_speed: relative speed of each rank (heterogeneous GPUs); LB-Mini balances cost / speed.
+    split: "off" or "auto": a sample costing more than its minibatch's ideal per-rank share runs
+        as context-parallel chunks on a group of ranks when that lowers the predicted span
+        (lb-mini and lb-micro; docs/planner.md, "Splitting outliers"). Each minibatch then has
+        "splits": [{"sample", "ranks", "chunks", "chunk_costs"}], and those samples are in no
+        rank's microbatches.
+    split_exchange: K/V exchange cost per token a chunk receives, as a fraction of a (default
+        0.05).
 
     Returns {"policy", "ranks", "max_tokens", "cost", "minibatches", "bubble"} as dicts and lists.
     Raises ValueError, with the same message as the CLI, for bad arguments.
@@ -84,6 +93,14 @@ def plan(
         speeds = (ctypes.c_double * len(rank_speed))(*[float(v) for v in rank_speed])
         options.rank_speed = speeds
         options.num_rank_speeds = len(rank_speed)
+
+    if split not in ("off", "auto"):
+        raise ValueError(f"unknown split mode {split!r}: expected auto or off")
+    options.split = 1 if split == "auto" else 0
+    if split_exchange is not None:
+        if isinstance(split_exchange, bool) or not isinstance(split_exchange, numbers.Real):
+            raise ValueError(f"split_exchange must be a number, got {split_exchange!r}")
+        options.split_exchange = float(split_exchange)
 
     array = _lengths_array(lengths)
     handle = ctypes.c_void_p()

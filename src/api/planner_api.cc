@@ -40,6 +40,8 @@ extern "C" odcResult_t odcPlanOptionsInit(odcPlanOptions_t* options) {
   options->cost_c = 0.0;
   options->rank_speed = nullptr;
   options->num_rank_speeds = 0;
+  options->split = odcSplitOff;
+  options->split_exchange = odc::planner::kDefaultSplitExchange;
   return success();
 }
 
@@ -65,12 +67,20 @@ extern "C" odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
       return report(
           Status::InvalidArgument("odcPlanCreate: unknown policy value " + std::to_string(policy)));
     }
+    const int split = odc::api::raw_enum_value(options->split);
+    if (split != odcSplitOff && split != odcSplitAuto) {
+      return report(
+          Status::InvalidArgument("odcPlanCreate: unknown split value " + std::to_string(split)));
+    }
     odc::planner::PlanOptions plan_options;
     plan_options.num_ranks = options->num_ranks;
     plan_options.max_tokens = options->max_tokens;
     plan_options.policy = static_cast<odc::planner::Policy>(policy);
     plan_options.minibatch_size = options->minibatch_size;
     plan_options.cost = {options->cost_a, options->cost_b, options->cost_c};
+    plan_options.split =
+        split == odcSplitAuto ? odc::planner::SplitMode::kAuto : odc::planner::SplitMode::kOff;
+    plan_options.split_exchange = options->split_exchange;
     if (options->rank_speed != nullptr) {
       plan_options.rank_speed.assign(options->rank_speed,
                                      options->rank_speed + options->num_rank_speeds);

@@ -161,6 +161,17 @@ Result<Policy> parse_policy(std::string_view name) {
                                  "': expected local-sort, lb-micro or lb-mini");
 }
 
+std::string_view split_mode_name(SplitMode mode) {
+  return mode == SplitMode::kAuto ? "auto" : "off";
+}
+
+Result<SplitMode> parse_split_mode(std::string_view name) {
+  if (name == "auto") return SplitMode::kAuto;
+  if (name == "off") return SplitMode::kOff;
+  return Status::InvalidArgument("unknown split mode '" + std::string(name) +
+                                 "': expected auto or off");
+}
+
 Status validate_plan_options(const PlanOptions& options) {
   if (options.num_ranks < 1) {
     return Status::InvalidArgument("ranks must be at least 1, got " +
@@ -186,6 +197,18 @@ Status validate_plan_options(const PlanOptions& options) {
                                      ": expected three comma-separated non-negative numbers "
                                      "A,B,C");
     }
+  }
+  if (options.split != SplitMode::kOff && options.split != SplitMode::kAuto) {
+    return Status::InvalidArgument("unknown split mode value " +
+                                   std::to_string(static_cast<int>(options.split)));
+  }
+  if (options.split == SplitMode::kAuto && options.policy == Policy::kLocalSort) {
+    return Status::InvalidArgument(
+        "split auto needs policy lb-mini or lb-micro (local-sort keeps its fixed assignment)");
+  }
+  if (!std::isfinite(options.split_exchange) || options.split_exchange < 0.0) {
+    return Status::InvalidArgument("split_exchange must be a non-negative number, got " +
+                                   format_number(options.split_exchange));
   }
   if (!options.rank_speed.empty()) {
     if (static_cast<int64_t>(options.rank_speed.size()) != options.num_ranks) {
@@ -228,21 +251,44 @@ double bubble_rate(double busy, int64_t num_ranks, double span) {
 
 MinibatchTimes predict_times(const std::vector<RankPlan>& ranks, std::span<const int64_t> lengths,
                              const PlanOptions& options) {
+  return predict_times(ranks, {}, lengths, options);
+}
+
+MinibatchTimes predict_times(const std::vector<RankPlan>& ranks,
+                             const std::vector<SplitSample>& splits,
+                             std::span<const int64_t> lengths, const PlanOptions& options) {
   MinibatchTimes times;
-  size_t num_steps = 0;
-  for (const auto& rank : ranks) num_steps = std::max(num_steps, rank.microbatches.size());
-  std::vector<double> slowest_at_step(num_steps, 0.0);
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    double rank_total = 0.0;
-    const auto& microbatches = ranks[r].microbatches;
-    for (size_t k = 0; k < microbatches.size(); ++k) {
-      double cost = options.cost.c;
-      for (int64_t sample : microbatches[k]) cost += options.cost.sample_cost(lengths[sample]);
-      const double time = cost / rank_speed(options, r);
-      rank_total += time;
-      slowest_at_step[k] = std::max(slowest_at_step[k], time);
+  // Each rank's steps: its group's chunk (the group moves at its slowest member), then its
+  // microbatches. Groups are disjoint, so every chunk is step 0.
+  std::vector<std::vector<double>> steps(ranks.size());
+  for (const SplitSample& split : splits) {
+    double slowest = 0.0;
+    for (size_t m = 0; m < split.ranks.size(); ++m) {
+      const double time =
+          split.chunk_costs[m] / rank_speed(options, static_cast<size_t>(split.ranks[m]));
+      slowest = std::max(slowest, time);
+      times.busy += time;
     }
-    times.busy += rank_total;
+    for (int64_t rank : split.ranks) steps[static_cast<size_t>(rank)].push_back(slowest);
+  }
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (const auto& microbatch : ranks[r].microbatches) {
+      double cost = options.cost.c;
+      for (int64_t sample : microbatch) cost += options.cost.sample_cost(lengths[sample]);
+      const double time = cost / rank_speed(options, r);
+      times.busy += time;
+      steps[r].push_back(time);
+    }
+  }
+  size_t num_steps = 0;
+  for (const auto& rank_steps : steps) num_steps = std::max(num_steps, rank_steps.size());
+  std::vector<double> slowest_at_step(num_steps, 0.0);
+  for (const auto& rank_steps : steps) {
+    double rank_total = 0.0;
+    for (size_t k = 0; k < rank_steps.size(); ++k) {
+      rank_total += rank_steps[k];
+      slowest_at_step[k] = std::max(slowest_at_step[k], rank_steps[k]);
+    }
     times.odc = std::max(times.odc, rank_total);
   }
   for (double step : slowest_at_step) times.collective += step;
@@ -279,6 +325,23 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
     }
 
     MinibatchPlan minibatch;
+    if (options.split == SplitMode::kAuto) {
+      std::vector<RankPlan> unsplit(local.size());
+      for (size_t r = 0; r < local.size(); ++r) {
+        for (const auto& bin : local[r])
+          unsplit[r].microbatches.emplace_back(bin.begin(), bin.end());
+      }
+      const MinibatchTimes times = predict_times(unsplit, input.tokens, options);
+      const double span = options.policy == Policy::kLbMicro ? times.collective : times.odc;
+      SplitMinibatch split = plan_minibatch_with_splits(input.tokens, input.costs, options, span);
+      if (!split.splits.empty()) {
+        local = std::move(split.ranks);
+        for (SplitSample& sample : split.splits) {
+          sample.sample += start;
+          minibatch.splits.push_back(std::move(sample));
+        }
+      }
+    }
     minibatch.samples.resize(static_cast<size_t>(count));
     std::iota(minibatch.samples.begin(), minibatch.samples.end(), start);
     for (const auto& rank_bins : local) {
@@ -290,7 +353,7 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
       }
       minibatch.ranks.push_back(std::move(rank));
     }
-    minibatch.times = predict_times(minibatch.ranks, lengths, options);
+    minibatch.times = predict_times(minibatch.ranks, minibatch.splits, lengths, options);
     minibatch.bubble.collective =
         bubble_rate(minibatch.times.busy, options.num_ranks, minibatch.times.collective);
     minibatch.bubble.odc =

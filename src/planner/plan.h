@@ -11,6 +11,7 @@
 
 #include "common/status.h"
 #include "planner/cost_model.h"
+#include "planner/split.h"
 
 namespace odc::planner {
 
@@ -22,6 +23,18 @@ enum class Policy {
 
 std::string_view policy_name(Policy policy);
 Result<Policy> parse_policy(std::string_view name);
+
+// Splitting outliers (split.h): off, or automatic (a sample above the minibatch's ideal per-rank
+// share runs on a group of ranks when that lowers the predicted span). LB-Mini and LB-Micro only.
+enum class SplitMode { kOff, kAuto };
+std::string_view split_mode_name(SplitMode mode);
+Result<SplitMode> parse_split_mode(std::string_view name);
+
+// Default K/V exchange cost of a split chunk per token received, as a fraction of the per-token
+// cost a (split_chunk_cost). Qwen2-1.5B shape: 28 layers x K and V x 2 heads x 128 x 2 bytes =
+// 28 KiB per token, moved three times (forward, recomputation, gradient) = 86 KB per token; at an
+// effective ~100 GB/s that is 0.86 us against a = 1.7e-5 s: 0.05.
+inline constexpr double kDefaultSplitExchange = 0.05;
 
 // Plans cost memory proportional to samples x ranks; beyond this many ranks a plan is a mistake.
 inline constexpr int64_t kMaxRanks = 65536;
@@ -36,6 +49,8 @@ struct PlanOptions {
   int64_t minibatch_size = kAllSamples;  // consecutive samples per minibatch
   CostModel cost;
   std::vector<double> rank_speed;  // empty = every rank at speed 1
+  SplitMode split = SplitMode::kOff;
+  double split_exchange = kDefaultSplitExchange;  // >= 0, see split_chunk_cost
 };
 
 // Checks options, then lengths against them; the messages are the ones the CLI and Python show.
@@ -63,7 +78,10 @@ struct Bubble {
 
 struct MinibatchPlan {
   std::vector<int64_t> samples;  // global indices, in file order
-  std::vector<RankPlan> ranks;   // num_ranks entries
+  std::vector<RankPlan> ranks;   // num_ranks entries; split samples appear in none
+  // Samples run as context-parallel chunks, in execution order (global indices); every group
+  // member runs its chunk before its microbatches. Groups are disjoint. Empty without splitting.
+  std::vector<SplitSample> splits;
   MinibatchTimes times;
   Bubble bubble;
 };
@@ -80,6 +98,12 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
 // Predicted times of a minibatch from its microbatches (time = cost / rank speed).
 MinibatchTimes predict_times(const std::vector<RankPlan>& ranks, std::span<const int64_t> lengths,
                              const PlanOptions& options);
+
+// The same with split samples: a group member first spends its group's time (the slowest member's
+// chunk) as its first step, then runs its microbatches; busy counts each member's own chunk.
+MinibatchTimes predict_times(const std::vector<RankPlan>& ranks,
+                             const std::vector<SplitSample>& splits,
+                             std::span<const int64_t> lengths, const PlanOptions& options);
 
 // 1 - busy / (num_ranks * span); 0 when nothing runs.
 double bubble_rate(double busy, int64_t num_ranks, double span);

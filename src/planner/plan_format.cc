@@ -41,6 +41,31 @@ MicrobatchCounts microbatch_counts(const Plan& plan) {
   return counts;
 }
 
+struct SplitCounts {
+  size_t samples = 0;
+  size_t smallest_group = 0;
+  size_t largest_group = 0;
+};
+
+SplitCounts split_counts(const Plan& plan) {
+  SplitCounts counts;
+  for (const auto& minibatch : plan.minibatches) {
+    for (const SplitSample& split : minibatch.splits) {
+      const size_t size = split.ranks.size();
+      counts.smallest_group = counts.samples ? std::min(counts.smallest_group, size) : size;
+      counts.largest_group = std::max(counts.largest_group, size);
+      ++counts.samples;
+    }
+  }
+  return counts;
+}
+
+std::string policy_label(const PlanOptions& options) {
+  std::string label(policy_name(options.policy));
+  if (options.split == SplitMode::kAuto) label += "+split";
+  return label;
+}
+
 std::string cost_text(const CostModel& cost) {
   std::ostringstream out;
   out << cost.c << " + sum(" << cost.a << "*L + " << cost.b << "*L^2)";
@@ -57,16 +82,31 @@ std::string plan_to_json(const Plan& plan) {
   root["ranks"] = options.num_ranks;
   root["max_tokens"] = options.max_tokens;
   root["cost"] = {{"a", options.cost.a}, {"b", options.cost.b}, {"c", options.cost.c}};
+  // Only with splitting on: plans without it keep the original document byte for byte.
+  const bool split = options.split != SplitMode::kOff;
+  if (split) {
+    root["split"] = {{"mode", std::string(split_mode_name(options.split))},
+                     {"exchange", options.split_exchange}};
+  }
   ordered_json minibatches = ordered_json::array();
   for (const auto& minibatch : plan.minibatches) {
     ordered_json ranks = ordered_json::array();
     for (const auto& rank : minibatch.ranks) {
       ranks.push_back({{"microbatches", rank.microbatches}});
     }
-    minibatches.push_back(
-        {{"samples", minibatch.samples},
-         {"ranks", std::move(ranks)},
-         {"bubble", {{"collective", minibatch.bubble.collective}, {"odc", minibatch.bubble.odc}}}});
+    ordered_json entry = {{"samples", minibatch.samples}, {"ranks", std::move(ranks)}};
+    if (split) {
+      ordered_json splits = ordered_json::array();
+      for (const SplitSample& sample : minibatch.splits) {
+        splits.push_back({{"sample", sample.sample},
+                          {"ranks", sample.ranks},
+                          {"chunks", sample.chunks},
+                          {"chunk_costs", sample.chunk_costs}});
+      }
+      entry["splits"] = std::move(splits);
+    }
+    entry["bubble"] = {{"collective", minibatch.bubble.collective}, {"odc", minibatch.bubble.odc}};
+    minibatches.push_back(std::move(entry));
   }
   root["minibatches"] = std::move(minibatches);
   root["bubble"] = {{"collective", plan.bubble.collective}, {"odc", plan.bubble.odc}};
@@ -89,6 +129,29 @@ std::string plan_to_table(const Plan& plan) {
       << "microbatch cost   " << cost_text(options.cost) << "\n"
       << "samples           " << num_samples << " in " << plan.minibatches.size()
       << " minibatch(es)\n";
+  if (options.split != SplitMode::kOff) {
+    const SplitCounts splits = split_counts(plan);
+    out << "split             " << split_mode_name(options.split) << " (K/V exchange "
+        << options.split_exchange << " x a per token received): " << splits.samples
+        << " sample(s) split";
+    if (splits.samples > 0) {
+      out << ", groups of " << splits.smallest_group;
+      if (splits.largest_group != splits.smallest_group) out << " to " << splits.largest_group;
+      out << " ranks";
+    }
+    out << "\n";
+    constexpr size_t kListed = 8;  // the first few; the JSON lists them all
+    size_t listed = 0;
+    for (const auto& minibatch : plan.minibatches) {
+      for (const SplitSample& split : minibatch.splits) {
+        if (listed++ >= kListed) continue;
+        out << "  sample " << split.sample << " (" << split.chunks.size() << "-way) on ranks";
+        for (int64_t rank : split.ranks) out << " " << rank;
+        out << "\n";
+      }
+    }
+    if (splits.samples > kListed) out << "  ... and " << splits.samples - kListed << " more\n";
+  }
   char line[160];
   std::snprintf(line, sizeof(line),
                 "microbatches      %zu to %zu per rank per minibatch (mean %.2f)\n", counts.min,
@@ -109,8 +172,13 @@ std::string plan_to_table(const Plan& plan) {
 std::string compare_table(const std::vector<Plan>& plans) {
   std::ostringstream out;
   char line[200];
-  std::snprintf(line, sizeof(line), "%-11s %-24s %19s %13s\n", "policy", "microbatches/rank/mb",
-                "bubble collective", "bubble odc");
+  bool any_split = false;
+  for (const Plan& plan : plans) any_split = any_split || plan.options.split != SplitMode::kOff;
+  // Without splitting the table is the original one, byte for byte.
+  const int policy_width = any_split ? 17 : 11;
+  std::snprintf(line, sizeof(line), "%-*s %-24s %19s %13s%s\n", policy_width, "policy",
+                "microbatches/rank/mb", "bubble collective", "bubble odc",
+                any_split ? "  split samples" : "");
   out << line;
   for (const Plan& plan : plans) {
     const MicrobatchCounts counts = microbatch_counts(plan);
@@ -119,9 +187,15 @@ std::string compare_table(const std::vector<Plan>& plans) {
     // LB-Mini's unequal microbatch counts cannot run under per-layer collectives.
     const std::string collective =
         plan.options.policy == Policy::kLbMini ? "n/a (odc only)" : percent(plan.bubble.collective);
-    std::snprintf(line, sizeof(line), "%-11s %-24s %19s %13s\n",
-                  std::string(policy_name(plan.options.policy)).c_str(), range, collective.c_str(),
-                  percent(plan.bubble.odc).c_str());
+    std::string split_column;
+    if (any_split) {
+      split_column = plan.options.split == SplitMode::kOff
+                         ? "  -"
+                         : "  " + std::to_string(split_counts(plan).samples);
+    }
+    std::snprintf(line, sizeof(line), "%-*s %-24s %19s %13s%s\n", policy_width,
+                  policy_label(plan.options).c_str(), range, collective.c_str(),
+                  percent(plan.bubble.odc).c_str(), split_column.c_str());
     out << line;
   }
   return out.str();

@@ -41,6 +41,8 @@ struct CommonArgs {
   std::optional<int64_t> minibatch_size;
   std::string cost = "1,0,0";
   std::string rank_speed;
+  std::string split = "off";
+  double split_exchange = odc::planner::kDefaultSplitExchange;
 };
 
 void add_common_options(CLI::App& command, CommonArgs& args) {
@@ -56,6 +58,15 @@ void add_common_options(CLI::App& command, CommonArgs& args) {
       ->capture_default_str();
   command.add_option("--rank-speed", args.rank_speed,
                      "relative speed of each rank, S0,S1,... (default: all equal)");
+  command
+      .add_option("--split", args.split,
+                  "auto: run a sample above the minibatch's per-rank share on a group of ranks "
+                  "(lb-mini, lb-micro); off")
+      ->capture_default_str();
+  command
+      .add_option("--split-exchange", args.split_exchange,
+                  "K/V exchange cost of a split chunk per token received, as a fraction of A")
+      ->capture_default_str();
 }
 
 // Turns the typed arguments into plan inputs; the first problem found is returned.
@@ -71,6 +82,10 @@ Status build_inputs(const CommonArgs& args, std::vector<int64_t>& lengths, PlanO
     if (!speeds.ok()) return speeds.status();
     options.rank_speed = speeds.value();
   }
+  auto split = odc::planner::parse_split_mode(args.split);
+  if (!split.ok()) return split.status();
+  options.split = split.value();
+  options.split_exchange = args.split_exchange;
   // Option errors come before reading a possibly large file.
   ODC_RETURN_IF_ERROR(odc::planner::validate_plan_options(options));
   auto read = odc::planner::read_lengths_file(args.lengths_path);
@@ -342,12 +357,24 @@ int main(int argc, char** argv) {
     return fail("compare", status.message());
   }
   std::vector<Plan> plans;
+  const odc::planner::SplitMode split = options.split;
   for (auto policy : {odc::planner::Policy::kLocalSort, odc::planner::Policy::kLbMicro,
                       odc::planner::Policy::kLbMini}) {
     options.policy = policy;
+    options.split = odc::planner::SplitMode::kOff;
     auto plan = odc::planner::make_plan(lengths, options);
     if (!plan.ok()) return fail("compare", plan.status().message());
     plans.push_back(std::move(plan).value());
+  }
+  // With --split auto, the two policies that can split, split (issue #14).
+  if (split == odc::planner::SplitMode::kAuto) {
+    for (auto policy : {odc::planner::Policy::kLbMicro, odc::planner::Policy::kLbMini}) {
+      options.policy = policy;
+      options.split = split;
+      auto plan = odc::planner::make_plan(lengths, options);
+      if (!plan.ok()) return fail("compare", plan.status().message());
+      plans.push_back(std::move(plan).value());
+    }
   }
   if (compare_format == "json") {
     std::cout << compare_json(plans).dump(1) << "\n";

@@ -99,6 +99,14 @@ def parse_args(argv):
         "all-reduce across replicas per minibatch; R*S ranks). --compare on a 2-D mesh also runs "
         "flat ODC (1 x R*S). Default: flat, a 1-D mesh over all ranks",
     )
+    parser.add_argument(
+        "--split",
+        choices=["off", "auto"],
+        default="off",
+        help="auto: run a sample costing more than a rank's share of its minibatch as chunks on "
+        "a group of ranks (lb-mini, lb-micro); with --compare, runs collective + lb-micro, "
+        "collective + lb-micro + split and odc + lb-mini + split",
+    )
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument(
         "--run-dir",
@@ -265,6 +273,8 @@ def _main(argv) -> int:
     preset = args.preset or ("1.5b" if device == "cuda" else "tiny")
     if ranks < 2:
         usage_error(f"needs at least 2 ranks, and torch sees {ranks} GPU(s): add --device cpu")
+    if args.split == "auto" and args.policy == "local-sort" and not (args.compare or args.all):
+        usage_error("--split auto needs --policy lb-mini or lb-micro")
     lengths = load_lengths(args)
     max_tokens = args.max_tokens or max(lengths)
     if device == "cpu":
@@ -276,17 +286,25 @@ def _main(argv) -> int:
         runs = [("collective", "lb-micro"), ("odc", "lb-mini")]
     else:
         runs = [(args.comm, args.policy)]
+    # (comm, policy, split): with --split auto, lb-micro and lb-mini split (issue #14), and
+    # --compare adds the strongest collective baseline, collective + lb-micro + split.
+    runs = [(c, p, args.split if p != "local-sort" else "off") for c, p in runs]
+    if args.compare and args.split == "auto":
+        runs = [("collective", "lb-micro", "off"), ("collective", "lb-micro", "auto")] + [
+            ("odc", "lb-mini", "auto")
+        ]
     meshes = [mesh] * len(runs)
     if mesh is not None and args.compare:  # hybrid against flat ODC on the same ranks
-        runs.append(("odc", "lb-mini"))
+        runs.append(("odc", "lb-mini", args.split))
         meshes.append(None)
 
     results = []
     launcher.start()
-    for index, ((comm, policy), run_mesh) in enumerate(zip(runs, meshes)):
+    for index, ((comm, policy, split), run_mesh) in enumerate(zip(runs, meshes)):
+        label = f"{comm} + {policy}" + (" + split" if split == "auto" else "")
         if launcher.reports:
             print(
-                f"{PROG}: run {index + 1}/{len(runs)}: {comm} + {policy}, {ranks} ranks on "
+                f"{PROG}: run {index + 1}/{len(runs)}: {label}, {ranks} ranks on "
                 f"{device}, {preset} preset; starting the ranks and building the model",
                 file=sys.stderr,
                 flush=True,
@@ -306,6 +324,7 @@ def _main(argv) -> int:
             cost=cost,
             token_ids_path=args.jsonl,
             mesh=run_mesh,
+            split=split,
         )
         results.append(launcher.run(config, ranks))
         if len(results) > 1 and args.cost == "fit":
@@ -393,8 +412,9 @@ def print_table(results) -> None:
                 )
         else:
             speedup = f"{ratio:.2f}x"
+        label = r["policy"] + ("+split" if r.get("split") == "auto" else "")
         print(
-            f"{r['comm']:10} {r['policy']:10} {r['samples_per_second']:10.2f} "
+            f"{r['comm']:10} {label:10} {r['samples_per_second']:10.2f} "
             f"{r['tokens_per_second']:10.0f} {steps:>25} {predicted_step:7.3f} "
             f"{100 * r['span_error']:+5.1f}% {measured} "
             f"{100 * r['predicted_bubble']:8.1f}% {peak:>8}  {speedup}"
@@ -484,7 +504,9 @@ def write_timeline(results, path: str):
         # The minibatch ends (optimizer step done) on the slowest rank: idle time lies before it.
         axis.axvline(result["last_span_seconds"], color="black", linestyle="--", linewidth=1)
         axis.set_title(
-            f"{result['comm']} + {result['policy']}: last minibatch, one bar per microbatch"
+            f"{result['comm']} + {result['policy']}"
+            f"{' + split' if result.get('split') == 'auto' else ''}: "
+            "last minibatch, one bar per microbatch (a split chunk first)"
         )
         axis.set_ylabel("rank")
         axis.set_yticks(range(result["ranks"]))

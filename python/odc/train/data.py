@@ -59,6 +59,7 @@ def schedule(
     max_tokens: int,
     policy: str,
     cost=(1.0, 0.0, 0.0),
+    split: str = "off",
 ) -> dict:
     """The planner's plan (odc.plan) for consecutive minibatches of `samples_per_minibatch`."""
     return plan(
@@ -68,6 +69,7 @@ def schedule(
         policy=policy,
         minibatch_size=samples_per_minibatch,
         cost=cost,
+        split=split,
     )
 
 
@@ -114,3 +116,19 @@ def pack(samples: Sequence[np.ndarray]) -> PackedMicrobatch:
     )
     labels = np.concatenate([np.append(s[1:], IGNORE_INDEX).astype(np.int64) for s in samples])
     return PackedMicrobatch(input_ids, position_ids, document_ids, labels, len(samples))
+
+
+def pack_chunk(sample: np.ndarray, pieces: Sequence[Sequence[int]]) -> PackedMicrobatch:
+    """One rank's chunk of a split sample (the planner's "splits" entry): the tokens of `pieces`
+    ([begin, end) ranges, ascending) concatenated, with the sample's global positions (RoPE) and
+    labels (the next token of the whole sample, so a piece's last token predicts the first token
+    of the next piece; only the sample's last token has none). As one document for the model's
+    bookkeeping; attention itself takes the global causal mask from the split."""
+    labels_all = np.append(sample[1:], IGNORE_INDEX).astype(np.int64)
+    ranges = [(int(b), int(e)) for b, e in pieces]
+    if not ranges or any(not 0 <= b < e <= len(sample) for b, e in ranges):
+        raise ValueError(f"bad chunk {ranges} of a {len(sample)}-token sample")
+    input_ids = np.concatenate([sample[b:e] for b, e in ranges]).astype(np.int64)
+    positions = np.concatenate([np.arange(b, e, dtype=np.int64) for b, e in ranges])
+    labels = np.concatenate([labels_all[b:e] for b, e in ranges])
+    return PackedMicrobatch(input_ids, positions, np.zeros_like(input_ids), labels, 1)

@@ -10,7 +10,10 @@ speed, memory and equality of results, not quality.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -77,6 +80,137 @@ def varlen_available(device: torch.device) -> bool:
     return device.type == "cuda" and _varlen_attn() is not None
 
 
+@dataclass
+class SplitChunk:
+    """This rank's part of a sample split over a group of ranks (design.md, "Splitting
+    outliers"; the planner's "splits" entry): the chunk's token ranges of the sample, every
+    member's ranges (in group order) and the group's process group. The chunk's tokens are the
+    concatenation of `pieces` in order, as data.pack_chunk lays them out."""
+
+    group: object  # torch.distributed ProcessGroup of the members, in member order
+    member: int  # this rank's index in the group
+    chunks: Sequence[Sequence[Tuple[int, int]]]  # every member's [begin, end) ranges
+    length: int  # tokens of the whole sample
+
+    @property
+    def pieces(self) -> Sequence[Tuple[int, int]]:
+        return self.chunks[self.member]
+
+    @property
+    def padded_tokens(self) -> int:
+        """Rows each member contributes to the all-gather (the longest chunk's tokens)."""
+        return max(sum(end - begin for begin, end in c) for c in self.chunks)
+
+    @functools.cached_property
+    def _gather_index(self) -> List[int]:
+        """For every token of the sample, in order, its row in the all-gathered buffer."""
+        index = [0] * self.length
+        rows = self.padded_tokens
+        for member, chunk in enumerate(self.chunks):
+            row = member * rows
+            for begin, end in chunk:
+                index[begin:end] = range(row, row + end - begin)
+                row += end - begin
+        return index
+
+    def gather_index(self, device):
+        import torch
+
+        cached = getattr(self, "_index_tensor", None)
+        if cached is None or cached.device != device:
+            cached = torch.tensor(self._gather_index, dtype=torch.long, device=device)
+            self._index_tensor = cached
+        return cached
+
+
+class _GroupAllGather(torch.autograd.Function):
+    """All-gather along dim 0 within a process group; the gradient returns to each member its
+    rows' summed gradient (reduce-scatter under NCCL; all-reduce and slice under gloo, which has
+    no reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx, tensor, group, size):
+        import torch.distributed as dist
+
+        ctx.group, ctx.size = group, size
+        tensor = tensor.contiguous()
+        out = tensor.new_empty((size * tensor.shape[0], *tensor.shape[1:]))
+        if dist.get_backend(group) == "nccl":
+            dist.all_gather_into_tensor(out, tensor, group=group)
+        else:
+            dist.all_gather(list(out.chunk(size)), tensor, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+
+        grad = grad.contiguous()
+        rows = grad.shape[0] // ctx.size
+        if dist.get_backend(ctx.group) == "nccl":
+            mine = grad.new_empty((rows, *grad.shape[1:]))
+            dist.reduce_scatter_tensor(mine, grad, group=ctx.group)
+        else:
+            grad = grad.clone()
+            dist.all_reduce(grad, group=ctx.group)
+            member = dist.get_rank(ctx.group)
+            mine = grad[member * rows : (member + 1) * rows].contiguous()
+        return mine, None, None
+
+
+def _gather_sample(local: torch.Tensor, split: SplitChunk) -> torch.Tensor:
+    """[heads, chunk tokens, dim] of this member -> [heads, sample tokens, dim] of the whole
+    sample in token order, differentiable (gradients flow back to the members that own them)."""
+    rows = local.transpose(0, 1)  # [chunk tokens, heads, dim]
+    padding = split.padded_tokens - rows.shape[0]
+    if padding:
+        rows = F.pad(rows, (0, 0, 0, 0, 0, padding))
+    gathered = _GroupAllGather.apply(rows, split.group, len(split.chunks))
+    ordered = gathered.index_select(0, split.gather_index(gathered.device))
+    return ordered.transpose(0, 1)
+
+
+def _split_attention(query, key, value, scaling, split: SplitChunk):
+    """Causal attention of this member's query tokens against the K/V of the whole sample
+    (gathered from the group), with the sample's global causal mask: token t sees tokens 0..t.
+    Inputs [1, heads, chunk tokens, dim]; returns [1, chunk tokens, heads, dim]."""
+    k_all = _gather_sample(key[0], split)  # [kv heads, L, dim]
+    v_all = _gather_sample(value[0], split)
+    q = query[0]
+    if varlen_available(q.device) and q.dtype in (torch.bfloat16, torch.float16):
+        # One varlen "document" per piece: queries [b, e) against keys [0, e). Flash attention's
+        # causal mask is aligned to the bottom right when there are more keys than queries, so
+        # query b + i sees keys 0..b + i: exactly the global causal mask.
+        k_rows, v_rows, q_lens, k_lens = [], [], [], []
+        for begin, end in split.pieces:
+            k_rows.append(k_all[:, :end])
+            v_rows.append(v_all[:, :end])
+            q_lens.append(end - begin)
+            k_lens.append(end)
+        keys = torch.cat(k_rows, dim=1).transpose(0, 1)  # [sum of ends, kv heads, dim]
+        values = torch.cat(v_rows, dim=1).transpose(0, 1)
+        cu_q = torch.tensor([0, *np.cumsum(q_lens)], dtype=torch.int32, device=q.device)
+        cu_k = torch.tensor([0, *np.cumsum(k_lens)], dtype=torch.int32, device=q.device)
+        out = _varlen_attn()(
+            q.transpose(0, 1),
+            keys,
+            values,
+            cu_q,
+            cu_k,
+            max(q_lens),
+            max(k_lens),
+            scale=scaling,
+            window_size=(-1, 0),
+        )
+        return out.unsqueeze(0)
+    positions = torch.cat([torch.arange(b, e, device=q.device) for b, e in split.pieces])
+    visible = torch.arange(split.length, device=q.device)[None, :] <= positions[:, None]
+    out = F.scaled_dot_product_attention(
+        q, k_all, v_all, attn_mask=visible, scale=scaling, enable_gqa=True
+    )  # [heads, chunk tokens, dim]
+    return out.transpose(0, 1).unsqueeze(0)
+
+
 def packed_attention(
     module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
 ):
@@ -85,9 +219,17 @@ def packed_attention(
     [documents + 1]) and `max_length_q`. Returns [1, T, heads, head_dim], no weights.
 
     bf16/fp16 on CUDA: torch's varlen flash attention (cost grows with sum of L_i^2, not T^2).
-    Elsewhere (CPU, fp32): causal SDPA per document, the same arithmetic in a loop."""
+    Elsewhere (CPU, fp32): causal SDPA per document, the same arithmetic in a loop.
+
+    With `odc_split` (a SplitChunk), the sequence is this rank's chunk of one split sample: K/V
+    are gathered from the group and attention follows the sample's global causal mask."""
     if attention_mask is not None:
         raise ValueError("odc packed attention takes document boundaries, not an attention mask")
+    split = kwargs.get("odc_split")
+    if split is not None:
+        if query.shape[0] != 1:
+            raise ValueError("odc split attention needs one chunk of one sample")
+        return _split_attention(query, key, value, scaling, split), None
     boundaries = kwargs.get("cu_seq_lens_q")
     if boundaries is None or query.shape[0] != 1:
         raise ValueError("odc packed attention needs one packed sequence and its cu_seq_lens_q")
@@ -172,9 +314,13 @@ class PackedCausalLM(torch.nn.Module):
         labels: torch.Tensor,
         boundaries: torch.Tensor,
         longest: int,
+        split: Optional[SplitChunk] = None,
     ) -> torch.Tensor:
         """input_ids, position_ids, labels: [T]; boundaries: int32 [documents + 1] cumulative
-        document lengths; longest: the longest document. Returns the loss summed over tokens."""
+        document lengths; longest: the longest document. Returns the loss summed over tokens.
+        With `split`, the inputs are this rank's chunk of a split sample (data.pack_chunk, global
+        positions and labels) and every member of split.group must run it at the same time."""
+        extra = {} if split is None else {"odc_split": split}
         hidden = self.lm.model(
             input_ids=input_ids.view(1, -1),
             position_ids=position_ids.view(1, -1),
@@ -182,6 +328,7 @@ class PackedCausalLM(torch.nn.Module):
             cu_seq_lens_k=boundaries,
             max_length_q=longest,
             max_length_k=longest,
+            **extra,
         ).last_hidden_state[0]
         weight = self.lm.lm_head.weight
         total = hidden.new_zeros((), dtype=torch.float32)

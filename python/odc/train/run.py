@@ -42,6 +42,9 @@ class RunConfig:
     # (replicate, shard): FSDP2 HSDP on a 2-D mesh, ODC inside each replica and one all-reduce
     # across replicas per minibatch; None: a 1-D mesh over all ranks (flat).
     mesh: Optional[tuple] = None
+    # "auto": the planner may split an outlier over a group of ranks (issue #14): the members run
+    # their chunk first in the minibatch, exchanging K/V per layer in an NCCL (gloo) subgroup.
+    split: str = "off"
 
 
 @dataclass
@@ -95,8 +98,9 @@ class _Trainer:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
 
-    def microbatch(self, packed, global_tokens: int):
-        """Forward and backward of one packed microbatch; returns the detached scaled loss."""
+    def microbatch(self, packed, global_tokens: int, split=None):
+        """Forward and backward of one packed microbatch (or, with `split`, this rank's chunk of a
+        split sample, run together with the other members); returns the detached scaled loss."""
         import odc.torch
 
         loss_sum = self.model(
@@ -105,6 +109,7 @@ class _Trainer:
             self._to_device(packed.labels),
             self._to_device(packed.boundaries),
             packed.longest,
+            split=split,
         )
         loss = odc.torch.scale_loss(loss_sum, global_tokens)
         loss.backward()  # an empty (padding) microbatch has no labels: loss 0
@@ -185,11 +190,10 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
     import odc
     import odc.torch
 
-    from .data import load_token_ids, pack, schedule, synthetic_tokens
-    from .model import build_model
-    from .progress import Progress
-
+    from .data import load_token_ids, pack, pack_chunk, schedule, synthetic_tokens
     from .memory import MemoryProbe
+    from .model import SplitChunk, build_model
+    from .progress import Progress
 
     on_gpu = config.device == "cuda"
     external_group = dist.is_initialized()  # torchrun: the caller owns the process group
@@ -276,8 +280,17 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             max_tokens=config.max_tokens,
             policy=config.policy,
             cost=cost,
+            split=config.split,
         )
         num_steps = min(config.steps + config.warmup_steps, len(plan["minibatches"]))
+        # One subgroup per distinct split group of the minibatches we run: every rank creates
+        # every group, in the same (plan) order, as new_group requires; members only use them.
+        split_groups = {}
+        for minibatch in plan["minibatches"][:num_steps]:
+            for split in minibatch.get("splits", []):
+                members = tuple(split["ranks"])
+                if members not in split_groups:
+                    split_groups[members] = dist.new_group(list(members))
         records, losses = [], []
         steps_progress = Progress(
             num_steps,
@@ -296,6 +309,20 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             step_loss = torch.zeros((), device=device)
             probe.enter("minibatch_begin")
             trainer.begin()
+            # Split chunks first (design.md): the members meet at the start of the minibatch and
+            # no member waits for another's unrelated work; groups are disjoint.
+            for split in minibatch.get("splits", []):
+                if rank not in split["ranks"]:
+                    continue
+                member = split["ranks"].index(rank)
+                sample = samples[split["sample"]]
+                chunk = SplitChunk(
+                    split_groups[tuple(split["ranks"])], member, split["chunks"], len(sample)
+                )
+                packed = pack_chunk(sample, split["chunks"][member])
+                begin = clock.mark()
+                step_loss += trainer.microbatch(packed, global_tokens, split=chunk)
+                marks.append((begin, clock.mark(), packed.num_tokens))
             for microbatch in mine:
                 packed = pack([samples[i] for i in microbatch])
                 probe.enter("microbatch", packed.num_tokens)
@@ -379,6 +406,11 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         "preset": config.preset,
         "comm": config.comm,
         "policy": config.policy,
+        "split": config.split,
+        "split_samples": sum(
+            len(plan["minibatches"][s].get("splits", []))
+            for s in range(config.warmup_steps, num_steps)
+        ),
         "ranks": world_size,
         "device": config.device,
         "steps_measured": len(timings),

@@ -1,0 +1,306 @@
+// Split planning: choose which outliers run as context-parallel chunks on which group of ranks,
+// then balance the remaining samples around the groups. Groups within a minibatch are disjoint (a
+// rank serves at most one split sample, first in its minibatch), so under collectives every group
+// meets at step 0 and under ODC no group waits for another.
+#include "planner/split.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <optional>
+
+#include "planner/packing.h"
+#include "planner/plan.h"
+
+namespace odc::planner {
+namespace {
+
+// Causal query-key pairs of tokens [begin, end): token t attends to t + 1 keys.
+double causal_pairs(int64_t begin, int64_t end) {
+  const double b = static_cast<double>(begin);
+  const double e = static_cast<double>(end);
+  return (e * (e + 1.0) - b * (b + 1.0)) / 2.0;
+}
+
+double speed_of(const PlanOptions& options, size_t rank) {
+  return options.rank_speed.empty() ? 1.0 : options.rank_speed[rank];
+}
+
+// The state being evaluated: which local samples are split, and how.
+struct Candidate {
+  std::vector<SplitSample> splits;
+  std::vector<char> is_split;  // per local sample
+};
+
+// Time each rank spends in its group before its own microbatches (0 outside every group). A
+// group moves at its slowest member.
+std::vector<double> group_times(const std::vector<SplitSample>& splits,
+                                const PlanOptions& options) {
+  std::vector<double> time(static_cast<size_t>(options.num_ranks), 0.0);
+  for (const SplitSample& split : splits) {
+    double slowest = 0.0;
+    for (size_t m = 0; m < split.ranks.size(); ++m) {
+      slowest = std::max(
+          slowest, split.chunk_costs[m] / speed_of(options, static_cast<size_t>(split.ranks[m])));
+    }
+    for (int64_t rank : split.ranks) time[static_cast<size_t>(rank)] += slowest;
+  }
+  return time;
+}
+
+// Distributes `items` (local indices, heaviest first) over ranks that already carry `base` time:
+// longest-processing-time greedy, then moves and swaps between the slowest and the fastest rank
+// while that lowers the slower of the two. With `equal_counts` (LB-Micro) sample counts differ by
+// at most one: the greedy respects it and refinement only swaps (or moves from a fuller rank).
+Bins partition_around(const std::vector<int>& items, std::span<const double> costs,
+                      const std::vector<double>& base, const PlanOptions& options,
+                      bool equal_counts) {
+  const size_t num_ranks = base.size();
+  Bins bins(num_ranks);
+  std::vector<double> load(num_ranks, 0.0);
+  auto time_of = [&](size_t r, double extra) {
+    return base[r] + (load[r] + extra) / speed_of(options, r);
+  };
+  const size_t floor_count = items.size() / num_ranks;
+  const size_t num_at_ceiling = items.size() % num_ranks;
+  size_t at_ceiling = 0;
+  for (int item : items) {
+    size_t best = num_ranks;
+    for (size_t r = 0; r < num_ranks; ++r) {
+      if (equal_counts) {
+        const size_t count = bins[r].size();
+        const bool room =
+            count < floor_count || (count == floor_count && at_ceiling < num_at_ceiling);
+        if (!room) continue;
+      }
+      if (best == num_ranks || time_of(r, costs[item]) < time_of(best, costs[item])) best = r;
+    }
+    if (equal_counts && bins[best].size() == floor_count) ++at_ceiling;
+    bins[best].push_back(item);
+    load[best] += costs[item];
+  }
+
+  // Refinement. Each applied step strictly lowers the larger time of the pair it touches and
+  // changes no other rank, so the sorted vector of rank times decreases: the loop terminates.
+  const int max_steps = 100 + 10 * static_cast<int>(items.size());
+  for (int step = 0; step < max_steps && num_ranks > 1; ++step) {
+    size_t slow = 0;
+    size_t fast = 0;
+    for (size_t r = 1; r < num_ranks; ++r) {
+      if (time_of(r, 0) > time_of(slow, 0)) slow = r;
+      if (time_of(r, 0) < time_of(fast, 0)) fast = r;
+    }
+    if (slow == fast) break;
+    const double slow_time = time_of(slow, 0);
+    const double fast_time = time_of(fast, 0);
+    const double slow_speed = speed_of(options, slow);
+    const double fast_speed = speed_of(options, fast);
+    double best = slow_time * (1.0 - 1e-12);
+    int move_index = -1;
+    int swap_index = -1;
+    const bool may_move = !equal_counts || bins[slow].size() > bins[fast].size();
+    for (size_t i = 0; i < bins[slow].size(); ++i) {
+      const double shifted = costs[bins[slow][i]];
+      if (may_move) {
+        const double worse =
+            std::max(slow_time - shifted / slow_speed, fast_time + shifted / fast_speed);
+        if (worse < best) best = worse, move_index = static_cast<int>(i), swap_index = -1;
+      }
+      // Swaps cost |slow| x |fast| per step; minibatches with outliers are small, but stay bounded.
+      if (bins[slow].size() * bins[fast].size() > 1000000) continue;
+      for (size_t j = 0; j < bins[fast].size(); ++j) {
+        const double delta = shifted - costs[bins[fast][j]];
+        if (delta <= 0.0) continue;
+        const double worse =
+            std::max(slow_time - delta / slow_speed, fast_time + delta / fast_speed);
+        if (worse < best)
+          best = worse, move_index = static_cast<int>(i), swap_index = static_cast<int>(j);
+      }
+    }
+    if (move_index < 0) break;
+    const int moved = bins[slow][move_index];
+    bins[slow].erase(bins[slow].begin() + move_index);
+    load[slow] -= costs[moved];
+    if (swap_index >= 0) {
+      const int back = bins[fast][swap_index];
+      bins[fast].erase(bins[fast].begin() + swap_index);
+      load[fast] -= costs[back];
+      bins[slow].push_back(back);
+      load[slow] += costs[back];
+    }
+    bins[fast].push_back(moved);
+    load[fast] += costs[moved];
+  }
+  for (auto& bin : bins) std::sort(bin.begin(), bin.end());
+  return bins;
+}
+
+double microbatch_cost(const std::vector<int>& microbatch, std::span<const double> costs,
+                       const CostModel& cost) {
+  double total = cost.c;
+  for (int item : microbatch) total += costs[item];
+  return total;
+}
+
+// Packs each rank's samples into microbatches (local indices, heaviest first). LB-Mini: as few as
+// the token cap allows. LB-Micro: every rank runs the same number of steps, its chunk included.
+std::vector<Bins> pack_ranks(const Bins& by_rank, std::span<const int64_t> tokens,
+                             std::span<const double> costs, const std::vector<int>& num_chunks,
+                             const PlanOptions& options) {
+  const bool common_count = options.policy == Policy::kLbMicro;
+  std::vector<std::vector<int64_t>> rank_tokens(by_rank.size());
+  std::vector<std::vector<double>> rank_costs(by_rank.size());
+  std::vector<Bins> fewest(by_rank.size());
+  size_t common = 0;
+  for (size_t r = 0; r < by_rank.size(); ++r) {
+    for (int item : by_rank[r]) {
+      rank_tokens[r].push_back(tokens[item]);
+      rank_costs[r].push_back(costs[item]);
+    }
+    if (!by_rank[r].empty()) {
+      fewest[r] = pack_fewest(PackingInput{rank_tokens[r], rank_costs[r], options.max_tokens});
+    }
+    common = std::max(common, static_cast<size_t>(num_chunks[r]) + fewest[r].size());
+  }
+  std::vector<Bins> ranks(by_rank.size());
+  for (size_t r = 0; r < by_rank.size(); ++r) {
+    Bins packed = fewest[r];
+    if (common_count) {
+      const size_t target = common - static_cast<size_t>(num_chunks[r]);
+      if (packed.size() != target) {
+        packed = by_rank[r].empty()
+                     ? Bins(target)
+                     : pack_exact(PackingInput{rank_tokens[r], rank_costs[r], options.max_tokens},
+                                  static_cast<int>(target));
+      }
+    }
+    for (auto& bin : packed) {
+      std::vector<int> local;
+      for (int k : bin) local.push_back(by_rank[r][k]);
+      std::sort(local.begin(), local.end());
+      ranks[r].push_back(std::move(local));
+    }
+    std::stable_sort(ranks[r].begin(), ranks[r].end(), [&](const auto& x, const auto& y) {
+      return microbatch_cost(x, costs, options.cost) > microbatch_cost(y, costs, options.cost);
+    });
+  }
+  return ranks;
+}
+
+// The full plan of a candidate: remaining samples balanced around its groups and packed.
+SplitMinibatch build(const Candidate& candidate, std::span<const int64_t> tokens,
+                     std::span<const double> costs, const PlanOptions& options) {
+  std::vector<int> rest;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (!candidate.is_split[i]) rest.push_back(static_cast<int>(i));
+  }
+  std::stable_sort(rest.begin(), rest.end(), [&](int x, int y) { return costs[x] > costs[y]; });
+  const std::vector<double> base = group_times(candidate.splits, options);
+  std::vector<int> num_chunks(base.size(), 0);
+  for (const SplitSample& split : candidate.splits) {
+    for (int64_t rank : split.ranks) ++num_chunks[static_cast<size_t>(rank)];
+  }
+  const Bins by_rank =
+      partition_around(rest, costs, base, options, options.policy == Policy::kLbMicro);
+  SplitMinibatch result;
+  result.ranks = pack_ranks(by_rank, tokens, costs, num_chunks, options);
+  result.splits = candidate.splits;
+  return result;
+}
+
+double span_of(const SplitMinibatch& minibatch, std::span<const int64_t> tokens,
+               const PlanOptions& options) {
+  std::vector<RankPlan> ranks(minibatch.ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    for (const auto& bin : minibatch.ranks[r]) {
+      ranks[r].microbatches.emplace_back(bin.begin(), bin.end());
+    }
+  }
+  const MinibatchTimes times = predict_times(ranks, minibatch.splits, tokens, options);
+  return options.policy == Policy::kLbMicro ? times.collective : times.odc;
+}
+
+}  // namespace
+
+std::vector<SplitChunk> zigzag_chunks(int64_t length, int group_size) {
+  const int64_t num_pieces = 2 * static_cast<int64_t>(group_size);
+  const int64_t quotient = length / num_pieces;
+  const int64_t remainder = length % num_pieces;
+  // floor(j * L / P) without forming j * L (L may be large): j*q + floor(j*r / P).
+  auto boundary = [&](int64_t j) { return j * quotient + j * remainder / num_pieces; };
+  std::vector<SplitChunk> chunks;
+  for (int64_t i = 0; i < group_size; ++i) {
+    const int64_t mirror = num_pieces - 1 - i;
+    chunks.push_back({{boundary(i), boundary(i + 1)}, {boundary(mirror), boundary(mirror + 1)}});
+  }
+  return chunks;
+}
+
+double split_chunk_cost(const CostModel& cost, double exchange, int64_t length,
+                        const SplitChunk& chunk) {
+  double tokens = 0.0;
+  double pairs = 0.0;
+  for (const TokenRange& range : chunk) {
+    tokens += static_cast<double>(range[1] - range[0]);
+    pairs += causal_pairs(range[0], range[1]);
+  }
+  const double total = static_cast<double>(length);
+  const double attention = cost.b * total * total * pairs / causal_pairs(0, length);
+  return cost.c + cost.a * tokens + attention + exchange * cost.a * (total - tokens);
+}
+
+SplitMinibatch plan_minibatch_with_splits(std::span<const int64_t> tokens,
+                                          std::span<const double> costs, const PlanOptions& options,
+                                          double unsplit_span) {
+  const size_t num_samples = tokens.size();
+  const double share =
+      std::accumulate(costs.begin(), costs.end(), 0.0) / static_cast<double>(options.num_ranks);
+  std::vector<int> candidates;
+  for (size_t i = 0; i < num_samples; ++i) {
+    if (costs[i] > share && tokens[i] >= 4) candidates.push_back(static_cast<int>(i));
+  }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [&](int x, int y) { return costs[x] > costs[y]; });
+
+  Candidate chosen;
+  chosen.is_split.assign(num_samples, 0);
+  SplitMinibatch best_plan;
+  double best_span = unsplit_span;
+  std::vector<char> busy_rank(static_cast<size_t>(options.num_ranks), 0);
+  for (int sample : candidates) {
+    std::vector<int64_t> free_ranks;
+    for (int64_t r = 0; r < options.num_ranks; ++r) {
+      if (!busy_rank[static_cast<size_t>(r)]) free_ranks.push_back(r);
+    }
+    std::optional<Candidate> best_here;
+    for (size_t k = 2; k <= free_ranks.size() && static_cast<int64_t>(2 * k) <= tokens[sample];
+         ++k) {
+      Candidate trial = chosen;
+      SplitSample split;
+      split.sample = sample;
+      split.ranks.assign(free_ranks.begin(), free_ranks.begin() + static_cast<int64_t>(k));
+      split.chunks = zigzag_chunks(tokens[sample], static_cast<int>(k));
+      for (const SplitChunk& chunk : split.chunks) {
+        split.chunk_costs.push_back(
+            split_chunk_cost(options.cost, options.split_exchange, tokens[sample], chunk));
+      }
+      trial.splits.push_back(std::move(split));
+      trial.is_split[static_cast<size_t>(sample)] = 1;
+      SplitMinibatch plan = build(trial, tokens, costs, options);
+      const double span = span_of(plan, tokens, options);
+      // Strictly better (relative margin against rounding); ties keep the smaller group.
+      if (span < best_span * (1.0 - 1e-9)) {
+        best_span = span;
+        best_plan = std::move(plan);
+        best_here = std::move(trial);
+      }
+    }
+    if (best_here) {
+      chosen = std::move(*best_here);
+      for (int64_t rank : chosen.splits.back().ranks) busy_rank[static_cast<size_t>(rank)] = 1;
+    }
+  }
+  return best_plan;  // no splits (and no ranks) when none helped
+}
+
+}  // namespace odc::planner

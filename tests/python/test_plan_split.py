@@ -1,0 +1,92 @@
+"""odc.plan(split="auto") and `odc plan/compare --split auto` (issue #14): the same plans, split
+samples listed under "splits" with chunks covering every token once, and named errors."""
+
+import json
+import subprocess
+
+import pytest
+
+import odc
+
+# Two outliers among short samples: each costs more than a rank's share of its minibatch.
+LENGTHS = [900, 20, 30, 25, 15, 10, 35, 40, 700, 5, 12, 18]
+COST = "1,0.01,0.5"
+
+
+def run_cli(odc_cli, *args):
+    return subprocess.run([odc_cli, *args], capture_output=True, text=True, timeout=120)
+
+
+def _plan(policy, split="auto", **kwargs):
+    return odc.plan(
+        LENGTHS,
+        ranks=4,
+        max_tokens=900,
+        policy=policy,
+        minibatch_size=6,
+        cost=(1, 0.01, 0.5),
+        split=split,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("policy", ["lb-mini", "lb-micro"])
+def test_split_plan_runs_every_token_once(policy):
+    plan = _plan(policy)
+    assert plan["split"] == {"mode": "auto", "exchange": 0.05}
+    split_samples = []
+    for minibatch in plan["minibatches"]:
+        in_microbatches = [s for r in minibatch["ranks"] for m in r["microbatches"] for s in m]
+        grouped = []
+        for split in minibatch["splits"]:
+            split_samples.append(split["sample"])
+            grouped += split["ranks"]
+            tokens = sorted(t for chunk in split["chunks"] for b, e in chunk for t in range(b, e))
+            assert tokens == list(range(LENGTHS[split["sample"]]))
+            assert len(split["chunk_costs"]) == len(split["ranks"]) >= 2
+        assert len(grouped) == len(set(grouped)), "groups must be disjoint"
+        splits = [s["sample"] for s in minibatch["splits"]]
+        assert sorted(in_microbatches + splits) == minibatch["samples"]
+    assert split_samples == [0, 8]  # both outliers, and nothing else
+    whole = _plan(policy, split="off")
+    mode = "odc" if policy == "lb-mini" else "collective"
+    assert plan["bubble"][mode] < whole["bubble"][mode]
+
+
+def test_split_off_keeps_the_original_document():
+    plan = _plan("lb-mini", split="off")
+    assert "split" not in plan
+    assert all("splits" not in m for m in plan["minibatches"])
+
+
+def test_python_equals_cli_with_split(odc_cli, tmp_path):
+    path = tmp_path / "lengths.txt"
+    path.write_text("\n".join(map(str, LENGTHS)) + "\n")
+    common = ["--lengths", str(path), "--ranks", "4", "--max-tokens", "900", "--cost", COST]
+    common += ["--minibatch-size", "6", "--split", "auto"]
+    result = run_cli(odc_cli, "plan", *common, "--policy", "lb-mini", "--split-exchange", "0.2")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == _plan("lb-mini", split_exchange=0.2)
+    table = run_cli(odc_cli, "compare", *common)
+    assert table.returncode == 0, table.stderr
+    rows = {line.split()[0]: line for line in table.stdout.splitlines()[1:]}
+    assert set(rows) == {"local-sort", "lb-micro", "lb-mini", "lb-micro+split", "lb-mini+split"}
+    assert rows["lb-mini+split"].split()[-1] == "2"  # split samples
+    assert rows["lb-mini"].split()[-1] == "-"
+
+
+def test_split_errors_are_named(odc_cli, tmp_path):
+    with pytest.raises(ValueError, match="unknown split mode 'on': expected auto or off"):
+        _plan("lb-mini", split="on")
+    with pytest.raises(ValueError, match="split auto needs policy lb-mini or lb-micro"):
+        _plan("local-sort")
+    with pytest.raises(ValueError, match="split_exchange must be a non-negative number"):
+        _plan("lb-mini", split_exchange=-0.5)
+    path = tmp_path / "lengths.txt"
+    path.write_text("10\n")
+    result = run_cli(
+        odc_cli, "plan", "--lengths", str(path), "--ranks", "2", "--max-tokens", "10",
+        "--policy", "lb-mini", "--split", "sometimes",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "unknown split mode 'sometimes': expected auto or off" in result.stderr

@@ -1,0 +1,131 @@
+"""Splitting outliers in odc.train (issue #14): a sample split into zigzag chunks over a group of
+ranks gives exactly the loss and every gradient of the same sample run whole on one rank (CPU,
+fp32, gloo), and the runtime follows the planner's "splits" entries."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="split attention needs torch")
+pytest.importorskip("transformers", reason="the packed model needs transformers")
+
+import odc  # noqa: E402
+from odc.train.data import IGNORE_INDEX, pack, pack_chunk  # noqa: E402
+
+
+def _inputs(packed):
+    t = torch.from_numpy
+    return (
+        t(packed.input_ids),
+        t(packed.position_ids),
+        t(packed.labels),
+        t(packed.boundaries),
+        packed.longest,
+    )
+
+
+def _split_rank(rank, world_size, key, store, length):
+    """Every rank computes the whole sample's loss and gradients alone, then the group runs it
+    split (zigzag) and sums the members' gradients; returns both on rank 0."""
+    import torch.distributed as dist
+
+    from odc.train.model import SplitChunk, build_model
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        model = build_model("tiny", seed=5)
+        sample = np.random.default_rng(7).integers(0, 1024, length)
+        whole = model(*_inputs(pack([sample])))
+        whole.backward()
+        reference = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+
+        chunks = odc.plan(
+            [length, 1, 1],
+            ranks=world_size,
+            max_tokens=length,
+            policy="lb-mini",
+            cost=(1.0, 1.0, 0.0),
+            split="auto",
+        )["minibatches"][0]["splits"]
+        assert len(chunks) == 1, chunks
+        split = chunks[0]
+        group_ranks = split["ranks"]
+        group = dist.new_group(group_ranks)
+        loss = torch.zeros(())
+        if rank in group_ranks:
+            member = group_ranks.index(rank)
+            chunk = SplitChunk(group, member, split["chunks"], length)
+            packed = pack_chunk(sample, split["chunks"][member])
+            loss = model(*_inputs(packed), split=chunk)
+            loss.backward()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        grads = {}
+        for name, p in model.named_parameters():
+            g = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+            dist.all_reduce(g)
+            grads[name] = g.numpy()
+        return float(whole.detach()), float(total), reference, grads, group_ranks
+    finally:
+        dist.destroy_process_group()
+
+
+def test_split_sample_loss_and_gradients_equal_the_whole_sample():
+    # 3 ranks, a 61-token sample that the planner splits (uneven zigzag pieces: 61 = 6 x 10 + 1);
+    # fp32 on the CPU, so the only differences are summation orders.
+    with tempfile.TemporaryDirectory() as directory:
+        store = os.path.join(directory, "store")
+        whole, split, reference, grads, group = odc.launch(_split_rank, 3, store, 61)[0]
+    assert len(group) >= 2
+    assert split == pytest.approx(whole, rel=1e-6)
+    for name, expected in reference.items():
+        assert np.abs(expected).max() > 0, name  # every parameter takes part
+        np.testing.assert_allclose(grads[name], expected, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_pack_chunk_keeps_global_positions_and_labels():
+    sample = np.arange(10, 20)
+    packed = pack_chunk(sample, [(0, 2), (8, 10)])
+    assert packed.input_ids.tolist() == [10, 11, 18, 19]
+    assert packed.position_ids.tolist() == [0, 1, 8, 9]
+    assert packed.labels.tolist() == [11, 12, 19, IGNORE_INDEX]
+    with pytest.raises(ValueError, match="bad chunk"):
+        pack_chunk(sample, [(5, 11)])
+
+
+def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
+    """`odc.train --compare --split auto` on 2 CPU ranks: the split runs really split (both
+    minibatches hold an outlier) and every run trains to the same losses step by step, since a
+    split sample gives the whole sample's loss and gradients (under collectives and under ODC)."""
+    import json
+    import subprocess
+    import sys
+
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(map(str, [200, 10, 12, 8, 9, 300, 11, 7])) + "\n")
+    output = tmp_path / "results.json"
+    command = [
+        sys.executable, "-m", "odc.train", "--lengths", str(lengths), "--device", "cpu",
+        "--ranks", "2", "--preset", "tiny", "--steps", "1", "--samples-per-rank", "2",
+        "--compare", "--split", "auto", "--cost", "1,0.01,0", "--output", str(output),
+        "--timeline", "",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = json.loads(output.read_text())
+    assert [(r["comm"], r["policy"], r["split"]) for r in runs] == [
+        ("collective", "lb-micro", "off"),
+        ("collective", "lb-micro", "auto"),
+        ("odc", "lb-mini", "auto"),
+    ]
+    assert runs[0]["split_samples"] == 0
+    assert runs[1]["split_samples"] == 1 and runs[2]["split_samples"] == 1  # measured minibatch
+    assert "lb-mini+split" in result.stdout
+    for run in runs[1:]:
+        assert run["losses"] == pytest.approx(runs[0]["losses"], rel=1e-5)
+        # The members' split chunks are their first microbatch (timeline of the last minibatch).
+        assert all(len(rank) >= 1 for rank in run["timeline"])
