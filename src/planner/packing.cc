@@ -133,8 +133,10 @@ Bins pack_fewest(const PackingInput& input) {
   const std::vector<int> order = order_by_tokens_descending(input);
   Bins packed = first_fit_decreasing(input, order);
   const int upper = static_cast<int>(packed.size());
+  // ceil(total / cap), written so that it cannot overflow near INT64_MAX.
+  const int64_t total = total_tokens(input);
   const int lower = static_cast<int>(
-      std::max<int64_t>(1, (total_tokens(input) + input.token_cap - 1) / input.token_cap));
+      std::max<int64_t>(1, total / input.token_cap + (total % input.token_cap != 0 ? 1 : 0)));
   // The fewest count in [lower, upper) that balanced_fit() packs. More microbatches leave more
   // room, so rather than one attempt per count (a full packing each: quadratic), the search tries
   // `lower` (most inputs stop there), then `upper - 1` (where first-fit is already tight, nothing
