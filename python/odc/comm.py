@@ -248,7 +248,7 @@ class Comm:
         self._num_views = 0
         # Validate before calling C: ctypes truncates wide integers and C strings end at a NUL.
         world_size = _checked_int(world_size, "world_size", 1, _INT_MAX)
-        rank = _checked_int(rank, "rank", 0, world_size - 1)
+        rank = _checked_int(rank, "rank", -_INT_MAX - 1, _INT_MAX)  # C names a rank out of range
         if device is not None:
             device = _checked_int(device, "device", 0, _INT_MAX)
         if not isinstance(key, str):

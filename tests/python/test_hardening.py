@@ -116,7 +116,7 @@ def test_torch_view_keeps_buffer_alive():
     [
         (0, 2**32 + 1, "k", "world_size must be in [1, 2147483647], got 4294967297"),
         (2**32, 2**32 + 1, "k", "world_size must be in"),
-        (-1, 2, "k", "rank must be in [0, 1], got -1"),
+        (2**32 + 1, 2, "k", "rank must be in [-2147483648, 2147483647], got 4294967297"),
         (0, 1.5, "k", "world_size must be an integer, got 1.5"),
         (True, 2, "k", "rank must be an integer, got True"),
         (0, 1, "job\0other", "key must not contain a NUL character"),
