@@ -30,15 +30,17 @@ struct Subset {
   int tail = -1;
 };
 
+// A k-tuple. Sparse tuples (see karmarkar_karp) store only their non-empty subsets: the missing
+// ones are empty, weigh 0 and sort last.
 struct Tuple {
   std::vector<Subset> subsets;  // sorted by sum, largest first
   int64_t id = 0;               // creation order: the deterministic tie-break
-  double spread = 0.0;          // subsets.front().sum - subsets.back().sum, kept for the heap
+  double spread = 0.0;          // heaviest minus lightest subset, kept for the heap
 
-  Tuple(std::vector<Subset> sorted_subsets, int64_t tuple_id)
+  Tuple(std::vector<Subset> sorted_subsets, int64_t tuple_id, size_t num_bins)
       : subsets(std::move(sorted_subsets)),
         id(tuple_id),
-        spread(subsets.front().sum - subsets.back().sum) {}
+        spread(subsets.front().sum - (subsets.size() < num_bins ? 0.0 : subsets.back().sum)) {}
 };
 
 struct WiderSpreadFirst {
@@ -64,7 +66,7 @@ void sort_subsets(std::vector<Subset>& subsets, std::vector<Subset>& scratch) {
     }
     std::swap(from, to);
   }
-  if (from != subsets.data()) std::copy(from, from + n, subsets.data());
+  if (from != subsets.data()) subsets.swap(scratch);  // the sorted run ended in scratch
 }
 
 }  // namespace
@@ -96,6 +98,13 @@ Bins karmarkar_karp(std::span<const double> weights, int num_bins, bool equal_si
   };
   int64_t next_id = 0;
   std::vector<Subset> scratch;
+  // Without the equal-size constraint, and when every weight is positive (so a non-empty subset
+  // never ties with an empty one), tuples are kept sparse: a merge of tuples with k1 and k2
+  // non-empty subsets, k1 + k2 <= k, is the stable sort of the first's subsets followed by the
+  // second's in reverse (where the dense merge puts them), in O((k1 + k2) log) instead of
+  // O(k log k), and the n singletons hold 1 subset each instead of k. Results are identical.
+  const bool sparse =
+      !equal_size && std::all_of(weights.begin(), weights.end(), [](double w) { return w > 0.0; });
   if (equal_size) {
     std::vector<int> padded = order;
     for (int d = 0; d < num_dummies; ++d) padded.push_back(num_items + d);
@@ -105,13 +114,13 @@ Bins karmarkar_karp(std::span<const double> weights, int num_bins, bool equal_si
         const int item = padded[start + static_cast<size_t>(b)];
         subsets[b] = Subset{item < num_items ? weights[item] : 0.0, item, item};
       }
-      push(Tuple(std::move(subsets), next_id++));
+      push(Tuple(std::move(subsets), next_id++, bins.size()));
     }
   } else {
     for (int item : order) {
-      std::vector<Subset> subsets(static_cast<size_t>(num_bins));
+      std::vector<Subset> subsets(sparse ? 1 : static_cast<size_t>(num_bins));
       subsets[0] = Subset{weights[item], item, item};
-      push(Tuple(std::move(subsets), next_id++));
+      push(Tuple(std::move(subsets), next_id++, bins.size()));
     }
   }
 
@@ -120,6 +129,17 @@ Bins karmarkar_karp(std::span<const double> weights, int num_bins, bool equal_si
   while (queue.size() > 1) {
     Tuple first = pop();
     Tuple second = pop();
+    const size_t k1 = first.subsets.size();
+    const size_t k2 = second.subsets.size();
+    if (sparse && k1 + k2 <= bins.size()) {
+      std::vector<Subset> merged = std::move(first.subsets);
+      merged.insert(merged.end(), second.subsets.rbegin(), second.subsets.rend());
+      sort_subsets(merged, scratch);
+      push(Tuple(std::move(merged), next_id++, bins.size()));
+      continue;
+    }
+    first.subsets.resize(bins.size());  // make both dense: the missing subsets are empty
+    second.subsets.resize(bins.size());
     // Built in place of the first tuple's subsets (entry b reads only entry b of them).
     std::vector<Subset> merged = std::move(first.subsets);
     for (int b = 0; b < num_bins; ++b) {
@@ -137,11 +157,11 @@ Bins karmarkar_karp(std::span<const double> weights, int num_bins, bool equal_si
       }
     }
     sort_subsets(merged, scratch);
-    push(Tuple(std::move(merged), next_id++));
+    push(Tuple(std::move(merged), next_id++, bins.size()));
   }
 
   const Tuple& last = queue.front();
-  for (int b = 0; b < num_bins; ++b) {
+  for (int b = 0; b < static_cast<int>(last.subsets.size()); ++b) {
     for (int item = last.subsets[b].head; item >= 0; item = next[item]) {
       if (item < num_items) bins[b].push_back(item);
     }
