@@ -1,4 +1,4 @@
-// JSON via nlohmann::ordered_json so keys keep the documented order.
+// JSON in the documented key order: written by hand (fast) without splitting, via nlohmann with it.
 #include "planner/plan_format.h"
 
 #include <algorithm>
