@@ -36,9 +36,11 @@ def main() -> None:
     old, new = sys.argv[1], sys.argv[2]
     quick = "--quick" in sys.argv
     better = worse = equal = 0
-    print(f"{'file':16} {'policy':10} {'N':>3} {'mb':>5} {'cost':6} "
-          f"{'coll old':>9} {'coll new':>9} {'odc old':>8} {'odc new':>8} "
-          f"{'#mb old':>8} {'#mb new':>8} {'s old':>6} {'s new':>6}")
+    print(
+        f"{'file':16} {'policy':10} {'N':>3} {'mb':>5} {'cost':6} "
+        f"{'coll old':>9} {'coll new':>9} {'odc old':>8} {'odc new':>8} "
+        f"{'#mb old':>8} {'#mb new':>8} {'s old':>6} {'s new':>6}"
+    )
     for lengths in sorted((ROOT / "data").glob("*.txt")):
         for cost_name, cost in COSTS.items():
             for ranks in (2, 4, 8, 16, 64):
@@ -57,10 +59,13 @@ def main() -> None:
                             better += 1
                         else:
                             worse += 1
-                        print(f"{lengths.stem[:16]:16} {policy:10} {ranks:3} "
-                              f"{minibatch or 'all':>5} {cost_name:6} "
-                              f"{a[0]:9.4%} {b[0]:9.4%} {a[1]:8.4%} {b[1]:8.4%} "
-                              f"{a[2]:8d} {b[2]:8d} {a[3]:6.2f} {b[3]:6.2f}", flush=True)
+                        print(
+                            f"{lengths.stem[:16]:16} {policy:10} {ranks:3} "
+                            f"{minibatch or 'all':>5} {cost_name:6} "
+                            f"{a[0]:9.4%} {b[0]:9.4%} {a[1]:8.4%} {b[1]:8.4%} "
+                            f"{a[2]:8d} {b[2]:8d} {a[3]:6.2f} {b[3]:6.2f}",
+                            flush=True,
+                        )
     print(f"cases: {equal} equal, {better} better, {worse} worse (new vs old)")
 
 
