@@ -7,12 +7,20 @@ One object per communicator, closed explicitly (or by a `with` block).
   (`buffer.tensor()`) and CuPy (`__cuda_array_interface__`) without copies; operations take torch
   CUDA tensors or `__cuda_array_interface__` arrays, are enqueued on `stream` (default: torch's
   current stream when torch is loaded, else the legacy default stream) and return at once.
-Views are valid until the buffer is freed or the communicator closed.
+View lifetime (never a crash): a view (`buffer.array`, `buffer.tensor()`) holds its buffer, which
+holds its communicator, so dropping the `Comm` or `Buffer` object never unmaps memory a view still
+uses. `buffer.free()` raises while views of that buffer are alive (delete them first); on every
+rank it is refused before any communication, so call it where all ranks have dropped their views.
+`comm.close()` never raises for live views: the communicator is closed for use at once (every call
+raises) and its memory stays mapped until the last view is gone. Device buffers consumed through
+`__cuda_array_interface__` directly (CuPy, Numba) hold the Buffer alive but are not counted: free()
+or close() while such a consumer still uses the memory is the caller's error.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
 import uuid
@@ -92,6 +100,41 @@ def _stream_handle(stream: Any, device: Optional[int]) -> Optional[int]:
     return int(stream)
 
 
+_INT_MAX = 2**31 - 1  # C int: ranks, world sizes and device indices
+_COUNT_MAX = 2**63 - 1  # size_t counts the C API can check (it refuses what does not fit memory)
+
+
+def _checked_int(value: Any, what: str, low: int, high: int) -> int:
+    """`value` as an int in [low, high]; ctypes would silently truncate anything wider."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise _invalid(f"{what} must be an integer, got {value!r}")
+    if not low <= int(value) <= high:
+        raise _invalid(f"{what} must be in [{low}, {high}], got {int(value)}")
+    return int(value)
+
+
+class _View:
+    """Owner of one view of a buffer: numpy keeps it as the array's base (torch holds it for the
+    tensor's life), so the view keeps the buffer and its communicator alive, and the buffer
+    counts its live views. `protocol` is __array_interface__ or __cuda_array_interface__."""
+
+    def __init__(self, buffer: "Buffer", protocol: str, interface: dict):
+        setattr(self, protocol, interface)
+        self._buffer = buffer
+        buffer._num_views += 1
+        buffer._comm._num_views += 1
+
+    def __del__(self) -> None:
+        try:
+            buffer = self._buffer
+            buffer._num_views -= 1
+            buffer._comm._num_views -= 1
+            if buffer._comm._num_views == 0:
+                buffer._comm._release_deferred()
+        except Exception:  # interpreter shutdown: nothing sensible to report
+            pass
+
+
 class Buffer:
     """A symmetric buffer: `count` elements of `dtype` on every rank.
 
@@ -115,22 +158,30 @@ class Buffer:
         self.dtype = dtype
         self.accumulator = accumulator
         self.device = comm.device
-        self._array = None
-        if comm.device is None:
-            element = ctypes.c_float if dtype == "float32" else ctypes.c_uint16
-            raw = np.ctypeslib.as_array(ctypes.cast(local, ctypes.POINTER(element)), shape=(count,))
-            self._array = raw.view(_array_dtype(dtype))
+        self._num_views = 0  # live numpy / torch views (see the module docstring)
+
+    def _host_view(self) -> np.ndarray:
+        """A new numpy view of the shard whose base holds this buffer (raw bits for bfloat16)."""
+        interface = {
+            "shape": (self.count,),
+            "typestr": "<f4" if self.dtype == "float32" else "<u2",
+            "data": (self._local, False),
+            "version": 3,
+        }
+        return np.asarray(_View(self, "__array_interface__", interface))
 
     @property
     def array(self) -> np.ndarray:
-        """This rank's shard on a host communicator (bfloat16 as uint16 bits unless ml_dtypes)."""
+        """This rank's shard on a host communicator (bfloat16 as uint16 bits unless ml_dtypes).
+
+        The array keeps this buffer and its communicator alive; free() refuses while it lives."""
         self._require_live()
-        if self._array is None:
+        if self.device is not None:
             raise _invalid(
                 "buffer.array is for host communicators; use buffer.tensor() or "
                 "__cuda_array_interface__ for device buffers"
             )
-        return self._array
+        return self._host_view().view(_array_dtype(self.dtype))
 
     @property
     def __cuda_array_interface__(self) -> dict:
@@ -152,14 +203,23 @@ class Buffer:
 
         self._require_live()
         if self.device is None:
-            host = self._array.view(np.uint16) if self.dtype == "bfloat16" else self._array
-            return torch.from_numpy(host).view(_torch_dtype(torch, self.dtype))
-        view = torch.as_tensor(self, device=f"cuda:{self.device}")
+            return torch.from_numpy(self._host_view()).view(_torch_dtype(torch, self.dtype))
+        # torch holds the interface's owner for the tensor's life: a counted _View.
+        owner = _View(self, "__cuda_array_interface__", self.__cuda_array_interface__)
+        view = torch.as_tensor(owner, device=f"cuda:{self.device}")
         return view.view(_torch_dtype(torch, self.dtype))
 
     def free(self) -> None:
-        """Collective: releases the buffer on every rank."""
+        """Collective: releases the buffer on every rank.
+
+        Raises (before any communication) while views of it (`array`, `tensor()`) are alive."""
         self._require_live()
+        if self._num_views > 0:
+            raise _capi.Error(
+                f"rank {self._comm.rank}: free: {self._num_views} view(s) of this buffer "
+                "(buffer.array / buffer.tensor()) are still alive; delete them first",
+                _capi.INVALID_USAGE,
+            )
         self._comm._call(_capi.lib.odcBufferFree, self._handle)
         self._handle = None
 
@@ -214,12 +274,27 @@ class Comm:
         deterministic: bool = False,
         store: Any = None,
     ):
+        self._handle = None
+        self._deferred_handle = None
+        self._num_views = 0
+        # Validate before calling C: ctypes truncates wide integers and C strings end at a NUL.
+        world_size = _checked_int(world_size, "world_size", 1, _INT_MAX)
+        rank = _checked_int(rank, "rank", -_INT_MAX - 1, _INT_MAX)  # C names a rank out of range
+        if device is not None:
+            device = _checked_int(device, "device", 0, _INT_MAX)
         if key is None and store is not None:
             key = _key_from_store(store, int(rank), int(world_size))
         if key is None:
             raise _invalid("give a rendezvous key, or a store to agree on one (store=...)")
         if not isinstance(key, str):
             raise _invalid(f"key must be a string, got {key!r}")
+        if "\0" in key:
+            raise _invalid(f"key must not contain a NUL character, got {key!r}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
+                raise _invalid(f"timeout must be a number of seconds, got {timeout!r}")
+            if math.isnan(float(timeout)):
+                raise _invalid("timeout must be a number of seconds, got nan")
         handle = ctypes.c_void_p()
         config = _capi.CommConfig()
         _capi.check_comm(_capi.lib.odcCommConfigInit(ctypes.byref(config)))
@@ -231,7 +306,7 @@ class Comm:
         config.deterministic = int(bool(deterministic))
         _capi.check_comm(
             _capi.lib.odcCommInitConfig(
-                ctypes.byref(handle), int(rank), int(world_size), ctypes.byref(config)
+                ctypes.byref(handle), rank, world_size, ctypes.byref(config)
             )
         )
         self._handle = handle
@@ -243,10 +318,21 @@ class Comm:
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
-        """Frees the communicator and its buffers (local; idempotent)."""
+        """Frees the communicator and its buffers (local; idempotent).
+
+        While views of its buffers are alive, the communicator is closed for use at once but its
+        memory is released only when the last view is gone (see the module docstring)."""
         if self._handle is not None:
             handle, self._handle = self._handle, None
+            if self._num_views > 0:
+                self._deferred_handle = handle
+                return
             _capi.check_comm(_capi.lib.odcCommDestroy(handle))
+
+    def _release_deferred(self) -> None:
+        if self._deferred_handle is not None:
+            handle, self._deferred_handle = self._deferred_handle, None
+            _capi.lib.odcCommDestroy(handle)
 
     def __enter__(self) -> "Comm":
         return self
@@ -275,9 +361,14 @@ class Comm:
                 f"rank {self.rank}: alloc: unknown dtype {dtype!r}: "
                 "expected 'float32' or 'bfloat16'"
             )
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+        if (
+            isinstance(count, bool)
+            or not isinstance(count, (int, np.integer))
+            or not 0 <= count <= _COUNT_MAX
+        ):
             raise _invalid(
-                f"rank {self.rank}: alloc: count must be a non-negative integer, " f"got {count!r}"
+                f"rank {self.rank}: alloc: count must be an integer in [0, {_COUNT_MAX}], "
+                f"got {count!r}"
             )
         handle = ctypes.c_void_p()
         local = ctypes.c_void_p()

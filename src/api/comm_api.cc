@@ -1,6 +1,8 @@
 // C API of the communicator. Handles are checked against a registry of live communicators, so a
 // destroyed handle gives odcInvalidUsage instead of undefined behaviour.
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <set>
 #include <string>
@@ -219,7 +221,20 @@ extern "C" odcResult_t odcBufferAlloc(odcComm_t comm, size_t count, odcDataType_
       return Status::InvalidArgument("rank " + std::to_string(c.rank()) +
                                      ": alloc: buffer and local must not be NULL");
     }
-    auto allocated = c.allocate(count, as_dtype(dtype), accumulator != 0);
+    // Every size the runtime derives from count must fit: the shard (count x element), the
+    // gathered buffer and the per-sender staging (world x count x element, float32 for
+    // accumulators). A wrapped product would map too little and let a later push write past it.
+    const odc::DataType type = as_dtype(dtype);
+    const size_t element = odc::is_valid(type) ? odc::element_bytes(type) : 1;
+    const size_t most = static_cast<size_t>(PTRDIFF_MAX) / element /
+                        static_cast<size_t>(std::max(c.world_size(), 1));
+    if (count > most) {
+      return Status::InvalidArgument(
+          "rank " + std::to_string(c.rank()) + ": alloc: count " + std::to_string(count) +
+          " is too large: at most " + std::to_string(most) + " elements of " +
+          std::to_string(element) + " bytes with " + std::to_string(c.world_size()) + " ranks");
+    }
+    auto allocated = c.allocate(count, type, accumulator != 0);
     if (!allocated.ok()) return allocated.status();
     *buffer = reinterpret_cast<odcBuffer_t>(allocated.value());
     *local = allocated.value()->local();

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <numeric>
 #include <queue>
+#include <set>
+#include <utility>
 
 namespace odc::planner {
 namespace {
@@ -27,22 +30,43 @@ struct Subset {
   int tail = -1;
 };
 
+// A k-tuple. Sparse tuples (see karmarkar_karp) store only their non-empty subsets: the missing
+// ones are empty, weigh 0 and sort last.
 struct Tuple {
   std::vector<Subset> subsets;  // sorted by sum, largest first
   int64_t id = 0;               // creation order: the deterministic tie-break
-  double spread() const { return subsets.front().sum - subsets.back().sum; }
+  double spread = 0.0;          // heaviest minus lightest subset, kept for the heap
+
+  Tuple(std::vector<Subset> sorted_subsets, int64_t tuple_id, size_t num_bins)
+      : subsets(std::move(sorted_subsets)),
+        id(tuple_id),
+        spread(subsets.front().sum - (subsets.size() < num_bins ? 0.0 : subsets.back().sum)) {}
 };
 
 struct WiderSpreadFirst {
   bool operator()(const Tuple& x, const Tuple& y) const {
-    if (x.spread() != y.spread()) return x.spread() < y.spread();
+    if (x.spread != y.spread) return x.spread < y.spread;
     return x.id > y.id;
   }
 };
 
-void sort_subsets(std::vector<Subset>& subsets) {
-  std::stable_sort(subsets.begin(), subsets.end(),
-                   [](const Subset& x, const Subset& y) { return x.sum > y.sum; });
+// Stable sort by sum, largest first (what std::stable_sort gives), without allocating: bottom-up
+// merge sort through a scratch vector reused across the whole differencing run.
+void sort_subsets(std::vector<Subset>& subsets, std::vector<Subset>& scratch) {
+  const size_t n = subsets.size();
+  scratch.resize(n);
+  auto heavier = [](const Subset& x, const Subset& y) { return x.sum > y.sum; };
+  Subset* from = subsets.data();
+  Subset* to = scratch.data();
+  for (size_t width = 1; width < n; width *= 2) {
+    for (size_t lo = 0; lo < n; lo += 2 * width) {
+      const size_t mid = std::min(lo + width, n);
+      const size_t hi = std::min(lo + 2 * width, n);
+      std::merge(from + lo, from + mid, from + mid, from + hi, to + lo, heavier);
+    }
+    std::swap(from, to);
+  }
+  if (from != subsets.data()) subsets.swap(scratch);  // the sorted run ended in scratch
 }
 
 }  // namespace
@@ -58,39 +82,70 @@ Bins karmarkar_karp(std::span<const double> weights, int num_bins, bool equal_si
   const int num_dummies = equal_size ? (num_bins - num_items % num_bins) % num_bins : 0;
   std::vector<int> next(static_cast<size_t>(num_items + num_dummies), -1);
 
-  std::priority_queue<Tuple, std::vector<Tuple>, WiderSpreadFirst> queue;
+  // A heap kept by hand (not std::priority_queue) so tuples are moved out, never copied.
+  std::vector<Tuple> queue;
+  queue.reserve(equal_size ? (num_items + num_dummies) / num_bins : num_items);
+  const WiderSpreadFirst wider;
+  auto push = [&](Tuple tuple) {
+    queue.push_back(std::move(tuple));
+    std::push_heap(queue.begin(), queue.end(), wider);
+  };
+  auto pop = [&]() {
+    std::pop_heap(queue.begin(), queue.end(), wider);
+    Tuple top = std::move(queue.back());
+    queue.pop_back();
+    return top;
+  };
   int64_t next_id = 0;
+  std::vector<Subset> scratch;
+  // Without the equal-size constraint, and when every weight is positive (so a non-empty subset
+  // never ties with an empty one), tuples are kept sparse: a merge of tuples with k1 and k2
+  // non-empty subsets, k1 + k2 <= k, is the stable sort of the first's subsets followed by the
+  // second's in reverse (where the dense merge puts them), in O((k1 + k2) log) instead of
+  // O(k log k), and the n singletons hold 1 subset each instead of k. Results are identical.
+  const bool sparse =
+      !equal_size && std::all_of(weights.begin(), weights.end(), [](double w) { return w > 0.0; });
   if (equal_size) {
     std::vector<int> padded = order;
     for (int d = 0; d < num_dummies; ++d) padded.push_back(num_items + d);
     for (size_t start = 0; start < padded.size(); start += static_cast<size_t>(num_bins)) {
-      Tuple tuple{std::vector<Subset>(static_cast<size_t>(num_bins)), next_id++};
+      std::vector<Subset> subsets(static_cast<size_t>(num_bins));
       for (int b = 0; b < num_bins; ++b) {
         const int item = padded[start + static_cast<size_t>(b)];
-        tuple.subsets[b] = Subset{item < num_items ? weights[item] : 0.0, item, item};
+        subsets[b] = Subset{item < num_items ? weights[item] : 0.0, item, item};
       }
-      queue.push(std::move(tuple));
+      push(Tuple(std::move(subsets), next_id++, bins.size()));
     }
   } else {
     for (int item : order) {
-      Tuple tuple{std::vector<Subset>(static_cast<size_t>(num_bins)), next_id++};
-      tuple.subsets[0] = Subset{weights[item], item, item};
-      queue.push(std::move(tuple));
+      std::vector<Subset> subsets(sparse ? 1 : static_cast<size_t>(num_bins));
+      subsets[0] = Subset{weights[item], item, item};
+      push(Tuple(std::move(subsets), next_id++, bins.size()));
     }
   }
 
   // Repeatedly combine the two tuples of widest spread, pairing the heaviest subset of one with the
   // lightest of the other: the differences largely cancel.
   while (queue.size() > 1) {
-    Tuple first = queue.top();
-    queue.pop();
-    Tuple second = queue.top();
-    queue.pop();
-    Tuple merged{std::vector<Subset>(static_cast<size_t>(num_bins)), next_id++};
+    Tuple first = pop();
+    Tuple second = pop();
+    const size_t k1 = first.subsets.size();
+    const size_t k2 = second.subsets.size();
+    if (sparse && k1 + k2 <= bins.size()) {
+      std::vector<Subset> merged = std::move(first.subsets);
+      merged.insert(merged.end(), second.subsets.rbegin(), second.subsets.rend());
+      sort_subsets(merged, scratch);
+      push(Tuple(std::move(merged), next_id++, bins.size()));
+      continue;
+    }
+    first.subsets.resize(bins.size());  // make both dense: the missing subsets are empty
+    second.subsets.resize(bins.size());
+    // Built in place of the first tuple's subsets (entry b reads only entry b of them).
+    std::vector<Subset> merged = std::move(first.subsets);
     for (int b = 0; b < num_bins; ++b) {
-      const Subset& heavy = first.subsets[b];
+      const Subset heavy = merged[b];
       const Subset& light = second.subsets[num_bins - 1 - b];
-      Subset& out = merged.subsets[b];
+      Subset& out = merged[b];
       out.sum = heavy.sum + light.sum;
       if (heavy.head < 0) {
         out.head = light.head;
@@ -101,12 +156,12 @@ Bins karmarkar_karp(std::span<const double> weights, int num_bins, bool equal_si
         if (light.head >= 0) next[heavy.tail] = light.head;
       }
     }
-    sort_subsets(merged.subsets);
-    queue.push(std::move(merged));
+    sort_subsets(merged, scratch);
+    push(Tuple(std::move(merged), next_id++, bins.size()));
   }
 
-  const Tuple& last = queue.top();
-  for (int b = 0; b < num_bins; ++b) {
+  const Tuple& last = queue.front();
+  for (int b = 0; b < static_cast<int>(last.subsets.size()); ++b) {
     for (int item = last.subsets[b].head; item >= 0; item = next[item]) {
       if (item < num_items) bins[b].push_back(item);
     }
@@ -119,6 +174,21 @@ Bins greedy_by_speed(std::span<const double> weights, std::span<const double> bi
   Bins bins(bin_speeds.size());
   if (bin_speeds.empty()) return bins;
   std::vector<double> loads(bin_speeds.size(), 0.0);
+  const bool equal_speeds = std::all_of(bin_speeds.begin(), bin_speeds.end(),
+                                        [&](double s) { return s == bin_speeds.front(); });
+  if (equal_speeds) {
+    std::set<std::pair<double, size_t>> by_load;  // (load, bin)
+    for (size_t b = 0; b < bin_speeds.size(); ++b) by_load.emplace(0.0, b);
+    for (int item : order_by_weight_descending(weights)) {
+      const size_t best = by_load.begin()->second;
+      by_load.erase(by_load.begin());
+      loads[best] += weights[item];
+      bins[best].push_back(item);
+      by_load.emplace(loads[best], best);
+    }
+    for (auto& bin : bins) std::sort(bin.begin(), bin.end());
+    return bins;
+  }
   for (int item : order_by_weight_descending(weights)) {
     size_t best = 0;
     double best_finish = (loads[0] + weights[item]) / bin_speeds[0];
@@ -157,16 +227,14 @@ class Refiner {
         for (int item : bins[b]) tokens_[b] += limits.item_tokens[item];
       }
     }
+    for (size_t b = 0; b < bins.size(); ++b) by_time_.emplace(time(b), b);
   }
 
   // One improving move or swap between the slowest and the fastest bin; false when none helps.
   bool step() {
-    size_t slow = 0;
-    size_t fast = 0;
-    for (size_t b = 1; b < bins_.size(); ++b) {
-      if (time(b) > time(slow)) slow = b;
-      if (time(b) < time(fast)) fast = b;
-    }
+    // The slowest bin (lowest index among equals) and the fastest (likewise), in O(log bins).
+    const size_t fast = by_time_.begin()->second;
+    const size_t slow = by_time_.lower_bound({std::prev(by_time_.end())->first, 0})->second;
     if (slow == fast) return false;
     const double current = time(slow);
     // A change must beat the current maximum by a relative margin, so rounding noise cannot make
@@ -250,8 +318,12 @@ class Refiner {
     auto& source = bins_[from];
     source.erase(std::find(source.begin(), source.end(), item));
     bins_[to].push_back(item);
+    by_time_.erase({time(from), from});
+    by_time_.erase({time(to), to});
     loads_[from] -= weights_[item];
     loads_[to] += weights_[item];
+    by_time_.emplace(time(from), from);
+    by_time_.emplace(time(to), to);
     if (has_cap()) {
       tokens_[from] -= limits_.item_tokens[item];
       tokens_[to] += limits_.item_tokens[item];
@@ -263,6 +335,7 @@ class Refiner {
   const RefineLimits& limits_;
   std::vector<double> loads_;
   std::vector<int64_t> tokens_;
+  std::set<std::pair<double, size_t>> by_time_;  // (time, bin) of every bin
 };
 
 }  // namespace

@@ -13,13 +13,20 @@ namespace odc::planner {
 // bins[b] lists the indices (into the weight array) of the items in bin b, in ascending order.
 using Bins = std::vector<std::vector<int>>;
 
+// Karmarkar-Karp without the equal-size constraint keeps items x bins subsets (16 bytes each) and
+// sorts a tuple of `bins` subsets per step; callers use it while items x bins stays under this
+// budget (about 64 MB, a fraction of a second) and a greedy beyond. Every shipped data file stays
+// under it, so their plans are unchanged.
+inline constexpr int64_t kKarmarkarKarpBudget = int64_t{1} << 22;
+
 // k-way largest differencing method. With `equal_size`, bin item counts differ by at most one
 // (balanced LDM: items are grouped k at a time in descending weight order). Bins come out sorted by
 // total weight, heaviest first.
 Bins karmarkar_karp(std::span<const double> weights, int num_bins, bool equal_size);
 
 // Longest-processing-time greedy for bins with relative speeds: each item, heaviest first, goes to
-// the bin that would finish it earliest (time = load / speed).
+// the bin that would finish it earliest (time = load / speed). With equal speeds that is the
+// least-loaded bin (lowest index among equals), found in O(log bins).
 Bins greedy_by_speed(std::span<const double> weights, std::span<const double> bin_speeds);
 
 // Limits on what refine() may do.

@@ -9,6 +9,7 @@
 
 #include "planner/packing.h"
 #include "planner/partition.h"
+#include "planner/plan_io.h"
 
 namespace odc::planner {
 namespace {
@@ -116,8 +117,13 @@ std::vector<LocalBins> plan_lb_mini(const MinibatchInput& input, const PlanOptio
                                          [&](double s) { return s == options.rank_speed.front(); });
   RefineLimits limits;
   Bins by_rank;
-  if (uniform_speed) {
+  const int64_t num_samples = static_cast<int64_t>(input.costs.size());
+  if (uniform_speed && num_samples * num_ranks <= kKarmarkarKarpBudget) {
     by_rank = karmarkar_karp(input.costs, num_ranks, /*equal_size=*/false);
+  } else if (uniform_speed) {
+    // Too large for differencing's memory: least-loaded greedy, then refinement.
+    by_rank =
+        greedy_by_speed(input.costs, std::vector<double>(static_cast<size_t>(num_ranks), 1.0));
   } else {
     // Differencing balances equal bins; with unequal speeds the greedy that minimizes each
     // sample's finish time starts closer, and refinement then balances cost / speed.
@@ -157,8 +163,8 @@ Result<Policy> parse_policy(std::string_view name) {
   for (Policy policy : {Policy::kLocalSort, Policy::kLbMicro, Policy::kLbMini}) {
     if (name == policy_name(policy)) return policy;
   }
-  return Status::InvalidArgument("unknown policy '" + std::string(name) +
-                                 "': expected local-sort, lb-micro or lb-mini");
+  return Status::InvalidArgument("unknown policy " + quote_text(name) +
+                                 ": expected local-sort, lb-micro or lb-mini");
 }
 
 std::string_view split_mode_name(SplitMode mode) {
@@ -230,6 +236,14 @@ Status validate_plan_options(const PlanOptions& options) {
 Status validate_plan_inputs(std::span<const int64_t> lengths, const PlanOptions& options) {
   ODC_RETURN_IF_ERROR(validate_plan_options(options));
   if (lengths.empty()) return Status::InvalidArgument("empty input: no sample lengths given");
+  if (lengths.size() > static_cast<size_t>(kMaxSamples)) {
+    return Status::InvalidArgument("too many samples: " + std::to_string(lengths.size()) +
+                                   ", at most " + std::to_string(kMaxSamples));
+  }
+  // Token sums of any set of samples must fit int64_t (the packers add them), and cost sums must
+  // stay finite (an infinite cost makes every bubble NaN).
+  int64_t total_tokens = 0;
+  double total_cost = 0.0;
   for (size_t i = 0; i < lengths.size(); ++i) {
     if (lengths[i] < 1) {
       return Status::InvalidArgument("sample " + std::to_string(i) + " has non-positive length " +
@@ -239,6 +253,19 @@ Status validate_plan_inputs(std::span<const int64_t> lengths, const PlanOptions&
       return Status::InvalidArgument("sample " + std::to_string(i) + " has length " +
                                      std::to_string(lengths[i]) + ", above max_tokens " +
                                      std::to_string(options.max_tokens));
+    }
+    if (__builtin_add_overflow(total_tokens, lengths[i], &total_tokens)) {
+      return Status::InvalidArgument("the sample lengths add up to more than " +
+                                     std::to_string(INT64_MAX) + " tokens (at sample " +
+                                     std::to_string(i) + ")");
+    }
+    total_cost += options.cost.sample_cost(lengths[i]) + options.cost.c;
+    if (!std::isfinite(total_cost)) {
+      return Status::InvalidArgument(
+          "costs overflow: the cost model " + format_number(options.cost.a) + "," +
+          format_number(options.cost.b) + "," + format_number(options.cost.c) +
+          " gives an infinite total by sample " + std::to_string(i) + " (length " +
+          std::to_string(lengths[i]) + "); scale the coefficients down");
     }
   }
   return Status::Ok();
@@ -362,6 +389,16 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
     collective += minibatch.times.collective;
     odc += minibatch.times.odc;
     plan.minibatches.push_back(std::move(minibatch));
+  }
+  // Costs were checked finite above; dividing by a tiny rank speed (or padding microbatches of
+  // cost c) can still overflow: refuse rather than report NaN bubbles.
+  for (double total : {busy, collective, odc}) {
+    if (!std::isfinite(total) || !std::isfinite(total * static_cast<double>(options.num_ranks))) {
+      return Status::InvalidArgument(
+          "predicted times overflow (cost model " + format_number(options.cost.a) + "," +
+          format_number(options.cost.b) + "," + format_number(options.cost.c) +
+          " with the given rank speeds): scale the coefficients or speeds");
+    }
   }
   plan.bubble.collective = bubble_rate(busy, options.num_ranks, collective);
   plan.bubble.odc = bubble_rate(busy, options.num_ranks, odc);

@@ -39,6 +39,9 @@ inline constexpr double kDefaultSplitExchange = 0.05;
 // Plans cost memory proportional to samples x ranks; beyond this many ranks a plan is a mistake.
 inline constexpr int64_t kMaxRanks = 65536;
 
+// Most samples one plan takes: packing addresses a minibatch's samples with int.
+inline constexpr int64_t kMaxSamples = INT32_MAX;
+
 // Minibatch size meaning "all samples in one minibatch".
 inline constexpr int64_t kAllSamples = INT64_MAX;
 

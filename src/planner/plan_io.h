@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <istream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -12,8 +13,16 @@
 
 namespace odc::planner {
 
+// Longest line read_lengths() accepts (a length needs 20 bytes; comments get room to spare).
+inline constexpr size_t kMaxLineBytes = 65536;
+
+// `text` in single quotes for an error message: control and non-ASCII bytes as \xNN, a backslash
+// doubled, at most 64 bytes shown (then the total length), so a message stays one readable line.
+std::string quote_text(std::string_view text);
+
 // One positive integer per line; blank lines and lines starting with '#' are skipped. `source`
-// names the input in messages.
+// names the input in messages. A line longer than kMaxLineBytes, or more than kMaxSamples lengths,
+// is an error (a stream such as /dev/zero fails at once instead of growing without bound).
 Result<std::vector<int64_t>> read_lengths(std::istream& input, const std::string& source);
 
 // `path` "-" reads standard input.

@@ -10,10 +10,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <climits>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -112,7 +114,8 @@ std::vector<CompareRow> compare_rows(const std::vector<Plan>& plans) {
   std::vector<CompareRow> rows;
   for (const Plan& plan : plans) {
     CompareRow row;
-    row.policy = std::string(odc::planner::policy_name(plan.options.policy));
+    row.policy = std::string(odc::planner::policy_name(plan.options.policy)) +
+                 (plan.options.split == odc::planner::SplitMode::kAuto ? "+split" : "");
     row.runs_collective = plan.options.policy != odc::planner::Policy::kLbMini;
     row.bubble_collective = plan.bubble.collective;
     row.bubble_odc = plan.bubble.odc;
@@ -272,9 +275,22 @@ std::string write_plot(const nlohmann::ordered_json& comparison, const std::stri
   return "";
 }
 
+// One line on stderr whatever the message holds: arguments echoed by the parser may carry raw
+// control bytes (a newline, an escape sequence), which are shown as \xNN.
 int fail(const std::string& command, const std::string& message) {
   const std::string prefix = command.empty() ? "odc" : "odc " + command;
-  std::fprintf(stderr, "%s: error: %s\n", prefix.c_str(), message.c_str());
+  std::string line;
+  for (char c : message) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\x%02x", byte);
+      line += escaped;
+    } else {
+      line += c;
+    }
+  }
+  std::fprintf(stderr, "%s: error: %s\n", prefix.c_str(), line.c_str());
   return kUsageError;
 }
 
@@ -331,7 +347,8 @@ int main(int argc, char** argv) {
 
   if (plan_command->parsed()) {
     if (format != "json" && format != "table") {
-      return fail("plan", "unknown format '" + format + "': expected json or table");
+      return fail("plan", "unknown format " + odc::planner::quote_text(format) +
+                              ": expected json or table");
     }
     auto policy = odc::planner::parse_policy(policy_text);
     if (!policy.ok()) return fail("plan", policy.status().message());
@@ -343,8 +360,11 @@ int main(int argc, char** argv) {
     }
     auto plan = odc::planner::make_plan(lengths, options);
     if (!plan.ok()) return fail("plan", plan.status().message());
-    std::cout << (format == "json" ? odc::planner::plan_to_json(plan.value()) + "\n"
-                                   : odc::planner::plan_to_table(plan.value()));
+    std::string text = format == "json" ? odc::planner::plan_to_json(plan.value()) + "\n"
+                                        : odc::planner::plan_to_table(plan.value());
+    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout)) {
+      return fail("plan", std::string("cannot write the plan: ") + std::strerror(errno));
+    }
     return 0;
   }
 

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 
@@ -97,6 +99,117 @@ TEST(PackExact, PadsWithEmptyMicrobatchesOnlyWhenItemsRunOut) {
   int empty = 0;
   for (const auto& bin : bins) empty += bin.empty();
   EXPECT_EQ(empty, 2);
+}
+
+// The packing before it was made near-linear (first-fit by linear scan, one full attempt per
+// count from the lower bound up): the reference the fast search must match where both finish.
+namespace reference {
+
+std::vector<int> by_tokens(const PackingInput& input) {
+  std::vector<int> order(input.tokens.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int x, int y) { return input.tokens[x] > input.tokens[y]; });
+  return order;
+}
+
+bool greedy(const PackingInput& input, int num_bins, Bins& bins) {
+  bins.assign(static_cast<size_t>(num_bins), {});
+  std::vector<int64_t> used(bins.size(), 0);
+  std::vector<double> cost(bins.size(), 0.0);
+  for (int item : by_tokens(input)) {
+    int best = -1;
+    for (int b = 0; b < num_bins; ++b) {
+      if (used[b] + input.tokens[item] > input.token_cap) continue;
+      if (best < 0 || cost[b] < cost[best]) best = b;
+    }
+    if (best < 0) return false;
+    bins[best].push_back(item);
+    used[best] += input.tokens[item];
+    cost[best] += input.costs[item];
+  }
+  return true;
+}
+
+bool balanced(const PackingInput& input, int num_bins, Bins& bins) {
+  bins = karmarkar_karp(input.costs, num_bins, false);
+  bool within_cap = true;
+  for (const auto& bin : bins) {
+    int64_t sum = 0;
+    for (int item : bin) sum += input.tokens[item];
+    within_cap = within_cap && sum <= input.token_cap;
+  }
+  if (!within_cap && !greedy(input, num_bins, bins)) return false;
+  RefineLimits limits;
+  limits.item_tokens = input.tokens;
+  limits.token_cap = input.token_cap;
+  (void)refine(bins, input.costs, limits);
+  return true;
+}
+
+Bins pack_fewest(const PackingInput& input) {
+  Bins packed;
+  std::vector<int64_t> used;
+  for (int item : by_tokens(input)) {
+    size_t b = 0;
+    while (b < packed.size() && used[b] + input.tokens[item] > input.token_cap) ++b;
+    if (b == packed.size()) {
+      packed.emplace_back();
+      used.push_back(0);
+    }
+    packed[b].push_back(item);
+    used[b] += input.tokens[item];
+  }
+  const int64_t total = std::accumulate(input.tokens.begin(), input.tokens.end(), int64_t{0});
+  const int lower =
+      static_cast<int>(std::max<int64_t>(1, (total + input.token_cap - 1) / input.token_cap));
+  Bins bins;
+  for (int count = lower; count < static_cast<int>(packed.size()); ++count) {
+    if (balanced(input, count, bins)) return bins;
+  }
+  if (balanced(input, static_cast<int>(packed.size()), bins)) return bins;
+  RefineLimits limits;
+  limits.item_tokens = input.tokens;
+  limits.token_cap = input.token_cap;
+  (void)refine(packed, input.costs, limits);
+  return packed;
+}
+
+}  // namespace reference
+
+TEST(PackFewest, SameAsOneAttemptPerCountOnSmallInputs) {
+  // Short items (many per microbatch, where the first feasible count is near the lower bound) and
+  // long ones (few per microbatch, where first-fit is often already tight).
+  for (uint32_t seed = 0; seed < 60; ++seed) {
+    const int64_t cap = 4096;
+    const Items items = random_items(40 + 7 * seed, seed % 2 ? cap : cap / 8, seed);
+    const Bins fast = pack_fewest(items.input(cap));
+    const Bins scan = reference::pack_fewest(items.input(cap));
+    EXPECT_EQ(fast.size(), scan.size()) << "seed " << seed;
+    EXPECT_EQ(fast, scan) << "seed " << seed;
+  }
+}
+
+TEST(PackFewest, ManyMicrobatchesStayNearLinear) {
+  // 200,000 items of up to 4,096 tokens under a 4,096 cap: ~50,000 microbatches. One attempt per
+  // count with Karmarkar-Karp (items x microbatches subsets) needed ~10^10 subsets: minutes and
+  // tens of GB. The packing must hold the cap, cover every item once and need no more
+  // microbatches than first-fit decreasing.
+  const int64_t cap = 4096;
+  Items items;
+  std::mt19937 rng(7);
+  std::lognormal_distribution<double> dist(std::log(900.0), 0.9);
+  while (items.tokens.size() < 200000) {
+    const auto tokens = static_cast<int64_t>(dist(rng));
+    if (tokens < 1 || tokens > cap) continue;
+    items.tokens.push_back(tokens);
+    items.costs.push_back(static_cast<double>(tokens));
+  }
+  const Bins bins = pack_fewest(items.input(cap));
+  expect_packed(bins, items, cap);
+  const int64_t total = std::accumulate(items.tokens.begin(), items.tokens.end(), int64_t{0});
+  EXPECT_GE(static_cast<int64_t>(bins.size()), (total + cap - 1) / cap);
+  EXPECT_LE(static_cast<double>(bins.size()), 1.01 * static_cast<double>((total + cap - 1) / cap));
 }
 
 }  // namespace

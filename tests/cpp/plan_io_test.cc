@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <istream>
 #include <sstream>
+#include <streambuf>
+#include <string>
+#include <vector>
 
 namespace odc::planner {
 namespace {
@@ -69,6 +73,52 @@ TEST(ParseRankSpeed, ParsesAndRejects) {
   EXPECT_EQ(speeds.value(), (std::vector<double>{1, 0.5, 2}));
   EXPECT_FALSE(parse_rank_speed("1,fast").ok());
   EXPECT_FALSE(parse_rank_speed("").ok());
+}
+
+// An endless stream of one byte, like /dev/zero: reading must stop on its own.
+class EndlessBytes : public std::streambuf {
+ public:
+  explicit EndlessBytes(char byte) : block_(4096, byte) {}
+
+ protected:
+  int_type underflow() override {
+    setg(block_.data(), block_.data(), block_.data() + block_.size());
+    return traits_type::to_int_type(block_[0]);
+  }
+
+ private:
+  std::vector<char> block_;
+};
+
+TEST(ReadLengths, EndlessLineFailsWithoutGrowing) {
+  EndlessBytes zeros('\0');
+  std::istream input(&zeros);
+  auto lengths = read_lengths(input, "'/dev/zero'");
+  ASSERT_FALSE(lengths.ok());
+  EXPECT_EQ(lengths.status().message(),
+            "'/dev/zero' line 1 is longer than 65536 bytes (not a lengths file?)");
+}
+
+TEST(ReadLengths, LongLastLineWithoutNewlineIsRead) {
+  // Up to the bound a line is fine, also the last one without '\n'.
+  auto lengths = read("5\n" + std::string(60000, ' ') + "42");
+  ASSERT_TRUE(lengths.ok()) << lengths.status().message();
+  EXPECT_EQ(lengths.value(), (std::vector<int64_t>{5, 42}));
+}
+
+TEST(ReadLengths, EchoedTextIsEscapedAndShort) {
+  // Raw control bytes (an escape sequence, a carriage return) must not reach the terminal, and
+  // the message stays one line.
+  EXPECT_EQ(read("1\n\x1b[2Jx\rboom\n").status().message(),
+            "'test' line 2: expected a positive integer length, got '\\x1b[2Jx\\x0dboom'");
+  const std::string garbage(1000, 'z');
+  const std::string message = read(garbage + "\n").status().message();
+  EXPECT_EQ(message, "'test' line 1: expected a positive integer length, got '" +
+                         std::string(64, 'z') + "' (1000 bytes, first 64 shown)");
+  EXPECT_EQ(quote_text("a\\b\xff\n"), "'a\\\\b\\xff\\x0a'");
+  EXPECT_EQ(parse_cost("1,\x1b,3").status().message(),
+            "malformed cost '1,\\x1b,3': expected three comma-separated non-negative numbers "
+            "A,B,C");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "planner/plan_format.h"
@@ -228,6 +229,83 @@ TEST(Plans, JsonFollowsTheContract) {
   EXPECT_TRUE(json["minibatches"][0]["ranks"][0]["microbatches"].is_array());
   EXPECT_TRUE(json["bubble"]["collective"].is_number());
   EXPECT_TRUE(json["minibatches"][0]["bubble"]["odc"].is_number());
+}
+
+TEST(Validation, TokenTotalsMustFitInt64) {
+  // Three samples of INT64_MAX tokens "fitted" one microbatch once the sum wrapped.
+  const int64_t most = INT64_MAX;
+  EXPECT_EQ(error_of({most, most, most}, options_for(Policy::kLbMini, 1, most)),
+            "the sample lengths add up to more than 9223372036854775807 tokens (at sample 1)");
+  for (Policy policy : {Policy::kLocalSort, Policy::kLbMicro, Policy::kLbMini}) {
+    EXPECT_FALSE(
+        make_plan(std::vector<int64_t>{most / 2, most / 2, 2}, options_for(policy, 2, most)).ok());
+    // Right at the limit is fine, and nothing wraps while packing.
+    const Plan plan = plan_or_die({most / 2, most / 2, 1}, options_for(policy, 2, most));
+    expect_valid_plan(plan, {most / 2, most / 2, 1});
+  }
+}
+
+TEST(Validation, CostsThatOverflowAreRejectedNotNaN) {
+  PlanOptions options = options_for(Policy::kLbMini, 2, 1000);
+  options.cost = {1e308, 1e308, 0.0};
+  EXPECT_EQ(error_of({5, 6}, options),
+            "costs overflow: the cost model 1e+308,1e+308,0 gives an infinite total by sample 0 "
+            "(length 5); scale the coefficients down");
+  options.cost = {1e300, 0.0, 0.0};  // finite costs, but divided by a tiny speed
+  options.rank_speed = {1e-300, 1.0};
+  options.policy = Policy::kLocalSort;  // gives rank 0 samples: its time is infinite
+  EXPECT_EQ(error_of({5, 6, 7, 8}, options),
+            "predicted times overflow (cost model 1e+300,0,0 with the given rank speeds): scale "
+            "the coefficients or speeds");
+  for (Policy policy : {Policy::kLbMicro, Policy::kLbMini}) {
+    options.policy = policy;
+    auto plan = make_plan(std::vector<int64_t>{5, 6, 7, 8}, options);
+    if (plan.ok()) {  // a balancer may leave the slow rank idle: then every number is finite
+      EXPECT_TRUE(std::isfinite(plan.value().bubble.collective)) << policy_name(policy);
+      EXPECT_TRUE(std::isfinite(plan.value().bubble.odc)) << policy_name(policy);
+    } else {
+      EXPECT_EQ(plan.status().message(),
+                "predicted times overflow (cost model 1e+300,0,0 with the given rank speeds): "
+                "scale the coefficients or speeds");
+    }
+  }
+}
+
+// The documented JSON as nlohmann renders it: the hand-written writer must give the same bytes.
+std::string reference_json(const Plan& plan) {
+  using nlohmann::ordered_json;
+  const PlanOptions& options = plan.options;
+  ordered_json root;
+  root["policy"] = std::string(policy_name(options.policy));
+  root["ranks"] = options.num_ranks;
+  root["max_tokens"] = options.max_tokens;
+  root["cost"] = {{"a", options.cost.a}, {"b", options.cost.b}, {"c", options.cost.c}};
+  ordered_json minibatches = ordered_json::array();
+  for (const auto& minibatch : plan.minibatches) {
+    ordered_json ranks = ordered_json::array();
+    for (const auto& rank : minibatch.ranks) ranks.push_back({{"microbatches", rank.microbatches}});
+    minibatches.push_back(
+        {{"samples", minibatch.samples},
+         {"ranks", std::move(ranks)},
+         {"bubble", {{"collective", minibatch.bubble.collective}, {"odc", minibatch.bubble.odc}}}});
+  }
+  root["minibatches"] = std::move(minibatches);
+  root["bubble"] = {{"collective", plan.bubble.collective}, {"odc", plan.bubble.odc}};
+  return root.dump();
+}
+
+TEST(Plans, JsonWriterMatchesNlohmann) {
+  const std::vector<int64_t> lengths = random_lengths(300, 4096, 11);
+  for (Policy policy : {Policy::kLocalSort, Policy::kLbMicro, Policy::kLbMini}) {
+    for (const CostModel cost : {CostModel{1, 0, 0}, CostModel{1.69e-5, 9.75e-10, 0.069},
+                                 CostModel{0.1, 1e-300, 1e20}, CostModel{0, 0, 0}}) {
+      PlanOptions options = options_for(policy, 3, 8192);
+      options.cost = cost;
+      options.minibatch_size = 64;
+      const Plan plan = plan_or_die(lengths, options);
+      EXPECT_EQ(plan_to_json(plan), reference_json(plan)) << policy_name(policy);
+    }
+  }
 }
 
 TEST(Validation, NamesTheProblem) {
