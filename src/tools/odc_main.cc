@@ -214,10 +214,11 @@ std::string compare_csv(const std::vector<Plan>& plans) {
 std::string speedup_line(const std::vector<Plan>& plans) {
   const auto rows = compare_rows(plans);
   const double baseline = baseline_time(rows);
+  // The last row: lb-mini, or lb-mini+split when splitting is on.
   char line[200];
   std::snprintf(line, sizeof(line),
-                "predicted speedup of odc + lb-mini over collective + lb-micro: %.2fx\n",
-                speedup(baseline, rows.back().time_odc));
+                "predicted speedup of odc + %s over collective + lb-micro: %.2fx\n",
+                rows.back().policy.c_str(), speedup(baseline, rows.back().time_odc));
   return line;
 }
 

@@ -90,3 +90,53 @@ def test_errors_name_the_problem():
         assert "needs a 2-D HSDP mesh" in messages["flat"]
         assert messages["replicas"] == 1
         assert messages["key"].endswith("-replica0")
+
+
+def _partial_outputs_rank(rank, world_size, key, store_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import odc.torch
+    from tiny_lm import loss_sum, minibatch_samples
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
+    )
+    try:
+        mesh = init_device_mesh("cpu", MESH, mesh_dim_names=("replicate", "shard"))
+        model = make_model()
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        comm = odc.torch.node_comm(mesh, key, timeout=60)
+        engine = odc.torch.OdcFSDP(model, comm, torch.optim.AdamW(model.parameters(), lr=LR))
+        samples = minibatch_samples(0)
+        with engine.minibatch():
+            for _ in range(2):  # FSDP2 keeps a partial output per group across microbatches
+                odc.torch.scale_loss(loss_sum(model, samples[:2]), 100).backward()
+            groups = [m._get_fsdp_state()._fsdp_param_group for m in (*model.blocks, model)]
+            shared = {
+                buffer.untyped_storage().data_ptr() for buffer in engine._hsdp_zero_outputs.values()
+            }
+            kept = [g._partial_reduce_output for g in groups if g is not None]
+            return [
+                None if t is None else t.untyped_storage().data_ptr() in shared for t in kept
+            ], len(shared)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hsdp_partial_outputs_share_one_zero_buffer():
+    """FSDP2 keeps every group's reduce-scatter output across the minibatch when its replica
+    all-reduce is off; under ODC those outputs are zeros and must all view one shared buffer, not
+    hold 4 bytes per parameter element (checked on torch 2.11's FSDPParamGroup)."""
+    import odc
+
+    with tempfile.TemporaryDirectory() as directory:
+        results = odc.launch(
+            _partial_outputs_rank, 4, os.path.join(directory, "store"), timeout=300
+        )
+    for kept, num_shared in results:
+        assert num_shared == 1
+        assert kept and all(kept), kept

@@ -18,6 +18,7 @@ Invariant: nothing in forward or backward calls the process group.
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Iterator, List, Optional
 
 import torch
@@ -151,8 +152,17 @@ class OdcReduceScatter(internals.ReduceScatter):
         self.group = group
 
     def allocate(self, size, *, dtype, device):
-        # Input and output alike: plain tensors, as FSDP2's default allocates. The output lives
-        # only until FSDP2 has added it into the preset .grad (R5).
+        # 1-D meshes: input and output alike are plain tensors, as FSDP2's default allocates; the
+        # output lives only until FSDP2 has added it into the preset .grad (R5).
+        # HSDP meshes: FSDP2 keeps the output of every group across the minibatch's microbatches
+        # as its partial sum for the replica all-reduce we switched off (_partial_reduce_output),
+        # 4 bytes per parameter element held for nothing: the output (the allocation of one
+        # shard, numel == shard_numel; the input holds world_size shards) is instead a view of
+        # one zero buffer shared by every group, since all it ever holds or gets added is zeros.
+        owner = self.group.owner
+        numel = math.prod(size)
+        if owner.replica_reduction is not None and numel == self.group.layout.shard_numel:
+            return owner.hsdp_zero_output(numel, dtype, device)
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
@@ -217,6 +227,7 @@ class OdcFSDP:
         self._scratch = _grad_scratch([layout for _, layout in layouts])
         # HSDP (2-D mesh): the cross-replica sum at minibatch end; None on a 1-D mesh.
         self._replicas = hybrid.replica_reduction([layout for _, layout in layouts], comm)
+        self._hsdp_zero_outputs = {}  # (dtype, device) -> zeros; see OdcReduceScatter.allocate
         for module, layout in layouts:  # the same order on every rank: alloc is collective
             param = layout.slots[0].param
             scratch = self._scratch[(param.dtype, param.device)]
@@ -278,6 +289,17 @@ class OdcFSDP:
             accumulators += group.layout.shard_numel * 4
         scratch = sum(t.numel() * t.element_size() for t in self._scratch.values())
         return {"published": published, "accumulators": accumulators, "grad_scratch": scratch}
+
+    def hsdp_zero_output(self, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
+        """HSDP: a view of the zero buffer every group's reduce-scatter output shares (see
+        OdcReduceScatter.allocate), grown to the largest group's shard on first use."""
+        key = (dtype, torch.device(device))
+        buffer = self._hsdp_zero_outputs.get(key)
+        if buffer is None or buffer.numel() < numel:
+            largest = max(group.layout.shard_numel for group in self._groups)
+            buffer = torch.zeros(max(largest, numel), dtype=dtype, device=device)
+            self._hsdp_zero_outputs[key] = buffer
+        return buffer[:numel]
 
     @property
     def replica_reduction(self) -> Optional[hybrid.ReplicaReduction]:
