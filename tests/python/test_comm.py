@@ -430,3 +430,15 @@ def test_comm_from_a_torch_store():
         port = probe.getsockname()[1]
     expected = [float(r) for r in range(2) for _ in range(8)]
     assert odc.launch(_tcp_store_rank, 2, port, timeout=300) == [expected, expected]
+
+
+def test_torch_store_wait_names_the_missing_rank():
+    dist = pytest.importorskip("torch.distributed")
+    from datetime import timedelta
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30))
+    with pytest.raises(odc.Error) as raised:  # a 3-rank job in which ranks 1 and 2 never come
+        odc.Comm(0, 3, store=store, timeout=0.5)
+    message = str(raised.value)
+    assert message.startswith("rank 0: init: bootstrap allgather (agree on key) failed"), message
+    assert "timed out after 0.5 s: rank 0 waited for ranks 1, 2" in message
