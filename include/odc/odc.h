@@ -158,7 +158,27 @@ typedef enum {
   odcTransportCuda = 2  /* CUDA IPC within a node: one process per GPU, device pointers */
 } odcTransport_t;
 
-#define ODC_COMM_CONFIG_VERSION 1
+#define ODC_COMM_CONFIG_VERSION 2
+
+/* An external bootstrap: how ranks meet when the caller already has a rendezvous (a
+ * torch.distributed store, MPI, ...). Contract for both callbacks: collective (every rank calls
+ * them, in the same order, with the same `bytes`), blocking, and bounded: on failure, or when a
+ * peer does not arrive within the caller's own timeout, return nonzero instead of hanging (0 is
+ * success). allgather: recv[r*bytes : (r+1)*bytes] = rank r's `send`, for every rank r (recv holds
+ * world_size * bytes). mark_failed (optional, may be NULL): called at most once, when this rank
+ * fails (init or later), so peers waiting in the callbacks can end with an error naming it instead
+ * of a timeout. The callbacks run on the thread that called into odc; odc uses them during
+ * odcCommInitConfig and, for mark_failed, until odcCommDestroy, so `ctx` must live that long.
+ * With a bootstrap, local transports name their shared memory with a random key that rank 0 makes
+ * and sends through allgather, so two jobs with different bootstraps never meet. */
+#define ODC_BOOTSTRAP_VERSION 1
+typedef struct {
+  unsigned int version; /* ODC_BOOTSTRAP_VERSION */
+  void* ctx;            /* passed back to every callback */
+  int (*allgather)(void* ctx, const void* send, void* recv, size_t bytes);
+  int (*barrier)(void* ctx);
+  void (*mark_failed)(void* ctx, const char* reason);
+} odcBootstrap_t;
 
 /* Versioned communicator configuration (NCCL style): fill it with odcCommConfigInit, change the
  * fields you need, pass it to odcCommInitConfig. `size` and `version` let later library versions
@@ -176,6 +196,9 @@ typedef struct {
    * fp32 of extra memory per accumulator and rank. 0 (default): the fastest exact scheme the
    * transport has (CUDA: remote fp32 atomic adds, no extra memory). */
   int deterministic;
+  /* Version 2. NULL (default): ranks meet through `key` in local shared memory. Else the caller's
+   * bootstrap (copied; its ctx must outlive the communicator); `key` must then be NULL. */
+  const odcBootstrap_t* bootstrap;
 } odcCommConfig_t;
 
 /* Local: fills `config` with the defaults (auto transport, no key, default timeout, no device,
@@ -184,7 +207,9 @@ ODC_API odcResult_t odcCommConfigInit(odcCommConfig_t* config);
 
 /* Collective. As odcCommInit / odcCommInitCuda, configured by `config` (not retained). A config
  * with an unknown version, a size smaller than version 1's, or a transport this build lacks is
- * refused with a message naming the problem. */
+ * refused with a message naming the problem. Version 1 configs (no `bootstrap`) are accepted.
+ * With a bootstrap every rank's init fails when one rank's does (the failure goes through
+ * mark_failed and the init barrier). */
 ODC_API odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_size,
                                       const odcCommConfig_t* config);
 

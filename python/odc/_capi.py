@@ -55,7 +55,27 @@ class PlanOptions(ctypes.Structure):
 TRANSPORT_AUTO = 0
 TRANSPORT_SHM = 1
 TRANSPORT_CUDA = 2
-COMM_CONFIG_VERSION = 1
+COMM_CONFIG_VERSION = 2
+BOOTSTRAP_VERSION = 1
+
+# odcBootstrap_t callbacks: 0 on success, nonzero on failure (see include/odc/odc.h).
+BOOTSTRAP_ALLGATHER = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t
+)
+BOOTSTRAP_BARRIER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+BOOTSTRAP_MARK_FAILED = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+
+
+class Bootstrap(ctypes.Structure):
+    """odcBootstrap_t: a rendezvous supplied by the caller."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("ctx", ctypes.c_void_p),
+        ("allgather", BOOTSTRAP_ALLGATHER),
+        ("barrier", BOOTSTRAP_BARRIER),
+        ("mark_failed", BOOTSTRAP_MARK_FAILED),
+    ]
 
 
 class CommConfig(ctypes.Structure):
@@ -69,6 +89,7 @@ class CommConfig(ctypes.Structure):
         ("timeout_seconds", ctypes.c_double),
         ("device", ctypes.c_int),
         ("deterministic", ctypes.c_int),
+        ("bootstrap", ctypes.POINTER(Bootstrap)),  # version 2
     ]
 
 

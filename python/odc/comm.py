@@ -23,7 +23,6 @@ import ctypes
 import math
 import os
 import sys
-import uuid
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -38,6 +37,14 @@ except ImportError:  # pragma: no cover - depends on the environment
     _BF16_NUMPY = None
 
 _DTYPES = {"float32": _capi.FLOAT32, "bfloat16": _capi.BFLOAT16}
+
+
+def _default_timeout() -> float:
+    """The library's default for waits on other ranks: $ODC_TIMEOUT, else 60 s."""
+    try:
+        return float(os.environ.get("ODC_TIMEOUT", "60")) or 60.0
+    except ValueError:
+        return 60.0
 
 
 def _invalid(message: str) -> _capi.Error:
@@ -228,32 +235,12 @@ class Buffer:
             raise _capi.Error("buffer used after free() or Comm.close()", _capi.INVALID_USAGE)
 
 
-def _key_from_store(store: Any, rank: int, world_size: int) -> str:
-    """A rendezvous key agreed through a torch.distributed-style store (duck-typed: `set(key,
-    value)` and a `get(key)` that waits until the key exists). Rank 0 makes a fresh random key per
-    communicator; communicators are created collectively, so every rank's own counter (`add`, else
-    a process-local count) names the same communicator."""
-    if hasattr(store, "add"):
-        sequence = int(store.add(f"odc/comm/sequence/{rank}", 1))
-    else:
-        sequence = _local_sequence.setdefault(id(store), 0) + 1
-        _local_sequence[id(store)] = sequence
-    name = f"odc/comm/{sequence}/key"
-    if rank == 0:
-        key = f"store-{os.getpid()}-{uuid.uuid4().hex[:16]}"
-        store.set(name, key)
-        return key
-    value = store.get(name)
-    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
-
-
-_local_sequence: dict = {}
-
-
 class Comm:
     """A communicator of `world_size` local processes that share `key` (see odc.launch), or that
-    agree on one through `store` (a torch.distributed store, e.g. torchrun's, or any object with
-    set/get/add; then no key is needed).
+    meet through `store` (a torch.distributed store, e.g. torchrun's, or any object with
+    set/get/add; then no key is needed): the store is then the bootstrap (odcBootstrap_t), rank 0
+    makes a random key for the shared memory that only this job learns, and a rank whose init
+    fails marks itself failed in the store, so its peers fail naming it instead of waiting.
 
     timeout: seconds any wait on another rank may take before failing (default: $ODC_TIMEOUT,
     else 60). A dead or silent peer raises odc.Error naming the rank and the operation.
@@ -277,18 +264,19 @@ class Comm:
         self._handle = None
         self._deferred_handle = None
         self._num_views = 0
+        self._bootstrap = None
         # Validate before calling C: ctypes truncates wide integers and C strings end at a NUL.
         world_size = _checked_int(world_size, "world_size", 1, _INT_MAX)
         rank = _checked_int(rank, "rank", -_INT_MAX - 1, _INT_MAX)  # C names a rank out of range
         if device is not None:
             device = _checked_int(device, "device", 0, _INT_MAX)
-        if key is None and store is not None:
-            key = _key_from_store(store, int(rank), int(world_size))
-        if key is None:
-            raise _invalid("give a rendezvous key, or a store to agree on one (store=...)")
-        if not isinstance(key, str):
+        if key is None and store is None:
+            raise _invalid("give a rendezvous key, or a store to meet through (store=...)")
+        if key is not None and store is not None:
+            raise _invalid("give a rendezvous key or a store, not both")
+        if key is not None and not isinstance(key, str):
             raise _invalid(f"key must be a string, got {key!r}")
-        if "\0" in key:
+        if key is not None and "\0" in key:
             raise _invalid(f"key must not contain a NUL character, got {key!r}")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
@@ -298,17 +286,28 @@ class Comm:
         handle = ctypes.c_void_p()
         config = _capi.CommConfig()
         _capi.check_comm(_capi.lib.odcCommConfigInit(ctypes.byref(config)))
-        encoded_key = key.encode()  # kept alive until init returns (the library copies it)
+        # Kept alive as long as the communicator: the library calls back into it on failure.
+        self._bootstrap = None
+        if store is not None:
+            from ._store_bootstrap import StoreBootstrap
+
+            bootstrap_timeout = float(timeout) if timeout else _default_timeout()
+            self._bootstrap = StoreBootstrap(store, int(rank), int(world_size), bootstrap_timeout)
+            config.bootstrap = ctypes.pointer(self._bootstrap.struct)
+        encoded_key = None if key is None else key.encode()  # the library copies it
         config.key = encoded_key
         config.timeout_seconds = float(timeout) if timeout is not None else 0.0
         config.transport = _capi.TRANSPORT_SHM if device is None else _capi.TRANSPORT_CUDA
         config.device = -1 if device is None else int(device)
         config.deterministic = int(bool(deterministic))
-        _capi.check_comm(
-            _capi.lib.odcCommInitConfig(
-                ctypes.byref(handle), rank, world_size, ctypes.byref(config)
-            )
+        result = _capi.lib.odcCommInitConfig(
+            ctypes.byref(handle), rank, world_size, ctypes.byref(config)
         )
+        if result != _capi.SUCCESS and self._bootstrap is not None and self._bootstrap.error:
+            # The library only saw the callback's result code; say what the store said.
+            message = _capi.lib.odcGetLastError().decode("utf-8", "replace")
+            raise _capi.Error(f"{message}: {self._bootstrap.error}", result)
+        _capi.check_comm(result)
         self._handle = handle
         self.deterministic = bool(deterministic)
         self.device = None if device is None else int(device)

@@ -2,13 +2,16 @@
 // destroyed handle gives odcInvalidUsage instead of undefined behaviour.
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 
 #include "api/api_errors.h"
 #include "common/env.h"
+#include "core/bootstrap.h"
 #include "core/communicator.h"
 #include "core/transport_registry.h"
 #include "odc/odc.h"
@@ -83,26 +86,64 @@ namespace {
 // Shared by the init calls: validates, builds the transport through the registry and registers
 // the new communicator.
 odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* transport_name,
-                      const char* key, double timeout_seconds, int device, bool deterministic) {
+                      const char* key, double timeout_seconds, int device, bool deterministic,
+                      const odcBootstrap_t* external = nullptr) {
   return guarded([&]() -> odcResult_t {
     if (comm == nullptr) return report(Status::InvalidArgument("odcCommInit: comm is NULL"));
-    if (key == nullptr) return report(Status::InvalidArgument("odcCommInit: key is NULL"));
+    if (key == nullptr && external == nullptr) {
+      return report(Status::InvalidArgument("odcCommInit: key is NULL (and no bootstrap given)"));
+    }
+    std::shared_ptr<odc::Bootstrap> bootstrap;
     auto fail = [&](const Status& status) {
-      return report(status.with_context("rank " + std::to_string(rank) + ": init"));
+      Status named = status.with_context("rank " + std::to_string(rank) + ": init");
+      if (bootstrap) bootstrap->mark_failed(named.message());
+      return report(named);
     };
+    if (external != nullptr) {
+      if (key != nullptr) {
+        return fail(Status::InvalidArgument("give a key or a bootstrap, not both"));
+      }
+      if (external->version != ODC_BOOTSTRAP_VERSION) {
+        return fail(Status::InvalidArgument(
+            "bootstrap has version " + std::to_string(external->version) +
+            "; this library expects " + std::to_string(ODC_BOOTSTRAP_VERSION)));
+      }
+      auto made = odc::make_external_bootstrap(
+          rank, world_size,
+          odc::ExternalBootstrapCallbacks{external->ctx, external->allgather, external->barrier,
+                                          external->mark_failed});
+      if (!made.ok()) return fail(made.status());
+      bootstrap = std::move(made).value();
+    }
     auto info = odc::find_transport(transport_name);
     if (!info.ok()) return fail(info.status());
+    std::string agreed_key = key != nullptr ? key : "";
+    if (bootstrap) {
+      // The local transports' shared memory is named by a key only this job knows.
+      auto agreed = odc::agree_on_key(*bootstrap);
+      if (!agreed.ok()) return fail(agreed.status());
+      agreed_key = agreed.value();
+    }
     odc::TransportSpec spec;
     spec.rank = rank;
     spec.world_size = world_size;
-    spec.key = key;
+    spec.key = agreed_key;
     spec.timeout = std::chrono::duration<double>(timeout_seconds > 0 ? timeout_seconds
                                                                      : default_timeout_seconds());
     spec.device = device;
     auto transport = info.value()->create(spec);
     if (!transport.ok()) return fail(transport.status());
+    if (bootstrap) {
+      // Every rank's transport exists before any rank returns (a rank whose init failed has
+      // marked itself failed, so this ends with an error instead of waiting out a timeout).
+      if (Status status = bootstrap->barrier("init"); !status.ok()) {
+        transport.value()->mark_failed("init: " + status.message());
+        return fail(status);
+      }
+    }
     odc::CommOptions options;
     options.deterministic = deterministic;
+    options.bootstrap = bootstrap;
     auto* created = new odcComm{
         std::make_unique<odc::Communicator>(std::move(transport).value(), options), std::string()};
     {
@@ -139,6 +180,7 @@ extern "C" odcResult_t odcCommConfigInit(odcCommConfig_t* config) {
     config->timeout_seconds = 0.0;
     config->device = -1;
     config->deterministic = 0;
+    config->bootstrap = nullptr;
     return success();
   });
 }
@@ -148,7 +190,11 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
   return guarded([&]() -> odcResult_t {
     const std::string where = "rank " + std::to_string(rank) + ": init: ";
     if (config == nullptr) return report(Status::InvalidArgument(where + "config is NULL"));
-    if (config->version != ODC_COMM_CONFIG_VERSION || config->size < sizeof(odcCommConfig_t)) {
+    // Version 1 ended before `bootstrap`; later fields are read only when the caller has them.
+    const size_t version1_size = offsetof(odcCommConfig_t, bootstrap);
+    const bool version1 = config->version == 1 && config->size >= version1_size;
+    if (!version1 &&
+        (config->version != ODC_COMM_CONFIG_VERSION || config->size < sizeof(odcCommConfig_t))) {
       return report(Status::InvalidArgument(
           where + "config has version " + std::to_string(config->version) + " and size " +
           std::to_string(config->size) + "; this library expects version " +
@@ -176,7 +222,8 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
                                             std::to_string(config->device) + ")"));
     }
     return init_comm(comm, rank, world_size, name, config->key, config->timeout_seconds,
-                     config->device, config->deterministic != 0);
+                     config->device, config->deterministic != 0,
+                     version1 ? nullptr : config->bootstrap);
   });
 }
 

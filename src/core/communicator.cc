@@ -34,6 +34,7 @@ const char* scheme_name(AccumulationScheme scheme) {
 
 Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions options)
     : transport_(std::move(transport)),
+      bootstrap_(std::move(options.bootstrap)),
       scheme_(transport_->caps().remote_fp32_add && !options.deterministic
                   ? AccumulationScheme::kRemoteAdd
                   : AccumulationScheme::kStaged) {}
@@ -54,6 +55,7 @@ Status Communicator::finish(const char* operation, Status status) {
     state_ = CommState::kFailed;
     failure_ = named.message();
     transport_->mark_failed(failure_);
+    if (bootstrap_) bootstrap_->mark_failed(failure_);
   }
   return named;
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "core/bootstrap.h"
 #include "core/dtype.h"
 #include "core/transport.h"
 
@@ -43,6 +44,9 @@ const char* scheme_name(AccumulationScheme scheme);
 struct CommOptions {
   // Add contributions in a fixed order (kStaged) even where remote atomic adds exist.
   bool deterministic = false;
+  // The bootstrap the ranks met through, when it is not the transport's own (the external one):
+  // a fault also marks this rank failed there. Kept alive as long as the communicator.
+  std::shared_ptr<Bootstrap> bootstrap;
 };
 
 // A symmetric buffer: `count` elements of `dtype` on every rank. Accumulators are fp32; staged
@@ -111,6 +115,7 @@ class Communicator {
   std::vector<Buffer*> accumulators() const;
 
   std::unique_ptr<Transport> transport_;
+  std::shared_ptr<Bootstrap> bootstrap_;
   AccumulationScheme scheme_;
   uint64_t minibatch_ = 0;  // minibatches opened so far: the value staged signals carry
   CommState state_ = CommState::kReady;

@@ -144,7 +144,7 @@ void run_clean(const RunOptions& o) {
   auto world = mem::MemWorld::create(o.world, mem_options);
   const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
   const auto outcome = run_threads(o.world, [&](int rank) {
-    Communicator comm(world->join(rank), CommOptions{o.deterministic});
+    Communicator comm(world->join(rank), CommOptions{o.deterministic, nullptr});
     const AccumulationScheme want = o.remote_add && !o.deterministic
                                         ? AccumulationScheme::kRemoteAdd
                                         : AccumulationScheme::kStaged;
@@ -198,7 +198,7 @@ std::vector<uint32_t> deterministic_run(int world_size, uint32_t delay_seed, boo
     plan.reorder = true;
     plan.seed = delay_seed * 1000 + static_cast<uint32_t>(rank);
     Communicator comm(std::make_unique<fault::FaultTransport>(world->join(rank), plan),
-                      CommOptions{/*deterministic=*/true});
+                      CommOptions{/*deterministic=*/true, nullptr});
     auto acc = comm.allocate(count, DataType::kFloat32, true);
     if (!acc.ok()) return acc.status().message();
     std::mt19937 values(99 + static_cast<uint32_t>(rank));  // the same data in every run

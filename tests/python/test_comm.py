@@ -119,10 +119,14 @@ class _FileStore:
         with open(self._file(key), "rb") as data:
             return data.read()
 
-    def add(self, key, amount):  # only ever called for keys of one rank here
-        value = int(self.get(key)) + amount if os.path.exists(self._file(key)) else amount
-        self.set(key, str(value))
-        return value
+    def add(self, key, amount):  # atomic across processes, as a store's counter must be
+        import fcntl
+
+        with open(os.path.join(self.path, ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            value = int(self.get(key)) + amount if os.path.exists(self._file(key)) else amount
+            self.set(key, str(value))
+            return value
 
 
 def _store_rank(rank, world_size, key, path):
@@ -147,6 +151,65 @@ def test_comm_from_a_store_needs_no_key(tmp_path):
 def test_comm_needs_a_key_or_a_store():
     with pytest.raises(odc.Error, match="rendezvous key"):
         odc.Comm(0, 1)
+    with pytest.raises(odc.Error, match="not both"):
+        odc.Comm(0, 1, "k", store=object())
+    with pytest.raises(odc.Error, match="store has no set"):
+        odc.Comm(0, 1, store=object())
+
+
+def _two_jobs_rank(rank, world_size, key, root):
+    job, job_rank = divmod(rank, 2)  # ranks 0-1: job 0, ranks 2-3: job 1, each with its store
+    store = _FileStore(os.path.join(root, f"job{job}"))
+    with odc.Comm(job_rank, 2, store=store, timeout=30) as comm:
+        accumulator = comm.alloc(4, accumulator=True)
+        for _ in range(3):
+            comm.minibatch_begin()
+            comm.scatter_accumulate(np.full(2 * 4, 10.0**job, np.float32), accumulator)
+            comm.minibatch_end()
+        return float(accumulator.array.sum())
+
+
+def test_two_jobs_with_their_own_stores_never_meet(tmp_path):
+    for job in range(2):
+        (tmp_path / f"job{job}").mkdir()
+    # Same local ranks, no key, concurrently: each job's sums hold only its own pushes.
+    assert odc.launch(_two_jobs_rank, 4, str(tmp_path), timeout=120) == [8.0, 8.0, 80.0, 80.0]
+
+
+class _BrokenStore(_FileStore):
+    """A store whose set() fails for the bootstrap's records (a store that went away)."""
+
+    def set(self, key, value):
+        if "/round" in key:
+            raise ConnectionError("store connection lost")
+        super().set(key, value)
+
+
+def _broken_store_rank(rank, world_size, key, path):
+    store = (_BrokenStore if rank == 1 else _FileStore)(path)
+    try:
+        odc.Comm(rank, world_size, store=store, timeout=30)
+    except odc.Error as error:
+        return str(error)
+    return "no error"
+
+
+def test_store_failure_fails_every_rank_naming_it(tmp_path):
+    errors = odc.launch(_broken_store_rank, 3, str(tmp_path), timeout=120)
+    assert errors[1].startswith("rank 1: init: bootstrap allgather (agree on key) failed")
+    assert "store connection lost" in errors[1]
+    for rank in (0, 2):  # released by rank 1's failure flag, long before their 30 s timeout
+        assert errors[rank].startswith(f"rank {rank}: init: bootstrap allgather"), errors[rank]
+        assert "rank 1 failed: rank 1: init:" in errors[rank], errors[rank]
+        assert "timed out" not in errors[rank], errors[rank]
+
+
+def test_store_wait_is_bounded_and_names_what_it_waited_for(tmp_path):
+    with pytest.raises(odc.Error) as raised:  # rank 1 never comes
+        odc.Comm(0, 2, store=_FileStore(str(tmp_path)), timeout=0.5)
+    message = str(raised.value)
+    assert message.startswith("rank 0: init: bootstrap allgather (agree on key) failed"), message
+    assert "timed out after 0.5 s: rank 0 waited for 1 of 2 ranks" in message
 
 
 def test_thousand_minibatches_lose_nothing():
@@ -367,3 +430,15 @@ def test_comm_from_a_torch_store():
         port = probe.getsockname()[1]
     expected = [float(r) for r in range(2) for _ in range(8)]
     assert odc.launch(_tcp_store_rank, 2, port, timeout=300) == [expected, expected]
+
+
+def test_torch_store_wait_names_the_missing_rank():
+    dist = pytest.importorskip("torch.distributed")
+    from datetime import timedelta
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=30))
+    with pytest.raises(odc.Error) as raised:  # a 3-rank job in which ranks 1 and 2 never come
+        odc.Comm(0, 3, store=store, timeout=0.5)
+    message = str(raised.value)
+    assert message.startswith("rank 0: init: bootstrap allgather (agree on key) failed"), message
+    assert "timed out after 0.5 s: rank 0 waited for ranks 1, 2" in message
