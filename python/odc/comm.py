@@ -243,7 +243,8 @@ class Comm:
     fails marks itself failed in the store, so its peers fail naming it instead of waiting.
 
     timeout: seconds any wait on another rank may take before failing (default: $ODC_TIMEOUT,
-    else 60). A dead or silent peer raises odc.Error naming the rank and the operation.
+    else 60; float("inf") waits forever). A dead or silent peer raises odc.Error naming the rank
+    and the operation.
     device: None for the host shared-memory transport, or this rank's CUDA device index for the
     CUDA transport (one process per GPU).
     deterministic: every owner adds contributions in a fixed order (sender rank, then push index),

@@ -10,8 +10,9 @@
 #include <string>
 
 #include "api/api_errors.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/shm_bootstrap.h"
 #include "common/env.h"
-#include "core/bootstrap.h"
 #include "core/communicator.h"
 #include "core/transport_registry.h"
 #include "odc/odc.h"
@@ -117,29 +118,36 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
     }
     auto info = odc::find_transport(transport_name);
     if (!info.ok()) return fail(info.status());
+    const auto timeout = std::chrono::duration<double>(
+        timeout_seconds > 0 ? timeout_seconds : default_timeout_seconds());
     std::string agreed_key = key != nullptr ? key : "";
     if (bootstrap) {
       // The local transports' shared memory is named by a key only this job knows.
       auto agreed = odc::agree_on_key(*bootstrap);
       if (!agreed.ok()) return fail(agreed.status());
       agreed_key = agreed.value();
+    } else {
+      // Key-based init: the ranks meet in local shared memory (this is where a key in use, a
+      // missing or dead rank, or a forged peer segment is reported).
+      auto made = odc::shm::ShmBootstrap::create(rank, world_size, agreed_key, timeout);
+      if (!made.ok())
+        return report(made.status().with_context("rank " + std::to_string(rank) + ": init"));
+      bootstrap = std::move(made).value();
     }
     odc::TransportSpec spec;
     spec.rank = rank;
     spec.world_size = world_size;
+    spec.bootstrap = bootstrap;
     spec.key = agreed_key;
-    spec.timeout = std::chrono::duration<double>(timeout_seconds > 0 ? timeout_seconds
-                                                                     : default_timeout_seconds());
+    spec.timeout = timeout;
     spec.device = device;
     auto transport = info.value()->create(spec);
     if (!transport.ok()) return fail(transport.status());
-    if (bootstrap) {
-      // Every rank's transport exists before any rank returns (a rank whose init failed has
-      // marked itself failed, so this ends with an error instead of waiting out a timeout).
-      if (Status status = bootstrap->barrier("init"); !status.ok()) {
-        transport.value()->mark_failed("init: " + status.message());
-        return fail(status);
-      }
+    // Every rank's transport exists before any rank returns (a rank whose init failed has marked
+    // itself failed, so this ends with an error instead of waiting out a timeout).
+    if (Status status = bootstrap->barrier("init transport"); !status.ok()) {
+      transport.value()->mark_failed("init: " + status.message());
+      return fail(status);
     }
     odc::CommOptions options;
     options.deterministic = deterministic;

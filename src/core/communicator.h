@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "bootstrap/bootstrap.h"
 #include "common/status.h"
-#include "core/bootstrap.h"
 #include "core/dtype.h"
 #include "core/transport.h"
 

@@ -11,6 +11,11 @@ namespace odc {
 namespace {
 
 Result<std::unique_ptr<Transport>> create_shm(const TransportSpec& spec) {
+  // The host transport's signal waits sleep on the shared-memory bootstrap's futex words and
+  // check liveness through it: reuse the job's when it is one, else meet again under the key.
+  if (auto local = std::dynamic_pointer_cast<shm::ShmBootstrap>(spec.bootstrap)) {
+    return std::unique_ptr<Transport>(new shm::ShmTransport(std::move(local)));
+  }
   auto made = shm::ShmTransport::create(spec.rank, spec.world_size, spec.key, spec.timeout);
   if (!made.ok()) return made.status();
   return std::unique_ptr<Transport>(std::move(made).value());
@@ -18,8 +23,8 @@ Result<std::unique_ptr<Transport>> create_shm(const TransportSpec& spec) {
 
 #if ODC_WITH_CUDA
 Result<std::unique_ptr<Transport>> create_cuda(const TransportSpec& spec) {
-  auto made =
-      cuda::CudaTransport::create(spec.rank, spec.world_size, spec.key, spec.timeout, spec.device);
+  if (!spec.bootstrap) return Status::InternalError("the CUDA transport needs a bootstrap");
+  auto made = cuda::CudaTransport::create(spec.bootstrap, spec.timeout, spec.device);
   if (!made.ok()) return made.status();
   return std::unique_ptr<Transport>(std::move(made).value());
 }

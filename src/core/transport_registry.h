@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bootstrap/bootstrap.h"
 #include "common/status.h"
 #include "core/transport.h"
 
@@ -15,7 +16,11 @@ namespace odc {
 struct TransportSpec {
   int rank = 0;
   int world_size = 1;
-  std::string key;  // the local shared-memory rendezvous
+  // How the ranks met (always set): collectives before and beside the transport's own (unique
+  // ids, handles, host barriers) and failure flags. A shared-memory bootstrap (bootstrap/
+  // shm_bootstrap.h) for key-based init, else the caller's.
+  std::shared_ptr<Bootstrap> bootstrap;
+  std::string key;  // names this job's local shared memory (agreed through the bootstrap)
   std::chrono::duration<double> timeout{60.0};
   int device = -1;  // CUDA device for device transports
 };

@@ -1,11 +1,12 @@
-"""Expected behaviour of the runtime part of issue #18 (items 1, 2, 5, 6, 8), through the Python
-API only. They fail on the current transports and are marked xfail until the runtime part lands
-(helper #11 restructures src/core and src/transport); remove the marker with the fix.
-Every wait is bounded, so a regression fails instead of hanging.
+"""The runtime part of issue #18 (items 1, 2, 5, 6, 8) through the Python API: forged peer
+segments refused, keys reserved for a job's life, nothing left in /dev/shm by killed ranks, a rank
+that died during init named, infinite timeouts. Every wait is bounded, so a regression fails
+instead of hanging.
 """
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,8 +16,6 @@ from pathlib import Path
 import pytest
 
 import odc
-
-RUNTIME_PART = pytest.mark.xfail(reason="fixed by #18 runtime part", strict=False)
 
 
 def _key(name):
@@ -44,7 +43,6 @@ def _start_rank(rank, world_size, key, body, timeout=10):
     )
 
 
-@RUNTIME_PART
 def test_item1_segment_open_to_others_is_refused():
     # A peer's control segment planted with mode 0666 (any local user could have made it) must be
     # refused with an error naming the file, not mapped as rank 1.
@@ -61,7 +59,40 @@ def test_item1_segment_open_to_others_is_refused():
         path.unlink(missing_ok=True)
 
 
-@RUNTIME_PART
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv to act as a second user",
+)
+def test_item1_segment_of_another_user_is_refused():
+    # Another user (uid 65534) plants a private-looking rank 1 (mode 0600, its own): refused too,
+    # naming the owner, because only this uid's segments can be this job's peers.
+    key = _key("otheruid")
+    path = Path(f"/dev/shm/odc.{key}.r1")
+    plant = f"import os; fd = os.open({str(path)!r}, os.O_CREAT | os.O_RDWR, 0o600); os.ftruncate(fd, 4096)"
+    subprocess.run(
+        [
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            plant,
+        ],
+        check=True,
+        timeout=30,
+    )
+    try:
+        assert path.stat().st_uid == 65534
+        with pytest.raises(odc.Error) as raised:
+            odc.Comm(0, 2, key, timeout=3)
+        assert path.name in str(raised.value) and "owner uid 65534" in str(raised.value)
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def test_item2_second_job_with_a_live_key_fails_at_init():
     key = _key("shared")
     hold = "comm.barrier(); time.sleep(6); comm.close()"
@@ -77,7 +108,6 @@ def test_item2_second_job_with_a_live_key_fails_at_init():
             p.communicate(timeout=60)
 
 
-@RUNTIME_PART
 @pytest.mark.parametrize("delay", [0.0, 0.0005, 0.001, 0.002, 0.004])
 def test_item5_rank_killed_during_alloc_leaves_nothing_in_dev_shm(delay):
     # Rank 1 is killed while allocating (its segment named but not yet unlinked); once every rank
@@ -96,10 +126,9 @@ def test_item5_rank_killed_during_alloc_leaves_nothing_in_dev_shm(delay):
     leaked = _shm_files(key)
     for name in leaked:  # leave no debris behind, whatever the verdict
         (Path("/dev/shm") / name).unlink(missing_ok=True)
-    assert leaked == []  # timing-dependent today: leaks at some delays (2-4 ms here)
+    assert leaked == []
 
 
-@RUNTIME_PART
 def test_item6_rank_killed_during_init_is_named_dead():
     key = _key("initdeath")
     victim = _start_rank(1, 3, key, "")  # waits in init for ranks 0 and 2
@@ -109,14 +138,13 @@ def test_item6_rank_killed_during_init_is_named_dead():
     survivor = _start_rank(0, 3, key, "", timeout=15)
     other = _start_rank(2, 3, key, "", timeout=15)
     outputs = [p.communicate(timeout=120) for p in (survivor, other)]
-    leaked = _shm_files(key)  # today: the dead rank's control segment stays behind
+    leaked = _shm_files(key)
     for name in leaked:
         (Path("/dev/shm") / name).unlink(missing_ok=True)
     assert all("rank 1" in err and "died" in err for _, err in outputs), outputs
     assert leaked == []
 
 
-@RUNTIME_PART
 def test_item8_infinite_timeout_waits():
     key = _key("inf")
     body = """

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/deadline.h"
 #include "transport/cuda/cuda_check.h"
 
 namespace odc::cuda {
@@ -78,16 +79,16 @@ const char* wait_site_name(int32_t site) {
 
 }  // namespace
 
-CudaTransport::CudaTransport(std::unique_ptr<shm::ShmTransport> bootstrap, int device,
+CudaTransport::CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
                              std::chrono::duration<double> timeout)
     : bootstrap_(std::move(bootstrap)),
       device_(device),
-      timeout_ns_(static_cast<int64_t>(timeout.count() * 1e9)) {}
+      timeout_ns_(timeout_nanoseconds(timeout)) {}
 
-Result<std::unique_ptr<CudaTransport>> CudaTransport::create(int rank, int world_size,
-                                                             const std::string& key,
+Result<std::unique_ptr<CudaTransport>> CudaTransport::create(std::shared_ptr<Bootstrap> bootstrap,
                                                              std::chrono::duration<double> timeout,
                                                              int device) {
+  const int world_size = bootstrap->world_size();
   if (world_size > kernels::kMaxRanks) {
     return Status::InvalidArgument(
         "the CUDA transport joins at most " + std::to_string(kernels::kMaxRanks) +
@@ -100,10 +101,8 @@ Result<std::unique_ptr<CudaTransport>> CudaTransport::create(int rank, int world
                                    " does not exist (this process sees " +
                                    std::to_string(num_devices) + ")");
   }
-  auto bootstrap = shm::ShmTransport::create(rank, world_size, key, timeout);
-  if (!bootstrap.ok()) return bootstrap.status();
   std::unique_ptr<CudaTransport> transport(
-      new CudaTransport(std::move(bootstrap).value(), device, timeout));
+      new CudaTransport(std::move(bootstrap), device, timeout));
   if (Status status = transport->init_device_state(); !status.ok()) {
     transport->mark_failed("init: " + status.message());
     return status;
@@ -165,7 +164,7 @@ Result<std::unique_ptr<SymmetricRegion>> CudaTransport::allocate(size_t bytes) {
   ExchangeRecord mine;
   mine.words[0] = error == cudaSuccess ? 1 : 0;
   std::memcpy(&mine.words[1], &handle, sizeof(handle));
-  auto all = bootstrap_->exchange(mine);
+  auto all = exchange(mine);
   if (!all.ok()) return all.status();
   for (int r = 0; r < world_size(); ++r) {
     if (all.value()[r].words[0] == 0) {
@@ -186,7 +185,7 @@ Result<std::unique_ptr<SymmetricRegion>> CudaTransport::allocate(size_t bytes) {
   }
   ExchangeRecord mapped;
   mapped.words[0] = error == cudaSuccess ? 1 : 0;
-  auto agreed = bootstrap_->exchange(mapped);
+  auto agreed = exchange(mapped);
   if (!agreed.ok()) return agreed.status();
   for (int r = 0; r < world_size(); ++r) {
     if (agreed.value()[r].words[0] == 0) {
@@ -210,7 +209,27 @@ Status CudaTransport::host_barrier(CollectiveOp op) {
   // Collectives that change memory (free) must not overtake queued work on any rank.
   ODC_CUDA_CHECK(cudaDeviceSynchronize());
   ODC_RETURN_IF_ERROR(poll_error());
-  return bootstrap_->host_barrier(op);
+  // Every rank names the collective it is in, so a mismatch is an error naming both, whatever
+  // the bootstrap (the caller's barrier callback cannot compare names).
+  const auto mine = static_cast<uint32_t>(op);
+  std::vector<uint32_t> all(static_cast<size_t>(world_size()));
+  ODC_RETURN_IF_ERROR(bootstrap_->allgather(&mine, all.data(), sizeof(mine), "host barrier"));
+  for (int r = 0; r < world_size(); ++r) {
+    if (all[static_cast<size_t>(r)] != mine) {
+      return Status::RemoteError(
+          std::string("collective mismatch: rank ") + std::to_string(r) + " called " +
+          collective_op_name(static_cast<CollectiveOp>(all[static_cast<size_t>(r)])) +
+          " where this rank called " + collective_op_name(op));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<ExchangeRecord>> CudaTransport::exchange(const ExchangeRecord& mine) {
+  std::vector<ExchangeRecord> all(static_cast<size_t>(world_size()));
+  ODC_RETURN_IF_ERROR(bootstrap_->allgather(&mine, all.data(), sizeof(ExchangeRecord),
+                                            collective_op_name(CollectiveOp::kExchange)));
+  return all;
 }
 
 Status CudaTransport::poll_error() {

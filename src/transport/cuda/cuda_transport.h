@@ -1,7 +1,7 @@
 // CUDA transport within a node: one process per GPU; every rank's device buffers are mapped into
-// every other rank's address space with CUDA IPC, exchanged through the host transport that also
-// serves as the bootstrap (rendezvous, host barriers, failure flags). Data movement is enqueued on
-// the caller's stream and never blocks the host:
+// every other rank's address space with CUDA IPC, exchanged through the job's bootstrap (shared
+// memory or the caller's, e.g. a torch store), which also serves host barriers and failure flags.
+// Data movement is enqueued on the caller's stream and never blocks the host:
 //   get_all            one SM kernel pulling every peer's region with 16-byte loads;
 //   add_all            vectorized fp32 reductions (red.global.add.v4.f32, system scope) straight
 //                      into each peer's region: atomic, so caps().remote_fp32_add;
@@ -16,17 +16,17 @@
 #include <memory>
 #include <string>
 
+#include "bootstrap/bootstrap.h"
 #include "core/transport.h"
 #include "kernels/kernels.h"
-#include "transport/shm/shm_transport.h"
 
 namespace odc::cuda {
 
 class CudaTransport final : public Transport {
  public:
-  // Collective: joins `world_size` ranks under `key`; this rank uses GPU `device`.
-  static Result<std::unique_ptr<CudaTransport>> create(int rank, int world_size,
-                                                       const std::string& key,
+  // Collective over `bootstrap`'s ranks; this rank uses GPU `device`. Device-side waits are
+  // bounded by `timeout` (infinite: forever).
+  static Result<std::unique_ptr<CudaTransport>> create(std::shared_ptr<Bootstrap> bootstrap,
                                                        std::chrono::duration<double> timeout,
                                                        int device);
   ~CudaTransport() override;
@@ -35,9 +35,7 @@ class CudaTransport final : public Transport {
   int world_size() const override { return bootstrap_->world_size(); }
   TransportCaps caps() const override { return TransportCaps{true, true}; }
   int device() const { return device_; }
-  Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override {
-    return bootstrap_->exchange(mine);
-  }
+  Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
   Status host_barrier(CollectiveOp op) override;
@@ -63,7 +61,7 @@ class CudaTransport final : public Transport {
                    StreamHandle stream) override;
 
  private:
-  CudaTransport(std::unique_ptr<shm::ShmTransport> bootstrap, int device,
+  CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
                 std::chrono::duration<double> timeout);
   Status init_device_state();
   Status check_device_pointer(const void* pointer, const char* what) const;
@@ -72,7 +70,7 @@ class CudaTransport final : public Transport {
   Status launch_puts(const kernels::PutSignalJobs& jobs, size_t bytes, uint64_t value,
                      StreamHandle stream);
 
-  std::unique_ptr<shm::ShmTransport> bootstrap_;
+  std::shared_ptr<Bootstrap> bootstrap_;
   int device_;
   int num_sms_ = 0;
   int64_t timeout_ns_;

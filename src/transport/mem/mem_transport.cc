@@ -6,6 +6,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/deadline.h"
 #include "transport/host_ops.h"
 
 namespace odc::mem {
@@ -115,8 +116,7 @@ class MemTransport final : public Transport {
                       StreamHandle) override {
     MemWorld::Mailbox& box = *world_->mailboxes_[static_cast<size_t>(rank_)];
     const auto* slots = static_cast<const uint64_t*>(signals.local());
-    const auto deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(world_->options().timeout);
+    const auto deadline = deadline_after(world_->options().timeout);
     std::unique_lock<std::mutex> lock(box.mutex);
     auto first_short = [&]() {
       for (int p = 0; p < world_size(); ++p) {
@@ -263,8 +263,7 @@ Status MemWorld::collective(int rank, CollectiveOp op, const ExchangeRecord* min
     collective_done_.notify_all();
     return Status::Ok();
   }
-  const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(options_.timeout);
+  const auto deadline = deadline_after(options_.timeout);
   while (generation_ == generation) {
     // A peer that has not arrived and failed, died or closed never will.
     for (int peer = 0; peer < world_size_ && num_not_alive_.load() > 0; ++peer) {

@@ -1,6 +1,6 @@
 // The external bootstrap (callbacks supplied by the caller) and the key agreement built on any
 // bootstrap. See bootstrap.h.
-#include "core/bootstrap.h"
+#include "bootstrap/bootstrap.h"
 
 #include <cstdint>
 #include <cstdio>

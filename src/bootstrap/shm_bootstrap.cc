@@ -1,0 +1,455 @@
+// Shared-memory bootstrap (see shm_bootstrap.h). Each rank writes only its own control block
+// (single writer); peers read it. A collective is an arrival word (the epoch) stored with release
+// semantics after the collective's name and record, plus a futex word bumped after it, so waiting
+// ranks sleep in the kernel instead of spinning. Two alternating slots suffice for name and record:
+// no rank can enter collective e+2 before every rank has left collective e.
+#include "bootstrap/shm_bootstrap.h"
+
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <new>
+#include <set>
+#include <thread>
+
+#include "common/deadline.h"
+
+namespace odc::shm {
+
+namespace {
+constexpr uint64_t kMagic = 0x326d68732d63646fULL;  // "odc-shm2"
+constexpr size_t kRecordBytes = 256;                // one allgather round per rank
+constexpr size_t kOperationBytes = 48;
+
+enum BlockState : uint32_t { kStarting = 0, kAlive = 1, kFailed = 2, kClosed = 3 };
+}  // namespace
+
+struct ControlBlock {
+  std::atomic<uint64_t> magic;  // kMagic once every other field is set
+  uint32_t world_size;
+  int32_t rank;
+  int32_t pid;
+  std::atomic<uint32_t> state;
+  std::atomic<uint64_t> num_allocations;      // allocation segments named so far (for cleanup)
+  alignas(64) std::atomic<uint64_t> arrival;  // collectives entered so far
+  std::atomic<uint32_t> wake;                 // futex word, bumped after every arrival or signal
+  alignas(64) unsigned char records[2][kRecordBytes];  // allgather rounds, alternating
+  char operations[2][kOperationBytes];                 // collective names, alternating
+  char failure[256];                                   // why this rank failed (kFailed)
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "cross-process atomics must be lock-free");
+static_assert(std::atomic<uint32_t>::is_always_lock_free,
+              "cross-process atomics must be lock-free");
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "futex word must be 32 bits");
+
+namespace {
+
+using Clock = ShmBootstrap::Clock;
+
+// How long a block whose owner is dead may stay before a waiting peer calls that rank dead: its
+// own rank, restarting with the same key, removes such a leftover within milliseconds.
+constexpr auto kDeadBlockGrace = std::chrono::seconds(2);
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+  const auto nanos = std::max<int64_t>(timeout.count(), 0);
+  timespec relative{static_cast<time_t>(nanos / 1000000000), static_cast<long>(nanos % 1000000000)};
+  // Shared (not FUTEX_PRIVATE) because the word lives in memory mapped by several processes.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &relative, nullptr,
+          0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// True when `pid` exists and is not a zombie (a dead child its parent has not reaped yet).
+bool pid_alive(int32_t pid) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
+  const size_t close_paren = line.rfind(')');
+  if (close_paren == std::string::npos || close_paren + 2 >= line.size()) return true;
+  const char state = line[close_paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+bool valid_key(const std::string& key) {
+  if (key.empty() || key.size() > 200) return false;
+  return std::all_of(key.begin(), key.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+  });
+}
+
+Clock::duration until(Clock::time_point deadline, Clock::duration at_most) {
+  const auto now = Clock::now();
+  if (deadline <= now) return Clock::duration::zero();
+  return std::min<Clock::duration>(deadline - now, at_most);
+}
+
+// Control names of the bootstraps alive in this process, removed at exit when their owner never
+// closed them (a Python process that ends without close()).
+std::mutex open_names_mutex;
+std::set<std::string>* open_names = nullptr;
+
+void remove_open_names_at_exit() {
+  std::lock_guard<std::mutex> lock(open_names_mutex);
+  if (open_names == nullptr) return;
+  for (const std::string& name : *open_names) (void)Segment::unlink_name(name);
+}
+
+void track_open_name(const std::string& name, bool open) {
+  std::lock_guard<std::mutex> lock(open_names_mutex);
+  if (open_names == nullptr) {
+    open_names = new std::set<std::string>();
+    std::atexit(remove_open_names_at_exit);
+  }
+  if (open) {
+    open_names->insert(name);
+  } else {
+    open_names->erase(name);
+  }
+}
+
+}  // namespace
+
+ShmBootstrap::ShmBootstrap(int rank, int world_size, std::string key,
+                           std::chrono::duration<double> timeout)
+    : rank_(rank), world_size_(world_size), key_(std::move(key)), timeout_(timeout) {
+  controls_.resize(static_cast<size_t>(world_size));
+}
+
+Result<std::shared_ptr<ShmBootstrap>> ShmBootstrap::create(int rank, int world_size,
+                                                           const std::string& key,
+                                                           std::chrono::duration<double> timeout) {
+  if (world_size < 1) {
+    return Status::InvalidArgument("world size must be at least 1, got " +
+                                   std::to_string(world_size));
+  }
+  if (rank < 0 || rank >= world_size) {
+    return Status::InvalidArgument("rank " + std::to_string(rank) + " is outside world size " +
+                                   std::to_string(world_size));
+  }
+  if (!valid_key(key)) {
+    return Status::InvalidArgument("invalid key '" + key +
+                                   "': use 1 to 200 letters, digits, '_', '-' or '.'");
+  }
+  if (!(timeout.count() > 0)) {
+    return Status::InvalidArgument("timeout must be positive (or infinite), got " +
+                                   std::to_string(timeout.count()) + " s");
+  }
+  std::shared_ptr<ShmBootstrap> bootstrap(new ShmBootstrap(rank, world_size, key, timeout));
+  if (Status status = bootstrap->join(); !status.ok()) {
+    bootstrap->mark_failed("init: " + status.message());
+    return status;
+  }
+  return bootstrap;
+}
+
+ShmBootstrap::~ShmBootstrap() {
+  if (!controls_[rank_]) return;
+  ControlBlock& own = block(rank_);
+  uint32_t expected = kAlive;
+  own.state.compare_exchange_strong(expected, kClosed, std::memory_order_acq_rel);
+  own.wake.fetch_add(1, std::memory_order_release);
+  futex_wake_all(&own.wake);
+  // Peers that died without anyone noticing leave nothing behind either.
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer == rank_ || !controls_[peer]) continue;
+    const ControlBlock& other = block(peer);
+    if (!pid_alive(other.pid)) {
+      remove_remains(peer, other.pid, other.num_allocations.load(std::memory_order_acquire));
+    }
+  }
+  track_open_name(controls_[rank_]->name(), false);
+  // controls_[rank_] unlinks our name when it goes: the key is free again.
+}
+
+ControlBlock& ShmBootstrap::block(int rank) const {
+  return *static_cast<ControlBlock*>(controls_[static_cast<size_t>(rank)]->data());
+}
+
+std::string ShmBootstrap::segment_name(int rank, const std::string& suffix) const {
+  return "/odc." + key_ + ".r" + std::to_string(rank) + suffix;
+}
+
+void ShmBootstrap::note_allocations(uint64_t count) {
+  block(rank_).num_allocations.store(count, std::memory_order_release);
+}
+
+void ShmBootstrap::remove_remains(int peer, int32_t dead_pid, uint64_t num_allocations) const {
+  for (uint64_t i = 0; i < num_allocations; ++i) {
+    (void)Segment::unlink_name(segment_name(peer, ".a" + std::to_string(i)));
+  }
+  // The control name only if it is still the dead rank's (a restarted rank may own it now).
+  const std::string name = segment_name(peer, "");
+  auto current = Segment::open(name, sizeof(ControlBlock));
+  if (!current.ok()) return;
+  const auto* found = static_cast<const ControlBlock*>(current.value()->data());
+  if (found->magic.load(std::memory_order_acquire) == kMagic && found->pid == dead_pid) {
+    (void)Segment::unlink_name(name);
+  }
+}
+
+Status ShmBootstrap::create_control_segment() {
+  const std::string name = segment_name(rank_, "");
+  // A segment that exists but was never initialized may belong to a rank that is still starting:
+  // give it this long before treating it as debris of a crash.
+  const auto grace_deadline = Clock::now() + std::chrono::seconds(1);
+  for (int reclaimed = 0; reclaimed < 4;) {
+    auto created = Segment::create(name, sizeof(ControlBlock));
+    if (created.ok()) {
+      auto* own = new (created.value()->data()) ControlBlock{};
+      own->world_size = static_cast<uint32_t>(world_size_);
+      own->rank = rank_;
+      own->pid = static_cast<int32_t>(::getpid());
+      own->state.store(kAlive, std::memory_order_relaxed);
+      own->magic.store(kMagic, std::memory_order_release);
+      controls_[rank_] = std::move(created).value();
+      track_open_name(name, true);
+      return Status::Ok();
+    }
+    if (created.status().code() != StatusCode::kInvalidArgument) return created.status();
+
+    auto existing = Segment::open(name, sizeof(ControlBlock));
+    if (!existing.ok()) {
+      if (existing.status().code() == StatusCode::kInvalidUsage && Clock::now() < grace_deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;  // vanished or still being sized: look again
+      }
+      if (existing.status().code() != StatusCode::kInvalidUsage) return existing.status();
+    } else {
+      auto* old = static_cast<ControlBlock*>(existing.value()->data());
+      if (old->magic.load(std::memory_order_acquire) == kMagic) {
+        const uint32_t state = old->state.load(std::memory_order_acquire);
+        if (pid_alive(old->pid) && (state == kAlive || state == kStarting)) {
+          return Status::InvalidUsage("key '" + key_ + "' is in use: rank " +
+                                      std::to_string(rank_) + " is held by live process " +
+                                      std::to_string(old->pid) +
+                                      "; use another key or end that process");
+        }
+        remove_remains(rank_, old->pid, old->num_allocations.load(std::memory_order_acquire));
+        std::fprintf(stderr, "odc: reclaimed shared memory of key '%s' rank %d left by pid %d\n",
+                     key_.c_str(), rank_, old->pid);
+      } else if (Clock::now() < grace_deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        continue;
+      }
+    }
+    ODC_RETURN_IF_ERROR(Segment::unlink_name(name));
+    ++reclaimed;
+  }
+  return Status::SystemError("could not create shared memory segment " + name +
+                             ": it keeps reappearing");
+}
+
+Status ShmBootstrap::map_peer(int peer, Clock::time_point deadline) {
+  const std::string name = segment_name(peer, "");
+  auto pause = std::chrono::milliseconds(1);
+  Clock::time_point dead_since{};  // when we first found the peer's block with a dead owner
+  while (true) {
+    auto opened = Segment::open(name, sizeof(ControlBlock));
+    if (opened.ok()) {
+      auto* peer_block = static_cast<ControlBlock*>(opened.value()->data());
+      if (peer_block->magic.load(std::memory_order_acquire) == kMagic) {
+        if (pid_alive(peer_block->pid)) {
+          if (peer_block->world_size != static_cast<uint32_t>(world_size_)) {
+            return Status::InvalidArgument("rank " + std::to_string(peer) + " joined key '" + key_ +
+                                           "' with world size " +
+                                           std::to_string(peer_block->world_size) +
+                                           ", this rank with " + std::to_string(world_size_));
+          }
+          controls_[peer] = std::move(opened).value();
+          return Status::Ok();
+        }
+        // Its owner is dead: debris of an earlier crash that the restarting rank removes at
+        // once, or a rank of this job that died during init. Past the grace period: the latter.
+        const auto now = Clock::now();
+        if (dead_since == Clock::time_point{}) dead_since = now;
+        if (now - dead_since >= kDeadBlockGrace) {
+          const int32_t dead_pid = peer_block->pid;
+          remove_remains(peer, dead_pid,
+                         peer_block->num_allocations.load(std::memory_order_acquire));
+          return Status::RemoteError("rank " + std::to_string(peer) + " (pid " +
+                                     std::to_string(dead_pid) + ") died before every rank joined " +
+                                     "key '" + key_ + "' (what it left in /dev/shm is removed)");
+        }
+      }
+    } else if (opened.status().code() != StatusCode::kInvalidUsage) {
+      return opened.status();
+    } else {
+      dead_since = Clock::time_point{};
+    }
+    // A rank already met may have given up (e.g. it found this one dead and removed its block):
+    // end with its reason rather than wait for a rank that will never come.
+    for (int other = 0; other < world_size_; ++other) {
+      if (other == rank_ || !controls_[other]) continue;
+      const ControlBlock& met = block(other);
+      if (met.state.load(std::memory_order_acquire) == kFailed) {
+        return Status::RemoteError(
+            "rank " + std::to_string(other) +
+            " failed: " + std::string(met.failure, strnlen(met.failure, sizeof(met.failure))));
+      }
+    }
+    if (Clock::now() >= deadline) {
+      return Status::Timeout("timed out after " + timeout_text(timeout_) + " waiting for rank " +
+                             std::to_string(peer) + " to join key '" + key_ + "'");
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(20));
+  }
+}
+
+Status ShmBootstrap::join() {
+  ODC_RETURN_IF_ERROR(create_control_segment());
+  const auto deadline = deadline_after(timeout_);
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer != rank_) ODC_RETURN_IF_ERROR(map_peer(peer, deadline));
+  }
+  return arrive_and_wait("init");
+}
+
+uint32_t ShmBootstrap::wake_count(int peer) const {
+  return block(peer).wake.load(std::memory_order_acquire);
+}
+
+void ShmBootstrap::sleep_on(int peer, uint32_t seen, Clock::duration limit) const {
+  futex_wait(&block(peer).wake, seen, std::chrono::duration_cast<std::chrono::nanoseconds>(limit));
+}
+
+void ShmBootstrap::wake_peers() {
+  ControlBlock& own = block(rank_);
+  own.wake.fetch_add(1, std::memory_order_release);
+  futex_wake_all(&own.wake);
+}
+
+Status ShmBootstrap::peer_status(int peer) {
+  const ControlBlock& other = block(peer);
+  const std::string who = "rank " + std::to_string(peer);
+  const uint32_t state = other.state.load(std::memory_order_acquire);
+  if (state == kFailed) {
+    const std::string reason(other.failure, strnlen(other.failure, sizeof(other.failure)));
+    return Status::RemoteError(who + " failed: " + reason);
+  }
+  if (state == kClosed) return Status::RemoteError(who + " destroyed its communicator");
+  if (!pid_alive(other.pid)) {
+    remove_remains(peer, other.pid, other.num_allocations.load(std::memory_order_acquire));
+    return Status::RemoteError(who + " (pid " + std::to_string(other.pid) + ") died");
+  }
+  return Status::Ok();
+}
+
+Status ShmBootstrap::arrive_and_wait(const char* operation) {
+  ++epoch_;
+  ControlBlock& own = block(rank_);
+  char* slot = own.operations[epoch_ % 2];
+  std::snprintf(slot, kOperationBytes, "%s", operation);
+  own.arrival.store(epoch_, std::memory_order_release);  // publishes the name and the record
+  wake_peers();
+  const auto deadline = deadline_after(timeout_);
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer != rank_) ODC_RETURN_IF_ERROR(wait_for_peer(peer, epoch_, operation, deadline));
+  }
+  return Status::Ok();
+}
+
+Status ShmBootstrap::wait_for_peer(int peer, uint64_t epoch, const char* operation,
+                                   Clock::time_point deadline) {
+  ControlBlock& other = block(peer);
+  const std::string who = "rank " + std::to_string(peer);
+  auto next_liveness_check = Clock::now();
+  // 1: the peer reached this collective; 0: not yet; -1: it is in a differently named one.
+  auto reached = [&](uint64_t peer_epoch) {
+    if (peer_epoch > epoch) return 1;
+    if (peer_epoch < epoch) return 0;
+    const char* theirs = other.operations[epoch % 2];
+    return strncmp(theirs, operation, kOperationBytes - 1) == 0 ? 1 : -1;
+  };
+  // A peer may arrive, pass the collective and exit between our reads: before reporting that it
+  // failed, closed or died, look once more whether it arrived.
+  auto unless_arrived = [&](Status failure) {
+    return reached(other.arrival.load(std::memory_order_acquire)) == 1 ? Status::Ok() : failure;
+  };
+  for (int attempt = 0;; ++attempt) {
+    const uint32_t seen_wake = other.wake.load(std::memory_order_acquire);
+    const uint64_t peer_epoch = other.arrival.load(std::memory_order_acquire);
+    const int state_of_peer = reached(peer_epoch);
+    if (state_of_peer == 1) return Status::Ok();
+    if (state_of_peer == -1) {
+      const std::string theirs(other.operations[epoch % 2],
+                               strnlen(other.operations[epoch % 2], kOperationBytes));
+      return Status::RemoteError("collective mismatch: " + who + " called " + theirs +
+                                 " where this rank called " + operation);
+    }
+    const uint32_t state = other.state.load(std::memory_order_acquire);
+    const auto now = Clock::now();
+    if (state == kFailed || state == kClosed || now >= next_liveness_check) {
+      if (Status alive = peer_status(peer); !alive.ok()) return unless_arrived(alive);
+      next_liveness_check = now + std::chrono::milliseconds(10);
+    }
+    if (now >= deadline) {
+      const std::string last =
+          peer_epoch == 0
+              ? std::string("none")
+              : std::string(other.operations[peer_epoch % 2],
+                            strnlen(other.operations[peer_epoch % 2], kOperationBytes)) +
+                    " #" + std::to_string(peer_epoch);
+      return unless_arrived(Status::Timeout("timed out after " + timeout_text(timeout_) +
+                                            " waiting for " + who + " in " + operation +
+                                            " (its last collective: " + last + ")"));
+    }
+    if (attempt < 64) {
+      std::this_thread::yield();
+      continue;
+    }
+    futex_wait(&other.wake, seen_wake, until(deadline, std::chrono::milliseconds(20)));
+  }
+}
+
+Status ShmBootstrap::barrier(const char* operation) {
+  return arrive_and_wait(operation);
+}
+
+Status ShmBootstrap::allgather(const void* mine, void* all, size_t bytes, const char* operation) {
+  const auto* in = static_cast<const unsigned char*>(mine);
+  auto* out = static_cast<unsigned char*>(all);
+  // At least one round, so that a zero-byte allgather still meets every rank.
+  for (size_t offset = 0; offset < bytes || offset == 0; offset += kRecordBytes) {
+    const size_t chunk = std::min(kRecordBytes, bytes - offset);
+    const size_t slot = (epoch_ + 1) % 2;  // the slot of the collective about to be entered
+    if (chunk > 0) std::memcpy(block(rank_).records[slot], in + offset, chunk);
+    ODC_RETURN_IF_ERROR(arrive_and_wait(operation));
+    for (int r = 0; r < world_size_; ++r) {
+      if (chunk > 0) {
+        std::memcpy(out + static_cast<size_t>(r) * bytes + offset, block(r).records[slot], chunk);
+      }
+    }
+    if (bytes == 0) break;
+  }
+  return Status::Ok();
+}
+
+void ShmBootstrap::mark_failed(const std::string& reason) {
+  if (!controls_[rank_]) return;
+  ControlBlock& own = block(rank_);
+  if (own.state.load(std::memory_order_acquire) == kFailed) return;
+  const size_t length = std::min(reason.size(), sizeof(own.failure) - 1);
+  std::memcpy(own.failure, reason.data(), length);
+  own.failure[length] = '\0';
+  own.state.store(kFailed, std::memory_order_release);
+  wake_peers();
+}
+
+}  // namespace odc::shm

@@ -1,0 +1,92 @@
+// The shared-memory bootstrap on its own: ranks are forked processes (as launchers start them).
+// allgather of records larger than a control-block slot, named barriers that detect a mismatch,
+// and a key that stays reserved while its job lives.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "bootstrap/shm_bootstrap.h"
+#include "multiprocess.h"
+
+namespace odc {
+namespace {
+
+using testing::run_ranks;
+
+std::string expect_text(const Status& status, const std::string& needle) {
+  if (status.ok()) return "expected an error containing '" + needle + "', got success";
+  if (status.message().find(needle) == std::string::npos) {
+    return "expected '" + needle + "' in: " + status.message();
+  }
+  return "";
+}
+
+TEST(ShmBootstrap, AllgatherOfAnySizeReturnsEveryRanksRecordInOrder) {
+  const auto outcome = run_ranks(3, [](int rank, int world, const std::string& key) {
+    auto made = shm::ShmBootstrap::create(rank, world, key, std::chrono::seconds(20));
+    if (!made.ok()) return made.status().message();
+    auto& bootstrap = *made.value();
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{256}, size_t{1000}}) {
+      std::vector<unsigned char> mine(bytes), all(bytes * static_cast<size_t>(world), 0xee);
+      for (size_t i = 0; i < bytes; ++i) mine[i] = static_cast<unsigned char>(rank * 31 + i);
+      if (Status s = bootstrap.allgather(mine.data(), all.data(), bytes, "test"); !s.ok()) {
+        return s.message();
+      }
+      for (int r = 0; r < world; ++r) {
+        for (size_t i = 0; i < bytes; ++i) {
+          if (all[r * bytes + i] != static_cast<unsigned char>(r * 31 + i)) {
+            return "wrong byte " + std::to_string(i) + " of rank " + std::to_string(r) + " (" +
+                   std::to_string(bytes) + " bytes)";
+          }
+        }
+      }
+    }
+    return std::string();
+  });
+  for (const auto& message : outcome) EXPECT_EQ(message, "");
+}
+
+TEST(ShmBootstrap, DifferentlyNamedBarriersAreAMismatchNamingBoth) {
+  const auto outcome = run_ranks(2, [](int rank, int world, const std::string& key) {
+    auto made = shm::ShmBootstrap::create(rank, world, key, std::chrono::seconds(20));
+    if (!made.ok()) return made.status().message();
+    const Status status = made.value()->barrier(rank == 0 ? "alloc" : "free");
+    return expect_text(status, rank == 0 ? "rank 1 called free where this rank called alloc"
+                                         : "rank 0 called alloc where this rank called free");
+  });
+  for (const auto& message : outcome) EXPECT_EQ(message, "");
+}
+
+TEST(ShmBootstrap, KeyStaysReservedAfterInitAndIsFreedOnClose) {
+  const std::string key = testing::unique_key("reserved");
+  auto first = shm::ShmBootstrap::create(0, 1, key, std::chrono::seconds(5));
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  // Past init, a second job with the key is refused at once, every time.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    auto second = shm::ShmBootstrap::create(0, 1, key, std::chrono::seconds(5));
+    ASSERT_FALSE(second.ok());
+    EXPECT_NE(second.status().message().find("is in use"), std::string::npos)
+        << second.status().message();
+  }
+  first.value().reset();
+  auto again = shm::ShmBootstrap::create(0, 1, key, std::chrono::seconds(5));
+  EXPECT_TRUE(again.ok()) << again.status().message();
+}
+
+TEST(ShmBootstrap, InfiniteTimeoutIsAcceptedAndZeroIsNot) {
+  const std::string key = testing::unique_key("timeouts");
+  auto forever = shm::ShmBootstrap::create(
+      0, 1, key, std::chrono::duration<double>(std::numeric_limits<double>::infinity()));
+  ASSERT_TRUE(forever.ok()) << forever.status().message();
+  EXPECT_TRUE(forever.value()->barrier("forever").ok());
+  auto zero = shm::ShmBootstrap::create(0, 1, key + "z", std::chrono::duration<double>(0));
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("timeout must be positive"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace odc
