@@ -16,9 +16,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <new>
-#include <set>
 #include <thread>
 
 #include "common/deadline.h"
@@ -100,24 +100,27 @@ Clock::duration until(Clock::time_point deadline, Clock::duration at_most) {
 }
 
 // Control names of the bootstraps alive in this process, removed at exit when their owner never
-// closed them (a Python process that ends without close()).
+// closed them (a Python process that ends without close()). Each with the pid that made it: a
+// forked child that exits normally must not remove its parent's names.
 std::mutex open_names_mutex;
-std::set<std::string>* open_names = nullptr;
+std::map<std::string, pid_t>* open_names = nullptr;
 
 void remove_open_names_at_exit() {
   std::lock_guard<std::mutex> lock(open_names_mutex);
   if (open_names == nullptr) return;
-  for (const std::string& name : *open_names) (void)Segment::unlink_name(name);
+  for (const auto& [name, owner] : *open_names) {
+    if (owner == ::getpid()) (void)Segment::unlink_name(name);
+  }
 }
 
 void track_open_name(const std::string& name, bool open) {
   std::lock_guard<std::mutex> lock(open_names_mutex);
   if (open_names == nullptr) {
-    open_names = new std::set<std::string>();
+    open_names = new std::map<std::string, pid_t>();
     std::atexit(remove_open_names_at_exit);
   }
   if (open) {
-    open_names->insert(name);
+    (*open_names)[name] = ::getpid();
   } else {
     open_names->erase(name);
   }
