@@ -195,7 +195,7 @@ struct Lab {
     for (int g = 0; g < n; ++g) {
       CK(cudaSetDevice(gpus[g].dev));
       CK(device_barrier(peers([](const Gpu& x) { return (void*)x.signals; }), info(g),
-                        barrier_epoch, kTimeoutNs, gpus[g].error, gpus[g].stream));
+                        barrier_epoch, /*op=*/0, kTimeoutNs, gpus[g].error, gpus[g].stream));
     }
   }
   // Median over iterations of the slowest GPU's time (us); GPUs are aligned by a device barrier
@@ -678,12 +678,13 @@ int main(int argc, char** argv) {
       std::fprintf(lab.md, "\nDevice barrier: %.2f us per barrier (%d back to back).\n",
                    worst * 1000.0 / reps, reps);
 
-    // GPU n-1 never arrives: every other GPU must report (itself, peer n-1, epoch, epoch - 1).
+    // GPU n-1 never arrives: every other GPU must report (itself, peer n-1, epoch, epoch - 1), as
+    // barrier words (kernels.h).
     const uint64_t epoch = ++lab.barrier_epoch;
     for (int g = 0; g < n - 1; ++g) {
       CK(cudaSetDevice(lab.gpus[g].dev));
       CK(device_barrier(lab.peers([](const Gpu& x) { return (void*)x.signals; }), lab.info(g),
-                        epoch, 2'000'000, lab.gpus[g].error, lab.gpus[g].stream));
+                        epoch, /*op=*/0, 2'000'000, lab.gpus[g].error, lab.gpus[g].stream));
     }
     lab.sync_all();
     for (int g = 0; g < n - 1; ++g) {
@@ -692,7 +693,7 @@ int main(int argc, char** argv) {
                   e.site, e.rank, e.peer, (unsigned long long)e.expected,
                   (unsigned long long)e.seen,
                   (e.site == kWaitBarrier && e.rank == g && e.peer == n - 1 &&
-                   e.expected == epoch && e.seen == epoch - 1)
+                   e.expected == barrier_word(epoch, 0) && e.seen == barrier_word(epoch - 1, 0))
                       ? "OK"
                       : "UNEXPECTED");
     }

@@ -217,8 +217,13 @@ ODC_API odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_size,
 /* 1 when the library was built with the CUDA transport, else 0. */
 ODC_API int odcHasCuda(void);
 
-/* Local. Frees the communicator and its buffers; the handle is invalid afterwards (calls with it
- * return odcInvalidUsage). Peers still waiting on this rank fail with odcRemoteError. */
+/* Frees the communicator and its buffers; the handle is invalid afterwards (calls with it return
+ * odcInvalidUsage). Peers still waiting on this rank fail with odcRemoteError. Host communicators:
+ * local. Device communicators: first completes this rank's queued work and, unless the
+ * communicator has failed, meets every peer in a final barrier (its peers destroy too), so no
+ * peer's queued gather or push still uses this rank's memory when it is freed; the wait is bounded
+ * by the timeout and ends early when a peer failed, died or destroyed without it (memory is then
+ * freed anyway: that peer has failed or will, naming this rank). */
 ODC_API odcResult_t odcCommDestroy(odcComm_t comm);
 
 ODC_API odcResult_t odcCommRank(odcComm_t comm, int* rank);
@@ -234,6 +239,15 @@ ODC_API const char* odcCommGetLastError(odcComm_t comm);
  * rank's shard, valid until odcBufferFree / odcCommDestroy. */
 ODC_API odcResult_t odcBufferAlloc(odcComm_t comm, size_t count, odcDataType_t dtype,
                                    int accumulator, odcBuffer_t* buffer, void** local);
+
+/* Collective. As odcBufferAlloc, with a name that every rank must give too: buffers of the same
+ * size allocated in a different order on different ranks (parameters on one, gradients on
+ * another) then fail with odcInvalidArgument on every rank, naming both ranks' requests, and
+ * nothing is allocated. `name`: 1-256 printable ASCII characters (copied), or NULL for an unnamed
+ * buffer (odcBufferAlloc; an unnamed buffer also differs from every named one). */
+ODC_API odcResult_t odcBufferAllocNamed(odcComm_t comm, size_t count, odcDataType_t dtype,
+                                        int accumulator, const char* name, odcBuffer_t* buffer,
+                                        void** local);
 
 /* Collective: peers may read the buffer until every rank has called it. */
 ODC_API odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer);
@@ -260,6 +274,17 @@ ODC_API odcResult_t odcMinibatchEnd(odcComm_t comm, odcStream_t stream);
 
 /* Collective: returns when every rank has called it. */
 ODC_API odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream);
+
+/* Local; never blocks and makes no CUDA call (reads a host-mapped flag). Reports a failure of
+ * this communicator's device work found on the device: a wait on another rank that timed out
+ * (odcTimeout) or ranks that met in different collectives (odcRemoteError); the communicator is
+ * failed from then on. odcSuccess when there is none so far. Device operations return before
+ * they run, so to know that a minibatch's sums are complete on the host, wait for its
+ * odcMinibatchEnd first (e.g. cudaEventSynchronize on an event recorded after it on its stream),
+ * then call this: odcSuccess means every rank's contributions were added; otherwise no optimizer
+ * step may use the sums (odc.torch checks this before every step). Host communicators report
+ * failures from the call that failed: this returns their earlier failure or odcSuccess. */
+ODC_API odcResult_t odcCommPollError(odcComm_t comm);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -177,6 +177,15 @@ def _load() -> ctypes.CDLL:
         ctypes.POINTER(handle),
         ctypes.POINTER(ctypes.c_void_p),
     ]
+    lib.odcBufferAllocNamed.argtypes = [
+        handle,
+        size,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.POINTER(handle),
+        ctypes.POINTER(ctypes.c_void_p),
+    ]
     lib.odcBufferFree.argtypes = [handle, handle]
     stream = ctypes.c_void_p
     lib.odcGather.argtypes = [handle, ctypes.c_void_p, size, handle, stream]
@@ -191,6 +200,7 @@ def _load() -> ctypes.CDLL:
     lib.odcMinibatchBegin.argtypes = [handle, stream]
     lib.odcMinibatchEnd.argtypes = [handle, stream]
     lib.odcBarrier.argtypes = [handle, stream]
+    lib.odcCommPollError.argtypes = [handle]
     for name in (
         "odcCommInit",
         "odcCommInitCuda",
@@ -200,6 +210,8 @@ def _load() -> ctypes.CDLL:
         "odcCommRank",
         "odcCommWorldSize",
         "odcBufferAlloc",
+        "odcBufferAllocNamed",
+        "odcCommPollError",
         "odcBufferFree",
         "odcGather",
         "odcScatterAccumulate",

@@ -108,6 +108,7 @@ def _stream_handle(stream: Any, device: Optional[int]) -> Optional[int]:
 
 
 _INT_MAX = 2**31 - 1  # C int: ranks, world sizes and device indices
+_NAME_MAX = 256  # characters of a buffer name (odcBufferAllocNamed)
 _COUNT_MAX = 2**63 - 1  # size_t counts the C API can check (it refuses what does not fit memory)
 
 
@@ -157,6 +158,7 @@ class Buffer:
         count: int,
         dtype: str,
         accumulator: bool,
+        name: Optional[str] = None,
     ):
         self._comm = comm
         self._handle = handle
@@ -164,6 +166,7 @@ class Buffer:
         self.count = count
         self.dtype = dtype
         self.accumulator = accumulator
+        self.name = name
         self.device = comm.device
         self._num_views = 0  # live numpy / torch views (see the module docstring)
 
@@ -354,8 +357,26 @@ class Comm:
         _capi.check_comm(function(self._handle, *args))
 
     # -- buffers ---------------------------------------------------------------------------
-    def alloc(self, count: int, dtype: str = "float32", accumulator: bool = False) -> Buffer:
-        """Collective: a symmetric buffer; every rank must pass the same arguments."""
+    def alloc(
+        self,
+        count: int,
+        dtype: str = "float32",
+        accumulator: bool = False,
+        name: Optional[str] = None,
+    ) -> Buffer:
+        """Collective: a symmetric buffer; every rank must pass the same arguments.
+
+        name: an optional tag (1-256 printable ASCII characters) checked across ranks like the
+        count: buffers of the same size allocated in a different order on different ranks then
+        raise on every rank, naming both requests, instead of silently pairing up."""
+        if name is not None:
+            if not isinstance(name, str):
+                raise _invalid(f"rank {self.rank}: alloc: name must be a string, got {name!r}")
+            if not 1 <= len(name) <= _NAME_MAX or not all(" " <= c <= "~" for c in name):
+                raise _invalid(
+                    f"rank {self.rank}: alloc: name must be 1-{_NAME_MAX} printable ASCII "
+                    f"characters, got {name!r}"
+                )
         if dtype not in _DTYPES:
             raise _invalid(
                 f"rank {self.rank}: alloc: unknown dtype {dtype!r}: "
@@ -373,14 +394,15 @@ class Comm:
         handle = ctypes.c_void_p()
         local = ctypes.c_void_p()
         self._call(
-            _capi.lib.odcBufferAlloc,
+            _capi.lib.odcBufferAllocNamed,
             int(count),
             _DTYPES[dtype],
             int(bool(accumulator)),
+            None if name is None else name.encode("ascii"),
             ctypes.byref(handle),
             ctypes.byref(local),
         )
-        return Buffer(self, handle, local.value, int(count), dtype, bool(accumulator))
+        return Buffer(self, handle, local.value, int(count), dtype, bool(accumulator), name)
 
     # -- operations ------------------------------------------------------------------------
     def gather(self, out: Any, buffer: Buffer, stream: Any = None) -> None:
@@ -463,3 +485,12 @@ class Comm:
     def barrier(self, stream: Any = None) -> None:
         """Collective: completes when every rank has called it."""
         self._call(_capi.lib.odcBarrier, _stream_handle(stream, self.device))
+
+    def poll_error(self) -> None:
+        """Local, never blocks: raises odc.Error when device work of this communicator failed
+        (a wait on another rank timed out, ranks met in different collectives); the
+        communicator is failed from then on. GPU operations return before they run: to know
+        that a minibatch's sums are complete, synchronize with its minibatch_end (e.g. an event
+        recorded after it) first, then call this. Host communicators raise from the failing call
+        itself; here they raise only their earlier failure."""
+        self._call(_capi.lib.odcCommPollError)

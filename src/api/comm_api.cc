@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <cstring>
 #include <string>
 
 #include "api/api_errors.h"
@@ -269,9 +270,11 @@ extern "C" const char* odcCommGetLastError(odcComm_t comm) {
   return comm->last_error.c_str();
 }
 
-extern "C" odcResult_t odcBufferAlloc(odcComm_t comm, size_t count, odcDataType_t dtype,
-                                      int accumulator, odcBuffer_t* buffer, void** local) {
-  return with_comm(comm, "odcBufferAlloc", [&](odc::Communicator& c) -> Status {
+namespace {
+
+odcResult_t buffer_alloc(odcComm_t comm, const char* function, size_t count, odcDataType_t dtype,
+                         int accumulator, const char* name, odcBuffer_t* buffer, void** local) {
+  return with_comm(comm, function, [&](odc::Communicator& c) -> Status {
     if (buffer == nullptr || local == nullptr) {
       return Status::InvalidArgument("rank " + std::to_string(c.rank()) +
                                      ": alloc: buffer and local must not be NULL");
@@ -289,12 +292,36 @@ extern "C" odcResult_t odcBufferAlloc(odcComm_t comm, size_t count, odcDataType_
           " is too large: at most " + std::to_string(most) + " elements of " +
           std::to_string(element) + " bytes with " + std::to_string(c.world_size()) + " ranks");
     }
-    auto allocated = c.allocate(count, type, accumulator != 0);
+    std::string tag;
+    if (name != nullptr) {
+      // Bounded read: a missing terminator must not run through memory.
+      const size_t length = strnlen(name, odc::kMaxBufferNameBytes + 1);
+      if (length == 0) {
+        return Status::InvalidArgument("rank " + std::to_string(c.rank()) +
+                                       ": alloc: name is empty (pass NULL for an unnamed buffer)");
+      }
+      tag.assign(name, length);  // a name that is too long is refused by allocate()
+    }
+    auto allocated = c.allocate(count, type, accumulator != 0, tag);
     if (!allocated.ok()) return allocated.status();
     *buffer = reinterpret_cast<odcBuffer_t>(allocated.value());
     *local = allocated.value()->local();
     return Status::Ok();
   });
+}
+
+}  // namespace
+
+extern "C" odcResult_t odcBufferAlloc(odcComm_t comm, size_t count, odcDataType_t dtype,
+                                      int accumulator, odcBuffer_t* buffer, void** local) {
+  return buffer_alloc(comm, "odcBufferAlloc", count, dtype, accumulator, nullptr, buffer, local);
+}
+
+extern "C" odcResult_t odcBufferAllocNamed(odcComm_t comm, size_t count, odcDataType_t dtype,
+                                           int accumulator, const char* name, odcBuffer_t* buffer,
+                                           void** local) {
+  return buffer_alloc(comm, "odcBufferAllocNamed", count, dtype, accumulator, name, buffer,
+                      local);
 }
 
 extern "C" odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer) {
@@ -330,6 +357,11 @@ extern "C" odcResult_t odcMinibatchEnd(odcComm_t comm, odcStream_t stream) {
 
 extern "C" odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream) {
   return with_comm(comm, "odcBarrier", [&](odc::Communicator& c) { return c.barrier(stream); });
+}
+
+extern "C" odcResult_t odcCommPollError(odcComm_t comm) {
+  return with_comm(comm, "odcCommPollError",
+                   [&](odc::Communicator& c) { return c.poll_error(); });
 }
 
 extern "C" int odcHasCuda(void) {

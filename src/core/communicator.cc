@@ -2,6 +2,8 @@
 #include "core/communicator.h"
 
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 #include <string>
 
 namespace odc {
@@ -26,6 +28,57 @@ std::string describe(size_t count, DataType dtype, bool accumulator) {
          (accumulator ? " (accumulator)" : "");
 }
 
+// A buffer's name travels in its alloc record: its length, a hash of all of it (the comparison)
+// and its first bytes (for the message).
+constexpr int kNameLengthWord = 3;
+constexpr int kNameHashWord = 4;
+constexpr int kNameTextWord = 5;
+constexpr size_t kNameTextBytes = (std::size(ExchangeRecord{}.words) - kNameTextWord) * 8;
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t hash = 14695981039346656037ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+void put_name(ExchangeRecord& record, const std::string& name) {
+  record.words[kNameLengthWord] = name.size();
+  record.words[kNameHashWord] = fnv1a(name);
+  std::memcpy(&record.words[kNameTextWord], name.data(), std::min(name.size(), kNameTextBytes));
+}
+
+// `named "params"`, `unnamed`; a name cut to what the record carries ends in "...".
+std::string describe_name(const ExchangeRecord& record) {
+  const size_t length = record.words[kNameLengthWord];
+  if (length == 0) return "unnamed";
+  std::string text(reinterpret_cast<const char*>(&record.words[kNameTextWord]),
+                   std::min<size_t>(length, kNameTextBytes));
+  for (char& c : text) {  // a peer's bytes: never echo control characters
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return "named \"" + text + (length > kNameTextBytes ? "...\"" : "\"");
+}
+
+Status check_name(const std::string& name) {
+  if (name.size() > kMaxBufferNameBytes) {
+    return Status::InvalidArgument("buffer name has " + std::to_string(name.size()) +
+                                   " characters; at most " +
+                                   std::to_string(kMaxBufferNameBytes) + " are allowed");
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c > 0x7e) {
+      return Status::InvalidArgument("buffer name has a byte " + std::to_string(c) +
+                                     " at position " + std::to_string(i) +
+                                     ": only printable ASCII characters are allowed");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 const char* scheme_name(AccumulationScheme scheme) {
@@ -40,6 +93,16 @@ Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opt
                   : AccumulationScheme::kStaged) {}
 
 Communicator::~Communicator() {
+  // Stream-ordered transports: a peer's queued gathers and pushes may still reach this rank's
+  // buffers after that peer's calls returned. So meet every peer in a final host barrier first
+  // (it completes this rank's queued work, then waits, bounded by the timeout and ended early by
+  // a peer that failed, died or destroyed): past it no peer's work uses these buffers. A failed
+  // communicator's peers are out of step: no barrier (they have failed or will, naming us).
+  if (state_ != CommState::kFailed && transport_->caps().stream_ordered) {
+    (void)finish("destroy", transport_->host_barrier(CollectiveOp::kDestroy));
+  }
+  // Nothing of this rank may still run on the buffers when they go.
+  (void)transport_->drain();
   buffers_.clear();  // unmap buffers before the transport's control segments
   transport_.reset();
 }
@@ -79,9 +142,11 @@ Status Communicator::check_buffer(const char* operation, const Buffer* buffer) c
   return Status::Ok();
 }
 
-Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumulator) {
+Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumulator,
+                                       const std::string& name) {
   const char* op = "alloc";
   ODC_RETURN_IF_ERROR(usable(op));
+  ODC_RETURN_IF_ERROR(finish(op, check_name(name)));
   if (count == 0) return finish(op, Status::InvalidArgument("count must be positive"));
   if (!is_valid(dtype)) {
     return finish(op, Status::InvalidArgument("unknown dtype " +
@@ -97,18 +162,31 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   mine.words[0] = count;
   mine.words[1] = static_cast<uint64_t>(dtype);
   mine.words[2] = accumulator ? 1 : 0;
+  // The name tells apart buffers of the same size (a rank that allocates its gradients where the
+  // others allocate their parameters would otherwise gather gradients as weights).
+  put_name(mine, name);
   auto all = transport_->exchange(mine);
   if (!all.ok()) return finish(op, all.status());
   for (int r = 0; r < world_size(); ++r) {
     const ExchangeRecord& theirs = all.value()[r];
     if (theirs.words[0] != mine.words[0] || theirs.words[1] != mine.words[1] ||
-        theirs.words[2] != mine.words[2]) {
-      return finish(op,
-                    Status::InvalidArgument(
-                        "buffers differ across ranks: rank " + std::to_string(r) + " asked for " +
-                        describe(theirs.words[0], static_cast<DataType>(theirs.words[1]),
-                                 theirs.words[2] != 0) +
-                        " elements, this rank for " + describe(count, dtype, accumulator)));
+        theirs.words[2] != mine.words[2] || theirs.words[kNameLengthWord] != name.size() ||
+        theirs.words[kNameHashWord] != mine.words[kNameHashWord]) {
+      // Names appear when either side gave one.
+      const bool named = !name.empty() || theirs.words[kNameLengthWord] != 0;
+      const std::string their_name = named ? " " + describe_name(theirs) : "";
+      const std::string my_name = named ? " " + describe_name(mine) : "";
+      const bool shown_alike = named && their_name == my_name;
+      return finish(
+          op, Status::InvalidArgument(
+                  "buffers differ across ranks: rank " + std::to_string(r) + " asked for " +
+                  describe(theirs.words[0], static_cast<DataType>(theirs.words[1]),
+                           theirs.words[2] != 0) +
+                  " elements" + their_name + ", this rank (" + std::to_string(rank()) +
+                  ") for " + describe(count, dtype, accumulator) + " elements" + my_name +
+                  (shown_alike ? " (the names differ after their first " +
+                                     std::to_string(kNameTextBytes) + " characters)"
+                               : "")));
     }
   }
   auto buffer = std::make_unique<Buffer>();
@@ -116,6 +194,7 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   buffer->count = count;
   buffer->dtype = dtype;
   buffer->accumulator = accumulator;
+  buffer->name = name;
   auto region = transport_->allocate(buffer->bytes());
   if (!region.ok()) return finish(op, region.status());
   buffer->data = std::move(region).value();
@@ -139,7 +218,9 @@ Status Communicator::release(Buffer* buffer) {
   const char* op = "free";
   ODC_RETURN_IF_ERROR(check_buffer(op, buffer));
   if (state_ == CommState::kFailed) {
-    buffers_.erase(buffer);  // nothing to coordinate with: just unmap
+    // Nothing to coordinate with, but this rank's queued work may still use the buffer.
+    (void)transport_->drain();
+    buffers_.erase(buffer);
     return Status::Ok();
   }
   // Peers may still read this buffer until they too arrive here.
@@ -271,6 +352,12 @@ Status Communicator::minibatch_end(StreamHandle stream) {
   ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
   state_ = CommState::kReady;
   return Status::Ok();
+}
+
+Status Communicator::poll_error() {
+  const char* op = "poll_error";
+  ODC_RETURN_IF_ERROR(usable(op));
+  return finish(op, transport_->poll_error());
 }
 
 Status Communicator::barrier(StreamHandle stream) {

@@ -28,6 +28,9 @@ namespace odc {
 
 class Communicator;
 
+// Longest buffer name allocate() takes.
+inline constexpr size_t kMaxBufferNameBytes = 256;
+
 // How pushes reach their owners.
 enum class AccumulationScheme {
   // add_all() straight into the owners' sums: the transport's remote fp32 add is atomic (CUDA).
@@ -56,6 +59,7 @@ struct Buffer {
   size_t count = 0;
   DataType dtype = DataType::kFloat32;
   bool accumulator = false;
+  std::string name;  // the caller's tag, checked across ranks at allocation ("" = none)
   std::unique_ptr<SymmetricRegion> data;     // the shards (an accumulator's sums)
   std::unique_ptr<SymmetricRegion> pending;  // kStaged: this sender's sum of its pushes
   std::unique_ptr<SymmetricRegion> staging;  // kStaged: slot s holds sender s's sum
@@ -85,8 +89,11 @@ class Communicator {
   AccumulationScheme scheme() const { return scheme_; }
   Transport& transport() { return *transport_; }
 
-  // Collective. Every rank must ask for the same count, dtype and kind.
-  Result<Buffer*> allocate(size_t count, DataType dtype, bool accumulator);
+  // Collective. Every rank must ask for the same count, dtype, kind and name (at most
+  // kMaxBufferNameBytes printable ASCII characters; "" = unnamed): else every rank fails with an
+  // error naming what both sides asked for, and nothing is allocated.
+  Result<Buffer*> allocate(size_t count, DataType dtype, bool accumulator,
+                           const std::string& name = "");
   // Collective. `buffer` is invalid afterwards.
   Status release(Buffer* buffer);
   // dst[r*count:(r+1)*count] = rank r's shard, for all r; dst holds world_size*count elements of
@@ -101,6 +108,10 @@ class Communicator {
   // valid for every rank until the next minibatch starts filling them.
   Status minibatch_end(StreamHandle stream);
   Status barrier(StreamHandle stream);  // collective
+  // Local, never blocks: a failure the transport detected asynchronously (stream-ordered: a device
+  // wait that expired or met another collective) fails the communicator and is returned; else the
+  // earlier failure, or Ok.
+  Status poll_error();
 
   // Is `buffer` a live buffer of this communicator?
   bool owns(const Buffer* buffer) const;

@@ -19,6 +19,8 @@ const char* collective_op_name(CollectiveOp op) {
       return "minibatch_end";
     case CollectiveOp::kBarrier:
       return "barrier";
+    case CollectiveOp::kDestroy:
+      return "destroy";
   }
   return "unknown collective";
 }

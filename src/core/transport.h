@@ -28,6 +28,7 @@ enum class CollectiveOp : uint32_t {
   kMinibatchBegin,
   kMinibatchEnd,
   kBarrier,
+  kDestroy,  // the final barrier of a communicator on stream-ordered transports
 };
 
 const char* collective_op_name(CollectiveOp op);
@@ -94,6 +95,11 @@ class Transport {
   // As barrier(), but host-blocking, and all of this rank's queued work is complete before it
   // (for collectives that change memory: free).
   virtual Status host_barrier(CollectiveOp op) = 0;
+
+  // ---- local ---------------------------------------------------------------------------------
+  // Host-blocking: every operation this rank has queued is complete, so its regions may be freed.
+  // A no-op where every call completes before it returns (!caps().stream_ordered).
+  virtual Status drain() { return Status::Ok(); }
 
   // ---- failures ------------------------------------------------------------------------------
   // A failure detected asynchronously (a device-side wait that expired), or Ok.

@@ -35,15 +35,39 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
   return t;
 }
 
+// Records the first failed wait in `error` (first writer wins) and mirrors it to the host.
+__device__ __forceinline__ void record_error(WaitError* error, int32_t site, int rank, int peer,
+                                             uint64_t expected, uint64_t seen) {
+  if (error == nullptr || atomicCAS(reinterpret_cast<int*>(&error->site), 0, site) != 0) return;
+  error->rank = rank;
+  error->peer = peer;
+  error->expected = expected;
+  error->seen = seen;
+  __threadfence_system();
+  if (volatile WaitError* mirror = error->host_mirror) {
+    mirror->rank = rank;
+    mirror->peer = peer;
+    mirror->expected = expected;
+    mirror->seen = seen;
+    __threadfence_system();
+    mirror->site = site;  // last: the host reads the record once site is set
+    __threadfence_system();
+  }
+}
+
+// Has this rank recorded an error? Then no later wait succeeds, so no further data moves and
+// peers waiting on this rank time out and name it.
+__device__ __forceinline__ bool failed_before(const WaitError* error) {
+  return error != nullptr &&
+         *reinterpret_cast<const volatile int32_t*>(&error->site) != kWaitNone;
+}
+
 // Spins until *flag >= expected or timeout_ns passes. On expiry records the first error and
 // returns false. Call from one thread.
 __device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t expected,
                                               int64_t timeout_ns, WaitError* error, int32_t site,
                                               int rank, int peer) {
-  // Fail fast: once this rank has recorded an error, no later wait succeeds, so no further data
-  // moves and peers waiting on this rank time out and name it.
-  if (error != nullptr && *reinterpret_cast<volatile int32_t*>(&error->site) != kWaitNone)
-    return false;
+  if (failed_before(error)) return false;  // fail fast
   uint64_t seen = ld_acquire_sys(flag);
   if (seen >= expected) return true;
   const uint64_t start = global_timer_ns();
@@ -52,23 +76,40 @@ __device__ __forceinline__ bool wait_at_least(const uint64_t* flag, uint64_t exp
     if (seen >= expected) return true;
     if (static_cast<int64_t>(global_timer_ns() - start) > timeout_ns) break;
   }
-  if (error != nullptr && atomicCAS(reinterpret_cast<int*>(&error->site), 0, site) == 0) {
-    error->rank = rank;
-    error->peer = peer;
-    error->expected = expected;
-    error->seen = seen;
-    __threadfence_system();
-    if (volatile WaitError* mirror = error->host_mirror) {
-      mirror->rank = rank;
-      mirror->peer = peer;
-      mirror->expected = expected;
-      mirror->seen = seen;
-      __threadfence_system();
-      mirror->site = site;  // last: the host reads the record once site is set
-      __threadfence_system();
+  record_error(error, site, rank, peer, expected, seen);
+  return false;
+}
+
+// A device barrier's wait for one peer: until the peer's barrier_word reaches `mine` (same epoch
+// and collective, or a later epoch). The same epoch with another collective is a mismatch,
+// recorded at once (kWaitMismatch, mine, the peer's word); expiry records kWaitBarrier. Returns
+// whether the peer arrived. Call from one thread.
+__device__ __forceinline__ bool wait_barrier_word(const uint64_t* flag, uint64_t mine,
+                                                  int64_t timeout_ns, WaitError* error, int rank,
+                                                  int peer) {
+  if (failed_before(error)) return false;  // fail fast
+  const uint64_t epoch = barrier_epoch(mine);
+  // 1: arrived; 0: not yet; -1: the same epoch in another collective.
+  auto reached = [&](uint64_t word) {
+    if (barrier_epoch(word) > epoch) return 1;
+    if (barrier_epoch(word) < epoch) return 0;
+    return word == mine ? 1 : -1;
+  };
+  const uint64_t start = global_timer_ns();
+  while (true) {
+    const uint64_t seen = ld_acquire_sys(flag);
+    const int state = reached(seen);
+    if (state == 1) return true;
+    if (state == -1) {
+      record_error(error, kWaitMismatch, rank, peer, mine, seen);
+      return false;
+    }
+    if (failed_before(error)) return false;  // another peer's wait of this barrier failed
+    if (static_cast<int64_t>(global_timer_ns() - start) > timeout_ns) {
+      record_error(error, kWaitBarrier, rank, peer, mine, seen);
+      return false;
     }
   }
-  return false;
 }
 
 template <typename T>

@@ -33,7 +33,7 @@ struct PeerPointers {
 // Per-rank flags in device memory that peers write through peer pointers. Zero-initialize once
 // (cudaMemset) before first use; all values are monotonic counters, never reset while in use.
 struct SignalBlock {
-  uint64_t barrier[kMaxRanks];    // barrier[p]: last barrier epoch rank p announced to this rank
+  uint64_t barrier[kMaxRanks];    // barrier[p]: barrier_word() rank p last announced to this rank
   uint64_t ready[kMaxRanks];      // ready[p]: last push seq whose staging slot from sender p landed
   uint64_t freed[kMaxRanks];      // freed[r]: last push seq owner r finished reading from our slot
   uint32_t push_done[kMaxRanks];  // local: blocks done pushing to owner r (reset by the last)
@@ -47,7 +47,23 @@ enum WaitSite : int32_t {
   kWaitSlotFree = 2,   // staged push: owner has not released our slot from the previous push
   kWaitSlotReady = 3,  // staged accumulate: sender's slot has not landed
   kWaitSignal = 4,     // wait_signals: a peer's signal has not reached the value
+  kWaitMismatch = 5,   // device_barrier: a peer announced the same epoch in another collective
 };
+
+// What a rank announces in a device barrier: the epoch in the high bits, the caller's collective
+// (an opaque tag below 256, e.g. odc::CollectiveOp) in the low byte, as the host transport does.
+// Words grow with the epoch, so a peer that has moved on to a later barrier still compares as
+// "arrived"; at the same epoch a different tag is a collective mismatch.
+inline constexpr int kBarrierOpBits = 8;
+__host__ __device__ inline constexpr uint64_t barrier_word(uint64_t epoch, uint32_t op) {
+  return (epoch << kBarrierOpBits) | (op & ((1u << kBarrierOpBits) - 1));
+}
+__host__ __device__ inline constexpr uint64_t barrier_epoch(uint64_t word) {
+  return word >> kBarrierOpBits;
+}
+__host__ __device__ inline constexpr uint32_t barrier_op(uint64_t word) {
+  return static_cast<uint32_t>(word & ((1u << kBarrierOpBits) - 1));
+}
 
 // Written by the first wait that expires (first writer wins); `site` == kWaitNone means no error.
 // Every wait reads it first (fail fast), so keep it in device memory and copy it out once the
@@ -129,9 +145,13 @@ cudaError_t sum_slots(float* dst, const float* slots, size_t slot_stride, int nu
 
 // ---- barrier ---------------------------------------------------------------------------------
 // Stream-ordered: returns (on the device) when every rank has reached `epoch` (1, 2, 3, ... on
-// every rank). Work enqueued before it on every rank's stream, peer writes included, is complete
-// and visible afterwards. On expiry of `timeout_ns` writes `error` and lets the stream go on.
+// every rank, below 2^56) in the same collective `op` (< 256). Work enqueued before it on every
+// rank's stream, peer writes included, is complete and visible afterwards. On expiry of
+// `timeout_ns` records (kWaitBarrier, rank, peer, barrier_word expected, word seen) in `error`;
+// when a peer announced this epoch with another op, records (kWaitMismatch, rank, peer, this
+// rank's word, the peer's word) at once. Either way the stream goes on (the caller checks the
+// record before trusting what follows: poll_error).
 cudaError_t device_barrier(const PeerPointers& signals, const RankInfo& info, uint64_t epoch,
-                           int64_t timeout_ns, WaitError* error, cudaStream_t stream);
+                           uint32_t op, int64_t timeout_ns, WaitError* error, cudaStream_t stream);
 
 }  // namespace odc::kernels

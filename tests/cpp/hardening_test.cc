@@ -1,12 +1,15 @@
-// Hardening of the communicator C API against hostile sizes (issue #18): every size product the
-// runtime derives from a count must be checked, never wrapped.
+// Hardening of the communicator C API (issue #18): every size product the runtime derives from a
+// count must be checked, never wrapped; buffers of the same size allocated in a different order on
+// different ranks are told apart by their names.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "multiprocess.h"
 #include "odc/odc.h"
 
 namespace {
@@ -40,6 +43,77 @@ TEST(Hardening, AllocRejectsCountsWhoseByteSizeWraps) {
       << odcGetLastError();
   EXPECT_EQ(odcBufferFree(comm, buffer), odcSuccess);
   EXPECT_EQ(odcCommDestroy(comm), odcSuccess);
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Item 12: rank 0 allocates its parameters where rank 1 allocates its gradients, same size. Before
+// names existed both calls succeeded and rank 0 gathered rank 1's gradients as weights.
+TEST(Hardening, BufferNamesAreCheckedAcrossRanks) {
+  const auto outcome = odc::testing::run_ranks(
+      2,
+      [](int rank, int world, const std::string& key) -> std::string {
+        odcComm_t comm;
+        RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), 20.0));
+        const std::string me = "this rank (" + std::to_string(rank) + ")";
+        const std::string peer = "rank " + std::to_string(1 - rank);
+        odcBuffer_t buffer = nullptr;
+        void* local = nullptr;
+        odcResult_t result = odcBufferAllocNamed(comm, 64, odcFloat32, 0,
+                                                 rank == 0 ? "layer0:params" : "layer0:grads",
+                                                 &buffer, &local);
+        std::string message = odcCommGetLastError(comm);
+        RANK_EXPECT(result == odcInvalidArgument, odcGetErrorString(result));
+        RANK_EXPECT(buffer == nullptr && local == nullptr, "nothing is handed out");
+        RANK_EXPECT(contains(message, "buffers differ across ranks: " + peer), message);
+        RANK_EXPECT(contains(message, me), message);
+        RANK_EXPECT(contains(message, "named \"layer0:params\""), message);
+        RANK_EXPECT(contains(message, "named \"layer0:grads\""), message);
+        RANK_EXPECT(contains(message, "64 float32"), message);
+        // A named buffer never pairs with an unnamed one.
+        result = rank == 0 ? odcBufferAllocNamed(comm, 8, odcFloat32, 1, "acc", &buffer, &local)
+                           : odcBufferAlloc(comm, 8, odcFloat32, 1, &buffer, &local);
+        message = odcCommGetLastError(comm);
+        RANK_EXPECT(result == odcInvalidArgument, odcGetErrorString(result));
+        RANK_EXPECT(contains(message, "unnamed") && contains(message, "named \"acc\""), message);
+        // Names longer than the record carries are compared in full and shown cut.
+        std::string long_name(200, 'x');
+        long_name.back() = rank == 0 ? 'a' : 'b';
+        result = odcBufferAllocNamed(comm, 8, odcFloat32, 0, long_name.c_str(), &buffer, &local);
+        message = odcCommGetLastError(comm);
+        RANK_EXPECT(result == odcInvalidArgument, odcGetErrorString(result));
+        RANK_EXPECT(contains(message, "...\"") && contains(message, "differ after"), message);
+        // Bad names are refused before any communication, naming the problem.
+        RANK_EXPECT(odcBufferAllocNamed(comm, 8, odcFloat32, 0, "", &buffer, &local) ==
+                        odcInvalidArgument,
+                    "an empty name");
+        RANK_EXPECT(contains(odcGetLastError(), "name is empty"), odcGetLastError());
+        RANK_EXPECT(odcBufferAllocNamed(comm, 8, odcFloat32, 0, "a\nb", &buffer, &local) ==
+                        odcInvalidArgument,
+                    "a control character");
+        RANK_EXPECT(contains(odcGetLastError(), "printable ASCII"), odcGetLastError());
+        const std::string too_long(257, 'n');
+        RANK_EXPECT(odcBufferAllocNamed(comm, 8, odcFloat32, 0, too_long.c_str(), &buffer,
+                                        &local) == odcInvalidArgument,
+                    "a name of 257 characters");
+        RANK_EXPECT(contains(odcGetLastError(), "at most 256"), odcGetLastError());
+        // Matching names: allocated, and the communicator works as before.
+        RANK_CHECK(odcBufferAllocNamed(comm, 64, odcFloat32, 0, "layer0:params", &buffer, &local));
+        for (int i = 0; i < 64; ++i) static_cast<float*>(local)[i] = static_cast<float>(rank + 1);
+        RANK_CHECK(odcBarrier(comm, nullptr));
+        std::vector<float> full(static_cast<size_t>(world) * 64);
+        RANK_CHECK(odcGather(comm, full.data(), full.size(), buffer, nullptr));
+        for (size_t i = 0; i < full.size(); ++i) {
+          RANK_EXPECT(full[i] == static_cast<float>(i / 64 + 1), "gathered " + std::to_string(i));
+        }
+        RANK_CHECK(odcBufferFree(comm, buffer));
+        RANK_CHECK(odcCommDestroy(comm));
+        return "";
+      },
+      std::chrono::seconds(60), "names");
+  for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 """Hardening of the binding, the planner and the CLI against hostile input (issue #18).
 
-Items 3, 4, 7, 9, 10 and 11 of the issue; each test failed before its fix. Crashes are run in a
+Items 3, 4, 7, 9, 10, 11, 12 and 14 (its host side) of the issue; each test failed before its fix. Crashes are run in a
 child process so a regression shows as a failed test, not a dead test runner.
 """
 
@@ -220,3 +220,131 @@ def test_echoed_control_bytes_are_escaped(odc_cli, args, stdin):
     message = result.stderr.decode()
     assert message.endswith("\n") and message.count("\n") == 1, message
     assert "\x1b" not in message and "\r" not in message
+
+
+# -- item 12: buffers of the same size allocated in a different order -------------------------
+
+
+def _swapped_names_rank(rank, world_size, key):
+    outcome = {}
+    with odc.Comm(rank, world_size, key, timeout=20) as comm:
+        # Rank 0 allocates its parameters first, rank 1 its gradients: the sizes agree.
+        order = (
+            ["layer0:params", "layer0:grads"] if rank == 0 else ["layer0:grads", "layer0:params"]
+        )
+        try:
+            comm.alloc(64, name=order[0])
+            outcome["swapped"] = None
+        except odc.Error as error:
+            outcome["swapped"] = (error.code, str(error))
+        buffer = comm.alloc(64, name="layer0:params")  # agreed: allocated, works as before
+        buffer.array[:] = rank + 1
+        comm.barrier()
+        full = np.empty(world_size * 64, dtype=np.float32)
+        comm.gather(full, buffer)
+        outcome["gathered"] = full.tolist() == [1.0] * 64 + [2.0] * 64
+        outcome["name"] = buffer.name
+        comm.barrier()
+    return outcome
+
+
+def test_alloc_names_are_checked_across_ranks():
+    results = odc.launch(_swapped_names_rank, 2, timeout=60)
+    for rank, outcome in enumerate(results):
+        assert outcome["swapped"] is not None, f"rank {rank}: swapped buffers paired up"
+        code, message = outcome["swapped"]
+        assert code == odc._capi.INVALID_ARGUMENT
+        assert f"rank {rank}: alloc: buffers differ across ranks: rank {1 - rank}" in message
+        assert 'named "layer0:params"' in message and 'named "layer0:grads"' in message
+        assert outcome["gathered"] and outcome["name"] == "layer0:params"
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("", "1-256 printable ASCII"),
+        ("a\nb", "1-256 printable ASCII"),
+        ("caf\u00e9", "1-256 printable ASCII"),
+        ("x" * 257, "1-256 printable ASCII"),
+        (b"params", "name must be a string"),
+    ],
+)
+def test_alloc_name_is_checked_before_c(name, message):
+    with odc.Comm(0, 1, _key("name"), timeout=5) as comm:
+        with pytest.raises(odc.Error, match=message):
+            comm.alloc(8, name=name)
+        assert comm.alloc(8, name="x" * 256).name == "x" * 256
+
+
+def _torch_names_rank(rank, world_size, key, store_path, rename):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from tiny_lm import make_model
+
+    import odc.torch
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
+    )
+    try:
+        model = make_model()
+        if rename and rank == 1:  # another model on rank 1: same sizes, other module names
+            model.layers = model.blocks
+            del model.blocks
+        for block in model.layers if hasattr(model, "layers") else model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        with odc.Comm(rank, world_size, key, timeout=20) as comm:
+            try:
+                engine = odc.torch.OdcFSDP(model, comm)
+            except odc.Error as error:
+                return error.code, str(error)
+            names = [(g.published.name, g.accumulator.name) for g in engine._groups]
+            del engine
+            return names
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("rename", [False, True])
+def test_odc_torch_names_its_buffers(tmp_path, rename):
+    pytest.importorskip("torch")
+    import pathlib
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    results = odc.launch(_torch_names_rank, 2, str(tmp_path / "store"), rename, timeout=120)
+    if not rename:
+        assert results[0] == results[1]
+        assert results[0] == [  # model.modules() order: the root first
+            ("odc.torch/<root>:params", "odc.torch/<root>:grads"),
+            ("odc.torch/blocks.0:params", "odc.torch/blocks.0:grads"),
+            ("odc.torch/blocks.1:params", "odc.torch/blocks.1:grads"),
+        ]
+        return
+    for rank, (code, message) in enumerate(results):
+        assert code == odc._capi.INVALID_ARGUMENT, message
+        assert "buffers differ across ranks" in message
+        assert 'named "odc.torch/blocks.0:params"' in message
+        assert 'named "odc.torch/layers.0:params"' in message
+
+
+# -- item 14: a failure found asynchronously is reported by poll_error ------------------------
+
+
+def _poll_rank(rank, world_size, key):
+    with odc.Comm(rank, world_size, key, timeout=20) as comm:
+        comm.poll_error()  # healthy: nothing to report
+        if rank == 1:
+            return None  # leaves: rank 0's barrier fails naming it
+        with pytest.raises(odc.Error) as first:
+            comm.barrier()
+        with pytest.raises(odc.Error) as again:
+            comm.poll_error()
+        return first.value.code, str(first.value), again.value.code, str(again.value)
+
+
+def test_poll_error_reports_the_communicators_failure():
+    code, message, poll_code, poll_message = odc.launch(_poll_rank, 2, timeout=60)[0]
+    assert code == odc._capi.REMOTE_ERROR and "rank 1" in message
+    assert poll_code == odc._capi.REMOTE_ERROR
+    assert "rank 0: poll_error: communicator failed earlier" in poll_message

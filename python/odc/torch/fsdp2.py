@@ -18,6 +18,7 @@ Invariant: nothing in forward or backward calls the process group.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 from typing import Iterator, List, Optional
 
@@ -30,6 +31,7 @@ try:  # FSDP2's public home since torch 2.6; older torch: OdcFSDP refuses, the r
 except ImportError:  # pragma: no cover - depends on the torch version
     FSDPModule = None
 
+from .._capi import Error
 from ..comm import Comm
 from . import _fsdp2_internals as internals
 from . import hybrid
@@ -57,6 +59,7 @@ class _Group:
         layout: internals.GroupLayout,
         device: torch.device,
         scratch: torch.Tensor,
+        name: str,
     ):
         for dtype in (layout.param_dtype, layout.reduce_dtype):
             if dtype not in _ODC_DTYPES:
@@ -66,8 +69,12 @@ class _Group:
         self.owner = owner
         self.layout = layout
         comm = owner.comm
-        self.published = comm.alloc(layout.shard_numel, dtype=_ODC_DTYPES[layout.param_dtype])
-        self.accumulator = comm.alloc(layout.shard_numel, accumulator=True)
+        # Named: a rank whose groups come in another order fails here instead of gathering
+        # another group's weights (the sizes alone may agree).
+        self.published = comm.alloc(
+            layout.shard_numel, dtype=_ODC_DTYPES[layout.param_dtype], name=f"{name}:params"
+        )
+        self.accumulator = comm.alloc(layout.shard_numel, accumulator=True, name=f"{name}:grads")
         # During a minibatch every .grad of this group is a view of `scratch`, one zero buffer
         # (the size of the largest sharded parameter) shared by all groups of this dtype and
         # device: FSDP2 adds the zeroed reduce-scatter outputs into it (_fsdp2_internals R5).
@@ -106,6 +113,17 @@ class _Group:
             if param.dtype != torch.float32:
                 local = local.to(param.dtype)
             param.grad = _sharded_like(param, local)
+
+
+def _buffer_name(module_name: str) -> str:
+    """The tag of a parameter group's buffers: its module's name in the model, as printable ASCII
+    of at most 220 characters (long names keep their head and a hash of all of it)."""
+    name = "odc.torch/" + (module_name or "<root>")
+    name = name.encode("ascii", "backslashreplace").decode("ascii")
+    name = "".join(c if " " <= c <= "~" else "?" for c in name)
+    if len(name) > 220:
+        name = name[:180] + "#" + hashlib.sha1(name.encode()).hexdigest()[:16]
+    return name
 
 
 def _sharded_like(param: nn.Parameter, local: torch.Tensor):
@@ -197,6 +215,9 @@ class OdcFSDP:
     device one (device=<this rank's GPU>) for CUDA models. Collective: every rank constructs it.
     On a 2-D HSDP mesh (replicate, shard) it spans the shard dimension only (one node:
     odc.torch.node_comm(mesh, key)), and minibatch_end sums the nodes' gradients (hybrid.py).
+    Given `optimizer`, every optimizer.step() first checks that the last minibatch completed on
+    every rank (check_minibatch(): raises instead of stepping on partial sums after a device-side
+    timeout); without it, call check_minibatch() before stepping.
     """
 
     def __init__(
@@ -216,6 +237,7 @@ class OdcFSDP:
         self.comm = comm
         self.in_minibatch = False
         self.published_stale = True
+        self._end_event = None  # GPU: recorded after the last minibatch_end (check_minibatch)
         self._collective_guard = CollectiveGuard(mode_from_environment())  # ODC_DEBUG_COLLECTIVES
         internals.lazy_init(model)
         self._modules: List[FSDPModule] = [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -228,10 +250,12 @@ class OdcFSDP:
         # HSDP (2-D mesh): the cross-replica sum at minibatch end; None on a 1-D mesh.
         self._replicas = hybrid.replica_reduction([layout for _, layout in layouts], comm)
         self._hsdp_zero_outputs = {}  # (dtype, device) -> zeros; see OdcReduceScatter.allocate
+        module_names = {id(module): name for name, module in model.named_modules()}
         for module, layout in layouts:  # the same order on every rank: alloc is collective
             param = layout.slots[0].param
             scratch = self._scratch[(param.dtype, param.device)]
-            group = _Group(self, layout, param.device, scratch)
+            name = _buffer_name(module_names.get(id(module), ""))
+            group = _Group(self, layout, param.device, scratch, name)
             group.check_group(internals.shard_process_group(module))
             module.set_custom_all_gather(OdcAllGather(group))
             module.set_custom_reduce_scatter(OdcReduceScatter(group))
@@ -261,6 +285,26 @@ class OdcFSDP:
             raise RuntimeError(
                 "optimizer.step() called before minibatch_end(): the gradients are not summed yet"
             )
+        self.check_minibatch()
+
+    def check_minibatch(self) -> None:
+        """Raises odc.Error unless the last minibatch completed on every rank, so that no partial
+        sum reaches an optimizer step. On GPUs minibatch_end() returns before its device barrier
+        has run, and a barrier that times out lets the stream go on: this waits (host) for the
+        minibatch's end on the GPU, then reads the communicator's device error flag (no
+        communication). Called before every optimizer.step() when OdcFSDP was given the
+        optimizer; call it yourself before stepping otherwise."""
+        if self._end_event is not None:
+            self._end_event.synchronize()
+        try:
+            self.comm.poll_error()
+        except Error as error:
+            raise Error(
+                f"odc.torch: the last minibatch did not complete on every rank, so its gradient "
+                f"sums are partial; no optimizer step may use them: {error}",
+                error.code,
+            ) from error
+        self._end_event = None
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         self.published_stale = True
@@ -338,6 +382,9 @@ class OdcFSDP:
             raise RuntimeError("minibatch_end() without minibatch_begin()")
         self._collective_guard.stop()
         self.comm.minibatch_end()
+        if self.comm.device is not None:  # what check_minibatch() waits for before a step
+            self._end_event = torch.cuda.Event()
+            self._end_event.record(torch.cuda.current_stream(self.comm.device))
         if self._replicas is not None:  # HSDP: the node's sums, summed across replicas
             self._replicas.reduce([group.accumulator.tensor() for group in self._groups])
         for group in self._groups:

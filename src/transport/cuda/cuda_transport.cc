@@ -72,6 +72,8 @@ const char* wait_site_name(int32_t site) {
       return "staging slot arrival";
     case kernels::kWaitSignal:
       return "signal wait";
+    case kernels::kWaitMismatch:
+      return "device barrier";
     default:
       return "device wait";
   }
@@ -196,11 +198,20 @@ Result<std::unique_ptr<SymmetricRegion>> CudaTransport::allocate(size_t bytes) {
   return std::unique_ptr<SymmetricRegion>(new CudaRegion(std::move(mapping), bytes));
 }
 
-Status CudaTransport::barrier(CollectiveOp, StreamHandle stream) {
+Status CudaTransport::barrier(CollectiveOp op, StreamHandle stream) {
   DeviceGuard guard(device_);
   ++barrier_epoch_;
+  // The collective travels with the epoch, so ranks in different collectives fail (poll_error)
+  // instead of pairing up.
   ODC_CUDA_CHECK(kernels::device_barrier(peer_pointers(*signals_), rank_info(), barrier_epoch_,
-                                         timeout_ns_, device_error_, as_stream(stream)));
+                                         static_cast<uint32_t>(op), timeout_ns_, device_error_,
+                                         as_stream(stream)));
+  return Status::Ok();
+}
+
+Status CudaTransport::drain() {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(cudaDeviceSynchronize());
   return Status::Ok();
 }
 
@@ -232,11 +243,41 @@ Result<std::vector<ExchangeRecord>> CudaTransport::exchange(const ExchangeRecord
   return all;
 }
 
+namespace {
+
+// "minibatch_end #3" for a device barrier word (kernels::barrier_word), "none" before the first.
+std::string describe_barrier_word(uint64_t word) {
+  if (word == 0) return "none";
+  return std::string(collective_op_name(static_cast<CollectiveOp>(kernels::barrier_op(word)))) +
+         " #" + std::to_string(kernels::barrier_epoch(word));
+}
+
+}  // namespace
+
 Status CudaTransport::poll_error() {
   const auto* record = static_cast<volatile kernels::WaitError*>(host_error_);
-  if (record->site != kernels::kWaitNone) {
+  const int32_t site = record->site;
+  if (site == kernels::kWaitMismatch) {
+    const uint64_t mine = record->expected;
+    const uint64_t theirs = record->seen;
+    return Status::RemoteError(
+        "collective mismatch: rank " + std::to_string(record->peer) + " called " +
+        collective_op_name(static_cast<CollectiveOp>(kernels::barrier_op(theirs))) +
+        " where this rank called " +
+        collective_op_name(static_cast<CollectiveOp>(kernels::barrier_op(mine))) +
+        " (device barrier #" + std::to_string(kernels::barrier_epoch(mine)) + ")");
+  }
+  if (site == kernels::kWaitBarrier) {
     std::ostringstream message;
-    message << wait_site_name(record->site) << " timed out after "
+    message << "device barrier timed out after " << static_cast<double>(timeout_ns_) / 1e9
+            << " s: rank " << record->rank << " waited for rank " << record->peer << " in "
+            << describe_barrier_word(record->expected) << " (the last it saw of rank "
+            << record->peer << ": " << describe_barrier_word(record->seen) << ")";
+    return Status::Timeout(message.str());
+  }
+  if (site != kernels::kWaitNone) {
+    std::ostringstream message;
+    message << wait_site_name(site) << " timed out after "
             << static_cast<double>(timeout_ns_) / 1e9 << " s: rank " << record->rank
             << " waited for rank " << record->peer << " (expected " << record->expected << ", saw "
             << record->seen << ")";

@@ -1,0 +1,216 @@
+// Destroy order of a communicator (issue #18 item 13), on the in-memory transport dressed up as a
+// stream-ordered one: before any buffer is freed, this rank's queued work must be complete (drain)
+// and, unless the communicator failed, every peer must have met it in a final barrier, so that no
+// peer's queued gather or push still uses the memory. The wrapper logs the order of those events.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/communicator.h"
+#include "transport/mem/mem_transport.h"
+
+namespace odc {
+namespace {
+
+// Events of one rank, in order: "barrier:<op>", "host_barrier:<op>", "drain", "free".
+struct EventLog {
+  std::mutex mutex;
+  std::vector<std::string> events;
+  void add(std::string event) {
+    std::lock_guard<std::mutex> lock(mutex);
+    events.push_back(std::move(event));
+  }
+  std::vector<std::string> snapshot() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return events;
+  }
+};
+
+// A region that logs "free" when it goes.
+class LoggedRegion final : public SymmetricRegion {
+ public:
+  LoggedRegion(std::unique_ptr<SymmetricRegion> inner, int rank, int world_size,
+               std::shared_ptr<EventLog> log)
+      : SymmetricRegion(peers_of(*inner, world_size), rank, inner->bytes()),
+        inner_(std::move(inner)),
+        log_(std::move(log)) {}
+  ~LoggedRegion() override { log_->add("free"); }
+
+ private:
+  static std::vector<void*> peers_of(const SymmetricRegion& region, int world_size) {
+    std::vector<void*> peers;
+    for (int r = 0; r < world_size; ++r) peers.push_back(region.peer(r));
+    return peers;
+  }
+  std::unique_ptr<SymmetricRegion> inner_;
+  std::shared_ptr<EventLog> log_;
+};
+
+// The in-memory transport, reporting itself stream-ordered (as CUDA is) and logging collectives,
+// drains and frees.
+class LoggedTransport final : public Transport {
+ public:
+  LoggedTransport(std::unique_ptr<Transport> inner, std::shared_ptr<EventLog> log)
+      : inner_(std::move(inner)), log_(std::move(log)) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  TransportCaps caps() const override {
+    TransportCaps caps = inner_->caps();
+    caps.stream_ordered = true;
+    return caps;
+  }
+  Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override {
+    return inner_->exchange(mine);
+  }
+  Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override {
+    auto region = inner_->allocate(bytes);
+    if (!region.ok()) return region.status();
+    return std::unique_ptr<SymmetricRegion>(
+        new LoggedRegion(std::move(region).value(), rank(), world_size(), log_));
+  }
+  Status barrier(CollectiveOp op, StreamHandle stream) override {
+    log_->add(std::string("barrier:") + collective_op_name(op));
+    return inner_->barrier(op, stream);
+  }
+  Status host_barrier(CollectiveOp op) override {
+    log_->add(std::string("host_barrier:") + collective_op_name(op));
+    return inner_->host_barrier(op);
+  }
+  Status drain() override {
+    log_->add("drain");
+    return inner_->drain();
+  }
+  Status poll_error() override { return inner_->poll_error(); }
+  void mark_failed(const std::string& reason) override { inner_->mark_failed(reason); }
+  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
+                 StreamHandle stream) override {
+    return inner_->get_all(dst, region, bytes, stream);
+  }
+  Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
+             StreamHandle stream) override {
+    return inner_->put(src, region, peer, offset, bytes, stream);
+  }
+  Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
+                StreamHandle stream) override {
+    return inner_->signal(signals, peer, value, stream);
+  }
+  Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
+                 StreamHandle stream) override {
+    return inner_->add_all(src, src_type, region, count, stream);
+  }
+  Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
+                      StreamHandle stream) override {
+    return inner_->wait_signals(signals, value, operation, stream);
+  }
+  Status zero(void* dst, size_t bytes, StreamHandle stream) override {
+    return inner_->zero(dst, bytes, stream);
+  }
+  Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
+                    StreamHandle stream) override {
+    return inner_->accumulate(dst, src, src_type, count, stream);
+  }
+  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
+                   StreamHandle stream) override {
+    return inner_->sum_slots(dst, slots, stride, num_slots, count, stream);
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::shared_ptr<EventLog> log_;
+};
+
+// Position of the first `event` in `events`, or events.size().
+size_t first(const std::vector<std::string>& events, const std::string& event) {
+  return static_cast<size_t>(std::find(events.begin(), events.end(), event) - events.begin());
+}
+
+std::string joined(const std::vector<std::string>& events) {
+  std::string text;
+  for (const auto& event : events) text += event + " ";
+  return text;
+}
+
+TEST(Lifecycle, DestroyMeetsPeersAndDrainsBeforeFreeing) {
+  const int world = 3;
+  auto mem = mem::MemWorld::create(world, mem::MemOptions{/*remote_fp32_add=*/true});
+  std::vector<std::shared_ptr<EventLog>> logs;
+  std::vector<std::unique_ptr<Transport>> transports;
+  for (int rank = 0; rank < world; ++rank) {
+    logs.push_back(std::make_shared<EventLog>());
+    transports.push_back(std::make_unique<LoggedTransport>(mem->join(rank), logs.back()));
+  }
+  std::vector<std::string> failures(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto comm = std::make_unique<Communicator>(std::move(transports[rank]));
+      auto params = comm->allocate(16, DataType::kFloat32, false);
+      auto acc = comm->allocate(16, DataType::kFloat32, true);
+      if (!params.ok() || !acc.ok()) {
+        failures[rank] = "alloc failed";
+        return;
+      }
+      Status status = comm->minibatch_begin(nullptr);
+      if (status.ok()) status = comm->minibatch_end(nullptr);
+      if (!status.ok()) failures[rank] = status.message();
+      comm.reset();  // destroy with both buffers alive
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int rank = 0; rank < world; ++rank) {
+    EXPECT_EQ(failures[rank], "") << "rank " << rank;
+    const auto events = logs[rank]->snapshot();
+    const size_t destroy_barrier = first(events, "host_barrier:destroy");
+    const size_t drain = first(events, "drain");
+    const size_t freed = first(events, "free");
+    ASSERT_LT(freed, events.size()) << joined(events);
+    EXPECT_LT(destroy_barrier, freed) << "rank " << rank << ": " << joined(events);
+    EXPECT_LT(drain, freed) << "rank " << rank << ": " << joined(events);
+  }
+}
+
+TEST(Lifecycle, FailedCommunicatorDrainsBeforeFreeing) {
+  // Rank 1 dies; rank 0's minibatch_begin fails, so its communicator is failed: free and destroy
+  // meet nobody, but must still complete this rank's own queued work before the memory goes.
+  auto mem = mem::MemWorld::create(2, mem::MemOptions{/*remote_fp32_add=*/true});
+  auto log = std::make_shared<EventLog>();
+  auto comm = std::make_unique<Communicator>(std::make_unique<LoggedTransport>(mem->join(0), log));
+  auto peer = std::make_unique<Communicator>(mem->join(1));
+  Result<Buffer*> buffers[2] = {Status::InternalError("unset"), Status::InternalError("unset")};
+  std::thread peer_thread([&] {
+    auto a = peer->allocate(16, DataType::kFloat32, true);
+    auto b = peer->allocate(16, DataType::kFloat32, false);
+    mem->kill(1);
+  });
+  buffers[0] = comm->allocate(16, DataType::kFloat32, true);
+  buffers[1] = comm->allocate(16, DataType::kFloat32, false);
+  peer_thread.join();
+  ASSERT_TRUE(buffers[0].ok() && buffers[1].ok());
+  Status begun = comm->minibatch_begin(nullptr);
+  ASSERT_FALSE(begun.ok());
+  ASSERT_EQ(comm->state(), CommState::kFailed) << begun.message();
+
+  const size_t before = log->snapshot().size();
+  ASSERT_TRUE(comm->release(buffers[1].value()).ok());
+  auto events = log->snapshot();
+  events.erase(events.begin(), events.begin() + static_cast<std::ptrdiff_t>(before));
+  ASSERT_LT(first(events, "free"), events.size()) << joined(events);
+  EXPECT_LT(first(events, "drain"), first(events, "free")) << joined(events);
+
+  const size_t released = log->snapshot().size();
+  comm.reset();
+  events = log->snapshot();
+  events.erase(events.begin(), events.begin() + static_cast<std::ptrdiff_t>(released));
+  EXPECT_EQ(first(events, "host_barrier:destroy"), events.size())
+      << "a failed communicator meets nobody: " << joined(events);
+  ASSERT_LT(first(events, "free"), events.size()) << joined(events);
+  EXPECT_LT(first(events, "drain"), first(events, "free")) << joined(events);
+}
+
+}  // namespace
+}  // namespace odc
