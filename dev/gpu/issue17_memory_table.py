@@ -1,6 +1,8 @@
 """Prints the memory breakdown of `odc train` result files (issue 17): per run, peak = torch peak
 + odc symmetric memory (published shards + accumulators), and the torch peak split into what was
-held when its phase began and what the phase added. Usage: issue17_memory_table.py FILE.json..."""
+held when its phase began and what the phase added. `publ` is the published buffers, `inpl` the
+part of them that is FSDP2's own sharded parameters moved there (odc.torch R7: not held by torch
+any more, so not extra). Usage: issue17_memory_table.py FILE.json..."""
 
 import json
 import sys
@@ -15,7 +17,7 @@ def main(paths):
     base = {r["preset"]: r["peak_memory_bytes"] for r in runs if r["comm"] == "collective"}
     print(
         f"{'preset':6} {'comm':10} {'policy':9} {'peak':>6} {'ratio':>6} {'torch':>6} "
-        f"{'publ':>5} {'accum':>5} {'scr':>5} {'held':>6} {'trans':>6}  peak phase (tokens), "
+        f"{'publ':>5} {'inpl':>5} {'accum':>5} {'scr':>5} {'held':>6} {'trans':>6}  peak phase (tokens), "
         "largest microbatch"
     )
     for r in runs:
@@ -27,6 +29,7 @@ def main(paths):
             f"{r['preset']:6} {r['comm']:10} {r['policy']:9} {r['peak_memory_bytes'] / GIB:6.2f} "
             f"{ratio:5.3f}x {m.get('torch_peak_bytes', 0) / GIB:6.2f} "
             f"{m.get('odc_published_bytes', 0) / GIB:5.2f} "
+            f"{m.get('odc_published_in_place_bytes', 0) / GIB:5.2f} "
             f"{m.get('odc_accumulators_bytes', 0) / GIB:5.2f} "
             f"{m.get('odc_grad_scratch_bytes', 0) / GIB:5.2f} "
             f"{m.get('held_before_peak_phase_bytes', 0) / GIB:6.2f} "

@@ -110,6 +110,92 @@ std::vector<LocalBins> plan_lb_micro(const MinibatchInput& input, const PlanOpti
   return ranks;
 }
 
+double rank_speed(const PlanOptions& options, size_t rank) {
+  return options.rank_speed.empty() ? 1.0 : options.rank_speed[rank];
+}
+
+int64_t largest_microbatch(const Bins& bins, std::span<const int64_t> tokens) {
+  int64_t largest = 0;
+  for (const auto& bin : bins) {
+    int64_t sum = 0;
+    for (int item : bin) sum += tokens[item];
+    largest = std::max(largest, sum);
+  }
+  return largest;
+}
+
+// Exactly `count` microbatches, balanced by tokens: refinement then minimizes the largest one.
+Bins pack_by_tokens(const PackingInput& input, int count) {
+  const std::vector<double> weights(input.tokens.begin(), input.tokens.end());
+  return pack_exact(PackingInput{input.tokens, weights, input.token_cap}, count);
+}
+
+// LB-Mini's count: the fewest microbatches under the cap (pack_fewest, balanced by cost). Within
+// a rank the packing does not change the rank's predicted time (a microbatch's cost is c plus its
+// samples' costs), but activation memory grows with a microbatch's tokens: so the same count is
+// repacked by tokens, kept where its largest microbatch is smaller.
+Bins pack_fewest_by_tokens(const PackingInput& input) {
+  Bins fewest = pack_fewest(input);
+  if (fewest.size() < 2) return fewest;
+  Bins by_tokens = pack_by_tokens(input, static_cast<int>(fewest.size()));
+  if (by_tokens.size() == fewest.size() &&
+      largest_microbatch(by_tokens, input.tokens) < largest_microbatch(fewest, input.tokens)) {
+    return by_tokens;
+  }
+  return fewest;
+}
+
+// No rank needs a microbatch above the minibatch's longest sample (memory follows the largest
+// microbatch, and the longest sample sets the minibatch's floor). A rank whose packing exceeds it
+// takes more microbatches where its predicted time, count x c + its samples' costs (over its
+// speed), stays within the slowest rank's: the minibatch's predicted time is unchanged. The count
+// is the smallest whose token-balanced packing reaches the longest sample, or else the smallest
+// that does as well as the most microbatches the time allows (bisection: packings with more
+// microbatches are not larger).
+void shrink_microbatches(const std::vector<RankSamples>& samples, std::vector<Bins>& packed,
+                         const PlanOptions& options) {
+  int64_t longest = 0;
+  std::vector<double> load(samples.size(), 0.0);
+  double slowest = 0.0;
+  for (size_t r = 0; r < samples.size(); ++r) {
+    for (int64_t tokens : samples[r].tokens) longest = std::max(longest, tokens);
+    for (double cost : samples[r].costs) load[r] += cost;
+    slowest = std::max(slowest, (static_cast<double>(packed[r].size()) * options.cost.c + load[r]) /
+                                    rank_speed(options, r));
+  }
+  for (size_t r = 0; r < samples.size(); ++r) {
+    const PackingInput input = samples[r].packing(options.max_tokens);
+    if (largest_microbatch(packed[r], input.tokens) <= longest) continue;
+    const int num_items = static_cast<int>(input.tokens.size());
+    // The most microbatches the rank's time allows (every sample alone at most).
+    int most = num_items;
+    if (options.cost.c > 0.0) {
+      const double spare = slowest * rank_speed(options, r) - load[r];
+      most = static_cast<int>(std::min<double>(num_items, std::floor(spare / options.cost.c)));
+    }
+    int fewer = static_cast<int>(packed[r].size());  // largest count known to stay above `longest`
+    if (most <= fewer) continue;
+    Bins best = pack_by_tokens(input, most);
+    const int64_t reachable = largest_microbatch(best, input.tokens);
+    if (reachable >= largest_microbatch(packed[r], input.tokens)) {
+      continue;  // more microbatches would not make the largest one smaller
+    }
+    const int64_t target = std::max(longest, reachable);
+    int enough = most;  // smallest count known to reach `target`
+    while (enough - fewer > 1) {
+      const int count = fewer + (enough - fewer) / 2;
+      Bins fit = pack_by_tokens(input, count);
+      if (largest_microbatch(fit, input.tokens) <= target) {
+        enough = count;
+        best = std::move(fit);
+      } else {
+        fewer = count;
+      }
+    }
+    packed[r] = std::move(best);
+  }
+}
+
 std::vector<LocalBins> plan_lb_mini(const MinibatchInput& input, const PlanOptions& options) {
   const int num_ranks = static_cast<int>(options.num_ranks);
   const bool uniform_speed = options.rank_speed.empty() ||
@@ -132,17 +218,20 @@ std::vector<LocalBins> plan_lb_mini(const MinibatchInput& input, const PlanOptio
   }
   (void)refine(by_rank, input.costs, limits);
 
-  std::vector<LocalBins> ranks;
+  // Each rank: the fewest microbatches under the cap, packed by tokens (pack_fewest_by_tokens).
+  std::vector<RankSamples> samples;
+  std::vector<Bins> packed;
   for (const auto& items : by_rank) {
-    RankSamples samples(items, input);
-    ranks.push_back(samples.to_local(pack_fewest(samples.packing(options.max_tokens))));
+    samples.emplace_back(items, input);
+    packed.push_back(pack_fewest_by_tokens(samples.back().packing(options.max_tokens)));
+  }
+  shrink_microbatches(samples, packed, options);
+  std::vector<LocalBins> ranks;
+  for (size_t r = 0; r < samples.size(); ++r) {
+    ranks.push_back(samples[r].to_local(packed[r]));
     sort_by_cost_descending(ranks.back(), input, options.cost);
   }
   return ranks;
-}
-
-double rank_speed(const PlanOptions& options, size_t rank) {
-  return options.rank_speed.empty() ? 1.0 : options.rank_speed[rank];
 }
 
 }  // namespace

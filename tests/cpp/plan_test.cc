@@ -187,6 +187,88 @@ TEST(LbMini, BeatsLbMicroOnSkewedData) {
   EXPECT_LE(mini.bubble.odc, micro.bubble.odc + 1e-9);
 }
 
+int64_t largest_microbatch(const RankPlan& rank, const std::vector<int64_t>& lengths) {
+  int64_t largest = 0;
+  for (const auto& mb : rank.microbatches) {
+    int64_t tokens = 0;
+    for (auto s : mb) tokens += lengths[s];
+    largest = std::max(largest, tokens);
+  }
+  return largest;
+}
+
+TEST(LbMini, PacksTheFewestCountByTokens) {
+  // One rank, cap 14: at least 2 microbatches for 26 tokens. The costs are quadratic, so the
+  // cost-balanced split is {8, 4} + {5, 5, 4} (80 + 66, largest 14 tokens); by tokens the same
+  // count packs {8, 5} + {5, 4, 4}: 13 + 13. A microbatch's cost is c plus its samples' costs,
+  // so the rank's predicted time is the same either way.
+  const std::vector<int64_t> lengths = {8, 5, 5, 4, 4};
+  PlanOptions options = options_for(Policy::kLbMini, 1, 14);
+  options.cost = {0.0, 1.0, 1.0};
+  const Plan plan = plan_or_die(lengths, options);
+  const auto& rank = plan.minibatches.at(0).ranks.at(0);
+  EXPECT_EQ(rank.microbatches.size(), 2u);
+  EXPECT_EQ(largest_microbatch(rank, lengths), 13);
+  EXPECT_DOUBLE_EQ(plan.minibatches[0].times.odc, 2.0 + 64 + 25 + 25 + 16 + 16);
+}
+
+TEST(LbMini, SplitsAboveTheLongestSampleOnlyWithinTheSlowestRanksTime) {
+  // Linear cost, c = 1. Cost-balanced ranks {10, 3} (13) and {9, 3} (12); each fits one
+  // microbatch (cap 100), so the minibatch takes 14. Rank {9, 3} has 14 - 12 = 2 to spare: it
+  // runs [9] and [3] (no microbatch above the longest sample, 10) and still ends by 14. Rank
+  // {10, 3} has 1 to spare, less than a microbatch: it keeps its 13 tokens in one.
+  const std::vector<int64_t> lengths = {10, 9, 3, 3};
+  PlanOptions options = options_for(Policy::kLbMini, 2, 100);
+  options.cost = {1.0, 0.0, 1.0};
+  const Plan plan = plan_or_die(lengths, options);
+  expect_valid_plan(plan, lengths);
+  const auto& minibatch = plan.minibatches.at(0);
+  for (const auto& rank : minibatch.ranks) {
+    int64_t tokens = 0;
+    for (const auto& mb : rank.microbatches)
+      for (auto s : mb) tokens += lengths[s];
+    if (tokens == 13) {
+      EXPECT_EQ(rank.microbatches.size(), 1u);
+    } else {
+      EXPECT_EQ(tokens, 12);
+      EXPECT_EQ(rank.microbatches.size(), 2u);
+      EXPECT_EQ(largest_microbatch(rank, lengths), 9);
+    }
+  }
+  EXPECT_DOUBLE_EQ(minibatch.times.odc, 14.0);
+  EXPECT_DOUBLE_EQ(minibatch.times.busy, 14.0 + 14.0);
+}
+
+TEST(LbMini, NeverSlowerAndNoLargerMicrobatchesThanFewestPacking) {
+  // Against the plain rule (each rank in its fewest cost-balanced microbatches, which is what
+  // LB-Micro's packer yields with one rank): predicted time equal, largest microbatch no larger.
+  const auto lengths = random_lengths(256, 32768, 3);
+  for (const CostModel cost : {CostModel{1.0, 0.0, 0.0}, CostModel{3.1e-5, 1.2e-9, 0.07}}) {
+    PlanOptions options = options_for(Policy::kLbMini, 4, 32768);
+    options.minibatch_size = 32;
+    options.cost = cost;
+    const Plan plan = plan_or_die(lengths, options);
+    expect_valid_plan(plan, lengths);
+    for (const auto& minibatch : plan.minibatches) {
+      int64_t longest = 0;
+      for (auto s : minibatch.samples) longest = std::max(longest, lengths[s]);
+      double slowest_fewest = 0.0;
+      for (const auto& rank : minibatch.ranks) {
+        std::vector<int64_t> mine;
+        for (const auto& mb : rank.microbatches)
+          for (auto s : mb) mine.push_back(lengths[s]);
+        PlanOptions alone = options_for(Policy::kLbMicro, 1, 32768);
+        alone.cost = cost;
+        const Plan fewest = plan_or_die(mine, alone);
+        slowest_fewest = std::max(slowest_fewest, fewest.minibatches[0].times.odc);
+        EXPECT_LE(largest_microbatch(rank, lengths),
+                  std::max(longest, largest_microbatch(fewest.minibatches[0].ranks[0], mine)));
+      }
+      EXPECT_NEAR(minibatch.times.odc, slowest_fewest, 1e-9 * slowest_fewest);
+    }
+  }
+}
+
 TEST(LbMini, UsesRankSpeed) {
   const auto lengths = random_lengths(400, 4096, 5);
   PlanOptions options = options_for(Policy::kLbMini, 4, 4096);

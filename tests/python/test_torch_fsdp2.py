@@ -116,3 +116,79 @@ def test_errors_name_the_problem():
         assert "does not match the odc communicator" in messages["mesh"]
         assert "before minibatch_end()" in messages["step"]
         assert "shards not published since" in messages["stale"]
+
+
+def _in_place_rank(rank, world_size, key, store_path):
+    """FSDP2's sharded parameters live in odc's published buffers (R7): no second copy."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    import odc.torch
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
+    )
+    try:
+        torch.manual_seed(0)
+        model = make_model()
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        engine = odc.torch.OdcFSDP(model, odc.Comm(rank, world_size, key, timeout=60), optimizer)
+        memory = engine.memory_bytes()
+        spans = []
+        for group in engine._groups:
+            flat = group.published.tensor()
+            spans.append((flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()))
+        outside = [
+            name
+            for name, p in model.named_parameters()
+            if p.to_local().numel()
+            and not any(lo <= p.to_local().data_ptr() < hi for lo, hi in spans)
+        ]
+        samples = minibatch_samples(0)
+        with engine.minibatch():
+            odc.torch.scale_loss(loss_sum(model, samples[rank::world_size]), 100).backward()
+        optimizer.step()
+        # The step wrote the published shards themselves: the next gathers see it unpublished.
+        flat = engine._groups[0].published.tensor()
+        slot = engine._groups[0].layout.slots[0]
+        stepped = torch.equal(
+            flat[slot.offset : slot.offset + slot.local_numel],
+            slot.param.to_local().detach().reshape(-1),
+        )
+        return memory, outside, stepped, [g.published.dtype for g in engine._groups]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_parameters_live_in_the_published_buffers():
+    import odc
+
+    with tempfile.TemporaryDirectory() as directory:
+        results = odc.launch(_in_place_rank, 2, os.path.join(directory, "store"), timeout=300)
+    for memory, outside, stepped, dtypes in results:
+        assert memory["published_in_place"] == memory["published"] > 0
+        assert outside == [], f"parameters outside the published buffers: {outside}"
+        assert stepped
+        assert set(dtypes) == {"float32"}  # float32 shards, pulled then cast to bfloat16
+
+
+@pytest.mark.parametrize(
+    "numel,first", [(1, 1 << 20), (1000, 1), (1000, 7), ((1 << 21) + 3, 1 << 20)]
+)
+def test_in_place_narrowing_equals_a_cast(monkeypatch, numel, first):
+    from odc.torch import fsdp2
+
+    monkeypatch.setattr(fsdp2, "_NARROW_FIRST", first)
+    generator = torch.Generator().manual_seed(numel)
+    values = torch.randn(numel, generator=generator) * 1e3
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40, 3.3895e38])
+    values[: min(numel, len(specials))] = specials[: min(numel, len(specials))]
+    wide = values.clone()
+    narrow = wide.view(torch.bfloat16)[:numel]
+    fsdp2._narrow_in_place(wide, narrow)
+    expected = values.to(torch.bfloat16)
+    assert torch.equal(narrow.view(torch.int16), expected.view(torch.int16))

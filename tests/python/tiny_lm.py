@@ -82,7 +82,11 @@ def plans(world_size, policy, max_tokens=MAX_TOKENS, **data):
     result = []
     for step in range(STEPS):
         lengths = [int(t.shape[1]) for t in minibatch_samples(step, **data)]
-        plan = odc.plan(lengths, ranks=world_size, max_tokens=max_tokens, policy=policy)
+        # A per-microbatch cost (c = 2 tokens' worth), as in real training: with c = 0 LB-Mini
+        # may split every rank down to the longest sample, which here evens the counts out.
+        plan = odc.plan(
+            lengths, ranks=world_size, max_tokens=max_tokens, policy=policy, cost=(1.0, 0.0, 2.0)
+        )
         result.append([rank["microbatches"] for rank in plan["minibatches"][0]["ranks"]])
     return result
 

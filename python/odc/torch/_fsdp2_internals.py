@@ -4,11 +4,11 @@ Checked against torch 2.9.1 and 2.11.0 (torch/distributed/fsdp/_fully_shard/*.py
 for 2.11 in docs/notes/fsdp2_integration.md). Everything outside this file uses public torch API
 only. Each reliance below is exercised by tests/python/test_torch_fsdp2_internals.py, which fails
 naming the reliance if a torch release changes it.
-Invariant: these helpers only read FSDP2 state (plus FSDP2's own idempotent lazy init); they never
-patch FSDP2 functions. Importing this module works on any torch 2.x: the features odc.torch needs
+Invariant: these helpers only read FSDP2 state (plus FSDP2's own idempotent lazy init and R7's
+storage move); they never patch FSDP2 functions. Importing this module works on any torch 2.x: the features odc.torch needs
 are checked by `check_fsdp2_support()`, which OdcFSDP calls when it is constructed.
 
-Reliances (R1-R6):
+Reliances (R1-R7):
 - R1 import path: the protocol classes that FSDPModule.set_custom_all_gather /
   set_custom_reduce_scatter take live in torch.distributed.fsdp._fully_shard._fsdp_api (public
   methods, not re-exported by torch.distributed.fsdp). FSDP2 does no isinstance check, so where the
@@ -29,6 +29,13 @@ Reliances (R1-R6):
   gradient (the real sums are in the ODC accumulators) and no output buffer outlives its call.
 - R6 world size 1: FSDP2 bypasses the custom all-gather on one rank (2.11 also the custom
   reduce-scatter; 2.9 still calls that one), so odc.torch refuses N=1.
+- R7 sharded storage in symmetric memory (the one write): FSDPParam._sharded_param_data is the
+  padded 1-D shard FSDP2 all-gathers from, and sharded_param._local_tensor (what the optimizer
+  updates) a view of it. odc.torch points both at its published buffer, as FSDP2's own
+  reset_sharded_param does after load_state_dict(assign=True) or nn.Module._apply: peers then pull
+  the shard the optimizer wrote, with no second copy (issue #17: 2 bytes per parameter element,
+  3.55 GiB per rank on the 7b preset). reset_sharded_param leaves a shard alone while its storage
+  is unchanged; where it is replaced, publish() notices and moves it back.
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ __all__ = [
     "ParamSlot",
     "ReduceScatter",
     "all_gather_input",
+    "alias_sharded_param",
+    "sharded_storage",
     "check_fsdp2_support",
     "group_layout",
     "lazy_init",
@@ -167,3 +176,42 @@ def all_gather_input(module: nn.Module, index: int) -> torch.Tensor:
 def shard_process_group(module: nn.Module):
     """R2: the process group FSDP2 hands to the custom all-gather / reduce-scatter."""
     return _param_group(module).mesh_info.shard_process_group
+
+
+def _fsdp_param(module: nn.Module, index: int):
+    return _param_group(module).fsdp_params[index]
+
+
+def sharded_storage(module: nn.Module, index: int) -> Optional[torch.Tensor]:
+    """R4 + R7: the padded 1-D shard FSDP2 keeps for the group's index-th parameter, in its own
+    dtype, or None where it cannot move to symmetric memory (CPU offload, float8 extensions)."""
+    fsdp_param = _fsdp_param(module, index)
+    if getattr(fsdp_param, "offload_to_cpu", False):
+        return None
+    data = fsdp_param._sharded_param_data
+    return data if type(data) is torch.Tensor else None
+
+
+def alias_sharded_param(module: nn.Module, index: int, flat: torch.Tensor) -> None:
+    """R7: copies the index-th parameter's padded shard into `flat` (1-D, same numel and dtype)
+    and makes FSDP2's shard and the parameter's local tensor views of it, as
+    FSDPParam.reset_sharded_param does when a parameter's storage changes."""
+    fsdp_param = _fsdp_param(module, index)
+    padded = fsdp_param._sharded_param_data
+    if flat.shape != padded.shape or flat.dtype != padded.dtype:
+        raise RuntimeError(
+            f"odc.torch: shard of {fsdp_param!r} is {tuple(padded.shape)} {padded.dtype}, "
+            f"its symmetric slot {tuple(flat.shape)} {flat.dtype}"
+        )
+    if flat.data_ptr() == padded.data_ptr():
+        return
+    local = fsdp_param.sharded_param._local_tensor
+    shard_dim = fsdp_param.fsdp_placement.dim
+    length = local.size(shard_dim) if local.numel() > 0 else 0
+    with torch.no_grad():
+        flat.copy_(padded)
+    fsdp_param._sharded_param_data = flat
+    local = flat.view(fsdp_param.padded_sharded_param_size).narrow(shard_dim, 0, length)
+    if not local.is_contiguous():
+        raise RuntimeError(f"odc.torch: {fsdp_param!r} shards unevenly along dim {shard_dim}")
+    fsdp_param.sharded_param._local_tensor = local

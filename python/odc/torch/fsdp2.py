@@ -6,6 +6,8 @@ microbatches.
 How it plugs in (public FSDP2 extension points; private reads isolated in _fsdp2_internals.py):
 - set_custom_all_gather: OdcAllGather fills FSDP2's all-gather output from the published
   symmetric buffers (FSDP2's own copy-in of this rank's slot is rewritten with the same bytes);
+  FSDP2's sharded parameters themselves live in those buffers (_fsdp2_internals R7), float32
+  shards pulled as float32 and cast to the bfloat16 output in place;
 - set_custom_reduce_scatter: OdcReduceScatter pushes FSDP2's reduce-scatter input and hands FSDP2
   a zeroed output, which FSDP2 adds into a .grad preset to a view of one shared zero buffer, so
   no per-microbatch gradient is ever kept (the sums live in the ODC accumulators);
@@ -40,6 +42,58 @@ from .debug import CollectiveGuard, mode_from_environment
 _ODC_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
+_TORCH_DTYPES = {name: dtype for dtype, name in _ODC_DTYPES.items()}
+# First piece of an in-place narrowing, done through a copy (see _narrow_in_place).
+_NARROW_FIRST = 1 << 20
+
+
+def _in_place_dtype(layout: internals.GroupLayout) -> Optional[torch.dtype]:
+    """The dtype of a group's sharded parameters where they can live in its published buffer
+    (R7): one dtype, either the all-gather dtype or float32 gathered as bfloat16; else None."""
+    dtypes = set()
+    for index in range(len(layout.slots)):
+        storage = internals.sharded_storage(layout.module, index)
+        if storage is None:
+            return None
+        dtypes.add(storage.dtype)
+    if len(dtypes) != 1:
+        return None
+    dtype = dtypes.pop()
+    if dtype == layout.param_dtype or (dtype, layout.param_dtype) == (
+        torch.float32,
+        torch.bfloat16,
+    ):
+        return dtype
+    return None
+
+
+def _widened(output: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The float32 tensor over the storage OdcAllGather.allocate made for `output`."""
+    numel = output.numel()
+    storage = output.untyped_storage()
+    if output.storage_offset() != 0 or storage.nbytes() < numel * dtype.itemsize:
+        raise RuntimeError(
+            "odc.torch: FSDP2's all-gather output was not allocated by OdcAllGather.allocate "
+            f"({numel} x {output.dtype} at offset {output.storage_offset()}, "
+            f"{storage.nbytes()} bytes of storage)"
+        )
+    return torch.empty(0, dtype=dtype, device=output.device).set_(storage, 0, (numel,))
+
+
+def _narrow_in_place(wide: torch.Tensor, narrow: torch.Tensor) -> None:
+    """narrow[i] = wide[i] (float32 to bfloat16, rounded as Tensor.to rounds) where narrow views
+    the head of wide's storage. Element i is read from bytes [4i, 4i + 4) and written to
+    [2i, 2i + 2): a piece [a, b) with b <= 2a writes only bytes already read, so pieces doubling in
+    size, in stream order, never overlap their source; the first goes through a copy."""
+    numel = wide.numel()
+    start = min(numel, _NARROW_FIRST)
+    narrow[:start].copy_(wide[:start].clone())
+    while start < numel:
+        end = min(numel, 2 * start)
+        narrow[start:end].copy_(wide[start:end])
+        start = end
+
+
 def _comm_view(tensor: torch.Tensor, comm: Comm):
     """What odc.Comm takes for `tensor`: a numpy view on host communicators (bf16 as uint16
     bits), the tensor itself on device communicators."""
@@ -69,12 +123,20 @@ class _Group:
         self.owner = owner
         self.layout = layout
         comm = owner.comm
+        # FSDP2's own sharded parameters move into the published buffer (R7) where their dtype
+        # is the all-gather dtype or float32 cast to bfloat16 after the pull (mixed precision):
+        # peers then read the shards the optimizer writes, and no second copy exists. Else the
+        # shards are copied into a buffer in param_dtype at every minibatch begin.
         # Named: a rank whose groups come in another order fails here instead of gathering
         # another group's weights (the sizes alone may agree).
+        self.in_place = _in_place_dtype(layout)
+        published_dtype = self.in_place or layout.param_dtype
         self.published = comm.alloc(
-            layout.shard_numel, dtype=_ODC_DTYPES[layout.param_dtype], name=f"{name}:params"
+            layout.shard_numel, dtype=_ODC_DTYPES[published_dtype], name=f"{name}:params"
         )
         self.accumulator = comm.alloc(layout.shard_numel, accumulator=True, name=f"{name}:grads")
+        if self.in_place is not None:
+            self.publish()  # moves the shards now: their old storage is freed at once
         # During a minibatch every .grad of this group is a view of `scratch`, one zero buffer
         # (the size of the largest sharded parameter) shared by all groups of this dtype and
         # device: FSDP2 adds the zeroed reduce-scatter outputs into it (_fsdp2_internals R5).
@@ -89,12 +151,16 @@ class _Group:
             )
 
     def publish(self) -> None:
-        """Owner side, between minibatches: this rank's shards, in param_dtype, to the buffer
-        peers read."""
+        """Owner side, between minibatches: this rank's shards to the buffer peers read. In
+        place: the shards already live there (the optimizer wrote them); one FSDP2 replaced (e.g.
+        load_state_dict(assign=True)) moves back in. Else a copy in param_dtype."""
         flat = self.published.tensor()
         for index, slot in enumerate(self.layout.slots):
-            source = internals.all_gather_input(self.layout.module, index)
-            flat[slot.offset : slot.offset + slot.padded_numel].copy_(source)
+            target = flat[slot.offset : slot.offset + slot.padded_numel]
+            if self.in_place is not None:
+                internals.alias_sharded_param(self.layout.module, index, target)
+            else:
+                target.copy_(internals.all_gather_input(self.layout.module, index))
 
     def preset_grads(self) -> None:
         """Minibatch begin: .grad = DTensor view of the shared zero scratch, so FSDP2 adds its
@@ -147,7 +213,14 @@ class OdcAllGather(internals.AllGather):
         self.group = group
 
     def allocate(self, size, *, dtype, device):
-        return torch.empty(*size, dtype=dtype, device=device)
+        numel = math.prod(size)
+        published = _TORCH_DTYPES[self.group.published.dtype]
+        if published == dtype:
+            return torch.empty(*size, dtype=dtype, device=device)
+        # float32 shards, bfloat16 output: room for the float32 pull, narrowed in place after it
+        # (_narrow_in_place); FSDP2 sees the bfloat16 head.
+        wide = torch.empty(numel, dtype=published, device=device)
+        return wide.view(dtype)[:numel].view(*size)
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         owner = self.group.owner
@@ -158,7 +231,13 @@ class OdcAllGather(internals.AllGather):
             )
         self.group.check_group(group)
         # Enqueued on the current stream: FSDP2's all-gather stream on GPUs.
-        owner.comm.gather(_comm_view(output_tensor, owner.comm), self.group.published)
+        published = _TORCH_DTYPES[self.group.published.dtype]
+        if output_tensor.dtype == published:
+            owner.comm.gather(_comm_view(output_tensor, owner.comm), self.group.published)
+            return None
+        wide = _widened(output_tensor, published)
+        owner.comm.gather(_comm_view(wide, owner.comm), self.group.published)
+        _narrow_in_place(wide, output_tensor.view(-1))
         return None
 
 
@@ -322,17 +401,26 @@ class OdcFSDP:
         return memory["published"] + memory["accumulators"]
 
     def memory_bytes(self) -> dict:
-        """Per-rank bytes odc.torch holds beyond plain FSDP2, by kind: `published` (this rank's
-        shards in param_dtype, symmetric memory), `accumulators` (fp32 gradient sums, symmetric
-        memory; .grad views them after minibatch_end, where plain FSDP2 holds its own sharded
-        gradients), `grad_scratch` (torch memory: the zero buffer .grad views during a
+        """Per-rank bytes of odc.torch's buffers, by kind: `published` (this rank's shards,
+        symmetric memory), of which `published_in_place` are FSDP2's own sharded parameters
+        moved there (R7: torch's allocator no longer holds them, so they cost nothing beyond
+        plain FSDP2; the rest is a copy in param_dtype), `accumulators` (fp32 gradient sums,
+        symmetric memory; .grad views them after minibatch_end, where plain FSDP2 holds its own
+        sharded gradients), `grad_scratch` (torch memory: the zero buffer .grad views during a
         minibatch, the size of the largest sharded parameter)."""
-        published = accumulators = 0
+        published = in_place = accumulators = 0
         for group in self._groups:
-            published += group.layout.shard_numel * (4 if group.published.dtype == "float32" else 2)
+            size = group.layout.shard_numel * (4 if group.published.dtype == "float32" else 2)
+            published += size
+            in_place += size if group.in_place is not None else 0
             accumulators += group.layout.shard_numel * 4
         scratch = sum(t.numel() * t.element_size() for t in self._scratch.values())
-        return {"published": published, "accumulators": accumulators, "grad_scratch": scratch}
+        return {
+            "published": published,
+            "published_in_place": in_place,
+            "accumulators": accumulators,
+            "grad_scratch": scratch,
+        }
 
     def hsdp_zero_output(self, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
         """HSDP: a view of the zero buffer every group's reduce-scatter output shares (see
