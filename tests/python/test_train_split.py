@@ -115,9 +115,10 @@ def test_pack_chunk_keeps_global_positions_and_labels():
 
 
 def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
-    """`odc.train --compare --split auto` on 2 CPU ranks: the split runs really split (both
-    minibatches hold an outlier) and every run trains to the same losses step by step, since a
-    split sample gives the whole sample's loss and gradients (under collectives and under ODC)."""
+    """`odc.train --compare --split auto --split-exchange both` on 2 CPU ranks: the split runs
+    really split (both minibatches hold an outlier) and every run trains to the same losses step
+    by step, since a split sample gives the whole sample's loss and gradients (under collectives,
+    and under ODC with K/V through a gloo subgroup or through odc pulls)."""
     import json
     import subprocess
     import sys
@@ -128,20 +129,23 @@ def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
     command = [
         sys.executable, "-m", "odc.train", "--lengths", str(lengths), "--device", "cpu",
         "--ranks", "2", "--preset", "tiny", "--steps", "1", "--samples-per-rank", "2",
-        "--compare", "--split", "auto", "--cost", "1,0.01,0", "--output", str(output),
+        "--compare", "--split", "auto", "--split-exchange", "both", "--cost", "1,0.01,0",
+        "--output", str(output),
         "--timeline", "",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     runs = json.loads(output.read_text())
-    assert [(r["comm"], r["policy"], r["split"]) for r in runs] == [
-        ("collective", "lb-micro", "off"),
-        ("collective", "lb-micro", "auto"),
-        ("odc", "lb-mini", "auto"),
+    assert [(r["comm"], r["policy"], r["split"], r["split_exchange"]) for r in runs] == [
+        ("collective", "lb-micro", "off", None),
+        ("collective", "lb-micro", "auto", "nccl"),
+        ("odc", "lb-mini", "auto", "nccl"),
+        ("odc", "lb-mini", "auto", "odc"),
     ]
     assert runs[0]["split_samples"] == 0
-    assert runs[1]["split_samples"] == 1 and runs[2]["split_samples"] == 1  # measured minibatch
-    assert "lb-mini+split" in result.stdout
+    assert all(r["split_samples"] == 1 for r in runs[1:])  # the measured minibatch
+    assert runs[3]["memory"]["odc_split_exchange_bytes"] > 0  # the odc buffers were made
+    assert "lb-mini+split/odc" in result.stdout
     for run in runs[1:]:
         assert run["losses"] == pytest.approx(runs[0]["losses"], rel=1e-5)
         # The members' split chunks are their first microbatch (timeline of the last minibatch).

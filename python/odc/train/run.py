@@ -476,6 +476,26 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         "timeline": [gathered[r][0][last]["microbatches"] for r in range(world_size)],
         **_hybrid_summary(config, gathered, num_steps, world_size),
         "last_span_seconds": max(gathered[r][0][last]["span"] for r in range(world_size)),
+        **_edges(config, gathered, num_steps, world_size),
+    }
+
+
+def _edges(config, gathered, num_steps, world_size) -> dict:
+    """Where a minibatch's time goes outside forward+backward, mean over the measured ones:
+    lead-in, from the common start to the last rank's first microbatch (minibatch_begin: under
+    ODC, publishing the shards); tail, from the last microbatch's end on any rank to the end of
+    the span (minibatch_end, gradient clipping, optimizer step). Both idle every GPU."""
+    lead_in, tail = [], []
+    for step in range(config.warmup_steps, num_steps):
+        records = [gathered[r][0][step] for r in range(world_size)]
+        firsts = [rec["microbatches"][0][0] for rec in records if rec["microbatches"]]
+        lasts = [rec["microbatches"][-1][1] for rec in records if rec["microbatches"]]
+        if firsts:
+            lead_in.append(max(firsts))
+            tail.append(max(rec["span"] for rec in records) - max(lasts))
+    return {
+        "lead_in_seconds": float(np.mean(lead_in)) if lead_in else 0.0,
+        "tail_seconds": float(np.mean(tail)) if tail else 0.0,
     }
 
 
