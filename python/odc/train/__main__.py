@@ -430,7 +430,7 @@ def print_table(results) -> None:
     spans_known = all(r.get("minibatch_seconds") for r in results)
     step_header = "step s min / median / max" if spans_known else "step s"
     print(
-        f"\n{'comm':10} {'policy':14} {'samples/s':>10} {'tokens/s':>10} {step_header:>25} "
+        f"\n{'comm':10} {'policy':17} {'samples/s':>10} {'tokens/s':>10} {step_header:>25} "
         f"{'pred s':>7} {'err':>6} {'bubble':>7} {'predicted':>9} {'peak GiB':>8}  speedup"
     )
     verdicts = []
@@ -457,7 +457,7 @@ def print_table(results) -> None:
             speedup = f"{ratio:.2f}x"
         label = _run_label(r)
         print(
-            f"{r['comm']:10} {label:14} {r['samples_per_second']:10.2f} "
+            f"{r['comm']:10} {label:17} {r['samples_per_second']:10.2f} "
             f"{r['tokens_per_second']:10.0f} {steps:>25} {predicted_step:7.3f} "
             f"{100 * r['span_error']:+5.1f}% {measured} "
             f"{100 * r['predicted_bubble']:8.1f}% {peak:>8}  {speedup}"
@@ -491,7 +491,7 @@ legend: step s      wall time of one minibatch on the slowest rank, over the {me
         modes train alike; GPU numbers: docs/benchmarks.md."""
         )
     print("\nper minibatch, predicted / measured span in seconds (error):")
-    print("  mb  " + "".join(f"{r['comm'] + ' ' + r['policy']:>28}" for r in results))
+    print("  mb  " + "".join(f"{r['comm'] + ' ' + _run_label(r):>28}" for r in results))
     for index in range(max(len(r["per_minibatch"]) for r in results)):
         cells = []
         for r in results:
