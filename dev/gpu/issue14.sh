@@ -6,7 +6,7 @@
 #   2. odc.train under torchrun (the runs of one command share the rank processes, which saves
 #      ~10 s of start-up per run against self-launch), 1.5b, 4 samples per rank, cost model given
 #      (the fit recorded in docs/benchmarks.md, so no calibration), 1 warm-up minibatch each:
-#      - heavy-tailed data, --compare --split auto --split-exchange both: collective + LB-Micro,
+#      - heavy-tailed data, --compare --split auto --kv-exchange both: collective + LB-Micro,
 #        collective + LB-Micro + split, ODC + LB-Mini + split with K/V through NCCL and through
 #        odc; 10 measured minibatches (~2 min);
 #      - LongAlign-like (<= 64K), --compare --split auto, 6 minibatches (~1.5 min);
@@ -57,7 +57,7 @@ stage predict-heavy 10 .device/odc compare --lengths data/heavy_tailed.txt --ran
 train=(python3 -m torch.distributed.run --standalone --nproc_per_node 4 -m odc.train
   --preset 1.5b --samples-per-rank 4 --cost "$cost" --compare --split auto)
 stage heavy-tailed 170 "${train[@]}" --lengths data/heavy_tailed.txt --steps 10 \
-  --split-exchange both --output "$work/heavy_tailed.json" --timeline "$work/heavy_tailed.png"
+  --kv-exchange both --output "$work/heavy_tailed.json" --timeline "$work/heavy_tailed.png"
 stage longalign 130 "${train[@]}" --lengths data/longalign_like.txt --max-length 65536 \
   --steps 6 --output "$work/longalign.json" --timeline "$work/longalign.png"
 stage constant 80 "${train[@]}" --lengths data/longalign_like.txt --constant-length 8192 \
@@ -81,7 +81,7 @@ for label, name in [("heavy-tailed", "heavy_tailed"), ("longalign", "longalign")
     for r in results:
         run = f"{r['comm']} + {r['policy']}"
         if r.get("split") == "auto":
-            run += f" + split ({r.get('split_exchange')})"
+            run += f" + split ({r.get('kv_exchange')})"
         each = [b / m for b, m in zip(base["minibatch_seconds"], r["minibatch_seconds"])]
         print(f"{label:13} {run:38} {r['samples_per_second'] / base['samples_per_second']:5.3f}x "
               f"(per minibatch {min(each):.2f}-{max(each):.2f}x over {len(each)})  bubble "

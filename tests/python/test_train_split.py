@@ -115,7 +115,7 @@ def test_pack_chunk_keeps_global_positions_and_labels():
 
 
 def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
-    """`odc.train --compare --split auto --split-exchange both` on 2 CPU ranks: the split runs
+    """`odc.train --compare --split auto --kv-exchange both` on 2 CPU ranks: the split runs
     really split (both minibatches hold an outlier) and every run trains to the same losses step
     by step, since a split sample gives the whole sample's loss and gradients (under collectives,
     and under ODC with K/V through a gloo subgroup or through odc pulls)."""
@@ -129,14 +129,14 @@ def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
     command = [
         sys.executable, "-m", "odc.train", "--lengths", str(lengths), "--device", "cpu",
         "--ranks", "2", "--preset", "tiny", "--steps", "1", "--samples-per-rank", "2",
-        "--compare", "--split", "auto", "--split-exchange", "both", "--cost", "1,0.01,0",
+        "--compare", "--split", "auto", "--kv-exchange", "both", "--cost", "1,0.01,0",
         "--output", str(output),
         "--timeline", "",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     runs = json.loads(output.read_text())
-    assert [(r["comm"], r["policy"], r["split"], r["split_exchange"]) for r in runs] == [
+    assert [(r["comm"], r["policy"], r["split"], r["kv_exchange"]) for r in runs] == [
         ("collective", "lb-micro", "off", None),
         ("collective", "lb-micro", "auto", "nccl"),
         ("odc", "lb-mini", "auto", "nccl"),
@@ -144,7 +144,7 @@ def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
     ]
     assert runs[0]["split_samples"] == 0
     assert all(r["split_samples"] == 1 for r in runs[1:])  # the measured minibatch
-    assert runs[3]["memory"]["odc_split_exchange_bytes"] > 0  # the odc buffers were made
+    assert runs[3]["memory"]["odc_kv_exchange_bytes"] > 0  # the odc buffers were made
     assert "lb-mini+split/odc" in result.stdout
     for run in runs[1:]:
         assert run["losses"] == pytest.approx(runs[0]["losses"], rel=1e-5)

@@ -108,7 +108,7 @@ def parse_args(argv):
         "collective + lb-micro + split and odc + lb-mini + split",
     )
     parser.add_argument(
-        "--split-exchange",
+        "--kv-exchange",
         choices=["nccl", "odc", "both"],
         default="nccl",
         help="how a split group exchanges K/V: nccl (an all-gather in an NCCL subgroup; gloo on "
@@ -283,19 +283,15 @@ def _main(argv) -> int:
         usage_error(f"needs at least 2 ranks, and torch sees {ranks} GPU(s): add --device cpu")
     if args.split == "auto" and args.policy == "local-sort" and not (args.compare or args.all):
         usage_error("--split auto needs --policy lb-mini or lb-micro")
-    if args.split_exchange != "nccl" and args.split != "auto":
-        usage_error(f"--split-exchange {args.split_exchange} needs --split auto")
-    if (
-        args.split_exchange != "nccl"
-        and args.comm == "collective"
-        and not (args.compare or args.all)
-    ):
+    if args.kv_exchange != "nccl" and args.split != "auto":
+        usage_error(f"--kv-exchange {args.kv_exchange} needs --split auto")
+    if args.kv_exchange != "nccl" and args.comm == "collective" and not (args.compare or args.all):
         usage_error(
-            f"--split-exchange {args.split_exchange} is for ODC runs (collective runs exchange "
+            f"--kv-exchange {args.kv_exchange} is for ODC runs (collective runs exchange "
             "K/V through NCCL): use --comm odc"
         )
-    if args.split_exchange != "nccl" and mesh is not None:
-        usage_error("--split-exchange odc runs on a flat mesh only (no --mesh)")
+    if args.kv_exchange != "nccl" and mesh is not None:
+        usage_error("--kv-exchange odc runs on a flat mesh only (no --mesh)")
     lengths = load_lengths(args)
     max_tokens = args.max_tokens or max(lengths)
     if device == "cpu":
@@ -318,13 +314,13 @@ def _main(argv) -> int:
     if mesh is not None and args.compare:  # hybrid against flat ODC on the same ranks
         runs.append(("odc", "lb-mini", args.split))
         meshes.append(None)
-    # (comm, policy, split, K/V exchange): ODC runs that split take --split-exchange (both: one
+    # (comm, policy, split, K/V exchange): ODC runs that split take --kv-exchange (both: one
     # run with each, nccl first); every other run exchanges through NCCL (or splits nothing).
     expanded, expanded_meshes = [], []
     for (comm, policy, split), run_mesh in zip(runs, meshes):
         exchanges = ["nccl"]
         if comm == "odc" and split == "auto":
-            exchanges = ["nccl", "odc"] if args.split_exchange == "both" else [args.split_exchange]
+            exchanges = ["nccl", "odc"] if args.kv_exchange == "both" else [args.kv_exchange]
         for exchange in exchanges:
             expanded.append((comm, policy, split, exchange))
             expanded_meshes.append(run_mesh)
@@ -334,7 +330,7 @@ def _main(argv) -> int:
     launcher.start()
     for index, ((comm, policy, split, exchange), run_mesh) in enumerate(zip(runs, meshes)):
         label = f"{comm} + {policy}" + (" + split" if split == "auto" else "")
-        if split == "auto" and args.split_exchange != "nccl":
+        if split == "auto" and args.kv_exchange != "nccl":
             label += f" (K/V through {exchange})"
         if launcher.reports:
             print(
@@ -359,7 +355,7 @@ def _main(argv) -> int:
             token_ids_path=args.jsonl,
             mesh=run_mesh,
             split=split,
-            split_exchange=exchange,
+            kv_exchange=exchange,
         )
         results.append(launcher.run(config, ranks))
         if len(results) > 1 and args.cost == "fit":
@@ -416,7 +412,7 @@ def _run_label(result) -> str:
     """The policy column: lb-mini, lb-mini+split, and +split/odc where K/V went through odc."""
     label = result["policy"]
     if result.get("split") == "auto":
-        label += "+split" + ("/odc" if result.get("split_exchange") == "odc" else "")
+        label += "+split" + ("/odc" if result.get("kv_exchange") == "odc" else "")
     return label
 
 

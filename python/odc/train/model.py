@@ -163,7 +163,7 @@ class _GroupAllGather(torch.autograd.Function):
 
 class OdcKVExchange:
     """The K/V exchange of one split group through odc's one-sided operations, the alternative
-    to the NCCL all-gather (`odc.train --split-exchange odc`). Each member writes its chunk's
+    to the NCCL all-gather (`odc.train --kv-exchange odc`). Each member writes its chunk's
     rows into its own shard of a symmetric buffer; after one synchronization of the group the
     members pull the others' rows (odc gather). Backward, the same in reverse: each member writes
     the gradient of every member's rows into its shard, and each member pulls and sums the rows

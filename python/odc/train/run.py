@@ -48,7 +48,7 @@ class RunConfig:
     # How split groups exchange K/V: "nccl", an all-gather in a torch.distributed subgroup (NCCL
     # on GPUs, gloo on the CPU); "odc", pulls from odc symmetric buffers (model.OdcKVExchange;
     # needs comm "odc", whose communicator it shares).
-    split_exchange: str = "nccl"
+    kv_exchange: str = "nccl"
 
 
 @dataclass
@@ -200,12 +200,12 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
     from .progress import Progress
 
     on_gpu = config.device == "cuda"
-    if config.split_exchange not in ("nccl", "odc"):
-        raise ValueError(f"split_exchange must be 'nccl' or 'odc', got {config.split_exchange!r}")
-    if config.split_exchange == "odc" and config.comm != "odc":
-        raise ValueError("the odc K/V exchange (split_exchange 'odc') needs comm 'odc'")
-    if config.split_exchange == "odc" and config.mesh is not None:
-        raise ValueError("the odc K/V exchange (split_exchange 'odc') needs a flat mesh")
+    if config.kv_exchange not in ("nccl", "odc"):
+        raise ValueError(f"kv_exchange must be 'nccl' or 'odc', got {config.kv_exchange!r}")
+    if config.kv_exchange == "odc" and config.comm != "odc":
+        raise ValueError("the odc K/V exchange (kv_exchange 'odc') needs comm 'odc'")
+    if config.kv_exchange == "odc" and config.mesh is not None:
+        raise ValueError("the odc K/V exchange (kv_exchange 'odc') needs a flat mesh")
     external_group = dist.is_initialized()  # torchrun: the caller owns the process group
     local_rank = int(os.environ.get("LOCAL_RANK", rank)) if external_group else rank
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
@@ -306,7 +306,7 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         # The odc exchange's symmetric buffers, one set per group, sized for its longest chunk:
         # allocated by every rank in the same (plan) order, as odc's alloc is collective.
         exchanges = {}
-        if config.split_exchange == "odc":
+        if config.kv_exchange == "odc":
             text = model.config
             head_dim = getattr(text, "head_dim", None) or (
                 text.hidden_size // text.num_attention_heads
@@ -390,7 +390,7 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             peak += engine.symmetric_bytes
         exchange_bytes = sum(e.bytes for e in exchanges.values())
         if exchange_bytes:  # the odc K/V exchange's symmetric buffers (not in torch's peak)
-            memory["odc_split_exchange_bytes"] = exchange_bytes
+            memory["odc_kv_exchange_bytes"] = exchange_bytes
             peak += exchange_bytes
         gathered = [None] * world_size
         dist.all_gather_object(gathered, ([asdict(r) for r in records], peak, memory))
@@ -445,7 +445,7 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         "comm": config.comm,
         "policy": config.policy,
         "split": config.split,
-        "split_exchange": config.split_exchange if config.split == "auto" else None,
+        "kv_exchange": config.kv_exchange if config.split == "auto" else None,
         "split_samples": sum(
             len(plan["minibatches"][s].get("splits", []))
             for s in range(config.warmup_steps, num_steps)
