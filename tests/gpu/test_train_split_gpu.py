@@ -78,6 +78,9 @@ def _split_rank(rank, world_size, key, store, preset, length):
                 packed = pack_chunk(sample, split["chunks"][member])
                 loss = model(*_inputs(packed, device), split=chunk)
                 loss.backward()
+                if exchange is not None:  # really through odc: one exchange per layer each way
+                    layers = config.num_hidden_layers
+                    assert exchange._uses == {"forward": layers, "backward": layers}
             total = loss.detach().float().clone()
             dist.all_reduce(total)
             grads = []
