@@ -117,13 +117,33 @@ class SplitChunk:
         return index
 
     def gather_index(self, device):
-        import torch
-
         cached = getattr(self, "_index_tensor", None)
         if cached is None or cached.device != device:
-            cached = torch.tensor(self._gather_index, dtype=torch.long, device=device)
+            cached = _to(torch.tensor(self._gather_index, dtype=torch.long), device)
             self._index_tensor = cached
         return cached
+
+    def varlen_offsets(self, device):
+        """(cu_seqlens_q, cu_seqlens_k, max q, max k) of the pieces as varlen "documents",
+        queries [b, e) against keys [0, e); made once per chunk, not once per layer."""
+        cached = getattr(self, "_offsets", None)
+        if cached is None or cached[0].device != device:
+            q_lens = [end - begin for begin, end in self.pieces]
+            k_lens = [end for _, end in self.pieces]
+            cu_q = _to(torch.tensor([0, *np.cumsum(q_lens)], dtype=torch.int32), device)
+            cu_k = _to(torch.tensor([0, *np.cumsum(k_lens)], dtype=torch.int32), device)
+            cached = (cu_q, cu_k, max(q_lens), max(k_lens))
+            self._offsets = cached
+        return cached
+
+
+def _to(tensor: torch.Tensor, device) -> torch.Tensor:
+    """`tensor` on `device` without making the host wait: a copy from pageable memory would
+    synchronize with the stream (and a split chunk would do that in every layer)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 class _GroupAllGather(torch.autograd.Function):
@@ -293,24 +313,19 @@ def _split_attention(query, key, value, scaling, split: SplitChunk):
         # One varlen "document" per piece: queries [b, e) against keys [0, e). Flash attention's
         # causal mask is aligned to the bottom right when there are more keys than queries, so
         # query b + i sees keys 0..b + i: exactly the global causal mask.
-        k_rows, v_rows, q_lens, k_lens = [], [], [], []
-        for begin, end in split.pieces:
-            k_rows.append(k_all[:, :end])
-            v_rows.append(v_all[:, :end])
-            q_lens.append(end - begin)
-            k_lens.append(end)
-        keys = torch.cat(k_rows, dim=1).transpose(0, 1)  # [sum of ends, kv heads, dim]
-        values = torch.cat(v_rows, dim=1).transpose(0, 1)
-        cu_q = torch.tensor([0, *np.cumsum(q_lens)], dtype=torch.int32, device=q.device)
-        cu_k = torch.tensor([0, *np.cumsum(k_lens)], dtype=torch.int32, device=q.device)
+        ends = [end for _, end in split.pieces]
+        # [sum of ends, kv heads, dim]: each piece's keys are the sample's first `end` tokens.
+        keys = torch.cat([k_all[:, :end] for end in ends], dim=1).transpose(0, 1)
+        values = torch.cat([v_all[:, :end] for end in ends], dim=1).transpose(0, 1)
+        cu_q, cu_k, max_q, max_k = split.varlen_offsets(q.device)
         out = _varlen_attn()(
             q.transpose(0, 1),
             keys,
             values,
             cu_q,
             cu_k,
-            max(q_lens),
-            max(k_lens),
+            max_q,
+            max_k,
             scale=scaling,
             window_size=(-1, 0),
         )

@@ -354,6 +354,10 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
                     exchanges.get(tuple(split["ranks"])),
                 )
                 packed = pack_chunk(sample, split["chunks"][member])
+                # The chunk's index tensors, made before its clock starts as a microbatch's
+                # packing is (on GPUs: pinned, non-blocking copies).
+                chunk.gather_index(device)
+                chunk.varlen_offsets(device)
                 begin = clock.mark()
                 step_loss += trainer.microbatch(packed, global_tokens, split=chunk)
                 marks.append((begin, clock.mark(), packed.num_tokens))
