@@ -26,12 +26,13 @@ def _inputs(packed):
     )
 
 
-def _split_rank(rank, world_size, key, store, length):
+def _split_rank(rank, world_size, key, store, length, exchange="nccl"):
     """Every rank computes the whole sample's loss and gradients alone, then the group runs it
-    split (zigzag) and sums the members' gradients; returns both on rank 0."""
+    split (zigzag) and sums the members' gradients; returns both on rank 0. K/V move through a
+    gloo subgroup (exchange "nccl") or odc pulls over the shared-memory transport ("odc")."""
     import torch.distributed as dist
 
-    from odc.train.model import SplitChunk, build_model
+    from odc.train.model import OdcKVExchange, SplitChunk, build_model
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     try:
@@ -55,13 +56,28 @@ def _split_rank(rank, world_size, key, store, length):
         split = chunks[0]
         group_ranks = split["ranks"]
         group = dist.new_group(group_ranks)
+        comm = kv = chunk = None
+        if exchange == "odc":  # every rank allocates (collective), members only use it
+            comm = odc.Comm(rank, world_size, key, timeout=60)
+            config = model.config
+            width = (
+                2 * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads)
+            )
+            rows = max(sum(e - b for b, e in c) for c in split["chunks"])
+            kv = OdcKVExchange(comm, group, group_ranks, rows, width, torch.float32)
         loss = torch.zeros(())
         if rank in group_ranks:
             member = group_ranks.index(rank)
-            chunk = SplitChunk(group, member, split["chunks"], length)
+            chunk = SplitChunk(group, member, split["chunks"], length, kv)
             packed = pack_chunk(sample, split["chunks"][member])
             loss = model(*_inputs(packed), split=chunk)
             loss.backward()
+            if kv is not None:  # forward + backward: one exchange each way per layer
+                assert kv._uses == {"forward": 2, "backward": 2}, kv._uses
+        if comm is not None:
+            dist.barrier()  # nobody frees the buffers while a member may still pull
+            del kv, chunk
+            comm.close()
         total = loss.detach().clone()
         dist.all_reduce(total)
         grads = {}
@@ -74,12 +90,13 @@ def _split_rank(rank, world_size, key, store, length):
         dist.destroy_process_group()
 
 
-def test_split_sample_loss_and_gradients_equal_the_whole_sample():
+@pytest.mark.parametrize("exchange", ["nccl", "odc"])
+def test_split_sample_loss_and_gradients_equal_the_whole_sample(exchange):
     # 3 ranks, a 61-token sample that the planner splits (uneven zigzag pieces: 61 = 6 x 10 + 1);
     # fp32 on the CPU, so the only differences are summation orders.
     with tempfile.TemporaryDirectory() as directory:
         store = os.path.join(directory, "store")
-        whole, split, reference, grads, group = odc.launch(_split_rank, 3, store, 61)[0]
+        whole, split, reference, grads, group = odc.launch(_split_rank, 3, store, 61, exchange)[0]
     assert len(group) >= 2
     assert split == pytest.approx(whole, rel=1e-6)
     for name, expected in reference.items():
@@ -98,9 +115,10 @@ def test_pack_chunk_keeps_global_positions_and_labels():
 
 
 def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
-    """`odc.train --compare --split auto` on 2 CPU ranks: the split runs really split (both
-    minibatches hold an outlier) and every run trains to the same losses step by step, since a
-    split sample gives the whole sample's loss and gradients (under collectives and under ODC)."""
+    """`odc.train --compare --split auto --kv-exchange both` on 2 CPU ranks: the split runs
+    really split (both minibatches hold an outlier) and every run trains to the same losses step
+    by step, since a split sample gives the whole sample's loss and gradients (under collectives,
+    and under ODC with K/V through a gloo subgroup or through odc pulls)."""
     import json
     import subprocess
     import sys
@@ -111,20 +129,23 @@ def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
     command = [
         sys.executable, "-m", "odc.train", "--lengths", str(lengths), "--device", "cpu",
         "--ranks", "2", "--preset", "tiny", "--steps", "1", "--samples-per-rank", "2",
-        "--compare", "--split", "auto", "--cost", "1,0.01,0", "--output", str(output),
+        "--compare", "--split", "auto", "--kv-exchange", "both", "--cost", "1,0.01,0",
+        "--output", str(output),
         "--timeline", "",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     runs = json.loads(output.read_text())
-    assert [(r["comm"], r["policy"], r["split"]) for r in runs] == [
-        ("collective", "lb-micro", "off"),
-        ("collective", "lb-micro", "auto"),
-        ("odc", "lb-mini", "auto"),
+    assert [(r["comm"], r["policy"], r["split"], r["kv_exchange"]) for r in runs] == [
+        ("collective", "lb-micro", "off", None),
+        ("collective", "lb-micro", "auto", "nccl"),
+        ("odc", "lb-mini", "auto", "nccl"),
+        ("odc", "lb-mini", "auto", "odc"),
     ]
     assert runs[0]["split_samples"] == 0
-    assert runs[1]["split_samples"] == 1 and runs[2]["split_samples"] == 1  # measured minibatch
-    assert "lb-mini+split" in result.stdout
+    assert all(r["split_samples"] == 1 for r in runs[1:])  # the measured minibatch
+    assert runs[3]["memory"]["odc_kv_exchange_bytes"] > 0  # the odc buffers were made
+    assert "lb-mini+split/odc" in result.stdout
     for run in runs[1:]:
         assert run["losses"] == pytest.approx(runs[0]["losses"], rel=1e-5)
         # The members' split chunks are their first microbatch (timeline of the last minibatch).

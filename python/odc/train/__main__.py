@@ -107,6 +107,14 @@ def parse_args(argv):
         "a group of ranks (lb-mini, lb-micro); with --compare, runs collective + lb-micro, "
         "collective + lb-micro + split and odc + lb-mini + split",
     )
+    parser.add_argument(
+        "--kv-exchange",
+        choices=["nccl", "odc", "both"],
+        default="nccl",
+        help="how a split group exchanges K/V: nccl (an all-gather in an NCCL subgroup; gloo on "
+        "the CPU), odc (pulls from odc symmetric buffers; ODC runs only: collective runs use "
+        "nccl), or both (every ODC + split run twice, once with each)",
+    )
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument(
         "--run-dir",
@@ -275,6 +283,15 @@ def _main(argv) -> int:
         usage_error(f"needs at least 2 ranks, and torch sees {ranks} GPU(s): add --device cpu")
     if args.split == "auto" and args.policy == "local-sort" and not (args.compare or args.all):
         usage_error("--split auto needs --policy lb-mini or lb-micro")
+    if args.kv_exchange != "nccl" and args.split != "auto":
+        usage_error(f"--kv-exchange {args.kv_exchange} needs --split auto")
+    if args.kv_exchange != "nccl" and args.comm == "collective" and not (args.compare or args.all):
+        usage_error(
+            f"--kv-exchange {args.kv_exchange} is for ODC runs (collective runs exchange "
+            "K/V through NCCL): use --comm odc"
+        )
+    if args.kv_exchange != "nccl" and mesh is not None:
+        usage_error("--kv-exchange odc runs on a flat mesh only (no --mesh)")
     lengths = load_lengths(args)
     max_tokens = args.max_tokens or max(lengths)
     if device == "cpu":
@@ -297,11 +314,24 @@ def _main(argv) -> int:
     if mesh is not None and args.compare:  # hybrid against flat ODC on the same ranks
         runs.append(("odc", "lb-mini", args.split))
         meshes.append(None)
+    # (comm, policy, split, K/V exchange): ODC runs that split take --kv-exchange (both: one
+    # run with each, nccl first); every other run exchanges through NCCL (or splits nothing).
+    expanded, expanded_meshes = [], []
+    for (comm, policy, split), run_mesh in zip(runs, meshes):
+        exchanges = ["nccl"]
+        if comm == "odc" and split == "auto":
+            exchanges = ["nccl", "odc"] if args.kv_exchange == "both" else [args.kv_exchange]
+        for exchange in exchanges:
+            expanded.append((comm, policy, split, exchange))
+            expanded_meshes.append(run_mesh)
+    runs, meshes = expanded, expanded_meshes
 
     results = []
     launcher.start()
-    for index, ((comm, policy, split), run_mesh) in enumerate(zip(runs, meshes)):
+    for index, ((comm, policy, split, exchange), run_mesh) in enumerate(zip(runs, meshes)):
         label = f"{comm} + {policy}" + (" + split" if split == "auto" else "")
+        if split == "auto" and args.kv_exchange != "nccl":
+            label += f" (K/V through {exchange})"
         if launcher.reports:
             print(
                 f"{PROG}: run {index + 1}/{len(runs)}: {label}, {ranks} ranks on "
@@ -325,6 +355,7 @@ def _main(argv) -> int:
             token_ids_path=args.jsonl,
             mesh=run_mesh,
             split=split,
+            kv_exchange=exchange,
         )
         results.append(launcher.run(config, ranks))
         if len(results) > 1 and args.cost == "fit":
@@ -377,6 +408,14 @@ def _loss_verdict(results) -> str:
     )
 
 
+def _run_label(result) -> str:
+    """The policy column: lb-mini, lb-mini+split, and +split/odc where K/V went through odc."""
+    label = result["policy"]
+    if result.get("split") == "auto":
+        label += "+split" + ("/odc" if result.get("kv_exchange") == "odc" else "")
+    return label
+
+
 def print_table(results) -> None:
     base = results[0]
     a, b, c = base["cost"]
@@ -387,7 +426,7 @@ def print_table(results) -> None:
     spans_known = all(r.get("minibatch_seconds") for r in results)
     step_header = "step s min / median / max" if spans_known else "step s"
     print(
-        f"\n{'comm':10} {'policy':10} {'samples/s':>10} {'tokens/s':>10} {step_header:>25} "
+        f"\n{'comm':10} {'policy':17} {'samples/s':>10} {'tokens/s':>10} {step_header:>25} "
         f"{'pred s':>7} {'err':>6} {'bubble':>7} {'predicted':>9} {'peak GiB':>8}  speedup"
     )
     verdicts = []
@@ -412,9 +451,9 @@ def print_table(results) -> None:
                 )
         else:
             speedup = f"{ratio:.2f}x"
-        label = r["policy"] + ("+split" if r.get("split") == "auto" else "")
+        label = _run_label(r)
         print(
-            f"{r['comm']:10} {label:10} {r['samples_per_second']:10.2f} "
+            f"{r['comm']:10} {label:17} {r['samples_per_second']:10.2f} "
             f"{r['tokens_per_second']:10.0f} {steps:>25} {predicted_step:7.3f} "
             f"{100 * r['span_error']:+5.1f}% {measured} "
             f"{100 * r['predicted_bubble']:8.1f}% {peak:>8}  {speedup}"
@@ -448,7 +487,7 @@ legend: step s      wall time of one minibatch on the slowest rank, over the {me
         modes train alike; GPU numbers: docs/benchmarks.md."""
         )
     print("\nper minibatch, predicted / measured span in seconds (error):")
-    print("  mb  " + "".join(f"{r['comm'] + ' ' + r['policy']:>28}" for r in results))
+    print("  mb  " + "".join(f"{r['comm'] + ' ' + _run_label(r):>28}" for r in results))
     for index in range(max(len(r["per_minibatch"]) for r in results)):
         cells = []
         for r in results:
@@ -504,8 +543,7 @@ def write_timeline(results, path: str):
         # The minibatch ends (optimizer step done) on the slowest rank: idle time lies before it.
         axis.axvline(result["last_span_seconds"], color="black", linestyle="--", linewidth=1)
         axis.set_title(
-            f"{result['comm']} + {result['policy']}"
-            f"{' + split' if result.get('split') == 'auto' else ''}: "
+            f"{result['comm']} + {_run_label(result).replace('+', ' + ')}: "
             "last minibatch, one bar per microbatch (a split chunk first)"
         )
         axis.set_ylabel("rank")

@@ -91,6 +91,9 @@ class SplitChunk:
     member: int  # this rank's index in the group
     chunks: Sequence[Sequence[Tuple[int, int]]]  # every member's [begin, end) ranges
     length: int  # tokens of the whole sample
+    # How K/V move between the members: None, an all-gather in `group` (NCCL on GPUs, gloo on
+    # the CPU); an OdcKVExchange, pulls from the members' odc symmetric buffers.
+    exchange: Optional["OdcKVExchange"] = None
 
     @property
     def pieces(self) -> Sequence[Tuple[int, int]]:
@@ -114,13 +117,33 @@ class SplitChunk:
         return index
 
     def gather_index(self, device):
-        import torch
-
         cached = getattr(self, "_index_tensor", None)
         if cached is None or cached.device != device:
-            cached = torch.tensor(self._gather_index, dtype=torch.long, device=device)
+            cached = _to(torch.tensor(self._gather_index, dtype=torch.long), device)
             self._index_tensor = cached
         return cached
+
+    def varlen_offsets(self, device):
+        """(cu_seqlens_q, cu_seqlens_k, max q, max k) of the pieces as varlen "documents",
+        queries [b, e) against keys [0, e); made once per chunk, not once per layer."""
+        cached = getattr(self, "_offsets", None)
+        if cached is None or cached[0].device != device:
+            q_lens = [end - begin for begin, end in self.pieces]
+            k_lens = [end for _, end in self.pieces]
+            cu_q = _to(torch.tensor([0, *np.cumsum(q_lens)], dtype=torch.int32), device)
+            cu_k = _to(torch.tensor([0, *np.cumsum(k_lens)], dtype=torch.int32), device)
+            cached = (cu_q, cu_k, max(q_lens), max(k_lens))
+            self._offsets = cached
+        return cached
+
+
+def _to(tensor: torch.Tensor, device) -> torch.Tensor:
+    """`tensor` on `device` without making the host wait: a copy from pageable memory would
+    synchronize with the stream (and a split chunk would do that in every layer)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 class _GroupAllGather(torch.autograd.Function):
@@ -158,6 +181,110 @@ class _GroupAllGather(torch.autograd.Function):
         return mine, None, None
 
 
+class OdcKVExchange:
+    """The K/V exchange of one split group through odc's one-sided operations, the alternative
+    to the NCCL all-gather (`odc.train --kv-exchange odc`). Each member writes its chunk's
+    rows into its own shard of a symmetric buffer; after one synchronization of the group the
+    members pull the others' rows (odc gather). Backward, the same in reverse: each member writes
+    the gradient of every member's rows into its shard, and each member pulls and sums the rows
+    that belong to it (a reduce-scatter made of pulls, summed in fp32 in member order).
+
+    Synchronization: one 1-element all-reduce in the group's process group per exchange (NCCL on
+    GPUs: enqueued on the stream, the host never waits), between the writes and the pulls. Two
+    buffers per direction, used alternately, so that one meeting per exchange suffices: a member
+    rewrites a buffer only after the meeting of the next exchange, which every member reaches
+    only after its pulls from that buffer (stream order). Every member makes the same sequence of
+    exchanges (the same layers, forward, recomputation and backward), which keeps the uses paired.
+
+    Construction is collective over the whole odc communicator (it allocates symmetric buffers):
+    every rank builds every group's exchange, in the same order, members or not. Non-members'
+    shards are never written; a pull reads them too (odc gather reads every rank) and drops them.
+    """
+
+    def __init__(self, comm, group, ranks: Sequence[int], rows: int, width: int, dtype):
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"odc K/V exchange moves float32 or bfloat16, not {dtype}")
+        if rows < 1 or width < 1:
+            raise ValueError(f"odc K/V exchange needs rows and width >= 1, got {rows}, {width}")
+        self.comm, self.group = comm, group
+        self.ranks = [int(r) for r in ranks]
+        self.rows, self.width, self.dtype = rows, width, dtype
+        self.device = (
+            torch.device("cpu") if comm.device is None else torch.device("cuda", comm.device)
+        )
+        name = "bfloat16" if dtype == torch.bfloat16 else "float32"
+        members = len(self.ranks)
+        # forward: a member's rows; backward: the gradient of every member's rows.
+        self._buffers = {
+            "forward": [comm.alloc(rows * width, dtype=name) for _ in range(2)],
+            "backward": [comm.alloc(members * rows * width, dtype=name) for _ in range(2)],
+        }
+        self._shards = {k: [b.tensor() for b in v] for k, v in self._buffers.items()}
+        self._uses = {"forward": 0, "backward": 0}
+        self._member_index = torch.tensor(self.ranks, dtype=torch.long, device=self.device)
+        self._flag = torch.zeros(1, device=self.device)
+        self.bytes = sum(
+            b.count * (2 if name == "bfloat16" else 4) for v in self._buffers.values() for b in v
+        )
+
+    def _exchange(self, direction: str, flat: torch.Tensor) -> torch.Tensor:
+        """Writes `flat` into this member's next `direction` buffer, meets the group, and returns
+        every member's written prefix as [members, flat.numel()]."""
+        import torch.distributed as dist
+
+        if flat.dtype != self.dtype or flat.device != self.device:
+            raise ValueError(
+                f"odc K/V exchange was built for {self.dtype} on {self.device}, got "
+                f"{flat.dtype} on {flat.device}"
+            )
+        use = self._uses[direction]
+        self._uses[direction] = use + 1
+        buffer = self._buffers[direction][use % 2]
+        shard = self._shards[direction][use % 2]
+        if flat.numel() > shard.numel():
+            raise ValueError(
+                f"odc K/V exchange: {flat.numel()} elements do not fit the {shard.numel()} of "
+                "its buffer (built for a shorter chunk)"
+            )
+        shard[: flat.numel()].copy_(flat)
+        dist.all_reduce(self._flag, group=self.group)  # every member has written
+        pulled = torch.empty(
+            (self.comm.world_size, shard.numel()), dtype=self.dtype, device=self.device
+        )
+        out = pulled.view(-1)
+        if self.comm.device is None:  # host communicator: numpy views (bf16 as raw bits)
+            out = out.view(torch.uint16).numpy() if self.dtype == torch.bfloat16 else out.numpy()
+        self.comm.gather(out, buffer)
+        return pulled.index_select(0, self._member_index)[:, : flat.numel()]
+
+    def all_gather(self, rows: torch.Tensor) -> torch.Tensor:
+        """[padded chunk rows, ...] of this member -> [members x padded rows, ...]."""
+        pulled = self._exchange("forward", rows.contiguous().view(-1))
+        return pulled.reshape(len(self.ranks) * rows.shape[0], *rows.shape[1:])
+
+    def reduce_scatter(self, grad: torch.Tensor, member: int) -> torch.Tensor:
+        """[members x padded rows, ...] gradient of the gathered rows -> this member's rows,
+        summed over the members (in fp32, member order)."""
+        members = len(self.ranks)
+        rows = grad.shape[0] // members
+        pulled = self._exchange("backward", grad.contiguous().view(-1))
+        mine = pulled.view(members, members, -1)[:, member]
+        return mine.float().sum(0).to(grad.dtype).view(rows, *grad.shape[1:])
+
+
+class _OdcGroupAllGather(torch.autograd.Function):
+    """_GroupAllGather's contract through an OdcKVExchange."""
+
+    @staticmethod
+    def forward(ctx, tensor, exchange, member):
+        ctx.exchange, ctx.member = exchange, member
+        return exchange.all_gather(tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.exchange.reduce_scatter(grad, ctx.member), None, None
+
+
 def _gather_sample(local: torch.Tensor, split: SplitChunk) -> torch.Tensor:
     """[heads, chunk tokens, dim] of this member -> [heads, sample tokens, dim] of the whole
     sample in token order, differentiable (gradients flow back to the members that own them)."""
@@ -165,7 +292,10 @@ def _gather_sample(local: torch.Tensor, split: SplitChunk) -> torch.Tensor:
     padding = split.padded_tokens - rows.shape[0]
     if padding:
         rows = F.pad(rows, (0, 0, 0, 0, 0, padding))
-    gathered = _GroupAllGather.apply(rows, split.group, len(split.chunks))
+    if split.exchange is not None:
+        gathered = _OdcGroupAllGather.apply(rows, split.exchange, split.member)
+    else:
+        gathered = _GroupAllGather.apply(rows, split.group, len(split.chunks))
     ordered = gathered.index_select(0, split.gather_index(gathered.device))
     return ordered.transpose(0, 1)
 
@@ -174,31 +304,28 @@ def _split_attention(query, key, value, scaling, split: SplitChunk):
     """Causal attention of this member's query tokens against the K/V of the whole sample
     (gathered from the group), with the sample's global causal mask: token t sees tokens 0..t.
     Inputs [1, heads, chunk tokens, dim]; returns [1, chunk tokens, heads, dim]."""
-    k_all = _gather_sample(key[0], split)  # [kv heads, L, dim]
-    v_all = _gather_sample(value[0], split)
+    # K and V travel together: one exchange (one meeting of the group) per layer and direction.
+    kv_heads = key.shape[1]
+    kv_all = _gather_sample(torch.cat([key[0], value[0]], dim=0), split)
+    k_all, v_all = kv_all[:kv_heads], kv_all[kv_heads:]  # [kv heads, L, dim] each
     q = query[0]
     if varlen_available(q.device) and q.dtype in (torch.bfloat16, torch.float16):
         # One varlen "document" per piece: queries [b, e) against keys [0, e). Flash attention's
         # causal mask is aligned to the bottom right when there are more keys than queries, so
         # query b + i sees keys 0..b + i: exactly the global causal mask.
-        k_rows, v_rows, q_lens, k_lens = [], [], [], []
-        for begin, end in split.pieces:
-            k_rows.append(k_all[:, :end])
-            v_rows.append(v_all[:, :end])
-            q_lens.append(end - begin)
-            k_lens.append(end)
-        keys = torch.cat(k_rows, dim=1).transpose(0, 1)  # [sum of ends, kv heads, dim]
-        values = torch.cat(v_rows, dim=1).transpose(0, 1)
-        cu_q = torch.tensor([0, *np.cumsum(q_lens)], dtype=torch.int32, device=q.device)
-        cu_k = torch.tensor([0, *np.cumsum(k_lens)], dtype=torch.int32, device=q.device)
+        ends = [end for _, end in split.pieces]
+        # [sum of ends, kv heads, dim]: each piece's keys are the sample's first `end` tokens.
+        keys = torch.cat([k_all[:, :end] for end in ends], dim=1).transpose(0, 1)
+        values = torch.cat([v_all[:, :end] for end in ends], dim=1).transpose(0, 1)
+        cu_q, cu_k, max_q, max_k = split.varlen_offsets(q.device)
         out = _varlen_attn()(
             q.transpose(0, 1),
             keys,
             values,
             cu_q,
             cu_k,
-            max(q_lens),
-            max(k_lens),
+            max_q,
+            max_k,
             scale=scaling,
             window_size=(-1, 0),
         )

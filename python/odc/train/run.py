@@ -43,8 +43,12 @@ class RunConfig:
     # across replicas per minibatch; None: a 1-D mesh over all ranks (flat).
     mesh: Optional[tuple] = None
     # "auto": the planner may split an outlier over a group of ranks (issue #14): the members run
-    # their chunk first in the minibatch, exchanging K/V per layer in an NCCL (gloo) subgroup.
+    # their chunk first in the minibatch, exchanging K/V per layer within the group.
     split: str = "off"
+    # How split groups exchange K/V: "nccl", an all-gather in a torch.distributed subgroup (NCCL
+    # on GPUs, gloo on the CPU); "odc", pulls from odc symmetric buffers (model.OdcKVExchange;
+    # needs comm "odc", whose communicator it shares).
+    kv_exchange: str = "nccl"
 
 
 @dataclass
@@ -192,10 +196,16 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
 
     from .data import load_token_ids, pack, pack_chunk, schedule, synthetic_tokens
     from .memory import MemoryProbe
-    from .model import SplitChunk, build_model
+    from .model import OdcKVExchange, SplitChunk, build_model
     from .progress import Progress
 
     on_gpu = config.device == "cuda"
+    if config.kv_exchange not in ("nccl", "odc"):
+        raise ValueError(f"kv_exchange must be 'nccl' or 'odc', got {config.kv_exchange!r}")
+    if config.kv_exchange == "odc" and config.comm != "odc":
+        raise ValueError("the odc K/V exchange (kv_exchange 'odc') needs comm 'odc'")
+    if config.kv_exchange == "odc" and config.mesh is not None:
+        raise ValueError("the odc K/V exchange (kv_exchange 'odc') needs a flat mesh")
     external_group = dist.is_initialized()  # torchrun: the caller owns the process group
     local_rank = int(os.environ.get("LOCAL_RANK", rank)) if external_group else rank
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
@@ -285,12 +295,32 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         num_steps = min(config.steps + config.warmup_steps, len(plan["minibatches"]))
         # One subgroup per distinct split group of the minibatches we run: every rank creates
         # every group, in the same (plan) order, as new_group requires; members only use them.
-        split_groups = {}
+        split_groups, split_rows = {}, {}
         for minibatch in plan["minibatches"][:num_steps]:
             for split in minibatch.get("splits", []):
                 members = tuple(split["ranks"])
                 if members not in split_groups:
                     split_groups[members] = dist.new_group(list(members))
+                longest = max(sum(e - b for b, e in c) for c in split["chunks"])
+                split_rows[members] = max(split_rows.get(members, 0), longest)
+        # The odc exchange's symmetric buffers, one set per group, sized for its longest chunk:
+        # allocated by every rank in the same (plan) order, as odc's alloc is collective.
+        exchanges = {}
+        if config.kv_exchange == "odc":
+            text = model.config
+            head_dim = getattr(text, "head_dim", None) or (
+                text.hidden_size // text.num_attention_heads
+            )
+            width = 2 * text.num_key_value_heads * head_dim  # K and V of one token
+            for members, group in split_groups.items():
+                exchanges[members] = OdcKVExchange(
+                    comm,
+                    group,
+                    members,
+                    split_rows[members],
+                    width,
+                    torch.bfloat16 if on_gpu else torch.float32,
+                )
         records, losses = [], []
         steps_progress = Progress(
             num_steps,
@@ -317,9 +347,17 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
                 member = split["ranks"].index(rank)
                 sample = samples[split["sample"]]
                 chunk = SplitChunk(
-                    split_groups[tuple(split["ranks"])], member, split["chunks"], len(sample)
+                    split_groups[tuple(split["ranks"])],
+                    member,
+                    split["chunks"],
+                    len(sample),
+                    exchanges.get(tuple(split["ranks"])),
                 )
                 packed = pack_chunk(sample, split["chunks"][member])
+                # The chunk's index tensors, made before its clock starts as a microbatch's
+                # packing is (on GPUs: pinned, non-blocking copies).
+                chunk.gather_index(device)
+                chunk.varlen_offsets(device)
                 begin = clock.mark()
                 step_loss += trainer.microbatch(packed, global_tokens, split=chunk)
                 marks.append((begin, clock.mark(), packed.num_tokens))
@@ -354,6 +392,10 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         if engine is not None:
             memory.update({f"odc_{k}_bytes": v for k, v in engine.memory_bytes().items()})
             peak += engine.symmetric_bytes
+        exchange_bytes = sum(e.bytes for e in exchanges.values())
+        if exchange_bytes:  # the odc K/V exchange's symmetric buffers (not in torch's peak)
+            memory["odc_kv_exchange_bytes"] = exchange_bytes
+            peak += exchange_bytes
         gathered = [None] * world_size
         dist.all_gather_object(gathered, ([asdict(r) for r in records], peak, memory))
         if engine is not None:
@@ -407,6 +449,7 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         "comm": config.comm,
         "policy": config.policy,
         "split": config.split,
+        "kv_exchange": config.kv_exchange if config.split == "auto" else None,
         "split_samples": sum(
             len(plan["minibatches"][s].get("splits", []))
             for s in range(config.warmup_steps, num_steps)
@@ -437,6 +480,26 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         "timeline": [gathered[r][0][last]["microbatches"] for r in range(world_size)],
         **_hybrid_summary(config, gathered, num_steps, world_size),
         "last_span_seconds": max(gathered[r][0][last]["span"] for r in range(world_size)),
+        **_edges(config, gathered, num_steps, world_size),
+    }
+
+
+def _edges(config, gathered, num_steps, world_size) -> dict:
+    """Where a minibatch's time goes outside forward+backward, mean over the measured ones:
+    lead-in, from the common start to the last rank's first microbatch (minibatch_begin: under
+    ODC, publishing the shards); tail, from the last microbatch's end on any rank to the end of
+    the span (minibatch_end, gradient clipping, optimizer step). Both idle every GPU."""
+    lead_in, tail = [], []
+    for step in range(config.warmup_steps, num_steps):
+        records = [gathered[r][0][step] for r in range(world_size)]
+        firsts = [rec["microbatches"][0][0] for rec in records if rec["microbatches"]]
+        lasts = [rec["microbatches"][-1][1] for rec in records if rec["microbatches"]]
+        if firsts:
+            lead_in.append(max(firsts))
+            tail.append(max(rec["span"] for rec in records) - max(lasts))
+    return {
+        "lead_in_seconds": float(np.mean(lead_in)) if lead_in else 0.0,
+        "tail_seconds": float(np.mean(tail)) if tail else 0.0,
     }
 
 
