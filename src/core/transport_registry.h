@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "core/bootstrap.h"
 #include "core/transport.h"
 
 namespace odc {
@@ -18,6 +19,7 @@ struct TransportSpec {
   std::string key;  // the local shared-memory rendezvous
   std::chrono::duration<double> timeout{60.0};
   int device = -1;  // CUDA device for device transports
+  std::shared_ptr<Bootstrap> bootstrap;
 };
 
 struct TransportInfo {
