@@ -2,8 +2,9 @@
 // reduce-scatter, one process per GPU (forked here), nccl-tests style. Every ODC result is
 // checked against NCCL's output. Gather is also timed one rank at a time (the others wait), the
 // out-of-step pattern of ODC training that a collective cannot follow.
-// Usage: odc_bench [min_mib=1] [max_mib=1024] [ranks=all GPUs]
+// Usage: odc_bench [--transport cuda|nvshmem] [min_mib=1] [max_mib=1024] [ranks=all GPUs]
 // Sizes are per-rank bytes: the gathered output (bf16) and the pushed source (fp32).
+// --transport nvshmem: ODC over NVSHMEM (staged pushes: put-with-signal + fold at the owner).
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <sys/mman.h>
@@ -78,12 +79,18 @@ double time_on_stream(cudaStream_t stream, int iterations, Op&& op) {
   return 1000.0 * ms / iterations;
 }
 
-void run_rank(int rank, int world, const std::string& key, const ncclUniqueId& id,
-              const std::vector<size_t>& sizes, Measurement* gather_table, Measurement* solo_table,
-              Measurement* scatter_table, Measurement* push_table) {
+void run_rank(int rank, int world, const std::string& key, odcTransport_t transport,
+              const ncclUniqueId& id, const std::vector<size_t>& sizes, Measurement* gather_table,
+              Measurement* solo_table, Measurement* scatter_table, Measurement* push_table) {
   BENCH_CUDA(cudaSetDevice(rank));
   odcComm_t comm;
-  BENCH_ODC(odcCommInitCuda(&comm, rank, world, key.c_str(), 120.0, rank));
+  odcCommConfig_t config;
+  BENCH_ODC(odcCommConfigInit(&config));
+  config.transport = transport;
+  config.key = key.c_str();
+  config.timeout_seconds = 120.0;
+  config.device = rank;
+  BENCH_ODC(odcCommInitConfig(&comm, rank, world, &config));
   ncclComm_t nccl;
   BENCH_NCCL(ncclCommInitRank(&nccl, world, id, rank));
   cudaStream_t stream;
@@ -235,9 +242,31 @@ void print_table(const char* title, const char* odc_name, const char* nccl_name,
 }  // namespace
 
 int main(int argc, char** argv) {
-  const size_t min_mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1;
-  const size_t max_mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1024;
-  int world = argc > 3 ? std::atoi(argv[3]) : 0;
+  std::vector<std::string> args;
+  std::string transport_name = "cuda";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--transport" && i + 1 < argc) {
+      transport_name = argv[++i];
+    } else if (arg.rfind("--transport=", 0) == 0) {
+      transport_name = arg.substr(12);
+    } else {
+      args.push_back(arg);
+    }
+  }
+  odcTransport_t transport;
+  if (transport_name == "cuda") {
+    transport = odcTransportCuda;
+  } else if (transport_name == "nvshmem") {
+    transport = odcTransportNvshmem;
+  } else {
+    std::fprintf(stderr, "odc_bench: unknown transport '%s' (cuda, nvshmem)\n",
+                 transport_name.c_str());
+    return 2;
+  }
+  const size_t min_mib = args.size() > 0 ? std::strtoull(args[0].c_str(), nullptr, 10) : 1;
+  const size_t max_mib = args.size() > 1 ? std::strtoull(args[1].c_str(), nullptr, 10) : 1024;
+  int world = args.size() > 2 ? std::atoi(args[2].c_str()) : 0;
   if (world <= 0) {
     // Count GPUs in a child: a CUDA context must not exist in the parent before fork().
     int* shared = static_cast<int*>(
@@ -268,7 +297,8 @@ int main(int argc, char** argv) {
   BENCH_NCCL(ncclGetUniqueId(&id));
   const std::string key = "odc-bench-" + std::to_string(getpid());
   const int failures = odc::fork_ranks(world, [&](int rank) {
-    run_rank(rank, world, key, id, sizes, gather_table, solo_table, scatter_table, push_table);
+    run_rank(rank, world, key, transport, id, sizes, gather_table, solo_table, scatter_table,
+             push_table);
     return 0;
   });
   if (failures) {
@@ -277,7 +307,8 @@ int main(int argc, char** argv) {
   }
   int nccl_version = 0;
   ncclGetVersion(&nccl_version);
-  std::printf("odc-bench: %d GPUs, NCCL %d\n", world, nccl_version);
+  std::printf("odc-bench: %d GPUs, NCCL %d, odc transport %s\n", world, nccl_version,
+              transport_name.c_str());
   print_table("gather (bf16) vs ncclAllGather", "odc", "nccl", sizes, gather_table, world);
   print_table(
       "gather (bf16), one rank at a time while the others wait (ranks out of step), vs "

@@ -154,9 +154,12 @@ ODC_API odcResult_t odcCommInitCuda(odcComm_t* comm, int rank, int world_size, c
 
 /* Which transport a communicator uses. */
 typedef enum {
-  odcTransportAuto = 0, /* "cuda" when config.device >= 0, else "shm" */
+  odcTransportAuto = 0, /* config.device >= 0: $ODC_TRANSPORT if set ("cuda", "nvshmem"), else
+                           "cuda"; config.device < 0: "shm" */
   odcTransportShm = 1,  /* host shared memory: local processes, host pointers */
-  odcTransportCuda = 2  /* CUDA IPC within a node: one process per GPU, device pointers */
+  odcTransportCuda = 2, /* CUDA IPC within a node: one process per GPU, device pointers */
+  odcTransportNvshmem = 3 /* NVSHMEM, one node or many: one process per GPU, device pointers;
+                             needs the plugin libodc_nvshmem.so (docs/multinode.md) */
 } odcTransport_t;
 
 #define ODC_COMM_CONFIG_VERSION 2

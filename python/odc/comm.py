@@ -250,6 +250,8 @@ class Comm:
     and the operation.
     device: None for the host shared-memory transport, or this rank's CUDA device index for the
     CUDA transport (one process per GPU).
+    transport: None (default: "shm" without a device; with one, $ODC_TRANSPORT if set, else
+    "cuda"), or "shm", "cuda", "nvshmem" (NVSHMEM, one node or many; docs/multinode.md).
     deterministic: every owner adds contributions in a fixed order (sender rank, then push index),
     so sums are bitwise identical whatever the timing; costs 2 x world_size x count fp32 of extra
     memory per accumulator (docs/runtime.md). Default: the fastest exact scheme (CUDA: atomics).
@@ -264,6 +266,7 @@ class Comm:
         device: Optional[int] = None,
         deterministic: bool = False,
         store: Any = None,
+        transport: Optional[str] = None,
     ):
         self._handle = None
         self._deferred_handle = None
@@ -274,6 +277,20 @@ class Comm:
         rank = _checked_int(rank, "rank", -_INT_MAX - 1, _INT_MAX)  # C names a rank out of range
         if device is not None:
             device = _checked_int(device, "device", 0, _INT_MAX)
+        transports = {
+            "shm": _capi.TRANSPORT_SHM,
+            "cuda": _capi.TRANSPORT_CUDA,
+            "nvshmem": _capi.TRANSPORT_NVSHMEM,
+        }
+        if transport is not None and transport not in transports:
+            raise _invalid(
+                f"transport must be one of {sorted(transports)} or None, got {transport!r}"
+            )
+        if transport is not None and (transport == "shm") != (device is None):
+            raise _invalid(
+                f"transport {transport!r} "
+                + ("takes no device" if transport == "shm" else "needs a CUDA device (device=...)")
+            )
         if key is None and store is None:
             raise _invalid("give a rendezvous key, or a store to meet through (store=...)")
         if key is not None and store is not None:
@@ -301,7 +318,10 @@ class Comm:
         encoded_key = None if key is None else key.encode()  # the library copies it
         config.key = encoded_key
         config.timeout_seconds = float(timeout) if timeout is not None else 0.0
-        config.transport = _capi.TRANSPORT_SHM if device is None else _capi.TRANSPORT_CUDA
+        if transport is not None:
+            config.transport = transports[transport]
+        else:  # the library picks: shm without a device, else $ODC_TRANSPORT or cuda
+            config.transport = _capi.TRANSPORT_AUTO
         config.device = -1 if device is None else int(device)
         config.deterministic = int(bool(deterministic))
         result = _capi.lib.odcCommInitConfig(

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -85,6 +86,20 @@ odcResult_t with_comm(odcComm_t comm, const char* function, Body&& body) {
 
 namespace {
 
+std::string getenv_or_empty(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? value : "";
+}
+
+// The device transport an automatic config gets: $ODC_TRANSPORT ("cuda", "nvshmem"), so a launch
+// can switch transports without code changes; "cuda" when unset; nullptr when not one of them.
+const char* device_transport_from_env() {
+  const std::string chosen = getenv_or_empty("ODC_TRANSPORT");
+  if (chosen.empty() || chosen == "cuda") return "cuda";
+  if (chosen == "nvshmem") return "nvshmem";
+  return nullptr;
+}
+
 // Shared by the init calls: validates, builds the transport through the registry and registers
 // the new communicator.
 odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* transport_name,
@@ -142,6 +157,7 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
     spec.key = agreed_key;
     spec.timeout = timeout;
     spec.device = device;
+    spec.bootstrap = bootstrap;  // null for key-based init (the transport makes its own)
     auto transport = info.value()->create(spec);
     if (!transport.ok()) return fail(transport.status());
     // Every rank's transport exists before any rank returns (a rank whose init failed has marked
@@ -213,7 +229,7 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
     const char* name = nullptr;
     switch (static_cast<int>(odc::api::raw_enum_value(config->transport))) {
       case odcTransportAuto:
-        name = config->device >= 0 ? "cuda" : "shm";
+        name = config->device >= 0 ? device_transport_from_env() : "shm";
         break;
       case odcTransportShm:
         name = "shm";
@@ -221,10 +237,18 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
       case odcTransportCuda:
         name = "cuda";
         break;
+      case odcTransportNvshmem:
+        name = "nvshmem";
+        break;
       default:
         return report(Status::InvalidArgument(
             where + "unknown transport " +
             std::to_string(static_cast<int>(odc::api::raw_enum_value(config->transport)))));
+    }
+    if (name == nullptr) {
+      return report(Status::InvalidArgument(where + "ODC_TRANSPORT='" +
+                                            getenv_or_empty("ODC_TRANSPORT") +
+                                            "' is not a device transport (cuda, nvshmem)"));
     }
     if (std::string(name) == "shm" && config->device >= 0) {
       return report(Status::InvalidArgument(where + "the shm transport takes no device (got " +

@@ -2,9 +2,17 @@
 // were compiled in.
 #include "core/transport_registry.h"
 
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
 #include "transport/shm/shm_transport.h"
 #if ODC_WITH_CUDA
 #include "transport/cuda/cuda_transport.h"
+#include "transport/nvshmem/nvshmem_plugin.h"
 #endif
 
 namespace odc {
@@ -28,6 +36,100 @@ Result<std::unique_ptr<Transport>> create_cuda(const TransportSpec& spec) {
   if (!made.ok()) return made.status();
   return std::unique_ptr<Transport>(std::move(made).value());
 }
+
+// A Bootstrap over the host shared-memory transport, for key-based init when the caller's spec
+// has none. (Stopgap of issue 12's branch: the lead's shared-memory bootstrap replaces it.)
+class ShmExchangeBootstrap final : public Bootstrap {
+ public:
+  explicit ShmExchangeBootstrap(std::unique_ptr<shm::ShmTransport> shm) : shm_(std::move(shm)) {}
+  int rank() const override { return shm_->rank(); }
+  int world_size() const override { return shm_->world_size(); }
+  Status allgather(const void* mine, void* all, size_t bytes, const char*) override {
+    constexpr size_t kChunk = sizeof(ExchangeRecord::words);
+    for (size_t done = 0; done < bytes; done += kChunk) {
+      ExchangeRecord record;
+      const size_t n = std::min(kChunk, bytes - done);
+      std::memcpy(record.words, static_cast<const char*>(mine) + done, n);
+      auto records = shm_->exchange(record);
+      if (!records.ok()) return records.status();
+      for (int r = 0; r < world_size(); ++r) {
+        std::memcpy(static_cast<char*>(all) + static_cast<size_t>(r) * bytes + done,
+                    records.value()[r].words, n);
+      }
+    }
+    return Status::Ok();
+  }
+  Status barrier(const char*) override { return shm_->host_barrier(CollectiveOp::kBarrier); }
+  void mark_failed(const std::string& reason) override { shm_->mark_failed(reason); }
+
+ private:
+  std::unique_ptr<shm::ShmTransport> shm_;
+};
+
+// The NVSHMEM transport lives in a plugin (libodc_nvshmem.so) so that libodc loads where NVSHMEM
+// is missing: found through $ODC_NVSHMEM_PLUGIN, else next to libodc.so, else on the loader's
+// search path. Loaded once, never unloaded (transports it made may outlive any communicator).
+Result<OdcNvshmemCreateFn> load_nvshmem_plugin() {
+  static std::mutex mutex;
+  static OdcNvshmemCreateFn create = nullptr;
+  static std::string failure;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (create != nullptr) return create;
+  std::vector<std::string> candidates;
+  if (const char* given = std::getenv("ODC_NVSHMEM_PLUGIN"); given != nullptr && *given) {
+    candidates.push_back(given);
+  } else {
+    Dl_info self{};
+    if (dladdr(reinterpret_cast<void*>(&load_nvshmem_plugin), &self) != 0 &&
+        self.dli_fname != nullptr) {
+      std::string dir = self.dli_fname;
+      const size_t slash = dir.rfind('/');
+      if (slash != std::string::npos) {
+        candidates.push_back(dir.substr(0, slash + 1) + ODC_NVSHMEM_PLUGIN_NAME);
+      }
+    }
+    candidates.push_back(ODC_NVSHMEM_PLUGIN_NAME);
+  }
+  std::string tried;
+  for (const std::string& path : candidates) {
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      const char* why = dlerror();
+      tried += "\n  " + path + ": " + (why != nullptr ? why : "not found");
+      continue;
+    }
+    auto abi = reinterpret_cast<OdcNvshmemPluginAbiFn>(dlsym(handle, "odc_nvshmem_plugin_abi"));
+    auto made = reinterpret_cast<OdcNvshmemCreateFn>(dlsym(handle, "odc_nvshmem_create"));
+    if (abi == nullptr || made == nullptr || abi() != ODC_NVSHMEM_PLUGIN_ABI) {
+      tried += "\n  " + path + ": not an odc NVSHMEM plugin of this build (ABI " +
+               std::to_string(ODC_NVSHMEM_PLUGIN_ABI) + ")";
+      continue;
+    }
+    create = made;
+    return create;
+  }
+  return Status::InvalidUsage(
+      "transport 'nvshmem' is unavailable: its plugin " ODC_NVSHMEM_PLUGIN_NAME
+      " could not be loaded (build with -DODC_WITH_NVSHMEM=ON; at run time NVSHMEM's "
+      "libnvshmem_host.so.3 must be found, e.g. LD_LIBRARY_PATH=.../site-packages/nvidia/nvshmem/"
+      "lib; docs/multinode.md). Tried:" +
+      tried);
+}
+
+Result<std::unique_ptr<Transport>> create_nvshmem(const TransportSpec& given) {
+  auto create = load_nvshmem_plugin();
+  if (!create.ok()) return create.status();
+  TransportSpec spec = given;
+  if (!spec.bootstrap) {
+    auto shm = shm::ShmTransport::create(spec.rank, spec.world_size, spec.key, spec.timeout);
+    if (!shm.ok()) return shm.status();
+    spec.bootstrap = std::make_shared<ShmExchangeBootstrap>(std::move(shm).value());
+  }
+  Status status;
+  Transport* made = create.value()(&spec, &status);
+  if (made == nullptr) return status;
+  return std::unique_ptr<Transport>(made);
+}
 #endif
 
 }  // namespace
@@ -37,6 +139,7 @@ const std::vector<TransportInfo>& transports() {
     {"shm", false, TransportCaps{false, false}, &create_shm},
 #if ODC_WITH_CUDA
     {"cuda", true, TransportCaps{true, true}, &create_cuda},
+    {"nvshmem", true, TransportCaps{false, true}, &create_nvshmem},
 #endif
   };
   return all;
@@ -50,7 +153,8 @@ Result<const TransportInfo*> find_transport(const std::string& name) {
   }
   return Status::InvalidUsage(
       "transport '" + name + "' is not in this build (it has: " + known + ")" +
-      (name == "cuda" ? ": odc was built without CUDA (ODC_WITH_CUDA=OFF)" : ""));
+      (name == "cuda" || name == "nvshmem" ? ": odc was built without CUDA (ODC_WITH_CUDA=OFF)"
+                                           : ""));
 }
 
 }  // namespace odc

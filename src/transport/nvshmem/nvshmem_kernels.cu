@@ -1,0 +1,34 @@
+// Bounded signal waits for the NVSHMEM transport (see nvshmem_kernels.h). Invariant: a wait reads
+// the error record first (fail fast, as every kernel wait does), and acquires each signal at
+// system scope, so the data a peer put before its signal is visible once the signal is seen.
+#include "kernels/device_sync.cuh"
+#include "transport/nvshmem/nvshmem_kernels.h"
+
+namespace odc::nvshmem {
+namespace {
+
+constexpr int kThreads = 128;
+
+__global__ void wait_all_kernel(const uint64_t* signals, int num_slots, uint64_t value, int rank,
+                                int32_t site, int64_t timeout_ns, kernels::WaitError* error) {
+  for (int peer = threadIdx.x; peer < num_slots; peer += blockDim.x) {
+    if (!kernels::detail::wait_at_least(signals + peer, value, timeout_ns, error, site, rank,
+                                        peer)) {
+      break;  // recorded (or another wait already failed): stop, the stream goes on
+    }
+  }
+  __syncthreads();
+}
+
+}  // namespace
+
+cudaError_t wait_all_at_least(const uint64_t* signals, int num_slots, uint64_t value, int rank,
+                              int32_t site, int64_t timeout_ns, kernels::WaitError* error,
+                              cudaStream_t stream) {
+  if (num_slots < 1 || signals == nullptr || error == nullptr) return cudaErrorInvalidValue;
+  wait_all_kernel<<<1, kThreads, 0, stream>>>(signals, num_slots, value, rank, site, timeout_ns,
+                                              error);
+  return cudaGetLastError();
+}
+
+}  // namespace odc::nvshmem

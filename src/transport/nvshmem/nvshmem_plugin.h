@@ -1,0 +1,21 @@
+// The boundary between libodc.so and the NVSHMEM transport plugin (libodc_nvshmem.so): libodc
+// dlopens the plugin only when a communicator asks for the "nvshmem" transport, so libodc loads
+// on machines without NVSHMEM. Both sides are built from the same tree in one build; the ABI
+// number catches a plugin left over from another build.
+#pragma once
+
+#include "common/status.h"
+#include "core/transport.h"
+#include "core/transport_registry.h"
+
+#define ODC_NVSHMEM_PLUGIN_ABI 1
+#define ODC_NVSHMEM_PLUGIN_NAME "libodc_nvshmem.so"
+
+extern "C" {
+// Returns ODC_NVSHMEM_PLUGIN_ABI of the plugin's build.
+typedef int (*OdcNvshmemPluginAbiFn)();
+// Collective: the transport for `spec` (spec.bootstrap set), or nullptr with *status set. The
+// caller owns the returned transport (deleting it runs the plugin's destructor; the plugin is
+// never unloaded).
+typedef odc::Transport* (*OdcNvshmemCreateFn)(const odc::TransportSpec* spec, odc::Status* status);
+}

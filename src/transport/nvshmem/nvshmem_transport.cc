@@ -1,0 +1,529 @@
+// NVSHMEM transport (see nvshmem_transport.h), built into the plugin libodc_nvshmem.so.
+// Invariants: every NVSHMEM collective (init, malloc, free) is preceded by a bounded bootstrap
+// collective that saw every rank, and skipped (memory leaked until exit) once the job is known
+// to be broken, because NVSHMEM's own collectives wait forever for a missing PE.
+#include "transport/nvshmem/nvshmem_transport.h"
+
+#include <cuda_runtime.h>
+#include <nvshmem_host.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/env.h"
+#include "transport/cuda/cuda_check.h"
+#include "transport/nvshmem/nvshmem_kernels.h"
+#include "transport/nvshmem/nvshmem_plugin.h"
+
+namespace odc::nvshmem {
+
+// Heap size odc asks NVSHMEM for when NVSHMEM_SYMMETRIC_SIZE is not set (docs/multinode.md).
+ODC_ENV_DOUBLE(heap_gib_knob, "ODC_NVSHMEM_HEAP_GIB", 4.0)
+// 0: always use NVSHMEM's get / put-with-signal calls, even where peers' heaps are mapped.
+ODC_ENV_DOUBLE(direct_knob, "ODC_NVSHMEM_DIRECT", 1.0)
+
+struct HeapState {
+  std::shared_ptr<Bootstrap> bootstrap;
+  int device = 0;
+  std::atomic<bool> failed{false};
+};
+
+namespace {
+
+using cuda::DeviceGuard;
+
+cudaStream_t as_stream(StreamHandle stream) {
+  return static_cast<cudaStream_t>(stream);
+}
+
+// NVSHMEM is initialized once per process and never finalized by odc (finalize is a collective
+// that waits forever for a dead PE; a second init is not supported): later communicators with
+// the same rank, world size and unique id reuse it.
+struct ProcessNvshmem {
+  std::mutex mutex;
+  bool initialized = false;
+  int rank = -1;
+  int world_size = 0;
+  int device = -1;
+  nvshmemx_uniqueid_t id;
+  std::string heap_size;  // NVSHMEM_SYMMETRIC_SIZE as NVSHMEM saw it
+};
+
+ProcessNvshmem& process_nvshmem() {
+  static ProcessNvshmem* state = new ProcessNvshmem();  // never destroyed: NVSHMEM outlives us
+  return *state;
+}
+
+std::string version_text() {
+  int major = 0, minor = 0, patch = 0;
+  nvshmemx_vendor_get_version_info(&major, &minor, &patch);
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+const char* wait_site_name(int32_t site) {
+  switch (site) {
+    case kernels::kWaitBarrier:
+      return "device barrier";
+    case kernels::kWaitSignal:
+      return "signal wait";
+    default:
+      return "device wait";
+  }
+}
+
+// A block of NVSHMEM's symmetric heap; peer(r) is NVSHMEM's mapping of rank r's copy into this
+// GPU (nvshmem_ptr), nullptr where rank r is reached only through NVSHMEM's calls (another node).
+class NvshmemRegion final : public SymmetricRegion {
+ public:
+  NvshmemRegion(std::vector<void*> peers, int rank, size_t bytes, std::shared_ptr<HeapState> heap)
+      : SymmetricRegion(std::move(peers), rank, bytes), heap_(std::move(heap)) {}
+  ~NvshmemRegion() override {
+    if (heap_->failed.load()) return;  // nvshmem_free would wait for every PE: leak instead
+    DeviceGuard guard(heap_->device);
+    cudaDeviceSynchronize();  // nothing queued may still touch it
+    // Every rank frees (regions go in the same order on every rank); only free once all came.
+    if (!heap_->bootstrap->barrier("nvshmem free").ok()) {
+      heap_->failed.store(true);
+      return;
+    }
+    nvshmem_free(local());
+  }
+
+ private:
+  std::shared_ptr<HeapState> heap_;
+};
+
+}  // namespace
+
+NvshmemTransport::NvshmemTransport(const TransportSpec& spec)
+    : bootstrap_(spec.bootstrap),
+      heap_(std::make_shared<HeapState>()),
+      rank_(spec.rank),
+      world_size_(spec.world_size),
+      device_(spec.device),
+      timeout_ns_(static_cast<int64_t>(spec.timeout.count() * 1e9)) {
+  heap_->bootstrap = bootstrap_;
+  heap_->device = device_;
+}
+
+Result<std::unique_ptr<NvshmemTransport>> NvshmemTransport::create(const TransportSpec& spec) {
+  if (!spec.bootstrap) {
+    return Status::InvalidUsage("the NVSHMEM transport needs a bootstrap (none was given)");
+  }
+  if (spec.bootstrap->rank() != spec.rank || spec.bootstrap->world_size() != spec.world_size) {
+    return Status::InvalidArgument("bootstrap is rank " + std::to_string(spec.bootstrap->rank()) +
+                                   " of " + std::to_string(spec.bootstrap->world_size()) +
+                                   ", the communicator rank " + std::to_string(spec.rank) + " of " +
+                                   std::to_string(spec.world_size));
+  }
+  int num_devices = 0;
+  if (cudaGetDeviceCount(&num_devices) != cudaSuccess) num_devices = 0;
+  if (spec.device < 0 || spec.device >= num_devices) {
+    return Status::InvalidArgument("CUDA device " + std::to_string(spec.device) +
+                                   " does not exist (this process sees " +
+                                   std::to_string(num_devices) + ")");
+  }
+  std::unique_ptr<NvshmemTransport> transport(new NvshmemTransport(spec));
+  if (Status status = transport->init(); !status.ok()) {
+    transport->mark_failed("init: " + status.message());
+    return status;
+  }
+  return transport;
+}
+
+Status NvshmemTransport::init() {
+  ProcessNvshmem& process = process_nvshmem();
+  std::lock_guard<std::mutex> lock(process.mutex);
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(cudaSetDevice(device_));
+  // NVSHMEM binds to the device current at init; make sure it is ours.
+  struct IdRecord {
+    uint64_t ok;
+    nvshmemx_uniqueid_t id;
+  };
+  IdRecord mine{};
+  std::string problem;
+  if (process.initialized) {
+    if (process.rank != rank_ || process.world_size != world_size_ || process.device != device_) {
+      problem = "NVSHMEM is already initialized in this process as rank " +
+                std::to_string(process.rank) + " of " + std::to_string(process.world_size) +
+                " on device " + std::to_string(process.device) +
+                " (it cannot be initialized twice)";
+    } else {
+      mine.ok = 1;
+      mine.id = process.id;
+    }
+  } else if (rank_ == 0) {
+    nvshmemx_uniqueid_t id = NVSHMEMX_UNIQUEID_INITIALIZER;
+    if (nvshmemx_get_uniqueid(&id) == 0) {
+      mine.ok = 1;
+      mine.id = id;
+    } else {
+      problem = "nvshmemx_get_uniqueid failed";
+    }
+  } else {
+    mine.ok = 1;
+  }
+  std::vector<IdRecord> all(static_cast<size_t>(world_size_));
+  ODC_RETURN_IF_ERROR(
+      bootstrap_->allgather(&mine, all.data(), sizeof(IdRecord), "nvshmem unique id"));
+  for (int r = 0; r < world_size_; ++r) {
+    if (all[r].ok == 0) {
+      return Status::SystemError("rank " + std::to_string(r) + " could not start NVSHMEM" +
+                                 (r == rank_ ? ": " + problem : ""));
+    }
+  }
+  if (process.initialized) {
+    for (int r = 0; r < world_size_; ++r) {
+      if (std::memcmp(&all[r].id, &all[0].id, sizeof(nvshmemx_uniqueid_t)) != 0) {
+        return Status::InvalidUsage(
+            "ranks 0 and " + std::to_string(r) +
+            " run different NVSHMEM jobs (NVSHMEM stays initialized for the life of a process; "
+            "a later communicator must have the same ranks)");
+      }
+    }
+  } else {
+    // The heap is reserved at init: odc sets its size unless the user did (docs/multinode.md).
+    if (const char* given = std::getenv("NVSHMEM_SYMMETRIC_SIZE"); given != nullptr) {
+      process.heap_size = given;
+    } else {
+      const auto bytes = static_cast<uint64_t>(heap_gib_knob() * 1024.0 * 1024.0 * 1024.0);
+      process.heap_size = std::to_string(bytes);
+      setenv("NVSHMEM_SYMMETRIC_SIZE", process.heap_size.c_str(), 1);
+    }
+    nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
+    nvshmemx_uniqueid_t id = all[0].id;
+    int status = nvshmemx_set_attr_uniqueid_args(rank_, world_size_, &id, &attr);
+    if (status == 0) {
+      // The host library's init (odc issues only host-side calls and its own kernels); unlike
+      // nvshmemx_init_attr() it returns an error instead of exiting.
+      status = nvshmemx_hostlib_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr);
+    }
+    uint64_t ok = status == 0 ? 1 : 0;
+    std::vector<uint64_t> oks(static_cast<size_t>(world_size_));
+    ODC_RETURN_IF_ERROR(bootstrap_->allgather(&ok, oks.data(), sizeof(ok), "nvshmem init"));
+    for (int r = 0; r < world_size_; ++r) {
+      if (oks[r] == 0) {
+        return Status::SystemError("rank " + std::to_string(r) + " could not initialize NVSHMEM" +
+                                   (r == rank_
+                                        ? " (status " + std::to_string(status) +
+                                              "; NVSHMEM_DEBUG=WARN prints why, docs/multinode.md)"
+                                        : ""));
+      }
+    }
+    process.initialized = true;
+    process.rank = rank_;
+    process.world_size = world_size_;
+    process.device = device_;
+    process.id = all[0].id;
+    if (nvshmem_my_pe() != rank_ || nvshmem_n_pes() != world_size_) {
+      return Status::InternalError("NVSHMEM made this rank PE " + std::to_string(nvshmem_my_pe()) +
+                                   " of " + std::to_string(nvshmem_n_pes()) + ", expected " +
+                                   std::to_string(rank_) + " of " + std::to_string(world_size_));
+    }
+  }
+
+  ODC_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
+  ODC_CUDA_CHECK(cudaHostAlloc(&host_error_, sizeof(kernels::WaitError), cudaHostAllocMapped));
+  std::memset(host_error_, 0, sizeof(kernels::WaitError));
+  kernels::WaitError initial{};
+  ODC_CUDA_CHECK(cudaHostGetDevicePointer(&initial.host_mirror, host_error_, 0));
+  ODC_CUDA_CHECK(cudaMalloc(&device_error_, sizeof(kernels::WaitError)));
+  ODC_CUDA_CHECK(cudaMemcpy(device_error_, &initial, sizeof(initial), cudaMemcpyHostToDevice));
+  ODC_CUDA_CHECK(cudaMalloc(&push_done_, sizeof(uint32_t) * kernels::kMaxRanks));
+  ODC_CUDA_CHECK(cudaMemset(push_done_, 0, sizeof(uint32_t) * kernels::kMaxRanks));
+  auto signals = allocate(static_cast<size_t>(world_size_) * sizeof(uint64_t));
+  if (!signals.ok()) return signals.status();
+  barrier_signals_ = std::move(signals).value();
+  // Direct loads and stores where NVSHMEM mapped every peer's heap into this GPU (NVLink).
+  bool all_mapped = world_size_ <= kernels::kMaxRanks;
+  for (int r = 0; r < world_size_ && all_mapped; ++r) {
+    all_mapped = barrier_signals_->peer(r) != nullptr;
+  }
+  direct_ = all_mapped && direct_knob() != 0.0;
+  return Status::Ok();
+}
+
+NvshmemTransport::~NvshmemTransport() {
+  DeviceGuard guard(device_);
+  cudaDeviceSynchronize();
+  barrier_signals_.reset();
+  if (push_done_ != nullptr) cudaFree(push_done_);
+  if (device_error_ != nullptr) cudaFree(device_error_);
+  if (host_error_ != nullptr) cudaFreeHost(host_error_);
+}
+
+kernels::RankInfo NvshmemTransport::rank_info() const {
+  kernels::RankInfo info;
+  info.rank = rank_;
+  info.num_ranks = world_size_;
+  info.num_sms = num_sms_;
+  return info;
+}
+
+void NvshmemTransport::mark_failed(const std::string& reason) {
+  heap_->failed.store(true);
+  bootstrap_->mark_failed(reason);
+}
+
+Result<std::vector<ExchangeRecord>> NvshmemTransport::exchange(const ExchangeRecord& mine) {
+  std::vector<ExchangeRecord> all(static_cast<size_t>(world_size_));
+  ODC_RETURN_IF_ERROR(bootstrap_->allgather(&mine, all.data(), sizeof(ExchangeRecord), "exchange"));
+  return all;
+}
+
+Result<std::unique_ptr<SymmetricRegion>> NvshmemTransport::allocate(size_t bytes) {
+  if (heap_->failed.load()) {
+    return Status::RemoteError("the NVSHMEM transport failed earlier: nothing more is allocated");
+  }
+  DeviceGuard guard(device_);
+  // Every rank is here and asks for the same size before NVSHMEM's collective (unbounded) malloc.
+  const uint64_t mine = bytes;
+  std::vector<uint64_t> sizes(static_cast<size_t>(world_size_));
+  ODC_RETURN_IF_ERROR(bootstrap_->allgather(&mine, sizes.data(), sizeof(mine), "nvshmem alloc"));
+  for (int r = 0; r < world_size_; ++r) {
+    if (sizes[r] != mine) {
+      return Status::InvalidArgument("NVSHMEM allocation sizes differ: rank " + std::to_string(r) +
+                                     " asked for " + std::to_string(sizes[r]) +
+                                     " bytes, this rank for " + std::to_string(bytes));
+    }
+  }
+  void* memory = nvshmem_malloc(bytes);
+  cudaError_t error = cudaSuccess;
+  if (memory != nullptr) {
+    error = cudaMemset(memory, 0, bytes);
+    if (error == cudaSuccess) error = cudaDeviceSynchronize();
+  }
+  const uint64_t ok = memory != nullptr && error == cudaSuccess ? 1 : 0;
+  std::vector<uint64_t> oks(static_cast<size_t>(world_size_));
+  ODC_RETURN_IF_ERROR(bootstrap_->allgather(&ok, oks.data(), sizeof(ok), "nvshmem alloc"));
+  for (int r = 0; r < world_size_; ++r) {
+    if (oks[r] != 0) continue;
+    // A block that some ranks got stays allocated (freeing it is a collective the others miss).
+    if (memory != nullptr && r == rank_) {
+      return Status::SystemError("rank " + std::to_string(r) + " could not zero " +
+                                 std::to_string(bytes) +
+                                 " bytes of the NVSHMEM heap: " + cudaGetErrorString(error));
+    }
+    return Status::SystemError(
+        "rank " + std::to_string(r) + " could not allocate " + std::to_string(bytes) +
+        " bytes on the NVSHMEM symmetric heap (NVSHMEM_SYMMETRIC_SIZE=" +
+        process_nvshmem().heap_size +
+        " bytes per GPU, fixed at init: raise it, or ODC_NVSHMEM_HEAP_GIB, before the first "
+        "communicator; docs/multinode.md says how much odc needs)");
+  }
+  std::vector<void*> peers(static_cast<size_t>(world_size_), nullptr);
+  for (int r = 0; r < world_size_; ++r) peers[r] = nvshmem_ptr(memory, r);
+  peers[rank_] = memory;
+  return std::unique_ptr<SymmetricRegion>(new NvshmemRegion(std::move(peers), rank_, bytes, heap_));
+}
+
+Status NvshmemTransport::barrier(CollectiveOp, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ++barrier_epoch_;
+  cudaStream_t cuda_stream = as_stream(stream);
+  // Our earlier NVSHMEM puts are complete at their targets before anyone sees our arrival (direct
+  // puts fenced at system scope in their kernel; gets completed in stream order).
+  nvshmemx_quiet_on_stream(cuda_stream);
+  auto* slots = static_cast<uint64_t*>(barrier_signals_->local());
+  for (int i = 0; i < world_size_; ++i) {
+    const int peer = (rank_ + 1 + i) % world_size_;
+    nvshmemx_signal_op_on_stream(slots + rank_, barrier_epoch_, NVSHMEM_SIGNAL_SET, peer,
+                                 cuda_stream);
+  }
+  ODC_CUDA_CHECK(cudaGetLastError());
+  ODC_CUDA_CHECK(wait_all_at_least(slots, world_size_, barrier_epoch_, rank_, kernels::kWaitBarrier,
+                                   timeout_ns_, device_error_, cuda_stream));
+  return Status::Ok();
+}
+
+Status NvshmemTransport::host_barrier(CollectiveOp op) {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(cudaDeviceSynchronize());
+  ODC_RETURN_IF_ERROR(poll_error());
+  // The bootstrap's barrier is anonymous: compare the collectives so a mismatch is named.
+  const auto mine = static_cast<uint32_t>(op);
+  std::vector<uint32_t> all(static_cast<size_t>(world_size_));
+  ODC_RETURN_IF_ERROR(
+      bootstrap_->allgather(&mine, all.data(), sizeof(mine), collective_op_name(op)));
+  for (int r = 0; r < world_size_; ++r) {
+    if (all[r] != mine) {
+      return Status::InternalError("collective mismatch: rank " + std::to_string(r) + " is in " +
+                                   collective_op_name(static_cast<CollectiveOp>(all[r])) +
+                                   ", this rank in " + collective_op_name(op));
+    }
+  }
+  return Status::Ok();
+}
+
+Status NvshmemTransport::poll_error() {
+  const auto* record = static_cast<volatile kernels::WaitError*>(host_error_);
+  if (record->site != kernels::kWaitNone) {
+    std::ostringstream message;
+    message << wait_site_name(record->site) << " timed out after "
+            << static_cast<double>(timeout_ns_) / 1e9 << " s: rank " << record->rank
+            << " waited for rank " << record->peer << " (expected " << record->expected << ", saw "
+            << record->seen << ")";
+    return Status::Timeout(message.str());
+  }
+  const cudaError_t sticky = cudaPeekAtLastError();
+  if (sticky != cudaSuccess) {
+    return Status::SystemError(std::string("CUDA error on device ") + std::to_string(device_) +
+                               ": " + cudaGetErrorString(sticky));
+  }
+  return Status::Ok();
+}
+
+Status NvshmemTransport::check_device_pointer(const void* pointer, const char* what) const {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    cudaGetLastError();  // an unregistered host pointer is an answer, not a failure
+    attributes.type = cudaMemoryTypeUnregistered;
+  }
+  const bool on_device =
+      (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) &&
+      attributes.device == device_;
+  if (!on_device) {
+    return Status::InvalidArgument(std::string(what) + " is not device memory of CUDA device " +
+                                   std::to_string(device_));
+  }
+  return Status::Ok();
+}
+
+Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes,
+                                 StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(dst, "destination"));
+  if (direct_) {
+    kernels::PeerPointers shards;
+    for (int r = 0; r < world_size_; ++r) shards.ptr[r] = region.peer(r);
+    ODC_CUDA_CHECK(kernels::gather_sm(dst, shards, bytes, rank_info(), /*num_blocks=*/0,
+                                      as_stream(stream), device_error_));
+    return Status::Ok();
+  }
+  auto* out = static_cast<char*>(dst);
+  for (int i = 0; i < world_size_; ++i) {
+    const int owner = (rank_ + 1 + i) % world_size_;  // ranks start at different owners
+    char* part = out + static_cast<size_t>(owner) * bytes;
+    if (owner == rank_) {
+      ODC_CUDA_CHECK(cudaMemcpyAsync(part, region.local(), bytes, cudaMemcpyDeviceToDevice,
+                                     as_stream(stream)));
+    } else {
+      nvshmemx_getmem_on_stream(part, region.local(), bytes, owner, as_stream(stream));
+    }
+  }
+  ODC_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status NvshmemTransport::put(const void* src, const SymmetricRegion& region, int peer,
+                             size_t offset, size_t bytes, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
+  nvshmemx_putmem_on_stream(static_cast<char*>(region.local()) + offset, src, bytes, peer,
+                            as_stream(stream));
+  ODC_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status NvshmemTransport::signal(const SymmetricRegion& signals, int peer, uint64_t value,
+                                StreamHandle stream) {
+  DeviceGuard guard(device_);
+  nvshmemx_quiet_on_stream(as_stream(stream));  // earlier puts are visible before the signal
+  nvshmemx_signal_op_on_stream(static_cast<uint64_t*>(signals.local()) + rank_, value,
+                               NVSHMEM_SIGNAL_SET, peer, as_stream(stream));
+  ODC_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status NvshmemTransport::put_signal_all(const void* src, const SymmetricRegion& region,
+                                        size_t offset, size_t bytes, const SymmetricRegion* signals,
+                                        uint64_t value, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
+  const auto* data = static_cast<const char*>(src);
+  if (direct_) {
+    kernels::PutSignalJobs jobs;
+    for (int i = 0; i < world_size_; ++i) {
+      const int peer = (rank_ + 1 + i) % world_size_;
+      jobs.dst[i] = static_cast<char*>(region.peer(peer)) + offset;
+      jobs.src[i] = data + static_cast<size_t>(peer) * bytes;
+      if (signals != nullptr) jobs.signal[i] = static_cast<uint64_t*>(signals->peer(peer)) + rank_;
+    }
+    jobs.num_jobs = world_size_;
+    ODC_CUDA_CHECK(kernels::put_signal(jobs, bytes, value, push_done_, rank_info(), device_error_,
+                                       as_stream(stream)));
+    return Status::Ok();
+  }
+  auto* target = static_cast<char*>(region.local()) + offset;  // symmetric: the same on every PE
+  for (int i = 0; i < world_size_; ++i) {
+    const int peer = (rank_ + 1 + i) % world_size_;
+    const char* part = data + static_cast<size_t>(peer) * bytes;
+    if (signals != nullptr) {
+      // NVSHMEM delivers the signal only after the data (put-with-signal's contract).
+      nvshmemx_putmem_signal_on_stream(target, part, bytes,
+                                       static_cast<uint64_t*>(signals->local()) + rank_, value,
+                                       NVSHMEM_SIGNAL_SET, peer, as_stream(stream));
+    } else {
+      nvshmemx_putmem_on_stream(target, part, bytes, peer, as_stream(stream));
+    }
+  }
+  ODC_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status NvshmemTransport::wait_signals(const SymmetricRegion& signals, uint64_t value, const char*,
+                                      StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(wait_all_at_least(static_cast<const uint64_t*>(signals.local()), world_size_,
+                                   value, rank_, kernels::kWaitSignal, timeout_ns_, device_error_,
+                                   as_stream(stream)));
+  return Status::Ok();
+}
+
+Status NvshmemTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)));
+  return Status::Ok();
+}
+
+Status NvshmemTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count,
+                                    StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
+  const auto type =
+      src_type == DataType::kFloat32 ? kernels::ElemType::kFloat32 : kernels::ElemType::kBfloat16;
+  ODC_CUDA_CHECK(kernels::accumulate_local(dst, src, type, count, rank_info(), device_error_,
+                                           as_stream(stream)));
+  return Status::Ok();
+}
+
+Status NvshmemTransport::sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
+                                   size_t count, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(kernels::sum_slots(dst, slots, stride, num_slots, count, rank_info(),
+                                    device_error_, as_stream(stream)));
+  return Status::Ok();
+}
+
+}  // namespace odc::nvshmem
+
+extern "C" __attribute__((visibility("default"))) int odc_nvshmem_plugin_abi() {
+  return ODC_NVSHMEM_PLUGIN_ABI;
+}
+
+extern "C" __attribute__((visibility("default"))) odc::Transport* odc_nvshmem_create(
+    const odc::TransportSpec* spec, odc::Status* status) {
+  auto made = odc::nvshmem::NvshmemTransport::create(*spec);
+  if (!made.ok()) {
+    *status = made.status().with_context("NVSHMEM " + odc::nvshmem::version_text());
+    return nullptr;
+  }
+  *status = odc::Status::Ok();
+  return std::move(made).value().release();
+}

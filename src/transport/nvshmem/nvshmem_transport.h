@@ -1,0 +1,86 @@
+// NVSHMEM transport: one process per GPU, on one node or many. NVSHMEM is initialized from a
+// unique id that rank 0 makes and every rank receives through odc's Bootstrap (so a torchrun job
+// works unchanged on several nodes); regions live on NVSHMEM's symmetric heap. No remote fp32 add
+// (NVSHMEM has none), so the core stages pushes: put-with-signal into the owner's staging, folded
+// by the owner once every sender's signal arrived. Everything is enqueued on the caller's stream:
+//   get_all         nvshmemx_getmem_on_stream per owner (network or NVLink), or, where NVSHMEM
+//                   maps every peer's heap into this GPU (one node, NVLink), the CUDA transport's
+//                   SM gather kernel over those mappings ("direct", ODC_NVSHMEM_DIRECT, default
+//                   on);
+//   put_signal_all  nvshmemx_putmem_signal_on_stream per owner (direct: the CUDA put-with-signal
+//                   kernel over the mappings);
+//   signal waits    NVSHMEM's waits never time out, so a kernel polls the local signal words with
+//   and barriers    a deadline and records (site, rank, peer, expected, seen); poll_error()
+//                   reports it, worded as the CUDA transport's.
+// Invariant: staged data is read only after its signal (acquired at system scope), and NVSHMEM's
+// own collectives (malloc, free) are entered only after a bounded bootstrap barrier saw every rank.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "core/bootstrap.h"
+#include "core/transport.h"
+#include "core/transport_registry.h"
+#include "kernels/kernels.h"
+
+namespace odc::nvshmem {
+
+struct HeapState;
+
+class NvshmemTransport final : public Transport {
+ public:
+  // Collective: initializes NVSHMEM (once per process) over spec.bootstrap on GPU spec.device.
+  static Result<std::unique_ptr<NvshmemTransport>> create(const TransportSpec& spec);
+  ~NvshmemTransport() override;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  TransportCaps caps() const override { return TransportCaps{false, true}; }
+  bool direct() const { return direct_; }
+  Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
+  Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
+  Status barrier(CollectiveOp op, StreamHandle stream) override;
+  Status host_barrier(CollectiveOp op) override;
+  Status poll_error() override;
+  void mark_failed(const std::string& reason) override;
+  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
+                 StreamHandle stream) override;
+  Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
+             StreamHandle stream) override;
+  Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
+                StreamHandle stream) override;
+  Status put_signal_all(const void* src, const SymmetricRegion& region, size_t offset, size_t bytes,
+                        const SymmetricRegion* signals, uint64_t value,
+                        StreamHandle stream) override;
+  Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
+                      StreamHandle stream) override;
+  Status zero(void* dst, size_t bytes, StreamHandle stream) override;
+  Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
+                    StreamHandle stream) override;
+  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
+                   StreamHandle stream) override;
+
+ private:
+  NvshmemTransport(const TransportSpec& spec);
+  Status init();
+  Status check_device_pointer(const void* pointer, const char* what) const;
+  kernels::RankInfo rank_info() const;
+
+  std::shared_ptr<Bootstrap> bootstrap_;
+  std::shared_ptr<HeapState> heap_;  // shared with regions: frees only while the job is whole
+  int rank_;
+  int world_size_;
+  int device_;
+  int num_sms_ = 0;
+  int64_t timeout_ns_;
+  bool direct_ = false;
+  uint64_t barrier_epoch_ = 0;
+  std::unique_ptr<SymmetricRegion> barrier_signals_;  // world_size uint64 slots per rank
+  uint32_t* push_done_ = nullptr;                     // direct puts' block counters
+  kernels::WaitError* device_error_ = nullptr;        // written by expired device waits
+  kernels::WaitError* host_error_ = nullptr;          // host-mapped mirror of it
+};
+
+}  // namespace odc::nvshmem
