@@ -28,7 +28,8 @@ echo "build: CUDA $with_cuda ($reason); C++ into $build_dir, then the Python pac
 # configure must not inherit its install layout. The configure log is kept; its summary is shown.
 mkdir -p "$build_dir"
 if ! cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DODC_BUILD_TESTS=ON \
-  -DODC_BUILD_BENCHMARKS=ON -DODC_WITH_CUDA="$with_cuda" -U 'SKBUILD*' ${ODC_CMAKE_ARGS:-} \
+  -DODC_BUILD_BENCHMARKS=ON -DODC_WITH_CUDA="$with_cuda" -DODC_PYTHON="$PWD/.venv/bin/python" \
+  -U 'SKBUILD*' ${ODC_CMAKE_ARGS:-} \
   >"$build_dir/configure.log" 2>&1; then
   cat "$build_dir/configure.log"
   echo "build: error: CMake configure failed (log above, also in $build_dir/configure.log)" >&2

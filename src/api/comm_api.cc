@@ -5,10 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <set>
-#include <cstring>
 #include <string>
 
 #include "api/api_errors.h"
@@ -157,7 +157,6 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
     spec.key = agreed_key;
     spec.timeout = timeout;
     spec.device = device;
-    spec.bootstrap = bootstrap;  // null for key-based init (the transport makes its own)
     auto transport = info.value()->create(spec);
     if (!transport.ok()) return fail(transport.status());
     // Every rank's transport exists before any rank returns (a rank whose init failed has marked
@@ -344,8 +343,7 @@ extern "C" odcResult_t odcBufferAlloc(odcComm_t comm, size_t count, odcDataType_
 extern "C" odcResult_t odcBufferAllocNamed(odcComm_t comm, size_t count, odcDataType_t dtype,
                                            int accumulator, const char* name, odcBuffer_t* buffer,
                                            void** local) {
-  return buffer_alloc(comm, "odcBufferAllocNamed", count, dtype, accumulator, name, buffer,
-                      local);
+  return buffer_alloc(comm, "odcBufferAllocNamed", count, dtype, accumulator, name, buffer, local);
 }
 
 extern "C" odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer) {
@@ -384,8 +382,7 @@ extern "C" odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream) {
 }
 
 extern "C" odcResult_t odcCommPollError(odcComm_t comm) {
-  return with_comm(comm, "odcCommPollError",
-                   [&](odc::Communicator& c) { return c.poll_error(); });
+  return with_comm(comm, "odcCommPollError", [&](odc::Communicator& c) { return c.poll_error(); });
 }
 
 extern "C" int odcHasCuda(void) {

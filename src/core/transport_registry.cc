@@ -4,9 +4,7 @@
 
 #include <dlfcn.h>
 
-#include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 
 #include "transport/shm/shm_transport.h"
@@ -36,35 +34,6 @@ Result<std::unique_ptr<Transport>> create_cuda(const TransportSpec& spec) {
   if (!made.ok()) return made.status();
   return std::unique_ptr<Transport>(std::move(made).value());
 }
-
-// A Bootstrap over the host shared-memory transport, for key-based init when the caller's spec
-// has none. (Stopgap of issue 12's branch: the lead's shared-memory bootstrap replaces it.)
-class ShmExchangeBootstrap final : public Bootstrap {
- public:
-  explicit ShmExchangeBootstrap(std::unique_ptr<shm::ShmTransport> shm) : shm_(std::move(shm)) {}
-  int rank() const override { return shm_->rank(); }
-  int world_size() const override { return shm_->world_size(); }
-  Status allgather(const void* mine, void* all, size_t bytes, const char*) override {
-    constexpr size_t kChunk = sizeof(ExchangeRecord::words);
-    for (size_t done = 0; done < bytes; done += kChunk) {
-      ExchangeRecord record;
-      const size_t n = std::min(kChunk, bytes - done);
-      std::memcpy(record.words, static_cast<const char*>(mine) + done, n);
-      auto records = shm_->exchange(record);
-      if (!records.ok()) return records.status();
-      for (int r = 0; r < world_size(); ++r) {
-        std::memcpy(static_cast<char*>(all) + static_cast<size_t>(r) * bytes + done,
-                    records.value()[r].words, n);
-      }
-    }
-    return Status::Ok();
-  }
-  Status barrier(const char*) override { return shm_->host_barrier(CollectiveOp::kBarrier); }
-  void mark_failed(const std::string& reason) override { shm_->mark_failed(reason); }
-
- private:
-  std::unique_ptr<shm::ShmTransport> shm_;
-};
 
 // The NVSHMEM transport lives in a plugin (libodc_nvshmem.so) so that libodc loads where NVSHMEM
 // is missing: found through $ODC_NVSHMEM_PLUGIN, else next to libodc.so, else on the loader's
@@ -116,15 +85,10 @@ Result<OdcNvshmemCreateFn> load_nvshmem_plugin() {
       tried);
 }
 
-Result<std::unique_ptr<Transport>> create_nvshmem(const TransportSpec& given) {
+Result<std::unique_ptr<Transport>> create_nvshmem(const TransportSpec& spec) {
   auto create = load_nvshmem_plugin();
   if (!create.ok()) return create.status();
-  TransportSpec spec = given;
-  if (!spec.bootstrap) {
-    auto shm = shm::ShmTransport::create(spec.rank, spec.world_size, spec.key, spec.timeout);
-    if (!shm.ok()) return shm.status();
-    spec.bootstrap = std::make_shared<ShmExchangeBootstrap>(std::move(shm).value());
-  }
+  if (!spec.bootstrap) return Status::InternalError("the NVSHMEM transport needs a bootstrap");
   Status status;
   Transport* made = create.value()(&spec, &status);
   if (made == nullptr) return status;

@@ -9,7 +9,6 @@
 
 #include "bootstrap/bootstrap.h"
 #include "common/status.h"
-#include "core/bootstrap.h"
 #include "core/transport.h"
 
 namespace odc {
@@ -24,7 +23,6 @@ struct TransportSpec {
   std::string key;  // names this job's local shared memory (agreed through the bootstrap)
   std::chrono::duration<double> timeout{60.0};
   int device = -1;  // CUDA device for device transports
-  std::shared_ptr<Bootstrap> bootstrap;
 };
 
 struct TransportInfo {

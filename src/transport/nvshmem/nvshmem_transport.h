@@ -20,7 +20,7 @@
 #include <memory>
 #include <string>
 
-#include "core/bootstrap.h"
+#include "bootstrap/bootstrap.h"
 #include "core/transport.h"
 #include "core/transport_registry.h"
 #include "kernels/kernels.h"
