@@ -10,10 +10,11 @@ namespace {
 constexpr int kThreads = 128;
 
 __global__ void wait_all_kernel(const uint64_t* signals, int num_slots, uint64_t value, int rank,
-                                int32_t site, int64_t timeout_ns, kernels::WaitError* error) {
+                                int first_peer, int32_t site, int64_t timeout_ns,
+                                kernels::WaitError* error) {
   for (int peer = threadIdx.x; peer < num_slots; peer += blockDim.x) {
     if (!kernels::detail::wait_at_least(signals + peer, value, timeout_ns, error, site, rank,
-                                        peer)) {
+                                        first_peer + peer)) {
       break;  // recorded (or another wait already failed): stop, the stream goes on
     }
   }
@@ -23,11 +24,11 @@ __global__ void wait_all_kernel(const uint64_t* signals, int num_slots, uint64_t
 }  // namespace
 
 cudaError_t wait_all_at_least(const uint64_t* signals, int num_slots, uint64_t value, int rank,
-                              int32_t site, int64_t timeout_ns, kernels::WaitError* error,
-                              cudaStream_t stream) {
+                              int first_peer, int32_t site, int64_t timeout_ns,
+                              kernels::WaitError* error, cudaStream_t stream) {
   if (num_slots < 1 || signals == nullptr || error == nullptr) return cudaErrorInvalidValue;
-  wait_all_kernel<<<1, kThreads, 0, stream>>>(signals, num_slots, value, rank, site, timeout_ns,
-                                              error);
+  wait_all_kernel<<<1, kThreads, 0, stream>>>(signals, num_slots, value, rank, first_peer, site,
+                                              timeout_ns, error);
   return cudaGetLastError();
 }
 

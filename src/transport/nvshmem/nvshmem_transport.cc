@@ -405,8 +405,8 @@ Status NvshmemTransport::barrier(CollectiveOp, StreamHandle stream) {
                                  cuda_stream);
   }
   ODC_CUDA_CHECK(cudaGetLastError());
-  ODC_CUDA_CHECK(wait_all_at_least(slots, world_size_, barrier_epoch_, rank_, kernels::kWaitBarrier,
-                                   timeout_ns_, device_error_, cuda_stream));
+  ODC_CUDA_CHECK(wait_all_at_least(slots, world_size_, barrier_epoch_, rank_, 0,
+                                   kernels::kWaitBarrier, timeout_ns_, device_error_, cuda_stream));
   return Status::Ok();
 }
 
@@ -669,7 +669,7 @@ Status NvshmemTransport::push_hierarchical(const char* src, const SymmetricRegio
   for (size_t row = 0; row < mine.size(); ++row) {
     ODC_CUDA_CHECK(wait_all_at_least(
         static_cast<const uint64_t*>(agg.ready->local()) + row * senders, local_size_, value, rank_,
-        kernels::kWaitSignal, timeout_ns_, device_error_, stream));
+        node_base, kernels::kWaitSignal, timeout_ns_, device_error_, stream));
     auto* sum = reinterpret_cast<float*>(static_cast<char*>(agg.out->local()) + row * bytes);
     ODC_CUDA_CHECK(kernels::sum_slots(
         sum,
@@ -692,8 +692,8 @@ Status NvshmemTransport::wait_signals(const SymmetricRegion& signals, uint64_t v
                                       StreamHandle stream) {
   DeviceGuard guard(device_);
   ODC_CUDA_CHECK(wait_all_at_least(static_cast<const uint64_t*>(signals.local()), world_size_,
-                                   value, rank_, kernels::kWaitSignal, timeout_ns_, device_error_,
-                                   as_stream(stream)));
+                                   value, rank_, 0, kernels::kWaitSignal, timeout_ns_,
+                                   device_error_, as_stream(stream)));
   return Status::Ok();
 }
 
