@@ -94,14 +94,14 @@ step "GPU protocol suite over NVSHMEM calls (2 and 4 GPUs)" 160 python3 -m pytes
 # The network path on one host: P2P off, so every peer goes through a remote transport.
 net=(env NVSHMEM_DISABLE_P2P=1 ODC_NVSHMEM_DIRECT=0 NVSHMEM_DEBUG=WARN)
 probe "network: UCX over TCP, odc_bench 2 GPUs 1-16 MiB" 40 "${net[@]}" \
-  NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,self .device/odc_bench --transport nvshmem 1 16 2
+  NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,cuda_copy,self .device/odc_bench --transport nvshmem 1 16 2
 ucx_rc=$last_rc
 probe "network: libfabric tcp, odc_bench 2 GPUs 1-16 MiB" 30 "${net[@]}" \
   NVSHMEM_REMOTE_TRANSPORT=libfabric FI_PROVIDER=tcp NVSHMEM_LIBFABRIC_PROVIDER=tcp \
   .device/odc_bench --transport nvshmem 1 16 2
 if [ "$ucx_rc" -eq 0 ]; then
   probe "network (UCX tcp): 4 GPUs as 2 nodes x 2, hierarchical, bytes printed" 40 "${net[@]}" \
-    NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,self ODC_LOCAL_WORLD_SIZE=2 ODC_NVSHMEM_STATS=1 \
+    NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,cuda_copy,self ODC_LOCAL_WORLD_SIZE=2 ODC_NVSHMEM_STATS=1 \
     .device/odc_bench --transport nvshmem 1 16 4
 fi
 
