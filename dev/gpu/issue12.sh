@@ -82,11 +82,11 @@ if [ "$last_rc" -ne 0 ]; then
   if [ "$last_rc" -eq 0 ]; then export NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo; fi
 fi
 
-step "odc_bench cuda 4 GPUs" 40 .device/odc_bench --transport cuda 1 256 4
+step "odc_bench cuda 4 GPUs" 40 .device/odc_bench --transport cuda 1 512 4
 step "odc_bench nvshmem (NVSHMEM calls) 4 GPUs" 60 env ODC_NVSHMEM_DIRECT=0 \
-  .device/odc_bench --transport nvshmem 1 256 4
+  .device/odc_bench --transport nvshmem 1 512 4
 step "odc_bench nvshmem (direct over NVSHMEM mappings) 4 GPUs" 60 env ODC_NVSHMEM_DIRECT=1 \
-  .device/odc_bench --transport nvshmem 1 256 4
+  .device/odc_bench --transport nvshmem 1 512 4
 
 step "GPU protocol suite over NVSHMEM calls (2 and 4 GPUs)" 160 python3 -m pytest -q -rs \
   tests/gpu/test_nvshmem_comm.py -k "api or by_argument"
