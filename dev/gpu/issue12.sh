@@ -100,9 +100,11 @@ probe "network: libfabric tcp, odc_bench 2 GPUs 1-16 MiB" 30 "${net[@]}" \
   NVSHMEM_REMOTE_TRANSPORT=libfabric FI_PROVIDER=tcp NVSHMEM_LIBFABRIC_PROVIDER=tcp \
   .device/odc_bench --transport nvshmem 1 16 2
 if [ "$ucx_rc" -eq 0 ]; then
-  probe "network (UCX tcp): 4 GPUs as 2 nodes x 2, hierarchical, bytes printed" 40 "${net[@]}" \
-    NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,cuda_copy,self ODC_LOCAL_WORLD_SIZE=2 ODC_NVSHMEM_STATS=1 \
-    .device/odc_bench --transport nvshmem 1 16 4
+  for h in 1 0; do
+    probe "network (UCX tcp): 4 GPUs as 2 nodes x 2, hierarchical=$h, bytes printed" 40 \
+      "${net[@]}" NVSHMEM_REMOTE_TRANSPORT=ucx UCX_TLS=tcp,cuda_copy,self ODC_LOCAL_WORLD_SIZE=2 \
+      ODC_NVSHMEM_HIERARCHICAL=$h ODC_NVSHMEM_STATS=1 .device/odc_bench --transport nvshmem 1 16 4
+  done
 fi
 
 step "data-path tests on 2 pretended nodes, hierarchical pushes" 70 python3 -m pytest -q -rs \
