@@ -21,7 +21,16 @@ __global__ void wait_all_kernel(const uint64_t* signals, int num_slots, uint64_t
   __syncthreads();
 }
 
+__global__ void store_u64_kernel(uint64_t* dst, uint64_t value) {
+  *dst = value;
+}
+
 }  // namespace
+
+cudaError_t store_u64(uint64_t* dst, uint64_t value, cudaStream_t stream) {
+  store_u64_kernel<<<1, 1, 0, stream>>>(dst, value);
+  return cudaGetLastError();
+}
 
 cudaError_t wait_all_at_least(const uint64_t* signals, int num_slots, uint64_t value, int rank,
                               int first_peer, int32_t site, int64_t timeout_ns,

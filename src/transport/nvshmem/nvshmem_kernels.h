@@ -19,4 +19,7 @@ cudaError_t wait_all_at_least(const uint64_t* signals, int num_slots, uint64_t v
                               int first_peer, int32_t site, int64_t timeout_ns,
                               kernels::WaitError* error, cudaStream_t stream);
 
+// Stream-ordered: *dst = value (device memory), one thread.
+cudaError_t store_u64(uint64_t* dst, uint64_t value, cudaStream_t stream);
+
 }  // namespace odc::nvshmem

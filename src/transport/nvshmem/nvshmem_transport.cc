@@ -32,6 +32,9 @@ ODC_ENV_DOUBLE(direct_knob, "ODC_NVSHMEM_DIRECT", 1.0)
 ODC_ENV_DOUBLE(local_world_size_knob, "ODC_LOCAL_WORLD_SIZE", 0.0)
 // 1 (default): pushes to another node's owner are pre-reduced on the sender's node first.
 ODC_ENV_DOUBLE(hierarchical_knob, "ODC_NVSHMEM_HIERARCHICAL", 1.0)
+// 1: signals travel as ordinary puts after a quiet instead of NVSHMEM's signal atomics (remote
+// transports without atomics, e.g. UCX without GDRCopy).
+ODC_ENV_DOUBLE(signal_put_knob, "ODC_NVSHMEM_SIGNAL_PUT", 0.0)
 // 1: each rank prints the bytes it sent to and fetched from other nodes when it closes.
 ODC_ENV_DOUBLE(stats_knob, "ODC_NVSHMEM_STATS", 0.0)
 
@@ -263,6 +266,10 @@ Status NvshmemTransport::init() {
   auto signals = allocate(static_cast<size_t>(world_size_) * sizeof(uint64_t));
   if (!signals.ok()) return signals.status();
   barrier_signals_ = std::move(signals).value();
+  auto outbox = allocate(static_cast<size_t>(world_size_) * sizeof(uint64_t));
+  if (!outbox.ok()) return outbox.status();
+  outbox_ = std::move(outbox).value();
+  signal_by_put_ = signal_put_knob() != 0.0;
   // Node boundaries: contiguous blocks of local_size_ ranks, agreed by every rank.
   int local_size = static_cast<int>(local_world_size_knob());
   if (local_size <= 0) {
@@ -320,6 +327,7 @@ NvshmemTransport::~NvshmemTransport() {
   }
   DeviceGuard guard(device_);
   cudaDeviceSynchronize();
+  outbox_.reset();
   barrier_signals_.reset();
   if (push_done_ != nullptr) cudaFree(push_done_);
   if (device_error_ != nullptr) cudaFree(device_error_);
@@ -401,8 +409,7 @@ Status NvshmemTransport::barrier(CollectiveOp, StreamHandle stream) {
   auto* slots = static_cast<uint64_t*>(barrier_signals_->local());
   for (int i = 0; i < world_size_; ++i) {
     const int peer = (rank_ + 1 + i) % world_size_;
-    nvshmemx_signal_op_on_stream(slots + rank_, barrier_epoch_, NVSHMEM_SIGNAL_SET, peer,
-                                 cuda_stream);
+    ODC_RETURN_IF_ERROR(send_signal(slots + rank_, barrier_epoch_, peer, cuda_stream));
   }
   ODC_CUDA_CHECK(cudaGetLastError());
   ODC_CUDA_CHECK(wait_all_at_least(slots, world_size_, barrier_epoch_, rank_, 0,
@@ -521,8 +528,8 @@ Status NvshmemTransport::signal(const SymmetricRegion& signals, int peer, uint64
                                 StreamHandle stream) {
   DeviceGuard guard(device_);
   nvshmemx_quiet_on_stream(as_stream(stream));  // earlier puts are visible before the signal
-  nvshmemx_signal_op_on_stream(static_cast<uint64_t*>(signals.local()) + rank_, value,
-                               NVSHMEM_SIGNAL_SET, peer, as_stream(stream));
+  ODC_RETURN_IF_ERROR(
+      send_signal(static_cast<uint64_t*>(signals.local()) + rank_, value, peer, as_stream(stream)));
   ODC_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }
@@ -559,10 +566,9 @@ Status NvshmemTransport::push_flat(const std::vector<int>& peers, const char* sr
       continue;
     }
     if (signals != nullptr) {
-      // NVSHMEM delivers the signal only after the data (put-with-signal's contract).
-      nvshmemx_putmem_signal_on_stream(target, part, bytes,
-                                       static_cast<uint64_t*>(signals->local()) + rank_, value,
-                                       NVSHMEM_SIGNAL_SET, peer, stream);
+      ODC_RETURN_IF_ERROR(put_with_signal(target, part, bytes,
+                                          static_cast<uint64_t*>(signals->local()) + rank_, value,
+                                          peer, stream));
     } else {
       nvshmemx_putmem_on_stream(target, part, bytes, peer, stream);
     }
@@ -648,9 +654,9 @@ Status NvshmemTransport::push_hierarchical(const char* src, const SymmetricRegio
         from.push_back(part);
         flags.push_back(static_cast<uint64_t*>(agg.ready->peer(peer)) + cell);
       } else {
-        nvshmemx_putmem_signal_on_stream(static_cast<char*>(agg.in->local()) + cell * bytes, part,
-                                         bytes, static_cast<uint64_t*>(agg.ready->local()) + cell,
-                                         value, NVSHMEM_SIGNAL_SET, peer, stream);
+        ODC_RETURN_IF_ERROR(put_with_signal(
+            static_cast<char*>(agg.in->local()) + cell * bytes, part, bytes,
+            static_cast<uint64_t*>(agg.ready->local()) + cell, value, peer, stream));
       }
     }
   }
@@ -675,17 +681,48 @@ Status NvshmemTransport::push_hierarchical(const char* src, const SymmetricRegio
         sum,
         reinterpret_cast<const float*>(static_cast<char*>(agg.in->local()) + row * senders * bytes),
         count, local_size_, count, rank_info(), device_error_, stream));
-    nvshmemx_putmem_signal_on_stream(target, sum, bytes, my_signal, value, NVSHMEM_SIGNAL_SET,
-                                     mine[row], stream);
+    ODC_RETURN_IF_ERROR(put_with_signal(target, sum, bytes, my_signal, value, mine[row], stream));
     remote_put_bytes_ += bytes;
   }
   for (int owner = 0; owner < world_size_; ++owner) {
     if (node_of(owner) == node_of(rank_) || owner % local_size_ == me) continue;
-    nvshmemx_signal_op_on_stream(my_signal, value, NVSHMEM_SIGNAL_SET, owner, stream);
+    ODC_RETURN_IF_ERROR(send_signal(my_signal, value, owner, stream));
     remote_put_bytes_ += sizeof(uint64_t);
   }
   ODC_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
+}
+
+Status NvshmemTransport::send_signal(uint64_t* signal, uint64_t value, int peer,
+                                     cudaStream_t stream) {
+  if (!signal_by_put_) {
+    nvshmemx_signal_op_on_stream(signal, value, NVSHMEM_SIGNAL_SET, peer, stream);
+    ODC_CUDA_CHECK(cudaGetLastError());
+    return Status::Ok();
+  }
+  // A put of the value, after a quiet: every earlier put of this rank has landed at its target
+  // before the signal is sent. The value goes out from this rank's outbox slot for `peer`
+  // (symmetric memory, as remote transports need), reusable once the put completes in stream
+  // order. Values fit in 32 bits in practice, so a torn 8-byte write cannot fake a larger one.
+  nvshmemx_quiet_on_stream(stream);
+  uint64_t* slot = static_cast<uint64_t*>(outbox_->local()) + peer;
+  ODC_CUDA_CHECK(store_u64(slot, value, stream));
+  nvshmemx_putmem_on_stream(signal, slot, sizeof(uint64_t), peer, stream);
+  ODC_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status NvshmemTransport::put_with_signal(void* dst, const void* src, size_t bytes, uint64_t* signal,
+                                         uint64_t value, int peer, cudaStream_t stream) {
+  if (!signal_by_put_) {
+    // NVSHMEM delivers the signal only after the data (put-with-signal's contract).
+    nvshmemx_putmem_signal_on_stream(dst, src, bytes, signal, value, NVSHMEM_SIGNAL_SET, peer,
+                                     stream);
+    ODC_CUDA_CHECK(cudaGetLastError());
+    return Status::Ok();
+  }
+  nvshmemx_putmem_on_stream(dst, src, bytes, peer, stream);
+  return send_signal(signal, value, peer, stream);  // quiets first
 }
 
 Status NvshmemTransport::wait_signals(const SymmetricRegion& signals, uint64_t value, const char*,

@@ -87,6 +87,11 @@ class NvshmemTransport final : public Transport {
   Status push_hierarchical(const char* src, const SymmetricRegion& region, size_t offset,
                            size_t bytes, const SymmetricRegion& signals, uint64_t value,
                            cudaStream_t stream);
+  // signal@peer = value, after this rank's earlier puts landed (NVSHMEM's signal atomic, or with
+  // ODC_NVSHMEM_SIGNAL_PUT a quiet and a put of the value).
+  Status send_signal(uint64_t* signal, uint64_t value, int peer, cudaStream_t stream);
+  Status put_with_signal(void* dst, const void* src, size_t bytes, uint64_t* signal, uint64_t value,
+                         int peer, cudaStream_t stream);
   Result<Aggregation*> aggregation_for(const SymmetricRegion& staging, size_t slot_bytes);
   // The remote owners (other nodes) whose pushes from this node the local rank `aggregator`
   // (0 .. local_size-1) pre-reduces, in rank order; the index of an owner in that list is its
@@ -108,9 +113,11 @@ class NvshmemTransport final : public Transport {
   uint64_t remote_put_bytes_ = 0;
   uint64_t barrier_epoch_ = 0;
   std::unique_ptr<SymmetricRegion> barrier_signals_;  // world_size uint64 slots per rank
-  uint32_t* push_done_ = nullptr;                     // direct puts' block counters
-  kernels::WaitError* device_error_ = nullptr;        // written by expired device waits
-  kernels::WaitError* host_error_ = nullptr;          // host-mapped mirror of it
+  std::unique_ptr<SymmetricRegion> outbox_;           // signal values sent as puts, per peer
+  bool signal_by_put_ = false;
+  uint32_t* push_done_ = nullptr;               // direct puts' block counters
+  kernels::WaitError* device_error_ = nullptr;  // written by expired device waits
+  kernels::WaitError* host_error_ = nullptr;    // host-mapped mirror of it
 };
 
 }  // namespace odc::nvshmem
