@@ -477,6 +477,7 @@ Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_
   auto* out = static_cast<char*>(dst);
   std::vector<void*> to;
   std::vector<const void*> from;
+  int num_gets = 0;
   for (int i = 0; i < world_size_; ++i) {
     const int owner = (rank_ + 1 + i) % world_size_;  // ranks start at different owners
     char* part = out + static_cast<size_t>(owner) * bytes;
@@ -487,10 +488,14 @@ Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_
       ODC_CUDA_CHECK(cudaMemcpyAsync(part, region.local(), bytes, cudaMemcpyDeviceToDevice,
                                      as_stream(stream)));
     } else {
-      nvshmemx_getmem_on_stream(part, region.local(), bytes, owner, as_stream(stream));
+      // Non-blocking, so the gets from different owners may overlap; the quiet below completes
+      // them all before anything later on the stream.
+      nvshmemx_getmem_nbi_on_stream(part, region.local(), bytes, owner, as_stream(stream));
+      ++num_gets;
       if (node_of(owner) != node_of(rank_)) remote_get_bytes_ += bytes;
     }
   }
+  if (num_gets > 0) nvshmemx_quiet_on_stream(as_stream(stream));
   ODC_CUDA_CHECK(cudaGetLastError());
   return launch_direct(to, from, std::vector<uint64_t*>(to.size(), nullptr), bytes, 0,
                        as_stream(stream));
