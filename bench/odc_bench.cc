@@ -2,9 +2,12 @@
 // reduce-scatter, one process per GPU (forked here), nccl-tests style. Every ODC result is
 // checked against NCCL's output. Gather is also timed one rank at a time (the others wait), the
 // out-of-step pattern of ODC training that a collective cannot follow.
-// Usage: odc_bench [--transport cuda|nvshmem] [min_mib=1] [max_mib=1024] [ranks=all GPUs]
+// Usage: odc_bench [--transport cuda|nvshmem] [--deterministic] [min_mib=1] [max_mib=1024]
+//                  [ranks=all GPUs]
 // Sizes are per-rank bytes: the gathered output (bf16) and the pushed source (fp32).
 // --transport nvshmem: ODC over NVSHMEM (staged pushes: put-with-signal + fold at the owner).
+// --deterministic: the staged scheme on any transport (the CUDA transport's atomics off), so
+// transports compare on the same protocol.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <sys/mman.h>
@@ -80,8 +83,9 @@ double time_on_stream(cudaStream_t stream, int iterations, Op&& op) {
 }
 
 void run_rank(int rank, int world, const std::string& key, odcTransport_t transport,
-              const ncclUniqueId& id, const std::vector<size_t>& sizes, Measurement* gather_table,
-              Measurement* solo_table, Measurement* scatter_table, Measurement* push_table) {
+              bool deterministic, const ncclUniqueId& id, const std::vector<size_t>& sizes,
+              Measurement* gather_table, Measurement* solo_table, Measurement* scatter_table,
+              Measurement* push_table) {
   BENCH_CUDA(cudaSetDevice(rank));
   odcComm_t comm;
   odcCommConfig_t config;
@@ -90,6 +94,7 @@ void run_rank(int rank, int world, const std::string& key, odcTransport_t transp
   config.key = key.c_str();
   config.timeout_seconds = 120.0;
   config.device = rank;
+  config.deterministic = deterministic ? 1 : 0;
   BENCH_ODC(odcCommInitConfig(&comm, rank, world, &config));
   ncclComm_t nccl;
   BENCH_NCCL(ncclCommInitRank(&nccl, world, id, rank));
@@ -244,10 +249,13 @@ void print_table(const char* title, const char* odc_name, const char* nccl_name,
 int main(int argc, char** argv) {
   std::vector<std::string> args;
   std::string transport_name = "cuda";
+  bool deterministic = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--transport" && i + 1 < argc) {
       transport_name = argv[++i];
+    } else if (arg == "--deterministic") {
+      deterministic = true;
     } else if (arg.rfind("--transport=", 0) == 0) {
       transport_name = arg.substr(12);
     } else {
@@ -297,8 +305,8 @@ int main(int argc, char** argv) {
   BENCH_NCCL(ncclGetUniqueId(&id));
   const std::string key = "odc-bench-" + std::to_string(getpid());
   const int failures = odc::fork_ranks(world, [&](int rank) {
-    run_rank(rank, world, key, transport, id, sizes, gather_table, solo_table, scatter_table,
-             push_table);
+    run_rank(rank, world, key, transport, deterministic, id, sizes, gather_table, solo_table,
+             scatter_table, push_table);
     return 0;
   });
   if (failures) {
@@ -307,8 +315,8 @@ int main(int argc, char** argv) {
   }
   int nccl_version = 0;
   ncclGetVersion(&nccl_version);
-  std::printf("odc-bench: %d GPUs, NCCL %d, odc transport %s\n", world, nccl_version,
-              transport_name.c_str());
+  std::printf("odc-bench: %d GPUs, NCCL %d, odc transport %s%s\n", world, nccl_version,
+              transport_name.c_str(), deterministic ? " (deterministic: staged pushes)" : "");
   print_table("gather (bf16) vs ncclAllGather", "odc", "nccl", sizes, gather_table, world);
   print_table(
       "gather (bf16), one rank at a time while the others wait (ranks out of step), vs "

@@ -1,9 +1,11 @@
 """The GPU protocol suite (tests/gpu/test_cuda_comm.py) over the NVSHMEM transport, selected the
 way a user selects it, by the launch environment (ODC_TRANSPORT=nvshmem), in both of its data
 paths: NVSHMEM's own get / put-with-signal calls (ODC_NVSHMEM_DIRECT=0, the calls that cross
-nodes) and direct NVLink loads/stores over NVSHMEM's mappings (ODC_NVSHMEM_DIRECT=1). NVSHMEM is
-staged (no remote float add), so every sum here goes through put-with-signal and the owner's
-fold. Skipped where the plugin libodc_nvshmem.so is not next to libodc.so (or $ODC_NVSHMEM_PLUGIN).
+nodes) and direct NVLink loads/stores over NVSHMEM's mappings (ODC_NVSHMEM_DIRECT=1), and with
+pretended node boundaries (ODC_LOCAL_WORLD_SIZE=2: on 4 GPUs two "nodes" of two): peers on the
+other "node" through NVSHMEM's calls, pushes to them pre-reduced on the node (hierarchical).
+NVSHMEM is staged (no remote float add), so every sum here goes through put-with-signal and the
+owner's fold. Skipped where the plugin libodc_nvshmem.so is not next to libodc.so (or $ODC_NVSHMEM_PLUGIN).
 """
 
 import os
@@ -28,11 +30,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(params=["api", "direct"])
+@pytest.fixture(params=["api", "direct", "nodes2"])
 def nvshmem(request, monkeypatch):
     # odc.launch spawns the ranks, which inherit this environment.
     monkeypatch.setenv("ODC_TRANSPORT", "nvshmem")
-    monkeypatch.setenv("ODC_NVSHMEM_DIRECT", "1" if request.param == "direct" else "0")
+    monkeypatch.setenv("ODC_NVSHMEM_DIRECT", "0" if request.param == "api" else "1")
+    if request.param == "nodes2":
+        monkeypatch.setenv("ODC_LOCAL_WORLD_SIZE", "2")
+        monkeypatch.setenv("ODC_NVSHMEM_HIERARCHICAL", "1")
+    else:
+        monkeypatch.delenv("ODC_LOCAL_WORLD_SIZE", raising=False)
     return request.param
 
 

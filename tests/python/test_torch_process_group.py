@@ -57,6 +57,46 @@ def test_comm_from_process_group_shares_one_fresh_key_per_call():
     assert out0 == out1 == [0.0] * 4 + [1.0] * 4  # the communicator works across the ranks
 
 
+def _two_hosts_rank(rank, world_size, key, store_path, device):
+    import socket
+
+    import torch.distributed as dist
+
+    import odc
+    import odc.torch
+
+    socket.gethostname = lambda: f"node{rank}"  # each rank on a host of its own
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
+    )
+    try:
+        odc.torch.comm_from_process_group(timeout=10, device=device)
+    except (RuntimeError, odc.Error) as error:
+        return type(error).__name__, str(error)
+    finally:
+        dist.destroy_process_group()
+    return None
+
+
+def test_comm_from_process_group_across_hosts():
+    # Host communicators cannot span hosts: every rank says so. GPU ones go to the NVSHMEM
+    # transport over the group's store; without a GPU (or NVSHMEM) that fails naming what is
+    # missing, on every rank, instead of waiting out a local rendezvous.
+    import odc
+
+    with tempfile.TemporaryDirectory() as directory:
+        host = odc.launch(_two_hosts_rank, 2, os.path.join(directory, "a"), None, timeout=300)
+        gpu = odc.launch(_two_hosts_rank, 2, os.path.join(directory, "b"), 0, timeout=300)
+    for kind, message in host:
+        assert kind == "RuntimeError"
+        assert "spans 2 hosts (node0, node1)" in message
+    if odc.has_cuda() and torch.cuda.device_count() >= 2:
+        pytest.skip("GPU machine: the NVSHMEM path is covered by tests/gpu")
+    for kind, message in gpu:
+        assert kind == "Error"
+        assert "nvshmem" in message.lower() or "CUDA device 0 does not exist" in message, message
+
+
 def test_comm_from_process_group_needs_a_process_group():
     import odc.torch
 

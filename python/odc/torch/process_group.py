@@ -56,18 +56,12 @@ def job_key(group: dist.ProcessGroup, store: dist.Store) -> str:
     return store.get(entry).decode()
 
 
-def _check_one_host(group: dist.ProcessGroup, store: dist.Store, key: str) -> None:
-    """odc.Comm joins processes of one host; a group spanning hosts would wait out the timeout
-    in the communicator's bootstrap. Every rank publishes its host name and reads all of them,
-    so every rank raises the same error."""
+def _hosts(group: dist.ProcessGroup, store: dist.Store, key: str) -> list:
+    """The group's host names, rank by rank. Every rank publishes its own and reads all of them,
+    so every rank takes the same decision (one host: local transports; several: NVSHMEM)."""
     entry = f"{STORE_PREFIX}/{key}/host"
     store.set(f"{entry}/{group.rank()}", socket.gethostname())
-    hosts = [store.get(f"{entry}/{r}").decode() for r in range(group.size())]
-    if len(set(hosts)) > 1:
-        raise RuntimeError(
-            f"odc.torch: the process group spans {len(set(hosts))} hosts ({', '.join(sorted(set(hosts)))}); "
-            "odc communicators join the processes of one host"
-        )
+    return [store.get(f"{entry}/{r}").decode() for r in range(group.size())]
 
 
 def comm_from_process_group(
@@ -105,5 +99,23 @@ def comm_from_process_group(
         options["deterministic"] = True
     store = group_store(group)
     key = job_key(group, store)
-    _check_one_host(group, store, key)
+    hosts = set(_hosts(group, store, key))
+    if len(hosts) > 1:
+        if device is None:
+            raise RuntimeError(
+                f"odc.torch: the process group spans {len(hosts)} hosts "
+                f"({', '.join(sorted(hosts))}); host communicators join the processes of one "
+                "host (GPU communicators span hosts over NVSHMEM)"
+            )
+        # Across hosts: flat ODC over NVSHMEM, meeting through the group's store (a key names
+        # local shared memory only). docs/multinode.md.
+        return Comm(
+            group.rank(),
+            group.size(),
+            store=store,
+            timeout=timeout,
+            device=device,
+            transport="nvshmem",
+            **options,
+        )
     return Comm(group.rank(), group.size(), key, timeout=timeout, device=device, **options)

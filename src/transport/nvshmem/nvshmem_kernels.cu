@@ -10,24 +10,34 @@ namespace {
 constexpr int kThreads = 128;
 
 __global__ void wait_all_kernel(const uint64_t* signals, int num_slots, uint64_t value, int rank,
-                                int32_t site, int64_t timeout_ns, kernels::WaitError* error) {
+                                int first_peer, int32_t site, int64_t timeout_ns,
+                                kernels::WaitError* error) {
   for (int peer = threadIdx.x; peer < num_slots; peer += blockDim.x) {
     if (!kernels::detail::wait_at_least(signals + peer, value, timeout_ns, error, site, rank,
-                                        peer)) {
+                                        first_peer + peer)) {
       break;  // recorded (or another wait already failed): stop, the stream goes on
     }
   }
   __syncthreads();
 }
 
+__global__ void store_u64_kernel(uint64_t* dst, uint64_t value) {
+  *dst = value;
+}
+
 }  // namespace
 
+cudaError_t store_u64(uint64_t* dst, uint64_t value, cudaStream_t stream) {
+  store_u64_kernel<<<1, 1, 0, stream>>>(dst, value);
+  return cudaGetLastError();
+}
+
 cudaError_t wait_all_at_least(const uint64_t* signals, int num_slots, uint64_t value, int rank,
-                              int32_t site, int64_t timeout_ns, kernels::WaitError* error,
-                              cudaStream_t stream) {
+                              int first_peer, int32_t site, int64_t timeout_ns,
+                              kernels::WaitError* error, cudaStream_t stream) {
   if (num_slots < 1 || signals == nullptr || error == nullptr) return cudaErrorInvalidValue;
-  wait_all_kernel<<<1, kThreads, 0, stream>>>(signals, num_slots, value, rank, site, timeout_ns,
-                                              error);
+  wait_all_kernel<<<1, kThreads, 0, stream>>>(signals, num_slots, value, rank, first_peer, site,
+                                              timeout_ns, error);
   return cudaGetLastError();
 }
 

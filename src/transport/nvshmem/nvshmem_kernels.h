@@ -13,10 +13,13 @@
 namespace odc::nvshmem {
 
 // Stream-ordered: returns (on the device) when signals[p] >= value for every p < num_slots; on
-// expiry of `timeout_ns` records (site, rank, peer p, value, seen) in `error` and lets the stream
-// go on. Any number of slots (not limited to kernels::kMaxRanks).
+// expiry of `timeout_ns` records (site, rank, peer first_peer + p, value, seen) in `error` and lets
+// the stream go on. Any number of slots (not limited to kernels::kMaxRanks).
 cudaError_t wait_all_at_least(const uint64_t* signals, int num_slots, uint64_t value, int rank,
-                              int32_t site, int64_t timeout_ns, kernels::WaitError* error,
-                              cudaStream_t stream);
+                              int first_peer, int32_t site, int64_t timeout_ns,
+                              kernels::WaitError* error, cudaStream_t stream);
+
+// Stream-ordered: *dst = value (device memory), one thread.
+cudaError_t store_u64(uint64_t* dst, uint64_t value, cudaStream_t stream);
 
 }  // namespace odc::nvshmem

@@ -8,6 +8,7 @@
 #include <nvshmem_host.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -26,6 +27,26 @@ namespace odc::nvshmem {
 ODC_ENV_DOUBLE(heap_gib_knob, "ODC_NVSHMEM_HEAP_GIB", 4.0)
 // 0: always use NVSHMEM's get / put-with-signal calls, even where peers' heaps are mapped.
 ODC_ENV_DOUBLE(direct_knob, "ODC_NVSHMEM_DIRECT", 1.0)
+// Ranks per node (contiguous ranks share a node). 0: NVSHMEM's node team (or LOCAL_WORLD_SIZE).
+// Smaller than the real node: pretend node boundaries on one host (tests).
+ODC_ENV_DOUBLE(local_world_size_knob, "ODC_LOCAL_WORLD_SIZE", 0.0)
+// 1 (default): pushes to another node's owner are pre-reduced on the sender's node first.
+ODC_ENV_DOUBLE(hierarchical_knob, "ODC_NVSHMEM_HIERARCHICAL", 1.0)
+// 1: signals travel as ordinary puts after a quiet instead of NVSHMEM's signal atomics (remote
+// transports without atomics, e.g. UCX without GDRCopy).
+ODC_ENV_DOUBLE(signal_put_knob, "ODC_NVSHMEM_SIGNAL_PUT", 0.0)
+// 1: each rank prints the bytes it sent to and fetched from other nodes when it closes.
+ODC_ENV_DOUBLE(stats_knob, "ODC_NVSHMEM_STATS", 0.0)
+
+// Where a node pre-reduces the pushes of its ranks for one remote owner before they cross the
+// network (see put_signal_all): at the aggregator, `in` holds one slot per local sender and
+// owner, `ready` their signals, `out` the node's sums.
+struct Aggregation {
+  size_t slot_bytes = 0;
+  std::unique_ptr<SymmetricRegion> in;     // max_owners x local_size x slot_bytes
+  std::unique_ptr<SymmetricRegion> ready;  // max_owners x local_size uint64
+  std::unique_ptr<SymmetricRegion> out;    // max_owners x slot_bytes
+};
 
 struct HeapState {
   std::shared_ptr<Bootstrap> bootstrap;
@@ -83,6 +104,7 @@ class NvshmemRegion final : public SymmetricRegion {
   NvshmemRegion(std::vector<void*> peers, int rank, size_t bytes, std::shared_ptr<HeapState> heap)
       : SymmetricRegion(std::move(peers), rank, bytes), heap_(std::move(heap)) {}
   ~NvshmemRegion() override {
+    aggregation.reset();               // freed first, in the same order on every rank
     if (heap_->failed.load()) return;  // nvshmem_free would wait for every PE: leak instead
     DeviceGuard guard(heap_->device);
     cudaDeviceSynchronize();  // nothing queued may still touch it
@@ -96,6 +118,10 @@ class NvshmemRegion final : public SymmetricRegion {
 
  private:
   std::shared_ptr<HeapState> heap_;
+
+ public:
+  // Hierarchical pushes into this (staging) region: made at its first put_signal_all.
+  mutable std::unique_ptr<Aggregation> aggregation;
 };
 
 }  // namespace
@@ -240,18 +266,68 @@ Status NvshmemTransport::init() {
   auto signals = allocate(static_cast<size_t>(world_size_) * sizeof(uint64_t));
   if (!signals.ok()) return signals.status();
   barrier_signals_ = std::move(signals).value();
-  // Direct loads and stores where NVSHMEM mapped every peer's heap into this GPU (NVLink).
-  bool all_mapped = world_size_ <= kernels::kMaxRanks;
-  for (int r = 0; r < world_size_ && all_mapped; ++r) {
-    all_mapped = barrier_signals_->peer(r) != nullptr;
+  auto outbox = allocate(static_cast<size_t>(world_size_) * sizeof(uint64_t));
+  if (!outbox.ok()) return outbox.status();
+  outbox_ = std::move(outbox).value();
+  signal_by_put_ = signal_put_knob() != 0.0;
+  // Node boundaries: contiguous blocks of local_size_ ranks, agreed by every rank.
+  int local_size = static_cast<int>(local_world_size_knob());
+  if (local_size <= 0) {
+    if (const char* torchrun = std::getenv("LOCAL_WORLD_SIZE"); torchrun != nullptr) {
+      local_size = std::atoi(torchrun);
+    } else {
+      local_size = nvshmem_team_n_pes(NVSHMEMX_TEAM_NODE);
+    }
   }
-  direct_ = all_mapped && direct_knob() != 0.0;
+  if (local_size <= 0 || world_size_ % local_size != 0) {
+    return Status::InvalidArgument(
+        "ranks per node (ODC_LOCAL_WORLD_SIZE / LOCAL_WORLD_SIZE / NVSHMEM's node team) is " +
+        std::to_string(local_size) + ", which does not divide the world size " +
+        std::to_string(world_size_));
+  }
+  local_size_ = local_size;
+  const uint64_t settings[2] = {static_cast<uint64_t>(local_size_),
+                                hierarchical_knob() != 0.0 ? 1u : 0u};
+  std::vector<uint64_t> all_settings(2 * static_cast<size_t>(world_size_));
+  ODC_RETURN_IF_ERROR(
+      bootstrap_->allgather(settings, all_settings.data(), sizeof(settings), "nvshmem topology"));
+  for (int r = 0; r < world_size_; ++r) {
+    if (all_settings[2 * r] != settings[0] || all_settings[2 * r + 1] != settings[1]) {
+      return Status::InvalidArgument(
+          "rank " + std::to_string(r) + " has " + std::to_string(all_settings[2 * r]) +
+          " ranks per node and hierarchical=" + std::to_string(all_settings[2 * r + 1]) +
+          ", this rank " + std::to_string(settings[0]) + " and " + std::to_string(settings[1]) +
+          " (ODC_LOCAL_WORLD_SIZE, ODC_NVSHMEM_HIERARCHICAL must agree)");
+    }
+  }
+  // Same-node peers whose heap NVSHMEM mapped into this GPU (NVLink) get odc's kernels.
+  mapped_.assign(static_cast<size_t>(world_size_), 0);
+  for (int r = 0; r < world_size_; ++r) {
+    mapped_[r] = direct_knob() != 0.0 && node_of(r) == node_of(rank_) &&
+                 barrier_signals_->peer(r) != nullptr;
+  }
+  hierarchical_ = settings[1] != 0 && local_size_ > 1 && local_size_ < world_size_;
   return Status::Ok();
 }
 
+int NvshmemTransport::num_direct_peers() const {
+  int count = 0;
+  for (char mapped : mapped_) count += mapped != 0;
+  return count;
+}
+
 NvshmemTransport::~NvshmemTransport() {
+  if (stats_knob() != 0.0) {
+    std::fprintf(stderr,
+                 "odc nvshmem rank %d: to/from other nodes: %llu bytes put, %llu bytes fetched "
+                 "(%d ranks per node, hierarchical %s, %d direct peers)\n",
+                 rank_, static_cast<unsigned long long>(remote_put_bytes_),
+                 static_cast<unsigned long long>(remote_get_bytes_), local_size_,
+                 hierarchical_ ? "on" : "off", num_direct_peers());
+  }
   DeviceGuard guard(device_);
   cudaDeviceSynchronize();
+  outbox_.reset();
   barrier_signals_.reset();
   if (push_done_ != nullptr) cudaFree(push_done_);
   if (device_error_ != nullptr) cudaFree(device_error_);
@@ -333,12 +409,11 @@ Status NvshmemTransport::barrier(CollectiveOp, StreamHandle stream) {
   auto* slots = static_cast<uint64_t*>(barrier_signals_->local());
   for (int i = 0; i < world_size_; ++i) {
     const int peer = (rank_ + 1 + i) % world_size_;
-    nvshmemx_signal_op_on_stream(slots + rank_, barrier_epoch_, NVSHMEM_SIGNAL_SET, peer,
-                                 cuda_stream);
+    ODC_RETURN_IF_ERROR(send_signal(slots + rank_, barrier_epoch_, peer, cuda_stream));
   }
   ODC_CUDA_CHECK(cudaGetLastError());
-  ODC_CUDA_CHECK(wait_all_at_least(slots, world_size_, barrier_epoch_, rank_, kernels::kWaitBarrier,
-                                   timeout_ns_, device_error_, cuda_stream));
+  ODC_CUDA_CHECK(wait_all_at_least(slots, world_size_, barrier_epoch_, rank_, 0,
+                                   kernels::kWaitBarrier, timeout_ns_, device_error_, cuda_stream));
   return Status::Ok();
 }
 
@@ -399,25 +474,48 @@ Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_
                                  StreamHandle stream) {
   DeviceGuard guard(device_);
   ODC_RETURN_IF_ERROR(check_device_pointer(dst, "destination"));
-  if (direct_) {
-    kernels::PeerPointers shards;
-    for (int r = 0; r < world_size_; ++r) shards.ptr[r] = region.peer(r);
-    ODC_CUDA_CHECK(kernels::gather_sm(dst, shards, bytes, rank_info(), /*num_blocks=*/0,
-                                      as_stream(stream), device_error_));
-    return Status::Ok();
-  }
   auto* out = static_cast<char*>(dst);
+  std::vector<void*> to;
+  std::vector<const void*> from;
+  int num_gets = 0;
   for (int i = 0; i < world_size_; ++i) {
     const int owner = (rank_ + 1 + i) % world_size_;  // ranks start at different owners
     char* part = out + static_cast<size_t>(owner) * bytes;
-    if (owner == rank_) {
+    if (mapped_[owner]) {
+      to.push_back(part);
+      from.push_back(region.peer(owner));
+    } else if (owner == rank_) {
       ODC_CUDA_CHECK(cudaMemcpyAsync(part, region.local(), bytes, cudaMemcpyDeviceToDevice,
                                      as_stream(stream)));
     } else {
-      nvshmemx_getmem_on_stream(part, region.local(), bytes, owner, as_stream(stream));
+      // Non-blocking, so the gets from different owners may overlap; the quiet below completes
+      // them all before anything later on the stream.
+      nvshmemx_getmem_nbi_on_stream(part, region.local(), bytes, owner, as_stream(stream));
+      ++num_gets;
+      if (node_of(owner) != node_of(rank_)) remote_get_bytes_ += bytes;
     }
   }
+  if (num_gets > 0) nvshmemx_quiet_on_stream(as_stream(stream));
   ODC_CUDA_CHECK(cudaGetLastError());
+  return launch_direct(to, from, std::vector<uint64_t*>(to.size(), nullptr), bytes, 0,
+                       as_stream(stream));
+}
+
+Status NvshmemTransport::launch_direct(const std::vector<void*>& dst,
+                                       const std::vector<const void*>& src,
+                                       const std::vector<uint64_t*>& signal, size_t bytes,
+                                       uint64_t value, cudaStream_t stream) {
+  for (size_t first = 0; first < dst.size(); first += kernels::kMaxRanks) {
+    kernels::PutSignalJobs jobs;
+    for (size_t j = first; j < dst.size() && j < first + kernels::kMaxRanks; ++j) {
+      jobs.dst[jobs.num_jobs] = dst[j];
+      jobs.src[jobs.num_jobs] = src[j];
+      jobs.signal[jobs.num_jobs] = signal[j];
+      ++jobs.num_jobs;
+    }
+    ODC_CUDA_CHECK(
+        kernels::put_signal(jobs, bytes, value, push_done_, rank_info(), device_error_, stream));
+  }
   return Status::Ok();
 }
 
@@ -435,8 +533,8 @@ Status NvshmemTransport::signal(const SymmetricRegion& signals, int peer, uint64
                                 StreamHandle stream) {
   DeviceGuard guard(device_);
   nvshmemx_quiet_on_stream(as_stream(stream));  // earlier puts are visible before the signal
-  nvshmemx_signal_op_on_stream(static_cast<uint64_t*>(signals.local()) + rank_, value,
-                               NVSHMEM_SIGNAL_SET, peer, as_stream(stream));
+  ODC_RETURN_IF_ERROR(
+      send_signal(static_cast<uint64_t*>(signals.local()) + rank_, value, peer, as_stream(stream)));
   ODC_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }
@@ -447,42 +545,197 @@ Status NvshmemTransport::put_signal_all(const void* src, const SymmetricRegion& 
   DeviceGuard guard(device_);
   ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
   const auto* data = static_cast<const char*>(src);
-  if (direct_) {
-    kernels::PutSignalJobs jobs;
-    for (int i = 0; i < world_size_; ++i) {
-      const int peer = (rank_ + 1 + i) % world_size_;
-      jobs.dst[i] = static_cast<char*>(region.peer(peer)) + offset;
-      jobs.src[i] = data + static_cast<size_t>(peer) * bytes;
-      if (signals != nullptr) jobs.signal[i] = static_cast<uint64_t*>(signals->peer(peer)) + rank_;
-    }
-    jobs.num_jobs = world_size_;
-    ODC_CUDA_CHECK(kernels::put_signal(jobs, bytes, value, push_done_, rank_info(), device_error_,
-                                       as_stream(stream)));
-    return Status::Ok();
+  if (hierarchical_ && signals != nullptr) {
+    return push_hierarchical(data, region, offset, bytes, *signals, value, as_stream(stream));
   }
+  std::vector<int> peers;
+  for (int i = 0; i < world_size_; ++i) peers.push_back((rank_ + 1 + i) % world_size_);
+  return push_flat(peers, data, region, offset, bytes, signals, value, as_stream(stream));
+}
+
+Status NvshmemTransport::push_flat(const std::vector<int>& peers, const char* src,
+                                   const SymmetricRegion& region, size_t offset, size_t bytes,
+                                   const SymmetricRegion* signals, uint64_t value,
+                                   cudaStream_t stream) {
+  std::vector<void*> to;
+  std::vector<const void*> from;
+  std::vector<uint64_t*> flags;
   auto* target = static_cast<char*>(region.local()) + offset;  // symmetric: the same on every PE
-  for (int i = 0; i < world_size_; ++i) {
-    const int peer = (rank_ + 1 + i) % world_size_;
-    const char* part = data + static_cast<size_t>(peer) * bytes;
+  for (int peer : peers) {
+    const char* part = src + static_cast<size_t>(peer) * bytes;
+    if (mapped_[peer]) {
+      to.push_back(static_cast<char*>(region.peer(peer)) + offset);
+      from.push_back(part);
+      flags.push_back(signals != nullptr ? static_cast<uint64_t*>(signals->peer(peer)) + rank_
+                                         : nullptr);
+      continue;
+    }
     if (signals != nullptr) {
-      // NVSHMEM delivers the signal only after the data (put-with-signal's contract).
-      nvshmemx_putmem_signal_on_stream(target, part, bytes,
-                                       static_cast<uint64_t*>(signals->local()) + rank_, value,
-                                       NVSHMEM_SIGNAL_SET, peer, as_stream(stream));
+      ODC_RETURN_IF_ERROR(put_with_signal(target, part, bytes,
+                                          static_cast<uint64_t*>(signals->local()) + rank_, value,
+                                          peer, stream));
     } else {
-      nvshmemx_putmem_on_stream(target, part, bytes, peer, as_stream(stream));
+      nvshmemx_putmem_on_stream(target, part, bytes, peer, stream);
+    }
+    if (node_of(peer) != node_of(rank_)) remote_put_bytes_ += bytes;
+  }
+  ODC_CUDA_CHECK(cudaGetLastError());
+  return launch_direct(to, from, flags, bytes, value, stream);
+}
+
+std::vector<int> NvshmemTransport::owners_aggregated_by(int aggregator) const {
+  std::vector<int> owners;
+  for (int owner = 0; owner < world_size_; ++owner) {
+    if (node_of(owner) != node_of(rank_) && owner % local_size_ == aggregator) {
+      owners.push_back(owner);
+    }
+  }
+  return owners;
+}
+
+int NvshmemTransport::max_aggregated_owners() const {
+  // Owners on other nodes, spread over the local_size_ aggregators by owner % local_size_.
+  return (world_size_ - local_size_ + local_size_ - 1) / local_size_;
+}
+
+Result<Aggregation*> NvshmemTransport::aggregation_for(const SymmetricRegion& staging,
+                                                       size_t slot_bytes) {
+  const auto* ours = dynamic_cast<const NvshmemRegion*>(&staging);
+  if (ours == nullptr) return Status::InternalError("staging region is not an NVSHMEM region");
+  if (ours->aggregation) {
+    if (ours->aggregation->slot_bytes != slot_bytes) {
+      return Status::InternalError("hierarchical push: slot size changed for one region");
+    }
+    return ours->aggregation.get();
+  }
+  // First push into this staging region: every rank gets here in the same minibatch_end, in
+  // the same order of accumulators, so these allocations are collective like any other.
+  auto made = std::make_unique<Aggregation>();
+  made->slot_bytes = slot_bytes;
+  const size_t rows = static_cast<size_t>(max_aggregated_owners());
+  const size_t senders = static_cast<size_t>(local_size_);
+  auto in = allocate(rows * senders * slot_bytes);
+  if (!in.ok()) return in.status();
+  made->in = std::move(in).value();
+  auto ready = allocate(rows * senders * sizeof(uint64_t));
+  if (!ready.ok()) return ready.status();
+  made->ready = std::move(ready).value();
+  auto out = allocate(rows * slot_bytes);
+  if (!out.ok()) return out.status();
+  made->out = std::move(out).value();
+  ours->aggregation = std::move(made);
+  return ours->aggregation.get();
+}
+
+// Hierarchical push: for an owner on another node, the local ranks first put their slots into
+// one aggregator of their node (local rank owner % local_size), which waits for all of them, sums
+// them in local-rank order and sends the node's sum into its own slot at the owner, with one
+// signal; the other local ranks send the owner only their signal (their slots there stay zero,
+// as allocated, for the life of the region). The owner's fold adds slots as before: the same
+// exact sum, in a fixed order, with 1/local_size of the bytes on the network. Same-node owners
+// get their slots directly, as in the flat push.
+Status NvshmemTransport::push_hierarchical(const char* src, const SymmetricRegion& region,
+                                           size_t offset, size_t bytes,
+                                           const SymmetricRegion& signals, uint64_t value,
+                                           cudaStream_t stream) {
+  auto found = aggregation_for(region, bytes);
+  if (!found.ok()) return found.status();
+  Aggregation& agg = *found.value();
+  const int node_base = node_of(rank_) * local_size_;
+  const int me = rank_ - node_base;  // local index
+  const auto senders = static_cast<size_t>(local_size_);
+  // 1. This rank's slots for every remote owner, to that owner's aggregator on this node.
+  std::vector<void*> to;
+  std::vector<const void*> from;
+  std::vector<uint64_t*> flags;
+  for (int aggregator = 0; aggregator < local_size_; ++aggregator) {
+    const int peer = node_base + aggregator;
+    const std::vector<int> owners = owners_aggregated_by(aggregator);
+    for (size_t row = 0; row < owners.size(); ++row) {
+      const size_t cell = row * senders + static_cast<size_t>(me);
+      const char* part = src + static_cast<size_t>(owners[row]) * bytes;
+      if (mapped_[peer]) {
+        to.push_back(static_cast<char*>(agg.in->peer(peer)) + cell * bytes);
+        from.push_back(part);
+        flags.push_back(static_cast<uint64_t*>(agg.ready->peer(peer)) + cell);
+      } else {
+        ODC_RETURN_IF_ERROR(put_with_signal(
+            static_cast<char*>(agg.in->local()) + cell * bytes, part, bytes,
+            static_cast<uint64_t*>(agg.ready->local()) + cell, value, peer, stream));
+      }
     }
   }
   ODC_CUDA_CHECK(cudaGetLastError());
+  ODC_RETURN_IF_ERROR(launch_direct(to, from, flags, bytes, value, stream));
+  // 2. Same-node owners: directly, as flat.
+  std::vector<int> local_owners;
+  for (int i = 1; i <= local_size_; ++i) local_owners.push_back(node_base + (me + i) % local_size_);
+  ODC_RETURN_IF_ERROR(push_flat(local_owners, src, region, offset, bytes, &signals, value, stream));
+  // 3. As aggregator: each owner's node sum, once every local rank's slot arrived, then its one
+  //    put-with-signal; for the owners aggregated elsewhere only this rank's signal.
+  const std::vector<int> mine = owners_aggregated_by(me);
+  auto* target = static_cast<char*>(region.local()) + offset;
+  auto* my_signal = static_cast<uint64_t*>(signals.local()) + rank_;
+  const size_t count = bytes / sizeof(float);
+  for (size_t row = 0; row < mine.size(); ++row) {
+    ODC_CUDA_CHECK(wait_all_at_least(
+        static_cast<const uint64_t*>(agg.ready->local()) + row * senders, local_size_, value, rank_,
+        node_base, kernels::kWaitSignal, timeout_ns_, device_error_, stream));
+    auto* sum = reinterpret_cast<float*>(static_cast<char*>(agg.out->local()) + row * bytes);
+    ODC_CUDA_CHECK(kernels::sum_slots(
+        sum,
+        reinterpret_cast<const float*>(static_cast<char*>(agg.in->local()) + row * senders * bytes),
+        count, local_size_, count, rank_info(), device_error_, stream));
+    ODC_RETURN_IF_ERROR(put_with_signal(target, sum, bytes, my_signal, value, mine[row], stream));
+    remote_put_bytes_ += bytes;
+  }
+  for (int owner = 0; owner < world_size_; ++owner) {
+    if (node_of(owner) == node_of(rank_) || owner % local_size_ == me) continue;
+    ODC_RETURN_IF_ERROR(send_signal(my_signal, value, owner, stream));
+    remote_put_bytes_ += sizeof(uint64_t);
+  }
+  ODC_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
+}
+
+Status NvshmemTransport::send_signal(uint64_t* signal, uint64_t value, int peer,
+                                     cudaStream_t stream) {
+  if (!signal_by_put_) {
+    nvshmemx_signal_op_on_stream(signal, value, NVSHMEM_SIGNAL_SET, peer, stream);
+    ODC_CUDA_CHECK(cudaGetLastError());
+    return Status::Ok();
+  }
+  // A put of the value, after a quiet: every earlier put of this rank has landed at its target
+  // before the signal is sent. The value goes out from this rank's outbox slot for `peer`
+  // (symmetric memory, as remote transports need), reusable once the put completes in stream
+  // order. Values fit in 32 bits in practice, so a torn 8-byte write cannot fake a larger one.
+  nvshmemx_quiet_on_stream(stream);
+  uint64_t* slot = static_cast<uint64_t*>(outbox_->local()) + peer;
+  ODC_CUDA_CHECK(store_u64(slot, value, stream));
+  nvshmemx_putmem_on_stream(signal, slot, sizeof(uint64_t), peer, stream);
+  ODC_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status NvshmemTransport::put_with_signal(void* dst, const void* src, size_t bytes, uint64_t* signal,
+                                         uint64_t value, int peer, cudaStream_t stream) {
+  if (!signal_by_put_) {
+    // NVSHMEM delivers the signal only after the data (put-with-signal's contract).
+    nvshmemx_putmem_signal_on_stream(dst, src, bytes, signal, value, NVSHMEM_SIGNAL_SET, peer,
+                                     stream);
+    ODC_CUDA_CHECK(cudaGetLastError());
+    return Status::Ok();
+  }
+  nvshmemx_putmem_on_stream(dst, src, bytes, peer, stream);
+  return send_signal(signal, value, peer, stream);  // quiets first
 }
 
 Status NvshmemTransport::wait_signals(const SymmetricRegion& signals, uint64_t value, const char*,
                                       StreamHandle stream) {
   DeviceGuard guard(device_);
   ODC_CUDA_CHECK(wait_all_at_least(static_cast<const uint64_t*>(signals.local()), world_size_,
-                                   value, rank_, kernels::kWaitSignal, timeout_ns_, device_error_,
-                                   as_stream(stream)));
+                                   value, rank_, 0, kernels::kWaitSignal, timeout_ns_,
+                                   device_error_, as_stream(stream)));
   return Status::Ok();
 }
 

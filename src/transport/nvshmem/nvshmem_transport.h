@@ -19,6 +19,9 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
 
 #include "bootstrap/bootstrap.h"
 #include "core/transport.h"
@@ -28,6 +31,7 @@
 namespace odc::nvshmem {
 
 struct HeapState;
+struct Aggregation;
 
 class NvshmemTransport final : public Transport {
  public:
@@ -38,7 +42,10 @@ class NvshmemTransport final : public Transport {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   TransportCaps caps() const override { return TransportCaps{false, true}; }
-  bool direct() const { return direct_; }
+  // Peers reached with odc's own kernels over NVSHMEM's NVLink mappings (same node, direct on).
+  int num_direct_peers() const;
+  int local_world_size() const { return local_size_; }
+  bool hierarchical() const { return hierarchical_; }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
@@ -67,6 +74,30 @@ class NvshmemTransport final : public Transport {
   Status init();
   Status check_device_pointer(const void* pointer, const char* what) const;
   kernels::RankInfo rank_info() const;
+  int node_of(int rank) const { return rank / local_size_; }
+  // Copies (and signals) the jobs whose target is mapped into this GPU: odc's put-with-signal
+  // kernel, kernels::kMaxRanks jobs per launch.
+  Status launch_direct(const std::vector<void*>& dst, const std::vector<const void*>& src,
+                       const std::vector<uint64_t*>& signal, size_t bytes, uint64_t value,
+                       cudaStream_t stream);
+  // One slot to `peer`: direct when mapped, else NVSHMEM's put(-with-signal).
+  Status push_flat(const std::vector<int>& peers, const char* src, const SymmetricRegion& region,
+                   size_t offset, size_t bytes, const SymmetricRegion* signals, uint64_t value,
+                   cudaStream_t stream);
+  Status push_hierarchical(const char* src, const SymmetricRegion& region, size_t offset,
+                           size_t bytes, const SymmetricRegion& signals, uint64_t value,
+                           cudaStream_t stream);
+  // signal@peer = value, after this rank's earlier puts landed (NVSHMEM's signal atomic, or with
+  // ODC_NVSHMEM_SIGNAL_PUT a quiet and a put of the value).
+  Status send_signal(uint64_t* signal, uint64_t value, int peer, cudaStream_t stream);
+  Status put_with_signal(void* dst, const void* src, size_t bytes, uint64_t* signal, uint64_t value,
+                         int peer, cudaStream_t stream);
+  Result<Aggregation*> aggregation_for(const SymmetricRegion& staging, size_t slot_bytes);
+  // The remote owners (other nodes) whose pushes from this node the local rank `aggregator`
+  // (0 .. local_size-1) pre-reduces, in rank order; the index of an owner in that list is its
+  // row in the aggregation buffers.
+  std::vector<int> owners_aggregated_by(int aggregator) const;
+  int max_aggregated_owners() const;
 
   std::shared_ptr<Bootstrap> bootstrap_;
   std::shared_ptr<HeapState> heap_;  // shared with regions: frees only while the job is whole
@@ -75,12 +106,18 @@ class NvshmemTransport final : public Transport {
   int device_;
   int num_sms_ = 0;
   int64_t timeout_ns_;
-  bool direct_ = false;
+  std::vector<char> mapped_;  // mapped_[p]: peer p reached with direct loads/stores
+  int local_size_ = 1;        // ranks per node (contiguous)
+  bool hierarchical_ = false;
+  uint64_t remote_get_bytes_ = 0;  // enqueued to / from other nodes (ODC_NVSHMEM_STATS)
+  uint64_t remote_put_bytes_ = 0;
   uint64_t barrier_epoch_ = 0;
   std::unique_ptr<SymmetricRegion> barrier_signals_;  // world_size uint64 slots per rank
-  uint32_t* push_done_ = nullptr;                     // direct puts' block counters
-  kernels::WaitError* device_error_ = nullptr;        // written by expired device waits
-  kernels::WaitError* host_error_ = nullptr;          // host-mapped mirror of it
+  std::unique_ptr<SymmetricRegion> outbox_;           // signal values sent as puts, per peer
+  bool signal_by_put_ = false;
+  uint32_t* push_done_ = nullptr;               // direct puts' block counters
+  kernels::WaitError* device_error_ = nullptr;  // written by expired device waits
+  kernels::WaitError* host_error_ = nullptr;    // host-mapped mirror of it
 };
 
 }  // namespace odc::nvshmem
