@@ -4,10 +4,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <set>
-#include <cstring>
 #include <string>
 
 #include "api/api_errors.h"
@@ -312,8 +312,7 @@ extern "C" odcResult_t odcBufferAlloc(odcComm_t comm, size_t count, odcDataType_
 extern "C" odcResult_t odcBufferAllocNamed(odcComm_t comm, size_t count, odcDataType_t dtype,
                                            int accumulator, const char* name, odcBuffer_t* buffer,
                                            void** local) {
-  return buffer_alloc(comm, "odcBufferAllocNamed", count, dtype, accumulator, name, buffer,
-                      local);
+  return buffer_alloc(comm, "odcBufferAllocNamed", count, dtype, accumulator, name, buffer, local);
 }
 
 extern "C" odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer) {
@@ -352,8 +351,7 @@ extern "C" odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream) {
 }
 
 extern "C" odcResult_t odcCommPollError(odcComm_t comm) {
-  return with_comm(comm, "odcCommPollError",
-                   [&](odc::Communicator& c) { return c.poll_error(); });
+  return with_comm(comm, "odcCommPollError", [&](odc::Communicator& c) { return c.poll_error(); });
 }
 
 extern "C" int odcHasCuda(void) {

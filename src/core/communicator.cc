@@ -65,8 +65,8 @@ std::string describe_name(const ExchangeRecord& record) {
 Status check_name(const std::string& name) {
   if (name.size() > kMaxBufferNameBytes) {
     return Status::InvalidArgument("buffer name has " + std::to_string(name.size()) +
-                                   " characters; at most " +
-                                   std::to_string(kMaxBufferNameBytes) + " are allowed");
+                                   " characters; at most " + std::to_string(kMaxBufferNameBytes) +
+                                   " are allowed");
   }
   for (size_t i = 0; i < name.size(); ++i) {
     const auto c = static_cast<unsigned char>(name[i]);
@@ -182,8 +182,8 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
                   "buffers differ across ranks: rank " + std::to_string(r) + " asked for " +
                   describe(theirs.words[0], static_cast<DataType>(theirs.words[1]),
                            theirs.words[2] != 0) +
-                  " elements" + their_name + ", this rank (" + std::to_string(rank()) +
-                  ") for " + describe(count, dtype, accumulator) + " elements" + my_name +
+                  " elements" + their_name + ", this rank (" + std::to_string(rank()) + ") for " +
+                  describe(count, dtype, accumulator) + " elements" + my_name +
                   (shown_alike ? " (the names differ after their first " +
                                      std::to_string(kNameTextBytes) + " characters)"
                                : "")));
