@@ -169,9 +169,9 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   if (!all.ok()) return finish(op, all.status());
   for (int r = 0; r < world_size(); ++r) {
     const ExchangeRecord& theirs = all.value()[r];
-    if (theirs.words[0] != mine.words[0] || theirs.words[1] != mine.words[1] ||
-        theirs.words[2] != mine.words[2] || theirs.words[kNameLengthWord] != name.size() ||
-        theirs.words[kNameHashWord] != mine.words[kNameHashWord]) {
+    // Every word: count, dtype, kind, the name's length, hash and first bytes (so names up to
+    // kNameTextBytes compare exactly, longer ones by those and the hash of the rest).
+    if (!std::equal(std::begin(theirs.words), std::end(theirs.words), std::begin(mine.words))) {
       // Names appear when either side gave one.
       const bool named = !name.empty() || theirs.words[kNameLengthWord] != 0;
       const std::string their_name = named ? " " + describe_name(theirs) : "";
