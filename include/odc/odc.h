@@ -222,10 +222,10 @@ ODC_API int odcHasCuda(void);
 
 /* Frees the communicator and its buffers; the handle is invalid afterwards (calls with it return
  * odcInvalidUsage). Peers still waiting on this rank fail with odcRemoteError. Host communicators:
- * local. Device communicators: first completes this rank's queued work and, unless the
- * communicator has failed, meets every peer in a final barrier (its peers destroy too), so no
- * peer's queued gather or push still uses this rank's memory when it is freed; the wait is bounded
- * by the timeout and ends early when a peer failed, died or destroyed without it (memory is then
+ * local. Device communicators: collective (destroy them in the same order on every rank): first
+ * completes this rank's queued work and, unless the communicator has failed, meets every peer in a
+ * final barrier, so no peer's queued gather or push still uses this rank's memory when it is freed;
+ * the wait is bounded by the timeout and ends early when a peer failed or died (memory is then
  * freed anyway: that peer has failed or will, naming this rank). */
 ODC_API odcResult_t odcCommDestroy(odcComm_t comm);
 

@@ -344,7 +344,10 @@ class Comm:
         """Frees the communicator and its buffers (local; idempotent).
 
         While views of its buffers are alive, the communicator is closed for use at once but its
-        memory is released only when the last view is gone (see the module docstring)."""
+        memory is released only when the last view is gone (see the module docstring).
+        Device communicators: collective (odcCommDestroy): the release first meets every peer's,
+        bounded by the timeout, so that no peer's queued work still uses this rank's memory;
+        close them in the same order on every rank."""
         if self._handle is not None:
             handle, self._handle = self._handle, None
             if self._num_views > 0:

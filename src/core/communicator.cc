@@ -65,8 +65,8 @@ std::string describe_name(const ExchangeRecord& record) {
 Status check_name(const std::string& name) {
   if (name.size() > kMaxBufferNameBytes) {
     return Status::InvalidArgument("buffer name has " + std::to_string(name.size()) +
-                                   " characters; at most " +
-                                   std::to_string(kMaxBufferNameBytes) + " are allowed");
+                                   " characters; at most " + std::to_string(kMaxBufferNameBytes) +
+                                   " are allowed");
   }
   for (size_t i = 0; i < name.size(); ++i) {
     const auto c = static_cast<unsigned char>(name[i]);
@@ -169,9 +169,9 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   if (!all.ok()) return finish(op, all.status());
   for (int r = 0; r < world_size(); ++r) {
     const ExchangeRecord& theirs = all.value()[r];
-    if (theirs.words[0] != mine.words[0] || theirs.words[1] != mine.words[1] ||
-        theirs.words[2] != mine.words[2] || theirs.words[kNameLengthWord] != name.size() ||
-        theirs.words[kNameHashWord] != mine.words[kNameHashWord]) {
+    // Every word: count, dtype, kind, the name's length, hash and first bytes (so names up to
+    // kNameTextBytes compare exactly, longer ones by those and the hash of the rest).
+    if (!std::equal(std::begin(theirs.words), std::end(theirs.words), std::begin(mine.words))) {
       // Names appear when either side gave one.
       const bool named = !name.empty() || theirs.words[kNameLengthWord] != 0;
       const std::string their_name = named ? " " + describe_name(theirs) : "";
@@ -182,8 +182,8 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
                   "buffers differ across ranks: rank " + std::to_string(r) + " asked for " +
                   describe(theirs.words[0], static_cast<DataType>(theirs.words[1]),
                            theirs.words[2] != 0) +
-                  " elements" + their_name + ", this rank (" + std::to_string(rank()) +
-                  ") for " + describe(count, dtype, accumulator) + " elements" + my_name +
+                  " elements" + their_name + ", this rank (" + std::to_string(rank()) + ") for " +
+                  describe(count, dtype, accumulator) + " elements" + my_name +
                   (shown_alike ? " (the names differ after their first " +
                                      std::to_string(kNameTextBytes) + " characters)"
                                : "")));

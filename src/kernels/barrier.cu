@@ -15,7 +15,7 @@ static_assert(kMaxRanks <= kThreads, "one thread per rank");
 struct BarrierArgs {
   uint64_t* announce[kMaxRanks];       // &signals[p]->barrier[rank]
   const uint64_t* arrived[kMaxRanks];  // &signals[rank]->barrier[p]
-  uint64_t word;  // barrier_word(epoch, op)
+  uint64_t word;                       // barrier_word(epoch, op)
   int64_t timeout_ns;
   WaitError* error;
   int rank;
@@ -33,7 +33,8 @@ __global__ void barrier_kernel(BarrierArgs a) {
   // rather than proceed with what may be a wrong sum.
   const bool healthy = *reinterpret_cast<volatile int32_t*>(&a.error->site) == kWaitNone;
   if (active && healthy) detail::st_release_sys(a.announce[peer], a.word);
-  if (active) detail::wait_barrier_word(a.arrived[peer], a.word, a.timeout_ns, a.error, a.rank, peer);
+  if (active)
+    detail::wait_barrier_word(a.arrived[peer], a.word, a.timeout_ns, a.error, a.rank, peer);
   __syncthreads();
 }
 

@@ -58,8 +58,7 @@ __device__ __forceinline__ void record_error(WaitError* error, int32_t site, int
 // Has this rank recorded an error? Then no later wait succeeds, so no further data moves and
 // peers waiting on this rank time out and name it.
 __device__ __forceinline__ bool failed_before(const WaitError* error) {
-  return error != nullptr &&
-         *reinterpret_cast<const volatile int32_t*>(&error->site) != kWaitNone;
+  return error != nullptr && *reinterpret_cast<const volatile int32_t*>(&error->site) != kWaitNone;
 }
 
 // Spins until *flag >= expected or timeout_ns passes. On expiry records the first error and

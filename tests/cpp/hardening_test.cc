@@ -61,9 +61,8 @@ TEST(Hardening, BufferNamesAreCheckedAcrossRanks) {
         const std::string peer = "rank " + std::to_string(1 - rank);
         odcBuffer_t buffer = nullptr;
         void* local = nullptr;
-        odcResult_t result = odcBufferAllocNamed(comm, 64, odcFloat32, 0,
-                                                 rank == 0 ? "layer0:params" : "layer0:grads",
-                                                 &buffer, &local);
+        odcResult_t result = odcBufferAllocNamed(
+            comm, 64, odcFloat32, 0, rank == 0 ? "layer0:params" : "layer0:grads", &buffer, &local);
         std::string message = odcCommGetLastError(comm);
         RANK_EXPECT(result == odcInvalidArgument, odcGetErrorString(result));
         RANK_EXPECT(buffer == nullptr && local == nullptr, "nothing is handed out");
@@ -86,9 +85,9 @@ TEST(Hardening, BufferNamesAreCheckedAcrossRanks) {
         RANK_EXPECT(result == odcInvalidArgument, odcGetErrorString(result));
         RANK_EXPECT(contains(message, "...\"") && contains(message, "differ after"), message);
         // Bad names are refused before any communication, naming the problem.
-        RANK_EXPECT(odcBufferAllocNamed(comm, 8, odcFloat32, 0, "", &buffer, &local) ==
-                        odcInvalidArgument,
-                    "an empty name");
+        RANK_EXPECT(
+            odcBufferAllocNamed(comm, 8, odcFloat32, 0, "", &buffer, &local) == odcInvalidArgument,
+            "an empty name");
         RANK_EXPECT(contains(odcGetLastError(), "name is empty"), odcGetLastError());
         RANK_EXPECT(odcBufferAllocNamed(comm, 8, odcFloat32, 0, "a\nb", &buffer, &local) ==
                         odcInvalidArgument,

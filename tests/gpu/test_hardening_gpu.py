@@ -8,6 +8,7 @@
   "collective mismatch" naming both operations, as the host transport does.
 Every wait is bounded (timeouts of a few seconds): a regression fails, it never hangs."""
 
+import gc
 import os
 import pathlib
 import sys
@@ -71,6 +72,7 @@ def _destroy_in_flight_rank(rank, world_size, key, count):
     torch.cuda._sleep(1_000_000_000 * (1 + rank))
     comm.gather(out, params)
     del params
+    gc.collect()
     assert comm._num_views == 0  # so close() destroys now instead of deferring to the views
     comm.close()
     torch.cuda.synchronize()  # raises if the gather touched unmapped memory

@@ -277,10 +277,9 @@ Status CudaTransport::poll_error() {
   }
   if (site != kernels::kWaitNone) {
     std::ostringstream message;
-    message << wait_site_name(site) << " timed out after "
-            << static_cast<double>(timeout_ns_) / 1e9 << " s: rank " << record->rank
-            << " waited for rank " << record->peer << " (expected " << record->expected << ", saw "
-            << record->seen << ")";
+    message << wait_site_name(site) << " timed out after " << static_cast<double>(timeout_ns_) / 1e9
+            << " s: rank " << record->rank << " waited for rank " << record->peer << " (expected "
+            << record->expected << ", saw " << record->seen << ")";
     return Status::Timeout(message.str());
   }
   const cudaError_t sticky = cudaPeekAtLastError();

@@ -417,6 +417,12 @@ Status NvshmemTransport::barrier(CollectiveOp, StreamHandle stream) {
   return Status::Ok();
 }
 
+Status NvshmemTransport::drain() {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(cudaDeviceSynchronize());
+  return Status::Ok();
+}
+
 Status NvshmemTransport::host_barrier(CollectiveOp op) {
   DeviceGuard guard(device_);
   ODC_CUDA_CHECK(cudaDeviceSynchronize());
@@ -428,9 +434,9 @@ Status NvshmemTransport::host_barrier(CollectiveOp op) {
       bootstrap_->allgather(&mine, all.data(), sizeof(mine), collective_op_name(op)));
   for (int r = 0; r < world_size_; ++r) {
     if (all[r] != mine) {
-      return Status::InternalError("collective mismatch: rank " + std::to_string(r) + " is in " +
-                                   collective_op_name(static_cast<CollectiveOp>(all[r])) +
-                                   ", this rank in " + collective_op_name(op));
+      return Status::RemoteError("collective mismatch: rank " + std::to_string(r) + " called " +
+                                 collective_op_name(static_cast<CollectiveOp>(all[r])) +
+                                 " where this rank called " + collective_op_name(op));
     }
   }
   return Status::Ok();

@@ -50,6 +50,7 @@ class NvshmemTransport final : public Transport {
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
   Status host_barrier(CollectiveOp op) override;
+  Status drain() override;
   Status poll_error() override;
   void mark_failed(const std::string& reason) override;
   Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
