@@ -152,14 +152,18 @@ ODC_API odcResult_t odcCommInit(odcComm_t* comm, int rank, int world_size, const
 ODC_API odcResult_t odcCommInitCuda(odcComm_t* comm, int rank, int world_size, const char* key,
                                     double timeout_seconds, int cuda_device);
 
-/* Which transport a communicator uses. */
+/* Which transport a communicator uses.
+ *   odcTransportAuto:    config.device >= 0: $ODC_TRANSPORT if set ("cuda", "nvshmem"), else
+ *                        "cuda"; config.device < 0: "shm".
+ *   odcTransportShm:     host shared memory: local processes, host pointers.
+ *   odcTransportCuda:    CUDA IPC within a node: one process per GPU, device pointers.
+ *   odcTransportNvshmem: NVSHMEM, one node or many: one process per GPU, device pointers; needs
+ *                        the plugin libodc_nvshmem.so (docs/multinode.md). */
 typedef enum {
-  odcTransportAuto = 0, /* config.device >= 0: $ODC_TRANSPORT if set ("cuda", "nvshmem"), else
-                           "cuda"; config.device < 0: "shm" */
-  odcTransportShm = 1,  /* host shared memory: local processes, host pointers */
-  odcTransportCuda = 2, /* CUDA IPC within a node: one process per GPU, device pointers */
-  odcTransportNvshmem = 3 /* NVSHMEM, one node or many: one process per GPU, device pointers;
-                             needs the plugin libodc_nvshmem.so (docs/multinode.md) */
+  odcTransportAuto = 0,
+  odcTransportShm = 1,
+  odcTransportCuda = 2,
+  odcTransportNvshmem = 3
 } odcTransport_t;
 
 #define ODC_COMM_CONFIG_VERSION 2
