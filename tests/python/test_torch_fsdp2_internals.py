@@ -1,4 +1,4 @@
-"""The FSDP2 behaviour odc.torch relies on beyond public API (R1-R6 in
+"""The FSDP2 behaviour odc.torch relies on beyond public API (R1-R7 in
 python/odc/torch/_fsdp2_internals.py), checked directly on the installed torch with plain FSDP2
 (gloo, CPU) and recording hooks instead of ODC, so that a torch release that changes one of them
 fails here, naming it, rather than as wrong gradients elsewhere."""
@@ -119,6 +119,75 @@ def _internals_rank(rank, world_size, key, store_path):
         return problems
     finally:
         dist.destroy_process_group()
+
+
+def _in_place_rank(rank, world_size, key, store_path):
+    """R7: once a shard is moved into memory of our own, FSDP2 all-gathers from it, the
+    optimizer writes into it, and FSDP2's lazy init leaves it there."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from odc.torch import _fsdp2_internals as internals
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
+    )
+    problems = []
+    try:
+        model = _model()
+        fully_shard(model[0])
+        fully_shard(model)
+        internals.lazy_init(model)
+        RecordingAllGather, _ = _recording_hooks()
+        gather = RecordingAllGather()
+        model[0].set_custom_all_gather(gather)
+        layout = internals.group_layout(model[0])
+        ours = torch.zeros(layout.shard_numel)  # stands in for a symmetric buffer
+        for index, slot in enumerate(layout.slots):
+            before = internals.sharded_storage(model[0], index).clone()
+            target = ours[slot.offset : slot.offset + slot.padded_numel]
+            internals.alias_sharded_param(model[0], index, target)
+            if not torch.equal(target, before):
+                problems.append("R7: the shard's values were not copied")
+            if slot.param.to_local().numel() and not (
+                ours.data_ptr() <= slot.param.to_local().data_ptr() < target.data_ptr() + 4 * target.numel()
+            ):  # fmt: skip
+                problems.append("R7: the parameter's local tensor does not view the new memory")
+        internals.lazy_init(model)
+        # What FSDP2 runs after nn.Module._apply and every load_state_dict: 2.11 leaves a shard
+        # whose storage did not change where it is; 2.9 re-pads an uneven (trailing) shard into
+        # new memory. Either way publish() moving it back must restore the alias.
+        for fsdp_param in model[0]._get_fsdp_state()._fsdp_param_group.fsdp_params:
+            fsdp_param.reset_sharded_param()
+        for index, slot in enumerate(layout.slots):
+            internals.alias_sharded_param(
+                model[0], index, ours[slot.offset : slot.offset + slot.padded_numel]
+            )
+            if internals.sharded_storage(model[0], index).data_ptr() != (
+                ours[slot.offset :].data_ptr()
+            ):
+                problems.append("R7: a shard could not be moved back after reset_sharded_param")
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        model(torch.randn(4, 5)).pow(2).sum().backward()
+        if not torch.equal(gather.inputs[0], ours):
+            problems.append("R7: FSDP2 all-gathered something else than the moved shards")
+        snapshot = ours.clone()
+        optimizer.step()
+        local = layout.slots[0].param.to_local().detach().reshape(-1)
+        if torch.equal(ours, snapshot) or not torch.equal(ours[: local.numel()], local):
+            problems.append("R7: the optimizer step did not write into the moved shards")
+        return problems
+    finally:
+        dist.destroy_process_group()
+
+
+def test_r7_shards_moved_into_our_memory_stay_there():
+    import odc
+
+    with tempfile.TemporaryDirectory() as directory:
+        results = odc.launch(_in_place_rank, 2, os.path.join(directory, "store"), timeout=300)
+    for rank, problems in enumerate(results):
+        assert problems == [], f"rank {rank}: {problems}"
 
 
 def _one_rank(rank, world_size, key, store_path):

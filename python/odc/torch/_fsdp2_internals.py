@@ -34,8 +34,10 @@ Reliances (R1-R7):
   updates) a view of it. odc.torch points both at its published buffer, as FSDP2's own
   reset_sharded_param does after load_state_dict(assign=True) or nn.Module._apply: peers then pull
   the shard the optimizer wrote, with no second copy (issue #17: 2 bytes per parameter element,
-  3.55 GiB per rank on the 7b preset). reset_sharded_param leaves a shard alone while its storage
-  is unchanged; where it is replaced, publish() notices and moves it back.
+  3.55 GiB per rank on the 7b preset). FSDP2 runs reset_sharded_param after nn.Module._apply and
+  every load_state_dict: 2.11 leaves a shard alone while its storage is unchanged, 2.9 re-pads an
+  uneven (trailing-rank) shard into new memory; either way publish() (every minibatch_begin)
+  finds the shard moved and moves it back with its current values.
 """
 
 from __future__ import annotations
