@@ -92,3 +92,28 @@ def test_split_errors_are_named(odc_cli, tmp_path):
     )  # fmt: skip
     assert result.returncode == 2
     assert "unknown split mode 'sometimes': expected auto or off" in result.stderr
+
+
+def test_train_prediction_counts_split_chunks_like_the_planner():
+    """odc.train's per-minibatch prediction (metrics.predict_minibatch) gives, with the plan's
+    "splits", exactly the planner's own per-minibatch bubbles, under both modes; without them a
+    split minibatch would look nearly free (its outlier is in no rank's microbatches)."""
+    from odc.train.metrics import predict_minibatch
+
+    lengths = [60000, 900, 1200, 800, 2500, 700, 3000, 1100] * 2
+    cost = (3.123e-05, 1.187e-09, 0.07082)
+    for policy, mode in [("lb-mini", "odc"), ("lb-micro", "collective"), ("lb-micro", "odc")]:
+        plan = odc.plan(
+            lengths, ranks=4, max_tokens=65536, policy=policy, cost=cost, split="auto",
+            minibatch_size=8,
+        )  # fmt: skip
+        assert all(m["splits"] for m in plan["minibatches"]), policy
+        for minibatch in plan["minibatches"]:
+            with_splits = predict_minibatch(
+                minibatch["ranks"], lengths, cost, mode, minibatch["splits"]
+            )
+            busy = sum(with_splits.busy_seconds)
+            bubble = 1 - busy / (4 * with_splits.span_seconds)
+            assert bubble == pytest.approx(minibatch["bubble"][mode], abs=1e-9), (policy, mode)
+            without = predict_minibatch(minibatch["ranks"], lengths, cost, mode)
+            assert without.span_seconds < with_splits.span_seconds

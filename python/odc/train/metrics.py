@@ -75,19 +75,36 @@ def microbatch_cost(samples: Sequence[int], lengths: Sequence[int], cost: Sequen
 
 
 def predict_minibatch(
-    ranks: Sequence[dict], lengths: Sequence[int], cost: Sequence[float], mode: str
+    ranks: Sequence[dict],
+    lengths: Sequence[int],
+    cost: Sequence[float],
+    mode: str,
+    splits: Sequence[dict] = (),
 ) -> PredictedTiming:
     """The planner's time accounting of one minibatch of a plan (`ranks` as in odc.plan's JSON:
-    [{"microbatches": [[sample, ...], ...]}, ...]) under mode "collective" or "odc"."""
+    [{"microbatches": [[sample, ...], ...]}, ...]) under mode "collective" or "odc".
+
+    `splits`: the minibatch's "splits" entries (split samples are in no rank's microbatches). As
+    in the planner, a member's first step is its group's chunk, which lasts as long as the
+    slowest member's (`chunk_costs`), while its busy time counts its own chunk's cost."""
     if mode not in ("collective", "odc"):
         raise ValueError(f"mode must be 'collective' or 'odc', got {mode!r}")
-    costs = [[microbatch_cost(m, lengths, cost) for m in r["microbatches"]] for r in ranks]
-    busy = [sum(c) for c in costs]
+    steps = [[] for _ in ranks]
+    busy = [0.0 for _ in ranks]
+    for split in splits:
+        slowest = max(split["chunk_costs"])
+        for rank, own in zip(split["ranks"], split["chunk_costs"]):
+            steps[rank].append(slowest)
+            busy[rank] += own
+    for r, rank in enumerate(ranks):
+        for microbatch in rank["microbatches"]:
+            steps[r].append(microbatch_cost(microbatch, lengths, cost))
+            busy[r] += steps[r][-1]
     if mode == "odc":
-        span = max(busy, default=0.0)
+        span = max((sum(s) for s in steps), default=0.0)
     else:
-        steps = max((len(c) for c in costs), default=0)
-        span = sum(max(c[k] if k < len(c) else 0.0 for c in costs) for k in range(steps))
+        count = max((len(s) for s in steps), default=0)
+        span = sum(max(s[k] if k < len(s) else 0.0 for s in steps) for k in range(count))
     return PredictedTiming(busy_seconds=busy, span_seconds=span)
 
 

@@ -439,7 +439,13 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
     mode = "odc" if config.comm == "odc" else "collective"
     cost = tuple(plan["cost"][k] for k in ("a", "b", "c"))
     predicted = [
-        predict_minibatch(plan["minibatches"][s]["ranks"], config.lengths, cost, mode)
+        predict_minibatch(
+            plan["minibatches"][s]["ranks"],
+            config.lengths,
+            cost,
+            mode,
+            plan["minibatches"][s].get("splits", []),
+        )
         for s in range(config.warmup_steps, num_steps)
     ]
     comparison = compare_prediction(timings, predicted)
