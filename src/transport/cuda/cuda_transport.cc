@@ -10,13 +10,10 @@
 
 #include "common/deadline.h"
 #include "transport/cuda/cuda_check.h"
+#include "transport/cuda/device_local.h"
 
 namespace odc::cuda {
 namespace {
-
-cudaStream_t as_stream(StreamHandle stream) {
-  return static_cast<cudaStream_t>(stream);
-}
 
 // This rank's device allocation ([rank]) and the peers' opened through CUDA IPC (the others),
 // released on destruction: freed, respectively closed.
@@ -61,23 +58,6 @@ class CudaRegion final : public SymmetricRegion {
  private:
   IpcMapping mapping_;
 };
-
-const char* wait_site_name(int32_t site) {
-  switch (site) {
-    case kernels::kWaitBarrier:
-      return "device barrier";
-    case kernels::kWaitSlotFree:
-      return "staging slot release";
-    case kernels::kWaitSlotReady:
-      return "staging slot arrival";
-    case kernels::kWaitSignal:
-      return "signal wait";
-    case kernels::kWaitMismatch:
-      return "device barrier";
-    default:
-      return "device wait";
-  }
-}
 
 }  // namespace
 
@@ -275,41 +255,13 @@ Status CudaTransport::poll_error() {
             << record->peer << ": " << describe_barrier_word(record->seen) << ")";
     return Status::Timeout(message.str());
   }
-  if (site != kernels::kWaitNone) {
-    std::ostringstream message;
-    message << wait_site_name(site) << " timed out after " << static_cast<double>(timeout_ns_) / 1e9
-            << " s: rank " << record->rank << " waited for rank " << record->peer << " (expected "
-            << record->expected << ", saw " << record->seen << ")";
-    return Status::Timeout(message.str());
-  }
-  const cudaError_t sticky = cudaPeekAtLastError();
-  if (sticky != cudaSuccess) {
-    return Status::SystemError(std::string("CUDA error on device ") + std::to_string(device_) +
-                               ": " + cudaGetErrorString(sticky));
-  }
-  return Status::Ok();
-}
-
-Status CudaTransport::check_device_pointer(const void* pointer, const char* what) const {
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
-    cudaGetLastError();  // clear: an unregistered host pointer is an answer, not a failure
-    attributes.type = cudaMemoryTypeUnregistered;
-  }
-  const bool on_device =
-      (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) &&
-      attributes.device == device_;
-  if (!on_device) {
-    return Status::InvalidArgument(std::string(what) + " is not device memory of CUDA device " +
-                                   std::to_string(device_));
-  }
-  return Status::Ok();
+  return device_wait_status(record, timeout_ns_, device_);
 }
 
 Status CudaTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes,
                               StreamHandle stream) {
   DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(dst, "destination"));
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, dst, "destination"));
   ODC_CUDA_CHECK(kernels::gather_sm(dst, peer_pointers(region), bytes, rank_info(),
                                     /*num_blocks=*/0, as_stream(stream), device_error_));
   return Status::Ok();
@@ -327,7 +279,7 @@ Status CudaTransport::launch_puts(const kernels::PutSignalJobs& jobs, size_t byt
 Status CudaTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                           size_t bytes, StreamHandle stream) {
   DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, src, "source"));
   kernels::PutSignalJobs jobs;
   jobs.dst[0] = static_cast<char*>(region.peer(peer)) + offset;
   jobs.src[0] = src;
@@ -348,7 +300,7 @@ Status CudaTransport::put_signal_all(const void* src, const SymmetricRegion& reg
                                      size_t bytes, const SymmetricRegion* signals, uint64_t value,
                                      StreamHandle stream) {
   DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, src, "source"));
   kernels::PutSignalJobs jobs;
   for (int i = 0; i < world_size(); ++i) {
     // Start with the next rank so that the ranks' first writes go to different owners.
@@ -364,9 +316,8 @@ Status CudaTransport::put_signal_all(const void* src, const SymmetricRegion& reg
 Status CudaTransport::add_all(const void* src, DataType src_type, const SymmetricRegion& region,
                               size_t count, StreamHandle stream) {
   DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
-  const auto type =
-      src_type == DataType::kFloat32 ? kernels::ElemType::kFloat32 : kernels::ElemType::kBfloat16;
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, src, "source"));
+  const auto type = elem_type(src_type);
   // After a failed device wait nothing more moves (the kernel checks the error record first).
   ODC_CUDA_CHECK(kernels::scatter_accumulate_reduce(
       src, type, peer_pointers(region), count, rank_info(), /*num_blocks=*/0, as_stream(stream),
@@ -383,28 +334,17 @@ Status CudaTransport::wait_signals(const SymmetricRegion& signals, uint64_t valu
 }
 
 Status CudaTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)));
-  return Status::Ok();
+  return local().zero(dst, bytes, stream);
 }
 
 Status CudaTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count,
                                  StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
-  const auto type =
-      src_type == DataType::kFloat32 ? kernels::ElemType::kFloat32 : kernels::ElemType::kBfloat16;
-  ODC_CUDA_CHECK(kernels::accumulate_local(dst, src, type, count, rank_info(), device_error_,
-                                           as_stream(stream)));
-  return Status::Ok();
+  return local().accumulate(dst, src, src_type, count, stream);
 }
 
 Status CudaTransport::sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
                                 size_t count, StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_CUDA_CHECK(kernels::sum_slots(dst, slots, stride, num_slots, count, rank_info(),
-                                    device_error_, as_stream(stream)));
-  return Status::Ok();
+  return local().sum_slots(dst, slots, stride, num_slots, count, stream);
 }
 
 }  // namespace odc::cuda

@@ -19,6 +19,7 @@
 #include "bootstrap/bootstrap.h"
 #include "core/transport.h"
 #include "kernels/kernels.h"
+#include "transport/cuda/device_local.h"
 
 namespace odc::cuda {
 
@@ -65,7 +66,7 @@ class CudaTransport final : public Transport {
   CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
                 std::chrono::duration<double> timeout);
   Status init_device_state();
-  Status check_device_pointer(const void* pointer, const char* what) const;
+  DeviceLocal local() const { return DeviceLocal{device_, rank_info(), device_error_}; }
   kernels::RankInfo rank_info() const;
   kernels::PeerPointers peer_pointers(const SymmetricRegion& region) const;
   Status launch_puts(const kernels::PutSignalJobs& jobs, size_t bytes, uint64_t value,

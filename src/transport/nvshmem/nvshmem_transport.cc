@@ -18,6 +18,7 @@
 
 #include "common/env.h"
 #include "transport/cuda/cuda_check.h"
+#include "transport/cuda/device_local.h"
 #include "transport/nvshmem/nvshmem_kernels.h"
 #include "transport/nvshmem/nvshmem_plugin.h"
 
@@ -56,11 +57,9 @@ struct HeapState {
 
 namespace {
 
+using cuda::as_stream;
+using cuda::check_device_pointer;
 using cuda::DeviceGuard;
-
-cudaStream_t as_stream(StreamHandle stream) {
-  return static_cast<cudaStream_t>(stream);
-}
 
 // NVSHMEM is initialized once per process and never finalized by odc (finalize is a collective
 // that waits forever for a dead PE; a second init is not supported): later communicators with
@@ -84,17 +83,6 @@ std::string version_text() {
   int major = 0, minor = 0, patch = 0;
   nvshmemx_vendor_get_version_info(&major, &minor, &patch);
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
-}
-
-const char* wait_site_name(int32_t site) {
-  switch (site) {
-    case kernels::kWaitBarrier:
-      return "device barrier";
-    case kernels::kWaitSignal:
-      return "signal wait";
-    default:
-      return "device wait";
-  }
 }
 
 // A block of NVSHMEM's symmetric heap; peer(r) is NVSHMEM's mapping of rank r's copy into this
@@ -443,43 +431,14 @@ Status NvshmemTransport::host_barrier(CollectiveOp op) {
 }
 
 Status NvshmemTransport::poll_error() {
-  const auto* record = static_cast<volatile kernels::WaitError*>(host_error_);
-  if (record->site != kernels::kWaitNone) {
-    std::ostringstream message;
-    message << wait_site_name(record->site) << " timed out after "
-            << static_cast<double>(timeout_ns_) / 1e9 << " s: rank " << record->rank
-            << " waited for rank " << record->peer << " (expected " << record->expected << ", saw "
-            << record->seen << ")";
-    return Status::Timeout(message.str());
-  }
-  const cudaError_t sticky = cudaPeekAtLastError();
-  if (sticky != cudaSuccess) {
-    return Status::SystemError(std::string("CUDA error on device ") + std::to_string(device_) +
-                               ": " + cudaGetErrorString(sticky));
-  }
-  return Status::Ok();
-}
-
-Status NvshmemTransport::check_device_pointer(const void* pointer, const char* what) const {
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
-    cudaGetLastError();  // an unregistered host pointer is an answer, not a failure
-    attributes.type = cudaMemoryTypeUnregistered;
-  }
-  const bool on_device =
-      (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) &&
-      attributes.device == device_;
-  if (!on_device) {
-    return Status::InvalidArgument(std::string(what) + " is not device memory of CUDA device " +
-                                   std::to_string(device_));
-  }
-  return Status::Ok();
+  return cuda::device_wait_status(static_cast<volatile kernels::WaitError*>(host_error_),
+                                  timeout_ns_, device_);
 }
 
 Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes,
                                  StreamHandle stream) {
   DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(dst, "destination"));
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, dst, "destination"));
   auto* out = static_cast<char*>(dst);
   std::vector<void*> to;
   std::vector<const void*> from;
@@ -528,7 +487,7 @@ Status NvshmemTransport::launch_direct(const std::vector<void*>& dst,
 Status NvshmemTransport::put(const void* src, const SymmetricRegion& region, int peer,
                              size_t offset, size_t bytes, StreamHandle stream) {
   DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, src, "source"));
   nvshmemx_putmem_on_stream(static_cast<char*>(region.local()) + offset, src, bytes, peer,
                             as_stream(stream));
   ODC_CUDA_CHECK(cudaGetLastError());
@@ -549,7 +508,7 @@ Status NvshmemTransport::put_signal_all(const void* src, const SymmetricRegion& 
                                         size_t offset, size_t bytes, const SymmetricRegion* signals,
                                         uint64_t value, StreamHandle stream) {
   DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, src, "source"));
   const auto* data = static_cast<const char*>(src);
   if (hierarchical_ && signals != nullptr) {
     return push_hierarchical(data, region, offset, bytes, *signals, value, as_stream(stream));
@@ -746,28 +705,17 @@ Status NvshmemTransport::wait_signals(const SymmetricRegion& signals, uint64_t v
 }
 
 Status NvshmemTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)));
-  return Status::Ok();
+  return local().zero(dst, bytes, stream);
 }
 
 Status NvshmemTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count,
                                     StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(src, "source"));
-  const auto type =
-      src_type == DataType::kFloat32 ? kernels::ElemType::kFloat32 : kernels::ElemType::kBfloat16;
-  ODC_CUDA_CHECK(kernels::accumulate_local(dst, src, type, count, rank_info(), device_error_,
-                                           as_stream(stream)));
-  return Status::Ok();
+  return local().accumulate(dst, src, src_type, count, stream);
 }
 
 Status NvshmemTransport::sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
                                    size_t count, StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_CUDA_CHECK(kernels::sum_slots(dst, slots, stride, num_slots, count, rank_info(),
-                                    device_error_, as_stream(stream)));
-  return Status::Ok();
+  return local().sum_slots(dst, slots, stride, num_slots, count, stream);
 }
 
 }  // namespace odc::nvshmem

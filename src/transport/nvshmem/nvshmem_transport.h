@@ -27,6 +27,7 @@
 #include "core/transport.h"
 #include "core/transport_registry.h"
 #include "kernels/kernels.h"
+#include "transport/cuda/device_local.h"
 
 namespace odc::nvshmem {
 
@@ -73,7 +74,7 @@ class NvshmemTransport final : public Transport {
  private:
   NvshmemTransport(const TransportSpec& spec);
   Status init();
-  Status check_device_pointer(const void* pointer, const char* what) const;
+  cuda::DeviceLocal local() const { return cuda::DeviceLocal{device_, rank_info(), device_error_}; }
   kernels::RankInfo rank_info() const;
   int node_of(int rank) const { return rank / local_size_; }
   // Copies (and signals) the jobs whose target is mapped into this GPU: odc's put-with-signal

@@ -1,0 +1,111 @@
+// What every device transport (CUDA IPC, NVSHMEM) does the same way in its own GPU memory: the
+// local operations of core/transport.h (zero, accumulate, sum_slots) on the caller's stream,
+// the check that a caller's pointer is device memory of the transport's GPU, and the reading of
+// a device-side wait's error record. Header-only, because the NVSHMEM transport is a plugin built
+// apart from libodc.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "common/status.h"
+#include "core/dtype.h"
+#include "kernels/kernels.h"
+#include "transport/cuda/cuda_check.h"
+
+namespace odc::cuda {
+
+inline cudaStream_t as_stream(void* stream) {
+  return static_cast<cudaStream_t>(stream);
+}
+
+inline kernels::ElemType elem_type(DataType type) {
+  return type == DataType::kFloat32 ? kernels::ElemType::kFloat32 : kernels::ElemType::kBfloat16;
+}
+
+// InvalidArgument unless `pointer` is device (or managed) memory of `device`: a host pointer
+// would fault inside a kernel, far from the call that passed it.
+inline Status check_device_pointer(int device, const void* pointer, const char* what) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    cudaGetLastError();  // clear: an unregistered host pointer is an answer, not a failure
+    attributes.type = cudaMemoryTypeUnregistered;
+  }
+  const bool on_device =
+      (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) &&
+      attributes.device == device;
+  if (!on_device) {
+    return Status::InvalidArgument(std::string(what) + " is not device memory of CUDA device " +
+                                   std::to_string(device));
+  }
+  return Status::Ok();
+}
+
+// The local operations, on `device`, enqueued on `stream`; after a failed device wait the kernels
+// move nothing (they read `error` first).
+struct DeviceLocal {
+  int device;
+  kernels::RankInfo info;
+  kernels::WaitError* error;
+
+  Status zero(void* dst, size_t bytes, void* stream) const {
+    DeviceGuard guard(device);
+    ODC_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)));
+    return Status::Ok();
+  }
+  Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
+                    void* stream) const {
+    DeviceGuard guard(device);
+    ODC_RETURN_IF_ERROR(check_device_pointer(device, src, "source"));
+    ODC_CUDA_CHECK(kernels::accumulate_local(dst, src, elem_type(src_type), count, info, error,
+                                             as_stream(stream)));
+    return Status::Ok();
+  }
+  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
+                   void* stream) const {
+    DeviceGuard guard(device);
+    ODC_CUDA_CHECK(
+        kernels::sum_slots(dst, slots, stride, num_slots, count, info, error, as_stream(stream)));
+    return Status::Ok();
+  }
+};
+
+inline const char* wait_site_name(int32_t site) {
+  switch (site) {
+    case kernels::kWaitBarrier:
+      return "device barrier";
+    case kernels::kWaitSlotFree:
+      return "staging slot release";
+    case kernels::kWaitSlotReady:
+      return "staging slot arrival";
+    case kernels::kWaitSignal:
+      return "signal wait";
+    default:
+      return "device wait";
+  }
+}
+
+// What a device-side wait recorded (a Timeout naming site, rank, peer and the values), else a
+// sticky CUDA error of `device`, else Ok. Reads host-mapped memory only: no CUDA call, no sync.
+inline Status device_wait_status(const volatile kernels::WaitError* record, int64_t timeout_ns,
+                                 int device) {
+  const int32_t site = record->site;
+  if (site != kernels::kWaitNone) {
+    std::ostringstream message;
+    message << wait_site_name(site) << " timed out after " << static_cast<double>(timeout_ns) / 1e9
+            << " s: rank " << record->rank << " waited for rank " << record->peer << " (expected "
+            << record->expected << ", saw " << record->seen << ")";
+    return Status::Timeout(message.str());
+  }
+  const cudaError_t sticky = cudaPeekAtLastError();
+  if (sticky != cudaSuccess) {
+    return Status::SystemError(std::string("CUDA error on device ") + std::to_string(device) +
+                               ": " + cudaGetErrorString(sticky));
+  }
+  return Status::Ok();
+}
+
+}  // namespace odc::cuda
