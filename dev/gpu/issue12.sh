@@ -28,7 +28,7 @@ log="$dest/issue12.log"
 exec > >(tee "$log") 2>&1
 status=0
 last_rc=0
-budget=460  # seconds for the whole script: later steps get what is left, or are skipped
+budget=${ISSUE12_BUDGET:-460}  # seconds for the whole script: later steps get what is left, or skipped
 fits() {  # fits LIMIT: sets $limit to LIMIT or what is left of the budget; false when too little
   local left=$((budget - SECONDS))
   limit=$(($1 < left ? $1 : left))
