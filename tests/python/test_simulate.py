@@ -28,7 +28,7 @@ def test_validation_against_recorded_runs(odc_cli, monkeypatch):
     skipped = [r for r in all_rows if "skipped" in r]
     rows = [r for r in all_rows if "skipped" not in r]
     assert skipped and all(r["policy"].endswith("+split") for r in skipped)
-    assert len(rows) == 19
+    assert len(rows) >= 19  # the 19 runs of issue #15's validation, plus any recorded since
     assert {(r["comm"], r["policy"]) for r in rows} == {
         ("collective", "local-sort"), ("collective", "lb-micro"),
         ("odc", "local-sort"), ("odc", "lb-micro"), ("odc", "lb-mini"),
@@ -45,7 +45,7 @@ def test_validation_with_measured_transport_curves(odc_cli, monkeypatch):
     curves = str(REPO / "data" / "transport" / "h200x4_odc_bench.json")
     rows = validate_recorded(REPO / "docs" / "results", transport=curves)
     rows = [r for r in rows if "skipped" not in r]
-    assert len(rows) == 19
+    assert len(rows) >= 19
     mean = sum(abs(r["error"]) for r in rows) / len(rows)
     assert mean <= MEAN_ABSOLUTE_ERROR_BOUND, rows
 
