@@ -67,6 +67,15 @@ typedef enum {
   odcSplitAuto = 1 /* split where the predicted span of the minibatch drops */
 } odcSplit_t;
 
+/* How large LB-Mini may make a microbatch (activation memory follows a microbatch's tokens;
+ * docs/planner.md, "Microbatch memory"). Other policies ignore it. */
+typedef enum {
+  odcMicrobatchMemoryLbMicro = 0, /* no LB-Mini microbatch above the largest LB-Micro builds for
+                                     the same minibatch: no more activation memory than LB-Micro
+                                     (default; a rank may run a few more microbatches) */
+  odcMicrobatchMemoryCap = 1      /* up to max_tokens: the fastest predicted plan */
+} odcMicrobatchMemory_t;
+
 /* Minibatch size meaning "all samples form one minibatch". */
 #define ODC_PLAN_ALL_SAMPLES INT64_MAX
 
@@ -85,12 +94,15 @@ typedef struct {
   odcSplit_t split;      /* odcSplitOff (default) or odcSplitAuto; auto needs LB-Mini or LB-Micro */
   double split_exchange; /* K/V exchange cost per token a chunk receives, as a fraction of cost_a;
                             >= 0, default 0.05 (docs/planner.md, "Splitting outliers") */
+  /* Appended in 0.x for issue #17. */
+  odcMicrobatchMemory_t microbatch_memory; /* default odcMicrobatchMemoryLbMicro */
 } odcPlanOptions_t;
 
 typedef struct odcPlan* odcPlan_t;
 
 /* Fills `options` with the defaults: 1 rank, max_tokens 0 (must be set), LB-Mini, all samples
- * in one minibatch, cost 1,0,0, uniform speed, no splitting (exchange 0.05). */
+ * in one minibatch, cost 1,0,0, uniform speed, no splitting (exchange 0.05), LB-Mini's
+ * microbatches within LB-Micro's largest. */
 ODC_API odcResult_t odcPlanOptionsInit(odcPlanOptions_t* options);
 
 /* Parses "local-sort", "lb-micro" or "lb-mini". */

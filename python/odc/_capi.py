@@ -48,6 +48,7 @@ class PlanOptions(ctypes.Structure):
         ("num_rank_speeds", ctypes.c_size_t),
         ("split", ctypes.c_int),  # odcSplit_t (appended for issue #14)
         ("split_exchange", ctypes.c_double),
+        ("microbatch_memory", ctypes.c_int),  # odcMicrobatchMemory_t (appended for issue #17)
     ]
 
 

@@ -43,6 +43,7 @@ def plan(
     rank_speed: Optional[Sequence[float]] = None,
     split: str = "off",
     split_exchange: Optional[float] = None,
+    microbatch_memory: str = "lb-micro",
 ) -> dict:
     """Plans microbatches for every rank and predicts the bubble (design.md, "Load balancing").
 
@@ -58,6 +59,11 @@ def plan(
         rank's microbatches.
     split_exchange: K/V exchange cost per token a chunk receives, as a fraction of a (default
         0.05).
+    microbatch_memory: how large LB-Mini may make a microbatch (activation memory follows its
+        tokens): "lb-micro" (default) keeps every LB-Mini microbatch within the largest one
+        LB-Micro builds for the same minibatch, so ODC + LB-Mini needs no more activation memory
+        than collective + LB-Micro; "cap" fills up to max_tokens (the fastest predicted plan).
+        Other policies ignore it (docs/planner.md, "Microbatch memory").
 
     Returns {"policy", "ranks", "max_tokens", "cost", "minibatches", "bubble"} as dicts and lists.
     Raises ValueError, with the same message as the CLI, for bad arguments.
@@ -101,6 +107,12 @@ def plan(
         if isinstance(split_exchange, bool) or not isinstance(split_exchange, numbers.Real):
             raise ValueError(f"split_exchange must be a number, got {split_exchange!r}")
         options.split_exchange = float(split_exchange)
+
+    if microbatch_memory not in ("lb-micro", "cap"):
+        raise ValueError(
+            f"unknown microbatch memory {microbatch_memory!r}: expected lb-micro or cap"
+        )
+    options.microbatch_memory = 1 if microbatch_memory == "cap" else 0
 
     array = _lengths_array(lengths)
     handle = ctypes.c_void_p()

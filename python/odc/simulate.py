@@ -171,6 +171,9 @@ def validate_recorded(
                         "--max-tokens", str(run["max_tokens"]), "--policies", run["policy"],
                         "--modes", mode, "--gpus-per-node", str(node_gpus),
                         "--cost-calibrated-on", str(ranks),
+                        # The plan the run executed: runs recorded before issue #17's bound
+                        # packed LB-Mini up to the cap.
+                        "--microbatch-memory", run.get("microbatch_memory", "cap"),
                     ]
                     + link
                     + (["--transport", transport] if transport else [])

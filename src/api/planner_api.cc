@@ -42,6 +42,7 @@ extern "C" odcResult_t odcPlanOptionsInit(odcPlanOptions_t* options) {
   options->num_rank_speeds = 0;
   options->split = odcSplitOff;
   options->split_exchange = odc::planner::kDefaultSplitExchange;
+  options->microbatch_memory = odcMicrobatchMemoryLbMicro;
   return success();
 }
 
@@ -72,6 +73,11 @@ extern "C" odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
       return report(
           Status::InvalidArgument("odcPlanCreate: unknown split value " + std::to_string(split)));
     }
+    const int memory = odc::api::raw_enum_value(options->microbatch_memory);
+    if (memory != odcMicrobatchMemoryLbMicro && memory != odcMicrobatchMemoryCap) {
+      return report(Status::InvalidArgument("odcPlanCreate: unknown microbatch_memory value " +
+                                            std::to_string(memory)));
+    }
     odc::planner::PlanOptions plan_options;
     plan_options.num_ranks = options->num_ranks;
     plan_options.max_tokens = options->max_tokens;
@@ -81,6 +87,9 @@ extern "C" odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
     plan_options.split =
         split == odcSplitAuto ? odc::planner::SplitMode::kAuto : odc::planner::SplitMode::kOff;
     plan_options.split_exchange = options->split_exchange;
+    plan_options.microbatch_memory = memory == odcMicrobatchMemoryCap
+                                         ? odc::planner::MicrobatchMemory::kCap
+                                         : odc::planner::MicrobatchMemory::kLbMicro;
     if (options->rank_speed != nullptr) {
       plan_options.rank_speed.assign(options->rank_speed,
                                      options->rank_speed + options->num_rank_speeds);

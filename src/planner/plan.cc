@@ -260,6 +260,17 @@ std::string_view split_mode_name(SplitMode mode) {
   return mode == SplitMode::kAuto ? "auto" : "off";
 }
 
+std::string_view microbatch_memory_name(MicrobatchMemory memory) {
+  return memory == MicrobatchMemory::kCap ? "cap" : "lb-micro";
+}
+
+Result<MicrobatchMemory> parse_microbatch_memory(std::string_view name) {
+  if (name == "lb-micro") return MicrobatchMemory::kLbMicro;
+  if (name == "cap") return MicrobatchMemory::kCap;
+  return Status::InvalidArgument("unknown microbatch memory " + quote_text(name) +
+                                 ": expected lb-micro or cap");
+}
+
 Result<SplitMode> parse_split_mode(std::string_view name) {
   if (name == "auto") return SplitMode::kAuto;
   if (name == "off") return SplitMode::kOff;
@@ -300,6 +311,11 @@ Status validate_plan_options(const PlanOptions& options) {
   if (options.split == SplitMode::kAuto && options.policy == Policy::kLocalSort) {
     return Status::InvalidArgument(
         "split auto needs policy lb-mini or lb-micro (local-sort keeps its fixed assignment)");
+  }
+  if (options.microbatch_memory != MicrobatchMemory::kLbMicro &&
+      options.microbatch_memory != MicrobatchMemory::kCap) {
+    return Status::InvalidArgument("unknown microbatch memory value " +
+                                   std::to_string(static_cast<int>(options.microbatch_memory)));
   }
   if (!std::isfinite(options.split_exchange) || options.split_exchange < 0.0) {
     return Status::InvalidArgument("split_exchange must be a non-negative number, got " +
@@ -427,6 +443,18 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
     input.tokens = lengths.subspan(static_cast<size_t>(start), static_cast<size_t>(count));
     for (int64_t tokens : input.tokens) input.costs.push_back(options.cost.sample_cost(tokens));
 
+    // LB-Mini under kLbMicro packs under the largest microbatch LB-Micro builds here (never
+    // below the longest sample, so every sample still fits); splitting packs under it too.
+    PlanOptions minibatch_options = options;
+    if (options.policy == Policy::kLbMini &&
+        options.microbatch_memory == MicrobatchMemory::kLbMicro) {
+      int64_t largest = 0;
+      for (const LocalBins& bins : plan_lb_micro(input, options)) {
+        largest = std::max(largest, largest_microbatch(bins, input.tokens));
+      }
+      minibatch_options.max_tokens = std::min(options.max_tokens, largest);
+    }
+
     std::vector<LocalBins> local;
     switch (options.policy) {
       case Policy::kLocalSort:
@@ -436,7 +464,7 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
         local = plan_lb_micro(input, options);
         break;
       case Policy::kLbMini:
-        local = plan_lb_mini(input, options);
+        local = plan_lb_mini(input, minibatch_options);
         break;
     }
 
@@ -449,7 +477,8 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
       }
       const MinibatchTimes times = predict_times(unsplit, input.tokens, options);
       const double span = options.policy == Policy::kLbMicro ? times.collective : times.odc;
-      SplitMinibatch split = plan_minibatch_with_splits(input.tokens, input.costs, options, span);
+      SplitMinibatch split =
+          plan_minibatch_with_splits(input.tokens, input.costs, minibatch_options, span);
       if (!split.splits.empty()) {
         local = std::move(split.ranks);
         for (SplitSample& sample : split.splits) {

@@ -30,6 +30,18 @@ enum class SplitMode { kOff, kAuto };
 std::string_view split_mode_name(SplitMode mode);
 Result<SplitMode> parse_split_mode(std::string_view name);
 
+// How large LB-Mini may make a microbatch. Activation memory follows a microbatch's tokens, and
+// LB-Mini's fewest-microbatch packing fills the token cap where LB-Micro's shared count leaves
+// room: on the 7b preset at 64K that alone cost 1.3x FSDP2's peak memory (docs/benchmarks.md).
+//   kLbMicro: no LB-Mini microbatch exceeds the largest one LB-Micro builds for the same
+//             minibatch, so ODC + LB-Mini needs no more activation memory than collective +
+//             LB-Micro (default; a rank may take a few more microbatches, c each).
+//   kCap:     up to max_tokens: the fastest predicted plan, at more activation memory.
+// Other policies ignore it.
+enum class MicrobatchMemory { kLbMicro, kCap };
+std::string_view microbatch_memory_name(MicrobatchMemory memory);
+Result<MicrobatchMemory> parse_microbatch_memory(std::string_view name);
+
 // Default K/V exchange cost of a split chunk per token received, as a fraction of the per-token
 // cost a (split_chunk_cost). Qwen2-1.5B shape: 28 layers x K and V x 2 heads x 128 x 2 bytes =
 // 28 KiB per token, moved three times (forward, recomputation, gradient) = 86 KB per token; at an
@@ -53,7 +65,8 @@ struct PlanOptions {
   CostModel cost;
   std::vector<double> rank_speed;  // empty = every rank at speed 1
   SplitMode split = SplitMode::kOff;
-  double split_exchange = kDefaultSplitExchange;  // >= 0, see split_chunk_cost
+  double split_exchange = kDefaultSplitExchange;                    // >= 0, see split_chunk_cost
+  MicrobatchMemory microbatch_memory = MicrobatchMemory::kLbMicro;  // LB-Mini only
 };
 
 // Checks options, then lengths against them; the messages are the ones the CLI and Python show.

@@ -202,7 +202,13 @@ std::string plan_to_table(const Plan& plan) {
   std::ostringstream out;
   out << "policy            " << policy_name(options.policy) << "\n"
       << "ranks             " << options.num_ranks << "\n"
-      << "max tokens        " << options.max_tokens << " per microbatch\n"
+      << "max tokens        " << options.max_tokens << " per microbatch";
+  if (options.policy == Policy::kLbMini) {
+    out << (options.microbatch_memory == MicrobatchMemory::kLbMicro
+                ? " (lb-mini: at most lb-micro's largest in each minibatch)"
+                : " (lb-mini: up to the cap)");
+  }
+  out << "\n"
       << "microbatch cost   " << cost_text(options.cost) << "\n"
       << "samples           " << num_samples << " in " << plan.minibatches.size()
       << " minibatch(es)\n";

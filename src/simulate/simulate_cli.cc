@@ -126,6 +126,9 @@ Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& s
   base.plan.max_tokens =
       args.max_tokens ? *args.max_tokens : *std::max_element(source.begin(), source.end());
   base.plan.minibatch_size = args.samples_per_rank;  // times ranks, set per rank count
+  auto memory = planner::parse_microbatch_memory(args.microbatch_memory);
+  if (!memory.ok()) return memory.status();
+  base.plan.microbatch_memory = memory.value();
   return Status::Ok();
 }
 
@@ -164,6 +167,10 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
                      "token cap per microbatch (default: the longest sample)");
   command.add_option("--max-length", args.max_length, "drop samples longer than this");
   command.add_option("--policies", args.policies, "comma-separated")->capture_default_str();
+  command
+      .add_option("--microbatch-memory", args.microbatch_memory,
+                  "lb-mini's microbatch bound: lb-micro (no larger than lb-micro's) or cap")
+      ->capture_default_str();
   command.add_option("--modes", args.modes, "collective, odc, odc-hybrid, comma-separated")
       ->capture_default_str();
   command.add_option("--gpus-per-node", args.gpus_per_node)->capture_default_str();
@@ -244,6 +251,8 @@ int run_cli(const CliArgs& args, std::ostream& out, std::string& error) {
     root["samples_per_rank"] = args.samples_per_rank;
     root["minibatches"] = args.minibatches;
     root["max_tokens"] = base.plan.max_tokens;
+    root["microbatch_memory"] =
+        std::string(planner::microbatch_memory_name(base.plan.microbatch_memory));
     root["topology"] = {
         {"gpus_per_node", base.topology.gpus_per_node},
         {"nvlink_bytes_per_second", base.topology.nvlink.bytes_per_second},

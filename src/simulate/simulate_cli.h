@@ -24,6 +24,7 @@ struct CliArgs {
   std::optional<int64_t> max_tokens;
   std::optional<int64_t> max_length;
   std::string policies = "local-sort,lb-micro,lb-mini";
+  std::string microbatch_memory = "lb-micro";  // LB-Mini's microbatch bound (planner/plan.h)
   std::string modes = "collective,odc,odc-hybrid";
   int64_t gpus_per_node = 8;
   double nvlink_gbytes = 290;

@@ -45,6 +45,7 @@ struct CommonArgs {
   std::string rank_speed;
   std::string split = "off";
   double split_exchange = odc::planner::kDefaultSplitExchange;
+  std::string microbatch_memory = "lb-micro";
 };
 
 void add_common_options(CLI::App& command, CommonArgs& args) {
@@ -69,6 +70,11 @@ void add_common_options(CLI::App& command, CommonArgs& args) {
       .add_option("--split-exchange", args.split_exchange,
                   "K/V exchange cost of a split chunk per token received, as a fraction of A")
       ->capture_default_str();
+  command
+      .add_option("--microbatch-memory", args.microbatch_memory,
+                  "lb-micro: no lb-mini microbatch above the largest lb-micro builds for the "
+                  "same minibatch (no more activation memory); cap: up to --max-tokens (fastest)")
+      ->capture_default_str();
 }
 
 // Turns the typed arguments into plan inputs; the first problem found is returned.
@@ -88,6 +94,9 @@ Status build_inputs(const CommonArgs& args, std::vector<int64_t>& lengths, PlanO
   if (!split.ok()) return split.status();
   options.split = split.value();
   options.split_exchange = args.split_exchange;
+  auto memory = odc::planner::parse_microbatch_memory(args.microbatch_memory);
+  if (!memory.ok()) return memory.status();
+  options.microbatch_memory = memory.value();
   // Option errors come before reading a possibly large file.
   ODC_RETURN_IF_ERROR(odc::planner::validate_plan_options(options));
   auto read = odc::planner::read_lengths_file(args.lengths_path);

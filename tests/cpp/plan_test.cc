@@ -247,6 +247,7 @@ TEST(LbMini, NeverSlowerAndNoLargerMicrobatchesThanFewestPacking) {
     PlanOptions options = options_for(Policy::kLbMini, 4, 32768);
     options.minibatch_size = 32;
     options.cost = cost;
+    options.microbatch_memory = MicrobatchMemory::kCap;  // the bound below is kLbMicro's test
     const Plan plan = plan_or_die(lengths, options);
     expect_valid_plan(plan, lengths);
     for (const auto& minibatch : plan.minibatches) {
@@ -267,6 +268,72 @@ TEST(LbMini, NeverSlowerAndNoLargerMicrobatchesThanFewestPacking) {
       EXPECT_NEAR(minibatch.times.odc, slowest_fewest, 1e-9 * slowest_fewest);
     }
   }
+}
+
+// The largest microbatch of each minibatch of `plan`, split chunks excluded.
+std::vector<int64_t> largest_per_minibatch(const Plan& plan, const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> largest;
+  for (const auto& minibatch : plan.minibatches) {
+    int64_t most = 0;
+    for (const auto& rank : minibatch.ranks)
+      most = std::max(most, largest_microbatch(rank, lengths));
+    largest.push_back(most);
+  }
+  return largest;
+}
+
+TEST(LbMini, MicrobatchesNoLargerThanLbMicrosByDefault) {
+  // Default kLbMicro: in every minibatch LB-Mini's largest microbatch is at most LB-Micro's (so
+  // ODC + LB-Mini needs no more activation memory); kCap may exceed it and is never slower.
+  // Heavy-tailed lengths and a long cap make LB-Mini's fewest packing fill microbatches.
+  std::vector<int64_t> lengths = random_lengths(512, 4096, 11);
+  for (size_t i = 0; i < lengths.size(); i += 37) lengths[i] = 60000 + static_cast<int64_t>(i);
+  bool cap_exceeded_somewhere = false;
+  for (const CostModel cost : {CostModel{1.0, 0.0, 0.0}, CostModel{3.1e-5, 1.2e-9, 0.07},
+                               CostModel{1.1e-4, 2.7e-9, 0.1}}) {
+    for (const SplitMode split : {SplitMode::kOff, SplitMode::kAuto}) {
+      PlanOptions micro = options_for(Policy::kLbMicro, 4, 200000);
+      micro.minibatch_size = 16;
+      micro.cost = cost;
+      PlanOptions mini = micro;
+      mini.policy = Policy::kLbMini;
+      mini.split = split;
+      PlanOptions cap = mini;
+      cap.microbatch_memory = MicrobatchMemory::kCap;
+      const Plan micro_plan = plan_or_die(lengths, micro);
+      const Plan mini_plan = plan_or_die(lengths, mini);
+      const Plan cap_plan = plan_or_die(lengths, cap);
+      if (split == SplitMode::kOff) {  // (split samples are in no rank's microbatches)
+        expect_valid_plan(mini_plan, lengths);
+        expect_valid_plan(cap_plan, lengths);
+      }
+      const auto micro_largest = largest_per_minibatch(micro_plan, lengths);
+      const auto mini_largest = largest_per_minibatch(mini_plan, lengths);
+      const auto cap_largest = largest_per_minibatch(cap_plan, lengths);
+      ASSERT_EQ(micro_largest.size(), mini_largest.size());
+      for (size_t m = 0; m < micro_largest.size(); ++m) {
+        EXPECT_LE(mini_largest[m], micro_largest[m]) << "minibatch " << m;
+        if (cap_largest[m] > micro_largest[m]) cap_exceeded_somewhere = true;
+        if (split == SplitMode::kOff) {
+          EXPECT_LE(cap_plan.minibatches[m].times.odc,
+                    mini_plan.minibatches[m].times.odc * (1 + 1e-12))
+              << "minibatch " << m;
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(cap_exceeded_somewhere) << "the data never made the bound bind: test is vacuous";
+}
+
+TEST(LbMini, MicrobatchMemoryNames) {
+  EXPECT_EQ(parse_microbatch_memory("lb-micro").value(), MicrobatchMemory::kLbMicro);
+  EXPECT_EQ(parse_microbatch_memory("cap").value(), MicrobatchMemory::kCap);
+  const auto bad = parse_microbatch_memory("tight");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("expected lb-micro or cap"), std::string::npos);
+  PlanOptions options = options_for(Policy::kLbMini, 2, 100);
+  options.microbatch_memory = static_cast<MicrobatchMemory>(7);
+  EXPECT_FALSE(validate_plan_options(options).ok());
 }
 
 TEST(LbMini, UsesRankSpeed) {

@@ -114,6 +114,7 @@ CLI_ERRORS = [
     (["10"], ["--rank-speed", "1,-1"], "rank_speed entries must be positive: got -1 for rank 1"),
     (["# only a comment", ""], [], "empty input: no sample lengths given"),
     (["10"], ["--policy", "fsdp"], "unknown policy 'fsdp'"),
+    (["10"], ["--microbatch-memory", "tight"], "unknown microbatch memory 'tight'"),
 ]
 
 
@@ -143,6 +144,10 @@ PYTHON_ERRORS = [
     (dict(rank_speed=[1, -1]), "rank_speed entries must be positive: got -1 for rank 1"),
     (dict(lengths=[]), "empty input: no sample lengths given"),
     (dict(policy="fsdp"), "unknown policy 'fsdp': expected local-sort, lb-micro or lb-mini"),
+    (
+        dict(microbatch_memory="tight"),
+        "unknown microbatch memory 'tight': expected lb-micro or cap",
+    ),
 ]
 
 
@@ -153,6 +158,40 @@ def test_python_errors(change, message):
     with pytest.raises(ValueError) as error:
         odc.plan(**args)
     assert message in str(error.value)
+
+
+def _largest_per_minibatch(plan, lengths):
+    return [
+        max(sum(lengths[s] for s in mb) for rank in m["ranks"] for mb in rank["microbatches"])
+        for m in plan["minibatches"]
+    ]
+
+
+@pytest.mark.parametrize("memory", ["lb-micro", "cap"])
+def test_microbatch_memory_python_equals_cli(odc_cli, data_dir, memory):
+    path = data_dir / "heavy_tailed.txt"
+    lengths = odc.read_lengths(str(path))
+    args = ["plan", "--lengths", str(path), "--ranks", "4", "--max-tokens", str(max(lengths))]
+    args += ["--policy", "lb-mini", "--minibatch-size", "16", "--cost", COST_7B]
+    result = run_cli(odc_cli, *args, "--microbatch-memory", memory)
+    assert result.returncode == 0, result.stderr
+    from_python = odc.plan(
+        lengths, ranks=4, max_tokens=max(lengths), policy="lb-mini", minibatch_size=16,
+        cost=(0.00027401178, 0.0000000042464424, 0), microbatch_memory=memory,
+    )  # fmt: skip
+    assert json.loads(result.stdout) == from_python
+
+
+def test_lb_mini_microbatches_within_lb_micro_by_default(data_dir):
+    # The default bound (docs/planner.md, "Microbatch memory"): no LB-Mini microbatch above
+    # LB-Micro's largest in the same minibatch; "cap" exceeds it on this heavy-tailed file.
+    lengths = odc.read_lengths(str(data_dir / "heavy_tailed.txt"))
+    common = dict(ranks=4, max_tokens=max(lengths), minibatch_size=16, cost=(3.1e-5, 1.2e-9, 0.07))
+    micro = _largest_per_minibatch(odc.plan(lengths, policy="lb-micro", **common), lengths)
+    mini = _largest_per_minibatch(odc.plan(lengths, policy="lb-mini", **common), lengths)
+    cap = odc.plan(lengths, policy="lb-mini", microbatch_memory="cap", **common)
+    assert all(a <= b for a, b in zip(mini, micro))
+    assert any(a > b for a, b in zip(_largest_per_minibatch(cap, lengths), micro))
 
 
 def test_deterministic(data_dir):

@@ -115,6 +115,14 @@ def parse_args(argv):
         "the CPU), odc (pulls from odc symmetric buffers; ODC runs only: collective runs use "
         "nccl), or both (every ODC + split run twice, once with each)",
     )
+    parser.add_argument(
+        "--microbatch-memory",
+        choices=["lb-micro", "cap"],
+        default="lb-micro",
+        help="how large lb-mini may make a microbatch: lb-micro (no larger than the largest "
+        "lb-micro builds for the same minibatch, so no more activation memory than collective + "
+        "lb-micro) or cap (up to --max-tokens: the fastest predicted plan, more memory)",
+    )
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument(
         "--run-dir",
@@ -356,6 +364,7 @@ def _main(argv) -> int:
             mesh=run_mesh,
             split=split,
             kv_exchange=exchange,
+            microbatch_memory=args.microbatch_memory,
         )
         results.append(launcher.run(config, ranks))
         if len(results) > 1 and args.cost == "fit":

@@ -60,6 +60,7 @@ def schedule(
     policy: str,
     cost=(1.0, 0.0, 0.0),
     split: str = "off",
+    microbatch_memory: str = "lb-micro",
 ) -> dict:
     """The planner's plan (odc.plan) for consecutive minibatches of `samples_per_minibatch`."""
     return plan(
@@ -70,6 +71,7 @@ def schedule(
         minibatch_size=samples_per_minibatch,
         cost=cost,
         split=split,
+        microbatch_memory=microbatch_memory,
     )
 
 

@@ -49,6 +49,9 @@ class RunConfig:
     # on GPUs, gloo on the CPU); "odc", pulls from odc symmetric buffers (model.OdcKVExchange;
     # needs comm "odc", whose communicator it shares).
     kv_exchange: str = "nccl"
+    # How large LB-Mini may make a microbatch: "lb-micro" (no larger than LB-Micro's largest in
+    # the same minibatch: no more activation memory) or "cap" (up to max_tokens; odc.plan).
+    microbatch_memory: str = "lb-micro"
 
 
 @dataclass
@@ -291,6 +294,7 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             policy=config.policy,
             cost=cost,
             split=config.split,
+            microbatch_memory=config.microbatch_memory,
         )
         num_steps = min(config.steps + config.warmup_steps, len(plan["minibatches"]))
         # One subgroup per distinct split group of the minibatches we run: every rank creates
@@ -465,6 +469,7 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         "steps_measured": len(timings),
         "samples_per_rank": config.samples_per_rank,
         "max_tokens": config.max_tokens,
+        "microbatch_memory": config.microbatch_memory,
         **measured,
         # Under collective a rank's busy time includes its waits inside FSDP2's per-layer
         # collectives, so its measured bubble is near zero by construction, not a measurement of

@@ -3,6 +3,7 @@
 // every device-side wait is bounded.
 #include "transport/cuda/cuda_transport.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -95,6 +96,19 @@ Result<std::unique_ptr<CudaTransport>> CudaTransport::create(std::shared_ptr<Boo
 Status CudaTransport::init_device_state() {
   DeviceGuard guard(device_);
   ODC_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
+  // ODC_CUDA_SMS: the SMs odc's data kernels size their grids for (default: all). Training
+  // overlaps gathers and pushes with compute, where a grid over every SM delays the compute
+  // kernels beside it; a smaller budget moves the same bytes with fewer blocks in flight.
+  if (const char* text = std::getenv("ODC_CUDA_SMS"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const long budget = std::strtol(text, &end, 10);
+    if (*end != '\0' || budget < 1 || budget > num_sms_) {
+      return Status::InvalidArgument("ODC_CUDA_SMS='" + std::string(text) +
+                                     "': expected an integer from 1 to the device's " +
+                                     std::to_string(num_sms_) + " SMs");
+    }
+    num_sms_ = static_cast<int>(budget);
+  }
   // The record lives in device memory (every wait reads it first, to fail fast); an expired wait
   // also copies it into host-mapped memory, so poll_error() needs no CUDA call and no stream op.
   ODC_CUDA_CHECK(cudaHostAlloc(&host_error_, sizeof(kernels::WaitError), cudaHostAllocMapped));

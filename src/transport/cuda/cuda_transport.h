@@ -74,7 +74,7 @@ class CudaTransport final : public Transport {
 
   std::shared_ptr<Bootstrap> bootstrap_;
   int device_;
-  int num_sms_ = 0;
+  int num_sms_ = 0;  // the grid budget of the data kernels (ODC_CUDA_SMS, else all SMs)
   int64_t timeout_ns_;
   uint64_t barrier_epoch_ = 0;
   std::unique_ptr<SymmetricRegion> signals_;    // one kernels::SignalBlock per rank
