@@ -11,6 +11,7 @@ waits inside a minibatch and queues work ahead as in real training; on the CPU, 
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -63,6 +64,9 @@ class RankRecord:
     microbatches: List[tuple] = field(default_factory=list)  # (start, end, tokens)
     replica_reduce: float = 0.0  # ODC on an HSDP mesh: the cross-replica all-reduce's seconds
     replica_reduce_bytes: int = 0  # ... and the fp32 gradient bytes this rank all-reduced
+    # Host seconds of each call after the last microbatch (where a minibatch's tail goes; the
+    # host blocks in "step" while check_minibatch waits for the GPU, in "sync" for the rest).
+    tail_phases: dict = field(default_factory=dict)
 
 
 class _Clock:
@@ -326,6 +330,11 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
                     torch.bfloat16 if on_gpu else torch.float32,
                 )
         records, losses = [], []
+        # Everything built so far lives until the end: keep it out of the collector's scans, or a
+        # full collection (timed by allocation counts, so at the same minibatch every run) lands
+        # inside a measured minibatch.
+        gc.collect()
+        gc.freeze()
         steps_progress = Progress(
             num_steps,
             f"[{config.comm} {config.policy}] minibatches ({config.warmup_steps} warm-up)",
@@ -372,12 +381,22 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
                 step_loss += trainer.microbatch(packed, global_tokens)
                 marks.append((begin, clock.mark(), packed.num_tokens))
             probe.enter("end_and_step")
+            tail = [time.perf_counter()]
             trainer.end()
+            tail.append(time.perf_counter())
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            tail.append(time.perf_counter())
             optimizer.step()
+            tail.append(time.perf_counter())
             optimizer.zero_grad()
+            tail.append(time.perf_counter())
             clock.sync()
-            record = RankRecord(busy=0.0, span=time.perf_counter() - start_wall)
+            tail.append(time.perf_counter())
+            record = RankRecord(busy=0.0, span=tail[-1] - start_wall)
+            record.tail_phases = {
+                name: tail[i + 1] - tail[i]
+                for i, name in enumerate(("end", "clip", "step", "zero_grad", "sync"))
+            }
             if engine is not None and engine.replica_reduction is not None:
                 record.replica_reduce = engine.replica_reduction.seconds
                 record.replica_reduce_bytes = engine.replica_reduction.bytes_per_minibatch
@@ -486,6 +505,17 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         ],
         # Each measured minibatch's span (slowest rank): the spread the table reports.
         "minibatch_seconds": [t.span_seconds for t in timings],
+        # Per measured minibatch, the longest host time of each call after the last microbatch
+        # over the ranks (RankRecord.tail_phases).
+        "tail_phase_seconds": [
+            {
+                name: max(
+                    gathered[r][0][s]["tail_phases"].get(name, 0.0) for r in range(world_size)
+                )
+                for name in ("end", "clip", "step", "zero_grad", "sync")
+            }
+            for s in range(config.warmup_steps, num_steps)
+        ],
         "peak_memory_bytes": max(gathered[r][1] for r in range(world_size)),
         "losses": losses,
         "timeline": [gathered[r][0][last]["microbatches"] for r in range(world_size)],
