@@ -55,6 +55,10 @@ class RunConfig:
     microbatch_memory: str = "lb-micro"
 
 
+# The SMs odc's data kernels size their grids for in training (ODC_CUDA_SMS; docs/runtime.md).
+TRAINING_SM_BUDGET = 32
+
+
 @dataclass
 class RankRecord:
     """What one rank measured in one minibatch (seconds, relative to the minibatch start)."""
@@ -244,6 +248,12 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         engine = None
         if config.comm == "odc":
             device_index = local_rank if on_gpu else None
+            if on_gpu:
+                # odc's gather and push kernels overlap forward/backward here: sized for every SM
+                # they slowed the compute beside them (balanced 8K microbatches on 4 H200s: 0.399
+                # s with all 132 SMs, 0.391 s with 32 or 16; docs/benchmarks.md, SM budget). The
+                # user's own setting wins.
+                os.environ.setdefault("ODC_CUDA_SMS", str(TRAINING_SM_BUDGET))
             if key is None:  # torchrun: the job's process group (its shard group on HSDP meshes)
                 group = mesh.get_group("shard") if mesh is not None else None
                 comm = odc.torch.comm_from_process_group(group, timeout=600)
@@ -489,6 +499,7 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         "samples_per_rank": config.samples_per_rank,
         "max_tokens": config.max_tokens,
         "microbatch_memory": config.microbatch_memory,
+        "odc_cuda_sms": os.environ.get("ODC_CUDA_SMS") if config.comm == "odc" else None,
         **measured,
         # Under collective a rank's busy time includes its waits inside FSDP2's per-layer
         # collectives, so its measured bubble is near zero by construction, not a measurement of

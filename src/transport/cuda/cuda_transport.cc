@@ -3,6 +3,7 @@
 // every device-side wait is bounded.
 #include "transport/cuda/cuda_transport.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -102,12 +103,13 @@ Status CudaTransport::init_device_state() {
   if (const char* text = std::getenv("ODC_CUDA_SMS"); text != nullptr && *text != '\0') {
     char* end = nullptr;
     const long budget = std::strtol(text, &end, 10);
-    if (*end != '\0' || budget < 1 || budget > num_sms_) {
+    if (*end != '\0' || budget < 1 || end == text) {
       return Status::InvalidArgument("ODC_CUDA_SMS='" + std::string(text) +
-                                     "': expected an integer from 1 to the device's " +
-                                     std::to_string(num_sms_) + " SMs");
+                                     "': expected a positive integer (SMs; more than the "
+                                     "device's " +
+                                     std::to_string(num_sms_) + " means all)");
     }
-    num_sms_ = static_cast<int>(budget);
+    num_sms_ = static_cast<int>(std::min<long>(budget, num_sms_));
   }
   // The record lives in device memory (every wait reads it first, to fail fast); an expired wait
   // also copies it into host-mapped memory, so poll_error() needs no CUDA call and no stream op.
