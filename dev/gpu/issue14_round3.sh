@@ -9,6 +9,7 @@
 #   longalign LongAlign-like <= 64K, --compare --split auto, 10 minibatches (~4 min);
 #   heavy     heavy-tailed, --compare --split auto, 10 minibatches (~2.5 min).
 # odc.train under torchrun, 1.5b, 4 samples per rank, cost given (the 1.5b fit), 1 warm-up.
+# ODC_TRAIN_EXTRA: more odc.train arguments for every run (e.g. --microbatch-memory cap).
 # Output: $OUT/issue14_round3/issue14_round3.log and issue14_round3.tgz (results + timelines).
 set -euo pipefail
 export PYTHONPATH=$PWD/python ODC_LIBRARY=$PWD/.device/libodc.so PYTHONUNBUFFERED=1
@@ -50,7 +51,7 @@ if wants bench; then
   stage bench-32-sms 45 env ODC_CUDA_SMS=32 .device/odc_bench --transport cuda 16 256 4
 fi
 train=(python3 -m torch.distributed.run --standalone --nproc_per_node 4 -m odc.train
-  --preset 1.5b --samples-per-rank 4 --cost "$cost" --compare --split auto)
+  --preset 1.5b --samples-per-rank 4 --cost "$cost" --compare --split auto ${ODC_TRAIN_EXTRA:-})
 if wants constant; then
   stage constant 130 "${train[@]}" --lengths data/longalign_like.txt --constant-length 8192 \
     --steps 8 --output "$work/constant.json" --timeline ""
