@@ -196,6 +196,55 @@ void shrink_microbatches(const std::vector<RankSamples>& samples, std::vector<Bi
   }
 }
 
+// Each rank of an LB-Mini partition: the fewest microbatches under options.max_tokens, packed by
+// tokens (pack_fewest_by_tokens), then shrunk where time allows (shrink_microbatches).
+std::vector<LocalBins> pack_lb_mini(const Bins& by_rank, const MinibatchInput& input,
+                                    const PlanOptions& options) {
+  std::vector<RankSamples> samples;
+  std::vector<Bins> packed;
+  for (const auto& items : by_rank) {
+    samples.emplace_back(items, input);
+    packed.push_back(pack_fewest_by_tokens(samples.back().packing(options.max_tokens)));
+  }
+  shrink_microbatches(samples, packed, options);
+  std::vector<LocalBins> ranks;
+  for (size_t r = 0; r < samples.size(); ++r) {
+    ranks.push_back(samples[r].to_local(packed[r]));
+    sort_by_cost_descending(ranks.back(), input, options.cost);
+  }
+  return ranks;
+}
+
+int64_t largest_microbatch(const std::vector<LocalBins>& ranks, std::span<const int64_t> tokens) {
+  int64_t largest = 0;
+  for (const LocalBins& bins : ranks) largest = std::max(largest, largest_microbatch(bins, tokens));
+  return largest;
+}
+
+// The predicted ODC time of a minibatch's plan: its slowest rank's microbatches, c each plus
+// their samples' costs, over the rank's speed.
+double odc_time(const std::vector<LocalBins>& ranks, const MinibatchInput& input,
+                const PlanOptions& options) {
+  double slowest = 0.0;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    double total = 0.0;
+    for (const auto& microbatch : ranks[r])
+      total += microbatch_cost(microbatch, input, options.cost);
+    slowest = std::max(slowest, total / rank_speed(options, r));
+  }
+  return slowest;
+}
+
+// LB-Mini's token bound under MicrobatchMemory::kLbMicro: the largest microbatch LB-Micro builds
+// for this minibatch (never below its longest sample), within the cap.
+int64_t lb_micro_bound(const MinibatchInput& input, const PlanOptions& options) {
+  return std::min(options.max_tokens,
+                  largest_microbatch(plan_lb_micro(input, options), input.tokens));
+}
+
+// LB-Mini (design.md): cost-balanced ranks, each packed independently. Under kLbMicro the packing
+// is redone under lb_micro_bound where it exceeds it; LB-Micro is planned only when a microbatch
+// holds more than the minibatch's longest sample (the bound's floor), and the partition is kept.
 std::vector<LocalBins> plan_lb_mini(const MinibatchInput& input, const PlanOptions& options) {
   const int num_ranks = static_cast<int>(options.num_ranks);
   const bool uniform_speed = options.rank_speed.empty() ||
@@ -218,20 +267,20 @@ std::vector<LocalBins> plan_lb_mini(const MinibatchInput& input, const PlanOptio
   }
   (void)refine(by_rank, input.costs, limits);
 
-  // Each rank: the fewest microbatches under the cap, packed by tokens (pack_fewest_by_tokens).
-  std::vector<RankSamples> samples;
-  std::vector<Bins> packed;
-  for (const auto& items : by_rank) {
-    samples.emplace_back(items, input);
-    packed.push_back(pack_fewest_by_tokens(samples.back().packing(options.max_tokens)));
-  }
-  shrink_microbatches(samples, packed, options);
-  std::vector<LocalBins> ranks;
-  for (size_t r = 0; r < samples.size(); ++r) {
-    ranks.push_back(samples[r].to_local(packed[r]));
-    sort_by_cost_descending(ranks.back(), input, options.cost);
-  }
-  return ranks;
+  std::vector<LocalBins> ranks = pack_lb_mini(by_rank, input, options);
+  if (options.microbatch_memory != MicrobatchMemory::kLbMicro) return ranks;
+  const int64_t largest = largest_microbatch(ranks, input.tokens);
+  const int64_t longest = *std::max_element(input.tokens.begin(), input.tokens.end());
+  if (largest <= longest) return ranks;
+  std::vector<LocalBins> micro = plan_lb_micro(input, options);
+  PlanOptions bounded = options;
+  bounded.max_tokens = std::min(options.max_tokens, largest_microbatch(micro, input.tokens));
+  if (largest <= bounded.max_tokens) return ranks;
+  ranks = pack_lb_mini(by_rank, input, bounded);
+  // The bound adds microbatches (c each) to ranks the partition balanced without them; where that
+  // leaves LB-Mini predicted slower than LB-Micro's plan under ODC, that plan is LB-Mini's (it
+  // meets the bound by definition): LB-Mini is never predicted slower than LB-Micro.
+  return odc_time(micro, input, options) < odc_time(ranks, input, options) ? micro : ranks;
 }
 
 }  // namespace
@@ -443,18 +492,6 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
     input.tokens = lengths.subspan(static_cast<size_t>(start), static_cast<size_t>(count));
     for (int64_t tokens : input.tokens) input.costs.push_back(options.cost.sample_cost(tokens));
 
-    // LB-Mini under kLbMicro packs under the largest microbatch LB-Micro builds here (never
-    // below the longest sample, so every sample still fits); splitting packs under it too.
-    PlanOptions minibatch_options = options;
-    if (options.policy == Policy::kLbMini &&
-        options.microbatch_memory == MicrobatchMemory::kLbMicro) {
-      int64_t largest = 0;
-      for (const LocalBins& bins : plan_lb_micro(input, options)) {
-        largest = std::max(largest, largest_microbatch(bins, input.tokens));
-      }
-      minibatch_options.max_tokens = std::min(options.max_tokens, largest);
-    }
-
     std::vector<LocalBins> local;
     switch (options.policy) {
       case Policy::kLocalSort:
@@ -464,12 +501,18 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
         local = plan_lb_micro(input, options);
         break;
       case Policy::kLbMini:
-        local = plan_lb_mini(input, minibatch_options);
+        local = plan_lb_mini(input, options);
         break;
     }
 
     MinibatchPlan minibatch;
     if (options.split == SplitMode::kAuto) {
+      // LB-Mini's microbatch bound holds for the samples left after splitting too.
+      PlanOptions minibatch_options = options;
+      if (options.policy == Policy::kLbMini &&
+          options.microbatch_memory == MicrobatchMemory::kLbMicro) {
+        minibatch_options.max_tokens = lb_micro_bound(input, options);
+      }
       std::vector<RankPlan> unsplit(local.size());
       for (size_t r = 0; r < local.size(); ++r) {
         for (const auto& bin : local[r])
