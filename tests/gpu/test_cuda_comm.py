@@ -236,6 +236,22 @@ def test_no_such_device():
     assert "CUDA device 99 does not exist" in str(raised.value)
 
 
+def test_sm_budget_that_is_not_a_number_is_named(monkeypatch):
+    monkeypatch.setenv("ODC_CUDA_SMS", "many")
+    with pytest.raises(odc.Error) as raised:
+        odc.Comm(0, 1, f"sms-{os.getpid()}", device=0)
+    assert "ODC_CUDA_SMS='many': expected a positive integer" in str(raised.value)
+
+
+@pytest.mark.parametrize("budget", ["1", "32", "100000"])
+def test_gather_and_pushes_under_any_sm_budget(monkeypatch, budget):
+    # ODC_CUDA_SMS only sizes grids: one SM, a training budget and "more than the device has"
+    # (= all) give the same bytes and sums (the ranks inherit the variable).
+    monkeypatch.setenv("ODC_CUDA_SMS", budget)
+    assert odc.launch(_gather_rank, 2, timeout=300) == [True, True]
+    assert odc.launch(_minibatch_rank, 2, 4, 65537, "float32", True, timeout=300) == [4, 4]
+
+
 def _dies_rank(rank, world_size, key):
     import signal
 

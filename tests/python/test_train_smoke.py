@@ -44,6 +44,13 @@ def test_train_compare_runs_and_reports(tmp_path):
         assert run["predicted_seconds"] == pytest.approx(
             sum(r["predicted_span_seconds"] for r in rows)
         )
+        # Where each measured minibatch's tail went, host seconds per call (all ranks' longest).
+        assert len(run["tail_phase_seconds"]) == 2
+        for phases in run["tail_phase_seconds"]:
+            assert set(phases) == {"end", "clip", "step", "zero_grad", "sync"}
+            assert all(seconds >= 0 for seconds in phases.values())
+            assert sum(phases.values()) <= max(r["measured_span_seconds"] for r in rows) + 1e-3
+        assert run["microbatch_memory"] == "lb-micro"
     assert runs[0]["bubble_measured"] is False and runs[1]["bubble_measured"] is True
     # Enough to re-plan and re-simulate the measured minibatches (python -m odc.simulate).
     assert all(len(r["measured_lengths"]) == 2 * 2 * 3 for r in runs)
