@@ -83,9 +83,16 @@ def plans(world_size, policy, max_tokens=MAX_TOKENS, **data):
     for step in range(STEPS):
         lengths = [int(t.shape[1]) for t in minibatch_samples(step, **data)]
         # A per-microbatch cost (c = 2 tokens' worth), as in real training: with c = 0 LB-Mini
-        # may split every rank down to the longest sample, which here evens the counts out.
+        # may split every rank down to the longest sample, which here evens the counts out. LB-Mini
+        # packs up to the cap: the tests want its unequal counts, which LB-Micro's microbatch
+        # bound (the default) can even out on minibatches this small.
         plan = odc.plan(
-            lengths, ranks=world_size, max_tokens=max_tokens, policy=policy, cost=(1.0, 0.0, 2.0)
+            lengths,
+            ranks=world_size,
+            max_tokens=max_tokens,
+            policy=policy,
+            cost=(1.0, 0.0, 2.0),
+            microbatch_memory="cap",
         )
         result.append([rank["microbatches"] for rank in plan["minibatches"][0]["ranks"]])
     return result
