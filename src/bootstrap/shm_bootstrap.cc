@@ -258,44 +258,58 @@ Status ShmBootstrap::create_control_segment() {
                              ": it keeps reappearing");
 }
 
-Status ShmBootstrap::map_peer(int peer, Clock::time_point deadline) {
-  const std::string name = segment_name(peer, "");
-  auto pause = std::chrono::milliseconds(1);
-  Clock::time_point dead_since{};  // when we first found the peer's block with a dead owner
-  while (true) {
-    auto opened = Segment::open(name, sizeof(ControlBlock));
-    if (opened.ok()) {
-      auto* peer_block = static_cast<ControlBlock*>(opened.value()->data());
-      if (peer_block->magic.load(std::memory_order_acquire) == kMagic) {
-        if (pid_alive(peer_block->pid)) {
-          if (peer_block->world_size != static_cast<uint32_t>(world_size_)) {
-            return Status::InvalidArgument("rank " + std::to_string(peer) + " joined key '" + key_ +
-                                           "' with world size " +
-                                           std::to_string(peer_block->world_size) +
-                                           ", this rank with " + std::to_string(world_size_));
-          }
-          controls_[peer] = std::move(opened).value();
-          return Status::Ok();
-        }
-        // Its owner is dead: debris of an earlier crash that the restarting rank removes at
-        // once, or a rank of this job that died during init. Past the grace period: the latter.
-        const auto now = Clock::now();
-        if (dead_since == Clock::time_point{}) dead_since = now;
-        if (now - dead_since >= kDeadBlockGrace) {
-          const int32_t dead_pid = peer_block->pid;
-          remove_remains(peer, dead_pid,
-                         peer_block->num_allocations.load(std::memory_order_acquire));
-          return Status::RemoteError("rank " + std::to_string(peer) + " (pid " +
-                                     std::to_string(dead_pid) + ") died before every rank joined " +
-                                     "key '" + key_ + "' (what it left in /dev/shm is removed)");
-        }
-      }
-    } else if (opened.status().code() != StatusCode::kInvalidUsage) {
-      return opened.status();
-    } else {
-      dead_since = Clock::time_point{};
+Result<bool> ShmBootstrap::try_map_peer(int peer, Clock::time_point& dead_since) {
+  auto opened = Segment::open(segment_name(peer, ""), sizeof(ControlBlock));
+  if (!opened.ok()) {
+    if (opened.status().code() != StatusCode::kInvalidUsage) return opened.status();
+    dead_since = Clock::time_point{};  // not there (yet, or no more)
+    return false;
+  }
+  auto* peer_block = static_cast<ControlBlock*>(opened.value()->data());
+  if (peer_block->magic.load(std::memory_order_acquire) != kMagic) return false;  // being made
+  if (pid_alive(peer_block->pid)) {
+    if (peer_block->world_size != static_cast<uint32_t>(world_size_)) {
+      return Status::InvalidArgument("rank " + std::to_string(peer) + " joined key '" + key_ +
+                                     "' with world size " + std::to_string(peer_block->world_size) +
+                                     ", this rank with " + std::to_string(world_size_));
     }
-    // A rank already met may have given up (e.g. it found this one dead and removed its block):
+    controls_[peer] = std::move(opened).value();
+    return true;
+  }
+  // Its owner is dead: debris of an earlier crash that the restarting rank removes at once, or a
+  // rank of this job that died during init. Past the grace period: the latter.
+  const auto now = Clock::now();
+  if (dead_since == Clock::time_point{}) dead_since = now;
+  if (now - dead_since < kDeadBlockGrace) return false;
+  const int32_t dead_pid = peer_block->pid;
+  remove_remains(peer, dead_pid, peer_block->num_allocations.load(std::memory_order_acquire));
+  return Status::RemoteError("rank " + std::to_string(peer) + " (pid " + std::to_string(dead_pid) +
+                             ") died before every rank joined key '" + key_ +
+                             "' (what it left in /dev/shm is removed)");
+}
+
+Status ShmBootstrap::join() {
+  ODC_RETURN_IF_ERROR(create_control_segment());
+  const auto deadline = deadline_after(timeout_);
+  // Every missing peer is looked for in each round, not one after another: a rank that finds a
+  // dead peer removes its block, and a rank that had not met the finder yet would then only see
+  // a peer that never joined. Met ranks are mapped, so their failure reasons reach us.
+  std::vector<Clock::time_point> dead_since(static_cast<size_t>(world_size_));
+  auto pause = std::chrono::milliseconds(1);
+  while (true) {
+    int first_missing = -1;
+    for (int peer = 0; peer < world_size_; ++peer) {
+      if (peer == rank_ || controls_[peer]) continue;
+      auto mapped = try_map_peer(peer, dead_since[static_cast<size_t>(peer)]);
+      if (!mapped.ok()) return mapped.status();
+      if (mapped.value()) {
+        pause = std::chrono::milliseconds(1);
+      } else if (first_missing < 0) {
+        first_missing = peer;
+      }
+    }
+    if (first_missing < 0) break;
+    // A rank already met may have given up (e.g. it found a peer dead and removed its block):
     // end with its reason rather than wait for a rank that will never come.
     for (int other = 0; other < world_size_; ++other) {
       if (other == rank_ || !controls_[other]) continue;
@@ -308,18 +322,10 @@ Status ShmBootstrap::map_peer(int peer, Clock::time_point deadline) {
     }
     if (Clock::now() >= deadline) {
       return Status::Timeout("timed out after " + timeout_text(timeout_) + " waiting for rank " +
-                             std::to_string(peer) + " to join key '" + key_ + "'");
+                             std::to_string(first_missing) + " to join key '" + key_ + "'");
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(20));
-  }
-}
-
-Status ShmBootstrap::join() {
-  ODC_RETURN_IF_ERROR(create_control_segment());
-  const auto deadline = deadline_after(timeout_);
-  for (int peer = 0; peer < world_size_; ++peer) {
-    if (peer != rank_) ODC_RETURN_IF_ERROR(map_peer(peer, deadline));
   }
   return arrive_and_wait("init");
 }

@@ -71,7 +71,9 @@ class ShmBootstrap final : public Bootstrap {
   ShmBootstrap(int rank, int world_size, std::string key, std::chrono::duration<double> timeout);
   Status join();
   Status create_control_segment();
-  Status map_peer(int peer, Clock::time_point deadline);
+  // One look at a peer's control block: true once mapped, false while it is missing (or dead
+  // for less than the grace period, measured from `dead_since`), an error once it is dead.
+  Result<bool> try_map_peer(int peer, Clock::time_point& dead_since);
   Status arrive_and_wait(const char* operation);
   Status wait_for_peer(int peer, uint64_t epoch, const char* operation, Clock::time_point deadline);
   // Removes a dead rank's names (its control block, if still the dead one's, and its allocation

@@ -26,21 +26,35 @@ def _shm_files(key):
     return sorted(p.name for p in Path("/dev/shm").glob(f"odc.{key}.*"))
 
 
-def _start_rank(rank, world_size, key, body, timeout=10):
-    """A rank in its own interpreter: init, then `body` (Python, `comm` in scope)."""
+def _start_rank(rank, world_size, key, body, timeout=10, gated=False):
+    """A rank in its own interpreter: init, then `body` (Python, `comm` in scope). `gated`: it
+    imports odc, then waits for a line on stdin before init (_open_gates), so that ranks started
+    one after another on a loaded machine reach init together."""
+    gate = "import sys; print('ready', flush=True); sys.stdin.readline()" if gated else ""
     code = textwrap.dedent(
         f"""
         import os, signal, time, odc
+        {gate}
         comm = odc.Comm({rank}, {world_size}, {key!r}, timeout=float({str(timeout)!r}))
         """
     ) + textwrap.dedent(body)
     return subprocess.Popen(
         [sys.executable, "-c", code],
+        stdin=subprocess.PIPE if gated else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=dict(os.environ),
     )
+
+
+def _open_gates(ranks):
+    """Once every gated rank has imported odc (said "ready"), lets them all into init."""
+    for p in ranks:
+        assert p.stdout.readline().strip() == "ready", p.communicate(timeout=60)
+    for p in ranks:
+        p.stdin.write("go\n")
+        p.stdin.flush()
 
 
 def test_item1_segment_open_to_others_is_refused():
@@ -132,12 +146,17 @@ def test_item5_rank_killed_during_alloc_leaves_nothing_in_dev_shm(delay):
 def test_item6_rank_killed_during_init_is_named_dead():
     key = _key("initdeath")
     victim = _start_rank(1, 3, key, "")  # waits in init for ranks 0 and 2
-    time.sleep(2)
+    deadline = time.monotonic() + 60  # until it has joined (its control block exists)
+    while f"odc.{key}.r1" not in _shm_files(key) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1)  # ... and has written its pid into it (a rank killed in between is "not joined")
     victim.kill()
     victim.communicate(timeout=30)
-    survivor = _start_rank(0, 3, key, "", timeout=15)
-    other = _start_rank(2, 3, key, "", timeout=15)
-    outputs = [p.communicate(timeout=120) for p in (survivor, other)]
+    # Both survivors reach init together: the first to find rank 1 dead removes its debris, and
+    # one that came later than that would only see a rank that never joined.
+    survivors = [_start_rank(r, 3, key, "", timeout=15, gated=True) for r in (0, 2)]
+    _open_gates(survivors)
+    outputs = [p.communicate(timeout=120) for p in survivors]
     leaked = _shm_files(key)
     for name in leaked:
         (Path("/dev/shm") / name).unlink(missing_ok=True)
