@@ -235,11 +235,11 @@ double odc_time(const std::vector<LocalBins>& ranks, const MinibatchInput& input
   return slowest;
 }
 
-// LB-Mini's token bound under MicrobatchMemory::kLbMicro: the largest microbatch LB-Micro builds
-// for this minibatch (never below its longest sample), within the cap.
-int64_t lb_micro_bound(const MinibatchInput& input, const PlanOptions& options) {
-  return std::min(options.max_tokens,
-                  largest_microbatch(plan_lb_micro(input, options), input.tokens));
+// LB-Mini's token bound under MicrobatchMemory::kLbMicro: the largest microbatch of `micro`
+// (LB-Micro's plan of this minibatch; never below its longest sample), within the cap.
+int64_t lb_micro_bound(const std::vector<LocalBins>& micro, const MinibatchInput& input,
+                       const PlanOptions& options) {
+  return std::min(options.max_tokens, largest_microbatch(micro, input.tokens));
 }
 
 // LB-Mini (design.md): cost-balanced ranks, each packed independently. Under kLbMicro the packing
@@ -274,7 +274,7 @@ std::vector<LocalBins> plan_lb_mini(const MinibatchInput& input, const PlanOptio
   if (largest <= longest) return ranks;
   std::vector<LocalBins> micro = plan_lb_micro(input, options);
   PlanOptions bounded = options;
-  bounded.max_tokens = std::min(options.max_tokens, largest_microbatch(micro, input.tokens));
+  bounded.max_tokens = lb_micro_bound(micro, input, options);
   if (largest <= bounded.max_tokens) return ranks;
   ranks = pack_lb_mini(by_rank, input, bounded);
   // The bound adds microbatches (c each) to ranks the partition balanced without them; where that
@@ -511,7 +511,8 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
       PlanOptions minibatch_options = options;
       if (options.policy == Policy::kLbMini &&
           options.microbatch_memory == MicrobatchMemory::kLbMicro) {
-        minibatch_options.max_tokens = lb_micro_bound(input, options);
+        minibatch_options.max_tokens =
+            lb_micro_bound(plan_lb_micro(input, options), input, options);
       }
       std::vector<RankPlan> unsplit(local.size());
       for (size_t r = 0; r < local.size(); ++r) {
