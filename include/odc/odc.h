@@ -277,6 +277,13 @@ ODC_API odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer);
 ODC_API odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBuffer_t buffer,
                               odcStream_t stream);
 
+/* As odcGather, with `dst` holding dst_count elements of `dst_dtype`: the buffer's dtype, or
+ * odcBfloat16 for an odcFloat32 buffer (each element rounded to nearest even while it is pulled, with
+ * no float32 copy of the result: mixed-precision parameters kept in float32). Other pairs fail
+ * with odcInvalidArgument. */
+ODC_API odcResult_t odcGatherAs(odcComm_t comm, void* dst, size_t dst_count,
+                                odcDataType_t dst_dtype, odcBuffer_t buffer, odcStream_t stream);
+
 /* Local (writes to peers), inside a minibatch, any number of times, concurrently with every other
  * rank: for every owner r, accumulator@r += src[r*count:(r+1)*count], accumulated in fp32 whatever
  * `src_dtype`. src_count must be world_size * count. The sums are visible after odcMinibatchEnd. */

@@ -191,6 +191,7 @@ def _load() -> ctypes.CDLL:
     lib.odcBufferFree.argtypes = [handle, handle]
     stream = ctypes.c_void_p
     lib.odcGather.argtypes = [handle, ctypes.c_void_p, size, handle, stream]
+    lib.odcGatherAs.argtypes = [handle, ctypes.c_void_p, size, ctypes.c_int, handle, stream]
     lib.odcScatterAccumulate.argtypes = [
         handle,
         ctypes.c_void_p,
@@ -216,6 +217,7 @@ def _load() -> ctypes.CDLL:
         "odcCommPollError",
         "odcBufferFree",
         "odcGather",
+        "odcGatherAs",
         "odcScatterAccumulate",
         "odcMinibatchBegin",
         "odcMinibatchEnd",

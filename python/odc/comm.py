@@ -429,7 +429,9 @@ class Comm:
 
     # -- operations ------------------------------------------------------------------------
     def gather(self, out: Any, buffer: Buffer, stream: Any = None) -> None:
-        """out[r*count:(r+1)*count] = rank r's shard, for every rank r."""
+        """out[r*count:(r+1)*count] = rank r's shard, for every rank r. `out` holds the buffer's
+        dtype, or bfloat16 for a float32 buffer (host: ml_dtypes bfloat16 or its uint16 bits):
+        then each element is rounded to nearest even as it is pulled, with no float32 copy."""
         buffer._require_live()
         if self.device is None:
             if (
@@ -440,17 +442,30 @@ class Comm:
                 raise _invalid(
                     f"rank {self.rank}: gather: out must be a writeable C-contiguous " "numpy array"
                 )
-            matches = out.dtype == np.float32 if buffer.dtype == "float32" else _is_bf16_bits(out)
-            pointer, count, kind = out.ctypes.data, out.size, buffer.dtype if matches else out.dtype
+            if out.dtype == np.float32:
+                kind = "float32"
+            else:
+                kind = "bfloat16" if _is_bf16_bits(out) else str(out.dtype)
+            pointer, count = out.ctypes.data, out.size
         else:
             pointer, count, kind = _device_array(out, f"rank {self.rank}: gather: out")
-        if kind != buffer.dtype:
-            raise _invalid(
-                f"rank {self.rank}: gather: out holds {kind}, the buffer holds " f"{buffer.dtype}"
+        stream_handle = _stream_handle(stream, self.device)
+        if kind == buffer.dtype:
+            self._call(_capi.lib.odcGather, pointer, count, buffer._handle, stream_handle)
+        elif kind == "bfloat16" and buffer.dtype == "float32":
+            self._call(
+                _capi.lib.odcGatherAs,
+                pointer,
+                count,
+                _DTYPES[kind],
+                buffer._handle,
+                stream_handle,
             )
-        self._call(
-            _capi.lib.odcGather, pointer, count, buffer._handle, _stream_handle(stream, self.device)
-        )
+        else:
+            raise _invalid(
+                f"rank {self.rank}: gather: out holds {kind}, the buffer holds {buffer.dtype} "
+                "(out has the buffer's dtype, or bfloat16 for a float32 buffer)"
+            )
 
     def scatter_accumulate(
         self, src: Any, accumulator: Buffer, src_dtype: Optional[str] = None, stream: Any = None

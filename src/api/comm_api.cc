@@ -358,6 +358,14 @@ extern "C" odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, od
   });
 }
 
+extern "C" odcResult_t odcGatherAs(odcComm_t comm, void* dst, size_t dst_count,
+                                   odcDataType_t dst_dtype, odcBuffer_t buffer,
+                                   odcStream_t stream) {
+  return with_comm(comm, "odcGatherAs", [&](odc::Communicator& c) {
+    return c.gather_as(dst, dst_count, as_dtype(dst_dtype), as_buffer(buffer), stream);
+  });
+}
+
 extern "C" odcResult_t odcScatterAccumulate(odcComm_t comm, const void* src, size_t src_count,
                                             odcDataType_t src_dtype, odcBuffer_t accumulator,
                                             odcStream_t stream) {

@@ -231,10 +231,28 @@ Status Communicator::release(Buffer* buffer) {
 
 Status Communicator::gather(void* dst, size_t dst_count, const Buffer* buffer,
                             StreamHandle stream) {
+  return gather_as(dst, dst_count, buffer != nullptr ? buffer->dtype : DataType::kFloat32, buffer,
+                   stream);
+}
+
+Status Communicator::gather_as(void* dst, size_t dst_count, DataType dst_dtype,
+                               const Buffer* buffer, StreamHandle stream) {
   const char* op = "gather";
   ODC_RETURN_IF_ERROR(usable(op));
   ODC_RETURN_IF_ERROR(check_buffer(op, buffer));
   if (dst == nullptr) return finish(op, Status::InvalidArgument("destination is NULL"));
+  if (!is_valid(dst_dtype)) {
+    return finish(op, Status::InvalidArgument("unknown destination dtype " +
+                                              std::to_string(static_cast<uint32_t>(dst_dtype))));
+  }
+  const bool narrowed = dst_dtype != buffer->dtype;
+  if (narrowed && !(buffer->dtype == DataType::kFloat32 && dst_dtype == DataType::kBfloat16)) {
+    return finish(op, Status::InvalidArgument(
+                          "cannot gather a " + std::string(dtype_name(buffer->dtype)) +
+                          " buffer into " + std::string(dtype_name(dst_dtype)) +
+                          ": a destination has the buffer's dtype, or bfloat16 for a float32 "
+                          "buffer"));
+  }
   const size_t expected = static_cast<size_t>(world_size()) * buffer->count;
   if (dst_count != expected) {
     return finish(
@@ -242,6 +260,9 @@ Status Communicator::gather(void* dst, size_t dst_count, const Buffer* buffer,
                 "destination has " + std::to_string(dst_count) +
                 " elements; expected world size x shard = " + std::to_string(world_size()) + " x " +
                 std::to_string(buffer->count) + " = " + std::to_string(expected)));
+  }
+  if (narrowed) {
+    return finish(op, transport_->get_all_narrowed(dst, buffer->shards(), buffer->count, stream));
   }
   return finish(op, transport_->get_all(dst, buffer->shards(), buffer->bytes(), stream));
 }

@@ -99,6 +99,10 @@ class Communicator {
   // dst[r*count:(r+1)*count] = rank r's shard, for all r; dst holds world_size*count elements of
   // the buffer's dtype. `stream` orders the work on stream-ordered transports.
   Status gather(void* dst, size_t dst_count, const Buffer* buffer, StreamHandle stream);
+  // As gather(), with dst elements of `dst_dtype`: the buffer's own dtype, or bfloat16 from a
+  // float32 buffer (narrowed while it is pulled, rounded to nearest even).
+  Status gather_as(void* dst, size_t dst_count, DataType dst_dtype, const Buffer* buffer,
+                   StreamHandle stream);
   // For every owner r: accumulator@r += src[r*count:(r+1)*count] (fp32 accumulation).
   Status scatter_accumulate(const void* src, size_t src_count, DataType src_dtype,
                             Buffer* accumulator, StreamHandle stream);

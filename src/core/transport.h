@@ -112,6 +112,11 @@ class Transport {
   // dst[p*bytes : (p+1)*bytes] = region@p[0 : bytes], for every rank p (self included).
   virtual Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
                          StreamHandle stream) = 0;
+  // As get_all for float32 regions of `count` elements, narrowing: dst (bfloat16)[p*count + i] =
+  // region@p[i] rounded to nearest even, for every rank p (mixed-precision parameters gathered
+  // with no float32 copy of the whole result).
+  virtual Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
+                                  StreamHandle stream) = 0;
   // region@peer[offset : offset+bytes] = src[0 : bytes].
   virtual Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                      size_t bytes, StreamHandle stream) = 0;

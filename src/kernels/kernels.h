@@ -104,6 +104,25 @@ cudaError_t gather_sm(void* dst, const PeerPointers& shards, size_t shard_bytes,
                       const RankInfo& info, int num_blocks, cudaStream_t stream,
                       const WaitError* error = nullptr);
 
+// Narrowing copies: for every job j < num_jobs, dst[j] (bf16)[i] = src[j] (fp32)[i] rounded to
+// nearest even, for i < count; local or peer memory on either side. A gather of float32 shards
+// into a bfloat16 destination (mixed-precision parameters) reads 4 bytes per element from the
+// owners but writes only 2, with no float32 copy of the whole gathered tensor: that copy was
+// the largest transient buffer of odc.torch's mixed-precision all-gather (issue #17).
+// 16-byte loads / 8-byte stores where the pair's alignment allows, element-wise otherwise.
+// `error` (optional): when it records a failed wait, the kernel writes nothing.
+struct NarrowJobs {
+  void* dst[kMaxRanks] = {};
+  const void* src[kMaxRanks] = {};
+  int num_jobs = 0;
+};
+cudaError_t copy_narrow(const NarrowJobs& jobs, size_t count, const RankInfo& info,
+                        int num_blocks, cudaStream_t stream, const WaitError* error = nullptr);
+// The gather of gather_sm, narrowing: dst (bf16)[r*shard_elems + i] = shards.ptr[r] (fp32)[i].
+cudaError_t gather_sm_narrow(void* dst, const PeerPointers& shards, size_t shard_elems,
+                             const RankInfo& info, int num_blocks, cudaStream_t stream,
+                             const WaitError* error = nullptr);
+
 // ---- scatter-accumulate ----------------------------------------------------------------------
 // For every owner r: accs.ptr[r][0:shard_elems] += src[r*shard_elems : (r+1)*shard_elems], in
 // fp32, src fp32 or bf16. Every rank may call it concurrently with every other rank.

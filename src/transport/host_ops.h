@@ -21,6 +21,11 @@ inline void add_into(float* dst, const void* src, DataType src_type, size_t coun
   }
 }
 
+// dst[i] = bf16(src[i]) (round to nearest even), for i < count.
+inline void narrow_into(uint16_t* dst, const float* src, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = float_to_bf16(src[i]);
+}
+
 // dst[i] = ((0 + slots[i]) + slots[stride + i]) + ..., in slot order: reproducible bit for bit.
 inline void sum_in_order(float* dst, const float* slots, size_t stride, int num_slots,
                          size_t count) {

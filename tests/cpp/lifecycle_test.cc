@@ -91,6 +91,10 @@ class LoggedTransport final : public Transport {
                  StreamHandle stream) override {
     return inner_->get_all(dst, region, bytes, stream);
   }
+  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
+                          StreamHandle stream) override {
+    return inner_->get_all_narrowed(dst, region, count, stream);
+  }
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override {
     return inner_->put(src, region, peer, offset, bytes, stream);

@@ -79,6 +79,26 @@ TEST_P(Gather, EqualsConcatenatedShards) {
                     "gathered bf16 element differs");
       }
     }
+    // float32 shards into a bfloat16 destination, rounded to nearest even while pulled: the
+    // values above 256 need rounding (bf16 keeps 8 significant bits), half of them on a tie.
+    std::vector<uint16_t> narrowed(world * count);
+    RANK_CHECK(odcGatherAs(comm, narrowed.data(), narrowed.size(), odcBfloat16, params, nullptr));
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        RANK_EXPECT(narrowed[r * count + i] == float_to_bf16(r * 10000.0f + i),
+                    "narrowed element differs from round-to-nearest-even");
+      }
+    }
+    // The same dtype through odcGatherAs is a plain gather; widening is refused by name.
+    std::vector<uint16_t> same(world * count);
+    RANK_CHECK(odcGatherAs(comm, same.data(), same.size(), odcBfloat16, bf16, nullptr));
+    RANK_EXPECT(same == full_bf16, "odcGatherAs with the buffer's dtype differs from odcGather");
+    RANK_EXPECT(odcGatherAs(comm, full.data(), full.size(), odcFloat32, bf16, nullptr) ==
+                    odcInvalidArgument,
+                "widening bfloat16 into float32 was not refused");
+    const std::string error = odcCommGetLastError(comm);
+    RANK_EXPECT(error.find("cannot gather a bfloat16 buffer into float32") != std::string::npos,
+                "the refusal does not name the dtypes: " + error);
     RANK_CHECK(odcBarrier(comm, nullptr));  // nobody frees while others read
     RANK_CHECK(odcCommDestroy(comm));
     return std::string();

@@ -1,4 +1,5 @@
-"""The ODC protocol on GPUs (CUDA transport), one process per GPU: gather, uneven
+"""The ODC protocol on GPUs (CUDA transport), one process per GPU: gather (also float32 shards
+narrowed to bfloat16), uneven
 scatter-accumulate with random delays (remote atomic adds and the deterministic staged scheme),
 sums read right after minibatch_end with no extra barrier, bitwise-identical deterministic sums
 under different random delays, 1,000 minibatches, bf16 and fp32, faults, bad input."""
@@ -42,11 +43,25 @@ def _gather_rank(rank, world_size, key):
         comm.gather(full, params)
         full_bf16 = torch.empty(world_size * count, device="cuda", dtype=torch.bfloat16)
         comm.gather(full_bf16, halves)
+        # float32 shards narrowed to bfloat16 while pulled: as Tensor.to rounds (values that need
+        # rounding; odd count, and a destination offset by one element so the vector path's
+        # alignment differs from the shards').
+        wide = comm.alloc(count)
+        generator = torch.Generator(device="cuda").manual_seed(rank)
+        wide.tensor().copy_(torch.randn(count, device="cuda", generator=generator) * 1e3)
+        comm.barrier()
+        narrowed = torch.empty(world_size * count + 1, device="cuda", dtype=torch.bfloat16)
+        comm.gather(narrowed[1:], wide)
+        shards = torch.empty(world_size * count, device="cuda")
+        comm.gather(shards, wide)
         torch.cuda.synchronize()
         for r in range(world_size):
             expected = r * 1000 + torch.arange(count, device="cuda") % 1000
             assert torch.equal(full[r * count : (r + 1) * count], expected.float())
             assert torch.all(full_bf16[r * count : (r + 1) * count] == r + 1)
+        assert torch.equal(
+            narrowed[1:].view(torch.int16), shards.to(torch.bfloat16).view(torch.int16)
+        )
         comm.barrier()
         torch.cuda.synchronize()
     return True

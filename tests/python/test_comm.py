@@ -24,6 +24,20 @@ def _bf16_bits(values):
     return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
+def _nearest_even_bf16(values):
+    """bf16 bits of float32 `values` (finite), by comparing the two neighbours in float64: an
+    independent statement of round-to-nearest-even, not the bit trick the library uses."""
+    bits = values.astype(np.float32).view(np.uint32).astype(np.int64)
+    lower = bits & ~0xFFFF
+    upper = lower + 0x10000
+    as_float = lambda b: b.astype(np.uint32).view(np.float32).astype(np.float64)  # noqa: E731
+    exact = values.astype(np.float64)
+    below, above = np.abs(exact - as_float(lower)), np.abs(as_float(upper) - exact)
+    even_is_upper = ((upper >> 16) & 1) == 0
+    pick_upper = (above < below) | ((above == below) & even_is_upper)
+    return (np.where(pick_upper, upper, lower) >> 16).astype(np.uint16)
+
+
 def _gather_rank(rank, world_size, key):
     with odc.Comm(rank, world_size, key, timeout=20) as comm:
         count = 1003
@@ -42,6 +56,13 @@ def _gather_rank(rank, world_size, key):
             full_bits,
             np.concatenate([_bf16_bits(np.full(count, r + 1.0)) for r in range(world_size)]),
         )
+        # float32 shards into a bfloat16 destination: narrowed while pulled, nearest even (the
+        # values need rounding: 10000 and up have more bits than bfloat16 keeps; odd counts).
+        narrowed = np.empty(world_size * count, dtype=np.uint16)
+        comm.gather(narrowed, params)
+        assert np.array_equal(narrowed, _nearest_even_bf16(expected.astype(np.float32)))
+        with pytest.raises(odc.Error, match="out holds float32, the buffer holds bfloat16"):
+            comm.gather(full, halves)
         comm.barrier()
     return rank
 

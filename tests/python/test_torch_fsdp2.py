@@ -196,19 +196,35 @@ def test_sharded_parameters_live_in_the_published_buffers():
         assert set(dtypes) == {"float32"}  # float32 shards, pulled then cast to bfloat16
 
 
-@pytest.mark.parametrize(
-    "numel,first", [(1, 1 << 20), (1000, 1), (1000, 7), ((1 << 21) + 3, 1 << 20)]
-)
-def test_in_place_narrowing_equals_a_cast(monkeypatch, numel, first):
-    from odc.torch import fsdp2
+def _narrowing_rank(rank, world_size, key, numel):
+    import odc
 
-    monkeypatch.setattr(fsdp2, "_NARROW_FIRST", first)
-    generator = torch.Generator().manual_seed(numel)
+    generator = torch.Generator().manual_seed(numel + rank)
     values = torch.randn(numel, generator=generator) * 1e3
     specials = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 1e-40, 3.3895e38])
     values[: min(numel, len(specials))] = specials[: min(numel, len(specials))]
-    wide = values.clone()
-    narrow = wide.view(torch.bfloat16)[:numel]
-    fsdp2._narrow_in_place(wide, narrow)
-    expected = values.to(torch.bfloat16)
-    assert torch.equal(narrow.view(torch.int16), expected.view(torch.int16))
+    with odc.Comm(rank, world_size, key, timeout=60) as comm:
+        shard = comm.alloc(numel)
+        shard.array[:] = values.numpy()
+        comm.barrier()
+        out = torch.empty(world_size * numel, dtype=torch.bfloat16)
+        comm.gather(out.view(torch.uint16).numpy(), shard)
+        comm.barrier()
+    return out.view(torch.int16).numpy().copy(), values.numpy().copy()
+
+
+@pytest.mark.parametrize("numel", [1, 1000, (1 << 21) + 3])
+def test_narrowing_gather_equals_a_torch_cast(numel):
+    """odc.torch gathers float32 shards straight into FSDP2's bfloat16 output: every element must
+    round as Tensor.to(torch.bfloat16) does (infinities, -0, subnormals and the largest finite
+    included; NaN stays NaN), or ODC and FSDP2 would train on different weights."""
+    import odc
+
+    results = odc.launch(_narrowing_rank, 2, numel, timeout=120)
+    expected = torch.cat([torch.from_numpy(values) for _, values in results]).to(torch.bfloat16)
+    nan = torch.isnan(expected)
+    for out, _ in results:
+        got = torch.from_numpy(out)
+        # NaN stays NaN (its payload bits differ between torch's own CPU and CUDA casts too).
+        assert torch.equal(torch.isnan(got.view(torch.bfloat16)), nan)
+        assert torch.equal(got[~nan], expected.view(torch.int16)[~nan])

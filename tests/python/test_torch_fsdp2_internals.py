@@ -56,7 +56,6 @@ def _recording_hooks():
 def _internals_rank(rank, world_size, key, store_path):
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
 
     import odc.torch
     from odc.torch import _fsdp2_internals as internals
@@ -78,16 +77,21 @@ def _internals_rank(rank, world_size, key, store_path):
             module.set_custom_all_gather(hooks[module][0])
             module.set_custom_reduce_scatter(hooks[module][1])
         layouts = {module: internals.group_layout(module) for module in hooks}  # R2 + R4
-        # R5: a preset .grad must be added into in place, not replaced.
-        presets = {}
-        for module, layout in layouts.items():
+        # R5: with no .grad, FSDP2 sets one viewing the reduce-scatter output, then calls the
+        # sharded parameter's post-accumulate-grad hooks, where odc.torch drops it again.
+        seen = {}
+
+        def drop(param):
+            grad = param.grad
+            seen.setdefault(param, []).append(
+                None if grad is None else bool(torch.all(grad.to_local() == 1.0))
+            )
+            param.grad = None
+
+        for layout in layouts.values():
             for slot in layout.slots:
-                local = torch.full(slot.param.to_local().shape, 2.0)
-                slot.param.grad = DTensor.from_local(
-                    local, slot.param.device_mesh, slot.param.placements, run_check=False,
-                    shape=slot.param.shape, stride=slot.param.stride(),
-                )  # fmt: skip
-                presets[slot.param] = local.data_ptr()
+                slot.param.grad = None
+                slot.param.register_post_accumulate_grad_hook(drop)
         x = torch.randn(4, 5)
         model(x).pow(2).sum().backward()
         for module, layout in layouts.items():
@@ -111,11 +115,14 @@ def _internals_rank(rank, world_size, key, store_path):
                     f"[{layout.shard_numel}]"
                 )
             for slot in layout.slots:
-                local = slot.param.grad.to_local()
-                if local.data_ptr() != presets[slot.param]:
-                    problems.append("R5: FSDP2 replaced a preset .grad instead of adding into it")
-                elif local.numel() and not torch.all(local == 3.0):
-                    problems.append("R5: .grad is not preset (2) + reduce-scatter output (1)")
+                if seen.get(slot.param) != [True]:
+                    problems.append(
+                        "R5: FSDP2 did not call the sharded parameter's post-accumulate-grad hook "
+                        f"once, right after setting .grad to the reduce-scatter output (saw "
+                        f"{seen.get(slot.param)})"
+                    )
+                elif slot.param.grad is not None:
+                    problems.append("R5: a .grad the hook dropped came back")
         return problems
     finally:
         dist.destroy_process_group()

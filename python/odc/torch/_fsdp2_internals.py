@@ -22,11 +22,15 @@ Reliances (R1-R7):
 - R4 parameter shards: FSDPParam._sharded_param_data (padded 1-D shard), sharded_param,
   param_dtype / orig_dtype, _sharded_local_tensor, all_gather_inputs: which bytes FSDP2 would
   all-gather, at which offsets (the same offsets for the reduce-scatter input rows).
-- R5 accumulation into an existing .grad: when a sharded parameter already has a .grad, FSDP2's
-  foreach_reduce adds the reduce-scatter output into it in place (`grad._local_tensor += view`)
-  and keeps no reference to the output. odc.torch presets every .grad to a view of one small
-  shared zero buffer and hands FSDP2 a zeroed output, so FSDP2 never keeps a per-microbatch
-  gradient (the real sums are in the ODC accumulators) and no output buffer outlives its call.
+- R5 the .grad of a reduce: when a sharded parameter has no .grad, FSDP2's foreach_reduce sets
+  it to a view of the reduce-scatter output, then calls the parameter's post-accumulate-grad
+  hooks (outside compiled autograd), keeping no other reference to the output. odc.torch clears
+  every .grad at minibatch begin and its hook drops the new one at once, so FSDP2 keeps no
+  per-microbatch gradient (the sums are in the ODC accumulators) and each output is freed when
+  its reduce returns. Where the hook did not run (compiled autograd, or an upstream change),
+  FSDP2 would keep one output per group and add later ones' zeros into it: the same sums, more
+  memory; a .grad must never view an accumulator during a minibatch (FSDP2 would add into it
+  while peers push), hence the clearing at minibatch begin.
 - R6 world size 1: FSDP2 bypasses the custom all-gather on one rank (2.11 also the custom
   reduce-scatter; 2.9 still calls that one), so odc.torch refuses N=1.
 - R7 sharded storage in symmetric memory (the one write): FSDPParam._sharded_param_data is the

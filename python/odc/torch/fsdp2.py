@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import weakref
 from typing import Iterator, List, Optional
 
 import torch
@@ -40,11 +41,6 @@ from . import hybrid
 from .debug import CollectiveGuard, mode_from_environment
 
 _ODC_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-
-
-_TORCH_DTYPES = {name: dtype for dtype, name in _ODC_DTYPES.items()}
-# First piece of an in-place narrowing, done through a copy (see _narrow_in_place).
-_NARROW_FIRST = 1 << 20
 
 
 def _in_place_dtype(layout: internals.GroupLayout) -> Optional[torch.dtype]:
@@ -67,33 +63,6 @@ def _in_place_dtype(layout: internals.GroupLayout) -> Optional[torch.dtype]:
     return None
 
 
-def _widened(output: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The float32 tensor over the storage OdcAllGather.allocate made for `output`."""
-    numel = output.numel()
-    storage = output.untyped_storage()
-    if output.storage_offset() != 0 or storage.nbytes() < numel * dtype.itemsize:
-        raise RuntimeError(
-            "odc.torch: FSDP2's all-gather output was not allocated by OdcAllGather.allocate "
-            f"({numel} x {output.dtype} at offset {output.storage_offset()}, "
-            f"{storage.nbytes()} bytes of storage)"
-        )
-    return torch.empty(0, dtype=dtype, device=output.device).set_(storage, 0, (numel,))
-
-
-def _narrow_in_place(wide: torch.Tensor, narrow: torch.Tensor) -> None:
-    """narrow[i] = wide[i] (float32 to bfloat16, rounded as Tensor.to rounds) where narrow views
-    the head of wide's storage. Element i is read from bytes [4i, 4i + 4) and written to
-    [2i, 2i + 2): a piece [a, b) with b <= 2a writes only bytes already read, so pieces doubling in
-    size, in stream order, never overlap their source; the first goes through a copy."""
-    numel = wide.numel()
-    start = min(numel, _NARROW_FIRST)
-    narrow[:start].copy_(wide[:start].clone())
-    while start < numel:
-        end = min(numel, 2 * start)
-        narrow[start:end].copy_(wide[start:end])
-        start = end
-
-
 def _comm_view(tensor: torch.Tensor, comm: Comm):
     """What odc.Comm takes for `tensor`: a numpy view on host communicators (bf16 as uint16
     bits), the tensor itself on device communicators."""
@@ -112,7 +81,6 @@ class _Group:
         owner: "OdcFSDP",
         layout: internals.GroupLayout,
         device: torch.device,
-        scratch: torch.Tensor,
         name: str,
     ):
         for dtype in (layout.param_dtype, layout.reduce_dtype):
@@ -137,16 +105,17 @@ class _Group:
         self.accumulator = comm.alloc(layout.shard_numel, accumulator=True, name=f"{name}:grads")
         if self.in_place is not None:
             self.publish()  # moves the shards now: their old storage is freed at once
-        # During a minibatch every .grad of this group is a view of `scratch`, one zero buffer
-        # (the size of the largest sharded parameter) shared by all groups of this dtype and
-        # device: FSDP2 adds the zeroed reduce-scatter outputs into it (_fsdp2_internals R5).
-        self.scratch = scratch
-        # The DTensor wrappers that preset_grads / set_grads assign to .grad, made once per
-        # parameter and reused: DTensor.from_local costs tens of microseconds of host time, a
-        # 1.5B model has ~340 parameters, both run every minibatch while the GPUs wait at its
-        # edges (issue #14: ~20 ms before the first microbatch). Keyed by the parameter object,
-        # so a reassigned parameter gets a new wrapper; the memory they view never moves.
-        self._preset_grads = {}
+        # During a minibatch no parameter of this group keeps a .grad: FSDP2 assigns each one a
+        # view of the (zeroed) reduce-scatter output and then calls the parameter's
+        # post-accumulate-grad hooks, where _drop_microbatch_grad lets go of it (_fsdp2_internals
+        # R5), so the output is freed when FSDP2's reduce returns and no per-microbatch gradient
+        # memory exists beyond one group's output while it is reduced.
+        self._hooked = {}  # id(param) -> (param, hook handle)
+        # The DTensor wrappers that set_grads assigns to .grad, made once per parameter and
+        # reused: DTensor.from_local costs tens of microseconds of host time, a 1.5B model has
+        # ~340 parameters, and it runs every minibatch while the GPUs wait at its edges (issue
+        # #14). Keyed by the parameter object, so a reassigned parameter gets a new wrapper; the
+        # memory they view never moves.
         self._sum_grads = {}
 
     def check_group(self, group: dist.ProcessGroup) -> None:
@@ -169,17 +138,16 @@ class _Group:
             else:
                 target.copy_(internals.all_gather_input(self.layout.module, index))
 
-    def preset_grads(self) -> None:
-        """Minibatch begin: .grad = DTensor view of the shared zero scratch, so FSDP2 adds its
-        (zeroed) reduce-scatter outputs there instead of keeping them as new gradients."""
+    def clear_grads(self) -> None:
+        """Minibatch begin: no .grad (last minibatch's are views of the accumulators, which
+        FSDP2 must not add into while peers push), and the hook that keeps it so."""
         for slot in self.layout.slots:
             param = slot.param
-            cached = self._preset_grads.get(id(param))
-            if cached is None or cached[0] is not param:
-                local = self.scratch[: slot.local_numel].view(param.to_local().shape)
-                cached = (param, _sharded_like(param, local))
-                self._preset_grads[id(param)] = cached
-            param.grad = cached[1]
+            param.grad = None
+            hooked = self._hooked.get(id(param))
+            if param.requires_grad and (hooked is None or hooked[0] is not param):
+                handle = param.register_post_accumulate_grad_hook(_grad_dropper(self.owner))
+                self._hooked[id(param)] = (param, handle)
 
     def set_grads(self) -> None:
         """After minibatch end: .grad = DTensor view of this rank's accumulator slice."""
@@ -199,6 +167,20 @@ class _Group:
                 cached = (param, _sharded_like(param, local))
                 self._sum_grads[id(param)] = cached
             param.grad = cached[1]
+
+
+def _grad_dropper(owner: "OdcFSDP"):
+    """The post-accumulate-grad hook of a sharded parameter: runs inside FSDP2's reduce right
+    after it set .grad to a view of the zeroed output, and drops it while `owner` is inside a
+    minibatch. It holds `owner` weakly: the hook stays on the parameter, the engine may go."""
+    engine = weakref.ref(owner)
+
+    def drop(param: nn.Parameter) -> None:
+        alive = engine()
+        if alive is not None and alive.in_minibatch:
+            param.grad = None
+
+    return drop
 
 
 def _buffer_name(module_name: str) -> str:
@@ -233,14 +215,7 @@ class OdcAllGather(internals.AllGather):
         self.group = group
 
     def allocate(self, size, *, dtype, device):
-        numel = math.prod(size)
-        published = _TORCH_DTYPES[self.group.published.dtype]
-        if published == dtype:
-            return torch.empty(*size, dtype=dtype, device=device)
-        # float32 shards, bfloat16 output: room for the float32 pull, narrowed in place after it
-        # (_narrow_in_place); FSDP2 sees the bfloat16 head.
-        wide = torch.empty(numel, dtype=published, device=device)
-        return wide.view(dtype)[:numel].view(*size)
+        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         owner = self.group.owner
@@ -250,14 +225,10 @@ class OdcAllGather(internals.AllGather):
                 "optimizer.step(); call minibatch_begin() first (it publishes them)"
             )
         self.group.check_group(group)
-        # Enqueued on the current stream: FSDP2's all-gather stream on GPUs.
-        published = _TORCH_DTYPES[self.group.published.dtype]
-        if output_tensor.dtype == published:
-            owner.comm.gather(_comm_view(output_tensor, owner.comm), self.group.published)
-            return None
-        wide = _widened(output_tensor, published)
-        owner.comm.gather(_comm_view(wide, owner.comm), self.group.published)
-        _narrow_in_place(wide, output_tensor.view(-1))
+        # Enqueued on the current stream: FSDP2's all-gather stream on GPUs. float32 shards into
+        # a bfloat16 output (mixed precision, R7) are narrowed by odc while they are pulled, with
+        # no float32 copy of the gathered group.
+        owner.comm.gather(_comm_view(output_tensor, owner.comm), self.group.published)
         return None
 
 
@@ -270,7 +241,7 @@ class OdcReduceScatter(internals.ReduceScatter):
 
     def allocate(self, size, *, dtype, device):
         # 1-D meshes: input and output alike are plain tensors, as FSDP2's default allocates; the
-        # output lives only until FSDP2 has added it into the preset .grad (R5).
+        # output lives only until FSDP2's reduce returns (R5: the .grad it becomes is dropped).
         # HSDP meshes: FSDP2 keeps the output of every group across the minibatch's microbatches
         # as its partial sum for the replica all-reduce we switched off (_partial_reduce_output),
         # 4 bytes per parameter element held for nothing: the output (the allocation of one
@@ -345,16 +316,14 @@ class OdcFSDP:
         layouts = [(m, layout) for m, layout in layouts if layout is not None]
         for module, layout in layouts:
             self._check_placement(layout)
-        self._scratch = _grad_scratch([layout for _, layout in layouts])
         # HSDP (2-D mesh): the cross-replica sum at minibatch end; None on a 1-D mesh.
         self._replicas = hybrid.replica_reduction([layout for _, layout in layouts], comm)
         self._hsdp_zero_outputs = {}  # (dtype, device) -> zeros; see OdcReduceScatter.allocate
         module_names = {id(module): name for name, module in model.named_modules()}
         for module, layout in layouts:  # the same order on every rank: alloc is collective
             param = layout.slots[0].param
-            scratch = self._scratch[(param.dtype, param.device)]
             name = _buffer_name(module_names.get(id(module), ""))
-            group = _Group(self, layout, param.device, scratch, name)
+            group = _Group(self, layout, param.device, name)
             group.check_group(internals.shard_process_group(module))
             module.set_custom_all_gather(OdcAllGather(group))
             module.set_custom_reduce_scatter(OdcReduceScatter(group))
@@ -426,20 +395,17 @@ class OdcFSDP:
         moved there (R7: torch's allocator no longer holds them, so they cost nothing beyond
         plain FSDP2; the rest is a copy in param_dtype), `accumulators` (fp32 gradient sums,
         symmetric memory; .grad views them after minibatch_end, where plain FSDP2 holds its own
-        sharded gradients), `grad_scratch` (torch memory: the zero buffer .grad views during a
-        minibatch, the size of the largest sharded parameter)."""
+        sharded gradients; during a minibatch no .grad is kept, R5)."""
         published = in_place = accumulators = 0
         for group in self._groups:
             size = group.layout.shard_numel * (4 if group.published.dtype == "float32" else 2)
             published += size
             in_place += size if group.in_place is not None else 0
             accumulators += group.layout.shard_numel * 4
-        scratch = sum(t.numel() * t.element_size() for t in self._scratch.values())
         return {
             "published": published,
             "published_in_place": in_place,
             "accumulators": accumulators,
-            "grad_scratch": scratch,
         }
 
     def hsdp_zero_output(self, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -475,7 +441,7 @@ class OdcFSDP:
                 raise RuntimeError("a parameter group changed size after odc.torch was enabled")
             group.layout = layout
             # FSDP2 must not add into last minibatch's sums, nor keep gradients of its own.
-            group.preset_grads()
+            group.clear_grads()
             group.publish()
         self.comm.minibatch_begin()  # zero accumulators; every rank has published
         self.in_minibatch = True
@@ -509,17 +475,6 @@ class OdcFSDP:
             self._collective_guard.stop()
             raise
         self.minibatch_end()
-
-
-def _grad_scratch(layouts) -> dict:
-    """One zero buffer per (param dtype, device), as large as the largest local shard: every
-    .grad views its head during a minibatch (they may alias: FSDP2 only ever adds zeros)."""
-    sizes = {}
-    for layout in layouts:
-        for slot in layout.slots:
-            key = (slot.param.dtype, slot.param.device)
-            sizes[key] = max(sizes.get(key, 0), slot.local_numel)
-    return {key: torch.zeros(numel, dtype=key[0], device=key[1]) for key, numel in sizes.items()}
 
 
 def sum_gradients(model: nn.Module) -> None:

@@ -283,6 +283,15 @@ Status CudaTransport::get_all(void* dst, const SymmetricRegion& region, size_t b
   return Status::Ok();
 }
 
+Status CudaTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
+                                       StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, dst, "destination"));
+  ODC_CUDA_CHECK(kernels::gather_sm_narrow(dst, peer_pointers(region), count, rank_info(),
+                                           /*num_blocks=*/0, as_stream(stream), device_error_));
+  return Status::Ok();
+}
+
 Status CudaTransport::launch_puts(const kernels::PutSignalJobs& jobs, size_t bytes, uint64_t value,
                                   StreamHandle stream) {
   // The local SignalBlock's push_done counters: one per job, reset by each job's last block.

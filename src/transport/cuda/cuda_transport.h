@@ -2,7 +2,8 @@
 // every other rank's address space with CUDA IPC, exchanged through the job's bootstrap (shared
 // memory or the caller's, e.g. a torch store), which also serves host barriers and failure flags.
 // Data movement is enqueued on the caller's stream and never blocks the host:
-//   get_all            one SM kernel pulling every peer's region with 16-byte loads;
+//   get_all            one SM kernel pulling every peer's region with 16-byte loads (narrowed:
+//                      fp32 read, bf16 written, in the same pass);
 //   add_all            vectorized fp32 reductions (red.global.add.v4.f32, system scope) straight
 //                      into each peer's region: atomic, so caps().remote_fp32_add;
 //   put, signals       an SM copy kernel whose last block raises the peer's signal (release);
@@ -45,6 +46,8 @@ class CudaTransport final : public Transport {
   void mark_failed(const std::string& reason) override { bootstrap_->mark_failed(reason); }
   Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
                  StreamHandle stream) override;
+  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
+                          StreamHandle stream) override;
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,

@@ -73,6 +73,12 @@ Status FaultTransport::get_all(void* dst, const SymmetricRegion& region, size_t 
   return inner_->get_all(dst, region, bytes, stream);
 }
 
+Status FaultTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
+                                        StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("get_all_narrowed"));
+  return inner_->get_all_narrowed(dst, region, count, stream);
+}
+
 Status FaultTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                            size_t bytes, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("put"));

@@ -77,6 +77,15 @@ class MemTransport final : public Transport {
     return Status::Ok();
   }
 
+  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
+                          StreamHandle) override {
+    for (int r = 0; r < world_size(); ++r) {
+      host::narrow_into(static_cast<uint16_t*>(dst) + static_cast<size_t>(r) * count,
+                        static_cast<const float*>(region.peer(r)), count);
+    }
+    return Status::Ok();
+  }
+
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle) override {
     // Published to the owner by the next signal (its mailbox mutex) or barrier (the world's).

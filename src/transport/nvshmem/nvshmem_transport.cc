@@ -466,6 +466,57 @@ Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_
                        as_stream(stream));
 }
 
+Status NvshmemTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
+                                          StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, dst, "destination"));
+  auto* out = static_cast<uint16_t*>(dst);
+  const size_t shard_bytes = count * sizeof(float);
+  std::vector<int> fetched;  // owners NVSHMEM's gets must bring in first
+  std::vector<void*> to;
+  std::vector<const void*> from;
+  for (int i = 0; i < world_size_; ++i) {
+    const int owner = (rank_ + 1 + i) % world_size_;
+    if (mapped_[owner] || owner == rank_) {
+      to.push_back(out + static_cast<size_t>(owner) * count);
+      from.push_back(owner == rank_ ? region.local() : region.peer(owner));
+    } else {
+      fetched.push_back(owner);
+    }
+  }
+  // Fetched shards land in float32 first (NVSHMEM's gets move bytes): a stream-ordered temporary
+  // of their size only, freed in stream order once the narrowing copy has read it.
+  void* temporary = nullptr;
+  if (!fetched.empty()) {
+    ODC_CUDA_CHECK(cudaMallocAsync(&temporary, fetched.size() * shard_bytes, as_stream(stream)));
+    for (size_t j = 0; j < fetched.size(); ++j) {
+      const int owner = fetched[j];
+      void* slot = static_cast<char*>(temporary) + j * shard_bytes;
+      nvshmemx_getmem_nbi_on_stream(slot, region.local(), shard_bytes, owner, as_stream(stream));
+      if (node_of(owner) != node_of(rank_)) remote_get_bytes_ += shard_bytes;
+      to.push_back(out + static_cast<size_t>(owner) * count);
+      from.push_back(slot);
+    }
+    nvshmemx_quiet_on_stream(as_stream(stream));
+    ODC_CUDA_CHECK(cudaGetLastError());
+  }
+  cudaError_t launched = cudaSuccess;
+  for (size_t first = 0; first < to.size() && launched == cudaSuccess;
+       first += kernels::kMaxRanks) {
+    kernels::NarrowJobs jobs;
+    for (size_t j = first; j < to.size() && j < first + kernels::kMaxRanks; ++j) {
+      jobs.dst[jobs.num_jobs] = to[j];
+      jobs.src[jobs.num_jobs] = from[j];
+      ++jobs.num_jobs;
+    }
+    launched = kernels::copy_narrow(jobs, count, rank_info(), /*num_blocks=*/0, as_stream(stream),
+                                    device_error_);
+  }
+  if (temporary != nullptr) ODC_CUDA_CHECK(cudaFreeAsync(temporary, as_stream(stream)));
+  ODC_CUDA_CHECK(launched);
+  return Status::Ok();
+}
+
 Status NvshmemTransport::launch_direct(const std::vector<void*>& dst,
                                        const std::vector<const void*>& src,
                                        const std::vector<uint64_t*>& signal, size_t bytes,

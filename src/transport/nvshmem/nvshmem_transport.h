@@ -6,7 +6,8 @@
 //   get_all         nvshmemx_getmem_on_stream per owner (network or NVLink), or, where NVSHMEM
 //                   maps every peer's heap into this GPU (one node, NVLink), the CUDA transport's
 //                   SM gather kernel over those mappings ("direct", ODC_NVSHMEM_DIRECT, default
-//                   on);
+//                   on); narrowed (fp32 shards into bf16): mapped owners through the narrowing
+//                   copy kernel, the others fetched into a stream-ordered fp32 temporary first;
 //   put_signal_all  nvshmemx_putmem_signal_on_stream per owner (direct: the CUDA put-with-signal
 //                   kernel over the mappings);
 //   signal waits    NVSHMEM's waits never time out, so a kernel polls the local signal words with
@@ -56,6 +57,8 @@ class NvshmemTransport final : public Transport {
   void mark_failed(const std::string& reason) override;
   Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
                  StreamHandle stream) override;
+  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
+                          StreamHandle stream) override;
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,

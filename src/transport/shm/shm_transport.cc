@@ -117,6 +117,15 @@ Status ShmTransport::get_all(void* dst, const SymmetricRegion& region, size_t by
   return Status::Ok();
 }
 
+Status ShmTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
+                                      StreamHandle) {
+  for (int r = 0; r < world_size(); ++r) {
+    host::narrow_into(static_cast<uint16_t*>(dst) + static_cast<size_t>(r) * count,
+                      static_cast<const float*>(region.peer(r)), count);
+  }
+  return Status::Ok();
+}
+
 Status ShmTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                          size_t bytes, StreamHandle) {
   std::memcpy(static_cast<char*>(region.peer(peer)) + offset, src, bytes);
