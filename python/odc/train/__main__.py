@@ -125,6 +125,13 @@ def parse_args(argv):
     )
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument(
+        "--optimizer",
+        choices=["adamw", "adamw-fused"],
+        default="adamw",
+        help="adamw (torch's default AdamW: foreach kernels on GPUs) or adamw-fused "
+        "(fused=True: fewer kernel launches per step; every run of the command uses it)",
+    )
+    parser.add_argument(
         "--run-dir",
         help="directory for this run's files (default: a new runs/<UTC time>/); may exist, but "
         "files in it are never overwritten",
@@ -365,6 +372,7 @@ def _main(argv) -> int:
             split=split,
             kv_exchange=exchange,
             microbatch_memory=args.microbatch_memory,
+            optimizer=args.optimizer,
         )
         results.append(launcher.run(config, ranks))
         if len(results) > 1 and args.cost == "fit":

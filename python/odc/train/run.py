@@ -53,6 +53,10 @@ class RunConfig:
     # How large LB-Mini may make a microbatch: "lb-micro" (no larger than LB-Micro's largest in
     # the same minibatch: no more activation memory) or "cap" (up to max_tokens; odc.plan).
     microbatch_memory: str = "lb-micro"
+    # "adamw": torch's AdamW as constructed by default (foreach kernels on GPUs); "adamw-fused":
+    # fused=True, a handful of kernel launches per step (under ODC the step is launched only once
+    # the minibatch has ended on the GPU, check_minibatch, so its launch time is GPU idle time).
+    optimizer: str = "adamw"
 
 
 # The SMs odc's data kernels size their grids for in training (ODC_CUDA_SMS; docs/runtime.md).
@@ -244,7 +248,11 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         for layer in model.layers:
             fully_shard(layer, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+        optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=config.lr,
+            **({"fused": True} if config.optimizer == "adamw-fused" else {}),
+        )
         engine = None
         if config.comm == "odc":
             device_index = local_rank if on_gpu else None
@@ -504,6 +512,7 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         "samples_per_rank": config.samples_per_rank,
         "max_tokens": config.max_tokens,
         "microbatch_memory": config.microbatch_memory,
+        "optimizer": config.optimizer,
         "odc_cuda_sms": os.environ.get("ODC_CUDA_SMS") if config.comm == "odc" else None,
         **measured,
         # Under collective a rank's busy time includes its waits inside FSDP2's per-layer
