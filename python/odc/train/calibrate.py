@@ -17,37 +17,28 @@ import numpy as np
 MIN_FIT_TOKENS = 8  # below this there are too few distinct lengths to fit three terms
 
 
-def ladder(max_tokens: int, rungs: int = 8) -> List[int]:
-    """Lengths to time: geometric from max_tokens/128 (but at least min(16, max_tokens/4)) up to
-    max_tokens (64K: 512, 1K, ..., 64K); at least three distinct lengths. The short rungs matter:
-    a short microbatch's time is mostly per-microbatch overhead (1.5b on 4 H200s: ~0.2 s for 1K
-    tokens, which a fit from 2K up put at 0.10 s), and LB-Mini decides on it whether a sample
-    opens a microbatch of its own."""
+def ladder(max_tokens: int, rungs: int = 7) -> List[int]:
+    """Lengths to time: geometric from max_tokens/32 (but at least min(16, max_tokens/4)) up to
+    max_tokens; at least three distinct lengths."""
     if max_tokens < MIN_FIT_TOKENS:
         raise ValueError(f"max_tokens must be at least {MIN_FIT_TOKENS} to fit a cost model")
-    start = max(max_tokens / 128, min(16, max_tokens / 4))
+    start = max(max_tokens / 32, min(16, max_tokens / 4))
     lengths = np.geomspace(start, max_tokens, rungs)
     return sorted({min(max_tokens, max(2, int(round(n)))) for n in lengths})
 
 
 def fit_cost(lengths: Sequence[float], seconds: Sequence[float]) -> Tuple[float, float, float]:
-    """Non-negative least-squares fit of seconds = c + a*L + b*L^2 in relative error (each
-    point weighted by 1 / its seconds); returns (a, b, c), the order `odc plan --cost A,B,C`
-    takes. Relative, because the ladder spans 100x in time: in absolute error the longest rungs
-    decide everything and a short microbatch may be predicted at half its time. Every subset of
-    the three terms is solved and the best fit whose coefficients are all >= 0 wins, so a noisy
-    point cannot make a term negative."""
+    """Non-negative least-squares fit of seconds = c + a*L + b*L^2; returns (a, b, c), the
+    order `odc plan --cost A,B,C` takes. Every subset of the three terms is solved and the best
+    fit whose coefficients are all >= 0 wins, so a noisy point cannot make a term negative."""
     x = np.asarray(lengths, dtype=np.float64)
     y = np.asarray(seconds, dtype=np.float64)
     if x.shape != y.shape or x.size < 3:
         raise ValueError("fit_cost needs at least three (length, seconds) pairs of equal count")
     if np.any(y < 0) or np.any(x <= 0):
         raise ValueError("fit_cost needs positive lengths and non-negative times")
-    # Relative error: rows divided by their time (a zero time weighs as 0.1% of the longest).
-    weight = 1.0 / np.maximum(y, 1e-3 * float(np.max(y)) or 1.0)
-    y = y * weight
     # Columns scaled to unit size so that L^2 (up to ~4e9) does not swamp the solve.
-    columns = [x * weight, x * x * weight, weight]
+    columns = [x, x * x, np.ones_like(x)]
     scales = [float(np.max(np.abs(c))) or 1.0 for c in columns]
     best, best_residual = (0.0, 0.0, float(np.mean(y))), float("inf")
     for size in (1, 2, 3):
