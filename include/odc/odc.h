@@ -278,8 +278,8 @@ ODC_API odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBu
                               odcStream_t stream);
 
 /* As odcGather, with `dst` holding dst_count elements of `dst_dtype`: the buffer's dtype, or
- * odcBfloat16 for an odcFloat32 buffer (each element rounded to nearest even while it is pulled, with
- * no float32 copy of the result: mixed-precision parameters kept in float32). Other pairs fail
+ * odcBfloat16 for an odcFloat32 buffer (each element rounded to nearest even while it is pulled,
+ * with no float32 copy of the result: mixed-precision parameters kept in float32). Other pairs fail
  * with odcInvalidArgument. */
 ODC_API odcResult_t odcGatherAs(odcComm_t comm, void* dst, size_t dst_count,
                                 odcDataType_t dst_dtype, odcBuffer_t buffer, odcStream_t stream);

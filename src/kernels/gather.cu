@@ -34,8 +34,8 @@ __device__ __forceinline__ uint16_t to_bf16_bits(float value) {
 
 // blockIdx.y picks the job; its blocks split the elements. Vector path: four floats (16 bytes)
 // in, four bf16 (8 bytes) out, when both pointers allow it.
-__global__ void __launch_bounds__(kThreads) narrow_copy_kernel(NarrowJobs jobs, size_t count,
-                                                               const WaitError* error) {
+__global__ void __launch_bounds__(kThreads)
+    narrow_copy_kernel(NarrowJobs jobs, size_t count, const WaitError* error) {
   if (error != nullptr && *reinterpret_cast<const volatile int32_t*>(&error->site) != 0) return;
   const int job = blockIdx.y;
   auto* dst = static_cast<uint16_t*>(detail::pick(jobs.dst, job));
@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(kThreads) narrow_copy_kernel(NarrowJobs jobs, 
 
 }  // namespace
 
-cudaError_t copy_narrow(const NarrowJobs& jobs, size_t count, const RankInfo& info,
-                        int num_blocks, cudaStream_t stream, const WaitError* error) {
+cudaError_t copy_narrow(const NarrowJobs& jobs, size_t count, const RankInfo& info, int num_blocks,
+                        cudaStream_t stream, const WaitError* error) {
   if (jobs.num_jobs < 0 || jobs.num_jobs > kMaxRanks) return cudaErrorInvalidValue;
   if (jobs.num_jobs == 0 || count == 0) return cudaSuccess;
   const dim3 grid(detail::auto_blocks(info, num_blocks, jobs.num_jobs, count * sizeof(float)),

@@ -116,8 +116,8 @@ struct NarrowJobs {
   const void* src[kMaxRanks] = {};
   int num_jobs = 0;
 };
-cudaError_t copy_narrow(const NarrowJobs& jobs, size_t count, const RankInfo& info,
-                        int num_blocks, cudaStream_t stream, const WaitError* error = nullptr);
+cudaError_t copy_narrow(const NarrowJobs& jobs, size_t count, const RankInfo& info, int num_blocks,
+                        cudaStream_t stream, const WaitError* error = nullptr);
 // The gather of gather_sm, narrowing: dst (bf16)[r*shard_elems + i] = shards.ptr[r] (fp32)[i].
 cudaError_t gather_sm_narrow(void* dst, const PeerPointers& shards, size_t shard_elems,
                              const RankInfo& info, int num_blocks, cudaStream_t stream,
