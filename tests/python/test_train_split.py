@@ -150,3 +150,25 @@ def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
         assert run["losses"] == pytest.approx(runs[0]["losses"], rel=1e-5)
         # The members' split chunks are their first microbatch (timeline of the last minibatch).
         assert all(len(rank) >= 1 for rank in run["timeline"])
+
+
+def test_default_kv_exchange_is_odc_for_odc_runs_on_a_flat_mesh(tmp_path):
+    """Without --kv-exchange, an ODC run that splits exchanges K/V through odc pulls (measured
+    faster on 4 H200s, docs/benchmarks.md), and says so in its JSON and table."""
+    import json
+    import subprocess
+    import sys
+
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(map(str, [200, 10, 12, 8, 9, 300, 11, 7])) + "\n")
+    output = tmp_path / "results.json"
+    command = [
+        sys.executable, "-m", "odc.train", "--lengths", str(lengths), "--device", "cpu",
+        "--ranks", "2", "--preset", "tiny", "--steps", "1", "--samples-per-rank", "2",
+        "--split", "auto", "--cost", "1,0.01,0", "--output", str(output), "--timeline", "",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = json.loads(output.read_text())
+    assert (run["comm"], run["split"], run["kv_exchange"]) == ("odc", "auto", "odc")
+    assert run["split_samples"] == 1 and run["memory"]["odc_kv_exchange_bytes"] > 0
