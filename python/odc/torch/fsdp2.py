@@ -107,9 +107,9 @@ class _Group:
             self.publish()  # moves the shards now: their old storage is freed at once
         # During a minibatch no parameter of this group keeps a .grad: FSDP2 assigns each one a
         # view of the (zeroed) reduce-scatter output and then calls the parameter's
-        # post-accumulate-grad hooks, where _drop_microbatch_grad lets go of it (_fsdp2_internals
-        # R5), so the output is freed when FSDP2's reduce returns and no per-microbatch gradient
-        # memory exists beyond one group's output while it is reduced.
+        # post-accumulate-grad hooks, where the hook clear_grads registers (_grad_dropper) lets
+        # go of it (_fsdp2_internals R5), so the output is freed when FSDP2's reduce returns and
+        # no per-microbatch gradient memory exists beyond one group's output while it is reduced.
         self._hooked = {}  # id(param) -> (param, hook handle)
         # The DTensor wrappers that set_grads assigns to .grad, made once per parameter and
         # reused: DTensor.from_local costs tens of microseconds of host time, a 1.5B model has
