@@ -114,47 +114,9 @@ def test_pack_chunk_keeps_global_positions_and_labels():
         pack_chunk(sample, [(5, 11)])
 
 
-def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
-    """`odc.train --compare --split auto --kv-exchange both` on 2 CPU ranks: the split runs
-    really split (both minibatches hold an outlier) and every run trains to the same losses step
-    by step, since a split sample gives the whole sample's loss and gradients (under collectives,
-    and under ODC with K/V through a gloo subgroup or through odc pulls)."""
-    import json
-    import subprocess
-    import sys
-
-    lengths = tmp_path / "lengths.txt"
-    lengths.write_text("\n".join(map(str, [200, 10, 12, 8, 9, 300, 11, 7])) + "\n")
-    output = tmp_path / "results.json"
-    command = [
-        sys.executable, "-m", "odc.train", "--lengths", str(lengths), "--device", "cpu",
-        "--ranks", "2", "--preset", "tiny", "--steps", "1", "--samples-per-rank", "2",
-        "--compare", "--split", "auto", "--kv-exchange", "both", "--cost", "1,0.01,0",
-        "--output", str(output),
-        "--timeline", "",
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    runs = json.loads(output.read_text())
-    assert [(r["comm"], r["policy"], r["split"], r["kv_exchange"]) for r in runs] == [
-        ("collective", "lb-micro", "off", None),
-        ("collective", "lb-micro", "auto", "nccl"),
-        ("odc", "lb-mini", "auto", "nccl"),
-        ("odc", "lb-mini", "auto", "odc"),
-    ]
-    assert runs[0]["split_samples"] == 0
-    assert all(r["split_samples"] == 1 for r in runs[1:])  # the measured minibatch
-    assert runs[3]["memory"]["odc_kv_exchange_bytes"] > 0  # the odc buffers were made
-    assert "lb-mini+split/odc" in result.stdout
-    for run in runs[1:]:
-        assert run["losses"] == pytest.approx(runs[0]["losses"], rel=1e-5)
-        # The members' split chunks are their first microbatch (timeline of the last minibatch).
-        assert all(len(rank) >= 1 for rank in run["timeline"])
-
-
-def test_default_kv_exchange_is_odc_for_odc_runs_on_a_flat_mesh(tmp_path):
-    """Without --kv-exchange, an ODC run that splits exchanges K/V through odc pulls (measured
-    faster on 4 H200s, docs/benchmarks.md), and says so in its JSON and table."""
+def _train_outliers(tmp_path, *arguments):
+    """`odc.train` on 2 CPU ranks, tiny preset, over lengths whose two minibatches each hold an
+    outlier; returns (the results JSON's runs, stdout)."""
     import json
     import subprocess
     import sys
@@ -166,9 +128,39 @@ def test_default_kv_exchange_is_odc_for_odc_runs_on_a_flat_mesh(tmp_path):
         sys.executable, "-m", "odc.train", "--lengths", str(lengths), "--device", "cpu",
         "--ranks", "2", "--preset", "tiny", "--steps", "1", "--samples-per-rank", "2",
         "--split", "auto", "--cost", "1,0.01,0", "--output", str(output), "--timeline", "",
+        *arguments,
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    (run,) = json.loads(output.read_text())
+    return json.loads(output.read_text()), result.stdout
+
+
+def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
+    """`odc.train --compare --split auto --kv-exchange both` on 2 CPU ranks: the split runs
+    really split (both minibatches hold an outlier) and every run trains to the same losses step
+    by step, since a split sample gives the whole sample's loss and gradients (under collectives,
+    and under ODC with K/V through a gloo subgroup or through odc pulls)."""
+    runs, stdout = _train_outliers(tmp_path, "--compare", "--kv-exchange", "both")
+    assert [(r["comm"], r["policy"], r["split"], r["kv_exchange"]) for r in runs] == [
+        ("collective", "lb-micro", "off", None),
+        ("collective", "lb-micro", "auto", "nccl"),
+        ("odc", "lb-mini", "auto", "nccl"),
+        ("odc", "lb-mini", "auto", "odc"),
+    ]
+    assert runs[0]["split_samples"] == 0
+    assert all(r["split_samples"] == 1 for r in runs[1:])  # the measured minibatch
+    assert runs[3]["memory"]["odc_kv_exchange_bytes"] > 0  # the odc buffers were made
+    assert "lb-mini+split/odc" in stdout
+    for run in runs[1:]:
+        assert run["losses"] == pytest.approx(runs[0]["losses"], rel=1e-5)
+        # The members' split chunks are their first microbatch (timeline of the last minibatch).
+        assert all(len(rank) >= 1 for rank in run["timeline"])
+
+
+def test_default_kv_exchange_is_odc_for_odc_runs_on_a_flat_mesh(tmp_path):
+    """Without --kv-exchange, an ODC run that splits exchanges K/V through odc pulls (measured
+    faster on 4 H200s, docs/benchmarks.md), and says so in its JSON."""
+    runs, _ = _train_outliers(tmp_path)
+    (run,) = runs
     assert (run["comm"], run["split"], run["kv_exchange"]) == ("odc", "auto", "odc")
     assert run["split_samples"] == 1 and run["memory"]["odc_kv_exchange_bytes"] > 0
