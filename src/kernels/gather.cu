@@ -32,14 +32,6 @@ __device__ __forceinline__ uint16_t to_bf16_bits(float value) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(value));
 }
 
-// Four floats as four bf16, in memory order.
-__device__ __forceinline__ uint2 to_bf16x4(float4 v) {
-  uint2 out;
-  out.x = to_bf16_bits(v.x) | (static_cast<uint32_t>(to_bf16_bits(v.y)) << 16);
-  out.y = to_bf16_bits(v.z) | (static_cast<uint32_t>(to_bf16_bits(v.w)) << 16);
-  return out;
-}
-
 // blockIdx.y picks the job; its blocks split the elements. Vector path: four floats (16 bytes)
 // in, four bf16 (8 bytes) out, when both pointers allow it.
 __global__ void __launch_bounds__(kThreads)
@@ -62,9 +54,20 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) r[u] = vs[i + u * num_threads];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) vd[i + u * num_threads] = to_bf16x4(r[u]);
+      for (int u = 0; u < kUnroll; ++u) {
+        uint2 out;
+        out.x = to_bf16_bits(r[u].x) | (static_cast<uint32_t>(to_bf16_bits(r[u].y)) << 16);
+        out.y = to_bf16_bits(r[u].z) | (static_cast<uint32_t>(to_bf16_bits(r[u].w)) << 16);
+        vd[i + u * num_threads] = out;
+      }
     }
-    for (; i < num_vec; i += num_threads) vd[i] = to_bf16x4(vs[i]);
+    for (; i < num_vec; i += num_threads) {
+      const float4 r = vs[i];
+      uint2 out;
+      out.x = to_bf16_bits(r.x) | (static_cast<uint32_t>(to_bf16_bits(r.y)) << 16);
+      out.y = to_bf16_bits(r.z) | (static_cast<uint32_t>(to_bf16_bits(r.w)) << 16);
+      vd[i] = out;
+    }
     done = num_vec * 4;
   }
   for (size_t i = done + tid; i < count; i += num_threads) dst[i] = to_bf16_bits(src[i]);
