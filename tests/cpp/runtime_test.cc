@@ -99,6 +99,12 @@ TEST_P(Gather, EqualsConcatenatedShards) {
     const std::string error = odcCommGetLastError(comm);
     RANK_EXPECT(error.find("cannot gather a bfloat16 buffer into float32") != std::string::npos,
                 "the refusal does not name the dtypes: " + error);
+    RANK_EXPECT(odcGatherAs(comm, same.data(), same.size(), static_cast<odcDataType_t>(7), params,
+                            nullptr) == odcInvalidArgument,
+                "an unknown destination dtype was not refused");
+    RANK_EXPECT(std::string(odcCommGetLastError(comm)).find("unknown destination dtype 7") !=
+                    std::string::npos,
+                "the refusal does not name the unknown dtype");
     RANK_CHECK(odcBarrier(comm, nullptr));  // nobody frees while others read
     RANK_CHECK(odcCommDestroy(comm));
     return std::string();
