@@ -164,3 +164,66 @@ def test_default_kv_exchange_is_odc_for_odc_runs_on_a_flat_mesh(tmp_path):
     (run,) = runs
     assert (run["comm"], run["split"], run["kv_exchange"]) == ("odc", "auto", "odc")
     assert run["split_samples"] == 1 and run["memory"]["odc_kv_exchange_bytes"] > 0
+
+
+def test_microbatch_log_and_profile(tmp_path):
+    """The results JSON logs every measured microbatch (what it held, its times, its host time),
+    split chunks included, and --profile writes a trace and a table per rank without adding the
+    profiled minibatch to the results."""
+    import gzip
+    import json
+
+    runs, _ = _train_outliers(tmp_path, "--profile", str(tmp_path / "profile"))
+    (run,) = runs
+    (minibatch,) = run["microbatch_log"]  # --steps 1: one measured minibatch
+    assert len(minibatch) == 2 and len(run["losses"]) == 2  # warm-up + measured, no profiled
+    chunks = [m for rank in minibatch for m in rank if "split" in m]
+    assert len(chunks) == 2  # the outlier of 300 tokens, on both ranks
+    assert all(c["split"]["length"] == 300 and c["split"]["members"] == 2 for c in chunks)
+    assert sum(e - b for c in chunks for b, e in c["split"]["pieces"]) == 300
+    for rank, timeline in zip(minibatch, run["timeline"]):
+        assert [(m["start"], m["end"], m["tokens"]) for m in rank] == [tuple(t) for t in timeline]
+        for m in rank:
+            assert m["end"] >= m["start"] and m["host_seconds"] > 0
+            if "lengths" in m:
+                assert sum(m["lengths"]) == m["tokens"]
+    for rank in range(2):
+        base = tmp_path / "profile" / f"odc_lb-mini_split_kv-odc_rank{rank}"
+        trace = json.loads(gzip.decompress((base.parent / (base.name + ".json.gz")).read_bytes()))
+        assert trace["traceEvents"]
+        assert "self_cpu_time_total" in (base.parent / (base.name + ".txt")).read_text()
+
+
+def test_split_chunk_reaches_layers_unchanged_through_fsdp2_mixed_precision():
+    """FSDP2 with a mixed-precision policy casts forward inputs, rebuilding any dataclass among
+    them; the SplitChunk must arrive in the layer as the very object given (its index tensors
+    are cached on it once per chunk, not rebuilt per layer on the host)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from odc.train.model import SplitChunk
+
+    class Recorder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(2))
+            self.seen = []
+
+        def forward(self, x, odc_split=None):
+            self.seen.append(odc_split)
+            return x * self.weight
+
+    with tempfile.TemporaryDirectory() as directory:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{directory}/store", rank=0, world_size=1
+        )
+        try:
+            module = Recorder()
+            fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float64))
+            chunk = SplitChunk(None, 0, [[(0, 2)], [(2, 4)]], 4)
+            chunk.gather_index(torch.device("cpu"))  # cached before the forward, as run.py does
+            module(torch.ones(2), odc_split=chunk)
+            assert module.seen == [chunk] and module.seen[0] is chunk
+            assert chunk.gather_index(torch.device("cpu")) is chunk._index_tensor
+        finally:
+            dist.destroy_process_group()

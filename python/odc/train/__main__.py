@@ -133,6 +133,13 @@ def parse_args(argv):
         "(fused=True: fewer kernel launches per step; every run of the command uses it)",
     )
     parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="after the measured minibatches, run the last one again under torch.profiler and "
+        "write, per run and rank, a Chrome trace (DIR/<run>_rank<r>.json.gz) and a table of "
+        "the operators with the most self time (.txt); the results do not include it",
+    )
+    parser.add_argument(
         "--run-dir",
         help="directory for this run's files (default: a new runs/<UTC time>/); may exist, but "
         "files in it are never overwritten",
@@ -382,6 +389,7 @@ def _main(argv) -> int:
             kv_exchange=exchange,
             microbatch_memory=args.microbatch_memory,
             optimizer=args.optimizer,
+            profile_dir=args.profile,
         )
         results.append(launcher.run(config, ranks))
         if len(results) > 1 and args.cost == "fit":

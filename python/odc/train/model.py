@@ -10,7 +10,6 @@ speed, memory and equality of results, not quality.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -80,20 +79,34 @@ def varlen_available(device: torch.device) -> bool:
     return device.type == "cuda" and _varlen_attn() is not None
 
 
-@dataclass
 class SplitChunk:
     """This rank's part of a sample split over a group of ranks (design.md, "Splitting
     outliers"; the planner's "splits" entry): the chunk's token ranges of the sample, every
     member's ranges (in group order) and the group's process group. The chunk's tokens are the
-    concatenation of `pieces` in order, as data.pack_chunk lays them out."""
+    concatenation of `pieces` in order, as data.pack_chunk lays them out.
 
-    group: object  # torch.distributed ProcessGroup of the members, in member order
-    member: int  # this rank's index in the group
-    chunks: Sequence[Sequence[Tuple[int, int]]]  # every member's [begin, end) ranges
-    length: int  # tokens of the whole sample
-    # How K/V move between the members: None, an all-gather in `group` (NCCL on GPUs, gloo on
-    # the CPU); an OdcKVExchange, pulls from the members' odc symmetric buffers.
-    exchange: Optional["OdcKVExchange"] = None
+    Deliberately not a dataclass: it reaches every layer's attention as a forward keyword
+    argument, and FSDP2's mixed precision casts forward inputs by rebuilding every dataclass it
+    finds in them (dataclasses.replace, twice per module call). A rebuilt chunk lost its cached
+    index tensors, so each layer rebuilt them on the host from a Python list of the sample's
+    length and copied them to the GPU (29,565 tokens: ~3 ms per layer and pass, the GPU idle
+    meanwhile; docs/benchmarks.md, seventh round)."""
+
+    def __init__(
+        self,
+        group,
+        member: int,
+        chunks: Sequence[Sequence[Tuple[int, int]]],
+        length: int,
+        exchange: Optional["OdcKVExchange"] = None,
+    ) -> None:
+        self.group = group  # torch.distributed ProcessGroup of the members, in member order
+        self.member = member  # this rank's index in the group
+        self.chunks = chunks  # every member's [begin, end) ranges
+        self.length = length  # tokens of the whole sample
+        # How K/V move between the members: None, an all-gather in `group` (NCCL on GPUs, gloo
+        # on the CPU); an OdcKVExchange, pulls from the members' odc symmetric buffers.
+        self.exchange = exchange
 
     @property
     def pieces(self) -> Sequence[Tuple[int, int]]:

@@ -57,6 +57,10 @@ class RunConfig:
     # fused=True, a handful of kernel launches per step (under ODC the step is launched only once
     # the minibatch has ended on the GPU, check_minibatch, so its launch time is GPU idle time).
     optimizer: str = "adamw"
+    # Where to write a torch.profiler trace of the last measured minibatch, one file per rank
+    # (None: no profiling). The profiler slows that minibatch: its timings are kept out of the
+    # results (the minibatch runs once more after the measured ones).
+    profile_dir: Optional[str] = None
 
 
 # The SMs odc's data kernels size their grids for in training (ODC_CUDA_SMS; docs/runtime.md).
@@ -70,6 +74,11 @@ class RankRecord:
     busy: float
     span: float
     microbatches: List[tuple] = field(default_factory=list)  # (start, end, tokens)
+    # Per microbatch, in the same order: what it held and the host seconds its forward and
+    # backward took to enqueue (a microbatch whose host time reaches its GPU time is bound by
+    # the host: kernel launches, not compute). {"lengths": [...]} for a packed microbatch,
+    # {"split": {"length", "pieces", "members"}} for a split sample's chunk.
+    details: List[dict] = field(default_factory=list)
     replica_reduce: float = 0.0  # ODC on an HSDP mesh: the cross-replica all-reduce's seconds
     replica_reduce_bytes: int = 0  # ... and the fp32 gradient bytes this rank all-reduced
     # Host seconds of each call after the last microbatch (where a minibatch's tail goes; the
@@ -358,7 +367,13 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             f"[{config.comm} {config.policy}] minibatches ({config.warmup_steps} warm-up)",
             enabled=rank == 0,
         ).start()
-        for step in range(num_steps):
+        # With profile_dir, the last measured minibatch runs once more under the profiler, after
+        # the measured ones (its timings are not kept: the profiler slows it).
+        profiled_step = num_steps - 1 if config.profile_dir and num_steps > 0 else None
+        runs = list(range(num_steps)) + ([profiled_step] if profiled_step is not None else [])
+        for run_index, step in enumerate(runs):
+            profiling = run_index >= num_steps
+            profiler = _start_profiler(torch, on_gpu) if profiling else None
             minibatch = plan["minibatches"][step]
             global_tokens = sum(len(samples[i]) - 1 for i in minibatch["samples"])
             mine = minibatch["ranks"][rank]["microbatches"]
@@ -366,7 +381,7 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             dist.barrier()  # a common start: the span covers everything after it
             start_wall = time.perf_counter()
             start = clock.mark()
-            marks = []
+            marks, details = [], []
             step_loss = torch.zeros((), device=device)
             probe.enter("minibatch_begin")
             trainer.begin()
@@ -389,15 +404,30 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
                 # packing is (on GPUs: pinned, non-blocking copies).
                 chunk.gather_index(device)
                 chunk.varlen_offsets(device)
-                begin = clock.mark()
+                begin, host = clock.mark(), time.perf_counter()
                 step_loss += trainer.microbatch(packed, global_tokens, split=chunk)
+                host = time.perf_counter() - host
                 marks.append((begin, clock.mark(), packed.num_tokens))
+                details.append(
+                    {
+                        "split": {
+                            "length": len(sample),
+                            "pieces": [list(p) for p in split["chunks"][member]],
+                            "members": len(split["ranks"]),
+                        },
+                        "host_seconds": host,
+                    }
+                )
             for microbatch in mine:
                 packed = pack([samples[i] for i in microbatch])
                 probe.enter("microbatch", packed.num_tokens)
-                begin = clock.mark()
+                begin, host = clock.mark(), time.perf_counter()
                 step_loss += trainer.microbatch(packed, global_tokens)
+                host = time.perf_counter() - host
                 marks.append((begin, clock.mark(), packed.num_tokens))
+                details.append(
+                    {"lengths": [len(samples[i]) for i in microbatch], "host_seconds": host}
+                )
             probe.enter("end_and_step")
             tail = [time.perf_counter()]
             trainer.end()
@@ -423,7 +453,11 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
                     (clock.seconds(start, begin), clock.seconds(start, end), tokens)
                 )
                 record.busy += clock.seconds(begin, end)
+            record.details = details
             dist.all_reduce(step_loss)  # after the timed span
+            if profiling:
+                _write_profile(profiler, config, rank)
+                continue
             losses.append(float(step_loss))
             records.append(record)
             steps_progress.update(f"{record.span:.3f} s, loss {losses[-1]:.4f}")
@@ -461,6 +495,38 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         gc.collect()
         if not external_group:
             dist.destroy_process_group()
+
+
+def _start_profiler(torch, on_gpu: bool):
+    """A running torch.profiler over CPU (and CUDA) activity, for one minibatch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    profiler = profile(activities=activities)
+    profiler.start()
+    return profiler
+
+
+def _write_profile(profiler, config: RunConfig, rank: int) -> None:
+    """Stops `profiler` and writes its Chrome trace (open in Perfetto or chrome://tracing) and a
+    table of the operators with the most self time, per rank, into config.profile_dir."""
+    profiler.stop()
+    os.makedirs(config.profile_dir, exist_ok=True)
+    name = f"{config.comm}_{config.policy}"
+    if config.split == "auto":
+        name += f"_split_kv-{config.kv_exchange}"
+    if config.mesh is not None:
+        name += f"_mesh{config.mesh[0]}x{config.mesh[1]}"
+    base = os.path.join(config.profile_dir, f"{name}_rank{rank}")
+    profiler.export_chrome_trace(base + ".json.gz")
+    averages = profiler.key_averages()
+    with open(base + ".txt", "w") as table:
+        for sort in ("self_cuda_time_total", "self_cpu_time_total"):
+            try:
+                text = averages.table(sort_by=sort, row_limit=40)
+            except (AttributeError, KeyError, ValueError):
+                continue  # no CUDA column on the CPU
+            table.write(f"sorted by {sort}\n{text}\n")
 
 
 def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
@@ -544,6 +610,19 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         "peak_memory_bytes": max(gathered[r][1] for r in range(world_size)),
         "losses": losses,
         "timeline": [gathered[r][0][last]["microbatches"] for r in range(world_size)],
+        # Every measured microbatch: [minibatch][rank] -> [{"start", "end", "tokens",
+        # "host_seconds", "lengths" or "split"}] (RankRecord.details), enough to fit a cost model
+        # to what ran (dev/analysis/microbatch_fit.py) or to find host-bound microbatches.
+        "microbatch_log": [
+            [
+                [
+                    {"start": m[0], "end": m[1], "tokens": m[2], **d}
+                    for m, d in zip(gathered[r][0][s]["microbatches"], gathered[r][0][s]["details"])
+                ]
+                for r in range(world_size)
+            ]
+            for s in range(config.warmup_steps, num_steps)
+        ],
         **_hybrid_summary(config, gathered, num_steps, world_size),
         "last_span_seconds": max(gathered[r][0][last]["span"] for r in range(world_size)),
         **_edges(config, gathered, num_steps, world_size),
