@@ -20,6 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 from odc.train.calibrate import fit_cost  # noqa: E402
+from odc.train.metrics import cost_terms, describe_cost  # noqa: E402
 
 
 def causal_pairs(begin: float, end: float) -> float:
@@ -27,15 +28,15 @@ def causal_pairs(begin: float, end: float) -> float:
 
 
 def predicted(entry: dict, cost, exchange: float) -> float:
-    a, b, c = cost
+    a, b, c, floor = cost_terms(cost)
     if "split" in entry:
         split = entry["split"]
         total = float(split["length"])
         tokens = sum(e - s for s, e in split["pieces"])
         pairs = sum(causal_pairs(s, e) for s, e in split["pieces"])
         attention = b * total * total * pairs / causal_pairs(0, total)
-        return c + a * tokens + attention + exchange * a * (total - tokens)
-    return c + sum(a * n + b * n * n for n in entry["lengths"])
+        return max(floor, c + a * tokens + attention + exchange * a * (total - tokens))
+    return max(floor, c + sum(a * n + b * n * n for n in entry["lengths"]))
 
 
 def describe(run: dict, exchange: float) -> None:
@@ -43,7 +44,7 @@ def describe(run: dict, exchange: float) -> None:
     label = f"{run['comm']} + {run['policy']}" + (" + split" if run.get("split") == "auto" else "")
     if run.get("kv_exchange"):
         label += f" (K/V {run['kv_exchange']})"
-    print(f"\n== {label}: cost a={cost[0]:.4g} b={cost[1]:.4g} c={cost[2]:.4g}")
+    print(f"\n== {label}: cost {describe_cost(cost)}")
     rows = []
     for minibatch, ranks in enumerate(run.get("microbatch_log", [])):
         for rank, entries in enumerate(ranks):

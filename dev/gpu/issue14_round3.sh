@@ -10,6 +10,7 @@
 #   heavy     heavy-tailed, --compare --split auto, 10 minibatches (~2.5 min).
 # odc.train under torchrun, 1.5b, 4 samples per rank, cost given (the 1.5b fit), 1 warm-up.
 # ODC_TRAIN_EXTRA: more odc.train arguments for every run (e.g. --microbatch-memory cap).
+# ODC_TRAIN_COST: the cost model (default the 1.5b fit below; "fit" calibrates, floor included).
 # Output: $OUT/issue14_round3/issue14_round3.log and issue14_round3.tgz (results + timelines).
 set -euo pipefail
 export PYTHONPATH=$PWD/python ODC_LIBRARY=$PWD/.device/libodc.so PYTHONUNBUFFERED=1
@@ -19,7 +20,7 @@ out="$OUT/issue14_round3"
 work=$(mktemp -d)
 mkdir -p "$out"
 log="$out/issue14_round3.log"
-cost=3.123e-05,1.187e-09,0.07082  # docs/benchmarks.md: the 1.5b fit on this machine
+cost=${ODC_TRAIN_COST:-3.123e-05,1.187e-09,0.07082}  # docs/benchmarks.md: the 1.5b fit here
 status=0
 
 stage() {  # stage NAME TIMEOUT COMMAND...: runs it, logs it, keeps going on failure
@@ -57,11 +58,11 @@ if wants constant; then
     --steps 8 --output "$work/constant.json" --timeline ""
 fi
 if wants longalign; then
-  stage longalign 290 "${train[@]}" --lengths data/longalign_like.txt --max-length 65536 \
+  stage longalign 400 "${train[@]}" --lengths data/longalign_like.txt --max-length 65536 \
     --steps 10 --output "$work/longalign.json" --timeline "$work/longalign.png"
 fi
 if wants heavy; then
-  stage heavy-tailed 240 "${train[@]}" --lengths data/heavy_tailed.txt --steps 10 \
+  stage heavy-tailed 300 "${train[@]}" --lengths data/heavy_tailed.txt --steps 10 \
     --output "$work/heavy_tailed.json" --timeline "$work/heavy_tailed.png"
 fi
 
@@ -95,6 +96,9 @@ for label, name in [("heavy-tailed", "heavy_tailed"), ("constant 8192", "constan
         print(f"{'':13}   losses {[round(x, 4) for x in r['losses']]}")
 PY
 
+for f in "$work"/*.json; do  # measured microbatches against the cost model (seventh round on)
+  [ -e "$f" ] && python3 dev/analysis/microbatch_fit.py "$f" >"$f.fit.txt" 2>&1 || true
+done
 tar -czf "$out/issue14_round3.tgz" -C "$work" . 2>>"$log" || status=1
 echo "=== done ($(date -u +%H:%M:%S)), status $status" | tee -a "$log"
 exit $status

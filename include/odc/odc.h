@@ -96,6 +96,9 @@ typedef struct {
                             >= 0, default 0.05 (docs/planner.md, "Splitting outliers") */
   /* Appended in 0.x for issue #17. */
   odcMicrobatchMemory_t microbatch_memory; /* default odcMicrobatchMemoryLbMicro */
+  /* Appended in 0.x (issue #14, seventh round). */
+  double cost_floor; /* least cost of any microbatch: cost = max(cost_floor, cost_c + sum(...));
+                        >= 0, default 0 (none; docs/planner.md, "Cost model") */
 } odcPlanOptions_t;
 
 typedef struct odcPlan* odcPlan_t;

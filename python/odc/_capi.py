@@ -49,6 +49,7 @@ class PlanOptions(ctypes.Structure):
         ("split", ctypes.c_int),  # odcSplit_t (appended for issue #14)
         ("split_exchange", ctypes.c_double),
         ("microbatch_memory", ctypes.c_int),  # odcMicrobatchMemory_t (appended for issue #17)
+        ("cost_floor", ctypes.c_double),  # appended for issue #14, seventh round
     ]
 
 

@@ -12,7 +12,10 @@ from typing import Any, List, Optional, Sequence
 
 from . import _capi
 
-_COST_MESSAGE = "expected three comma-separated non-negative numbers A,B,C"
+_COST_MESSAGE = (
+    "expected three comma-separated non-negative numbers A,B,C (and optionally a floor F: "
+    "A,B,C,F)"
+)
 
 
 def _lengths_array(lengths: Sequence[int]) -> "ctypes.Array[ctypes.c_int64]":
@@ -50,7 +53,9 @@ def plan(
     lengths: tokens per sample, in order; consecutive groups of `minibatch_size` form the
         minibatches (default: all samples in one).
     policy: "local-sort", "lb-micro" or "lb-mini".
-    cost: (a, b, c): a microbatch costs c + sum(a*L + b*L^2).
+    cost: (a, b, c) or (a, b, c, floor): a microbatch costs max(floor, c + sum(a*L + b*L^2));
+        floor (default 0) is the least time any microbatch takes (docs/planner.md, "Cost
+        model").
     rank_speed: relative speed of each rank (heterogeneous GPUs); LB-Mini balances cost / speed.
     split: "off" or "auto": a sample costing more than its minibatch's ideal per-rank share runs
         as context-parallel chunks on a group of ranks when that lowers the predicted span
@@ -83,11 +88,12 @@ def plan(
     cost_values = tuple(cost) if isinstance(cost, (list, tuple)) else None
     if (
         cost_values is None
-        or len(cost_values) != 3
+        or len(cost_values) not in (3, 4)
         or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in cost_values)
     ):
         raise ValueError(f"malformed cost {cost!r}: {_COST_MESSAGE}")
-    options.cost_a, options.cost_b, options.cost_c = (float(v) for v in cost_values)
+    options.cost_a, options.cost_b, options.cost_c = (float(v) for v in cost_values[:3])
+    options.cost_floor = float(cost_values[3]) if len(cost_values) == 4 else 0.0
 
     speeds = None
     if rank_speed is not None:

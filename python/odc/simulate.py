@@ -148,7 +148,8 @@ def validate_recorded(
                 )
             if len(measured_lengths) != steps * per_minibatch:
                 raise ValueError(f"{path.name}: expected {steps * per_minibatch} sample lengths")
-            a, b, c = run["cost"]
+            # (a, b, c), or (a, b, c, floor) since the seventh round: the simulator takes both.
+            cost_text = ",".join(repr(float(v)) for v in run["cost"])
             with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as handle:
                 handle.write("\n".join(str(n) for n in measured_lengths) + "\n")
                 lengths_path = handle.name
@@ -166,7 +167,7 @@ def validate_recorded(
                 simulated = run_simulate(
                     [
                         "--lengths", lengths_path, "--model", run["preset"],
-                        "--cost", f"{a!r},{b!r},{c!r}", "--ranks", str(ranks),
+                        "--cost", cost_text, "--ranks", str(ranks),
                         "--samples-per-rank", str(per_rank), "--minibatches", str(steps),
                         "--max-tokens", str(run["max_tokens"]), "--policies", run["policy"],
                         "--modes", mode, "--gpus-per-node", str(node_gpus),

@@ -43,6 +43,7 @@ extern "C" odcResult_t odcPlanOptionsInit(odcPlanOptions_t* options) {
   options->split = odcSplitOff;
   options->split_exchange = odc::planner::kDefaultSplitExchange;
   options->microbatch_memory = odcMicrobatchMemoryLbMicro;
+  options->cost_floor = 0.0;
   return success();
 }
 
@@ -83,7 +84,7 @@ extern "C" odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
     plan_options.max_tokens = options->max_tokens;
     plan_options.policy = static_cast<odc::planner::Policy>(policy);
     plan_options.minibatch_size = options->minibatch_size;
-    plan_options.cost = {options->cost_a, options->cost_b, options->cost_c};
+    plan_options.cost = {options->cost_a, options->cost_b, options->cost_c, options->cost_floor};
     plan_options.split =
         split == odcSplitAuto ? odc::planner::SplitMode::kAuto : odc::planner::SplitMode::kOff;
     plan_options.split_exchange = options->split_exchange;

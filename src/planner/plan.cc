@@ -32,9 +32,9 @@ using LocalBins = Bins;
 
 double microbatch_cost(const std::vector<int>& microbatch, const MinibatchInput& input,
                        const CostModel& cost) {
-  double total = cost.c;
-  for (int item : microbatch) total += input.costs[item];
-  return total;
+  double samples = 0.0;
+  for (int item : microbatch) samples += input.costs[item];
+  return cost.microbatch(samples);
 }
 
 // Heaviest microbatch first, so step k lines up across ranks; ties keep packing order.
@@ -147,21 +147,31 @@ Bins pack_fewest_by_tokens(const PackingInput& input) {
 
 // No rank needs a microbatch above the minibatch's longest sample (memory follows the largest
 // microbatch, and the longest sample sets the minibatch's floor). A rank whose packing exceeds it
-// takes more microbatches where its predicted time, count x c + its samples' costs (over its
-// speed), stays within the slowest rank's: the minibatch's predicted time is unchanged. The count
+// takes more microbatches where its predicted time (each microbatch max(floor, c + its samples'
+// costs), over its speed) stays within the slowest rank's: the minibatch's predicted time is
+// unchanged. The count
 // is the smallest whose token-balanced packing reaches the longest sample, or else the smallest
 // that does as well as the most microbatches the time allows (bisection: packings with more
 // microbatches are not larger).
 void shrink_microbatches(const std::vector<RankSamples>& samples, std::vector<Bins>& packed,
                          const PlanOptions& options) {
+  const CostModel& cost = options.cost;
+  auto rank_time = [&](size_t r, const Bins& bins) {
+    double time = 0.0;
+    for (const auto& bin : bins) {
+      double bin_samples = 0.0;
+      for (int k : bin) bin_samples += samples[r].costs[k];
+      time += cost.microbatch(bin_samples);
+    }
+    return time / rank_speed(options, r);
+  };
   int64_t longest = 0;
   std::vector<double> load(samples.size(), 0.0);
   double slowest = 0.0;
   for (size_t r = 0; r < samples.size(); ++r) {
     for (int64_t tokens : samples[r].tokens) longest = std::max(longest, tokens);
-    for (double cost : samples[r].costs) load[r] += cost;
-    slowest = std::max(slowest, (static_cast<double>(packed[r].size()) * options.cost.c + load[r]) /
-                                    rank_speed(options, r));
+    for (double sample_cost : samples[r].costs) load[r] += sample_cost;
+    slowest = std::max(slowest, rank_time(r, packed[r]));
   }
   for (size_t r = 0; r < samples.size(); ++r) {
     const PackingInput input = samples[r].packing(options.max_tokens);
@@ -169,9 +179,12 @@ void shrink_microbatches(const std::vector<RankSamples>& samples, std::vector<Bi
     const int num_items = static_cast<int>(input.tokens.size());
     // The most microbatches the rank's time allows (every sample alone at most).
     int most = num_items;
-    if (options.cost.c > 0.0) {
-      const double spare = slowest * rank_speed(options, r) - load[r];
-      most = static_cast<int>(std::min<double>(num_items, std::floor(spare / options.cost.c)));
+    const double budget = slowest * rank_speed(options, r);
+    if (cost.c > 0.0) {
+      most = static_cast<int>(std::min<double>(most, std::floor((budget - load[r]) / cost.c)));
+    }
+    if (cost.floor > 0.0) {  // k microbatches take at least k x floor
+      most = static_cast<int>(std::min<double>(most, std::floor(budget / cost.floor)));
     }
     int fewer = static_cast<int>(packed[r].size());  // largest count known to stay above `longest`
     if (most <= fewer) continue;
@@ -192,6 +205,9 @@ void shrink_microbatches(const std::vector<RankSamples>& samples, std::vector<Bi
         fewer = count;
       }
     }
+    // The bounds above are necessary, not sufficient, with a floor: short microbatches may cost
+    // more than their samples. Keep the fewer microbatches where the new packing would be slower.
+    if (rank_time(r, best) > slowest * (1.0 + 1e-12)) continue;
     packed[r] = std::move(best);
   }
 }
@@ -353,6 +369,11 @@ Status validate_plan_options(const PlanOptions& options) {
                                      "A,B,C");
     }
   }
+  if (!std::isfinite(cost.floor) || cost.floor < 0.0) {
+    return Status::InvalidArgument("malformed cost floor " + format_number(cost.floor) +
+                                   ": expected a non-negative number (the least cost of a "
+                                   "microbatch)");
+  }
   if (options.split != SplitMode::kOff && options.split != SplitMode::kAuto) {
     return Status::InvalidArgument("unknown split mode value " +
                                    std::to_string(static_cast<int>(options.split)));
@@ -413,7 +434,7 @@ Status validate_plan_inputs(std::span<const int64_t> lengths, const PlanOptions&
                                      std::to_string(INT64_MAX) + " tokens (at sample " +
                                      std::to_string(i) + ")");
     }
-    total_cost += options.cost.sample_cost(lengths[i]) + options.cost.c;
+    total_cost += options.cost.sample_cost(lengths[i]) + options.cost.c + options.cost.floor;
     if (!std::isfinite(total_cost)) {
       return Status::InvalidArgument(
           "costs overflow: the cost model " + format_number(options.cost.a) + "," +
@@ -454,9 +475,9 @@ MinibatchTimes predict_times(const std::vector<RankPlan>& ranks,
   }
   for (size_t r = 0; r < ranks.size(); ++r) {
     for (const auto& microbatch : ranks[r].microbatches) {
-      double cost = options.cost.c;
-      for (int64_t sample : microbatch) cost += options.cost.sample_cost(lengths[sample]);
-      const double time = cost / rank_speed(options, r);
+      double samples = 0.0;
+      for (int64_t sample : microbatch) samples += options.cost.sample_cost(lengths[sample]);
+      const double time = options.cost.microbatch(samples) / rank_speed(options, r);
       times.busy += time;
       steps[r].push_back(time);
     }

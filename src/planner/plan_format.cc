@@ -69,7 +69,9 @@ std::string policy_label(const PlanOptions& options) {
 
 std::string cost_text(const CostModel& cost) {
   std::ostringstream out;
+  if (cost.floor > 0.0) out << "max(" << cost.floor << ", ";
   out << cost.c << " + sum(" << cost.a << "*L + " << cost.b << "*L^2)";
+  if (cost.floor > 0.0) out << ")";
   return out.str();
 }
 
@@ -86,6 +88,7 @@ std::string plan_to_json_with_splits(const Plan& plan) {
   root["ranks"] = options.num_ranks;
   root["max_tokens"] = options.max_tokens;
   root["cost"] = {{"a", options.cost.a}, {"b", options.cost.b}, {"c", options.cost.c}};
+  if (options.cost.floor > 0.0) root["cost"]["floor"] = options.cost.floor;  // only when set
   // Only with splitting on: plans without it keep the original document byte for byte.
   const bool split = options.split != SplitMode::kOff;
   if (split) {
@@ -163,6 +166,10 @@ std::string plan_to_json(const Plan& plan) {
   number(options.cost.b);
   out += ",\"c\":";
   number(options.cost.c);
+  if (options.cost.floor > 0.0) {  // only when set: documents without one stay byte for byte
+    out += ",\"floor\":";
+    number(options.cost.floor);
+  }
   out += "},\"minibatches\":[";
   for (size_t m = 0; m < plan.minibatches.size(); ++m) {
     const MinibatchPlan& minibatch = plan.minibatches[m];

@@ -134,11 +134,12 @@ Result<std::vector<int64_t>> read_lengths_file(const std::string& path) {
 
 Result<CostModel> parse_cost(const std::string& text) {
   std::vector<double> values;
-  if (!parse_double_list(text, values) || values.size() != 3) {
+  if (!parse_double_list(text, values) || (values.size() != 3 && values.size() != 4)) {
     return Status::InvalidArgument("malformed cost " + quote_text(text) +
-                                   ": expected three comma-separated non-negative numbers A,B,C");
+                                   ": expected three comma-separated non-negative numbers A,B,C"
+                                   " (and optionally a floor F: A,B,C,F)");
   }
-  return CostModel{values[0], values[1], values[2]};
+  return CostModel{values[0], values[1], values[2], values.size() == 4 ? values[3] : 0.0};
 }
 
 Result<std::vector<double>> parse_rank_speed(const std::string& text) {

@@ -50,16 +50,28 @@ std::vector<double> group_times(const std::vector<SplitSample>& splits,
 
 // Distributes `items` (local indices, heaviest first) over ranks that already carry `base` time:
 // longest-processing-time greedy, then moves and swaps between the slowest and the fastest rank
-// while that lowers the slower of the two. With `equal_counts` (LB-Micro) sample counts differ by
-// at most one: the greedy respects it and refinement only swaps (or moves from a fuller rank).
+// while that lowers the slower of the two. A rank's samples cost their sum, but at least the cost
+// floor less c once it has any (they run as at least one microbatch of its own; c, common to
+// every rank with work, is left out as before), so with a floor a group member that would run
+// one short microbatch after its chunk is charged what that microbatch takes. With
+// `equal_counts` (LB-Micro) sample counts differ by at most one: the greedy respects it and
+// refinement only swaps (or moves from a fuller rank).
 Bins partition_around(const std::vector<int>& items, std::span<const double> costs,
                       const std::vector<double>& base, const PlanOptions& options,
                       bool equal_counts) {
   const size_t num_ranks = base.size();
   Bins bins(num_ranks);
   std::vector<double> load(num_ranks, 0.0);
-  auto time_of = [&](size_t r, double extra) {
-    return base[r] + (load[r] + extra) / speed_of(options, r);
+  const double least_work = options.cost.floor - options.cost.c;  // <= 0: no floor in effect
+  // Rank r's time with `count` samples costing `samples` in all (count, not the sum, says
+  // whether it has any: a sum left by subtractions need not be exactly 0).
+  auto time_at = [&](size_t r, double samples, size_t count) {
+    const double work = count > 0 ? std::max(samples, least_work) : 0.0;
+    return base[r] + work / speed_of(options, r);
+  };
+  auto time_now = [&](size_t r) { return time_at(r, load[r], bins[r].size()); };
+  auto time_with = [&](size_t r, int item) {
+    return time_at(r, load[r] + costs[item], bins[r].size() + 1);
   };
   const size_t floor_count = items.size() / num_ranks;
   const size_t num_at_ceiling = items.size() % num_ranks;
@@ -73,7 +85,7 @@ Bins partition_around(const std::vector<int>& items, std::span<const double> cos
             count < floor_count || (count == floor_count && at_ceiling < num_at_ceiling);
         if (!room) continue;
       }
-      if (best == num_ranks || time_of(r, costs[item]) < time_of(best, costs[item])) best = r;
+      if (best == num_ranks || time_with(r, item) < time_with(best, item)) best = r;
     }
     if (equal_counts && bins[best].size() == floor_count) ++at_ceiling;
     bins[best].push_back(item);
@@ -87,14 +99,11 @@ Bins partition_around(const std::vector<int>& items, std::span<const double> cos
     size_t slow = 0;
     size_t fast = 0;
     for (size_t r = 1; r < num_ranks; ++r) {
-      if (time_of(r, 0) > time_of(slow, 0)) slow = r;
-      if (time_of(r, 0) < time_of(fast, 0)) fast = r;
+      if (time_now(r) > time_now(slow)) slow = r;
+      if (time_now(r) < time_now(fast)) fast = r;
     }
     if (slow == fast) break;
-    const double slow_time = time_of(slow, 0);
-    const double fast_time = time_of(fast, 0);
-    const double slow_speed = speed_of(options, slow);
-    const double fast_speed = speed_of(options, fast);
+    const double slow_time = time_now(slow);
     double best = slow_time * (1.0 - 1e-12);
     int move_index = -1;
     int swap_index = -1;
@@ -102,8 +111,8 @@ Bins partition_around(const std::vector<int>& items, std::span<const double> cos
     for (size_t i = 0; i < bins[slow].size(); ++i) {
       const double shifted = costs[bins[slow][i]];
       if (may_move) {
-        const double worse =
-            std::max(slow_time - shifted / slow_speed, fast_time + shifted / fast_speed);
+        const double worse = std::max(time_at(slow, load[slow] - shifted, bins[slow].size() - 1),
+                                      time_at(fast, load[fast] + shifted, bins[fast].size() + 1));
         if (worse < best) best = worse, move_index = static_cast<int>(i), swap_index = -1;
       }
       // Swaps cost |slow| x |fast| per step; minibatches with outliers are small, but stay bounded.
@@ -111,8 +120,8 @@ Bins partition_around(const std::vector<int>& items, std::span<const double> cos
       for (size_t j = 0; j < bins[fast].size(); ++j) {
         const double delta = shifted - costs[bins[fast][j]];
         if (delta <= 0.0) continue;
-        const double worse =
-            std::max(slow_time - delta / slow_speed, fast_time + delta / fast_speed);
+        const double worse = std::max(time_at(slow, load[slow] - delta, bins[slow].size()),
+                                      time_at(fast, load[fast] + delta, bins[fast].size()));
         if (worse < best)
           best = worse, move_index = static_cast<int>(i), swap_index = static_cast<int>(j);
       }
@@ -137,9 +146,9 @@ Bins partition_around(const std::vector<int>& items, std::span<const double> cos
 
 double microbatch_cost(const std::vector<int>& microbatch, std::span<const double> costs,
                        const CostModel& cost) {
-  double total = cost.c;
-  for (int item : microbatch) total += costs[item];
-  return total;
+  double samples = 0.0;
+  for (int item : microbatch) samples += costs[item];
+  return cost.microbatch(samples);
 }
 
 // Packs each rank's samples into microbatches (local indices, heaviest first). LB-Mini: as few as
@@ -246,7 +255,7 @@ double split_chunk_cost(const CostModel& cost, double exchange, int64_t length,
   }
   const double total = static_cast<double>(length);
   const double attention = cost.b * total * total * pairs / causal_pairs(0, length);
-  return cost.c + cost.a * tokens + attention + exchange * cost.a * (total - tokens);
+  return cost.microbatch(cost.a * tokens + attention + exchange * cost.a * (total - tokens));
 }
 
 SplitMinibatch plan_minibatch_with_splits(std::span<const int64_t> tokens,

@@ -27,9 +27,9 @@ std::vector<std::vector<double>> microbatch_costs(const planner::MinibatchPlan& 
   for (size_t r = 0; r < minibatch.ranks.size(); ++r) {
     const double speed = options.rank_speed.empty() ? 1.0 : options.rank_speed[r];
     for (const auto& microbatch : minibatch.ranks[r].microbatches) {
-      double cost = options.cost.c;
-      for (int64_t sample : microbatch) cost += options.cost.sample_cost(lengths[sample]);
-      costs[r].push_back(cost / speed);
+      double samples = 0.0;
+      for (int64_t sample : microbatch) samples += options.cost.sample_cost(lengths[sample]);
+      costs[r].push_back(options.cost.microbatch(samples) / speed);
     }
   }
   return costs;

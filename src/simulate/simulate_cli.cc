@@ -149,8 +149,9 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
   command.add_option("--other-params", args.other_params,
                      "custom model: parameters outside the layers (embeddings, head)");
   command.add_option("--cost", args.cost,
-                     "microbatch cost in seconds, C + sum(A*L + B*L^2), as A,B,C (default: the "
-                     "preset's fit on H200, from odc.train)");
+                     "microbatch cost in seconds, C + sum(A*L + B*L^2), as A,B,C, or A,B,C,F with "
+                     "a floor F per microbatch (default: the preset's fit on H200, from "
+                     "odc.train)");
   command.add_option("--cost-calibrated-on", args.cost_calibrated_on,
                      "GPUs of one node the cost was fitted on under FSDP2 (odc.train's fit): its "
                      "exposed collective time is removed from the cost (default: 4 with the "
@@ -247,6 +248,7 @@ int run_cli(const CliArgs& args, std::ostream& out, std::string& error) {
                      {"layer_params", base.model.layer_params},
                      {"other_params", base.model.other_params}};
     root["cost"] = {{"a", base.plan.cost.a}, {"b", base.plan.cost.b}, {"c", base.plan.cost.c}};
+    if (base.plan.cost.floor > 0.0) root["cost"]["floor"] = base.plan.cost.floor;
     root["cost_calibrated_on"] = base.cost_calibration_ranks;
     root["samples_per_rank"] = args.samples_per_rank;
     root["minibatches"] = args.minibatches;

@@ -57,7 +57,10 @@ void add_common_options(CLI::App& command, CommonArgs& args) {
   command.add_option("--max-tokens", args.max_tokens, "token cap per microbatch (T)")->required();
   command.add_option("--minibatch-size", args.minibatch_size,
                      "samples per minibatch, consecutive in file order (default: all)");
-  command.add_option("--cost", args.cost, "microbatch cost C + sum(A*L + B*L^2), as A,B,C")
+  command
+      .add_option("--cost", args.cost,
+                  "microbatch cost C + sum(A*L + B*L^2), as A,B,C; A,B,C,F: at least F per "
+                  "microbatch (the host-bound floor)")
       ->capture_default_str();
   command.add_option("--rank-speed", args.rank_speed,
                      "relative speed of each rank, S0,S1,... (default: all equal)");
@@ -173,6 +176,7 @@ nlohmann::ordered_json compare_json(const std::vector<Plan>& plans) {
                               : nlohmann::ordered_json(options.minibatch_size);
   out["minibatches"] = plans.front().minibatches.size();
   out["cost"] = {{"a", options.cost.a}, {"b", options.cost.b}, {"c", options.cost.c}};
+  if (options.cost.floor > 0.0) out["cost"]["floor"] = options.cost.floor;
   out["baseline"] = "collective + lb-micro";
   out["policies"] = nlohmann::ordered_json::array();
   for (const CompareRow& row : rows) {

@@ -55,15 +55,27 @@ TEST(ParseCost, AcceptsThreeNumbers) {
   EXPECT_DOUBLE_EQ(cost.value().a, 0.00027401178);
   EXPECT_DOUBLE_EQ(cost.value().b, 4.2464424e-9);
   EXPECT_DOUBLE_EQ(cost.value().c, 0.0);
+  EXPECT_DOUBLE_EQ(cost.value().floor, 0.0);
+}
+
+TEST(ParseCost, AcceptsAFourthNumberAsTheFloor) {
+  auto cost = parse_cost("3e-05,1e-09,0.07,0.25");
+  ASSERT_TRUE(cost.ok());
+  EXPECT_DOUBLE_EQ(cost.value().c, 0.07);
+  EXPECT_DOUBLE_EQ(cost.value().floor, 0.25);
+  EXPECT_DOUBLE_EQ(cost.value().microbatch(0.1), 0.25);  // c + 0.1 = 0.17 < floor
+  EXPECT_DOUBLE_EQ(cost.value().microbatch(1.0), 1.07);
 }
 
 TEST(ParseCost, RejectsMalformed) {
-  for (const char* text : {"", "1,2", "1,2,3,4", "1,x,3", "1,,3", "1,2,", "nan,1,1", "1,2,inf"}) {
+  for (const char* text :
+       {"", "1,2", "1,2,3,4,5", "1,x,3", "1,,3", "1,2,", "nan,1,1", "1,2,inf", "1,2,3,nan"}) {
     auto cost = parse_cost(text);
     ASSERT_FALSE(cost.ok()) << text;
     EXPECT_EQ(cost.status().message(),
               std::string("malformed cost '") + text +
-                  "': expected three comma-separated non-negative numbers A,B,C");
+                  "': expected three comma-separated non-negative numbers A,B,C (and optionally "
+                  "a floor F: A,B,C,F)");
   }
 }
 
@@ -118,7 +130,7 @@ TEST(ReadLengths, EchoedTextIsEscapedAndShort) {
   EXPECT_EQ(quote_text("a\\b\xff\n"), "'a\\\\b\\xff\\x0a'");
   EXPECT_EQ(parse_cost("1,\x1b,3").status().message(),
             "malformed cost '1,\\x1b,3': expected three comma-separated non-negative numbers "
-            "A,B,C");
+            "A,B,C (and optionally a floor F: A,B,C,F)");
 }
 
 }  // namespace

@@ -251,5 +251,38 @@ TEST(SplitCApi, OptionsDefaultToOffAndAutoSplits) {
   EXPECT_STREQ(odcGetLastError(), "odcPlanCreate: unknown split value 7");
 }
 
+// A cost floor (the least time of any microbatch) charges a group member the short microbatch it
+// would run after its chunk. The last heavy-tailed minibatch of the 4-H200 runs (docs/benchmarks.md,
+// seventh round): without the floor the planner split the 29,565-token sample over 3 ranks and left
+// each member one ~1K-token microbatch (predicted ~0.1 s, measured 0.27-0.31 s). Planned with the
+// floor, the plan is faster under the floor model than the floor-blind plan, and every predicted
+// microbatch costs at least the floor.
+TEST(SplitPlan, CostFloorChargesShortMicrobatchesAfterAChunk) {
+  const std::vector<int64_t> lengths = {511,  3683, 29565, 800, 504,  3152, 724,  1069,
+                                        3088, 3875, 852,   2484, 509, 1876, 1465, 1372};
+  const CostModel blind{3.123e-05, 1.187e-09, 0.07082};
+  CostModel floored = blind;
+  floored.floor = 0.3;
+  const Plan without = plan_or_die(lengths, split_options(Policy::kLbMini, 4, 65536, blind));
+  PlanOptions options = split_options(Policy::kLbMini, 4, 65536, floored);
+  const Plan with = plan_or_die(lengths, options);
+  expect_valid_split_plan(with, lengths);
+  ASSERT_EQ(without.minibatches.size(), 1u);
+  ASSERT_EQ(with.minibatches.size(), 1u);
+  const MinibatchPlan& blind_plan = without.minibatches[0];
+  const MinibatchPlan& floor_plan = with.minibatches[0];
+  // The floor-blind plan, judged with the floor (its chunks cost more than the floor anyway).
+  const double blind_span =
+      predict_times(blind_plan.ranks, blind_plan.splits, lengths, options).odc;
+  EXPECT_LT(floor_plan.times.odc, blind_span * 0.95);
+  size_t microbatches = floor_plan.splits.empty() ? 0 : floor_plan.splits[0].ranks.size();
+  for (const RankPlan& rank : floor_plan.ranks) microbatches += rank.microbatches.size();
+  EXPECT_GE(floor_plan.times.busy, 0.3 * static_cast<double>(microbatches) - 1e-9);
+  // Without a floor nothing changes: 0 is the additive model of before.
+  EXPECT_NEAR(blind_plan.times.odc,
+              predict_times(blind_plan.ranks, blind_plan.splits, lengths, without.options).odc,
+              1e-12);
+}
+
 }  // namespace
 }  // namespace odc::planner

@@ -216,3 +216,24 @@ def test_read_lengths_uses_the_cli_reader(tmp_path):
         odc.read_lengths(str(path))
     with pytest.raises(ValueError, match="cannot read lengths file"):
         odc.read_lengths(str(tmp_path / "missing.txt"))
+
+
+def test_cost_floor_is_applied_and_reported():
+    """A fourth cost term is the least cost of any microbatch: the JSON reports it (only when
+    set) and the predicted times count every microbatch at no less than it."""
+    lengths = [100, 120, 90, 110]
+    without = odc.plan(lengths, ranks=2, max_tokens=128, policy="lb-mini", cost=(1e-3, 0, 0.01))
+    assert "floor" not in without["cost"]
+    plan = odc.plan(lengths, ranks=2, max_tokens=128, policy="lb-mini", cost=(1e-3, 0, 0.01, 0.5))
+    assert plan["cost"]["floor"] == 0.5
+    from odc.train.metrics import microbatch_cost, predict_minibatch
+
+    (minibatch,) = plan["minibatches"]
+    predicted = predict_minibatch(minibatch["ranks"], lengths, (1e-3, 0, 0.01, 0.5), "odc")
+    assert predicted.span_seconds == pytest.approx(1.0)  # two microbatches of 0.5 each
+    assert microbatch_cost([0], lengths, (1e-3, 0, 0.01, 0.5)) == 0.5
+    assert microbatch_cost([0], lengths, (1e-3, 0, 0.01)) == pytest.approx(0.11)
+    with pytest.raises(ValueError, match="malformed cost"):
+        odc.plan(lengths, ranks=2, max_tokens=128, policy="lb-mini", cost=(1, 0, 0, 0, 0))
+    with pytest.raises(ValueError, match="floor"):
+        odc.plan(lengths, ranks=2, max_tokens=128, policy="lb-mini", cost=(1, 0, 0, -1))

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the packed model needs torch")
 pytest.importorskip("transformers", reason="the packed model needs transformers")
 
-from odc.train.calibrate import fit_cost, ladder  # noqa: E402
+from odc.train.calibrate import fit_cost, fit_cost_with_floor, floor_length, ladder  # noqa: E402
 from odc.train.data import pack  # noqa: E402
 from odc.train.model import build_model, packed_attention  # noqa: E402
 
@@ -94,6 +94,24 @@ def test_fit_cost_stays_non_negative():
         fit_cost([1, 2], [1, 2])
     with pytest.raises(ValueError, match="positive lengths"):
         fit_cost([0, 1, 2], [1, 1, 1])
+
+
+def test_fit_with_floor_leaves_host_bound_rungs_out():
+    """Times that follow max(floor, c + a L + b L^2): the short rungs sit on the floor, and the
+    fit on the others recovers a, b, c; the floor is the short microbatch's time as measured."""
+    lengths = ladder(65536)
+    floor = 0.3
+    seconds = [max(floor, 0.07 + 3e-5 * n + 1.2e-9 * n * n) for n in lengths]
+    assert seconds[0] == floor  # the 2K rung is floor-bound: it would pull c up
+    a, b, c, fitted_floor = fit_cost_with_floor(lengths, seconds, floor)
+    assert (a, b, c) == pytest.approx((3e-5, 1.2e-9, 0.07), rel=1e-6)
+    assert fitted_floor == floor
+    # All rungs near the floor: too few remain, so every rung is fitted.
+    a, b, c, _ = fit_cost_with_floor([100, 200, 400], [0.30, 0.31, 0.33], 0.3)
+    assert c > 0
+    with pytest.raises(ValueError, match="floor"):
+        fit_cost_with_floor(lengths, seconds, float("nan"))
+    assert floor_length(65536) == 256 and floor_length(64) >= 2
 
 
 def test_ladder():

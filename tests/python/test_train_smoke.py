@@ -96,7 +96,7 @@ def test_train_names_a_bad_lengths_line(tmp_path):
     assert "line 2: expected a positive integer length, got 'abc'" in result.stderr
 
 
-@pytest.mark.parametrize("cost", ["1,2", "1,-2,0", "a,b,c", "1,nan,0"])
+@pytest.mark.parametrize("cost", ["1,2", "1,-2,0", "a,b,c", "1,nan,0", "1,0,0,-1", "1,0,0,0,0"])
 def test_train_names_a_bad_cost(tmp_path, cost):
     command = [
         sys.executable, "-m", "odc.train", "--lengths", str(REPO / "data" / "aime_rl_like.txt"),
@@ -105,7 +105,8 @@ def test_train_names_a_bad_cost(tmp_path, cost):
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode != 0
     assert (
-        f"--cost must be 'fit' or three non-negative numbers A,B,C, got '{cost}'" in result.stderr
+        "--cost must be 'fit' or three non-negative numbers A,B,C (or four, A,B,C,F, with a "
+        f"floor F), got '{cost}'" in result.stderr
     )
 
 
@@ -120,5 +121,5 @@ def test_train_with_a_given_cost_reports_it(tmp_path):
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (run,) = json.loads(output.read_text())
-    assert run["cost"] == [0.001, 0.00001, 0.01] and run["cost_source"] == "given"
+    assert run["cost"] == [0.001, 0.00001, 0.01, 0.0] and run["cost_source"] == "given"
     assert run["calibration"] == []

@@ -89,9 +89,11 @@ def parse_args(argv):
     parser.add_argument(
         "--cost",
         default="fit",
-        help="planner cost model A,B,C (C + sum(A*L + B*L^2) seconds per microbatch), or 'fit' "
-        "(default): time single-sample microbatches on the model first and fit it; later runs "
-        "of --compare/--all reuse the first run's fit, so their plans share one cost model",
+        help="planner cost model A,B,C (C + sum(A*L + B*L^2) seconds per microbatch) or "
+        "A,B,C,F (at least F seconds per microbatch: the host-bound floor), or 'fit' "
+        "(default): time single-sample microbatches on the model first and fit it, floor "
+        "included; later runs of --compare/--all reuse the first run's fit, so their plans "
+        "share one cost model",
     )
     parser.add_argument(
         "--mesh",
@@ -200,16 +202,20 @@ def load_lengths(args) -> list:
 
 
 def parse_cost(text: str):
-    """'fit' -> None (fit on the model); 'A,B,C' -> (A, B, C), all finite and >= 0."""
+    """'fit' -> None (fit on the model); 'A,B,C' -> (A, B, C, 0); 'A,B,C,F' -> (A, B, C, F);
+    all finite and >= 0."""
     if text == "fit":
         return None
     try:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
         values = ()
-    if len(values) != 3 or not all(0.0 <= v < float("inf") for v in values):
-        usage_error(f"--cost must be 'fit' or three non-negative numbers A,B,C, got '{text}'")
-    return values
+    if len(values) not in (3, 4) or not all(0.0 <= v < float("inf") for v in values):
+        usage_error(
+            "--cost must be 'fit' or three non-negative numbers A,B,C (or four, A,B,C,F, with "
+            f"a floor F), got '{text}'"
+        )
+    return values if len(values) == 4 else (*values, 0.0)
 
 
 def parse_mesh(text):
@@ -451,11 +457,12 @@ def _run_label(result) -> str:
 
 
 def print_table(results) -> None:
+    from .metrics import describe_cost
+
     base = results[0]
-    a, b, c = base["cost"]
     print(
-        f"\nplanner cost model ({base['cost_source']}): "
-        f"{c:.4g} s + {a:.4g} s x L + {b:.4g} s x L^2 per microbatch"
+        f"\nplanner cost model ({base['cost_source']}): {describe_cost(base['cost'])} per "
+        "microbatch"
     )
     spans_known = all(r.get("minibatch_seconds") for r in results)
     step_header = "step s min / median / max" if spans_known else "step s"

@@ -1,9 +1,17 @@
 """Fitting the planner's cost model to measured microbatch times.
 
-The planner balances cost(microbatch) = c + sum(a*L + b*L^2) (design.md). Its plans, and the
-bubble it predicts, are only as good as a, b and c: attention kernels, masks, activation
-checkpointing and the loss all change them. `odc train` therefore times single-sample
-microbatches of a ladder of lengths on the model it is about to train, and fits the model here.
+The planner balances cost(microbatch) = max(floor, c + sum(a*L + b*L^2)) (design.md). Its
+plans, and the bubble it predicts, are only as good as a, b, c and the floor: attention kernels,
+masks, activation checkpointing and the loss all change them. `odc train` therefore times
+single-sample microbatches of a ladder of lengths on the model it is about to train, plus one
+short one for the floor, and fits the model here.
+
+The floor is the time of a microbatch that carries almost nothing: the host launching a
+training step's kernels (framework hooks, autograd, per-layer communication calls) takes a
+fixed time, and a short microbatch runs at the host's pace, not the GPU's (4 H200s, 1.5b preset:
+~0.3 s, where c + a L + b L^2 fitted on 2K-64K microbatches said 0.1 s for 1K tokens;
+docs/benchmarks.md, seventh round). Rungs that are close to the floor say more about the host
+than about a, b and c, so the fit leaves them out.
 """
 
 from __future__ import annotations
@@ -15,6 +23,10 @@ import numpy as np
 
 
 MIN_FIT_TOKENS = 8  # below this there are too few distinct lengths to fit three terms
+FLOOR_TOKENS = 256  # the floor's microbatch: short enough that no GPU work shows
+# Rungs faster than this multiple of the floor are mostly host time: left out of the a, b, c fit
+# (when at least three rungs remain).
+FLOOR_BOUND_RATIO = 1.5
 
 
 def ladder(max_tokens: int, rungs: int = 7) -> List[int]:
@@ -25,6 +37,27 @@ def ladder(max_tokens: int, rungs: int = 7) -> List[int]:
     start = max(max_tokens / 32, min(16, max_tokens / 4))
     lengths = np.geomspace(start, max_tokens, rungs)
     return sorted({min(max_tokens, max(2, int(round(n)))) for n in lengths})
+
+
+def floor_length(max_tokens: int) -> int:
+    """Tokens of the microbatch timed for the floor: FLOOR_TOKENS, or a quarter of the ladder's
+    shortest rung when that is shorter (small CPU runs)."""
+    return max(2, min(FLOOR_TOKENS, ladder(max_tokens)[0] // 4))
+
+
+def fit_cost_with_floor(
+    lengths: Sequence[float], seconds: Sequence[float], floor_seconds: float
+) -> Tuple[float, float, float, float]:
+    """(a, b, c, floor): the floor as measured (a microbatch of floor_length tokens), a, b, c
+    fitted (fit_cost) on the rungs at least FLOOR_BOUND_RATIO x the floor, or on every rung
+    when fewer than three are."""
+    if not floor_seconds >= 0 or floor_seconds == float("inf"):
+        raise ValueError(f"the floor must be a finite non-negative time, got {floor_seconds}")
+    chosen = [(n, s) for n, s in zip(lengths, seconds) if s >= FLOOR_BOUND_RATIO * floor_seconds]
+    if len(chosen) < 3:
+        chosen = list(zip(lengths, seconds))
+    a, b, c = fit_cost([n for n, _ in chosen], [s for _, s in chosen])
+    return a, b, c, float(floor_seconds)
 
 
 def fit_cost(lengths: Sequence[float], seconds: Sequence[float]) -> Tuple[float, float, float]:

@@ -68,10 +68,25 @@ class PredictedTiming:
     span_seconds: float  # collective: sum_k max_r C[r][k]; odc: max_r sum_k C[r][k]
 
 
+def cost_terms(cost: Sequence[float]) -> tuple:
+    """(a, b, c, floor) of a cost model given as (a, b, c) or (a, b, c, floor)."""
+    if len(cost) not in (3, 4):
+        raise ValueError(f"a cost model is (a, b, c) or (a, b, c, floor), got {tuple(cost)!r}")
+    return (*cost, 0.0) if len(cost) == 3 else tuple(cost)
+
+
+def describe_cost(cost: Sequence[float]) -> str:
+    """The cost model as the planner applies it, in seconds per microbatch."""
+    a, b, c, floor = cost_terms(cost)
+    text = f"{c:.4g} s + {a:.4g} s x L + {b:.4g} s x L^2"
+    return f"max({floor:.4g} s, {text})" if floor > 0 else text
+
+
 def microbatch_cost(samples: Sequence[int], lengths: Sequence[int], cost: Sequence[float]) -> float:
-    """c + sum over the microbatch's samples of (a*L + b*L^2); cost is (a, b, c)."""
-    a, b, c = cost
-    return c + sum(a * lengths[i] + b * lengths[i] * lengths[i] for i in samples)
+    """max(floor, c + sum over the microbatch's samples of (a*L + b*L^2)); cost is (a, b, c) or
+    (a, b, c, floor), as the planner's (design.md, "Load balancing")."""
+    a, b, c, floor = cost_terms(cost)
+    return max(floor, c + sum(a * lengths[i] + b * lengths[i] * lengths[i] for i in samples))
 
 
 def predict_minibatch(

@@ -155,20 +155,21 @@ class _Trainer:
 def _calibrate(
     trainer, clock, max_tokens: int, vocab_size: int, world_size: int, seed: int, label=None
 ):
-    """Times single-sample microbatches of calibrate.ladder(max_tokens) on every rank (one
-    untimed, then the median of two), averages over ranks and fits the cost model; every rank
-    gets the same (a, b, c), so every rank computes the same plan. No optimizer step: the
-    weights stay as initialized."""
+    """Times single-sample microbatches of calibrate.ladder(max_tokens), and one of
+    calibrate.floor_length(max_tokens) tokens for the floor, on every rank (one untimed, then the
+    median of two), averages over ranks and fits the cost model; every rank gets the same (a, b,
+    c, floor), so every rank computes the same plan. No optimizer step: the weights stay as
+    initialized."""
     import torch
     import torch.distributed as dist
 
-    from .calibrate import MIN_FIT_TOKENS, fit_cost, ladder
+    from .calibrate import MIN_FIT_TOKENS, fit_cost_with_floor, floor_length, ladder
     from .data import pack, synthetic_tokens
     from .progress import Progress
 
     if max_tokens < MIN_FIT_TOKENS:
-        return (1.0, 0.0, 0.0), []  # nothing to fit: balance tokens
-    lengths = ladder(max_tokens)
+        return (1.0, 0.0, 0.0, 0.0), []  # nothing to fit: balance tokens
+    lengths = [floor_length(max_tokens)] + ladder(max_tokens)
     documents = synthetic_tokens(lengths, vocab_size, seed=seed + 1)
     trainer.begin()
     medians = []
@@ -192,7 +193,7 @@ def _calibrate(
     seconds = torch.tensor(medians, dtype=torch.float64, device=trainer.device)
     dist.all_reduce(seconds)
     mean = (seconds / world_size).tolist()
-    return fit_cost(lengths, mean), list(zip(lengths, mean))
+    return fit_cost_with_floor(lengths[1:], mean[1:], mean[0]), list(zip(lengths, mean))
 
 
 def _device_mesh(config: RunConfig, world_size: int, device):
@@ -220,6 +221,7 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
 
     from .data import load_token_ids, pack, pack_chunk, schedule, synthetic_tokens
     from .memory import MemoryProbe
+    from .metrics import describe_cost
     from .model import OdcKVExchange, SplitChunk, build_model
     from .progress import Progress
 
@@ -312,8 +314,8 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             )
             if rank == 0:
                 print(
-                    f"[{config.comm} {config.policy}] fitted cost: {cost[2]:.4g} s + "
-                    f"{cost[0]:.4g} s x L + {cost[1]:.4g} s x L^2 per microbatch",
+                    f"[{config.comm} {config.policy}] fitted cost: {describe_cost(cost)} per "
+                    "microbatch",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -338,6 +340,15 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
                     split_groups[members] = dist.new_group(list(members))
                 longest = max(sum(e - b for b, e in c) for c in split["chunks"])
                 split_rows[members] = max(split_rows.get(members, 0), longest)
+        # NCCL creates a group's communicator at its first collective, which takes ~0.25 s on 4
+        # H200s: inside the first minibatch that splits over that group, a chunk of a 12,257-token
+        # sample took 0.60 s instead of 0.33 s (docs/benchmarks.md, seventh round). A training
+        # job pays that once per group; meet in every group here, before any timing, so that no
+        # measured minibatch carries it. Every rank walks the groups in the same (plan) order and
+        # joins those it belongs to, so these blocking meetings cannot wait on each other.
+        for members, group in split_groups.items():
+            if rank in members:
+                dist.all_reduce(torch.zeros(1, device=device), group=group)
         # The odc exchange's symmetric buffers, one set per group, sized for its longest chunk:
         # allocated by every rank in the same (plan) order, as odc's alloc is collective.
         exchanges = {}
@@ -549,7 +560,7 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
     # The planner's prediction for the same minibatches, under this communication mode, on the
     # measurement's basis: time-weighted over minibatches, span against span (metrics.py).
     mode = "odc" if config.comm == "odc" else "collective"
-    cost = tuple(plan["cost"][k] for k in ("a", "b", "c"))
+    cost = tuple(plan["cost"][k] for k in ("a", "b", "c")) + (plan["cost"].get("floor", 0.0),)
     predicted = [
         predict_minibatch(
             plan["minibatches"][s]["ranks"],
