@@ -145,3 +145,44 @@ def test_import_odc_torch_without_torch_names_the_extra(tmp_path):
     result = run([sys.executable, "-c", "import odc; import odc.torch"], env=env)
     assert result.returncode == 1
     assert "odc.torch needs PyTorch (2.9 or newer): pip install 'odc[torch]'" in result.stderr
+
+
+def test_cost_floor_on_the_command_line(odc_cli, data_dir):
+    """`--cost A,B,C,F`: `odc plan` reports the floor and predicts with it, `odc compare` and
+    `odc simulate` take it too, and a negative floor is named."""
+    lengths = str(data_dir / "aime_rl_like.txt")
+    documents = []
+    for cost in ("3e-05,1.2e-09,0.07", "3e-05,1.2e-09,0.07,3"):  # 3 s: every microbatch
+        result = run(
+            [odc_cli, "plan", "--lengths", lengths, *COMMON, "--policy", "lb-mini", "--cost", cost]
+        )
+        assert result.returncode == 0, result.stderr
+        documents.append(json.loads(result.stdout))
+    assert "floor" not in documents[0]["cost"] and documents[1]["cost"]["floor"] == 3
+    assert documents[1]["bubble"] != documents[0]["bubble"]  # the floor changed the prediction
+    compare = run(
+        [odc_cli, "compare", "--lengths", lengths, *COMMON, "--cost", "3e-05,1.2e-09,0.07,0.3",
+         "--format", "json"]
+    )  # fmt: skip
+    assert compare.returncode == 0, compare.stderr
+    assert json.loads(compare.stdout)["cost"]["floor"] == 0.3
+    simulated = run(
+        [odc_cli, "simulate", "--lengths", lengths, "--ranks", "4", "--model", "1.5b",
+         "--cost", "3e-05,1.2e-09,0.07,0.3", "--format", "json"]
+    )  # fmt: skip
+    assert simulated.returncode == 0, simulated.stderr
+    assert json.loads(simulated.stdout)["cost"]["floor"] == 0.3
+    bad = run(
+        [
+            odc_cli,
+            "plan",
+            "--lengths",
+            lengths,
+            *COMMON,
+            "--policy",
+            "lb-mini",
+            "--cost",
+            "1,0,0,-1",
+        ]
+    )
+    assert bad.returncode == 2 and "malformed cost floor -1" in bad.stderr
