@@ -186,3 +186,18 @@ def test_cost_floor_on_the_command_line(odc_cli, data_dir):
         ]
     )
     assert bad.returncode == 2 and "malformed cost floor -1" in bad.stderr
+
+
+def test_train_never_overwrites_profiles(tmp_path):
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "odc_lb-mini_rank0.json.gz").write_bytes(b"")
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("10\n12\n")
+    result = run(
+        [sys.executable, "-m", "odc.train", "--device", "cpu", "--lengths", str(lengths),
+         "--profile", str(profiles)],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert f"{profiles} already holds profiles" in result.stderr

@@ -327,6 +327,8 @@ def _main(argv) -> int:
     if device == "cpu":
         _check_cpu_sized(preset, lengths, max_tokens)
     output, timeline = output_paths(args)
+    if args.profile and any(Path(args.profile).glob("*_rank*.json.gz")):
+        usage_error(f"{args.profile} already holds profiles: choose another --profile directory")
     if args.all:
         runs = [(c, p) for c, policies in COMBINATIONS.items() for p in policies]
     elif args.compare:
