@@ -84,7 +84,7 @@ typedef struct {
   int64_t max_tokens; /* token cap per microbatch, >= 1; every sample must fit */
   odcPolicy_t policy;
   int64_t minibatch_size; /* consecutive samples per minibatch, >= 1, or ODC_PLAN_ALL_SAMPLES */
-  double cost_a;          /* microbatch cost = cost_c + sum(cost_a*L + cost_b*L^2); all >= 0 */
+  double cost_a; /* microbatch cost = max(cost_floor, cost_c + sum(cost_a*L + cost_b*L^2)); >= 0 */
   double cost_b;
   double cost_c;
   const double* rank_speed; /* NULL (all 1.0) or positive relative speeds, one per rank; copied */

@@ -236,6 +236,7 @@ TEST(SplitCApi, OptionsDefaultToOffAndAutoSplits) {
   ASSERT_EQ(odcPlanOptionsInit(&options), odcSuccess);
   EXPECT_EQ(options.split, odcSplitOff);
   EXPECT_DOUBLE_EQ(options.split_exchange, kDefaultSplitExchange);
+  EXPECT_DOUBLE_EQ(options.cost_floor, 0.0);  // no floor: the additive cost model
   const int64_t lengths[] = {100, 1};
   options.num_ranks = 2;
   options.max_tokens = 100;

@@ -340,9 +340,10 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
                     split_groups[members] = dist.new_group(list(members))
                 longest = max(sum(e - b for b, e in c) for c in split["chunks"])
                 split_rows[members] = max(split_rows.get(members, 0), longest)
-        # NCCL creates a group's communicator at its first collective, which takes ~0.25 s on 4
-        # H200s: inside the first minibatch that splits over that group, a chunk of a 12,257-token
-        # sample took 0.60 s instead of 0.33 s (docs/benchmarks.md, seventh round). A training
+        # A group's first collective is slow (NCCL sets up its communicator or its connections
+        # lazily; ~0.25 s on 4 H200s): inside the first minibatch that split over a new group, a
+        # chunk of a 12,257-token sample took 0.60 s where the group's next chunk, of a longer
+        # sample, took 0.39 s (docs/benchmarks.md, seventh round). A training
         # job pays that once per group; meet in every group here, before any timing, so that no
         # measured minibatch carries it. Every rank walks the groups in the same (plan) order and
         # joins those it belongs to, so these blocking meetings cannot wait on each other.
