@@ -23,20 +23,7 @@ log="$out/issue14_round3.log"
 cost=${ODC_TRAIN_COST:-3.123e-05,1.187e-09,0.07082}  # docs/benchmarks.md: the 1.5b fit here
 status=0
 
-stage() {  # stage NAME TIMEOUT COMMAND...: runs it, logs it, keeps going on failure
-  local name=$1 limit=$2
-  shift 2
-  echo "=== $name ($(date -u +%H:%M:%S)): $*" | tee -a "$log"
-  local rc=0 begin=$SECONDS
-  # timeout signals its whole process group, so torchrun's and odc.launch's ranks go too.
-  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1 || rc=$?
-  if [ "$rc" -ne 0 ]; then
-    echo "=== $name FAILED (exit $rc) after $((SECONDS - begin)) s" | tee -a "$log"
-    status=1
-  else
-    echo "=== $name done in $((SECONDS - begin)) s" | tee -a "$log"
-  fi
-}
+source "$(dirname "$0")/stage.sh"  # stage NAME TIMEOUT COMMAND...
 
 {
   echo "device: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x $(nvidia-smi -L | wc -l)"
