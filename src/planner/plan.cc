@@ -149,10 +149,9 @@ Bins pack_fewest_by_tokens(const PackingInput& input) {
 // microbatch, and the longest sample sets the minibatch's floor). A rank whose packing exceeds it
 // takes more microbatches where its predicted time (each microbatch max(floor, c + its samples'
 // costs), over its speed) stays within the slowest rank's: the minibatch's predicted time is
-// unchanged. The count
-// is the smallest whose token-balanced packing reaches the longest sample, or else the smallest
-// that does as well as the most microbatches the time allows (bisection: packings with more
-// microbatches are not larger).
+// unchanged. The count is the smallest whose token-balanced packing reaches the longest sample,
+// or else the smallest that does as well as the most microbatches the time allows (bisection:
+// packings with more microbatches are not larger).
 void shrink_microbatches(const std::vector<RankSamples>& samples, std::vector<Bins>& packed,
                          const PlanOptions& options) {
   const CostModel& cost = options.cost;
