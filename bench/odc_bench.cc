@@ -1,7 +1,9 @@
 // odc-bench: ODC's one-sided gather and scatter-accumulate against NCCL's all-gather and
 // reduce-scatter, one process per GPU (forked here), nccl-tests style. Every ODC result is
 // checked against NCCL's output. Gather is also timed one rank at a time (the others wait), the
-// out-of-step pattern of ODC training that a collective cannot follow.
+// out-of-step pattern of ODC training that a collective cannot follow, and inside minibatches
+// (kGathersPerMinibatch gathers between begin and end, as a layer is gathered in forward and
+// backward: where the NVSHMEM transport's hierarchical gathers fetch other nodes' shards once).
 // Usage: odc_bench [--transport cuda|nvshmem] [--deterministic] [min_mib=1] [max_mib=1024]
 //                  [ranks=all GPUs]
 // Sizes are per-rank bytes: the gathered output (bf16) and the pushed source (fp32).
@@ -59,6 +61,10 @@ struct Measurement {
   int mismatches;
 };
 
+// Gathers of one buffer per minibatch in the minibatch table (a layer gathered in forward and
+// again in backward, for two microbatches).
+constexpr int kGathersPerMinibatch = 4;
+
 int iterations_for(size_t bytes) {
   return bytes <= (64u << 20) ? 20 : (bytes <= (256u << 20) ? 10 : 5);
 }
@@ -84,8 +90,8 @@ double time_on_stream(cudaStream_t stream, int iterations, Op&& op) {
 
 void run_rank(int rank, int world, const std::string& key, odcTransport_t transport,
               bool deterministic, const ncclUniqueId& id, const std::vector<size_t>& sizes,
-              Measurement* gather_table, Measurement* solo_table, Measurement* scatter_table,
-              Measurement* push_table) {
+              Measurement* gather_table, Measurement* solo_table, Measurement* window_table,
+              Measurement* scatter_table, Measurement* push_table) {
   BENCH_CUDA(cudaSetDevice(rank));
   odcComm_t comm;
   odcCommConfig_t config;
@@ -153,6 +159,29 @@ void run_rank(int rank, int world, const std::string& key, odcTransport_t transp
       int solo_mismatches = 0;
       for (size_t i = 0; i < a.size(); ++i) solo_mismatches += a[i] != b[i];
       solo_table[s * world + rank] = {solo_us, nccl_us, solo_mismatches};
+      // Inside minibatches: begin, kGathersPerMinibatch gathers, end (no accumulators), per
+      // gather; against as many all-gathers.
+      sync_all();
+      BENCH_CUDA(cudaMemset(out_odc, 0, shard * 2 * world));
+      const int minibatches = std::max(2, iterations / kGathersPerMinibatch);
+      const double window_us = time_on_stream(stream, minibatches, [&] {
+        BENCH_ODC(odcMinibatchBegin(comm, stream));
+        for (int g = 0; g < kGathersPerMinibatch; ++g) {
+          BENCH_ODC(odcGather(comm, out_odc, shard * world, params, stream));
+        }
+        BENCH_ODC(odcMinibatchEnd(comm, stream));
+      });
+      sync_all();
+      const double nccl_window_us = time_on_stream(stream, minibatches, [&] {
+        for (int g = 0; g < kGathersPerMinibatch; ++g) {
+          BENCH_NCCL(ncclAllGather(local, out_nccl, shard, ncclBfloat16, nccl, stream));
+        }
+      });
+      BENCH_CUDA(cudaMemcpy(a.data(), out_odc, a.size() * 2, cudaMemcpyDeviceToHost));
+      int window_mismatches = 0;
+      for (size_t i = 0; i < a.size(); ++i) window_mismatches += a[i] != b[i];
+      window_table[s * world + rank] = {window_us / kGathersPerMinibatch,
+                                        nccl_window_us / kGathersPerMinibatch, window_mismatches};
       sync_all();
       BENCH_ODC(odcBufferFree(comm, params));
       cudaFree(out_odc);
@@ -297,6 +326,8 @@ int main(int argc, char** argv) {
       mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   auto* solo_table = static_cast<Measurement*>(
       mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* window_table = static_cast<Measurement*>(
+      mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   auto* scatter_table = static_cast<Measurement*>(
       mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   auto* push_table = static_cast<Measurement*>(
@@ -306,7 +337,7 @@ int main(int argc, char** argv) {
   const std::string key = "odc-bench-" + std::to_string(getpid());
   const int failures = odc::fork_ranks(world, [&](int rank) {
     run_rank(rank, world, key, transport, deterministic, id, sizes, gather_table, solo_table,
-             scatter_table, push_table);
+             window_table, scatter_table, push_table);
     return 0;
   });
   if (failures) {
@@ -322,6 +353,10 @@ int main(int argc, char** argv) {
       "gather (bf16), one rank at a time while the others wait (ranks out of step), vs "
       "ncclAllGather",
       "solo", "nccl", sizes, solo_table, world);
+  const std::string window_title = "gather (bf16), " + std::to_string(kGathersPerMinibatch) +
+                                   " per minibatch incl. its begin/end barriers, per gather, vs "
+                                   "ncclAllGather";
+  print_table(window_title.c_str(), "odc", "nccl", sizes, window_table, world);
   print_table(
       "scatter-accumulate (fp32 -> fp32), one push per minibatch incl. its begin/end "
       "barriers, vs ncclReduceScatter",

@@ -276,7 +276,9 @@ ODC_API odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer);
 
 /* Local (reads peers' memory). dst[r*count:(r+1)*count] = rank r's shard, for every r; `dst` holds
  * dst_count = world_size * count elements of the buffer's dtype. Valid while owners do not rewrite
- * their shards (they do so only between minibatches). */
+ * their shards (they do so only between minibatches). Inside a minibatch a gather returns the
+ * shards as they were at odcMinibatchBegin: a transport may fetch other nodes' shards once per
+ * minibatch (NVSHMEM's hierarchical gathers). */
 ODC_API odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBuffer_t buffer,
                               odcStream_t stream);
 

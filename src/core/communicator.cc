@@ -301,13 +301,19 @@ Status Communicator::scatter_accumulate(const void* src, size_t src_count, DataT
   return finish(op, transport_->add_all(src, src_dtype, *accumulator->data, shard, stream));
 }
 
-std::vector<Buffer*> Communicator::accumulators() const {
+std::vector<Buffer*> Communicator::buffers_in_order() const {
   std::vector<Buffer*> found;
-  for (const auto& [handle, buffer] : buffers_) {
-    if (buffer->is_accumulator()) found.push_back(buffer.get());
-  }
+  for (const auto& [handle, buffer] : buffers_) found.push_back(buffer.get());
   std::sort(found.begin(), found.end(),
             [](const Buffer* a, const Buffer* b) { return a->id < b->id; });
+  return found;
+}
+
+std::vector<Buffer*> Communicator::accumulators() const {
+  std::vector<Buffer*> found;
+  for (Buffer* buffer : buffers_in_order()) {
+    if (buffer->is_accumulator()) found.push_back(buffer);
+  }
   return found;
 }
 
@@ -335,6 +341,14 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
   }
   // Owners rewrite their shards (optimizer step) before this point: nobody gathers before it.
   ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchBegin, stream)));
+  // From here to minibatch_end no owner rewrites a shard: the transport may fetch remote shards
+  // once for the whole minibatch (hierarchical gathers). Accumulators are not shards: their sums
+  // change at minibatch_end and are read after it.
+  std::vector<const SymmetricRegion*> shards;
+  for (const Buffer* buffer : buffers_in_order()) {
+    if (!buffer->is_accumulator()) shards.push_back(buffer->data.get());
+  }
+  ODC_RETURN_IF_ERROR(finish(op, transport_->open_gather_window(shards, stream)));
   ++minibatch_;
   state_ = CommState::kInMinibatch;
   return Status::Ok();
@@ -346,6 +360,9 @@ Status Communicator::minibatch_end(StreamHandle stream) {
   if (state_ != CommState::kInMinibatch) {
     return finish(op, Status::InvalidUsage("no minibatch is open (call minibatch_begin first)"));
   }
+  // Gathers of this minibatch (and any fetch serving them) finish before this rank reaches the
+  // barrier below, after which owners may rewrite their shards.
+  ODC_RETURN_IF_ERROR(finish(op, transport_->close_gather_window(stream)));
   const std::vector<Buffer*> accs = accumulators();
   // Staged: deliver this sender's sums (a zero slot when it pushed nothing, so owners always
   // wait for exactly world_size signals), then fold once every sender's signal arrived. The

@@ -97,7 +97,9 @@ class Communicator {
   // Collective. `buffer` is invalid afterwards.
   Status release(Buffer* buffer);
   // dst[r*count:(r+1)*count] = rank r's shard, for all r; dst holds world_size*count elements of
-  // the buffer's dtype. `stream` orders the work on stream-ordered transports.
+  // the buffer's dtype. `stream` orders the work on stream-ordered transports. Owners must not
+  // rewrite shards inside a minibatch (only between minibatch_end and the next minibatch_begin):
+  // a transport may serve a minibatch's gathers from copies fetched once at minibatch_begin.
   Status gather(void* dst, size_t dst_count, const Buffer* buffer, StreamHandle stream);
   // As gather(), with dst elements of `dst_dtype`: the buffer's own dtype, or bfloat16 from a
   // float32 buffer (narrowed while it is pulled, rounded to nearest even).
@@ -126,7 +128,8 @@ class Communicator {
   Status usable(const char* operation) const;
   Status check_buffer(const char* operation, const Buffer* buffer) const;
 
-  // Accumulators in allocation order (the same on every rank).
+  // Live buffers in allocation order (the same on every rank), and only the accumulators.
+  std::vector<Buffer*> buffers_in_order() const;
   std::vector<Buffer*> accumulators() const;
 
   std::unique_ptr<Transport> transport_;

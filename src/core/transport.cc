@@ -43,4 +43,12 @@ Status Transport::add_all(const void*, DataType, const SymmetricRegion&, size_t,
   return Status::InternalError("this transport has no atomic remote fp32 add (caps)");
 }
 
+Status Transport::open_gather_window(const std::vector<const SymmetricRegion*>&, StreamHandle) {
+  return Status::Ok();
+}
+
+Status Transport::close_gather_window(StreamHandle) {
+  return Status::Ok();
+}
+
 }  // namespace odc

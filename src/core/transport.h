@@ -149,6 +149,20 @@ class Transport {
   // order (so bitwise reproducible), for i < count.
   virtual Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
                            size_t count, StreamHandle stream) = 0;
+
+  // ---- gather windows: a hint from the protocol (optional) -----------------------------------
+  // Collective (every rank, same order, same regions in the same order), called right after a
+  // barrier every rank passed: from now until close_gather_window(), no rank rewrites `regions`
+  // (the protocol's shards inside a minibatch). A transport may then fetch each remote copy once
+  // per window (e.g. once per node) and answer get_all / get_all_narrowed of these regions from
+  // that copy. Regions gathered outside a window, or not named, are read as always. Default:
+  // ignored.
+  virtual Status open_gather_window(const std::vector<const SymmetricRegion*>& regions,
+                                    StreamHandle stream);
+  // Collective. Ends the window: whatever the window reads from peers' regions completes, in
+  // stream order, before anything enqueued on `stream` after this call (so that the barrier that
+  // follows lets owners rewrite their regions). Default: nothing to do.
+  virtual Status close_gather_window(StreamHandle stream);
 };
 
 }  // namespace odc

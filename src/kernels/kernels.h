@@ -48,6 +48,7 @@ enum WaitSite : int32_t {
   kWaitSlotReady = 3,  // staged accumulate: sender's slot has not landed
   kWaitSignal = 4,     // wait_signals: a peer's signal has not reached the value
   kWaitMismatch = 5,   // device_barrier: a peer announced the same epoch in another collective
+  kWaitFetch = 6,      // hierarchical gather: the node rank fetching a remote shard is not done
 };
 
 // What a rank announces in a device barrier: the epoch in the high bits, the caller's collective

@@ -17,7 +17,8 @@
 namespace odc {
 namespace {
 
-// Events of one rank, in order: "barrier:<op>", "host_barrier:<op>", "drain", "free".
+// Events of one rank, in order: "barrier:<op>", "host_barrier:<op>", "drain", "free", "put",
+// "open:<bytes of each region>" and "close" (gather windows).
 struct EventLog {
   std::mutex mutex;
   std::vector<std::string> events;
@@ -97,7 +98,19 @@ class LoggedTransport final : public Transport {
   }
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override {
+    log_->add("put");
     return inner_->put(src, region, peer, offset, bytes, stream);
+  }
+  Status open_gather_window(const std::vector<const SymmetricRegion*>& regions,
+                            StreamHandle stream) override {
+    std::string event = "open:";
+    for (const SymmetricRegion* region : regions) event += std::to_string(region->bytes()) + ",";
+    log_->add(event);
+    return inner_->open_gather_window(regions, stream);
+  }
+  Status close_gather_window(StreamHandle stream) override {
+    log_->add("close");
+    return inner_->close_gather_window(stream);
   }
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override {
@@ -214,6 +227,63 @@ TEST(Lifecycle, FailedCommunicatorDrainsBeforeFreeing) {
       << "a failed communicator meets nobody: " << joined(events);
   ASSERT_LT(first(events, "free"), events.size()) << joined(events);
   EXPECT_LT(first(events, "drain"), first(events, "free")) << joined(events);
+}
+
+TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
+  // The window a transport may serve gathers from (hierarchical gathers) opens after the barrier
+  // that ends owners' rewrites, names every non-accumulator buffer in allocation order (the same
+  // on every rank), and closes before this rank delivers anything or meets the barrier after
+  // which owners rewrite again. A buffer allocated later joins the next window.
+  const int world = 2;
+  auto mem = mem::MemWorld::create(world, mem::MemOptions{});
+  std::vector<std::shared_ptr<EventLog>> logs;
+  std::vector<std::unique_ptr<Transport>> transports;
+  for (int rank = 0; rank < world; ++rank) {
+    logs.push_back(std::make_shared<EventLog>());
+    transports.push_back(std::make_unique<LoggedTransport>(mem->join(rank), logs.back()));
+  }
+  std::vector<std::string> failures(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      Communicator comm(std::move(transports[rank]));
+      auto params = comm.allocate(3, DataType::kFloat32, false);
+      auto acc = comm.allocate(2, DataType::kFloat32, true);
+      auto halves = comm.allocate(5, DataType::kBfloat16, false);
+      Status status =
+          params.ok() && acc.ok() && halves.ok() ? Status::Ok() : Status::InternalError("alloc");
+      if (status.ok()) status = comm.minibatch_begin(nullptr);
+      if (status.ok()) status = comm.minibatch_end(nullptr);
+      auto later = comm.allocate(7, DataType::kFloat32, false);
+      if (status.ok()) status = later.ok() ? comm.minibatch_begin(nullptr) : later.status();
+      if (status.ok()) status = comm.minibatch_end(nullptr);
+      if (!status.ok()) failures[rank] = status.message();
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int rank = 0; rank < world; ++rank) {
+    ASSERT_EQ(failures[rank], "") << "rank " << rank;
+    std::vector<std::string> events = logs[rank]->snapshot();
+    // Only the window events and the minibatch barriers, plus the first put of each minibatch_end.
+    std::vector<std::string> seen;
+    bool put_seen = false;
+    for (const std::string& event : events) {
+      if (event == "put") {
+        if (!put_seen) seen.push_back(event);
+        put_seen = true;
+        continue;
+      }
+      if (event.rfind("open:", 0) == 0 || event == "close" || event == "barrier:minibatch_begin" ||
+          event == "barrier:minibatch_end") {
+        seen.push_back(event);
+        if (event == "barrier:minibatch_end") put_seen = false;
+      }
+    }
+    const std::vector<std::string> want = {
+        "barrier:minibatch_begin", "open:12,10,",    "close", "put", "barrier:minibatch_end",
+        "barrier:minibatch_begin", "open:12,10,28,", "close", "put", "barrier:minibatch_end"};
+    EXPECT_EQ(seen, want) << "rank " << rank << ": " << joined(events);
+  }
 }
 
 }  // namespace

@@ -2,13 +2,18 @@
 way a user selects it, by the launch environment (ODC_TRANSPORT=nvshmem), in both of its data
 paths: NVSHMEM's own get / put-with-signal calls (ODC_NVSHMEM_DIRECT=0, the calls that cross
 nodes) and direct NVLink loads/stores over NVSHMEM's mappings (ODC_NVSHMEM_DIRECT=1), and with
-pretended node boundaries (ODC_LOCAL_WORLD_SIZE=2: on 4 GPUs two "nodes" of two): peers on the
-other "node" through NVSHMEM's calls, pushes to them pre-reduced on the node (hierarchical).
+pretended node boundaries (ODC_LOCAL_WORLD_SIZE=2: on 4 GPUs two "nodes" of two; =1: every GPU
+its own "node"): peers on other "nodes" through NVSHMEM's calls, pushes to them pre-reduced on the
+node and, inside minibatches, their shards fetched once per node and minibatch (hierarchical).
 NVSHMEM is staged (no remote float add), so every sum here goes through put-with-signal and the
 owner's fold. Skipped where the plugin libodc_nvshmem.so is not next to libodc.so (or $ODC_NVSHMEM_PLUGIN).
 """
 
+import gc
 import os
+import random
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -30,17 +35,22 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(params=["api", "direct", "nodes2"])
+@pytest.fixture(params=["api", "direct", "nodes2", "nodes1"])
 def nvshmem(request, monkeypatch):
     # odc.launch spawns the ranks, which inherit this environment.
     monkeypatch.setenv("ODC_TRANSPORT", "nvshmem")
     monkeypatch.setenv("ODC_NVSHMEM_DIRECT", "0" if request.param == "api" else "1")
-    if request.param == "nodes2":
-        monkeypatch.setenv("ODC_LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("ODC_NVSHMEM_HIERARCHICAL_GATHER", raising=False)
+    if request.param.startswith("nodes"):
+        monkeypatch.setenv("ODC_LOCAL_WORLD_SIZE", request.param[len("nodes") :])
         monkeypatch.setenv("ODC_NVSHMEM_HIERARCHICAL", "1")
     else:
         monkeypatch.delenv("ODC_LOCAL_WORLD_SIZE", raising=False)
     return request.param
+
+
+def _ranks_per_node(mode, world_size):
+    return int(mode[len("nodes") :]) if mode.startswith("nodes") else world_size
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -100,3 +110,135 @@ def _which_transport(rank, world_size, key):
 def test_nvshmem_by_argument():
     # transport="nvshmem" without the environment: every owner holds 8 x (1 + 2) = 24.
     assert odc.launch(_which_transport, 2, timeout=180) == [24.0, 24.0]
+
+
+def _shard(torch, minibatch, owner, count):
+    index = torch.arange(count, device="cuda")
+    return ((minibatch * 31 + owner * 7 + index) % 251).to(torch.float32) - 125.5
+
+
+def _full(torch, minibatch, world_size, count):
+    return torch.cat([_shard(torch, minibatch, owner, count) for owner in range(world_size)])
+
+
+def _windows_rank(
+    rank, world_size, key, num_minibatches, ranks_per_node, hierarchical, num_gpus=None
+):
+    """Gathers inside minibatches (0 to 3 per rank, with host and device delays, so some ranks of
+    a node gather nothing while others rely on what they fetch), of shards that change every
+    minibatch, as they are, as bfloat16 and narrowed; a new buffer layout half way; gathers
+    outside minibatches after rewriting. Returns the bytes this rank should have fetched from
+    other nodes: each window's remote shards once per node (hierarchical) or every gather's."""
+    import torch
+
+    device = rank % (num_gpus or world_size)  # num_gpus < world_size: several ranks per GPU
+    torch.cuda.set_device(device)
+    rng = random.Random(1000 + rank)
+    count, half_count = 10007, 4099
+    remote_owners = world_size - ranks_per_node
+    rows = remote_owners // ranks_per_node  # remote shards one rank fetches for its node
+    fetched = 0
+    with odc.Comm(rank, world_size, key, timeout=60, device=device) as comm:
+        wide = comm.alloc(count)
+        halves = comm.alloc(half_count, dtype="bfloat16")
+        accumulator = comm.alloc(count, accumulator=True)
+        full = torch.empty(world_size * count, device="cuda")
+        narrowed = torch.empty(world_size * count, device="cuda", dtype=torch.bfloat16)
+        for minibatch in range(num_minibatches):
+            if minibatch == num_minibatches // 2:  # another layout: the node caches are rebuilt
+                halves.free()
+                half_count += 8
+                halves = comm.alloc(half_count, dtype="bfloat16")
+            # Owners rewrite their shards between minibatches (stream order after the barrier
+            # that closed the last one).
+            wide.tensor().copy_(_shard(torch, minibatch, rank, count))
+            halves.tensor().copy_(_shard(torch, minibatch, rank, half_count).to(torch.bfloat16))
+            comm.minibatch_begin()
+            if hierarchical:
+                fetched += rows * (count * 4 + half_count * 2)
+            expected = _full(torch, minibatch, world_size, count)
+            expected_halves = _full(torch, minibatch, world_size, half_count).to(torch.bfloat16)
+            half_full = torch.empty(world_size * half_count, device="cuda", dtype=torch.bfloat16)
+            for _ in range(rng.randrange(4)):
+                time.sleep(rng.uniform(0, 0.003))
+                torch.cuda._sleep(rng.randint(0, 300_000))
+                full.zero_()
+                narrowed.zero_()
+                half_full.zero_()
+                comm.gather(full, wide)
+                comm.gather(narrowed, wide)
+                comm.gather(half_full, halves)
+                if not hierarchical:
+                    fetched += remote_owners * (count * 4 * 2 + half_count * 2)
+                for name, got, want in [
+                    ("float32", full, expected),
+                    ("narrowed", narrowed, expected.to(torch.bfloat16)),
+                    ("bfloat16", half_full, expected_halves),
+                ]:
+                    if not torch.equal(got, want):
+                        bad = (got != want).nonzero()[0].item()
+                        raise AssertionError(
+                            f"rank {rank} minibatch {minibatch} {name} gather, element {bad} "
+                            f"(owner {bad // (got.numel() // world_size)}): {got[bad].item()} "
+                            f"!= {want[bad].item()}"
+                        )
+            comm.scatter_accumulate(torch.ones(world_size * count, device="cuda"), accumulator)
+            comm.minibatch_end()
+            comm.gather(full, accumulator)  # outside a window: read as always
+            fetched += remote_owners * count * 4
+            if not torch.equal(full, torch.full_like(full, float(world_size))):
+                raise AssertionError(f"rank {rank} minibatch {minibatch}: wrong sums")
+            # Rewritten outside a minibatch, then gathered outside one: the new values, not a
+            # node cache's.
+            wide.tensor().copy_(_shard(torch, minibatch + 500, rank, count))
+            comm.barrier()
+            comm.gather(full, wide)
+            fetched += remote_owners * count * 4
+            if not torch.equal(full, _full(torch, minibatch + 500, world_size, count)):
+                raise AssertionError(f"rank {rank} minibatch {minibatch}: gather outside a window")
+            comm.barrier()  # everyone has read before the next rewrite
+        torch.cuda.synchronize()
+        # No buffer view may outlive the block: close() then destroys the communicator at once
+        # (else only when the last view goes), and its transport prints its statistics.
+        del wide, halves, accumulator
+        gc.collect()
+    return fetched
+
+
+def _check_fetched(capfd, world_size, hierarchical, expected):
+    # Each rank prints what it fetched from other nodes when it closes: exactly the bytes of one
+    # fetch per window and node (hierarchical), or of every gather (flat).
+    err = capfd.readouterr().err
+    stats = re.findall(
+        r"odc nvshmem rank (\d+): to/from other nodes: \d+ bytes put, (\d+) bytes fetched "
+        r"\(\d+ ranks per node, hierarchical pushes \w+, gathers (\w+)",
+        err,
+    )
+    assert sorted(int(r) for r, _, _ in stats) == list(range(world_size)), err[-3000:]
+    for rank, got, mode in stats:
+        assert mode == ("on" if hierarchical else "off"), (rank, mode)
+        assert int(got) == expected[int(rank)], (rank, got, expected[int(rank)])
+
+
+def test_nvshmem_gathers_inside_minibatches(nvshmem, monkeypatch, capfd):
+    world_size = min(4, suite._device_count())
+    ranks_per_node = _ranks_per_node(nvshmem, world_size)
+    hierarchical = ranks_per_node < world_size
+    monkeypatch.setenv("ODC_NVSHMEM_STATS", "1")
+    expected = odc.launch(_windows_rank, world_size, 12, ranks_per_node, hierarchical, timeout=300)
+    _check_fetched(capfd, world_size, hierarchical, expected)
+
+
+def test_nvshmem_node_fetch_fans_out_to_every_local_rank(monkeypatch, capfd):
+    """Two "nodes" of two ranks on any machine with 2 GPUs: 4 ranks, ranks r and r + 2 on GPU
+    r % 2 (NVSHMEM runs several processes per GPU), so each node spans both GPUs: a rank reads
+    the shards its node peer fetched from that peer's cache over NVLink, after waiting for its
+    ready flag, while that peer may be gathering nothing at all."""
+    monkeypatch.setenv("ODC_TRANSPORT", "nvshmem")
+    monkeypatch.setenv("ODC_NVSHMEM_DIRECT", "1")
+    monkeypatch.setenv("ODC_LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("ODC_NVSHMEM_HIERARCHICAL", "1")
+    monkeypatch.delenv("ODC_NVSHMEM_HIERARCHICAL_GATHER", raising=False)
+    monkeypatch.setenv("ODC_NVSHMEM_STATS", "1")
+    expected = odc.launch(_windows_rank, 4, 12, 2, True, 2, timeout=300)
+    _check_fetched(capfd, 4, True, expected)

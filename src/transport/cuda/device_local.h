@@ -83,6 +83,8 @@ inline const char* wait_site_name(int32_t site) {
       return "staging slot arrival";
     case kernels::kWaitSignal:
       return "signal wait";
+    case kernels::kWaitFetch:
+      return "node fetch of remote shards";
     default:
       return "device wait";
   }

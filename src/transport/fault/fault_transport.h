@@ -72,6 +72,14 @@ class FaultTransport final : public Transport {
                     StreamHandle stream) override;
   Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
                    StreamHandle stream) override;
+  // Hints, forwarded without counting (call numbers stay those of the data path and collectives).
+  Status open_gather_window(const std::vector<const SymmetricRegion*>& regions,
+                            StreamHandle stream) override {
+    return inner_->open_gather_window(regions, stream);
+  }
+  Status close_gather_window(StreamHandle stream) override {
+    return inner_->close_gather_window(stream);
+  }
 
  private:
   // Counts the call, sleeps when delays are on, and dies when the plan says so.

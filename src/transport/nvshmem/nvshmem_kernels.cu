@@ -25,10 +25,40 @@ __global__ void store_u64_kernel(uint64_t* dst, uint64_t value) {
   *dst = value;
 }
 
+__global__ void publish_u64_kernel(uint64_t* flag, uint64_t value) {
+  __threadfence_system();
+  kernels::detail::st_release_sys(flag, value);
+}
+
+__global__ void wait_flags_kernel(FlagWaits waits, uint64_t value, int rank, int32_t site,
+                                  int64_t timeout_ns, kernels::WaitError* error) {
+  const int j = threadIdx.x;
+  if (j < waits.num) {
+    kernels::detail::wait_at_least(waits.flag[j], value, timeout_ns, error, site, rank,
+                                   waits.peer[j]);
+  }
+  __syncthreads();
+}
+
 }  // namespace
 
 cudaError_t store_u64(uint64_t* dst, uint64_t value, cudaStream_t stream) {
   store_u64_kernel<<<1, 1, 0, stream>>>(dst, value);
+  return cudaGetLastError();
+}
+
+cudaError_t publish_u64(uint64_t* flag, uint64_t value, cudaStream_t stream) {
+  publish_u64_kernel<<<1, 1, 0, stream>>>(flag, value);
+  return cudaGetLastError();
+}
+
+cudaError_t wait_flags(const FlagWaits& waits, uint64_t value, int rank, int32_t site,
+                       int64_t timeout_ns, kernels::WaitError* error, cudaStream_t stream) {
+  if (waits.num < 1 || waits.num > kernels::kMaxRanks || error == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  wait_flags_kernel<<<1, kernels::kMaxRanks, 0, stream>>>(waits, value, rank, site, timeout_ns,
+                                                          error);
   return cudaGetLastError();
 }
 

@@ -22,4 +22,20 @@ cudaError_t wait_all_at_least(const uint64_t* signals, int num_slots, uint64_t v
 // Stream-ordered: *dst = value (device memory), one thread.
 cudaError_t store_u64(uint64_t* dst, uint64_t value, cudaStream_t stream);
 
+// Stream-ordered: *flag = value with system-scope release, so a peer that reads the value with
+// system-scope acquire (over NVLink) also sees every write that completed on this stream before.
+cudaError_t publish_u64(uint64_t* flag, uint64_t value, cudaStream_t stream);
+
+// Flags in different places (this GPU's memory or peers' over NVLink), each with the rank that
+// raises it (named when the wait expires).
+struct FlagWaits {
+  const uint64_t* flag[kernels::kMaxRanks] = {};
+  int peer[kernels::kMaxRanks] = {};
+  int num = 0;
+};
+// Stream-ordered: returns (on the device) when *waits.flag[j] >= value for every j; on expiry of
+// `timeout_ns` records (site, rank, waits.peer[j], value, seen) in `error`.
+cudaError_t wait_flags(const FlagWaits& waits, uint64_t value, int rank, int32_t site,
+                       int64_t timeout_ns, kernels::WaitError* error, cudaStream_t stream);
+
 }  // namespace odc::nvshmem

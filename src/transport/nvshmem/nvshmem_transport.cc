@@ -7,6 +7,9 @@
 #include <cuda_runtime.h>
 #include <nvshmem_host.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +36,9 @@ ODC_ENV_DOUBLE(direct_knob, "ODC_NVSHMEM_DIRECT", 1.0)
 ODC_ENV_DOUBLE(local_world_size_knob, "ODC_LOCAL_WORLD_SIZE", 0.0)
 // 1 (default): pushes to another node's owner are pre-reduced on the sender's node first.
 ODC_ENV_DOUBLE(hierarchical_knob, "ODC_NVSHMEM_HIERARCHICAL", 1.0)
+// 1 (default): with more than one node, a minibatch's gathers fetch each remote shard once per
+// node (into a node cache at minibatch_begin) and fan it out over NVLink.
+ODC_ENV_DOUBLE(hierarchical_gather_knob, "ODC_NVSHMEM_HIERARCHICAL_GATHER", 1.0)
 // 1: signals travel as ordinary puts after a quiet instead of NVSHMEM's signal atomics (remote
 // transports without atomics, e.g. UCX without GDRCopy).
 ODC_ENV_DOUBLE(signal_put_knob, "ODC_NVSHMEM_SIGNAL_PUT", 0.0)
@@ -47,6 +53,19 @@ struct Aggregation {
   std::unique_ptr<SymmetricRegion> in;     // max_owners x local_size x slot_bytes
   std::unique_ptr<SymmetricRegion> ready;  // max_owners x local_size uint64
   std::unique_ptr<SymmetricRegion> out;    // max_owners x slot_bytes
+};
+
+// Hierarchical gathers' node cache. For every region of the open window, the shards of the
+// remote owners this rank fetches for its node (rows: one per other node, the owner with
+// owner % ranks_per_node == this rank's local index, in rank order), and one ready flag per region
+// carrying the last window whose fetch of that region completed. Readers on the node read a
+// fetcher's rows over NVLink once its flag reaches the current window.
+struct GatherCache {
+  std::vector<uint64_t> serials;  // the window's regions, in order (the cache's layout key)
+  std::vector<size_t> bytes;      // each region's size
+  std::vector<size_t> offset;     // where each region's rows start in `data`
+  std::unique_ptr<SymmetricRegion> data;
+  std::unique_ptr<SymmetricRegion> ready;  // one uint64 per region
 };
 
 struct HeapState {
@@ -89,8 +108,9 @@ std::string version_text() {
 // GPU (nvshmem_ptr), nullptr where rank r is reached only through NVSHMEM's calls (another node).
 class NvshmemRegion final : public SymmetricRegion {
  public:
-  NvshmemRegion(std::vector<void*> peers, int rank, size_t bytes, std::shared_ptr<HeapState> heap)
-      : SymmetricRegion(std::move(peers), rank, bytes), heap_(std::move(heap)) {}
+  NvshmemRegion(std::vector<void*> peers, int rank, size_t bytes, std::shared_ptr<HeapState> heap,
+                uint64_t serial)
+      : SymmetricRegion(std::move(peers), rank, bytes), serial(serial), heap_(std::move(heap)) {}
   ~NvshmemRegion() override {
     aggregation.reset();               // freed first, in the same order on every rank
     if (heap_->failed.load()) return;  // nvshmem_free would wait for every PE: leak instead
@@ -103,6 +123,10 @@ class NvshmemRegion final : public SymmetricRegion {
     }
     nvshmem_free(local());
   }
+
+  // Allocation order on this transport, the same on every rank: names the region in the gather
+  // cache (a freed region's address may come back for a new one).
+  const uint64_t serial;
 
  private:
   std::shared_ptr<HeapState> heap_;
@@ -274,27 +298,45 @@ Status NvshmemTransport::init() {
         std::to_string(world_size_));
   }
   local_size_ = local_size;
-  const uint64_t settings[2] = {static_cast<uint64_t>(local_size_),
-                                hierarchical_knob() != 0.0 ? 1u : 0u};
-  std::vector<uint64_t> all_settings(2 * static_cast<size_t>(world_size_));
-  ODC_RETURN_IF_ERROR(
-      bootstrap_->allgather(settings, all_settings.data(), sizeof(settings), "nvshmem topology"));
-  for (int r = 0; r < world_size_; ++r) {
-    if (all_settings[2 * r] != settings[0] || all_settings[2 * r + 1] != settings[1]) {
-      return Status::InvalidArgument(
-          "rank " + std::to_string(r) + " has " + std::to_string(all_settings[2 * r]) +
-          " ranks per node and hierarchical=" + std::to_string(all_settings[2 * r + 1]) +
-          ", this rank " + std::to_string(settings[0]) + " and " + std::to_string(settings[1]) +
-          " (ODC_LOCAL_WORLD_SIZE, ODC_NVSHMEM_HIERARCHICAL must agree)");
-    }
-  }
   // Same-node peers whose heap NVSHMEM mapped into this GPU (NVLink) get odc's kernels.
   mapped_.assign(static_cast<size_t>(world_size_), 0);
+  bool node_mapped = true;  // every other rank of this node is mapped (node caches are readable)
   for (int r = 0; r < world_size_; ++r) {
     mapped_[r] = direct_knob() != 0.0 && node_of(r) == node_of(rank_) &&
                  barrier_signals_->peer(r) != nullptr;
+    if (node_of(r) == node_of(rank_) && r != rank_ && !mapped_[r]) node_mapped = false;
+  }
+  constexpr int kSettings = 4;
+  const uint64_t settings[kSettings] = {
+      static_cast<uint64_t>(local_size_), hierarchical_knob() != 0.0 ? 1u : 0u,
+      hierarchical_gather_knob() != 0.0 ? 1u : 0u, node_mapped ? 1u : 0u};
+  std::vector<uint64_t> all_settings(kSettings * static_cast<size_t>(world_size_));
+  ODC_RETURN_IF_ERROR(
+      bootstrap_->allgather(settings, all_settings.data(), sizeof(settings), "nvshmem topology"));
+  bool every_node_mapped = true;
+  for (int r = 0; r < world_size_; ++r) {
+    const uint64_t* theirs = &all_settings[kSettings * static_cast<size_t>(r)];
+    if (theirs[0] != settings[0] || theirs[1] != settings[1] || theirs[2] != settings[2]) {
+      return Status::InvalidArgument(
+          "rank " + std::to_string(r) + " has " + std::to_string(theirs[0]) +
+          " ranks per node, hierarchical pushes " + std::to_string(theirs[1]) + " and gathers " +
+          std::to_string(theirs[2]) + "; this rank " + std::to_string(settings[0]) + ", " +
+          std::to_string(settings[1]) + " and " + std::to_string(settings[2]) +
+          " (ODC_LOCAL_WORLD_SIZE, ODC_NVSHMEM_HIERARCHICAL, ODC_NVSHMEM_HIERARCHICAL_GATHER must "
+          "agree)");
+    }
+    every_node_mapped = every_node_mapped && theirs[3] != 0;
   }
   hierarchical_ = settings[1] != 0 && local_size_ > 1 && local_size_ < world_size_;
+  // Readers take the node's fetched shards from the fetchers' caches over NVLink, so every rank of
+  // a node must be mapped into every other (direct on). With one rank per node the cache still
+  // saves the network: each remote shard is fetched once per minibatch, not once per gather.
+  hierarchical_gather_ = settings[2] != 0 && local_size_ < world_size_ && every_node_mapped;
+  if (hierarchical_gather_) {
+    ODC_CUDA_CHECK(cudaStreamCreateWithFlags(&fetch_stream_, cudaStreamNonBlocking));
+    ODC_CUDA_CHECK(cudaEventCreateWithFlags(&window_opened_, cudaEventDisableTiming));
+    ODC_CUDA_CHECK(cudaEventCreateWithFlags(&fetches_done_, cudaEventDisableTiming));
+  }
   return Status::Ok();
 }
 
@@ -306,15 +348,27 @@ int NvshmemTransport::num_direct_peers() const {
 
 NvshmemTransport::~NvshmemTransport() {
   if (stats_knob() != 0.0) {
-    std::fprintf(stderr,
-                 "odc nvshmem rank %d: to/from other nodes: %llu bytes put, %llu bytes fetched "
-                 "(%d ranks per node, hierarchical %s, %d direct peers)\n",
-                 rank_, static_cast<unsigned long long>(remote_put_bytes_),
-                 static_cast<unsigned long long>(remote_get_bytes_), local_size_,
-                 hierarchical_ ? "on" : "off", num_direct_peers());
+    char line[256];
+    const int length = std::snprintf(
+        line, sizeof(line),
+        "odc nvshmem rank %d: to/from other nodes: %llu bytes put, %llu bytes fetched "
+        "(%d ranks per node, hierarchical pushes %s, gathers %s, %d direct peers)\n",
+        rank_, static_cast<unsigned long long>(remote_put_bytes_),
+        static_cast<unsigned long long>(remote_get_bytes_), local_size_,
+        hierarchical_ ? "on" : "off", hierarchical_gather_ ? "on" : "off", num_direct_peers());
+    // One write, so that the lines of ranks sharing a terminal or file do not interleave.
+    if (length > 0) {
+      const ssize_t written =
+          ::write(STDERR_FILENO, line, std::min(static_cast<size_t>(length), sizeof(line) - 1));
+      (void)written;
+    }
   }
   DeviceGuard guard(device_);
   cudaDeviceSynchronize();
+  gather_cache_.reset();  // collective frees, in the same order on every rank
+  if (fetches_done_ != nullptr) cudaEventDestroy(fetches_done_);
+  if (window_opened_ != nullptr) cudaEventDestroy(window_opened_);
+  if (fetch_stream_ != nullptr) cudaStreamDestroy(fetch_stream_);
   outbox_.reset();
   barrier_signals_.reset();
   if (push_done_ != nullptr) cudaFree(push_done_);
@@ -384,7 +438,8 @@ Result<std::unique_ptr<SymmetricRegion>> NvshmemTransport::allocate(size_t bytes
   std::vector<void*> peers(static_cast<size_t>(world_size_), nullptr);
   for (int r = 0; r < world_size_; ++r) peers[r] = nvshmem_ptr(memory, r);
   peers[rank_] = memory;
-  return std::unique_ptr<SymmetricRegion>(new NvshmemRegion(std::move(peers), rank_, bytes, heap_));
+  return std::unique_ptr<SymmetricRegion>(
+      new NvshmemRegion(std::move(peers), rank_, bytes, heap_, next_region_serial_++));
 }
 
 Status NvshmemTransport::barrier(CollectiveOp, StreamHandle stream) {
@@ -442,6 +497,17 @@ Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_
   auto* out = static_cast<char*>(dst);
   std::vector<void*> to;
   std::vector<const void*> from;
+  if (const int index = cached_index(region); index >= 0 && gather_cache_->bytes[index] == bytes) {
+    auto sources = cached_sources(region, index, as_stream(stream));
+    if (!sources.ok()) return sources.status();
+    for (int i = 0; i < world_size_; ++i) {
+      const int owner = (rank_ + 1 + i) % world_size_;
+      to.push_back(out + static_cast<size_t>(owner) * bytes);
+      from.push_back(sources.value()[owner]);
+    }
+    return launch_direct(to, from, std::vector<uint64_t*>(to.size(), nullptr), bytes, 0,
+                         as_stream(stream));
+  }
   int num_gets = 0;
   for (int i = 0; i < world_size_; ++i) {
     const int owner = (rank_ + 1 + i) % world_size_;  // ranks start at different owners
@@ -475,6 +541,17 @@ Status NvshmemTransport::get_all_narrowed(void* dst, const SymmetricRegion& regi
   std::vector<int> fetched;  // owners NVSHMEM's gets must bring in first
   std::vector<void*> to;
   std::vector<const void*> from;
+  if (const int index = cached_index(region);
+      index >= 0 && gather_cache_->bytes[index] == shard_bytes) {
+    auto sources = cached_sources(region, index, as_stream(stream));
+    if (!sources.ok()) return sources.status();
+    for (int i = 0; i < world_size_; ++i) {
+      const int owner = (rank_ + 1 + i) % world_size_;
+      to.push_back(out + static_cast<size_t>(owner) * count);
+      from.push_back(sources.value()[owner]);
+    }
+    return launch_narrow(to, from, count, as_stream(stream));
+  }
   for (int i = 0; i < world_size_; ++i) {
     const int owner = (rank_ + 1 + i) % world_size_;
     if (mapped_[owner] || owner == rank_) {
@@ -500,21 +577,156 @@ Status NvshmemTransport::get_all_narrowed(void* dst, const SymmetricRegion& regi
     nvshmemx_quiet_on_stream(as_stream(stream));
     ODC_CUDA_CHECK(cudaGetLastError());
   }
-  cudaError_t launched = cudaSuccess;
-  for (size_t first = 0; first < to.size() && launched == cudaSuccess;
-       first += kernels::kMaxRanks) {
+  const Status launched = launch_narrow(to, from, count, as_stream(stream));
+  // Freed in stream order even when a launch failed (nothing may still read it then).
+  if (temporary != nullptr) ODC_CUDA_CHECK(cudaFreeAsync(temporary, as_stream(stream)));
+  return launched;
+}
+
+Status NvshmemTransport::launch_narrow(const std::vector<void*>& dst,
+                                       const std::vector<const void*>& src, size_t count,
+                                       cudaStream_t stream) {
+  for (size_t first = 0; first < dst.size(); first += kernels::kMaxRanks) {
     kernels::NarrowJobs jobs;
-    for (size_t j = first; j < to.size() && j < first + kernels::kMaxRanks; ++j) {
-      jobs.dst[jobs.num_jobs] = to[j];
-      jobs.src[jobs.num_jobs] = from[j];
+    for (size_t j = first; j < dst.size() && j < first + kernels::kMaxRanks; ++j) {
+      jobs.dst[jobs.num_jobs] = dst[j];
+      jobs.src[jobs.num_jobs] = src[j];
       ++jobs.num_jobs;
     }
-    launched = kernels::copy_narrow(jobs, count, rank_info(), /*num_blocks=*/0, as_stream(stream),
-                                    device_error_);
+    ODC_CUDA_CHECK(
+        kernels::copy_narrow(jobs, count, rank_info(), /*num_blocks=*/0, stream, device_error_));
   }
-  if (temporary != nullptr) ODC_CUDA_CHECK(cudaFreeAsync(temporary, as_stream(stream)));
-  ODC_CUDA_CHECK(launched);
   return Status::Ok();
+}
+
+Status NvshmemTransport::prepare_gather_cache(const std::vector<const SymmetricRegion*>& regions) {
+  std::vector<uint64_t> serials;
+  std::vector<size_t> sizes;
+  for (const SymmetricRegion* region : regions) {
+    const auto* ours = dynamic_cast<const NvshmemRegion*>(region);
+    if (ours == nullptr) return Status::InternalError("gather window: not an NVSHMEM region");
+    serials.push_back(ours->serial);
+    sizes.push_back(ours->bytes());
+  }
+  if (gather_cache_ && gather_cache_->serials == serials) return Status::Ok();
+  // Every rank opens its windows with the same regions, so all get here together: the frees and
+  // allocations below are collective like any other.
+  gather_cache_.reset();
+  auto cache = std::make_unique<GatherCache>();
+  const auto rows = static_cast<size_t>(max_aggregated_owners());
+  size_t total = 0;
+  for (size_t size : sizes) {
+    cache->offset.push_back(total);
+    total += rows * size;
+  }
+  const auto explain = [&](const Status& status) {
+    return status.with_context("hierarchical gathers: node cache of " + std::to_string(total) +
+                               " bytes per rank for " + std::to_string(regions.size()) +
+                               " buffers (ODC_NVSHMEM_HIERARCHICAL_GATHER=0 turns it off)");
+  };
+  auto data = allocate(total);
+  if (!data.ok()) return explain(data.status());
+  cache->data = std::move(data).value();
+  auto ready = allocate(regions.size() * sizeof(uint64_t));
+  if (!ready.ok()) return explain(ready.status());
+  cache->ready = std::move(ready).value();
+  cache->serials = std::move(serials);
+  cache->bytes = std::move(sizes);
+  gather_cache_ = std::move(cache);
+  return Status::Ok();
+}
+
+Status NvshmemTransport::open_gather_window(const std::vector<const SymmetricRegion*>& regions,
+                                            StreamHandle stream) {
+  if (!hierarchical_gather_ || regions.empty()) return Status::Ok();
+  if (window_open_) return Status::InternalError("a gather window is already open");
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(prepare_gather_cache(regions));
+  ++gather_windows_;
+  // The fetches read owners' shards, final once the barrier the caller just enqueued has passed
+  // (owners rewrite them before it); they also rewrite this rank's cache, which every reader on the
+  // node finished with before reaching that barrier (its reads precede its minibatch_end). They
+  // wait for nothing else: not this rank's forward or backward, so a rank that runs late or runs
+  // no microbatch holds up no one.
+  ODC_CUDA_CHECK(cudaEventRecord(window_opened_, as_stream(stream)));
+  ODC_CUDA_CHECK(cudaStreamWaitEvent(fetch_stream_, window_opened_, 0));
+  const std::vector<int> owners = owners_aggregated_by(rank_ - node_of(rank_) * local_size_);
+  GatherCache& cache = *gather_cache_;
+  auto* rows = static_cast<char*>(cache.data->local());
+  auto* ready = static_cast<uint64_t*>(cache.ready->local());
+  // Region by region, in allocation order (a model's layers in the order its forward needs them),
+  // each raising its ready flag as soon as its rows are in.
+  for (size_t i = 0; i < regions.size(); ++i) {
+    for (size_t row = 0; row < owners.size(); ++row) {
+      nvshmemx_getmem_nbi_on_stream(rows + cache.offset[i] + row * cache.bytes[i],
+                                    regions[i]->local(), cache.bytes[i], owners[row],
+                                    fetch_stream_);
+      remote_get_bytes_ += cache.bytes[i];
+    }
+    nvshmemx_quiet_on_stream(fetch_stream_);
+    ODC_CUDA_CHECK(cudaGetLastError());
+    ODC_CUDA_CHECK(publish_u64(ready + i, gather_windows_, fetch_stream_));
+  }
+  ODC_CUDA_CHECK(cudaEventRecord(fetches_done_, fetch_stream_));
+  window_open_ = true;
+  return Status::Ok();
+}
+
+Status NvshmemTransport::close_gather_window(StreamHandle stream) {
+  if (!window_open_) return Status::Ok();
+  window_open_ = false;
+  DeviceGuard guard(device_);
+  // This rank's fetches read other nodes' shards: done before it reaches the barrier after which
+  // their owners may rewrite them.
+  ODC_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), fetches_done_, 0));
+  return Status::Ok();
+}
+
+int NvshmemTransport::cached_index(const SymmetricRegion& region) const {
+  if (!window_open_ || !gather_cache_) return -1;
+  const auto* ours = dynamic_cast<const NvshmemRegion*>(&region);
+  if (ours == nullptr) return -1;
+  // A window holds one entry per buffer of the communicator (tens to hundreds): a scan is enough.
+  const std::vector<uint64_t>& serials = gather_cache_->serials;
+  for (size_t i = 0; i < serials.size(); ++i) {
+    if (serials[i] == ours->serial) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Result<std::vector<const void*>> NvshmemTransport::cached_sources(const SymmetricRegion& region,
+                                                                  int index, cudaStream_t stream) {
+  const GatherCache& cache = *gather_cache_;
+  const auto entry = static_cast<size_t>(index);
+  const int node_base = node_of(rank_) * local_size_;
+  // 1. Every fetcher of this node has this region's rows in (their ready flags, over NVLink).
+  FlagWaits waits;
+  for (int fetcher = node_base; fetcher < node_base + local_size_; ++fetcher) {
+    const void* flags = fetcher == rank_ ? cache.ready->local() : cache.ready->peer(fetcher);
+    waits.flag[waits.num] = static_cast<const uint64_t*>(flags) + entry;
+    waits.peer[waits.num] = fetcher;
+    if (++waits.num == kernels::kMaxRanks || fetcher == node_base + local_size_ - 1) {
+      ODC_CUDA_CHECK(wait_flags(waits, gather_windows_, rank_, kernels::kWaitFetch, timeout_ns_,
+                                device_error_, stream));
+      waits = FlagWaits{};
+    }
+  }
+  // 2. Where each owner's shard is: this node's owners in their own memory, the others in the
+  //    row of their node at the fetcher local rank owner % local_size_.
+  std::vector<const void*> sources(static_cast<size_t>(world_size_), nullptr);
+  for (int owner = 0; owner < world_size_; ++owner) {
+    if (node_of(owner) == node_of(rank_)) {
+      sources[owner] = owner == rank_ ? region.local() : region.peer(owner);
+      continue;
+    }
+    const int fetcher = node_base + owner % local_size_;
+    // The fetcher's rows are the other nodes in order, skipping its own.
+    const int row = node_of(owner) < node_of(rank_) ? node_of(owner) : node_of(owner) - 1;
+    const void* rows = fetcher == rank_ ? cache.data->local() : cache.data->peer(fetcher);
+    sources[owner] = static_cast<const char*>(rows) + cache.offset[entry] +
+                     static_cast<size_t>(row) * cache.bytes[entry];
+  }
+  return sources;
 }
 
 Status NvshmemTransport::launch_direct(const std::vector<void*>& dst,

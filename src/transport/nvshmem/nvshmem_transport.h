@@ -12,7 +12,12 @@
 //                   kernel over the mappings);
 //   signal waits    NVSHMEM's waits never time out, so a kernel polls the local signal words with
 //   and barriers    a deadline and records (site, rank, peer, expected, seen); poll_error()
-//                   reports it, worded as the CUDA transport's.
+//                   reports it, worded as the CUDA transport's;
+//   gather windows  with more than one node (ODC_NVSHMEM_HIERARCHICAL_GATHER, default on), each
+//                   remote shard of a minibatch's buffers is fetched once per node at
+//                   minibatch_begin, on a side stream, by local rank owner % ranks_per_node, into
+//                   that rank's node cache; every local rank's gathers read it over NVLink after a
+//                   bounded wait on the fetcher's ready flag.
 // Invariant: staged data is read only after its signal (acquired at system scope), and NVSHMEM's
 // own collectives (malloc, free) are entered only after a bounded bootstrap barrier saw every rank.
 #pragma once
@@ -34,6 +39,7 @@ namespace odc::nvshmem {
 
 struct HeapState;
 struct Aggregation;
+struct GatherCache;
 
 class NvshmemTransport final : public Transport {
  public:
@@ -48,6 +54,7 @@ class NvshmemTransport final : public Transport {
   int num_direct_peers() const;
   int local_world_size() const { return local_size_; }
   bool hierarchical() const { return hierarchical_; }
+  bool hierarchical_gather() const { return hierarchical_gather_; }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
@@ -73,6 +80,10 @@ class NvshmemTransport final : public Transport {
                     StreamHandle stream) override;
   Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
                    StreamHandle stream) override;
+  // Hierarchical gathers: the window's remote shards are fetched once per node (see the top).
+  Status open_gather_window(const std::vector<const SymmetricRegion*>& regions,
+                            StreamHandle stream) override;
+  Status close_gather_window(StreamHandle stream) override;
 
  private:
   NvshmemTransport(const TransportSpec& spec);
@@ -85,6 +96,10 @@ class NvshmemTransport final : public Transport {
   Status launch_direct(const std::vector<void*>& dst, const std::vector<const void*>& src,
                        const std::vector<uint64_t*>& signal, size_t bytes, uint64_t value,
                        cudaStream_t stream);
+  // Narrowing copies (fp32 to bf16, `count` elements each) from src[j] to dst[j], local or mapped
+  // memory on either side, kernels::kMaxRanks jobs per launch.
+  Status launch_narrow(const std::vector<void*>& dst, const std::vector<const void*>& src,
+                       size_t count, cudaStream_t stream);
   // One slot to `peer`: direct when mapped, else NVSHMEM's put(-with-signal).
   Status push_flat(const std::vector<int>& peers, const char* src, const SymmetricRegion& region,
                    size_t offset, size_t bytes, const SymmetricRegion* signals, uint64_t value,
@@ -103,6 +118,15 @@ class NvshmemTransport final : public Transport {
   // row in the aggregation buffers.
   std::vector<int> owners_aggregated_by(int aggregator) const;
   int max_aggregated_owners() const;
+  // (Re)allocates the node cache for the window's regions when they differ from the last
+  // window's (collective: every rank opens windows with the same regions).
+  Status prepare_gather_cache(const std::vector<const SymmetricRegion*>& regions);
+  // The window's cache index of `region`, or -1 when it is not served from the cache.
+  int cached_index(const SymmetricRegion& region) const;
+  // Waits (bounded) until every local rank has fetched its part of cached region `index` in this
+  // window, then returns, in owner order, where each owner's shard is readable from this GPU.
+  Result<std::vector<const void*>> cached_sources(const SymmetricRegion& region, int index,
+                                                  cudaStream_t stream);
 
   std::shared_ptr<Bootstrap> bootstrap_;
   std::shared_ptr<HeapState> heap_;  // shared with regions: frees only while the job is whole
@@ -120,7 +144,15 @@ class NvshmemTransport final : public Transport {
   std::unique_ptr<SymmetricRegion> barrier_signals_;  // world_size uint64 slots per rank
   std::unique_ptr<SymmetricRegion> outbox_;           // signal values sent as puts, per peer
   bool signal_by_put_ = false;
-  uint32_t* push_done_ = nullptr;               // direct puts' block counters
+  bool hierarchical_gather_ = false;
+  std::unique_ptr<GatherCache> gather_cache_;
+  uint64_t gather_windows_ = 0;  // windows opened so far (the value ready flags carry)
+  bool window_open_ = false;
+  cudaStream_t fetch_stream_ = nullptr;  // the node fetches, off the caller's stream
+  cudaEvent_t window_opened_ = nullptr;  // caller's stream: the minibatch_begin barrier passed
+  cudaEvent_t fetches_done_ = nullptr;   // fetch stream: the window's fetches completed
+  uint64_t next_region_serial_ = 0;      // names regions for the cache (addresses get reused)
+  uint32_t* push_done_ = nullptr;        // direct puts' block counters
   kernels::WaitError* device_error_ = nullptr;  // written by expired device waits
   kernels::WaitError* host_error_ = nullptr;    // host-mapped mirror of it
 };

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Session 8 (issue #12, hierarchical gathers) on whatever GPUs the machine has (2 or 4):
+#   tests  the NVSHMEM protocol suite's window test in every mode, then the whole suite on
+#          pretended one-GPU nodes (ODC_LOCAL_WORLD_SIZE=1) and, with 4 GPUs, two-GPU nodes;
+#          (SUITE=1: the whole suite on pretended one-GPU nodes too);
+#   bench  odc_bench --transport nvshmem (its minibatch table) on pretended nodes, hierarchical
+#          gathers off and on, bytes fetched from other "nodes" printed (ODC_NVSHMEM_STATS=1);
+#   train  odc.train (1.5b, ODC + LB-Mini, 4 measured minibatches) on the CUDA transport, then
+#          over NVSHMEM with every GPU its own "node", hierarchical gathers off and on.
+# Usage: dev/gpu/session8.sh [tests] [bench] [train]   (default: tests bench).
+# Output: $OUT/session8/session8.log and the training results (JSON).
+set -uo pipefail
+export PYTHONPATH=$PWD/python ODC_LIBRARY=$PWD/.device/libodc.so ODC_CLI=$PWD/.device/odc
+export ODC_NVSHMEM_PLUGIN=$PWD/.device/libodc_nvshmem.so
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+nccl_lib=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null || true)
+nvshmem_dir=$(python3 -c 'import nvidia.nvshmem as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+export LD_LIBRARY_PATH=$PWD/.device${nccl_lib:+:$nccl_lib}${nvshmem_dir:+:$nvshmem_dir/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+dest="${OUT:-/tmp}/session8"
+mkdir -p "$dest"
+log="$dest/session8.log"
+status=0
+source "$(dirname "$0")/stage.sh"
+what=${*:-tests bench}
+gpus=$(nvidia-smi -L | wc -l)
+{ date -u; git log -1 --oneline 2>/dev/null; nvidia-smi -L; } >>"$log" 2>&1
+
+if [[ " $what " == *" tests "* ]]; then
+  stage window-tests 300 python3 -m pytest -x -q -rs tests/gpu/test_nvshmem_comm.py \
+    -k "gathers_inside or fans_out"
+  [ -n "${SUITE:-}" ] && stage suite-nodes1 400 python3 -m pytest -q -rs tests/gpu/test_nvshmem_comm.py -k "nodes1"
+  if [ "$gpus" -ge 4 ]; then
+    stage suite-nodes2 400 python3 -m pytest -q -rs tests/gpu/test_nvshmem_comm.py -k "nodes2"
+  fi
+fi
+if [[ " $what " == *" bench "* ]]; then
+  for per_node in 1 2; do
+    [ "$per_node" -lt "$gpus" ] || continue
+    for gather in 0 1; do
+      stage "bench-nodes$per_node-hgather$gather" 200 env ODC_LOCAL_WORLD_SIZE=$per_node \
+        ODC_NVSHMEM_HIERARCHICAL_GATHER=$gather ODC_NVSHMEM_STATS=1 \
+        .device/odc_bench --transport nvshmem 1 64 "$gpus"
+    done
+  done
+fi
+if [[ " $what " == *" train "* ]]; then
+  export OMP_NUM_THREADS=4
+  train=(python3 -m torch.distributed.run --standalone --nproc_per_node "$gpus" -m odc.train
+    --preset 1.5b --samples-per-rank 4 --cost 3.123e-05,1.187e-09,0.07082 --comm odc
+    --policy lb-mini --lengths data/longalign_like.txt --max-length 16384 --steps 4
+    --timeline "")
+  stage train-cuda 240 "${train[@]}" --output "$dest/train_cuda.json"
+  for gather in 0 1; do
+    # The staged accumulators need 4 S (1 + 2 N) bytes per element of shard S on the heap.
+    stage "train-nvshmem-hgather$gather" 240 env ODC_TRANSPORT=nvshmem ODC_LOCAL_WORLD_SIZE=1 \
+      ODC_NVSHMEM_HIERARCHICAL_GATHER=$gather ODC_NVSHMEM_HEAP_GIB=48 ODC_NVSHMEM_STATS=1 \
+      "${train[@]}" --output "$dest/train_nvshmem_hgather$gather.json"
+  done
+  python3 - "$dest" >>"$log" 2>&1 <<'PY' || status=1
+import json, sys
+from pathlib import Path
+dest = Path(sys.argv[1])
+base = None
+for name in ["train_cuda", "train_nvshmem_hgather0", "train_nvshmem_hgather1"]:
+    path = dest / f"{name}.json"
+    if not path.exists():
+        print(f"{name}: no results")
+        continue
+    r = json.loads(path.read_text())[0]
+    base = base or r
+    print(f"{name:24} {r['samples_per_second']:7.3f} samples/s "
+          f"({r['samples_per_second'] / base['samples_per_second']:.3f}x cuda)  per minibatch "
+          f"{[round(x, 3) for x in r.get('minibatch_seconds', [])]}  peak "
+          f"{r['peak_memory_bytes'] / 2**30:.1f} GiB  losses {r['losses'][:3]}")
+PY
+fi
+echo "status $status" | tee -a "$log"
+exit $status
