@@ -10,13 +10,7 @@
 # Usage: dev/gpu/session8.sh [tests] [bench] [train]   (default: tests bench).
 # Output: $OUT/session8/session8.log and the training results (JSON).
 set -uo pipefail
-export PYTHONPATH=$PWD/python ODC_LIBRARY=$PWD/.device/libodc.so ODC_CLI=$PWD/.device/odc
-export ODC_NVSHMEM_PLUGIN=$PWD/.device/libodc_nvshmem.so
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1
-nccl_lib=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null || true)
-nvshmem_dir=$(python3 -c 'import nvidia.nvshmem as m; print(list(m.__path__)[0])' 2>/dev/null || true)
-export LD_LIBRARY_PATH=$PWD/.device${nccl_lib:+:$nccl_lib}${nvshmem_dir:+:$nvshmem_dir/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+source "$(dirname "$0")/device_env.sh"
 dest="${OUT:-/tmp}/session8"
 mkdir -p "$dest"
 log="$dest/session8.log"

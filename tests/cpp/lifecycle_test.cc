@@ -152,15 +152,26 @@ std::string joined(const std::vector<std::string>& events) {
   return text;
 }
 
-TEST(Lifecycle, DestroyMeetsPeersAndDrainsBeforeFreeing) {
-  const int world = 3;
-  auto mem = mem::MemWorld::create(world, mem::MemOptions{/*remote_fp32_add=*/true});
+// One logged transport per rank of an in-memory world, each with its own event log.
+struct LoggedWorld {
   std::vector<std::shared_ptr<EventLog>> logs;
   std::vector<std::unique_ptr<Transport>> transports;
+};
+
+LoggedWorld logged_world(int world, mem::MemOptions options) {
+  auto mem = mem::MemWorld::create(world, options);
+  LoggedWorld logged;
   for (int rank = 0; rank < world; ++rank) {
-    logs.push_back(std::make_shared<EventLog>());
-    transports.push_back(std::make_unique<LoggedTransport>(mem->join(rank), logs.back()));
+    logged.logs.push_back(std::make_shared<EventLog>());
+    logged.transports.push_back(
+        std::make_unique<LoggedTransport>(mem->join(rank), logged.logs.back()));
   }
+  return logged;
+}
+
+TEST(Lifecycle, DestroyMeetsPeersAndDrainsBeforeFreeing) {
+  const int world = 3;
+  auto [logs, transports] = logged_world(world, mem::MemOptions{/*remote_fp32_add=*/true});
   std::vector<std::string> failures(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
@@ -235,13 +246,7 @@ TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
   // on every rank), and closes before this rank delivers anything or meets the barrier after
   // which owners rewrite again. A buffer allocated later joins the next window.
   const int world = 2;
-  auto mem = mem::MemWorld::create(world, mem::MemOptions{});
-  std::vector<std::shared_ptr<EventLog>> logs;
-  std::vector<std::unique_ptr<Transport>> transports;
-  for (int rank = 0; rank < world; ++rank) {
-    logs.push_back(std::make_shared<EventLog>());
-    transports.push_back(std::make_unique<LoggedTransport>(mem->join(rank), logs.back()));
-  }
+  auto [logs, transports] = logged_world(world, mem::MemOptions{});
   std::vector<std::string> failures(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {

@@ -167,7 +167,9 @@ TEST(SplitPlan, OutliersSplitAndEveryTokenRunsOnce) {
         const MinibatchTimes& with = split.minibatches[m].times;
         const MinibatchTimes& without = whole.minibatches[m].times;
         // A split is kept only where it lowers the policy's predicted span.
-        if (policy == Policy::kLbMini) EXPECT_LE(with.odc, without.odc * (1 + 1e-12));
+        if (policy == Policy::kLbMini) {
+          EXPECT_LE(with.odc, without.odc * (1 + 1e-12));
+        }
         if (policy == Policy::kLbMicro) {
           EXPECT_LE(with.collective, without.collective * (1 + 1e-12));
         }
