@@ -121,7 +121,10 @@ void run_rank(int rank, int world, const std::string& key, odcTransport_t transp
       const size_t shard = bytes / 2 / world;
       odcBuffer_t params;
       void* local;
-      BENCH_ODC(odcBufferAlloc(comm, shard, odcBfloat16, 0, &params, &local));
+      // Published (rewritten only between minibatches), as odc.torch's parameters: gathers
+      // inside a minibatch may come from a node's copy (NVSHMEM's hierarchical gathers).
+      BENCH_ODC(odcBufferAllocKind(comm, shard, odcBfloat16, odcBufferPublished, "params", &params,
+                                   &local));
       std::vector<uint16_t> host(shard);
       for (size_t i = 0; i < shard; ++i) host[i] = static_cast<uint16_t>(rank * 7919 + i);
       BENCH_CUDA(cudaMemcpy(local, host.data(), shard * 2, cudaMemcpyHostToDevice));

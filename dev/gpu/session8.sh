@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Session 8 (issue #12, hierarchical gathers) on whatever GPUs the machine has (2 or 4):
-#   tests  the NVSHMEM protocol suite's window test in every mode, then the whole suite on
-#          pretended one-GPU nodes (ODC_LOCAL_WORLD_SIZE=1) and, with 4 GPUs, two-GPU nodes;
-#          (SUITE=1: the whole suite on pretended one-GPU nodes too);
+#   tests  the hierarchical-gather tests of tests/gpu/test_nvshmem_comm.py (gathers inside
+#          minibatches in every mode, fan-out to a node peer, a late node fetch);
 #   bench  odc_bench --transport nvshmem (its minibatch table) on pretended nodes, hierarchical
 #          gathers off and on, bytes fetched from other "nodes" printed (ODC_NVSHMEM_STATS=1);
 #   train  odc.train (1.5b, ODC + LB-Mini, 4 measured minibatches) on the CUDA transport, then
-#          over NVSHMEM with every GPU its own "node", hierarchical gathers off and on.
-# Usage: dev/gpu/session8.sh [tests] [bench] [train]   (default: tests bench).
+#          over NVSHMEM with every GPU its own "node", hierarchical gathers off and on;
+#   suite  the NVSHMEM, CUDA-transport and odc.torch GPU suites.
+# Usage: dev/gpu/session8.sh [tests] [bench] [train] [suite]   (default: tests bench).
 # Output: $OUT/session8/session8.log and the training results (JSON).
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -22,11 +22,7 @@ gpus=$(nvidia-smi -L | wc -l)
 
 if [[ " $what " == *" tests "* ]]; then
   stage window-tests 300 python3 -m pytest -x -q -rs tests/gpu/test_nvshmem_comm.py \
-    -k "gathers_inside or fans_out"
-  [ -n "${SUITE:-}" ] && stage suite-nodes1 400 python3 -m pytest -q -rs tests/gpu/test_nvshmem_comm.py -k "nodes1"
-  if [ "$gpus" -ge 4 ]; then
-    stage suite-nodes2 400 python3 -m pytest -q -rs tests/gpu/test_nvshmem_comm.py -k "nodes2"
-  fi
+    -k "gathers_inside or fans_out or late_node_fetch"
 fi
 if [[ " $what " == *" bench "* ]]; then
   for per_node in 1 2; do
@@ -68,6 +64,14 @@ for name in ["train_cuda", "train_nvshmem_hgather0", "train_nvshmem_hgather1"]:
           f"{[round(x, 3) for x in r.get('minibatch_seconds', [])]}  peak "
           f"{r['peak_memory_bytes'] / 2**30:.1f} GiB  losses {r['losses'][:3]}")
 PY
+fi
+if [[ " $what " == *" suite "* ]]; then
+  # The GPU suites this change touches: NVSHMEM (through its calls, and on one-GPU "nodes"; on 4
+  # GPUs also two-GPU "nodes"), the CUDA transport (the core's window hooks), odc.torch.
+  modes="not direct and not nodes2"
+  [ "$gpus" -ge 4 ] && modes="not direct"
+  stage suites 420 python3 -m pytest -q -rs tests/gpu/test_nvshmem_comm.py \
+    tests/gpu/test_cuda_comm.py tests/gpu/test_torch_gpu.py -k "$modes"
 fi
 echo "status $status" | tee -a "$log"
 exit $status

@@ -271,14 +271,35 @@ ODC_API odcResult_t odcBufferAllocNamed(odcComm_t comm, size_t count, odcDataTyp
                                         int accumulator, const char* name, odcBuffer_t* buffer,
                                         void** local);
 
+/* What a buffer holds (odcBufferAllocKind). */
+typedef enum {
+  /* Shards their owners may rewrite whenever the caller's own synchronization allows (as
+   * odcBufferAlloc with accumulator = 0): every gather reads the owners' shards as they are. */
+  odcBufferShards = 0,
+  /* An fp32 accumulator (as accumulator = 1). */
+  odcBufferAccumulator = 1,
+  /* Shards their owners rewrite only between minibatches (after odcMinibatchEnd, before the
+   * next odcMinibatchBegin), e.g. published parameters. Gathers inside a minibatch may then be
+   * served from a copy fetched once at odcMinibatchBegin: the NVSHMEM transport fetches each
+   * remote node's shard once per node and minibatch and fans it out over NVLink (hierarchical
+   * gathers, docs/multinode.md). A shard rewritten inside a minibatch is then seen with its
+   * value at odcMinibatchBegin by other nodes: use odcBufferShards for such buffers. */
+  odcBufferPublished = 2,
+} odcBufferKind_t;
+
+/* Collective. As odcBufferAllocNamed, with the buffer's kind (every rank must give the same). */
+ODC_API odcResult_t odcBufferAllocKind(odcComm_t comm, size_t count, odcDataType_t dtype,
+                                       odcBufferKind_t kind, const char* name, odcBuffer_t* buffer,
+                                       void** local);
+
 /* Collective: peers may read the buffer until every rank has called it. */
 ODC_API odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer);
 
 /* Local (reads peers' memory). dst[r*count:(r+1)*count] = rank r's shard, for every r; `dst` holds
  * dst_count = world_size * count elements of the buffer's dtype. Valid while owners do not rewrite
- * their shards (they do so only between minibatches). Inside a minibatch a gather returns the
- * shards as they were at odcMinibatchBegin: a transport may fetch other nodes' shards once per
- * minibatch (NVSHMEM's hierarchical gathers). */
+ * their shards. Inside a minibatch, a gather of an odcBufferPublished buffer may return the shards
+ * as they were at odcMinibatchBegin (NVSHMEM's hierarchical gathers fetch other nodes' shards
+ * once per minibatch); other buffers are read as they are when the gather runs. */
 ODC_API odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBuffer_t buffer,
                               odcStream_t stream);
 

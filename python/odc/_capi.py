@@ -189,6 +189,15 @@ def _load() -> ctypes.CDLL:
         ctypes.POINTER(handle),
         ctypes.POINTER(ctypes.c_void_p),
     ]
+    lib.odcBufferAllocKind.argtypes = [
+        handle,
+        size,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.POINTER(handle),
+        ctypes.POINTER(ctypes.c_void_p),
+    ]
     lib.odcBufferFree.argtypes = [handle, handle]
     stream = ctypes.c_void_p
     lib.odcGather.argtypes = [handle, ctypes.c_void_p, size, handle, stream]
@@ -215,6 +224,7 @@ def _load() -> ctypes.CDLL:
         "odcCommWorldSize",
         "odcBufferAlloc",
         "odcBufferAllocNamed",
+        "odcBufferAllocKind",
         "odcCommPollError",
         "odcBufferFree",
         "odcGather",

@@ -37,6 +37,9 @@ except ImportError:  # pragma: no cover - depends on the environment
     _BF16_NUMPY = None
 
 _DTYPES = {"float32": _capi.FLOAT32, "bfloat16": _capi.BFLOAT16}
+# odcBufferKind_t (odcBufferShards = 0).
+_BUFFER_ACCUMULATOR = 1
+_BUFFER_PUBLISHED = 2
 
 
 def _default_timeout() -> float:
@@ -386,12 +389,22 @@ class Comm:
         dtype: str = "float32",
         accumulator: bool = False,
         name: Optional[str] = None,
+        published: bool = False,
     ) -> Buffer:
         """Collective: a symmetric buffer; every rank must pass the same arguments.
 
         name: an optional tag (1-256 printable ASCII characters) checked across ranks like the
         count: buffers of the same size allocated in a different order on different ranks then
-        raise on every rank, naming both requests, instead of silently pairing up."""
+        raise on every rank, naming both requests, instead of silently pairing up.
+        published: owners rewrite their shards only between minibatches (after minibatch_end,
+        before the next minibatch_begin), as odc.torch's parameters; gathers inside a minibatch
+        may then be served from a copy fetched once at minibatch_begin (the NVSHMEM transport's
+        hierarchical gathers: once per node). Leave it False for buffers rewritten inside a
+        minibatch."""
+        if accumulator and published:
+            raise _invalid(
+                f"rank {self.rank}: alloc: a buffer is either an accumulator or published, not both"
+            )
         if name is not None:
             if not isinstance(name, str):
                 raise _invalid(f"rank {self.rank}: alloc: name must be a string, got {name!r}")
@@ -416,11 +429,12 @@ class Comm:
             )
         handle = ctypes.c_void_p()
         local = ctypes.c_void_p()
+        kind = _BUFFER_ACCUMULATOR if accumulator else (_BUFFER_PUBLISHED if published else 0)
         self._call(
-            _capi.lib.odcBufferAllocNamed,
+            _capi.lib.odcBufferAllocKind,
             int(count),
             _DTYPES[dtype],
-            int(bool(accumulator)),
+            kind,
             None if name is None else name.encode("ascii"),
             ctypes.byref(handle),
             ctypes.byref(local),

@@ -296,11 +296,18 @@ extern "C" const char* odcCommGetLastError(odcComm_t comm) {
 namespace {
 
 odcResult_t buffer_alloc(odcComm_t comm, const char* function, size_t count, odcDataType_t dtype,
-                         int accumulator, const char* name, odcBuffer_t* buffer, void** local) {
+                         odcBufferKind_t kind, const char* name, odcBuffer_t* buffer,
+                         void** local) {
   return with_comm(comm, function, [&](odc::Communicator& c) -> Status {
     if (buffer == nullptr || local == nullptr) {
       return Status::InvalidArgument("rank " + std::to_string(c.rank()) +
                                      ": alloc: buffer and local must not be NULL");
+    }
+    if (kind != odcBufferShards && kind != odcBufferAccumulator && kind != odcBufferPublished) {
+      return Status::InvalidArgument(
+          "rank " + std::to_string(c.rank()) + ": alloc: unknown buffer kind " +
+          std::to_string(static_cast<int>(kind)) +
+          " (odcBufferShards, odcBufferAccumulator, odcBufferPublished)");
     }
     // Every size the runtime derives from count must fit: the shard (count x element), the
     // gathered buffer and the per-sender staging (world x count x element, float32 for
@@ -325,7 +332,8 @@ odcResult_t buffer_alloc(odcComm_t comm, const char* function, size_t count, odc
       }
       tag.assign(name, length);  // a name that is too long is refused by allocate()
     }
-    auto allocated = c.allocate(count, type, accumulator != 0, tag);
+    auto allocated =
+        c.allocate(count, type, kind == odcBufferAccumulator, tag, kind == odcBufferPublished);
     if (!allocated.ok()) return allocated.status();
     *buffer = reinterpret_cast<odcBuffer_t>(allocated.value());
     *local = allocated.value()->local();
@@ -337,13 +345,23 @@ odcResult_t buffer_alloc(odcComm_t comm, const char* function, size_t count, odc
 
 extern "C" odcResult_t odcBufferAlloc(odcComm_t comm, size_t count, odcDataType_t dtype,
                                       int accumulator, odcBuffer_t* buffer, void** local) {
-  return buffer_alloc(comm, "odcBufferAlloc", count, dtype, accumulator, nullptr, buffer, local);
+  return buffer_alloc(comm, "odcBufferAlloc", count, dtype,
+                      accumulator != 0 ? odcBufferAccumulator : odcBufferShards, nullptr, buffer,
+                      local);
 }
 
 extern "C" odcResult_t odcBufferAllocNamed(odcComm_t comm, size_t count, odcDataType_t dtype,
                                            int accumulator, const char* name, odcBuffer_t* buffer,
                                            void** local) {
-  return buffer_alloc(comm, "odcBufferAllocNamed", count, dtype, accumulator, name, buffer, local);
+  return buffer_alloc(comm, "odcBufferAllocNamed", count, dtype,
+                      accumulator != 0 ? odcBufferAccumulator : odcBufferShards, name, buffer,
+                      local);
+}
+
+extern "C" odcResult_t odcBufferAllocKind(odcComm_t comm, size_t count, odcDataType_t dtype,
+                                          odcBufferKind_t kind, const char* name,
+                                          odcBuffer_t* buffer, void** local) {
+  return buffer_alloc(comm, "odcBufferAllocKind", count, dtype, kind, name, buffer, local);
 }
 
 extern "C" odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer) {

@@ -23,9 +23,23 @@ bool is_fault(const Status& status) {
   }
 }
 
-std::string describe(size_t count, DataType dtype, bool accumulator) {
+// A failure in the middle of a collective step (after its barrier, e.g. a gather window half
+// opened) leaves this rank out of step with its peers, whatever caused it: it fails the
+// communicator.
+Status as_fault(const Status& status) {
+  if (status.ok() || is_fault(status)) return status;
+  return Status::InternalError(status.message());
+}
+
+// The kind word of an alloc record.
+constexpr uint64_t kKindShards = 0;
+constexpr uint64_t kKindAccumulator = 1;
+constexpr uint64_t kKindPublished = 2;
+
+std::string describe(size_t count, DataType dtype, uint64_t kind) {
   return std::to_string(count) + " " + std::string(dtype_name(dtype)) +
-         (accumulator ? " (accumulator)" : "");
+         (kind == kKindAccumulator ? " (accumulator)"
+                                   : (kind == kKindPublished ? " (published)" : ""));
 }
 
 // A buffer's name travels in its alloc record: its length, a hash of all of it (the comparison)
@@ -143,7 +157,7 @@ Status Communicator::check_buffer(const char* operation, const Buffer* buffer) c
 }
 
 Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumulator,
-                                       const std::string& name) {
+                                       const std::string& name, bool published) {
   const char* op = "alloc";
   ODC_RETURN_IF_ERROR(usable(op));
   ODC_RETURN_IF_ERROR(finish(op, check_name(name)));
@@ -151,6 +165,10 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   if (!is_valid(dtype)) {
     return finish(op, Status::InvalidArgument("unknown dtype " +
                                               std::to_string(static_cast<uint32_t>(dtype))));
+  }
+  if (accumulator && published) {
+    return finish(op, Status::InvalidArgument(
+                          "a buffer is either an accumulator or published shards, not both"));
   }
   if (accumulator && dtype != DataType::kFloat32) {
     return finish(op, Status::InvalidArgument("an accumulator must be float32, got " +
@@ -161,7 +179,8 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   ExchangeRecord mine;
   mine.words[0] = count;
   mine.words[1] = static_cast<uint64_t>(dtype);
-  mine.words[2] = accumulator ? 1 : 0;
+  const uint64_t kind = accumulator ? kKindAccumulator : (published ? kKindPublished : kKindShards);
+  mine.words[2] = kind;
   // The name tells apart buffers of the same size (a rank that allocates its gradients where the
   // others allocate their parameters would otherwise gather gradients as weights).
   put_name(mine, name);
@@ -178,15 +197,15 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
       const std::string my_name = named ? " " + describe_name(mine) : "";
       const bool shown_alike = named && their_name == my_name;
       return finish(
-          op, Status::InvalidArgument(
-                  "buffers differ across ranks: rank " + std::to_string(r) + " asked for " +
-                  describe(theirs.words[0], static_cast<DataType>(theirs.words[1]),
-                           theirs.words[2] != 0) +
-                  " elements" + their_name + ", this rank (" + std::to_string(rank()) + ") for " +
-                  describe(count, dtype, accumulator) + " elements" + my_name +
-                  (shown_alike ? " (the names differ after their first " +
-                                     std::to_string(kNameTextBytes) + " characters)"
-                               : "")));
+          op,
+          Status::InvalidArgument(
+              "buffers differ across ranks: rank " + std::to_string(r) + " asked for " +
+              describe(theirs.words[0], static_cast<DataType>(theirs.words[1]), theirs.words[2]) +
+              " elements" + their_name + ", this rank (" + std::to_string(rank()) + ") for " +
+              describe(count, dtype, kind) + " elements" + my_name +
+              (shown_alike ? " (the names differ after their first " +
+                                 std::to_string(kNameTextBytes) + " characters)"
+                           : "")));
     }
   }
   auto buffer = std::make_unique<Buffer>();
@@ -194,6 +213,7 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   buffer->count = count;
   buffer->dtype = dtype;
   buffer->accumulator = accumulator;
+  buffer->published = published;
   buffer->name = name;
   auto region = transport_->allocate(buffer->bytes());
   if (!region.ok()) return finish(op, region.status());
@@ -341,14 +361,15 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
   }
   // Owners rewrite their shards (optimizer step) before this point: nobody gathers before it.
   ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchBegin, stream)));
-  // From here to minibatch_end no owner rewrites a shard: the transport may fetch remote shards
-  // once for the whole minibatch (hierarchical gathers). Accumulators are not shards: their sums
-  // change at minibatch_end and are read after it.
+  // From here to minibatch_end no owner rewrites a published buffer (its allocation says so):
+  // the transport may fetch their remote shards once for the whole minibatch (hierarchical
+  // gathers). Other buffers may change inside a minibatch under the caller's own
+  // synchronization (e.g. a K/V exchange) and are read as they are at each gather.
   std::vector<const SymmetricRegion*> shards;
   for (const Buffer* buffer : buffers_in_order()) {
-    if (!buffer->is_accumulator()) shards.push_back(buffer->data.get());
+    if (buffer->published) shards.push_back(buffer->data.get());
   }
-  ODC_RETURN_IF_ERROR(finish(op, transport_->open_gather_window(shards, stream)));
+  ODC_RETURN_IF_ERROR(finish(op, as_fault(transport_->open_gather_window(shards, stream))));
   ++minibatch_;
   state_ = CommState::kInMinibatch;
   return Status::Ok();
@@ -362,7 +383,7 @@ Status Communicator::minibatch_end(StreamHandle stream) {
   }
   // Gathers of this minibatch (and any fetch serving them) finish before this rank reaches the
   // barrier below, after which owners may rewrite their shards.
-  ODC_RETURN_IF_ERROR(finish(op, transport_->close_gather_window(stream)));
+  ODC_RETURN_IF_ERROR(finish(op, as_fault(transport_->close_gather_window(stream))));
   const std::vector<Buffer*> accs = accumulators();
   // Staged: deliver this sender's sums (a zero slot when it pushed nothing, so owners always
   // wait for exactly world_size signals), then fold once every sender's signal arrived. The

@@ -59,6 +59,10 @@ struct Buffer {
   size_t count = 0;
   DataType dtype = DataType::kFloat32;
   bool accumulator = false;
+  // Owners rewrite these shards only between minibatches (after minibatch_end, before the next
+  // minibatch_begin): a transport may serve a minibatch's gathers from copies fetched at its
+  // minibatch_begin. Not an accumulator.
+  bool published = false;
   std::string name;  // the caller's tag, checked across ranks at allocation ("" = none)
   std::unique_ptr<SymmetricRegion> data;     // the shards (an accumulator's sums)
   std::unique_ptr<SymmetricRegion> pending;  // kStaged: this sender's sum of its pushes
@@ -89,17 +93,19 @@ class Communicator {
   AccumulationScheme scheme() const { return scheme_; }
   Transport& transport() { return *transport_; }
 
-  // Collective. Every rank must ask for the same count, dtype, kind and name (at most
-  // kMaxBufferNameBytes printable ASCII characters; "" = unnamed): else every rank fails with an
-  // error naming what both sides asked for, and nothing is allocated.
+  // Collective. Every rank must ask for the same count, dtype, kind (shards, accumulator or
+  // published shards) and name (at most kMaxBufferNameBytes printable ASCII characters; "" =
+  // unnamed): else every rank fails with an error naming what both sides asked for, and nothing
+  // is allocated.
   Result<Buffer*> allocate(size_t count, DataType dtype, bool accumulator,
-                           const std::string& name = "");
+                           const std::string& name = "", bool published = false);
   // Collective. `buffer` is invalid afterwards.
   Status release(Buffer* buffer);
   // dst[r*count:(r+1)*count] = rank r's shard, for all r; dst holds world_size*count elements of
-  // the buffer's dtype. `stream` orders the work on stream-ordered transports. Owners must not
-  // rewrite shards inside a minibatch (only between minibatch_end and the next minibatch_begin):
-  // a transport may serve a minibatch's gathers from copies fetched once at minibatch_begin.
+  // the buffer's dtype. `stream` orders the work on stream-ordered transports. Inside a
+  // minibatch a published buffer's gathers may be served from copies fetched once at
+  // minibatch_begin (its owners rewrite it only between minibatches); other buffers are read as
+  // they are when the gather runs.
   Status gather(void* dst, size_t dst_count, const Buffer* buffer, StreamHandle stream);
   // As gather(), with dst elements of `dst_dtype`: the buffer's own dtype, or bfloat16 from a
   // float32 buffer (narrowed while it is pulled, rounded to nearest even).

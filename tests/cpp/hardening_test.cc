@@ -45,6 +45,34 @@ TEST(Hardening, AllocRejectsCountsWhoseByteSizeWraps) {
   EXPECT_EQ(odcCommDestroy(comm), odcSuccess);
 }
 
+TEST(Hardening, AllocKindIsChecked) {
+  odcComm_t comm = nullptr;
+  ASSERT_EQ(odcCommInit(&comm, 0, 1, unique_key("kind").c_str(), 5.0), odcSuccess)
+      << odcGetLastError();
+  odcBuffer_t buffer = nullptr;
+  void* local = nullptr;
+  EXPECT_EQ(odcBufferAllocKind(comm, 16, odcFloat32, static_cast<odcBufferKind_t>(3), nullptr,
+                               &buffer, &local),
+            odcInvalidArgument);
+  EXPECT_NE(std::string(odcGetLastError()).find("unknown buffer kind 3"), std::string::npos)
+      << odcGetLastError();
+  EXPECT_EQ(
+      odcBufferAllocKind(comm, 16, odcBfloat16, odcBufferAccumulator, nullptr, &buffer, &local),
+      odcInvalidArgument);  // accumulators are float32, whichever function makes them
+  // A published buffer is an ordinary buffer to gather, on any transport.
+  ASSERT_EQ(odcBufferAllocKind(comm, 16, odcFloat32, odcBufferPublished, "params", &buffer, &local),
+            odcSuccess)
+      << odcGetLastError();
+  static_cast<float*>(local)[3] = 7.0f;
+  float gathered[16] = {};
+  ASSERT_EQ(odcMinibatchBegin(comm, nullptr), odcSuccess) << odcGetLastError();
+  ASSERT_EQ(odcGather(comm, gathered, 16, buffer, nullptr), odcSuccess) << odcGetLastError();
+  ASSERT_EQ(odcMinibatchEnd(comm, nullptr), odcSuccess) << odcGetLastError();
+  EXPECT_EQ(gathered[3], 7.0f);
+  EXPECT_EQ(odcBufferFree(comm, buffer), odcSuccess);
+  EXPECT_EQ(odcCommDestroy(comm), odcSuccess);
+}
+
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }

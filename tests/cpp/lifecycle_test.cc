@@ -242,9 +242,10 @@ TEST(Lifecycle, FailedCommunicatorDrainsBeforeFreeing) {
 
 TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
   // The window a transport may serve gathers from (hierarchical gathers) opens after the barrier
-  // that ends owners' rewrites, names every non-accumulator buffer in allocation order (the same
-  // on every rank), and closes before this rank delivers anything or meets the barrier after
-  // which owners rewrite again. A buffer allocated later joins the next window.
+  // that ends owners' rewrites, names every published buffer in allocation order (the same on
+  // every rank; not plain shards, which may change inside a minibatch, nor accumulators), and
+  // closes before this rank delivers anything or meets the barrier after which owners rewrite
+  // again. A buffer allocated later joins the next window.
   const int world = 2;
   auto [logs, transports] = logged_world(world, mem::MemOptions{});
   std::vector<std::string> failures(world);
@@ -252,14 +253,16 @@ TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       Communicator comm(std::move(transports[rank]));
-      auto params = comm.allocate(3, DataType::kFloat32, false);
+      auto params = comm.allocate(3, DataType::kFloat32, false, "", /*published=*/true);
       auto acc = comm.allocate(2, DataType::kFloat32, true);
-      auto halves = comm.allocate(5, DataType::kBfloat16, false);
-      Status status =
-          params.ok() && acc.ok() && halves.ok() ? Status::Ok() : Status::InternalError("alloc");
+      auto scratch = comm.allocate(11, DataType::kFloat32, false);
+      auto halves = comm.allocate(5, DataType::kBfloat16, false, "", /*published=*/true);
+      Status status = params.ok() && acc.ok() && scratch.ok() && halves.ok()
+                          ? Status::Ok()
+                          : Status::InternalError("alloc");
       if (status.ok()) status = comm.minibatch_begin(nullptr);
       if (status.ok()) status = comm.minibatch_end(nullptr);
-      auto later = comm.allocate(7, DataType::kFloat32, false);
+      auto later = comm.allocate(7, DataType::kFloat32, false, "", /*published=*/true);
       if (status.ok()) status = later.ok() ? comm.minibatch_begin(nullptr) : later.status();
       if (status.ok()) status = comm.minibatch_end(nullptr);
       if (!status.ok()) failures[rank] = status.message();
@@ -288,6 +291,33 @@ TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
         "barrier:minibatch_begin", "open:12,10,",    "close", "put", "barrier:minibatch_end",
         "barrier:minibatch_begin", "open:12,10,28,", "close", "put", "barrier:minibatch_end"};
     EXPECT_EQ(seen, want) << "rank " << rank << ": " << joined(events);
+  }
+}
+
+TEST(Lifecycle, PublishedIsPartOfTheBufferKind) {
+  // Every rank must agree that a buffer is published (its gathers may be served from a copy of
+  // minibatch_begin): a rank that allocates plain shards where the others publish fails them all.
+  const int world = 2;
+  auto [logs, transports] = logged_world(world, mem::MemOptions{});
+  std::vector<std::string> failures(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      Communicator comm(std::move(transports[rank]));
+      auto both = comm.allocate(4, DataType::kFloat32, true, "", /*published=*/true);
+      auto mixed = comm.allocate(4, DataType::kFloat32, false, "", /*published=*/rank == 0);
+      failures[rank] =
+          (both.ok() ? std::string("accumulator and published accepted")
+                     : both.status().message()) +
+          " | " + (mixed.ok() ? std::string("mixed kinds accepted") : mixed.status().message());
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int rank = 0; rank < world; ++rank) {
+    EXPECT_NE(failures[rank].find("either an accumulator or published"), std::string::npos)
+        << failures[rank];
+    EXPECT_NE(failures[rank].find("4 float32 (published) elements"), std::string::npos)
+        << failures[rank];
   }
 }
 

@@ -122,33 +122,46 @@ def _full(torch, minibatch, world_size, count):
 
 
 def _windows_rank(
-    rank, world_size, key, num_minibatches, ranks_per_node, hierarchical, num_gpus=None
+    rank,
+    world_size,
+    key,
+    num_minibatches,
+    ranks_per_node,
+    hierarchical,
+    num_gpus=None,
+    check_at_once=True,
 ):
     """Gathers inside minibatches (0 to 3 per rank, with host and device delays, so some ranks of
-    a node gather nothing while others rely on what they fetch), of shards that change every
-    minibatch, as they are, as bfloat16 and narrowed; a new buffer layout half way; gathers
-    outside minibatches after rewriting. Returns the bytes this rank should have fetched from
-    other nodes: each window's remote shards once per node (hierarchical) or every gather's."""
+    a node gather nothing while others rely on what they fetch), of published shards that change
+    every minibatch, as they are, as bfloat16 and narrowed (a bfloat16 buffer of odd size comes
+    first, so a node cache that packed rows without alignment would misalign the float32 rows); a
+    plain (unpublished) buffer rewritten inside each minibatch and gathered after a barrier there,
+    which must never be served from a copy; a new buffer layout half way; gathers outside
+    minibatches after rewriting. check_at_once=False: no host synchronization until the
+    minibatch has ended (gathers queue behind device delays, and the minibatch's end must wait
+    for them and for the node's fetch). Returns the bytes this rank should have fetched from
+    other nodes: each window's published remote shards once per node (hierarchical) or every
+    gather's."""
     import torch
 
     device = rank % (num_gpus or world_size)  # num_gpus < world_size: several ranks per GPU
     torch.cuda.set_device(device)
     rng = random.Random(1000 + rank)
-    count, half_count = 10007, 4099
+    count, half_count, scratch_count = 10007, 4099, 3001
     remote_owners = world_size - ranks_per_node
     rows = remote_owners // ranks_per_node  # remote shards one rank fetches for its node
     fetched = 0
     with odc.Comm(rank, world_size, key, timeout=60, device=device) as comm:
-        wide = comm.alloc(count)
-        halves = comm.alloc(half_count, dtype="bfloat16")
+        halves = comm.alloc(half_count, dtype="bfloat16", published=True)
+        wide = comm.alloc(count, published=True)
+        scratch = comm.alloc(scratch_count)  # rewritten inside minibatches: never cached
         accumulator = comm.alloc(count, accumulator=True)
         full = torch.empty(world_size * count, device="cuda")
-        narrowed = torch.empty(world_size * count, device="cuda", dtype=torch.bfloat16)
         for minibatch in range(num_minibatches):
             if minibatch == num_minibatches // 2:  # another layout: the node caches are rebuilt
                 halves.free()
                 half_count += 8
-                halves = comm.alloc(half_count, dtype="bfloat16")
+                halves = comm.alloc(half_count, dtype="bfloat16", published=True)
             # Owners rewrite their shards between minibatches (stream order after the barrier
             # that closed the last one).
             wide.tensor().copy_(_shard(torch, minibatch, rank, count))
@@ -156,34 +169,42 @@ def _windows_rank(
             comm.minibatch_begin()
             if hierarchical:
                 fetched += rows * (count * 4 + half_count * 2)
+            # A plain buffer, rewritten inside the minibatch under the caller's own barrier (as
+            # a K/V exchange does): its gathers read the owners as they are now.
+            scratch.tensor().copy_(_shard(torch, minibatch + 900, rank, scratch_count))
+            comm.barrier()
+            scratch_full = torch.empty(world_size * scratch_count, device="cuda")
+            comm.gather(scratch_full, scratch)
+            fetched += remote_owners * scratch_count * 4
+            checks = [
+                ("scratch", scratch_full, _full(torch, minibatch + 900, world_size, scratch_count))
+            ]
             expected = _full(torch, minibatch, world_size, count)
             expected_halves = _full(torch, minibatch, world_size, half_count).to(torch.bfloat16)
-            half_full = torch.empty(world_size * half_count, device="cuda", dtype=torch.bfloat16)
             for _ in range(rng.randrange(4)):
                 time.sleep(rng.uniform(0, 0.003))
                 torch.cuda._sleep(rng.randint(0, 300_000))
-                full.zero_()
-                narrowed.zero_()
-                half_full.zero_()
-                comm.gather(full, wide)
+                wide_full = torch.empty(world_size * count, device="cuda")
+                narrowed = torch.empty(world_size * count, device="cuda", dtype=torch.bfloat16)
+                half_full = torch.empty(
+                    world_size * half_count, device="cuda", dtype=torch.bfloat16
+                )
+                comm.gather(wide_full, wide)
                 comm.gather(narrowed, wide)
                 comm.gather(half_full, halves)
                 if not hierarchical:
                     fetched += remote_owners * (count * 4 * 2 + half_count * 2)
-                for name, got, want in [
-                    ("float32", full, expected),
+                checks += [
+                    ("float32", wide_full, expected),
                     ("narrowed", narrowed, expected.to(torch.bfloat16)),
                     ("bfloat16", half_full, expected_halves),
-                ]:
-                    if not torch.equal(got, want):
-                        bad = (got != want).nonzero()[0].item()
-                        raise AssertionError(
-                            f"rank {rank} minibatch {minibatch} {name} gather, element {bad} "
-                            f"(owner {bad // (got.numel() // world_size)}): {got[bad].item()} "
-                            f"!= {want[bad].item()}"
-                        )
+                ]
+                if check_at_once:
+                    _compare(rank, minibatch, world_size, checks)
+                    checks = []
             comm.scatter_accumulate(torch.ones(world_size * count, device="cuda"), accumulator)
             comm.minibatch_end()
+            _compare(rank, minibatch, world_size, checks)
             comm.gather(full, accumulator)  # outside a window: read as always
             fetched += remote_owners * count * 4
             if not torch.equal(full, torch.full_like(full, float(world_size))):
@@ -200,9 +221,22 @@ def _windows_rank(
         torch.cuda.synchronize()
         # No buffer view may outlive the block: close() then destroys the communicator at once
         # (else only when the last view goes), and its transport prints its statistics.
-        del wide, halves, accumulator
+        del wide, halves, scratch, accumulator
         gc.collect()
     return fetched
+
+
+def _compare(rank, minibatch, world_size, checks):
+    import torch
+
+    for name, got, want in checks:
+        if not torch.equal(got, want):
+            bad = (got != want).nonzero()[0].item()
+            raise AssertionError(
+                f"rank {rank} minibatch {minibatch} {name} gather, element {bad} "
+                f"(owner {bad // (got.numel() // world_size)}): {got[bad].item()} "
+                f"!= {want[bad].item()}"
+            )
 
 
 def _check_fetched(capfd, world_size, hierarchical, expected):
@@ -241,4 +275,18 @@ def test_nvshmem_node_fetch_fans_out_to_every_local_rank(monkeypatch, capfd):
     monkeypatch.delenv("ODC_NVSHMEM_HIERARCHICAL_GATHER", raising=False)
     monkeypatch.setenv("ODC_NVSHMEM_STATS", "1")
     expected = odc.launch(_windows_rank, 4, 12, 2, True, 2, timeout=300)
+    _check_fetched(capfd, 4, True, expected)
+
+
+def test_nvshmem_late_node_fetch_is_waited_for(monkeypatch, capfd):
+    """The node fetch starts 20 ms late (a test knob) and no rank synchronizes its host inside a
+    minibatch: gathers queue on the device and must wait for the fetchers' ready flags, and each
+    rank's minibatch_end must wait for its own fetch before owners may rewrite."""
+    monkeypatch.setenv("ODC_TRANSPORT", "nvshmem")
+    monkeypatch.setenv("ODC_NVSHMEM_DIRECT", "1")
+    monkeypatch.setenv("ODC_LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("ODC_NVSHMEM_HIERARCHICAL_GATHER", raising=False)
+    monkeypatch.setenv("ODC_NVSHMEM_TEST_FETCH_DELAY_US", "20000")
+    monkeypatch.setenv("ODC_NVSHMEM_STATS", "1")
+    expected = odc.launch(_windows_rank, 4, 8, 2, True, 2, False, timeout=300)
     _check_fetched(capfd, 4, True, expected)

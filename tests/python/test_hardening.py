@@ -259,6 +259,38 @@ def test_alloc_names_are_checked_across_ranks():
         assert outcome["gathered"] and outcome["name"] == "layer0:params"
 
 
+def _published_rank(rank, world_size, key):
+    outcome = {}
+    with odc.Comm(rank, world_size, key, timeout=20) as comm:
+        try:
+            comm.alloc(8, accumulator=True, published=True)
+            outcome["both"] = None
+        except odc.Error as error:
+            outcome["both"] = str(error)
+        try:  # rank 0 publishes, rank 1 does not: refused on both, naming the kinds
+            comm.alloc(8, published=rank == 0)
+            outcome["mixed"] = None
+        except odc.Error as error:
+            outcome["mixed"] = str(error)
+        params = comm.alloc(8, published=True, name="params")
+        params.array[:] = rank + 1
+        comm.minibatch_begin()
+        full = np.empty(world_size * 8, dtype=np.float32)
+        comm.gather(full, params)
+        comm.minibatch_end()
+        outcome["gathered"] = full.tolist() == [1.0] * 8 + [2.0] * 8
+        comm.barrier()
+    return outcome
+
+
+def test_published_buffers_are_agreed_and_gathered():
+    for rank, outcome in enumerate(odc.launch(_published_rank, 2, timeout=60)):
+        assert "either an accumulator or published" in outcome["both"], outcome
+        assert "8 float32 (published) elements" in outcome["mixed"], outcome
+        assert f"rank {rank}: alloc: buffers differ across ranks" in outcome["mixed"], outcome
+        assert outcome["gathered"], outcome
+
+
 @pytest.mark.parametrize(
     "name, message",
     [

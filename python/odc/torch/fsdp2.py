@@ -96,11 +96,16 @@ class _Group:
         # peers then read the shards the optimizer writes, and no second copy exists. Else the
         # shards are copied into a buffer in param_dtype at every minibatch begin.
         # Named: a rank whose groups come in another order fails here instead of gathering
-        # another group's weights (the sizes alone may agree).
+        # another group's weights (the sizes alone may agree). Published: the shards change only
+        # between minibatches (publish() at minibatch_begin, the optimizer step after
+        # minibatch_end), so a transport may fetch them once per minibatch (hierarchical gathers).
         self.in_place = _in_place_dtype(layout)
         published_dtype = self.in_place or layout.param_dtype
         self.published = comm.alloc(
-            layout.shard_numel, dtype=_ODC_DTYPES[published_dtype], name=f"{name}:params"
+            layout.shard_numel,
+            dtype=_ODC_DTYPES[published_dtype],
+            name=f"{name}:params",
+            published=True,
         )
         self.accumulator = comm.alloc(layout.shard_numel, accumulator=True, name=f"{name}:grads")
         if self.in_place is not None:

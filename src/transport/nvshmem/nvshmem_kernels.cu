@@ -25,9 +25,17 @@ __global__ void store_u64_kernel(uint64_t* dst, uint64_t value) {
   *dst = value;
 }
 
-__global__ void publish_u64_kernel(uint64_t* flag, uint64_t value) {
+__global__ void publish_u64_kernel(uint64_t* flag, uint64_t value,
+                                   const kernels::WaitError* error) {
+  if (kernels::detail::failed_before(error)) return;
   __threadfence_system();
   kernels::detail::st_release_sys(flag, value);
+}
+
+__global__ void spin_kernel(int64_t nanoseconds) {
+  const uint64_t start = kernels::detail::global_timer_ns();
+  while (static_cast<int64_t>(kernels::detail::global_timer_ns() - start) < nanoseconds) {
+  }
 }
 
 __global__ void wait_flags_kernel(FlagWaits waits, uint64_t value, int rank, int32_t site,
@@ -47,8 +55,14 @@ cudaError_t store_u64(uint64_t* dst, uint64_t value, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t publish_u64(uint64_t* flag, uint64_t value, cudaStream_t stream) {
-  publish_u64_kernel<<<1, 1, 0, stream>>>(flag, value);
+cudaError_t publish_u64(uint64_t* flag, uint64_t value, const kernels::WaitError* error,
+                        cudaStream_t stream) {
+  publish_u64_kernel<<<1, 1, 0, stream>>>(flag, value, error);
+  return cudaGetLastError();
+}
+
+cudaError_t spin_for(int64_t nanoseconds, cudaStream_t stream) {
+  spin_kernel<<<1, 1, 0, stream>>>(nanoseconds);
   return cudaGetLastError();
 }
 

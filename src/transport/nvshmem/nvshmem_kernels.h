@@ -24,7 +24,12 @@ cudaError_t store_u64(uint64_t* dst, uint64_t value, cudaStream_t stream);
 
 // Stream-ordered: *flag = value with system-scope release, so a peer that reads the value with
 // system-scope acquire (over NVLink) also sees every write that completed on this stream before.
-cudaError_t publish_u64(uint64_t* flag, uint64_t value, cudaStream_t stream);
+// Writes nothing once `error` records a failed wait (what came before may not be trustworthy).
+cudaError_t publish_u64(uint64_t* flag, uint64_t value, const kernels::WaitError* error,
+                        cudaStream_t stream);
+
+// Stream-ordered: keeps the stream busy for `nanoseconds` (tests: a late node fetch).
+cudaError_t spin_for(int64_t nanoseconds, cudaStream_t stream);
 
 // Flags in different places (this GPU's memory or peers' over NVLink), each with the rank that
 // raises it (named when the wait expires).

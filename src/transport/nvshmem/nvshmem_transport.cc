@@ -39,6 +39,9 @@ ODC_ENV_DOUBLE(hierarchical_knob, "ODC_NVSHMEM_HIERARCHICAL", 1.0)
 // 1 (default): with more than one node, a minibatch's gathers fetch each remote shard once per
 // node (into a node cache at minibatch_begin) and fan it out over NVLink.
 ODC_ENV_DOUBLE(hierarchical_gather_knob, "ODC_NVSHMEM_HIERARCHICAL_GATHER", 1.0)
+// Tests: microseconds the node fetch waits on its side stream before it starts (a late fetcher,
+// so gathers meet its ready flag unset and the minibatch's end waits for it). 0: none.
+ODC_ENV_DOUBLE(fetch_delay_us_knob, "ODC_NVSHMEM_TEST_FETCH_DELAY_US", 0.0)
 // 1: signals travel as ordinary puts after a quiet instead of NVSHMEM's signal atomics (remote
 // transports without atomics, e.g. UCX without GDRCopy).
 ODC_ENV_DOUBLE(signal_put_knob, "ODC_NVSHMEM_SIGNAL_PUT", 0.0)
@@ -63,7 +66,8 @@ struct Aggregation {
 struct GatherCache {
   std::vector<uint64_t> serials;  // the window's regions, in order (the cache's layout key)
   std::vector<size_t> bytes;      // each region's size
-  std::vector<size_t> offset;     // where each region's rows start in `data`
+  std::vector<size_t> stride;     // bytes between a region's rows (its size, 256-byte aligned)
+  std::vector<size_t> offset;     // where each region's rows start in `data` (256-byte aligned)
   std::unique_ptr<SymmetricRegion> data;
   std::unique_ptr<SymmetricRegion> ready;  // one uint64 per region
 };
@@ -612,23 +616,41 @@ Status NvshmemTransport::prepare_gather_cache(const std::vector<const SymmetricR
   // Every rank opens its windows with the same regions, so all get here together: the frees and
   // allocations below are collective like any other.
   gather_cache_.reset();
+  if (regions.empty()) return Status::Ok();
   auto cache = std::make_unique<GatherCache>();
   const auto rows = static_cast<size_t>(max_aggregated_owners());
+  // Rows start 256-byte aligned, as the buffers themselves: the copy kernels' vector paths need
+  // 16 bytes, and a float32 row after an odd-sized bfloat16 one must not be misaligned.
+  constexpr size_t kRowAlignment = 256;
   size_t total = 0;
   for (size_t size : sizes) {
+    const size_t stride = (size + kRowAlignment - 1) / kRowAlignment * kRowAlignment;
+    cache->stride.push_back(stride);
     cache->offset.push_back(total);
-    total += rows * size;
+    total += rows * stride;
   }
-  const auto explain = [&](const Status& status) {
-    return status.with_context("hierarchical gathers: node cache of " + std::to_string(total) +
-                               " bytes per rank for " + std::to_string(regions.size()) +
-                               " buffers (ODC_NVSHMEM_HIERARCHICAL_GATHER=0 turns it off)");
-  };
+  // Allocation failures are agreed by every rank (allocate compares), so all fall back alike.
   auto data = allocate(total);
-  if (!data.ok()) return explain(data.status());
+  Result<std::unique_ptr<SymmetricRegion>> ready = Status::InternalError("not allocated");
+  if (data.ok()) ready = allocate(regions.size() * sizeof(uint64_t));
+  if (!data.ok() || !ready.ok()) {
+    if (heap_->failed.load()) return data.ok() ? ready.status() : data.status();
+    const Status& why = data.ok() ? ready.status() : data.status();
+    char line[768];
+    const int length = std::snprintf(
+        line, sizeof(line),
+        "odc nvshmem rank %d: hierarchical gathers off for this communicator: no room for their "
+        "node cache (%zu bytes per rank for %zu buffers): %s\n",
+        rank_, total, regions.size(), why.message().c_str());
+    if (rank_ == 0 && length > 0) {
+      const ssize_t written =
+          ::write(STDERR_FILENO, line, std::min(static_cast<size_t>(length), sizeof(line) - 1));
+      (void)written;
+    }
+    hierarchical_gather_ = false;
+    return Status::Ok();
+  }
   cache->data = std::move(data).value();
-  auto ready = allocate(regions.size() * sizeof(uint64_t));
-  if (!ready.ok()) return explain(ready.status());
   cache->ready = std::move(ready).value();
   cache->serials = std::move(serials);
   cache->bytes = std::move(sizes);
@@ -638,10 +660,11 @@ Status NvshmemTransport::prepare_gather_cache(const std::vector<const SymmetricR
 
 Status NvshmemTransport::open_gather_window(const std::vector<const SymmetricRegion*>& regions,
                                             StreamHandle stream) {
-  if (!hierarchical_gather_ || regions.empty()) return Status::Ok();
+  if (!hierarchical_gather_) return Status::Ok();
   if (window_open_) return Status::InternalError("a gather window is already open");
   DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(prepare_gather_cache(regions));
+  ODC_RETURN_IF_ERROR(prepare_gather_cache(regions));  // frees the cache when nothing is published
+  if (!hierarchical_gather_ || !gather_cache_) return Status::Ok();
   ++gather_windows_;
   // The fetches read owners' shards, final once the barrier the caller just enqueued has passed
   // (owners rewrite them before it); they also rewrite this rank's cache, which every reader on the
@@ -650,6 +673,9 @@ Status NvshmemTransport::open_gather_window(const std::vector<const SymmetricReg
   // no microbatch holds up no one.
   ODC_CUDA_CHECK(cudaEventRecord(window_opened_, as_stream(stream)));
   ODC_CUDA_CHECK(cudaStreamWaitEvent(fetch_stream_, window_opened_, 0));
+  if (const double delay_us = fetch_delay_us_knob(); delay_us > 0) {
+    ODC_CUDA_CHECK(spin_for(static_cast<int64_t>(delay_us * 1e3), fetch_stream_));
+  }
   const std::vector<int> owners = owners_aggregated_by(rank_ - node_of(rank_) * local_size_);
   GatherCache& cache = *gather_cache_;
   auto* rows = static_cast<char*>(cache.data->local());
@@ -658,14 +684,14 @@ Status NvshmemTransport::open_gather_window(const std::vector<const SymmetricReg
   // each raising its ready flag as soon as its rows are in.
   for (size_t i = 0; i < regions.size(); ++i) {
     for (size_t row = 0; row < owners.size(); ++row) {
-      nvshmemx_getmem_nbi_on_stream(rows + cache.offset[i] + row * cache.bytes[i],
+      nvshmemx_getmem_nbi_on_stream(rows + cache.offset[i] + row * cache.stride[i],
                                     regions[i]->local(), cache.bytes[i], owners[row],
                                     fetch_stream_);
       remote_get_bytes_ += cache.bytes[i];
     }
     nvshmemx_quiet_on_stream(fetch_stream_);
     ODC_CUDA_CHECK(cudaGetLastError());
-    ODC_CUDA_CHECK(publish_u64(ready + i, gather_windows_, fetch_stream_));
+    ODC_CUDA_CHECK(publish_u64(ready + i, gather_windows_, device_error_, fetch_stream_));
   }
   ODC_CUDA_CHECK(cudaEventRecord(fetches_done_, fetch_stream_));
   window_open_ = true;
@@ -674,11 +700,11 @@ Status NvshmemTransport::open_gather_window(const std::vector<const SymmetricReg
 
 Status NvshmemTransport::close_gather_window(StreamHandle stream) {
   if (!window_open_) return Status::Ok();
-  window_open_ = false;
   DeviceGuard guard(device_);
   // This rank's fetches read other nodes' shards: done before it reaches the barrier after which
   // their owners may rewrite them.
   ODC_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), fetches_done_, 0));
+  window_open_ = false;
   return Status::Ok();
 }
 
@@ -724,7 +750,7 @@ Result<std::vector<const void*>> NvshmemTransport::cached_sources(const Symmetri
     const int row = node_of(owner) < node_of(rank_) ? node_of(owner) : node_of(owner) - 1;
     const void* rows = fetcher == rank_ ? cache.data->local() : cache.data->peer(fetcher);
     sources[owner] = static_cast<const char*>(rows) + cache.offset[entry] +
-                     static_cast<size_t>(row) * cache.bytes[entry];
+                     static_cast<size_t>(row) * cache.stride[entry];
   }
   return sources;
 }
