@@ -5,7 +5,7 @@
 #   bench  odc_bench --transport nvshmem (its minibatch table) on pretended nodes, hierarchical
 #          gathers off and on, bytes fetched from other "nodes" printed (ODC_NVSHMEM_STATS=1);
 #   train  odc.train (1.5b, ODC + LB-Mini, 4 measured minibatches) on the CUDA transport, then
-#          over NVSHMEM with every GPU its own "node", hierarchical gathers off and on;
+#          over NVSHMEM on two "nodes" of half the GPUs each, hierarchical gathers off and on;
 #   suite  the NVSHMEM, CUDA-transport and odc.torch GPU suites.
 # Usage: dev/gpu/session8.sh [tests] [bench] [train] [suite]   (default: tests bench).
 # Output: $OUT/session8/session8.log and the training results (JSON).
@@ -40,27 +40,29 @@ if [[ " $what " == *" train "* ]]; then
     --preset 1.5b --samples-per-rank 4 --cost 3.123e-05,1.187e-09,0.07082 --comm odc
     --policy lb-mini --lengths data/longalign_like.txt --max-length 16384 --steps 4
     --timeline "")
-  stage train-cuda 240 "${train[@]}" --output "$dest/train_cuda.json"
-  for gather in 0 1; do
+  # TRAIN_CUDA=0 skips the CUDA-transport reference; TRAIN_GATHERS lists the NVSHMEM runs'
+  # ODC_NVSHMEM_HIERARCHICAL_GATHER values in order (repeats: "0 1 0 1").
+  [ "${TRAIN_CUDA:-1}" = 0 ] || stage train-cuda 240 "${train[@]}" --output "$dest/train_cuda.json"
+  round=0
+  for gather in ${TRAIN_GATHERS:-0 1}; do
+    round=$((round + 1))
     # The staged accumulators need 4 S (1 + 2 N) bytes per element of shard S on the heap.
-    stage "train-nvshmem-hgather$gather" 240 env ODC_TRANSPORT=nvshmem ODC_LOCAL_WORLD_SIZE=1 \
+    stage "train-nvshmem-hgather$gather" 240 env ODC_TRANSPORT=nvshmem \
+      ODC_LOCAL_WORLD_SIZE=$((gpus / 2)) \
       ODC_NVSHMEM_HIERARCHICAL_GATHER=$gather ODC_NVSHMEM_HEAP_GIB=48 ODC_NVSHMEM_STATS=1 \
-      "${train[@]}" --output "$dest/train_nvshmem_hgather$gather.json"
+      "${train[@]}" --output "$dest/train_nvshmem_hgather${gather}_$round.json"
   done
   python3 - "$dest" >>"$log" 2>&1 <<'PY' || status=1
 import json, sys
 from pathlib import Path
 dest = Path(sys.argv[1])
 base = None
-for name in ["train_cuda", "train_nvshmem_hgather0", "train_nvshmem_hgather1"]:
-    path = dest / f"{name}.json"
-    if not path.exists():
-        print(f"{name}: no results")
-        continue
+for path in sorted(dest.glob("train_*.json"), key=lambda p: (p.stat().st_mtime, p.name)):
+    name = path.stem
     r = json.loads(path.read_text())[0]
     base = base or r
     print(f"{name:24} {r['samples_per_second']:7.3f} samples/s "
-          f"({r['samples_per_second'] / base['samples_per_second']:.3f}x cuda)  per minibatch "
+          f"({r['samples_per_second'] / base['samples_per_second']:.3f}x the first)  per minibatch "
           f"{[round(x, 3) for x in r.get('minibatch_seconds', [])]}  peak "
           f"{r['peak_memory_bytes'] / 2**30:.1f} GiB  losses {r['losses'][:3]}")
 PY
@@ -68,10 +70,11 @@ fi
 if [[ " $what " == *" suite "* ]]; then
   # The GPU suites this change touches: NVSHMEM (through its calls, and on one-GPU "nodes"; on 4
   # GPUs also two-GPU "nodes"), the CUDA transport (the core's window hooks), odc.torch.
+  # SUITE_K: another -k expression (e.g. "nodes2": the NVSHMEM suite on two-GPU "nodes" only).
   modes="not direct and not nodes2"
   [ "$gpus" -ge 4 ] && modes="not direct"
   stage suites 420 python3 -m pytest -q -rs tests/gpu/test_nvshmem_comm.py \
-    tests/gpu/test_cuda_comm.py tests/gpu/test_torch_gpu.py -k "$modes"
+    tests/gpu/test_cuda_comm.py tests/gpu/test_torch_gpu.py -k "${SUITE_K:-$modes}"
 fi
 echo "status $status" | tee -a "$log"
 exit $status
