@@ -634,8 +634,10 @@ Status NvshmemTransport::prepare_gather_cache(const std::vector<const SymmetricR
   Result<std::unique_ptr<SymmetricRegion>> ready = Status::InternalError("not allocated");
   if (data.ok()) ready = allocate(regions.size() * sizeof(uint64_t));
   if (!data.ok() || !ready.ok()) {
-    if (heap_->failed.load()) return data.ok() ? ready.status() : data.status();
     const Status& why = data.ok() ? ready.status() : data.status();
+    // Only a refusal every rank saw (no room on the heap) is a reason to go on without the cache;
+    // a missing rank or a broken job is an error.
+    if (heap_->failed.load() || why.code() != StatusCode::kSystemError) return why;
     char line[768];
     const int length = std::snprintf(
         line, sizeof(line),
