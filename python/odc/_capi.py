@@ -189,15 +189,8 @@ def _load() -> ctypes.CDLL:
         ctypes.POINTER(handle),
         ctypes.POINTER(ctypes.c_void_p),
     ]
-    lib.odcBufferAllocKind.argtypes = [
-        handle,
-        size,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.POINTER(handle),
-        ctypes.POINTER(ctypes.c_void_p),
-    ]
+    # odcBufferAllocKind: the same C types, with the kind (an enum, an int) for the flag.
+    lib.odcBufferAllocKind.argtypes = lib.odcBufferAllocNamed.argtypes
     lib.odcBufferFree.argtypes = [handle, handle]
     stream = ctypes.c_void_p
     lib.odcGather.argtypes = [handle, ctypes.c_void_p, size, handle, stream]

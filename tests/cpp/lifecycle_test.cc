@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -240,6 +241,22 @@ TEST(Lifecycle, FailedCommunicatorDrainsBeforeFreeing) {
   EXPECT_LT(first(events, "drain"), first(events, "free")) << joined(events);
 }
 
+// Runs body(communicator, rank) for every rank of `transports` on its own thread; returns what
+// each rank's body returned ("" = fine).
+std::vector<std::string> on_each_rank(std::vector<std::unique_ptr<Transport>>& transports,
+                                      const std::function<std::string(Communicator&, int)>& body) {
+  std::vector<std::string> outcome(transports.size());
+  std::vector<std::thread> threads;
+  for (size_t rank = 0; rank < transports.size(); ++rank) {
+    threads.emplace_back([&, rank] {
+      Communicator comm(std::move(transports[rank]));
+      outcome[rank] = body(comm, static_cast<int>(rank));
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return outcome;
+}
+
 TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
   // The window a transport may serve gathers from (hierarchical gathers) opens after the barrier
   // that ends owners' rewrites, names every published buffer in allocation order (the same on
@@ -248,27 +265,21 @@ TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
   // again. A buffer allocated later joins the next window.
   const int world = 2;
   auto [logs, transports] = logged_world(world, mem::MemOptions{});
-  std::vector<std::string> failures(world);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      Communicator comm(std::move(transports[rank]));
-      auto params = comm.allocate(3, DataType::kFloat32, false, "", /*published=*/true);
-      auto acc = comm.allocate(2, DataType::kFloat32, true);
-      auto scratch = comm.allocate(11, DataType::kFloat32, false);
-      auto halves = comm.allocate(5, DataType::kBfloat16, false, "", /*published=*/true);
-      Status status = params.ok() && acc.ok() && scratch.ok() && halves.ok()
-                          ? Status::Ok()
-                          : Status::InternalError("alloc");
-      if (status.ok()) status = comm.minibatch_begin(nullptr);
-      if (status.ok()) status = comm.minibatch_end(nullptr);
-      auto later = comm.allocate(7, DataType::kFloat32, false, "", /*published=*/true);
-      if (status.ok()) status = later.ok() ? comm.minibatch_begin(nullptr) : later.status();
-      if (status.ok()) status = comm.minibatch_end(nullptr);
-      if (!status.ok()) failures[rank] = status.message();
-    });
-  }
-  for (auto& thread : threads) thread.join();
+  const auto failures = on_each_rank(transports, [](Communicator& comm, int) {
+    auto params = comm.allocate(3, DataType::kFloat32, false, "", /*published=*/true);
+    auto acc = comm.allocate(2, DataType::kFloat32, true);
+    auto scratch = comm.allocate(11, DataType::kFloat32, false);
+    auto halves = comm.allocate(5, DataType::kBfloat16, false, "", /*published=*/true);
+    Status status = params.ok() && acc.ok() && scratch.ok() && halves.ok()
+                        ? Status::Ok()
+                        : Status::InternalError("alloc");
+    if (status.ok()) status = comm.minibatch_begin(nullptr);
+    if (status.ok()) status = comm.minibatch_end(nullptr);
+    auto later = comm.allocate(7, DataType::kFloat32, false, "", /*published=*/true);
+    if (status.ok()) status = later.ok() ? comm.minibatch_begin(nullptr) : later.status();
+    if (status.ok()) status = comm.minibatch_end(nullptr);
+    return status.ok() ? std::string() : status.message();
+  });
   for (int rank = 0; rank < world; ++rank) {
     ASSERT_EQ(failures[rank], "") << "rank " << rank;
     std::vector<std::string> events = logs[rank]->snapshot();
@@ -297,27 +308,17 @@ TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
 TEST(Lifecycle, PublishedIsPartOfTheBufferKind) {
   // Every rank must agree that a buffer is published (its gathers may be served from a copy of
   // minibatch_begin): a rank that allocates plain shards where the others publish fails them all.
-  const int world = 2;
-  auto [logs, transports] = logged_world(world, mem::MemOptions{});
-  std::vector<std::string> failures(world);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      Communicator comm(std::move(transports[rank]));
-      auto both = comm.allocate(4, DataType::kFloat32, true, "", /*published=*/true);
-      auto mixed = comm.allocate(4, DataType::kFloat32, false, "", /*published=*/rank == 0);
-      failures[rank] =
-          (both.ok() ? std::string("accumulator and published accepted")
-                     : both.status().message()) +
-          " | " + (mixed.ok() ? std::string("mixed kinds accepted") : mixed.status().message());
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  for (int rank = 0; rank < world; ++rank) {
-    EXPECT_NE(failures[rank].find("either an accumulator or published"), std::string::npos)
-        << failures[rank];
-    EXPECT_NE(failures[rank].find("4 float32 (published) elements"), std::string::npos)
-        << failures[rank];
+  auto [logs, transports] = logged_world(2, mem::MemOptions{});
+  const auto outcome = on_each_rank(transports, [](Communicator& comm, int rank) {
+    auto both = comm.allocate(4, DataType::kFloat32, true, "", /*published=*/true);
+    auto mixed = comm.allocate(4, DataType::kFloat32, false, "", /*published=*/rank == 0);
+    return (both.ok() ? std::string("accumulator and published accepted")
+                      : both.status().message()) +
+           " | " + (mixed.ok() ? std::string("mixed kinds accepted") : mixed.status().message());
+  });
+  for (const std::string& text : outcome) {
+    EXPECT_NE(text.find("either an accumulator or published"), std::string::npos) << text;
+    EXPECT_NE(text.find("4 float32 (published) elements"), std::string::npos) << text;
   }
 }
 

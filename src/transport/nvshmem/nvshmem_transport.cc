@@ -502,13 +502,7 @@ Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_
   std::vector<void*> to;
   std::vector<const void*> from;
   if (const int index = cached_index(region); index >= 0 && gather_cache_->bytes[index] == bytes) {
-    auto sources = cached_sources(region, index, as_stream(stream));
-    if (!sources.ok()) return sources.status();
-    for (int i = 0; i < world_size_; ++i) {
-      const int owner = (rank_ + 1 + i) % world_size_;
-      to.push_back(out + static_cast<size_t>(owner) * bytes);
-      from.push_back(sources.value()[owner]);
-    }
+    ODC_RETURN_IF_ERROR(cached_jobs(region, index, out, bytes, as_stream(stream), to, from));
     return launch_direct(to, from, std::vector<uint64_t*>(to.size(), nullptr), bytes, 0,
                          as_stream(stream));
   }
@@ -547,13 +541,8 @@ Status NvshmemTransport::get_all_narrowed(void* dst, const SymmetricRegion& regi
   std::vector<const void*> from;
   if (const int index = cached_index(region);
       index >= 0 && gather_cache_->bytes[index] == shard_bytes) {
-    auto sources = cached_sources(region, index, as_stream(stream));
-    if (!sources.ok()) return sources.status();
-    for (int i = 0; i < world_size_; ++i) {
-      const int owner = (rank_ + 1 + i) % world_size_;
-      to.push_back(out + static_cast<size_t>(owner) * count);
-      from.push_back(sources.value()[owner]);
-    }
+    ODC_RETURN_IF_ERROR(
+        cached_jobs(region, index, out, count * sizeof(uint16_t), as_stream(stream), to, from));
     return launch_narrow(to, from, count, as_stream(stream));
   }
   for (int i = 0; i < world_size_; ++i) {
@@ -720,6 +709,19 @@ int NvshmemTransport::cached_index(const SymmetricRegion& region) const {
     if (serials[i] == ours->serial) return static_cast<int>(i);
   }
   return -1;
+}
+
+Status NvshmemTransport::cached_jobs(const SymmetricRegion& region, int index, void* out,
+                                     size_t part_bytes, cudaStream_t stream, std::vector<void*>& to,
+                                     std::vector<const void*>& from) {
+  auto sources = cached_sources(region, index, stream);
+  if (!sources.ok()) return sources.status();
+  for (int i = 0; i < world_size_; ++i) {
+    const int owner = (rank_ + 1 + i) % world_size_;  // as the flat path: ranks start apart
+    to.push_back(static_cast<char*>(out) + static_cast<size_t>(owner) * part_bytes);
+    from.push_back(sources.value()[owner]);
+  }
+  return Status::Ok();
 }
 
 Result<std::vector<const void*>> NvshmemTransport::cached_sources(const SymmetricRegion& region,

@@ -127,6 +127,9 @@ class NvshmemTransport final : public Transport {
   // window, then returns, in owner order, where each owner's shard is readable from this GPU.
   Result<std::vector<const void*>> cached_sources(const SymmetricRegion& region, int index,
                                                   cudaStream_t stream);
+  // cached_sources as copy jobs: owner o's shard to out + o * part_bytes, appended to to / from.
+  Status cached_jobs(const SymmetricRegion& region, int index, void* out, size_t part_bytes,
+                     cudaStream_t stream, std::vector<void*>& to, std::vector<const void*>& from);
 
   std::shared_ptr<Bootstrap> bootstrap_;
   std::shared_ptr<HeapState> heap_;  // shared with regions: frees only while the job is whole
