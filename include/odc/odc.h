@@ -124,12 +124,14 @@ ODC_API odcResult_t odcPlanGetBubble(odcPlan_t plan, double* collective, double*
  * the plan and valid until odcPlanDestroy. */
 ODC_API odcResult_t odcPlanToJson(odcPlan_t plan, const char** json);
 
-/* Releases a plan. NULL is accepted and ignored. */
+/* Releases a plan. NULL is accepted and ignored; a handle that is not a live plan (destroyed, or
+ * never made by odcPlanCreate) is refused with odcInvalidArgument and nothing is freed. */
 ODC_API odcResult_t odcPlanDestroy(odcPlan_t plan);
 
 /* Reads a lengths file in the `odc plan` format (one positive integer per line, blank and '#'
  * lines skipped; "-" is stdin). On success *lengths (owned by the caller, release with
- * odcLengthsFree) holds *num_samples values; errors name the file and line. */
+ * odcLengthsFree) holds *num_samples values; errors name the file and line. odcLengthsFree takes
+ * NULL (ignored) or an array from odcLengthsRead not yet freed (else odcInvalidArgument). */
 ODC_API odcResult_t odcLengthsRead(const char* path, int64_t** lengths, size_t* num_samples);
 ODC_API odcResult_t odcLengthsFree(int64_t* lengths);
 
@@ -292,7 +294,9 @@ ODC_API odcResult_t odcBufferAllocKind(odcComm_t comm, size_t count, odcDataType
                                        odcBufferKind_t kind, const char* name, odcBuffer_t* buffer,
                                        void** local);
 
-/* Collective: peers may read the buffer until every rank has called it. */
+/* Collective: peers may read the buffer until every rank has called it. Buffer handles are checked
+ * before use by every call that takes one: a freed handle, one of another communicator, or any
+ * other value gives odcInvalidArgument (handles are never reused within a process). */
 ODC_API odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer);
 
 /* Local (reads peers' memory). dst[r*count:(r+1)*count] = rank r's shard, for every r; `dst` holds

@@ -1,11 +1,15 @@
-// C API of the communicator. Handles are checked against a registry of live communicators, so a
-// destroyed handle gives odcInvalidUsage instead of undefined behaviour.
+// C API of the communicator. Handles are checked before anything reads them: communicators against
+// a registry of live ones (a destroyed handle gives odcInvalidUsage), buffers against their
+// communicator's table. A buffer handle is a number never reused in the process (not a pointer), so
+// a freed handle stays invalid even once a new buffer takes its memory.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -29,6 +33,8 @@ ODC_ENV_DOUBLE(default_timeout_seconds, "ODC_TIMEOUT", 60.0)
 struct odcComm {
   std::unique_ptr<odc::Communicator> communicator;
   std::string last_error;
+  // Live buffers by handle (odcBuffer_t is the number, cast).
+  std::map<uint64_t, odc::Buffer*> buffers;
 };
 
 namespace {
@@ -63,8 +69,19 @@ Status lookup(odcComm_t comm, const char* function) {
   return Status::Ok();
 }
 
-odc::Buffer* as_buffer(odcBuffer_t buffer) {
-  return reinterpret_cast<odc::Buffer*>(buffer);
+// Buffer handles: 1, 2, 3, ... across every communicator of the process, never reused.
+std::atomic<uint64_t> next_buffer_handle{1};
+
+// The buffer behind a handle of `comm`, looked up without reading through it: NULL stays NULL (the
+// communicator names it), an unknown handle (garbage, freed, or another communicator's) is refused.
+odc::Result<odc::Buffer*> as_buffer(const odcComm* comm, const odc::Communicator& c,
+                                    odcBuffer_t buffer, const char* operation) {
+  if (buffer == nullptr) return static_cast<odc::Buffer*>(nullptr);
+  const auto found = comm->buffers.find(reinterpret_cast<uintptr_t>(buffer));
+  if (found != comm->buffers.end()) return found->second;
+  return Status::InvalidArgument("rank " + std::to_string(c.rank()) + ": " + operation +
+                                 ": buffer does not belong to this communicator (freed, never "
+                                 "allocated, or allocated by another one)");
 }
 
 // Out-of-range values stay out of range here; the communicator rejects them by name.
@@ -168,8 +185,9 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
     odc::CommOptions options;
     options.deterministic = deterministic;
     options.bootstrap = bootstrap;
-    auto* created = new odcComm{
-        std::make_unique<odc::Communicator>(std::move(transport).value(), options), std::string()};
+    auto* created = new odcComm();
+    created->communicator =
+        std::make_unique<odc::Communicator>(std::move(transport).value(), options);
     {
       std::lock_guard<std::mutex> lock(registry_mutex);
       live_comms.insert(created);
@@ -335,7 +353,9 @@ odcResult_t buffer_alloc(odcComm_t comm, const char* function, size_t count, odc
     auto allocated =
         c.allocate(count, type, kind == odcBufferAccumulator, tag, kind == odcBufferPublished);
     if (!allocated.ok()) return allocated.status();
-    *buffer = reinterpret_cast<odcBuffer_t>(allocated.value());
+    const uint64_t handle = next_buffer_handle.fetch_add(1);
+    comm->buffers.emplace(handle, allocated.value());
+    *buffer = reinterpret_cast<odcBuffer_t>(static_cast<uintptr_t>(handle));
     *local = allocated.value()->local();
     return Status::Ok();
   });
@@ -365,31 +385,41 @@ extern "C" odcResult_t odcBufferAllocKind(odcComm_t comm, size_t count, odcDataT
 }
 
 extern "C" odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer) {
-  return with_comm(comm, "odcBufferFree",
-                   [&](odc::Communicator& c) { return c.release(as_buffer(buffer)); });
+  return with_comm(comm, "odcBufferFree", [&](odc::Communicator& c) -> Status {
+    auto found = as_buffer(comm, c, buffer, "free");
+    if (!found.ok()) return found.status();
+    ODC_RETURN_IF_ERROR(c.release(found.value()));
+    comm->buffers.erase(reinterpret_cast<uintptr_t>(buffer));
+    return Status::Ok();
+  });
 }
 
 extern "C" odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBuffer_t buffer,
                                  odcStream_t stream) {
-  return with_comm(comm, "odcGather", [&](odc::Communicator& c) {
-    return c.gather(dst, dst_count, as_buffer(buffer), stream);
+  return with_comm(comm, "odcGather", [&](odc::Communicator& c) -> Status {
+    auto found = as_buffer(comm, c, buffer, "gather");
+    if (!found.ok()) return found.status();
+    return c.gather(dst, dst_count, found.value(), stream);
   });
 }
 
 extern "C" odcResult_t odcGatherAs(odcComm_t comm, void* dst, size_t dst_count,
                                    odcDataType_t dst_dtype, odcBuffer_t buffer,
                                    odcStream_t stream) {
-  return with_comm(comm, "odcGatherAs", [&](odc::Communicator& c) {
-    return c.gather_as(dst, dst_count, as_dtype(dst_dtype), as_buffer(buffer), stream);
+  return with_comm(comm, "odcGatherAs", [&](odc::Communicator& c) -> Status {
+    auto found = as_buffer(comm, c, buffer, "gather");
+    if (!found.ok()) return found.status();
+    return c.gather_as(dst, dst_count, as_dtype(dst_dtype), found.value(), stream);
   });
 }
 
 extern "C" odcResult_t odcScatterAccumulate(odcComm_t comm, const void* src, size_t src_count,
                                             odcDataType_t src_dtype, odcBuffer_t accumulator,
                                             odcStream_t stream) {
-  return with_comm(comm, "odcScatterAccumulate", [&](odc::Communicator& c) {
-    return c.scatter_accumulate(src, src_count, as_dtype(src_dtype), as_buffer(accumulator),
-                                stream);
+  return with_comm(comm, "odcScatterAccumulate", [&](odc::Communicator& c) -> Status {
+    auto found = as_buffer(comm, c, accumulator, "scatter_accumulate");
+    if (!found.ok()) return found.status();
+    return c.scatter_accumulate(src, src_count, as_dtype(src_dtype), found.value(), stream);
   });
 }
 

@@ -1,5 +1,9 @@
-// C API of the planner: validates handles and pointers, then delegates to odc::planner.
+// C API of the planner: validates handles and pointers, then delegates to odc::planner. Plans and
+// lengths arrays it hands out are recorded, so a garbage, destroyed or foreign pointer is refused
+// before anything reads or frees it.
 #include <algorithm>
+#include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,6 +28,28 @@ using odc::api::success;
 
 Status null_argument(const char* function, const char* name) {
   return Status::InvalidArgument(std::string(function) + ": " + name + " is NULL");
+}
+
+std::mutex handed_out_mutex;
+std::set<const void*> live_plans;    // odcPlanCreate's, until odcPlanDestroy
+std::set<const void*> live_lengths;  // odcLengthsRead's, until odcLengthsFree
+
+void hand_out(std::set<const void*>& live, const void* pointer) {
+  std::lock_guard<std::mutex> lock(handed_out_mutex);
+  live.insert(pointer);
+}
+
+// Ok when `pointer` is live in `live` (and, with `take`, no longer from now on).
+Status check_live(std::set<const void*>& live, const void* pointer, const char* function,
+                  const char* what, bool take = false) {
+  std::lock_guard<std::mutex> lock(handed_out_mutex);
+  const auto found = live.find(pointer);
+  if (found == live.end()) {
+    return Status::InvalidArgument(std::string(function) + ": " + what +
+                                   " (destroyed, freed, or not made by this library)");
+  }
+  if (take) live.erase(found);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -101,23 +127,34 @@ extern "C" odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
         std::span<const int64_t>(lengths, lengths ? num_samples : 0), plan_options);
     if (!result.ok()) return report(result.status());
     *plan = new odcPlan{std::move(result).value(), {}};
+    hand_out(live_plans, *plan);
     return success();
   });
 }
 
 extern "C" odcResult_t odcPlanGetBubble(odcPlan_t plan, double* collective, double* odc) {
-  if (plan == nullptr) return report(null_argument("odcPlanGetBubble", "plan"));
-  if (collective == nullptr) return report(null_argument("odcPlanGetBubble", "collective"));
-  if (odc == nullptr) return report(null_argument("odcPlanGetBubble", "odc"));
-  *collective = plan->plan.bubble.collective;
-  *odc = plan->plan.bubble.odc;
-  return success();
+  return guarded([&]() -> odcResult_t {
+    if (plan == nullptr) return report(null_argument("odcPlanGetBubble", "plan"));
+    if (collective == nullptr) return report(null_argument("odcPlanGetBubble", "collective"));
+    if (odc == nullptr) return report(null_argument("odcPlanGetBubble", "odc"));
+    if (Status live = check_live(live_plans, plan, "odcPlanGetBubble", "not a live plan");
+        !live.ok()) {
+      return report(live);
+    }
+    *collective = plan->plan.bubble.collective;
+    *odc = plan->plan.bubble.odc;
+    return success();
+  });
 }
 
 extern "C" odcResult_t odcPlanToJson(odcPlan_t plan, const char** json) {
   return guarded([&]() -> odcResult_t {
     if (plan == nullptr) return report(null_argument("odcPlanToJson", "plan"));
     if (json == nullptr) return report(null_argument("odcPlanToJson", "json"));
+    if (Status live = check_live(live_plans, plan, "odcPlanToJson", "not a live plan");
+        !live.ok()) {
+      return report(live);
+    }
     if (plan->json.empty()) plan->json = odc::planner::plan_to_json(plan->plan);
     *json = plan->json.c_str();
     return success();
@@ -125,8 +162,15 @@ extern "C" odcResult_t odcPlanToJson(odcPlan_t plan, const char** json) {
 }
 
 extern "C" odcResult_t odcPlanDestroy(odcPlan_t plan) {
-  delete plan;
-  return success();
+  return guarded([&]() -> odcResult_t {
+    if (plan == nullptr) return success();
+    if (Status live = check_live(live_plans, plan, "odcPlanDestroy", "not a live plan", true);
+        !live.ok()) {
+      return report(live);
+    }
+    delete plan;
+    return success();
+  });
 }
 
 extern "C" odcResult_t odcLengthsRead(const char* path, int64_t** lengths, size_t* num_samples) {
@@ -141,11 +185,20 @@ extern "C" odcResult_t odcLengthsRead(const char* path, int64_t** lengths, size_
     std::copy(values.begin(), values.end(), out);
     *lengths = out;
     *num_samples = values.size();
+    hand_out(live_lengths, out);
     return success();
   });
 }
 
 extern "C" odcResult_t odcLengthsFree(int64_t* lengths) {
-  delete[] lengths;
-  return success();
+  return guarded([&]() -> odcResult_t {
+    if (lengths == nullptr) return success();
+    if (Status live = check_live(live_lengths, lengths, "odcLengthsFree",
+                                 "not an array from odcLengthsRead", true);
+        !live.ok()) {
+      return report(live);
+    }
+    delete[] lengths;
+    return success();
+  });
 }

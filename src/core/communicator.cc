@@ -251,8 +251,10 @@ Status Communicator::release(Buffer* buffer) {
 
 Status Communicator::gather(void* dst, size_t dst_count, const Buffer* buffer,
                             StreamHandle stream) {
-  return gather_as(dst, dst_count, buffer != nullptr ? buffer->dtype : DataType::kFloat32, buffer,
-                   stream);
+  // The handle is checked before its dtype is read: a freed or foreign one is never dereferenced.
+  ODC_RETURN_IF_ERROR(usable("gather"));
+  ODC_RETURN_IF_ERROR(check_buffer("gather", buffer));
+  return gather_as(dst, dst_count, buffer->dtype, buffer, stream);
 }
 
 Status Communicator::gather_as(void* dst, size_t dst_count, DataType dst_dtype,

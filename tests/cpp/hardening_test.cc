@@ -144,3 +144,74 @@ TEST(Hardening, BufferNamesAreCheckedAcrossRanks) {
 }
 
 }  // namespace
+
+// Issue #26 item 7: a buffer handle is validated before anything reads it. odcGather used to read
+// the buffer's dtype first: a garbage handle was a SIGSEGV, a freed one a use-after-free. A freed
+// handle also stays invalid once a new buffer of the same size takes its memory.
+TEST(Hardening, BufferHandlesAreCheckedBeforeUse) {
+  odcComm_t comm = nullptr;
+  odcComm_t other = nullptr;
+  ASSERT_EQ(odcCommInit(&comm, 0, 1, unique_key("handles").c_str(), 5.0), odcSuccess)
+      << odcGetLastError();
+  ASSERT_EQ(odcCommInit(&other, 0, 1, unique_key("handles2").c_str(), 5.0), odcSuccess)
+      << odcGetLastError();
+  const auto refused = [](odcResult_t result, const char* operation) {
+    EXPECT_EQ(result, odcInvalidArgument) << operation;
+    EXPECT_TRUE(contains(odcGetLastError(), std::string(operation) + ": buffer does not belong"))
+        << odcGetLastError();
+  };
+  float out[16] = {};
+  float src[16] = {};
+  uint16_t narrow[16] = {};
+  ASSERT_EQ(odcMinibatchBegin(comm, nullptr), odcSuccess) << odcGetLastError();
+  for (uintptr_t bits : {uintptr_t{0x10}, uintptr_t{0xdeadbeef0}, ~uintptr_t{0}}) {
+    const auto garbage = reinterpret_cast<odcBuffer_t>(bits);
+    refused(odcGather(comm, out, 16, garbage, nullptr), "gather");
+    refused(odcGatherAs(comm, narrow, 16, odcBfloat16, garbage, nullptr), "gather");
+    refused(odcScatterAccumulate(comm, src, 16, odcFloat32, garbage, nullptr),
+            "scatter_accumulate");
+  }
+  ASSERT_EQ(odcMinibatchEnd(comm, nullptr), odcSuccess) << odcGetLastError();
+  refused(odcBufferFree(comm, reinterpret_cast<odcBuffer_t>(uintptr_t{0x10})), "free");
+
+  odcBuffer_t freed = nullptr;
+  odcBuffer_t live = nullptr;
+  odcBuffer_t foreign = nullptr;
+  void* local = nullptr;
+  ASSERT_EQ(odcBufferAlloc(comm, 16, odcFloat32, 0, &freed, &local), odcSuccess);
+  ASSERT_EQ(odcBufferFree(comm, freed), odcSuccess);
+  ASSERT_EQ(odcBufferAlloc(comm, 16, odcFloat32, 0, &live, &local), odcSuccess);
+  ASSERT_EQ(odcBufferAlloc(other, 16, odcFloat32, 0, &foreign, &local), odcSuccess);
+  EXPECT_NE(live, freed);
+  refused(odcGather(comm, out, 16, freed, nullptr), "gather");
+  refused(odcBufferFree(comm, freed), "free");
+  refused(odcGather(comm, out, 16, foreign, nullptr), "gather");
+  EXPECT_EQ(odcGather(comm, out, 16, live, nullptr), odcSuccess) << odcGetLastError();
+  EXPECT_EQ(odcCommDestroy(other), odcSuccess);
+  EXPECT_EQ(odcCommDestroy(comm), odcSuccess);
+}
+
+// The same for plan handles and lengths arrays: a garbage or destroyed one is refused.
+TEST(Hardening, PlanHandlesAreCheckedBeforeUse) {
+  const auto garbage = reinterpret_cast<odcPlan_t>(uintptr_t{0x10});
+  double collective = 0;
+  double odc_bubble = 0;
+  const char* json = nullptr;
+  EXPECT_EQ(odcPlanGetBubble(garbage, &collective, &odc_bubble), odcInvalidArgument);
+  EXPECT_TRUE(contains(odcGetLastError(), "not a live plan")) << odcGetLastError();
+  EXPECT_EQ(odcPlanToJson(garbage, &json), odcInvalidArgument);
+  EXPECT_EQ(odcPlanDestroy(garbage), odcInvalidArgument);
+  odcPlanOptions_t options;
+  ASSERT_EQ(odcPlanOptionsInit(&options), odcSuccess);
+  options.max_tokens = 100;
+  const int64_t lengths[] = {10, 20, 30};
+  odcPlan_t plan = nullptr;
+  ASSERT_EQ(odcPlanCreate(lengths, 3, &options, &plan), odcSuccess) << odcGetLastError();
+  EXPECT_EQ(odcPlanGetBubble(plan, &collective, &odc_bubble), odcSuccess);
+  EXPECT_EQ(odcPlanDestroy(plan), odcSuccess);
+  EXPECT_EQ(odcPlanDestroy(plan), odcInvalidArgument);  // no double free
+  EXPECT_EQ(odcPlanToJson(plan, &json), odcInvalidArgument);
+  EXPECT_EQ(odcPlanDestroy(nullptr), odcSuccess);
+  EXPECT_EQ(odcLengthsFree(const_cast<int64_t*>(lengths)), odcInvalidArgument);
+  EXPECT_EQ(odcLengthsFree(nullptr), odcSuccess);
+}
