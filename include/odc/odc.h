@@ -342,6 +342,16 @@ ODC_API odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream);
  * failures from the call that failed: this returns their earlier failure or odcSuccess. */
 ODC_API odcResult_t odcCommPollError(odcComm_t comm);
 
+/* Local; never blocks. Fails this communicator on purpose, for a reason of the caller's (e.g. an
+ * exception inside a minibatch): every later call on this rank reports it, and peers waiting on
+ * this rank (minibatch_end, barrier) end with odcRemoteError naming this rank and `reason` (may be
+ * NULL; truncated to 200 bytes) instead of waiting out their timeout. Host waits see it at once;
+ * device waits of stream-ordered transports end at their timeout, naming this rank. No partial sum
+ * is reported as success afterwards. A communicator that failed already keeps its first failure.
+ * The communicator cannot be revived: destroy it (odcCommDestroy does not wait for peers then)
+ * and build a new one. */
+ODC_API odcResult_t odcCommAbort(odcComm_t comm, const char* reason);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

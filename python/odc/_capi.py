@@ -207,6 +207,7 @@ def _load() -> ctypes.CDLL:
     lib.odcMinibatchEnd.argtypes = [handle, stream]
     lib.odcBarrier.argtypes = [handle, stream]
     lib.odcCommPollError.argtypes = [handle]
+    lib.odcCommAbort.argtypes = [handle, ctypes.c_char_p]
     for name in (
         "odcCommInit",
         "odcCommInitCuda",
@@ -219,6 +220,7 @@ def _load() -> ctypes.CDLL:
         "odcBufferAllocNamed",
         "odcBufferAllocKind",
         "odcCommPollError",
+        "odcCommAbort",
         "odcBufferFree",
         "odcGather",
         "odcGatherAs",

@@ -546,3 +546,15 @@ class Comm:
         recorded after it) first, then call this. Host communicators raise from the failing call
         itself; here they raise only their earlier failure."""
         self._call(_capi.lib.odcCommPollError)
+
+    def abort(self, reason: str = "") -> None:
+        """Local, never blocks: fails this communicator on purpose (e.g. an exception inside a
+        minibatch). Every later call on this rank raises it; peers waiting on this rank raise
+        odc.Error naming this rank and `reason` (its first 200 bytes) instead of waiting out their
+        timeout (host communicators at once; device waits end at their timeout, naming this
+        rank). A communicator cannot be revived: close it and build a new one. Keeps an earlier
+        failure; a no-op after close()."""
+        if self._handle is None:
+            return
+        text = str(reason).encode("ascii", "backslashreplace")[:200]
+        _capi.check_comm(_capi.lib.odcCommAbort(self._handle, text))

@@ -441,6 +441,13 @@ extern "C" odcResult_t odcCommPollError(odcComm_t comm) {
   return with_comm(comm, "odcCommPollError", [&](odc::Communicator& c) { return c.poll_error(); });
 }
 
+extern "C" odcResult_t odcCommAbort(odcComm_t comm, const char* reason) {
+  return with_comm(comm, "odcCommAbort", [&](odc::Communicator& c) {
+    c.abort(reason != nullptr ? std::string(reason, strnlen(reason, 200)) : std::string());
+    return odc::Status::Ok();
+  });
+}
+
 extern "C" int odcHasCuda(void) {
   return odc::find_transport("cuda").ok() ? 1 : 0;
 }

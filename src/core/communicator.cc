@@ -137,6 +137,13 @@ Status Communicator::finish(const char* operation, Status status) {
   return named;
 }
 
+void Communicator::abort(const std::string& reason) {
+  // A fault by construction: finish() fails the communicator and tells the transport and the
+  // bootstrap, whose peers then name this rank and the reason instead of waiting out a timeout.
+  (void)finish("aborted by the caller",
+               Status::RemoteError(reason.empty() ? std::string("no reason given") : reason));
+}
+
 Status Communicator::usable(const char* operation) const {
   if (state_ == CommState::kFailed) {
     return Status::RemoteError("rank " + std::to_string(rank()) + ": " + operation +

@@ -124,6 +124,9 @@ class Communicator {
   // wait that expired or met another collective) fails the communicator and is returned; else the
   // earlier failure, or Ok.
   Status poll_error();
+  // Local, never blocks: fails the communicator for the caller's `reason` (an exception inside a
+  // minibatch): peers waiting on this rank end naming it and the reason. Keeps an earlier failure.
+  void abort(const std::string& reason);
 
   // Is `buffer` a live buffer of this communicator?
   bool owns(const Buffer* buffer) const;

@@ -115,7 +115,7 @@ def test_errors_name_the_problem():
     for messages in results:
         assert "does not match the odc communicator" in messages["mesh"]
         assert "before minibatch_end()" in messages["step"]
-        assert "shards not published since" in messages["stale"]
+        assert "forward outside a minibatch" in messages["stale"]
 
 
 def _in_place_rank(rank, world_size, key, store_path):

@@ -8,7 +8,7 @@ Invariant: these helpers only read FSDP2 state (plus FSDP2's own idempotent lazy
 storage move); they never patch FSDP2 functions. Importing this module works on any torch 2.x: the features odc.torch needs
 are checked by `check_fsdp2_support()`, which OdcFSDP calls when it is constructed.
 
-Reliances (R1-R7):
+Reliances (R1-R8):
 - R1 import path: the protocol classes that FSDPModule.set_custom_all_gather /
   set_custom_reduce_scatter take live in torch.distributed.fsdp._fully_shard._fsdp_api (public
   methods, not re-exported by torch.distributed.fsdp). FSDP2 does no isinstance check, so where the
@@ -42,6 +42,14 @@ Reliances (R1-R7):
   every load_state_dict: 2.11 leaves a shard alone while its storage is unchanged, 2.9 re-pads an
   uneven (trailing-rank) shard into new memory; either way publish() (every minibatch_begin)
   finds the shard moved and moves it back with its current values.
+- R8 which parameters a reduce covers: FSDPParamGroup.post_backward reduces only the parameters
+  whose unsharded parameter (FSDPParam._unsharded_param, one nn.Parameter per FSDPParam made at
+  its first all-gather and reused, the leaf autograd accumulates into) got a .grad in that
+  backward, packed in fsdp_params order (frozen parameters, and parameters a microbatch did not
+  use, are left out of the reduce-scatter input). odc.torch observes which with a
+  post-accumulate-grad hook on each unsharded parameter, registered by a forward pre-hook that
+  runs after FSDP2's own (FSDP2 prepends its pre-forward hook, which makes the unsharded
+  parameters), and checks the packed size against them before every push.
 """
 
 from __future__ import annotations
@@ -85,6 +93,7 @@ __all__ = [
     "lazy_init",
     "missing_fsdp2_features",
     "shard_process_group",
+    "unsharded_param",
 ]
 
 
@@ -221,3 +230,9 @@ def alias_sharded_param(module: nn.Module, index: int, flat: torch.Tensor) -> No
     if not local.is_contiguous():
         raise RuntimeError(f"odc.torch: {fsdp_param!r} shards unevenly along dim {shard_dim}")
     fsdp_param.sharded_param._local_tensor = local
+
+
+def unsharded_param(module: nn.Module, index: int) -> Optional[nn.Parameter]:
+    """R8: the unsharded parameter autograd accumulates the group's index-th parameter's gradient
+    into (FSDPParam._unsharded_param), or None before its first all-gather."""
+    return getattr(_fsdp_param(module, index), "_unsharded_param", None)

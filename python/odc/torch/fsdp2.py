@@ -23,7 +23,8 @@ import contextlib
 import hashlib
 import math
 import weakref
-from typing import Iterator, List, Optional
+import enum
+from typing import Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,7 @@ try:  # FSDP2's public home since torch 2.6; older torch: OdcFSDP refuses, the r
 except ImportError:  # pragma: no cover - depends on the torch version
     FSDPModule = None
 
+from .._capi import INVALID_USAGE as _INVALID_USAGE
 from .._capi import Error
 from ..comm import Comm
 from . import _fsdp2_internals as internals
@@ -74,7 +76,12 @@ def _comm_view(tensor: torch.Tensor, comm: Comm):
 
 
 class _Group:
-    """ODC state of one FSDP2 parameter group: its published shard and its accumulator."""
+    """ODC state of one FSDP2 parameter group: its published shard and its accumulator.
+
+    The accumulator holds the trainable parameters only (requires_grad at the last
+    minibatch_begin), packed in the group's order: frozen parameters cost no gradient memory, as
+    under FSDP2. FSDP2 reduces only the parameters that got a gradient (R8); a push of fewer than
+    the trainable ones is spread into the trainable layout with zeros for the rest."""
 
     def __init__(
         self,
@@ -90,7 +97,7 @@ class _Group:
                 )
         self.owner = owner
         self.layout = layout
-        comm = owner.comm
+        self.name = name
         # FSDP2's own sharded parameters move into the published buffer (R7) where their dtype
         # is the all-gather dtype or float32 cast to bfloat16 after the pull (mixed precision):
         # peers then read the shards the optimizer writes, and no second copy exists. Else the
@@ -100,16 +107,17 @@ class _Group:
         # between minibatches (publish() at minibatch_begin, the optimizer step after
         # minibatch_end), so a transport may fetch them once per minibatch (hierarchical gathers).
         self.in_place = _in_place_dtype(layout)
-        published_dtype = self.in_place or layout.param_dtype
-        self.published = comm.alloc(
-            layout.shard_numel,
-            dtype=_ODC_DTYPES[published_dtype],
-            name=f"{name}:params",
-            published=True,
-        )
-        self.accumulator = comm.alloc(layout.shard_numel, accumulator=True, name=f"{name}:grads")
-        if self.in_place is not None:
-            self.publish()  # moves the shards now: their old storage is freed at once
+        # The trainable slots (indices into layout.slots) the accumulator holds, and where each
+        # sits in it; None until refresh_trainable() first ran.
+        self.trainable: Optional[Tuple[int, ...]] = None
+        self.grad_offsets: Dict[int, int] = {}
+        self.grad_numel = 0
+        self.accumulator = None
+        # Slots whose unsharded parameter got a gradient since this group's last push (R8), and
+        # the slots this rank pushed in the current minibatch.
+        self.marked: Set[int] = set()
+        self.pushed: Set[int] = set()
+        self._watched = {}  # id(unsharded param) -> (param, hook handle)
         # During a minibatch no parameter of this group keeps a .grad: FSDP2 assigns each one a
         # view of the (zeroed) reduce-scatter output and then calls the parameter's
         # post-accumulate-grad hooks, where the hook clear_grads registers (_grad_dropper) lets
@@ -120,8 +128,63 @@ class _Group:
         # reused: DTensor.from_local costs tens of microseconds of host time, a 1.5B model has
         # ~340 parameters, and it runs every minibatch while the GPUs wait at its edges (issue
         # #14). Keyed by the parameter object, so a reassigned parameter gets a new wrapper; the
-        # memory they view never moves.
+        # memory they view moves only when the accumulator is reallocated (then it is cleared).
         self._sum_grads = {}
+        self.bind()
+        layout.module.register_forward_pre_hook(_unsharded_watcher(self))
+
+    def bind(self) -> None:
+        """Collective: this group's buffers on the owner's (current) communicator; the shards
+        move there (in place) or are copied at the next publish()."""
+        comm = self.owner.comm
+        published_dtype = self.in_place or self.layout.param_dtype
+        self.published = comm.alloc(
+            self.layout.shard_numel,
+            dtype=_ODC_DTYPES[published_dtype],
+            name=f"{self.name}:params",
+            published=True,
+        )
+        self.drop_grads()
+        self.accumulator, self.trainable = None, None  # a failed communicator's: not freed
+        self.refresh_trainable()
+        if self.in_place is not None:
+            self.publish()  # moves the shards now: their old storage is freed at once
+
+    def drop_grads(self) -> None:
+        for slot in self.layout.slots:
+            slot.param.grad = None
+        self._sum_grads.clear()
+
+    def refresh_trainable(self) -> None:
+        """Collective (every rank, groups in the same order): sizes the accumulator for the
+        parameters that require gradients now. Reallocates only when that set changed, which
+        every rank must agree on: the buffer's name carries it, so ranks that froze different
+        parameters fail naming both sets' buffers instead of adding up different layouts."""
+        slots = self.layout.slots
+        trainable = tuple(i for i, slot in enumerate(slots) if slot.param.requires_grad)
+        if trainable == self.trainable:
+            return
+        comm = self.owner.comm
+        if self.accumulator is not None:
+            self.drop_grads()  # no view of the old sums may outlive them
+            try:
+                self.accumulator.free()
+            except Error as error:  # views held elsewhere: peers are in the collective free
+                comm.abort(f"odc.torch could not free {self.name}'s gradient sums: {error}")
+                raise
+            self.accumulator = None
+        self.grad_offsets, self.grad_numel = {}, 0
+        for index in trainable:
+            self.grad_offsets[index] = self.grad_numel
+            self.grad_numel += slots[index].padded_numel
+        self.trainable = trainable
+        if not trainable:
+            return  # nothing to sum: a frozen unit costs no gradient memory (FSDP2 never reduces it)
+        name = f"{self.name}:grads"
+        if len(trainable) != len(slots):
+            digest = hashlib.sha1(repr(trainable).encode()).hexdigest()[:12]
+            name += f":{len(trainable)}/{len(slots)}:{digest}"
+        self.accumulator = comm.alloc(self.grad_numel, accumulator=True, name=name)
 
     def check_group(self, group: dist.ProcessGroup) -> None:
         comm = self.owner.comm
@@ -143,9 +206,67 @@ class _Group:
             else:
                 target.copy_(internals.all_gather_input(self.layout.module, index))
 
+    def watch_unsharded(self) -> None:
+        """Hooks each unsharded parameter (R8) so that a gradient it gets marks its slot."""
+        for index in range(len(self.layout.slots)):
+            param = internals.unsharded_param(self.layout.module, index)
+            if param is None or not param.requires_grad:  # frozen: no gradient to watch for
+                continue
+            watched = self._watched.get(id(param))
+            if watched is None or watched[0] is not param:
+                handle = param.register_post_accumulate_grad_hook(_slot_marker(self, index))
+                self._watched[id(param)] = (param, handle)
+
+    def push_source(self, input_tensor: torch.Tensor) -> torch.Tensor:
+        """FSDP2's reduce-scatter input in the accumulator's layout: itself when it holds every
+        trainable parameter, else a copy with its parameters spread out and zeros for the
+        trainable ones it left out. Raises, naming the parameters, when it cannot be matched."""
+        slots = self.layout.slots
+        now = tuple(i for i, slot in enumerate(slots) if slot.param.requires_grad)
+        if now != self.trainable:
+            changed = sorted(set(now) ^ set(self.trainable or ()))
+            raise RuntimeError(
+                "odc.torch: requires_grad changed inside a minibatch for "
+                f"{self._names(changed)}: change it between minibatches (minibatch_begin sizes "
+                "the gradient sums for the parameters that require gradients then)"
+            )
+        if not self.trainable:
+            raise RuntimeError(f"odc.torch: FSDP2 reduces gradients of {self.name}, all frozen")
+        world = self.owner.comm.world_size
+        marked, self.marked = self.marked, set()
+        if input_tensor.numel() == world * self.grad_numel:
+            self.pushed.update(self.trainable)  # FSDP2 packs a subset: equal size, all of them
+            return input_tensor
+        subset = sorted(marked)
+        expected = world * sum(slots[i].padded_numel for i in subset)
+        if not subset or not set(subset) <= set(self.trainable) or input_tensor.numel() != expected:
+            raise RuntimeError(
+                f"odc.torch: FSDP2 reduces {input_tensor.numel()} gradient elements for "
+                f"{self.name}, which matches neither its trainable parameters ({world} x "
+                f"{self.grad_numel}) nor those that got a gradient ({self._names(subset)}): "
+                "was the module called other than through forward()?"
+            )
+        rows = input_tensor.view(world, -1)
+        spread = input_tensor.new_zeros((world, self.grad_numel))
+        position = 0
+        for index in subset:
+            numel = slots[index].padded_numel
+            start = self.grad_offsets[index]
+            spread[:, start : start + numel].copy_(rows[:, position : position + numel])
+            position += numel
+        self.pushed.update(subset)
+        return spread.view(-1)
+
+    def _names(self, indices) -> str:
+        names = {id(p): n for n, p in self.layout.module.named_parameters()}
+        listed = [names.get(id(self.layout.slots[i].param), f"#{i}") for i in indices]
+        return ", ".join(listed) if listed else "none"
+
     def clear_grads(self) -> None:
         """Minibatch begin: no .grad (last minibatch's are views of the accumulators, which
         FSDP2 must not add into while peers push), and the hook that keeps it so."""
+        self.marked.clear()
+        self.pushed.clear()
         for slot in self.layout.slots:
             param = slot.param
             param.grad = None
@@ -154,24 +275,55 @@ class _Group:
                 handle = param.register_post_accumulate_grad_hook(_grad_dropper(self.owner))
                 self._hooked[id(param)] = (param, handle)
 
-    def set_grads(self) -> None:
-        """After minibatch end: .grad = DTensor view of this rank's accumulator slice."""
+    def set_grads(self, reduced: Callable[[int], bool]) -> None:
+        """After minibatch end: .grad = DTensor view of this rank's accumulator slice for every
+        trainable parameter some rank pushed a gradient for (`reduced(slot index)`); None for
+        the rest, as FSDP2 leaves them (so an optimizer skips them: no weight decay, no
+        momentum step)."""
         flat = None
-        for slot in self.layout.slots:
+        for index, slot in enumerate(self.layout.slots):
             param = slot.param
+            if index not in self.grad_offsets or not reduced(index):
+                param.grad = None
+                continue
             cached = self._sum_grads.get(id(param))
             if cached is None or cached[0] is not param:
                 if flat is None:
                     flat = self.accumulator.tensor()  # fp32, aliases the symmetric memory
-                local = flat[slot.offset : slot.offset + slot.local_numel].view(
-                    param.to_local().shape
-                )
+                start = self.grad_offsets[index]
+                local = flat[start : start + slot.local_numel].view(param.to_local().shape)
                 if param.dtype != torch.float32:  # a copy of this minibatch's sums: not kept
                     param.grad = _sharded_like(param, local.to(param.dtype))
                     continue
                 cached = (param, _sharded_like(param, local))
                 self._sum_grads[id(param)] = cached
             param.grad = cached[1]
+
+
+def _unsharded_watcher(group: _Group):
+    """A forward pre-hook of the group's module, run after FSDP2's (which made the unsharded
+    parameters): hooks any unsharded parameter not hooked yet. Holds the group weakly."""
+    reference = weakref.ref(group)
+
+    def watch(module, args) -> None:
+        alive = reference()
+        if alive is not None:
+            alive.watch_unsharded()
+
+    return watch
+
+
+def _slot_marker(group: _Group, index: int):
+    """The post-accumulate-grad hook of an unsharded parameter: marks its slot as part of the
+    group's next reduce (R8). Holds the group weakly."""
+    reference = weakref.ref(group)
+
+    def mark(param) -> None:
+        alive = reference()
+        if alive is not None:
+            alive.marked.add(index)
+
+    return mark
 
 
 def _grad_dropper(owner: "OdcFSDP"):
@@ -224,10 +376,19 @@ class OdcAllGather(internals.AllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         owner = self.group.owner
-        if owner.published_stale:
+        if owner.state is not EngineState.IN_MINIBATCH:
+            # Outside a minibatch a peer may be rewriting its shards (its optimizer step) while
+            # this rank reads them: a forward would mix pre- and post-step weights, silently.
             raise RuntimeError(
-                "odc.torch: forward with shards not published since construction or the last "
-                "optimizer.step(); call minibatch_begin() first (it publishes them)"
+                "odc.torch: forward outside a minibatch: peers rewrite their shards (their "
+                "optimizer step) at any time outside one, so it could read a mix of old and new "
+                "weights. Run forwards inside `with engine.minibatch():` (one without backward, "
+                "e.g. for evaluation, publishes the current shards and gives no gradients)"
+                + (
+                    f"; the engine is {owner.state.value}"
+                    if owner.state is EngineState.FAILED
+                    else ""
+                )
             )
         self.group.check_group(group)
         # Enqueued on the current stream: FSDP2's all-gather stream on GPUs. float32 shards into
@@ -243,6 +404,7 @@ class OdcReduceScatter(internals.ReduceScatter):
 
     def __init__(self, group: _Group):
         self.group = group
+        self._last_input_numel = -1
 
     def allocate(self, size, *, dtype, device):
         # 1-D meshes: input and output alike are plain tensors, as FSDP2's default allocates; the
@@ -252,26 +414,42 @@ class OdcReduceScatter(internals.ReduceScatter):
         # 4 bytes per parameter element held for nothing: the output (the allocation of one
         # shard, numel == shard_numel; the input holds world_size shards) is instead a view of
         # one zero buffer shared by every group, since all it ever holds or gets added is zeros.
+        # FSDP2 allocates the input, then the output (1/world of it); a reduce of fewer than all
+        # parameters (R8) has a smaller input, so the output is told apart by that ratio.
         owner = self.group.owner
         numel = math.prod(size)
-        if owner.replica_reduction is not None and numel == self.group.layout.shard_numel:
+        is_output = numel * owner.comm.world_size == self._last_input_numel
+        if not is_output:
+            self._last_input_numel = numel
+        if owner.replica_reduction is not None and is_output:
             return owner.hsdp_zero_output(numel, dtype, device)
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         owner = self.group.owner
-        if not owner.in_minibatch:
+        if owner.state is not EngineState.IN_MINIBATCH:
             raise RuntimeError("odc.torch: backward outside a minibatch: call minibatch_begin()")
         self.group.check_group(group)
         if op != dist.ReduceOp.SUM:
             raise RuntimeError(f"odc.torch pushes sums; FSDP2 asked for {op}")
+        source = self.group.push_source(input_tensor)
         owner.comm.scatter_accumulate(
-            _comm_view(input_tensor, owner.comm),
+            _comm_view(source, owner.comm),
             self.group.accumulator,
             src_dtype=_ODC_DTYPES[input_tensor.dtype],
         )
         output_tensor.zero_()  # what FSDP2 adds into the preset .grad: nothing
         return None
+
+
+class EngineState(enum.Enum):
+    """Where an OdcFSDP engine stands."""
+
+    READY = "ready"  # between minibatches
+    IN_MINIBATCH = "inside a minibatch"  # after minibatch_begin, before minibatch_end
+    # The communicator failed (an exception inside a minibatch here, or a peer's failure): no
+    # sum of that minibatch reaches an optimizer step; reset(new communicator) recovers.
+    FAILED = "failed"
 
 
 class OdcFSDP:
@@ -293,6 +471,15 @@ class OdcFSDP:
     Given `optimizer`, every optimizer.step() first checks that the last minibatch completed on
     every rank (check_minibatch(): raises instead of stepping on partial sums after a device-side
     timeout); without it, call check_minibatch() before stepping.
+
+    Gradients are FSDP2's: after minibatch_end a parameter has a .grad when it required
+    gradients at minibatch_begin and some rank's backward reached it in the minibatch; frozen
+    parameters (requires_grad=False, e.g. a frozen tower or the base weights under LoRA-style
+    adapters) and parameters no microbatch used have none, so an optimizer leaves them alone.
+    Change requires_grad between minibatches only. Forwards run inside minibatches only (outside
+    one a peer's optimizer step may be rewriting the shards being read); an exception inside
+    `with minibatch()` fails the communicator at once, so peers raise naming this rank and the
+    exception, and reset(comm) with a new communicator makes the engine usable again.
     """
 
     def __init__(
@@ -304,14 +491,14 @@ class OdcFSDP:
                 "odc.torch needs the root module wrapped with fully_shard (and its layers: "
                 f"fully_shard(layer) for each, then fully_shard(model)); got {type(model).__name__}"
             )
-        if comm.world_size < 2:
-            raise ValueError(
-                "odc.torch needs at least 2 ranks (FSDP2 skips its communication hooks on one)"
-            )
+        _check_comm(comm)
         self.model = model
         self.comm = comm
-        self.in_minibatch = False
-        self.published_stale = True
+        self.state = EngineState.READY
+        self._optimizer = optimizer
+        # Sums handed out at the last minibatch_end that no optimizer step used yet (tracked
+        # when the optimizer was given): a new minibatch would discard them.
+        self._unstepped = False
         self._end_event = None  # GPU: recorded after the last minibatch_end (check_minibatch)
         self._collective_guard = CollectiveGuard(mode_from_environment())  # ODC_DEBUG_COLLECTIVES
         internals.lazy_init(model)
@@ -333,10 +520,25 @@ class OdcFSDP:
             module.set_custom_all_gather(OdcAllGather(group))
             module.set_custom_reduce_scatter(OdcReduceScatter(group))
             self._groups.append(group)
+        # Which parameters some rank pushed a gradient for in a minibatch: one float per
+        # parameter of every group (slot), summed like the gradients (see minibatch_end).
+        self._slot_base = []
+        total = 0
+        for group in self._groups:
+            self._slot_base.append(total)
+            total += len(group.layout.slots)
+        self._num_slots = total
+        self._bind_reduced_flags()
         sum_gradients(model)
         if optimizer is not None:
             optimizer.register_step_pre_hook(self._before_step)
             optimizer.register_step_post_hook(self._after_step)
+
+    def _bind_reduced_flags(self) -> None:
+        per_rank = -(-self._num_slots // self.comm.world_size)
+        self._reduced_flags = self.comm.alloc(
+            per_rank, accumulator=True, name="odc.torch/<parameters reduced in the minibatch>"
+        )
 
     def _check_placement(self, layout: internals.GroupLayout) -> None:
         param = layout.slots[0].param
@@ -353,8 +555,12 @@ class OdcFSDP:
                 f"parameters are on {param.device}, the odc communicator on cuda:{self.comm.device}"
             )
 
+    @property
+    def in_minibatch(self) -> bool:
+        return self.state is EngineState.IN_MINIBATCH
+
     def _before_step(self, optimizer, args, kwargs) -> None:
-        if self.in_minibatch:
+        if self.state is EngineState.IN_MINIBATCH:
             raise RuntimeError(
                 "optimizer.step() called before minibatch_end(): the gradients are not summed yet"
             )
@@ -372,15 +578,63 @@ class OdcFSDP:
         try:
             self.comm.poll_error()
         except Error as error:
+            self._failed()
             raise Error(
                 f"odc.torch: the last minibatch did not complete on every rank, so its gradient "
                 f"sums are partial; no optimizer step may use them: {error}",
                 error.code,
             ) from error
+        if self.state is EngineState.FAILED:
+            raise Error(
+                "odc.torch: the engine failed in its last minibatch (its gradient sums are "
+                "partial); call reset(<new communicator>) on every rank first",
+                _INVALID_USAGE,
+            )
         self._end_event = None
 
     def _after_step(self, optimizer, args, kwargs) -> None:
-        self.published_stale = True
+        self._unstepped = False
+
+    def _failed(self) -> None:
+        """The communicator failed: no sum of this minibatch may be used, no .grad views it."""
+        self.state = EngineState.FAILED
+        self._collective_guard.stop()
+        self._unstepped = False
+        for group in self._groups:
+            group.drop_grads()
+
+    def abort(self, reason: str) -> None:
+        """Local: fails the engine and its communicator for `reason` (what `with minibatch()`
+        does when its body raises; call it yourself around minibatch_begin()/minibatch_end()
+        written out by hand). Peers waiting in minibatch_end raise odc.Error naming this rank
+        and the reason at once (host communicators; on GPUs their device waits end at the
+        timeout, naming this rank). reset(comm) recovers."""
+        self.comm.abort(reason)
+        self._failed()
+
+    def reset(self, comm: Comm) -> None:
+        """Collective (every rank, e.g. after a failed minibatch): moves the engine onto `comm`,
+        a new communicator over the same ranks, and makes it usable again. The sharded
+        parameters (the optimizer's state too) keep the values of the last completed step; the
+        failed minibatch's sums are dropped. Close the old communicator afterwards."""
+        if self.state is EngineState.IN_MINIBATCH:
+            raise RuntimeError("reset() inside a minibatch: end or abort it first")
+        _check_comm(comm)
+        if comm.world_size != self.comm.world_size or comm.device != self.comm.device:
+            raise ValueError(
+                f"reset: the new communicator (rank {comm.rank} of {comm.world_size}, device "
+                f"{comm.device}) must span the same ranks and device as the old one (rank "
+                f"{self.comm.rank} of {self.comm.world_size}, device {self.comm.device})"
+            )
+        self._collective_guard.stop()
+        self.comm = comm
+        for group in self._groups:  # the same order on every rank: alloc is collective
+            group.check_group(internals.shard_process_group(group.layout.module))
+            group.bind()
+        self._bind_reduced_flags()
+        self._end_event = None
+        self._unstepped = False
+        self.state = EngineState.READY
 
     @property
     def collectives_seen(self) -> List[str]:
@@ -398,15 +652,17 @@ class OdcFSDP:
         """Per-rank bytes of odc.torch's buffers, by kind: `published` (this rank's shards,
         symmetric memory), of which `published_in_place` are FSDP2's own sharded parameters
         moved there (R7: torch's allocator no longer holds them, so they cost nothing beyond
-        plain FSDP2; the rest is a copy in param_dtype), `accumulators` (fp32 gradient sums,
-        symmetric memory; .grad views them after minibatch_end, where plain FSDP2 holds its own
-        sharded gradients; during a minibatch no .grad is kept, R5)."""
+        plain FSDP2; the rest is a copy in param_dtype), `accumulators` (fp32 gradient sums of
+        the trainable parameters, symmetric memory; .grad views them after minibatch_end, where
+        plain FSDP2 holds its own sharded gradients; during a minibatch no .grad is kept, R5;
+        plus one float per parameter tensor that records which ones got gradients)."""
         published = in_place = accumulators = 0
         for group in self._groups:
             size = group.layout.shard_numel * (4 if group.published.dtype == "float32" else 2)
             published += size
             in_place += size if group.in_place is not None else 0
-            accumulators += group.layout.shard_numel * 4
+            accumulators += group.grad_numel * 4
+        accumulators += self._reduced_flags.count * 4
         return {
             "published": published,
             "published_in_place": in_place,
@@ -432,8 +688,22 @@ class OdcFSDP:
 
     def minibatch_begin(self) -> None:
         """Collective: publishes this rank's updated shards and opens the minibatch."""
-        if self.in_minibatch:
+        if self.state is EngineState.IN_MINIBATCH:
             raise RuntimeError("minibatch_begin() called twice without minibatch_end()")
+        if self.state is EngineState.FAILED:
+            raise Error(
+                "odc.torch: the engine's communicator failed in an earlier minibatch; call "
+                "reset(<new communicator>) on every rank before the next minibatch",
+                _INVALID_USAGE,
+            )
+        if self._unstepped and any(
+            slot.param.grad is not None for group in self._groups for slot in group.layout.slots
+        ):
+            raise RuntimeError(
+                "odc.torch: minibatch_begin() would discard the gradient sums of the last "
+                "minibatch, which no optimizer.step() used: step first, or drop them with "
+                "optimizer.zero_grad() (set_to_none=True)"
+            )
         for module in self._modules:
             module.reshard()  # unsharded parameters may predate the optimizer step
         # The end of every backward then orders the current stream after the pushes.
@@ -445,41 +715,93 @@ class OdcFSDP:
             if layout.shard_numel != group.layout.shard_numel:
                 raise RuntimeError("a parameter group changed size after odc.torch was enabled")
             group.layout = layout
+            # Frozen or unfrozen since the last minibatch: resize the sums (collective).
+            group.refresh_trainable()
             # FSDP2 must not add into last minibatch's sums, nor keep gradients of its own.
             group.clear_grads()
             group.publish()
         self.comm.minibatch_begin()  # zero accumulators; every rank has published
-        self.in_minibatch = True
-        self.published_stale = False
+        self.state = EngineState.IN_MINIBATCH
         self._collective_guard.start()
 
     def minibatch_end(self) -> None:
         """Collective: when it returns (host) / in stream order (GPU), every parameter's .grad
-        holds the sum over all ranks' microbatches of this minibatch. On an HSDP mesh the node's
-        sums are then all-reduced across replicas: collective over every rank of the job."""
-        if not self.in_minibatch:
+        holds the sum over all ranks' microbatches of this minibatch (None for parameters that
+        were frozen or that no rank's backward reached). On an HSDP mesh the node's sums are
+        then all-reduced across replicas: collective over every rank of the job. A failure
+        (a peer failed or aborted, a timeout) leaves the engine failed: see reset()."""
+        if self.state is not EngineState.IN_MINIBATCH:
             raise RuntimeError("minibatch_end() without minibatch_begin()")
         self._collective_guard.stop()
-        self.comm.minibatch_end()
+        try:
+            everything = self._push_reduced_flags()
+            self.comm.minibatch_end()
+        except BaseException:
+            self._failed()
+            raise
         if self.comm.device is not None:  # what check_minibatch() waits for before a step
             self._end_event = torch.cuda.Event()
             self._end_event.record(torch.cuda.current_stream(self.comm.device))
         if self._replicas is not None:  # HSDP: the node's sums, summed across replicas
-            self._replicas.reduce([group.accumulator.tensor() for group in self._groups])
-        for group in self._groups:
-            group.set_grads()
-        self.in_minibatch = False
+            accumulators = [g.accumulator.tensor() for g in self._groups if g.accumulator]
+            self._replicas.reduce(accumulators + [self._reduced_flags.tensor()])
+        reduced = self._reduced_everywhere(everything)
+        any_grad = False
+        for group, base in zip(self._groups, self._slot_base):
+            group.set_grads(lambda index, base=base: reduced(base + index))
+            any_grad = any_grad or any(index in group.pushed for index in group.grad_offsets)
+        self._unstepped = self._optimizer is not None and any_grad
+        self.state = EngineState.READY
+
+    def _push_reduced_flags(self) -> bool:
+        """Pushes 1 for every parameter this rank pushed gradients for; returns whether that
+        was every trainable parameter (then every rank knows they all have sums)."""
+        world = self.comm.world_size
+        flags = torch.zeros(world * self._reduced_flags.count, dtype=torch.float32)
+        everything = True
+        for group, base in zip(self._groups, self._slot_base):
+            for index in group.pushed:
+                flags[base + index] = 1.0
+            everything = everything and len(group.pushed) == len(group.grad_offsets)
+        if self.comm.device is not None:
+            flags = flags.to(torch.device("cuda", self.comm.device), non_blocking=False)
+        self.comm.scatter_accumulate(_comm_view(flags, self.comm), self._reduced_flags)
+        return everything
+
+    def _reduced_everywhere(self, everything: bool) -> Callable[[int], bool]:
+        """Whether some rank pushed a gradient for a parameter (by its flag index). Reads the
+        summed flags only when this rank did not push every trainable parameter itself (a host
+        read of a few bytes; on GPUs it waits for the minibatch's end)."""
+        if everything:
+            return lambda index: True
+        world = self.comm.world_size
+        gathered = torch.zeros(world * self._reduced_flags.count, dtype=torch.float32)
+        if self.comm.device is not None:
+            gathered = gathered.to(torch.device("cuda", self.comm.device))
+        self.comm.gather(_comm_view(gathered, self.comm), self._reduced_flags)
+        values = gathered.cpu().tolist()
+        return lambda index: values[index] > 0.0
 
     @contextlib.contextmanager
     def minibatch(self) -> Iterator["OdcFSDP"]:
-        """minibatch_begin() ... minibatch_end(); the end is skipped when the body raises."""
+        """minibatch_begin() ... minibatch_end(). When the body raises, the minibatch is
+        aborted (abort()): the communicator fails at once, so peers raise naming this rank and
+        the exception instead of waiting out their timeout, and the exception propagates."""
         self.minibatch_begin()
         try:
             yield self
-        except BaseException:
-            self._collective_guard.stop()
+        except BaseException as error:
+            if self.state is EngineState.IN_MINIBATCH:
+                self.abort(f"{type(error).__name__} inside a minibatch: {error}")
             raise
         self.minibatch_end()
+
+
+def _check_comm(comm: Comm) -> None:
+    if comm.world_size < 2:
+        raise ValueError(
+            "odc.torch needs at least 2 ranks (FSDP2 skips its communication hooks on one)"
+        )
 
 
 def sum_gradients(model: nn.Module) -> None:
@@ -509,4 +831,4 @@ def global_count(count: int, group: Optional[dist.ProcessGroup] = None) -> int:
     return int(total.item())
 
 
-__all__ = ["OdcFSDP", "global_count", "scale_loss", "sum_gradients"]
+__all__ = ["EngineState", "OdcFSDP", "global_count", "scale_loss", "sum_gradients"]
