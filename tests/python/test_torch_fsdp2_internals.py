@@ -1,4 +1,4 @@
-"""The FSDP2 behaviour odc.torch relies on beyond public API (R1-R7 in
+"""The FSDP2 behaviour odc.torch relies on beyond public API (R1-R8 in
 python/odc/torch/_fsdp2_internals.py), checked directly on the installed torch with plain FSDP2
 (gloo, CPU) and recording hooks instead of ODC, so that a torch release that changes one of them
 fails here, naming it, rather than as wrong gradients elsewhere."""
@@ -123,9 +123,45 @@ def _internals_rank(rank, world_size, key, store_path):
                     )
                 elif slot.param.grad is not None:
                     problems.append("R5: a .grad the hook dropped came back")
+        problems += _check_r8(model, layouts[model[0]], hooks[model[0]][1], x)
         return problems
     finally:
         dist.destroy_process_group()
+
+
+def _check_r8(model, layout, scatter, x):
+    """R8: after a forward each parameter has an unsharded nn.Parameter, reused from forward to
+    forward; a reduce covers only the parameters whose unsharded parameter got a gradient (here
+    the weight, with the bias frozen), and their post-accumulate-grad hooks run before it."""
+    from odc.torch import _fsdp2_internals as internals
+
+    problems = []
+    module = model[0]
+    before = [internals.unsharded_param(module, i) for i in range(len(layout.slots))]
+    if not all(isinstance(p, torch.nn.Parameter) for p in before):
+        return [f"R8: no unsharded nn.Parameter after a forward: {before}"]
+    module.bias.requires_grad_(False)
+    scatter.output_numels.clear()
+    pushed_before_hook = []
+    before[0].register_post_accumulate_grad_hook(
+        lambda param: pushed_before_hook.append(len(scatter.output_numels))
+    )
+    model(x).pow(2).sum().backward()
+    module.bias.requires_grad_(True)
+    after = [internals.unsharded_param(module, i) for i in range(len(layout.slots))]
+    if any(a is not b for a, b in zip(after, before)):
+        problems.append("R8: FSDP2 made new unsharded parameters for a second forward")
+    if pushed_before_hook != [0]:
+        problems.append(
+            f"R8: the unsharded weight's post-accumulate-grad hook ran {pushed_before_hook} "
+            "(reduces before it), expected once before the group's reduce"
+        )
+    if scatter.output_numels != [layout.slots[0].padded_numel]:
+        problems.append(
+            f"R8: with the bias frozen FSDP2 reduce-scattered {scatter.output_numels} elements "
+            f"per rank, expected the weight's [{layout.slots[0].padded_numel}]"
+        )
+    return problems
 
 
 def _in_place_rank(rank, world_size, key, store_path):
@@ -224,7 +260,7 @@ def test_r1_protocol_classes_import_from_fsdp2():
     assert internals.missing_fsdp2_features() == []
 
 
-def test_r2_to_r5_layout_lazy_init_and_grad_accumulation():
+def test_r2_to_r5_and_r8_layout_lazy_init_grad_accumulation_and_subsets():
     import odc
 
     with tempfile.TemporaryDirectory() as directory:
