@@ -37,3 +37,12 @@ def test_bf16_loss_curve_follows_plain_fsdp2():
     # Same bf16 compute; fp32 sums that differ only in order: curves agree to 0.1%.
     assert np.allclose(odc_losses, fsdp2_losses, rtol=1e-3, atol=0)
     assert max_diff(odc_results[0][1], fsdp2_results[0][1]) < 1e-3
+
+
+def test_frozen_unused_and_adapter_parameters_on_gpus():
+    """Issue #26 items 1 and 3 on the CUDA transport: frozen parameters unchanged, subsets of a
+    group pushed (spread into the trainable layout), no .grad where no rank reduced."""
+    from test_torch_fsdp2_frozen import check_frozen_unused_and_adapter_parameters
+
+    # GPU vs CPU fp32 arithmetic and atomic summation order, as above.
+    check_frozen_unused_and_adapter_parameters(_num_gpus(), "cuda", tolerance=1e-4)

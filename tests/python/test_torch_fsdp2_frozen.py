@@ -24,7 +24,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="odc.torch tests need torch")
 
 import odc  # noqa: E402
-from tiny_lm import LR, loss_sum, make_model, minibatch_samples  # noqa: E402
+from tiny_lm import LR, loss_sum, make_model  # noqa: E402
+from tiny_lm import minibatch_samples as tiny_minibatch_samples  # noqa: E402
 
 VOCAB, DIM, RANK_LORA = 23, 10, 2
 STEPS = 6
@@ -84,7 +85,7 @@ def _make_net():
 
 
 def _samples(step):
-    return minibatch_samples(step, num_samples=6, shortest=3, longest=12, vocab=VOCAB)
+    return tiny_minibatch_samples(step, num_samples=6, shortest=3, longest=12, vocab=VOCAB)
 
 
 def _route(microbatch):
@@ -233,7 +234,7 @@ def check_frozen_unused_and_adapter_parameters(world_size, device, tolerance):
         assert memory[4] < memory[3] < everything, (memory, everything)
 
 
-def _failure_rank(rank, world_size, key, store_path):
+def _failure_rank(rank, world_size, key, store_path, device="cpu", timeout=300):
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
@@ -242,16 +243,25 @@ def _failure_rank(rank, world_size, key, store_path):
     dist.init_process_group(
         "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
     )
+    gpu = None
+    if device == "cuda":
+        gpu = rank % torch.cuda.device_count()
+        torch.cuda.set_device(gpu)
+    where = "cpu" if gpu is None else f"cuda:{gpu}"
+
+    def minibatch_samples(step):
+        return [t.to(where) for t in tiny_minibatch_samples(step)]
+
     seen = {}
     try:
-        model = make_model()
+        model = make_model().to(where)
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         # A long timeout: a peer that learned of the failure only by waiting would take 300 s
         # and report a timeout, which the test tells apart.
-        comm = odc.Comm(rank, world_size, key, timeout=300)
+        comm = odc.Comm(rank, world_size, key, timeout=timeout, device=gpu)
         engine = odc.torch.OdcFSDP(model, comm, optimizer)
 
         def train_step(step):
@@ -289,7 +299,7 @@ def _failure_rank(rank, world_size, key, store_path):
         except odc.Error as error:
             seen["begin"] = str(error)
         # Recovery: a new communicator on every rank; the failed minibatch is dropped.
-        fresh = odc.Comm(rank, world_size, key + "-reset", timeout=60)
+        fresh = odc.Comm(rank, world_size, key + "-reset", timeout=60, device=gpu)
         engine.reset(fresh)
         comm.close()
         train_step(1)
@@ -308,7 +318,7 @@ def _failure_rank(rank, world_size, key, store_path):
         optimizer.zero_grad(set_to_none=True)
         with engine.minibatch():
             pass
-        state = {k: v.full_tensor().numpy().copy() for k, v in model.state_dict().items()}
+        state = _full_state(model)
         fresh.close()
         return seen, state
     finally:
@@ -319,7 +329,7 @@ def _two_step_reference():
     model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     for step in range(2):
-        samples = minibatch_samples(step)
+        samples = tiny_minibatch_samples(step)
         tokens = sum(int(t.shape[1]) - 1 for t in samples)
         (loss_sum(model, samples) / tokens).backward()
         optimizer.step()
@@ -331,7 +341,7 @@ def test_exception_inside_a_minibatch_fails_fast_and_reset_recovers():
     with tempfile.TemporaryDirectory() as directory:
         results = odc.launch(_failure_rank, 2, os.path.join(directory, "store"), timeout=200)
     reference = _two_step_reference()
-    for rank, (seen, state) in enumerate(results):
+    for rank, (seen, _) in enumerate(results):
         assert "forward outside a minibatch" in seen["outside"]
         if rank == 1:
             assert seen["failure"] == "ValueError: boom on rank 1"
@@ -344,6 +354,7 @@ def test_exception_inside_a_minibatch_fails_fast_and_reset_recovers():
         assert "reset(" in seen["begin"]
         assert seen["eval"] > 0 and seen["eval_grads"] == 0
         assert "would discard the gradient sums" in seen["discard"]
-        # The failed minibatch changed nothing: two completed steps equal one process's two.
-        diff = max(float(np.max(np.abs(state[k] - reference[k]))) for k in reference)
-        assert diff < 1e-5, diff
+    # The failed minibatch changed nothing: two completed steps equal one process's two.
+    state = _join_shards([result[1] for result in results])
+    diff = max(float(np.max(np.abs(state[k] - reference[k]))) for k in reference)
+    assert diff < 1e-5, diff

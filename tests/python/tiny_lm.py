@@ -70,7 +70,9 @@ def loss_sum(model, samples):
     sequence (one forward per microbatch, as FSDP2 needs the same number on every rank)."""
     inputs = torch.cat([tokens[:, :-1] for tokens in samples], dim=1)
     targets = torch.cat([tokens[:, 1:] for tokens in samples], dim=1)
-    document_ids = torch.cat([torch.full((int(t.shape[1]) - 1,), i) for i, t in enumerate(samples)])
+    document_ids = torch.cat(
+        [torch.full((int(t.shape[1]) - 1,), i, device=inputs.device) for i, t in enumerate(samples)]
+    )
     logits = model(inputs, document_ids)
     return torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
