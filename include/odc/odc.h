@@ -35,7 +35,9 @@ typedef enum {
   odcInvalidUsage = 4, /* a valid call at the wrong moment (outside a minibatch, after destroy) */
   odcTimeout = 5,      /* a wait on another rank ran past the communicator's timeout */
   odcRemoteError = 6,  /* another rank died, failed, or entered a different collective */
-  odcNumResults = 7
+  odcInterrupted = 7,  /* a wait on another rank was ended from outside: the interrupt check
+                          (odcSetInterruptCheck) or a destroy from another thread */
+  odcNumResults = 8
 } odcResult_t;
 
 /* A static, human-readable name for a result code. Never NULL. */
@@ -137,7 +139,8 @@ ODC_API odcResult_t odcLengthsFree(int64_t* lengths);
 
 /* ---------------------------------------------------------------------------------------------
  * Communicator: ranks, symmetric buffers and the ODC operations (design.md, "Semantics").
- * One process per rank. A communicator is used by one thread at a time. Calls marked
+ * One process per rank. A communicator is used by one thread at a time (odcCommDestroy may come
+ * from another thread while a call is in flight: that call ends with odcInterrupted). Calls marked
  * "collective" must be made by every rank, in the same order. Errors name the rank and the
  * operation. After a timeout or a peer's failure the communicator is failed: every later call
  * returns odcRemoteError with the original message; destroy it.
@@ -238,16 +241,29 @@ ODC_API odcResult_t odcCommConfigInit(odcCommConfig_t* config);
 ODC_API odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_size,
                                       const odcCommConfig_t* config);
 
+/* Process-wide: `check` (NULL: none, the default) is called on the waiting thread, at most every
+ * 20 ms, while a call waits on another rank on the host (init, barriers, minibatch_end, signal
+ * waits; not device-side waits). A nonzero return ends the wait: the call returns odcInterrupted,
+ * naming what it waited for, and the communicator is failed (peers waiting on this rank fail naming
+ * it). The Python package installs one that runs Python's signal handlers, so Ctrl-C raises
+ * KeyboardInterrupt in a rank waiting inside odc, even with an infinite timeout. `check` must not
+ * call odc. */
+ODC_API odcResult_t odcSetInterruptCheck(int (*check)(void* ctx), void* ctx);
+
 /* 1 when the library was built with the CUDA transport, else 0. */
 ODC_API int odcHasCuda(void);
 
 /* Frees the communicator and its buffers; the handle is invalid afterwards (calls with it return
- * odcInvalidUsage). Peers still waiting on this rank fail with odcRemoteError. Host communicators:
- * local. Device communicators: collective (destroy them in the same order on every rank): first
- * completes this rank's queued work and, unless the communicator has failed, meets every peer in a
- * final barrier, so no peer's queued gather or push still uses this rank's memory when it is freed;
- * the wait is bounded by the timeout and ends early when a peer failed or died (memory is then
- * freed anyway: that peer has failed or will, naming this rank). */
+ * odcInvalidUsage). Peers still waiting on this rank fail with odcRemoteError. A call of this
+ * communicator in flight on another thread ends its wait on other ranks with odcInterrupted, and
+ * destroy frees nothing before it has returned. A communicator belongs to the process that created
+ * it: in a forked child every call with it returns odcInvalidUsage, and destroy only forgets the
+ * handle there (success), leaving the parent's communicator and its shared state untouched. Host
+ * communicators: local. Device communicators: collective (destroy them in the same order on every
+ * rank): first completes this rank's queued work and, unless the communicator has failed, meets
+ * every peer in a final barrier, so no peer's queued gather or push still uses this rank's memory
+ * when it is freed; the wait is bounded by the timeout and ends early when a peer failed or died
+ * (memory is then freed anyway: that peer has failed or will, naming this rank). */
 ODC_API odcResult_t odcCommDestroy(odcComm_t comm);
 
 ODC_API odcResult_t odcCommRank(odcComm_t comm, int* rank);

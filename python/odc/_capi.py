@@ -6,8 +6,11 @@ The library is found, in order: $ODC_LIBRARY (a path to libodc.so), then next to
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
+import sys
+import threading
 from pathlib import Path
 
 
@@ -27,6 +30,7 @@ INTERNAL_ERROR = 3
 INVALID_USAGE = 4
 TIMEOUT = 5
 REMOTE_ERROR = 6
+INTERRUPTED = 7
 
 # odcDataType_t
 FLOAT32 = 0
@@ -67,6 +71,8 @@ BOOTSTRAP_ALLGATHER = ctypes.CFUNCTYPE(
 )
 BOOTSTRAP_BARRIER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 BOOTSTRAP_MARK_FAILED = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+# odcSetInterruptCheck's callback: nonzero ends the wait.
+INTERRUPT_CHECK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 
 
 class Bootstrap(ctypes.Structure):
@@ -207,6 +213,7 @@ def _load() -> ctypes.CDLL:
     lib.odcMinibatchEnd.argtypes = [handle, stream]
     lib.odcBarrier.argtypes = [handle, stream]
     lib.odcCommPollError.argtypes = [handle]
+    lib.odcSetInterruptCheck.argtypes = [INTERRUPT_CHECK, ctypes.c_void_p]
     lib.odcCommAbort.argtypes = [handle, ctypes.c_char_p]
     for name in (
         "odcCommInit",
@@ -220,6 +227,7 @@ def _load() -> ctypes.CDLL:
         "odcBufferAllocNamed",
         "odcBufferAllocKind",
         "odcCommPollError",
+        "odcSetInterruptCheck",
         "odcCommAbort",
         "odcBufferFree",
         "odcGather",
@@ -243,6 +251,78 @@ def _load() -> ctypes.CDLL:
 
 lib = _load()
 
+# Ctrl-C inside odc. Python's SIGINT handler only sets a flag that the interpreter looks at between
+# bytecodes, so a rank waiting in C (a missing peer, an infinite timeout) would never see it. odc
+# calls this check from its host waits on other ranks (every 20 ms at most): it runs Python's
+# signal handlers, and what they raise (KeyboardInterrupt, or a handler's own exception) ends the
+# wait (odcInterrupted, the communicator failed, peers name this rank) and is re-raised in the
+# caller by check_comm(). Kept per thread: handlers run on the main thread, whose call it ends.
+_pending = threading.local()
+_check_signals = ctypes.pythonapi.PyErr_CheckSignals
+_check_signals.argtypes = []
+_check_signals.restype = ctypes.c_int
+
+
+def hold_interrupt(error: BaseException) -> None:
+    """Keeps `error` (raised inside a callback from C) for check_comm to re-raise in the caller."""
+    if getattr(_pending, "error", None) is None:
+        _pending.error = error
+
+
+def take_interrupt_pending() -> bool:
+    """Whether a signal handler's exception waits to be raised on this thread."""
+    return getattr(_pending, "error", None) is not None
+
+
+def take_interrupt() -> "BaseException | None":
+    """The exception a signal handler raised during the last call on this thread, if any."""
+    error = getattr(_pending, "error", None)
+    _pending.error = None
+    return error
+
+
+def c_callback(function):
+    """Marks a Python function called from C (through ctypes) as odc's: a KeyboardInterrupt (or a
+    signal handler's exception) raised as it starts, before its own try block, goes to the stash
+    instead of being printed and lost (ctypes reports it as unraisable and returns 0)."""
+    function._odc_callback = True
+    return function
+
+
+def _unraisable(unraisable) -> None:
+    callback = getattr(unraisable.object, "__func__", unraisable.object)
+    error = unraisable.exc_value
+    if (
+        getattr(callback, "_odc_callback", False)
+        and error is not None
+        and not isinstance(error, Exception)
+    ):
+        hold_interrupt(error)
+        return
+    _previous_unraisablehook(unraisable)
+
+
+_previous_unraisablehook = sys.unraisablehook
+sys.unraisablehook = _unraisable
+
+
+@INTERRUPT_CHECK
+@c_callback
+def _interrupt_check(_ctx) -> int:
+    try:
+        if getattr(_pending, "error", None) is not None:
+            return 1  # caught as a callback started (see c_callback)
+        _check_signals()  # PyDLL: a pending handler's exception is raised here
+    except BaseException as error:  # noqa: BLE001 - KeyboardInterrupt and handlers' exceptions
+        hold_interrupt(error)
+        return 1
+    return 0
+
+
+lib.odcSetInterruptCheck(_interrupt_check, None)
+# Finalizers that still call odc after the interpreter starts shutting down must not call back.
+atexit.register(lambda: lib.odcSetInterruptCheck(INTERRUPT_CHECK(), None))
+
 
 def check(result: int) -> None:
     """Raises for a failed call: ValueError for invalid arguments, Error otherwise."""
@@ -256,7 +336,13 @@ def check(result: int) -> None:
 
 
 def check_comm(result: int) -> None:
-    """Raises Error (with .code) for any failed communicator call."""
+    """Raises Error (with .code) for any failed communicator call; first, whatever a signal handler
+    raised while the call waited (KeyboardInterrupt), with odc's message as a note."""
+    interrupt = take_interrupt()
+    if interrupt is not None:
+        if result != SUCCESS and hasattr(interrupt, "add_note"):
+            interrupt.add_note("odc: " + lib.odcGetLastError().decode("utf-8", "replace"))
+        raise interrupt
     if result != SUCCESS:
         raise Error(lib.odcGetLastError().decode("utf-8", "replace"), result)
 

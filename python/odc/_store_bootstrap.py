@@ -95,6 +95,7 @@ class StoreBootstrap:
         return "rank" + ("s " if len(missing) != 1 else " ") + ", ".join(map(str, missing))
 
     # -- the C callbacks: never raise into C --------------------------------------------------
+    @_capi.c_callback
     def _allgather_cb(self, _ctx, send, recv, num_bytes) -> int:
         try:
             data = ctypes.string_at(send, num_bytes) if num_bytes else b""
@@ -110,7 +111,12 @@ class StoreBootstrap:
         except Exception as error:  # noqa: BLE001 - reported through the result code
             self.error = f"{type(error).__name__}: {error}" if not str(error) else str(error)
             return 1
+        except BaseException as error:  # Ctrl-C while polling the store: re-raised by Comm()
+            self.error = f"interrupted ({type(error).__name__})"
+            _capi.hold_interrupt(error)
+            return 1
 
+    @_capi.c_callback
     def _barrier_cb(self, _ctx) -> int:
         try:
             self.allgather(b"\x01", "barrier")
@@ -118,7 +124,12 @@ class StoreBootstrap:
         except Exception as error:  # noqa: BLE001 - reported through the result code
             self.error = str(error) or type(error).__name__
             return 1
+        except BaseException as error:  # Ctrl-C while polling the store: re-raised by Comm()
+            self.error = f"interrupted ({type(error).__name__})"
+            _capi.hold_interrupt(error)
+            return 1
 
+    @_capi.c_callback
     def _mark_failed_cb(self, _ctx, reason) -> None:
         try:
             text = reason.decode("utf-8", "replace") if reason else "unknown reason"
@@ -127,6 +138,8 @@ class StoreBootstrap:
             self.mark_failed(text)
         except Exception:  # noqa: BLE001 - the store may be gone; peers then time out
             pass
+        except BaseException as error:  # Ctrl-C: re-raised by the caller, never into C
+            _capi.hold_interrupt(error)
 
 
 def _as_bytes(value: Any) -> bytes:

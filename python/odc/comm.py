@@ -23,6 +23,7 @@ import ctypes
 import math
 import os
 import sys
+import threading
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -275,6 +276,10 @@ class Comm:
         self._deferred_handle = None
         self._num_views = 0
         self._bootstrap = None
+        # The creating process: a forked child's copy of this object must never destroy it (its
+        # finalizer would close the parent's rank in the shared control block).
+        self._pid = os.getpid()
+        self._close_lock = threading.Lock()
         # Validate before calling C: ctypes truncates wide integers and C strings end at a NUL.
         world_size = _checked_int(world_size, "world_size", 1, _INT_MAX)
         rank = _checked_int(rank, "rank", -_INT_MAX - 1, _INT_MAX)  # C names a rank out of range
@@ -330,6 +335,8 @@ class Comm:
         result = _capi.lib.odcCommInitConfig(
             ctypes.byref(handle), rank, world_size, ctypes.byref(config)
         )
+        if result != _capi.SUCCESS and _capi.take_interrupt_pending():
+            _capi.check_comm(result)  # raises what a signal handler raised (KeyboardInterrupt)
         if result != _capi.SUCCESS and self._bootstrap is not None and self._bootstrap.error:
             # The library only saw the callback's result code; say what the store said.
             message = _capi.lib.odcGetLastError().decode("utf-8", "replace")
@@ -350,17 +357,25 @@ class Comm:
         memory is released only when the last view is gone (see the module docstring).
         Device communicators: collective (odcCommDestroy): the release first meets every peer's,
         bounded by the timeout, so that no peer's queued work still uses this rank's memory;
-        close them in the same order on every rank."""
-        if self._handle is not None:
+        close them in the same order on every rank.
+        From another thread while a call is in flight: that call's wait on other ranks ends and it
+        raises odc.Error (the communicator was destroyed); close() returns once it has.
+        In a forked child (os.fork) it only forgets the handle: the communicator is the parent's."""
+        with self._close_lock:
             handle, self._handle = self._handle, None
+            if handle is None:
+                return
+            if os.getpid() != self._pid:
+                return  # a forked child's copy: the parent's communicator stays as it is
             if self._num_views > 0:
                 self._deferred_handle = handle
                 return
-            _capi.check_comm(_capi.lib.odcCommDestroy(handle))
+        _capi.check_comm(_capi.lib.odcCommDestroy(handle))
 
     def _release_deferred(self) -> None:
-        if self._deferred_handle is not None:
+        with self._close_lock:
             handle, self._deferred_handle = self._deferred_handle, None
+        if handle is not None and os.getpid() == self._pid:
             _capi.lib.odcCommDestroy(handle)
 
     def __enter__(self) -> "Comm":
@@ -371,7 +386,8 @@ class Comm:
 
     def __del__(self) -> None:
         try:
-            self.close()
+            if getattr(self, "_close_lock", None) is not None:
+                self.close()
         except Exception:  # interpreter shutdown: nothing sensible to report
             pass
 

@@ -24,6 +24,8 @@ odcResult_t to_result(StatusCode code) {
       return odcTimeout;
     case StatusCode::kRemoteError:
       return odcRemoteError;
+    case StatusCode::kInterrupted:
+      return odcInterrupted;
   }
   return odcInternalError;
 }
@@ -58,6 +60,8 @@ extern "C" const char* odcGetErrorString(odcResult_t result) {
       return "timeout";
     case odcRemoteError:
       return "remote error";
+    case odcInterrupted:
+      return "interrupted";
     case odcNumResults:
       break;
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -15,10 +16,13 @@
 #include <set>
 #include <string>
 
+#include <unistd.h>
+
 #include "api/api_errors.h"
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/shm_bootstrap.h"
 #include "common/env.h"
+#include "common/interrupt.h"
 #include "core/communicator.h"
 #include "core/transport_registry.h"
 #include "odc/odc.h"
@@ -35,6 +39,15 @@ struct odcComm {
   std::string last_error;
   // Live buffers by handle (odcBuffer_t is the number, cast).
   std::map<uint64_t, odc::Buffer*> buffers;
+  // The process that created it: only it may use or destroy it. A forked child shares its control
+  // blocks and mappings; its calls (or its destroy, e.g. from a Python finalizer) would act as this
+  // rank in the parent's job.
+  pid_t creator = ::getpid();
+  // Calls running now, and whether a destroy waits for them (both under registry_mutex).
+  int num_in_flight = 0;
+  bool destroying = false;
+  // Set by destroy: waits of calls in flight (other threads) end (common/interrupt.h).
+  std::atomic<bool> closing{false};
 };
 
 namespace {
@@ -45,7 +58,11 @@ using odc::api::report;
 using odc::api::success;
 
 std::mutex registry_mutex;
+std::condition_variable calls_left;  // a call of a communicator being destroyed has returned
 std::set<const odcComm*> live_comms;
+// Destroyed communicators keep their (emptied) handle object, so that no later communicator gets
+// the same address: a stale handle stays "used after destroy" instead of reaching a new one.
+std::set<const odcComm*>* retired_comms = new std::set<const odcComm*>();
 
 // Records a failure on the communicator and the thread.
 odcResult_t report_on(odcComm* comm, const Status& status) {
@@ -58,16 +75,50 @@ odcResult_t succeed_on(odcComm* comm) {
   return success();
 }
 
-// The communicator behind a handle, or the error for a NULL / destroyed one.
-Status lookup(odcComm_t comm, const char* function) {
+std::string forked_use(const char* function, const odcComm* comm) {
+  return std::string(function) + ": this communicator was created by process " +
+         std::to_string(comm->creator) + "; process " + std::to_string(::getpid()) +
+         " (a forked child?) cannot use it (its destroy only forgets the handle, leaving the "
+         "parent's communicator as it is)";
+}
+
+// The communicator behind a handle, or the error for a NULL / destroyed one. Requires
+// registry_mutex.
+Status lookup_locked(odcComm_t comm, const char* function) {
   if (comm == nullptr) return Status::InvalidArgument(std::string(function) + ": comm is NULL");
-  std::lock_guard<std::mutex> lock(registry_mutex);
   if (live_comms.count(comm) == 0) {
     return Status::InvalidUsage(std::string(function) +
                                 ": communicator used after destroy (or never created)");
   }
+  if (comm->creator != ::getpid()) return Status::InvalidUsage(forked_use(function, comm));
+  if (comm->destroying) {
+    return Status::InvalidUsage(std::string(function) +
+                                ": communicator is being destroyed by another thread");
+  }
   return Status::Ok();
 }
+
+Status lookup(odcComm_t comm, const char* function) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  return lookup_locked(comm, function);
+}
+
+// A call in flight on a live communicator: a destroy from another thread ends its waits and waits
+// for it to return before freeing anything.
+class InFlight {
+ public:
+  explicit InFlight(odcComm* comm) : comm_(comm), scope_(&comm->closing) {}
+  ~InFlight() {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    if (--comm_->num_in_flight == 0 && comm_->destroying) calls_left.notify_all();
+  }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  odcComm* comm_;
+  odc::CallScope scope_;
+};
 
 // Buffer handles: 1, 2, 3, ... across every communicator of the process, never reused.
 std::atomic<uint64_t> next_buffer_handle{1};
@@ -93,7 +144,12 @@ odc::DataType as_dtype(const odcDataType_t& dtype) {
 template <typename Body>
 odcResult_t with_comm(odcComm_t comm, const char* function, Body&& body) {
   return guarded([&]() -> odcResult_t {
-    if (Status status = lookup(comm, function); !status.ok()) return report(status);
+    {
+      std::lock_guard<std::mutex> lock(registry_mutex);
+      if (Status status = lookup_locked(comm, function); !status.ok()) return report(status);
+      ++comm->num_in_flight;
+    }
+    InFlight in_flight(comm);
     Status status = body(*comm->communicator);
     return status.ok() ? succeed_on(comm) : report_on(comm, status);
   });
@@ -279,12 +335,28 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
 
 extern "C" odcResult_t odcCommDestroy(odcComm_t comm) {
   return guarded([&]() -> odcResult_t {
-    if (Status status = lookup(comm, "odcCommDestroy"); !status.ok()) return report(status);
-    {
-      std::lock_guard<std::mutex> lock(registry_mutex);
+    std::unique_lock<std::mutex> lock(registry_mutex);
+    if (comm != nullptr && live_comms.count(comm) != 0 && comm->creator != ::getpid()) {
+      // A forked child's copy: forget the handle here and touch nothing the parent shares (no
+      // "closed" mark, no unlinked names, no device calls). What the copy maps goes at its exit.
       live_comms.erase(comm);
+      retired_comms->insert(comm);
+      return success();
     }
-    delete comm;
+    if (Status status = lookup_locked(comm, "odcCommDestroy"); !status.ok()) {
+      return report(status);
+    }
+    // Calls in flight on other threads end their waits (interrupted) and return first.
+    comm->destroying = true;
+    comm->closing.store(true, std::memory_order_release);
+    calls_left.wait(lock, [&] { return comm->num_in_flight == 0; });
+    live_comms.erase(comm);
+    lock.unlock();
+    comm->buffers.clear();
+    comm->communicator.reset();  // may wait (device communicators meet their peers first)
+    comm->last_error = "communicator destroyed";
+    lock.lock();
+    retired_comms->insert(comm);
     return success();
   });
 }
@@ -446,6 +518,11 @@ extern "C" odcResult_t odcCommAbort(odcComm_t comm, const char* reason) {
     c.abort(reason != nullptr ? std::string(reason, strnlen(reason, 200)) : std::string());
     return odc::Status::Ok();
   });
+}
+
+extern "C" odcResult_t odcSetInterruptCheck(int (*check)(void* ctx), void* ctx) {
+  odc::set_interrupt_check(check, ctx);
+  return success();
 }
 
 extern "C" int odcHasCuda(void) {

@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "common/interrupt.h"
+
 namespace odc {
 namespace {
 
@@ -21,6 +23,10 @@ class ExternalBootstrap final : public Bootstrap {
 
   Status allgather(const void* mine, void* all, size_t bytes, const char* operation) override {
     const int code = calls_.allgather(calls_.ctx, mine, all, bytes);
+    // A callback interrupted (Ctrl-C) as it started may have returned 0 without doing anything
+    // (ctypes does that): the interrupt check says so, and `all` is not trusted.
+    ODC_RETURN_IF_ERROR(
+        check_interrupt_now(std::string("in the bootstrap's allgather (") + operation + ")"));
     if (code == 0) return Status::Ok();
     return Status::RemoteError(std::string("bootstrap allgather (") + operation +
                                ") failed: the caller's callback returned " + std::to_string(code));
@@ -28,6 +34,8 @@ class ExternalBootstrap final : public Bootstrap {
 
   Status barrier(const char* operation) override {
     const int code = calls_.barrier(calls_.ctx);
+    ODC_RETURN_IF_ERROR(
+        check_interrupt_now(std::string("in the bootstrap's barrier (") + operation + ")"));
     if (code == 0) return Status::Ok();
     return Status::RemoteError(std::string("bootstrap barrier (") + operation +
                                ") failed: the caller's callback returned " + std::to_string(code));

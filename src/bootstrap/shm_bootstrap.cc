@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "common/deadline.h"
+#include "common/interrupt.h"
 
 namespace odc::shm {
 
@@ -324,6 +325,8 @@ Status ShmBootstrap::join() {
       return Status::Timeout("timed out after " + timeout_text(timeout_) + " waiting for rank " +
                              std::to_string(first_missing) + " to join key '" + key_ + "'");
     }
+    ODC_RETURN_IF_ERROR(poll_interrupt("waiting for rank " + std::to_string(first_missing) +
+                                       " to join key '" + key_ + "'"));
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(20));
   }
@@ -423,7 +426,11 @@ Status ShmBootstrap::wait_for_peer(int peer, uint64_t epoch, const char* operati
       std::this_thread::yield();
       continue;
     }
-    futex_wait(&other.wake, seen_wake, until(deadline, std::chrono::milliseconds(20)));
+    if (Status interrupted = poll_interrupt("waiting for " + who + " in " + operation);
+        !interrupted.ok()) {
+      return unless_arrived(interrupted);
+    }
+    futex_wait(&other.wake, seen_wake, until(deadline, kInterruptPollInterval));
   }
 }
 

@@ -18,6 +18,7 @@ enum class StatusCode {
   kInvalidUsage,     // a valid call at the wrong moment (outside a minibatch, after destroy, ...)
   kTimeout,          // a wait on another rank ran past the communicator's timeout
   kRemoteError,      // another rank died or failed
+  kInterrupted,      // a wait ended from outside (the caller's interrupt check, a destroy)
 };
 
 class [[nodiscard]] Status {
@@ -41,6 +42,9 @@ class [[nodiscard]] Status {
   }
   static Status RemoteError(std::string message) {
     return Status(StatusCode::kRemoteError, std::move(message));
+  }
+  static Status Interrupted(std::string message) {
+    return Status(StatusCode::kInterrupted, std::move(message));
   }
 
   // The same status with `context` prepended to the message ("rank 2: minibatch_end: ...").

@@ -17,6 +17,7 @@ bool is_fault(const Status& status) {
     case StatusCode::kTimeout:
     case StatusCode::kRemoteError:
     case StatusCode::kInternalError:
+    case StatusCode::kInterrupted:  // a wait ended half way: out of step with the peers
       return true;
     default:
       return false;

@@ -3,10 +3,16 @@
 // different ranks are told apart by their names.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "multiprocess.h"
@@ -143,7 +149,134 @@ TEST(Hardening, BufferNamesAreCheckedAcrossRanks) {
   for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
 }
 
-}  // namespace
+// A flag word shared by the forked ranks of a test (mapped before they fork).
+std::atomic<int>* shared_flag() {
+  void* memory = mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
+                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  return new (memory) std::atomic<int>(0);
+}
+
+void wait_for_flag(const std::atomic<int>* flag, int value) {
+  while (flag->load() < value) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
+// Issue #26 item 5: a forked child that uses or destroys its parent's communicator (a Python
+// child's finalizer runs odcCommDestroy) must not act as the parent's rank. Before, the child's
+// destroy marked rank 0 closed in the shared control block and rank 1 failed with "rank 0
+// destroyed its communicator".
+TEST(Hardening, ForkedChildNeitherUsesNorDestroysItsParentsCommunicator) {
+  const auto outcome = odc::testing::run_ranks(
+      2,
+      [](int rank, int world, const std::string& key) -> std::string {
+        odcComm_t comm;
+        RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), 20.0));
+        if (rank == 0) {
+          std::fflush(nullptr);
+          const pid_t child = fork();
+          if (child == 0) {
+            const bool refused = odcBarrier(comm, nullptr) == odcInvalidUsage &&
+                                 contains(odcGetLastError(), "(a forked child?) cannot use it");
+            const bool forgotten =
+                odcCommDestroy(comm) == odcSuccess && odcCommDestroy(comm) == odcInvalidUsage;
+            _exit(refused && forgotten ? 0 : 1);
+          }
+          int status = 0;
+          waitpid(child, &status, 0);
+          RANK_EXPECT(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                      "the child's calls were refused and its destroy only forgot the handle");
+        }
+        RANK_CHECK(odcBarrier(comm, nullptr));  // rank 1 waits here while the child runs
+        RANK_CHECK(odcBarrier(comm, nullptr));
+        RANK_CHECK(odcCommDestroy(comm));
+        return "";
+      },
+      std::chrono::seconds(60), "fork");
+  for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
+}
+
+// Issue #26 item 8: odcCommDestroy from another thread while a call waits on a peer (here with an
+// infinite timeout) ends that wait and frees nothing before the call has returned; the peer then
+// learns that this rank destroyed its communicator. It was a use-after-free.
+TEST(Hardening, DestroyFromAnotherThreadEndsTheCallInFlight) {
+  std::atomic<int>* destroyed = shared_flag();
+  const auto outcome = odc::testing::run_ranks(
+      2,
+      [destroyed](int rank, int world, const std::string& key) -> std::string {
+        odcComm_t comm;
+        RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), INFINITY));
+        if (rank == 1) {
+          wait_for_flag(destroyed, 1);
+          // Rank 0 had arrived in the barrier it waited in: that one passes, the next fails.
+          odcResult_t result = odcBarrier(comm, nullptr);
+          if (result == odcSuccess) result = odcBarrier(comm, nullptr);
+          RANK_EXPECT(result == odcRemoteError, odcGetLastError());
+          RANK_EXPECT(
+              contains(odcGetLastError(), "rank 0 ") && contains(odcGetLastError(), "destroyed"),
+              odcGetLastError());
+          RANK_CHECK(odcCommDestroy(comm));
+          return "";
+        }
+        odcResult_t result = odcSuccess;
+        std::string message;
+        std::thread waiter([&] {
+          result = odcBarrier(comm, nullptr);  // rank 1 never comes
+          message = odcGetLastError();
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        RANK_CHECK(odcCommDestroy(comm));
+        waiter.join();
+        destroyed->store(1);
+        // Usually it was waiting (interrupted); a waiter slower than 100 ms finds it destroyed.
+        RANK_EXPECT(result == odcInterrupted || result == odcInvalidUsage,
+                    odcGetErrorString(result));
+        RANK_EXPECT(contains(message, "destroy"), message);
+        RANK_EXPECT(odcBarrier(comm, nullptr) == odcInvalidUsage, "the handle is invalid");
+        return "";
+      },
+      std::chrono::seconds(60), "destroy-thread");
+  for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
+}
+
+// Issue #26 item 8: the caller's interrupt check (Python: its signal handlers, so Ctrl-C) ends a
+// wait on a missing peer even with an infinite timeout; the communicator is failed and the peer
+// names this rank. Before, such a wait never returned.
+TEST(Hardening, InterruptCheckEndsWaitsAndFailsTheCommunicator) {
+  std::atomic<int>* interrupted = shared_flag();
+  const auto outcome = odc::testing::run_ranks(
+      2,
+      [interrupted](int rank, int world, const std::string& key) -> std::string {
+        odcComm_t comm;
+        RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), INFINITY));
+        if (rank == 1) {
+          wait_for_flag(interrupted, 1);
+          // Rank 0 had arrived in the barrier it waited in: that one passes, the next fails.
+          odcResult_t result = odcBarrier(comm, nullptr);
+          if (result == odcSuccess) result = odcBarrier(comm, nullptr);
+          RANK_EXPECT(result == odcRemoteError, odcGetLastError());
+          RANK_EXPECT(contains(odcGetLastError(), "rank 0 failed") &&
+                          contains(odcGetLastError(), "interrupted"),
+                      odcGetLastError());
+          RANK_CHECK(odcCommDestroy(comm));
+          return "";
+        }
+        static int calls = 0;
+        RANK_CHECK(odcSetInterruptCheck([](void*) { return ++calls >= 3 ? 1 : 0; }, nullptr));
+        const odcResult_t result = odcBarrier(comm, nullptr);
+        const std::string message = odcGetLastError();
+        RANK_CHECK(odcSetInterruptCheck(nullptr, nullptr));
+        interrupted->store(1);
+        RANK_EXPECT(result == odcInterrupted, odcGetErrorString(result));
+        RANK_EXPECT(contains(message, "rank 0: barrier: interrupted") &&
+                        contains(message, "waiting for rank 1"),
+                    message);
+        RANK_EXPECT(std::string(odcGetErrorString(odcInterrupted)) == "interrupted", "its name");
+        RANK_EXPECT(odcBarrier(comm, nullptr) == odcRemoteError, "the communicator failed");
+        RANK_CHECK(odcCommDestroy(comm));
+        return "";
+      },
+      std::chrono::seconds(60), "interrupt");
+  for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
+}
 
 // Issue #26 item 7: a buffer handle is validated before anything reads it. odcGather used to read
 // the buffer's dtype first: a garbage handle was a SIGSEGV, a freed one a use-after-free. A freed
@@ -215,3 +348,5 @@ TEST(Hardening, PlanHandlesAreCheckedBeforeUse) {
   EXPECT_EQ(odcLengthsFree(const_cast<int64_t*>(lengths)), odcInvalidArgument);
   EXPECT_EQ(odcLengthsFree(nullptr), odcSuccess);
 }
+
+}  // namespace

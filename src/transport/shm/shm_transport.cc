@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/deadline.h"
+#include "common/interrupt.h"
 #include "transport/host_ops.h"
 
 namespace odc::shm {
@@ -179,6 +180,12 @@ Status ShmTransport::wait_signals(const SymmetricRegion& signals, uint64_t value
       if (attempt < 64) {
         std::this_thread::yield();
         continue;
+      }
+      if (Status interrupted =
+              poll_interrupt(std::string("waiting for rank ") + std::to_string(peer) +
+                             "'s signal (" + operation + ")");
+          !interrupted.ok()) {
+        return unless_signaled(interrupted);
       }
       const auto left = deadline - Clock::now();
       bootstrap_->sleep_on(peer, seen_wake,

@@ -1,0 +1,256 @@
+"""The runtime part of issue #26 (items 5, 8) through the Python API: a forked child never tears
+down its parent's communicator, Ctrl-C reaches a rank waiting inside odc, close() from another
+thread ends the call in flight, and the store bootstrap's and the timeout's edge cases. Every rank
+runs in its own interpreter with a bounded wait, so a regression fails instead of hanging.
+"""
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import odc
+
+
+def _key(name):
+    return f"hard26-{name}-{os.getpid()}"
+
+
+def _python(code, **kwargs):
+    """Starts `code` in a new interpreter (stdin, stdout and stderr are pipes)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def _rank(rank, world_size, key, body, timeout="20"):
+    """A rank: init, then `body` (`comm` in scope)."""
+    header = f"""
+        import os, signal, sys, threading, time, odc
+        comm = odc.Comm({rank}, {world_size}, {key!r}, timeout=float({timeout!r}))
+        """
+    return _python(textwrap.dedent(header) + textwrap.dedent(body))
+
+
+def _wait_for_line(process, expected):
+    line = process.stdout.readline().strip()
+    assert line == expected, (line, process.communicate(timeout=60))
+
+
+def test_item5_forked_child_that_exits_leaves_its_parents_communicator_alone():
+    # The children end with sys.exit and with an exception: their finalizers ran Comm.__del__,
+    # whose odcCommDestroy marked rank 0 closed in the control block both share; rank 1 then
+    # failed with "rank 0 destroyed its communicator".
+    key = _key("fork")
+    rank0 = """
+    comm.barrier()
+    statuses = []
+    for ending in ("exit", "raise"):
+        child = os.fork()
+        if child == 0:
+            if ending == "raise":
+                raise RuntimeError("the child failed")
+            try:  # its own calls are refused: they would act as rank 0 in the parent's job
+                comm.barrier()
+                code = 4
+            except odc.Error as error:
+                code = 3 if "forked child" in str(error) else 5
+            sys.exit(code)
+        statuses.append(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+    print("children:", statuses, flush=True)
+    comm.barrier()
+    comm.close()
+    print("ok")
+    """
+    rank1 = """
+    comm.barrier()
+    comm.barrier()  # waits for rank 0 while its children end
+    comm.close()
+    print("ok")
+    """
+    ranks = [_rank(0, 2, key, rank0), _rank(1, 2, key, rank1)]
+    outputs = [p.communicate(timeout=120) for p in ranks]
+    assert [p.returncode for p in ranks] == [0, 0], outputs
+    assert "children: [3, 1]" in outputs[0][0], outputs
+    assert all(out.strip().endswith("ok") for out, _ in outputs), outputs
+
+
+class _Lines:
+    """The output of a process read line by line in a thread, every read bounded."""
+
+    def __init__(self, process):
+        self.process = process
+        self.queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.queue.put(line)
+        self.queue.put(None)
+
+    def next(self):
+        line = self.queue.get(timeout=60)
+        assert line is not None, self.process.stderr.read()
+        return line
+
+    def rest(self):
+        """Everything else it prints, and its stderr, once it has exited."""
+        lines = []
+        while (line := self.queue.get(timeout=60)) is not None:
+            lines.append(line)
+        self.process.wait(timeout=60)
+        return "".join(lines), self.process.stderr.read()
+
+
+def _interrupt(lines, ready, done):
+    """Sends SIGINT each time the process prints `ready` (it is about to wait inside odc; a signal
+    that lands before it is there makes it print `ready` again) until it prints a line starting
+    with `done`, which is returned."""
+    while True:
+        line = lines.next()
+        if line.strip() == ready:
+            time.sleep(0.2)  # most likely inside odc by now; if not, it says `ready` again
+            lines.process.send_signal(signal.SIGINT)
+        elif line.startswith(done):
+            return line.strip()
+
+
+_RETRY_UNTIL_INSIDE_ODC = """
+def interrupted(ready, wait):
+    while True:
+        try:
+            print(ready, flush=True)
+            wait()
+            return "returned"
+        except KeyboardInterrupt as interrupt:
+            notes = " ".join(getattr(interrupt, "__notes__", []))
+            if notes:  # raised inside odc
+                return notes
+"""
+
+
+def test_item8_ctrl_c_reaches_a_rank_waiting_in_init_with_an_infinite_timeout():
+    # Rank 1 never comes. The wait loops in C used to swallow SIGINT: the process never ended.
+    key = _key("sigint-init")
+    code = (
+        "import odc\n"
+        + _RETRY_UNTIL_INSIDE_ODC
+        + f"wait = lambda: odc.Comm(0, 2, {key!r}, timeout=float('inf'))\n"
+        + "print('interrupted:', interrupted('init', wait), flush=True)\n"
+    )
+    process = _python(code)
+    try:
+        line = _interrupt(_Lines(process), "init", "interrupted:")
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    assert line.startswith("interrupted: odc: rank 0: init: interrupted"), line
+    assert "waiting for rank 1 to join key" in line, line
+
+
+def test_item8_ctrl_c_in_a_barrier_fails_the_communicator_and_peers_name_the_rank():
+    key = _key("sigint")
+    rank0 = (
+        _RETRY_UNTIL_INSIDE_ODC
+        + """
+print("interrupted:", interrupted("waiting", comm.barrier), flush=True)  # rank 1 is not there
+try:
+    comm.barrier()
+except odc.Error as error:
+    print("then:", error, flush=True)
+"""
+    )
+    rank1 = """
+    sys.stdin.readline()
+    try:
+        comm.barrier()  # rank 0 had arrived in the barrier it was interrupted in
+        comm.barrier()
+    except odc.Error as error:
+        print("peer:", error, flush=True)
+    """
+    ranks = [_rank(0, 2, key, rank0, "inf"), _rank(1, 2, key, rank1, "inf")]
+    try:
+        lines = _Lines(ranks[0])
+        line = _interrupt(lines, "waiting", "interrupted:")
+        out0, err0 = lines.rest()
+        ranks[1].stdin.write("go\n")
+        ranks[1].stdin.flush()
+        out1, err1 = ranks[1].communicate(timeout=60)
+    finally:
+        for p in ranks:
+            p.kill()
+    assert line.startswith("interrupted: odc: rank 0: barrier: interrupted"), line
+    assert "then: rank 0: barrier: communicator failed earlier" in out0, (out0, err0)
+    assert "peer: rank 1: barrier: rank 0 failed: rank 0: barrier: interrupted" in out1, (
+        out1,
+        err1,
+    )
+
+
+def test_item8_close_from_another_thread_ends_the_call_in_flight():
+    # A barrier waits for rank 1 (which waits for a line on stdin); another thread closes the
+    # communicator. It was a use-after-free: the barrier read freed control blocks.
+    key = _key("close")
+    rank0 = """
+    outcome = []
+    def wait():
+        try:
+            comm.barrier()
+            outcome.append("returned")
+        except odc.Error as error:
+            outcome.append(str(error))
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)
+    comm.close()
+    waiter.join()
+    print(outcome[0], flush=True)
+    comm.close()  # idempotent
+    try:
+        comm.barrier()
+    except odc.Error as error:
+        print("after:", error, flush=True)
+    """
+    rank1 = """
+    sys.stdin.readline()
+    try:
+        comm.barrier()
+        comm.barrier()
+    except odc.Error as error:
+        print("peer:", error, flush=True)
+    """
+    ranks = [_rank(0, 2, key, rank0, "inf"), _rank(1, 2, key, rank1, "inf")]
+    try:
+        out0, err0 = ranks[0].communicate(timeout=60)
+        ranks[1].stdin.write("go\n")
+        ranks[1].stdin.flush()
+        out1, err1 = ranks[1].communicate(timeout=60)
+    finally:
+        for p in ranks:
+            p.kill()
+    assert ranks[0].returncode == 0, err0
+    # The waiter was in its wait (usually) or had not entered it yet when close() came.
+    assert "destroyed (odcCommDestroy; Python: close()) by another thread" in out0 or (
+        "used after close()" in out0
+    ), out0
+    assert "after: rank 0: communicator used after close()" in out0, out0
+    assert "peer: rank 1: barrier: rank 0" in out1, (out1, err1)
+
+
+def test_item8_interrupt_check_is_installed():
+    # The hook that turns Ctrl-C into KeyboardInterrupt is set when odc loads; a call that saw no
+    # signal is not affected by it.
+    with odc.Comm(0, 1, _key("hook"), timeout=5) as comm:
+        comm.barrier()
+    assert odc._capi.take_interrupt() is None
