@@ -159,7 +159,8 @@ typedef void* odcStream_t;
 /* Collective. Joins `world_size` ranks on this machine that pass the same `key` (1-200 letters,
  * digits, '_', '-', '.'; unique per job: e.g. from the launcher). Host shared-memory transport.
  * `timeout_seconds` bounds every wait on another rank; <= 0 takes $ODC_TIMEOUT, else 60 s; INFINITY
- * waits forever (finite values beyond 100 years are clamped to it). On
+ * waits forever (finite values beyond 100 years are clamped to it). NaN, or an $ODC_TIMEOUT that
+ * is not a positive number of seconds or "inf", is refused (odcInvalidArgument) naming it. On
  * failure *comm is untouched and odcGetLastError() says which rank was missing or why. */
 ODC_API odcResult_t odcCommInit(odcComm_t* comm, int rank, int world_size, const char* key,
                                 double timeout_seconds);

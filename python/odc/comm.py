@@ -44,11 +44,21 @@ _BUFFER_PUBLISHED = 2
 
 
 def _default_timeout() -> float:
-    """The library's default for waits on other ranks: $ODC_TIMEOUT, else 60 s."""
-    try:
-        return float(os.environ.get("ODC_TIMEOUT", "60")) or 60.0
-    except ValueError:
+    """The library's default for waits on other ranks: $ODC_TIMEOUT, else 60 s. As in C, a value
+    that is not a positive number of seconds (or inf) is refused, naming the variable."""
+    text = os.environ.get("ODC_TIMEOUT", "")
+    if not text:
         return 60.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise _invalid(
+            f"ODC_TIMEOUT={text!r} is not a timeout: set it to a positive number of seconds or "
+            "'inf' (no timeout), or unset it (60 s)"
+        )
+    return value
 
 
 def _invalid(message: str) -> _capi.Error:
@@ -249,8 +259,9 @@ class Comm:
     makes a random key for the shared memory that only this job learns, and a rank whose init
     fails marks itself failed in the store, so its peers fail naming it instead of waiting.
 
-    timeout: seconds any wait on another rank may take before failing (default: $ODC_TIMEOUT,
-    else 60; float("inf") waits forever). A dead or silent peer raises odc.Error naming the rank
+    timeout: seconds any wait on another rank may take before failing: positive, or
+    float("inf") to wait forever; None (default): $ODC_TIMEOUT (a positive number or "inf"; other
+    values are refused, naming it), else 60. A dead or silent peer raises odc.Error naming the rank
     and the operation.
     device: None for the host shared-memory transport, or this rank's CUDA device index for the
     CUDA transport (one process per GPU).
@@ -312,6 +323,13 @@ class Comm:
                 raise _invalid(f"timeout must be a number of seconds, got {timeout!r}")
             if math.isnan(float(timeout)):
                 raise _invalid("timeout must be a number of seconds, got nan")
+            if not float(timeout) > 0:
+                raise _invalid(
+                    f"timeout must be a positive number of seconds, float('inf') (no timeout), or "
+                    f"None (the default: $ODC_TIMEOUT, else 60 s); got {timeout!r}"
+                )
+        else:
+            _default_timeout()  # a bad $ODC_TIMEOUT is refused here, naming it
         handle = ctypes.c_void_p()
         config = _capi.CommConfig()
         _capi.check_comm(_capi.lib.odcCommConfigInit(ctypes.byref(config)))
@@ -320,7 +338,7 @@ class Comm:
         if store is not None:
             from ._store_bootstrap import StoreBootstrap
 
-            bootstrap_timeout = float(timeout) if timeout else _default_timeout()
+            bootstrap_timeout = float(timeout) if timeout is not None else _default_timeout()
             self._bootstrap = StoreBootstrap(store, int(rank), int(world_size), bootstrap_timeout)
             config.bootstrap = ctypes.pointer(self._bootstrap.struct)
         encoded_key = None if key is None else key.encode()  # the library copies it

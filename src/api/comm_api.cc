@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -29,8 +30,9 @@
 
 namespace {
 
-// Default for every wait on another rank when the caller passes no timeout.
-ODC_ENV_DOUBLE(default_timeout_seconds, "ODC_TIMEOUT", 60.0)
+// Default for every wait on another rank when the caller passes no timeout (checked at init).
+ODC_ENV_TEXT(timeout_from_env, "ODC_TIMEOUT")
+constexpr double kDefaultTimeoutSeconds = 60.0;
 
 }  // namespace
 
@@ -173,6 +175,28 @@ const char* device_transport_from_env() {
   return nullptr;
 }
 
+// The timeout a communicator gets: `timeout_seconds` when positive (or infinite), else $ODC_TIMEOUT
+// when set, else 60 s. A NaN argument, or an $ODC_TIMEOUT that is not a positive number of seconds
+// (or inf), is refused naming it (as odc.Comm does).
+odc::Result<double> timeout_or_default(double timeout_seconds) {
+  if (std::isnan(timeout_seconds)) {
+    return Status::InvalidArgument(
+        "timeout_seconds is NaN: give a positive number of seconds, INFINITY (no timeout), or <= 0 "
+        "for the default ($ODC_TIMEOUT, else 60 s)");
+  }
+  if (timeout_seconds > 0) return timeout_seconds;
+  const std::string& text = timeout_from_env();
+  if (text.empty()) return kDefaultTimeoutSeconds;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || !(value > 0)) {
+    return Status::InvalidArgument("ODC_TIMEOUT='" + text +
+                                   "' is not a timeout: set it to a positive number of seconds "
+                                   "or 'inf' (no timeout), or unset it (60 s)");
+  }
+  return value;
+}
+
 // Shared by the init calls: validates, builds the transport through the registry and registers
 // the new communicator.
 odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* transport_name,
@@ -207,8 +231,9 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
     }
     auto info = odc::find_transport(transport_name);
     if (!info.ok()) return fail(info.status());
-    const auto timeout = std::chrono::duration<double>(
-        timeout_seconds > 0 ? timeout_seconds : default_timeout_seconds());
+    auto seconds = timeout_or_default(timeout_seconds);
+    if (!seconds.ok()) return fail(seconds.status());
+    const auto timeout = std::chrono::duration<double>(seconds.value());
     std::string agreed_key = key != nullptr ? key : "";
     if (bootstrap) {
       // The local transports' shared memory is named by a key only this job knows.

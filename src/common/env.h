@@ -18,6 +18,17 @@ inline double env_double(const char* name, double fallback) {
 
 }  // namespace odc
 
+// Declares `const std::string& function()` returning the cached text of environment variable `name`
+// ("" when unset), for knobs whose value is checked where it is used (with an error naming it).
+#define ODC_ENV_TEXT(function, name)                   \
+  inline const std::string& function() {               \
+    static const std::string cached_text = [] {        \
+      const char* text = std::getenv(name);            \
+      return std::string(text != nullptr ? text : ""); \
+    }();                                               \
+    return cached_text;                                \
+  }
+
 // Declares `double function()` returning the cached value of environment variable `name`.
 #define ODC_ENV_DOUBLE(function, name, fallback)                          \
   inline double function() {                                              \

@@ -349,4 +349,13 @@ TEST(Hardening, PlanHandlesAreCheckedBeforeUse) {
   EXPECT_EQ(odcLengthsFree(nullptr), odcSuccess);
 }
 
+// Issue #26 item 8: a NaN timeout is refused naming the argument (it used to mean "the default").
+TEST(Hardening, NanTimeoutIsRefusedNamingIt) {
+  odcComm_t comm = nullptr;
+  EXPECT_EQ(odcCommInit(&comm, 0, 1, unique_key("nan").c_str(), NAN), odcInvalidArgument);
+  EXPECT_TRUE(contains(odcGetLastError(), "rank 0: init: timeout_seconds is NaN"))
+      << odcGetLastError();
+  EXPECT_EQ(comm, nullptr);
+}
+
 }  // namespace

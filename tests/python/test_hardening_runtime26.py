@@ -254,3 +254,53 @@ def test_item8_interrupt_check_is_installed():
     with odc.Comm(0, 1, _key("hook"), timeout=5) as comm:
         comm.barrier()
     assert odc._capi.take_interrupt() is None
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "soon"])
+@pytest.mark.parametrize("store", [False, True])
+def test_item8_bad_odc_timeout_is_refused_naming_it(value, store):
+    # -5 was refused without naming the variable; 0 was 60 s in Python and refused in C; "soon" was
+    # silently 60 s. Both sides now refuse what is not a positive number of seconds (or inf).
+    code = f"""
+    import odc
+    class Store(dict):
+        def add(self, key, amount):
+            self[key] = int(self.get(key, 0)) + amount
+            return self[key]
+        def set(self, key, value):
+            self[key] = value
+    try:
+        odc.Comm(0, 1, **({{"store": Store()}} if {store} else {{"key": "t26-env-{os.getpid()}"}}))
+    except odc.Error as error:
+        print(error)
+    # The C API alone (timeout <= 0 takes $ODC_TIMEOUT) refuses it the same way.
+    import ctypes
+    from odc import _capi
+    handle = ctypes.c_void_p()
+    result = _capi.lib.odcCommInit(ctypes.byref(handle), 0, 1, b"t26-c-{os.getpid()}", 0.0)
+    print(result, _capi.lib.odcGetLastError().decode())
+    """
+    process = _python(code, env={**os.environ, "ODC_TIMEOUT": value})
+    out, err = process.communicate(timeout=60)
+    python_says, c_says = out.splitlines()
+    assert f"ODC_TIMEOUT='{value}' is not a timeout" in python_says, (out, err)
+    assert c_says.startswith(f"{odc._capi.INVALID_ARGUMENT} rank 0: init: ODC_TIMEOUT='{value}'")
+
+
+@pytest.mark.parametrize("timeout", [0, -5, 0.0])
+def test_item8_non_positive_timeout_is_refused_naming_it(timeout):
+    with pytest.raises(odc.Error, match="timeout must be a positive number of seconds"):
+        odc.Comm(0, 1, _key("zero"), timeout=timeout)
+
+
+def test_item8_odc_timeout_inf_and_positive_are_taken():
+    code = f"""
+    import odc
+    with odc.Comm(0, 1, "t26-inf-{os.getpid()}") as comm:
+        comm.barrier()
+    print("ok")
+    """
+    for value in ("inf", "2.5"):
+        process = _python(code, env={**os.environ, "ODC_TIMEOUT": value})
+        out, err = process.communicate(timeout=60)
+        assert out.strip() == "ok", (value, out, err)
