@@ -19,6 +19,11 @@ from typing import Any, List, Optional
 from . import _capi
 
 
+# A timeout names at most this many missing ranks, found with at most this many store look-ups.
+_NAMED_MISSING = 5
+_MAX_CHECKS = 64
+
+
 class StoreBootstrap:
     """One rank's view of one communicator's rendezvous through `store`. Keep it alive as long as
     the communicator (its callbacks are called until the communicator is destroyed)."""
@@ -87,12 +92,25 @@ class StoreBootstrap:
             pause = min(pause * 2, 0.02)
 
     def _missing(self, round_prefix: str) -> str:
+        """Who did not arrive, in a bounded message at a bounded cost (a declared world of a million
+        ranks must not take a store look-up per rank): the count from the round's counter, and the
+        first few missing ranks where the store can tell (`check`)."""
+        count = max(self.world_size - int(self.store.add(f"{round_prefix}/arrived", 0)), 0)
+        named = []
         check = getattr(self.store, "check", None)
-        if not callable(check):
-            arrived = int(self.store.add(f"{round_prefix}/arrived", 0))
-            return f"{self.world_size - arrived} of {self.world_size} ranks"
-        missing = [r for r in range(self.world_size) if not check([f"{round_prefix}/{r}"])]
-        return "rank" + ("s " if len(missing) != 1 else " ") + ", ".join(map(str, missing))
+        if callable(check):
+            for r in range(min(self.world_size, _MAX_CHECKS)):
+                if not check([f"{round_prefix}/{r}"]):
+                    named.append(r)
+                    if len(named) == _NAMED_MISSING:
+                        break
+        ranks = ", ".join(map(str, named))
+        if named and len(named) >= count:
+            return ("ranks " if len(named) > 1 else "rank ") + ranks
+        text = f"{count} of {self.world_size} ranks"
+        if named:
+            text += f" (rank{'s' if len(named) > 1 else ''} {ranks}, ...)"
+        return text
 
     # -- the C callbacks: never raise into C --------------------------------------------------
     @_capi.c_callback

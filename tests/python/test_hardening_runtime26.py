@@ -304,3 +304,46 @@ def test_item8_odc_timeout_inf_and_positive_are_taken():
         process = _python(code, env={**os.environ, "ODC_TIMEOUT": value})
         out, err = process.communicate(timeout=60)
         assert out.strip() == "ok", (value, out, err)
+
+
+class _DictStore:
+    """An in-process store (set/get/add/check) that counts its look-ups."""
+
+    def __init__(self):
+        self.data = {}
+        self.lock = threading.Lock()
+        self.num_checks = 0
+
+    def set(self, key, value):
+        with self.lock:
+            self.data[key] = value.encode() if isinstance(value, str) else bytes(value)
+
+    def get(self, key):
+        with self.lock:
+            return self.data[key]
+
+    def add(self, key, amount):
+        with self.lock:
+            value = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(value).encode()
+            return value
+
+    def check(self, keys):
+        with self.lock:
+            self.num_checks += 1
+            return all(key in self.data for key in keys)
+
+
+def test_item8_huge_declared_world_fails_fast_with_a_bounded_message():
+    # A world of 1,000,000 through the store took 50 s (a store.check per missing rank) to fail,
+    # with a 7.9 MB message.
+    store = _DictStore()
+    with pytest.raises(odc.Error) as raised:
+        odc.Comm(0, 1_000_000, store=store, timeout=0.2)
+    message = str(raised.value)
+    assert len(message) < 1000, len(message)
+    assert "rank 0 waited for 999999 of 1000000 ranks (ranks 1, 2, 3, 4, 5, ...)" in message
+    assert store.num_checks <= 64
+    # Few missing ranks are all named, as before.
+    with pytest.raises(odc.Error, match="rank 0 waited for ranks 1, 2$"):
+        odc.Comm(0, 3, store=_DictStore(), timeout=0.2)
