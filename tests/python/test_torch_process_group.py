@@ -166,7 +166,8 @@ def _debug_rank(rank, world_size, key, store_path):
         fully_shard(model)
         os.environ["ODC_DEBUG_COLLECTIVES"] = "1"
         comm = odc.torch.comm_from_process_group(timeout=60)
-        engine = odc.torch.OdcFSDP(model, comm, torch.optim.AdamW(model.parameters()))
+        optimizer = torch.optim.AdamW(model.parameters())
+        engine = odc.torch.OdcFSDP(model, comm, optimizer)
         samples = minibatch_samples(0)
         # A clean minibatch (rank 1 runs one microbatch more): nothing to report.
         with engine.minibatch():
@@ -176,13 +177,18 @@ def _debug_rank(rank, world_size, key, store_path):
             grads_kept = [name for name, p in model.named_parameters() if p.grad is not None]
         clean = engine.collectives_seen
         memory = engine.memory_bytes()
+        optimizer.zero_grad(set_to_none=True)  # no step: the next minibatch may drop the sums
         # Every rank makes the same mistake here, so the all-reduce itself would not hang.
         with pytest.raises(odc.torch.CollectiveInMinibatchError) as error:
             with engine.minibatch():
                 loss = loss_sum(model, samples[:1])
                 dist.all_reduce(loss.detach())
         message = str(error.value)
-        engine.minibatch_end()  # the raising call issued nothing: close the minibatch as usual
+        # The error left the minibatch: it aborted it (engine failed); a new communicator.
+        assert engine.state is odc.torch.EngineState.FAILED
+        comm.close()
+        comm = odc.torch.comm_from_process_group(timeout=60)
+        engine.reset(comm)
         os.environ["ODC_DEBUG_COLLECTIVES"] = "warn"
         warn_engine = odc.torch.OdcFSDP(model, comm)
         with pytest.warns(RuntimeWarning, match="inside an ODC minibatch"):

@@ -22,11 +22,12 @@ except ImportError as error:  # a readable message instead of a traceback deep i
     ) from error
 
 from .debug import CollectiveInMinibatchError  # noqa: E402
-from .fsdp2 import OdcFSDP, global_count, scale_loss, sum_gradients  # noqa: E402
+from .fsdp2 import EngineState, OdcFSDP, global_count, scale_loss, sum_gradients  # noqa: E402
 from .hybrid import node_comm  # noqa: E402
 from .process_group import comm_from_process_group  # noqa: E402
 
 __all__ = [
+    "EngineState",
     "OdcFSDP",
     "CollectiveInMinibatchError",
     "comm_from_process_group",
