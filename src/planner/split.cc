@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
+#include <set>
+#include <utility>
 
 #include "planner/packing.h"
 #include "planner/plan.h"
@@ -77,25 +80,53 @@ Bins partition_around(const std::vector<int>& items, std::span<const double> cos
   const size_t floor_count = items.size() / num_ranks;
   const size_t num_at_ceiling = items.size() % num_ranks;
   size_t at_ceiling = 0;
+  // Whether rank r may take another item; once it may not, it never may again (counts and
+  // at_ceiling only grow).
+  auto has_room = [&](size_t r) {
+    if (!equal_counts) return true;
+    const size_t count = bins[r].size();
+    return count < floor_count || (count == floor_count && at_ceiling < num_at_ceiling);
+  };
+  // The greedy takes, for each item, the rank of least (time with the item, load, index): ties
+  // (with a floor, every rank below it takes the same time) go to the lighter rank, so that short
+  // samples spread instead of piling onto the first rank beyond the token cap. Ranks of equal base
+  // and speed form a class in which that time never decreases with load (each floating-point step
+  // of time_at is monotone), so a class's least rank is its lightest, lowest index on ties, and
+  // comparing one rank per class picks what a scan of every rank picks. A split search builds a
+  // plan per candidate group size, and base has at most one value per group plus 0, so this is
+  // O(items x groups) per plan instead of O(items x ranks) (issue 26: ranks = samples = 512).
+  std::map<std::pair<double, double>, size_t> class_index;
+  std::vector<std::set<std::pair<double, size_t>>> classes;  // (load, rank) of ranks with room
+  std::vector<size_t> class_of(num_ranks);
+  for (size_t r = 0; r < num_ranks; ++r) {
+    const auto [it, added] = class_index.emplace(std::pair(base[r], speed_of(options, r)), 0);
+    if (added) {
+      it->second = classes.size();
+      classes.emplace_back();
+    }
+    class_of[r] = it->second;
+    classes[it->second].emplace(0.0, r);
+  }
   for (int item : items) {
     size_t best = num_ranks;
-    for (size_t r = 0; r < num_ranks; ++r) {
-      if (equal_counts) {
-        const size_t count = bins[r].size();
-        const bool room =
-            count < floor_count || (count == floor_count && at_ceiling < num_at_ceiling);
-        if (!room) continue;
-      }
-      // Ties (with a floor, every rank below it takes the same time) go to the lighter rank, so
-      // that short samples spread instead of piling onto the first rank beyond the token cap.
-      if (best == num_ranks || time_with(r, item) < time_with(best, item) ||
-          (time_with(r, item) == time_with(best, item) && load[r] < load[best])) {
+    double best_time = 0.0;
+    for (auto& members : classes) {
+      while (!members.empty() && !has_room(members.begin()->second)) members.erase(members.begin());
+      if (members.empty()) continue;
+      const size_t r = members.begin()->second;
+      const double time = time_with(r, item);
+      if (best == num_ranks || time < best_time ||
+          (time == best_time && (load[r] < load[best] || (load[r] == load[best] && r < best)))) {
         best = r;
+        best_time = time;
       }
     }
     if (equal_counts && bins[best].size() == floor_count) ++at_ceiling;
+    auto& members = classes[class_of[best]];
+    members.erase({load[best], best});
     bins[best].push_back(item);
     load[best] += costs[item];
+    members.emplace(load[best], best);
   }
 
   // Refinement. Each applied step strictly lowers the larger time of the pair it touches and
@@ -266,10 +297,46 @@ double split_chunk_cost(const CostModel& cost, double exchange, int64_t length,
 
 namespace {
 
+// LB-Micro's collective time with `num_members` ranks in groups (the slowest at `group_time`) and
+// the samples `left` (costs, ascending) placed with counts within one of each other: floor or
+// floor + 1 each, so the members hold at least q of them, and the heaviest a member holds costs at
+// least the q-th lightest, p. That microbatch is a member's second step (its chunk is the first,
+// its microbatches follow heaviest first). The heaviest sample h runs either on a non-member, at
+// the first step (>= max(group_time, h) + p over two steps), or on a member, from the second step
+// (>= group_time + h). With ranks = samples this is what the search finds: the members take the
+// lightest samples.
+double equal_counts_bound(const std::vector<double>& left, int64_t num_members, double group_time,
+                          double heaviest, const CostModel& cost, double fastest,
+                          int64_t num_ranks) {
+  const auto num_left = static_cast<int64_t>(left.size());
+  const int64_t floor_count = num_left / num_ranks;
+  const int64_t on_members =
+      std::max(num_left - (num_ranks - num_members) * (floor_count + 1), num_members * floor_count);
+  if (on_members < 1 || on_members > num_left) return 0.0;
+  const double lightest = cost.microbatch(left[static_cast<size_t>(on_members - 1)]) / fastest;
+  return std::min(std::max(group_time, heaviest) + lightest, group_time + heaviest);
+}
+
 // The greedy split search: outliers heaviest first, each kept with the group size that lowers
 // the span most, where it lowers the span below the best so far.
+//
+// A trial is kept only when its span is below best_span * (1 - 1e-9), so a trial whose span is
+// provably at least best_span is skipped without building its plan: the plans are those of trying
+// every group size, at a fraction of the work (issue 26: ranks = samples = 512 built ~100,000
+// plans, 96 s). Every bound below holds for the span predict_times computes, ODC or collective
+// (collective time >= ODC time): a rank's total is at least each of its steps, and the rounding
+// of the bounds' own sums is far below the 1e-9 margin.
+//   - A sample left unsplit runs in some microbatch: span >= microbatch(its cost) / fastest speed.
+//   - A group already chosen runs first on its ranks: span >= its time.
+//   - The new group moves at its slowest member, at least its mean chunk: mean over the members
+//     of c + a n_m + b L^2 P_m / P + x a (L - n_m) = c + (a L + b L^2 + x a L (k - 1)) / k.
+//   - Work: span >= (sum of all costs: the samples left, every chunk) / (sum of rank speeds).
+//     It grows with k (exchange), so once it prunes, every larger k is pruned too.
+// With ranks = samples, once a group's time or the next outlier sets the span, every later
+// candidate and group size is skipped this way, and the plans built are about one per split.
 SplitMinibatch search_splits(std::span<const int64_t> tokens, std::span<const double> costs,
-                             const PlanOptions& options, double unsplit_span) {
+                             const PlanOptions& options, double unsplit_span,
+                             SplitSearchStats* stats) {
   const size_t num_samples = tokens.size();
   const double share =
       std::accumulate(costs.begin(), costs.end(), 0.0) / static_cast<double>(options.num_ranks);
@@ -280,12 +347,43 @@ SplitMinibatch search_splits(std::span<const int64_t> tokens, std::span<const do
   std::stable_sort(candidates.begin(), candidates.end(),
                    [&](int x, int y) { return costs[x] > costs[y]; });
 
+  const CostModel& cost = options.cost;
+  double fastest = 1.0;
+  double total_speed = static_cast<double>(options.num_ranks);
+  if (!options.rank_speed.empty()) {
+    fastest = *std::max_element(options.rank_speed.begin(), options.rank_speed.end());
+    total_speed = std::accumulate(options.rank_speed.begin(), options.rank_speed.end(), 0.0);
+  }
+  // Samples by descending cost, for the heaviest one still unsplit (candidates lead it).
+  std::vector<int> by_cost(num_samples);
+  std::iota(by_cost.begin(), by_cost.end(), 0);
+  std::stable_sort(by_cost.begin(), by_cost.end(),
+                   [&](int x, int y) { return costs[x] > costs[y]; });
+  const double total_cost = std::accumulate(costs.begin(), costs.end(), 0.0);
+
   Candidate chosen;
   chosen.is_split.assign(num_samples, 0);
   SplitMinibatch best_plan;
   double best_span = unsplit_span;
+  double split_cost = 0.0;   // costs of the samples split so far
+  double chunk_cost = 0.0;   // their chunks' costs
+  double chosen_time = 0.0;  // the slowest group so far
   std::vector<char> busy_rank(static_cast<size_t>(options.num_ranks), 0);
+  const bool prune = stats == nullptr || !stats->exhaustive;
+  int64_t members_before = 0;  // ranks in the groups so far
   for (int sample : candidates) {
+    if (stats) ++stats->candidates;
+    // The samples left unsplit besides this one, lightest first; the last is the heaviest.
+    std::vector<double> left;
+    for (auto it = by_cost.rbegin(); it != by_cost.rend(); ++it) {
+      if (*it != sample && !chosen.is_split[static_cast<size_t>(*it)]) left.push_back(costs[*it]);
+    }
+    const double heaviest_left = left.empty() ? 0.0 : cost.microbatch(left.back()) / fastest;
+    const double fixed_bound = std::max(heaviest_left, chosen_time);
+    const double rest_cost = total_cost - split_cost - costs[sample];
+    const double length = static_cast<double>(tokens[sample]);
+    const double whole = cost.a * length + cost.b * length * length;
+
     std::vector<int64_t> free_ranks;
     for (int64_t r = 0; r < options.num_ranks; ++r) {
       if (!busy_rank[static_cast<size_t>(r)]) free_ranks.push_back(r);
@@ -293,6 +391,19 @@ SplitMinibatch search_splits(std::span<const int64_t> tokens, std::span<const do
     std::optional<Candidate> best_here;
     for (size_t k = 2; k <= free_ranks.size() && static_cast<int64_t>(2 * k) <= tokens[sample];
          ++k) {
+      if (prune && fixed_bound >= best_span) break;  // also once a group size reached it
+      const double members = static_cast<double>(k);
+      const double chunks = whole + options.split_exchange * cost.a * length * (members - 1.0);
+      const double new_chunks = std::max(members * cost.floor, members * cost.c + chunks);
+      if (prune && (rest_cost + chunk_cost + new_chunks) / total_speed >= best_span) break;
+      const double group_time = cost.microbatch(chunks / members) / fastest;
+      if (prune && group_time >= best_span) continue;
+      if (prune && options.policy == Policy::kLbMicro &&
+          equal_counts_bound(left, members_before + static_cast<int64_t>(k),
+                             std::max(chosen_time, group_time), heaviest_left, cost, fastest,
+                             options.num_ranks) >= best_span) {
+        continue;
+      }
       Candidate trial = chosen;
       SplitSample split;
       split.sample = sample;
@@ -305,6 +416,7 @@ SplitMinibatch search_splits(std::span<const int64_t> tokens, std::span<const do
       trial.splits.push_back(std::move(split));
       trial.is_split[static_cast<size_t>(sample)] = 1;
       SplitMinibatch plan = build(trial, tokens, costs, options);
+      if (stats) ++stats->plans_built;
       const double span = span_of(plan, tokens, options);
       // Strictly better (relative margin against rounding); ties keep the smaller group.
       if (span < best_span * (1.0 - 1e-9)) {
@@ -315,7 +427,17 @@ SplitMinibatch search_splits(std::span<const int64_t> tokens, std::span<const do
     }
     if (best_here) {
       chosen = std::move(*best_here);
-      for (int64_t rank : chosen.splits.back().ranks) busy_rank[static_cast<size_t>(rank)] = 1;
+      const SplitSample& added = chosen.splits.back();
+      split_cost += costs[sample];
+      double slowest = 0.0;
+      for (size_t m = 0; m < added.ranks.size(); ++m) {
+        chunk_cost += added.chunk_costs[m];
+        slowest = std::max(
+            slowest, added.chunk_costs[m] / speed_of(options, static_cast<size_t>(added.ranks[m])));
+      }
+      chosen_time = std::max(chosen_time, slowest);
+      for (int64_t rank : added.ranks) busy_rank[static_cast<size_t>(rank)] = 1;
+      members_before += static_cast<int64_t>(added.ranks.size());
     }
   }
   return best_plan;  // no splits (and no ranks) when none helped
@@ -325,8 +447,8 @@ SplitMinibatch search_splits(std::span<const int64_t> tokens, std::span<const do
 
 SplitMinibatch plan_minibatch_with_splits(std::span<const int64_t> tokens,
                                           std::span<const double> costs, const PlanOptions& options,
-                                          double unsplit_span) {
-  SplitMinibatch planned = search_splits(tokens, costs, options, unsplit_span);
+                                          double unsplit_span, SplitSearchStats* stats) {
+  SplitMinibatch planned = search_splits(tokens, costs, options, unsplit_span, stats);
   if (options.cost.floor <= 0.0) return planned;
   // With a floor each member's extra microbatch can hide the gain of one split on its own while
   // splitting several outliers together pays (8 ranks, four 42K-59K-token outliers, floor 1 s:
@@ -335,7 +457,7 @@ SplitMinibatch plan_minibatch_with_splits(std::span<const int64_t> tokens,
   PlanOptions blind = options;
   blind.cost.floor = 0.0;
   SplitMinibatch alternative =
-      search_splits(tokens, costs, blind, std::numeric_limits<double>::infinity());
+      search_splits(tokens, costs, blind, std::numeric_limits<double>::infinity(), stats);
   if (alternative.splits.empty()) return planned;
   for (SplitSample& split : alternative.splits) {
     for (size_t m = 0; m < split.chunks.size(); ++m) {

@@ -57,9 +57,15 @@ struct SplitMinibatch {
 // time for LB-Micro) of the whole minibatch below the best so far, starting from `unsplit_span`,
 // the span of the policy's plan without splits. Remaining samples are balanced around the groups
 // (a group member carries its chunk first). Returns no splits when no split helps; the caller then
-// keeps the unsplit plan.
+// keeps the unsplit plan. Trials that provably cannot beat the best span so far are skipped
+// without building their plan (same result); `stats`, when given, counts the work done.
+struct SplitSearchStats {
+  bool exhaustive = false;  // in: skip nothing (tests compare the two)
+  int64_t candidates = 0;   // outliers considered
+  int64_t plans_built = 0;  // trial plans built and timed (candidate x group size)
+};
 SplitMinibatch plan_minibatch_with_splits(std::span<const int64_t> tokens,
                                           std::span<const double> costs, const PlanOptions& options,
-                                          double unsplit_span);
+                                          double unsplit_span, SplitSearchStats* stats = nullptr);
 
 }  // namespace odc::planner

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 
 #include "odc/odc.h"
@@ -285,6 +286,89 @@ TEST(SplitPlan, CostFloorChargesShortMicrobatchesAfterAChunk) {
   EXPECT_NEAR(blind_plan.times.odc,
               predict_times(blind_plan.ranks, blind_plan.splits, lengths, without.options).odc,
               1e-12);
+}
+
+// Issue 26: with about one sample per rank the search tried every group size for every outlier,
+// each a whole plan (ranks = samples = 512: ~90,000 plans, 96 s). Trials that provably cannot
+// beat the best span are now skipped: the plans built stay near one per split (bound asserted,
+// not time), and the result is the exhaustive search's, here and on random small minibatches.
+std::vector<int64_t> long_context_lengths(size_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int64_t> length(512, 65536);
+  std::vector<int64_t> lengths(count);
+  for (int64_t& l : lengths) l = length(rng);
+  return lengths;
+}
+
+struct SearchResult {
+  SplitMinibatch plan;
+  SplitSearchStats stats;
+};
+
+SearchResult search(const std::vector<int64_t>& lengths, const PlanOptions& options,
+                    bool exhaustive) {
+  PlanOptions off = options;
+  off.split = SplitMode::kOff;
+  const Plan unsplit = plan_or_die(lengths, off);
+  const MinibatchTimes& times = unsplit.minibatches.at(0).times;
+  std::vector<double> costs;
+  for (int64_t l : lengths) costs.push_back(options.cost.sample_cost(l));
+  SearchResult result;
+  result.stats.exhaustive = exhaustive;
+  result.plan = plan_minibatch_with_splits(
+      lengths, costs, options, options.policy == Policy::kLbMicro ? times.collective : times.odc,
+      &result.stats);
+  return result;
+}
+
+void expect_same(const SplitMinibatch& x, const SplitMinibatch& y) {
+  EXPECT_EQ(x.ranks, y.ranks);
+  ASSERT_EQ(x.splits.size(), y.splits.size());
+  for (size_t i = 0; i < x.splits.size(); ++i) {
+    EXPECT_EQ(x.splits[i].sample, y.splits[i].sample);
+    EXPECT_EQ(x.splits[i].ranks, y.splits[i].ranks);
+    EXPECT_EQ(x.splits[i].chunk_costs, y.splits[i].chunk_costs);
+  }
+}
+
+TEST(SplitSearch, OneSamplePerRankBuildsFewPlans) {
+  const std::vector<int64_t> lengths = long_context_lengths(512, 26);
+  for (Policy policy : {Policy::kLbMini, Policy::kLbMicro}) {
+    for (CostModel cost : {CostModel{}, CostModel{1.69e-5, 9.75e-10, 0.069, 0.3}}) {
+      SCOPED_TRACE(std::string(policy_name(policy)) + " floor " + std::to_string(cost.floor));
+      PlanOptions options = split_options(policy, 512, 65536, cost);
+      options.microbatch_memory = MicrobatchMemory::kCap;
+      const SearchResult result = search(lengths, options, /*exhaustive=*/false);
+      // Hundreds of outliers x up to 511 group sizes before; about one plan per split now.
+      EXPECT_GT(result.stats.candidates, 100);
+      EXPECT_LE(result.stats.plans_built, 512);
+      if (policy == Policy::kLbMini) {
+        EXPECT_FALSE(result.plan.splits.empty());
+      }
+    }
+  }
+}
+
+TEST(SplitSearch, SkippingTrialsKeepsTheExhaustivePlan) {
+  std::mt19937 rng(7);
+  int with_splits = 0;
+  for (int trial = 0; trial < 48; ++trial) {
+    const int64_t ranks = 2 + static_cast<int64_t>(rng() % 24);
+    const size_t samples = static_cast<size_t>(ranks) / 2 + rng() % (3 * ranks);
+    const std::vector<int64_t> lengths = long_context_lengths(samples, rng());
+    const Policy policy = trial % 2 ? Policy::kLbMicro : Policy::kLbMini;
+    const CostModel cost = trial % 3 == 0   ? CostModel{}
+                           : trial % 3 == 1 ? CostModel{1.69e-5, 9.75e-10, 0.069}
+                                            : CostModel{1.69e-5, 9.75e-10, 0.069, 0.3};
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const PlanOptions options = split_options(policy, ranks, 65536, cost);
+    const SearchResult pruned = search(lengths, options, false);
+    const SearchResult exhaustive = search(lengths, options, true);
+    expect_same(pruned.plan, exhaustive.plan);
+    EXPECT_LE(pruned.stats.plans_built, exhaustive.stats.plans_built);
+    with_splits += !pruned.plan.splits.empty();
+  }
+  EXPECT_GT(with_splits, 10);
 }
 
 }  // namespace
