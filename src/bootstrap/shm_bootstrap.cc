@@ -137,7 +137,8 @@ ShmBootstrap::ShmBootstrap(int rank, int world_size, std::string key,
 
 Result<std::shared_ptr<ShmBootstrap>> ShmBootstrap::create(int rank, int world_size,
                                                            const std::string& key,
-                                                           std::chrono::duration<double> timeout) {
+                                                           std::chrono::duration<double> timeout,
+                                                           Bootstrap* outer) {
   if (world_size < 1) {
     return Status::InvalidArgument("world size must be at least 1, got " +
                                    std::to_string(world_size));
@@ -155,7 +156,7 @@ Result<std::shared_ptr<ShmBootstrap>> ShmBootstrap::create(int rank, int world_s
                                    std::to_string(timeout.count()) + " s");
   }
   std::shared_ptr<ShmBootstrap> bootstrap(new ShmBootstrap(rank, world_size, key, timeout));
-  if (Status status = bootstrap->join(); !status.ok()) {
+  if (Status status = bootstrap->join(outer); !status.ok()) {
     bootstrap->mark_failed("init: " + status.message());
     return status;
   }
@@ -289,8 +290,12 @@ Result<bool> ShmBootstrap::try_map_peer(int peer, Clock::time_point& dead_since)
                              "' (what it left in /dev/shm is removed)");
 }
 
-Status ShmBootstrap::join() {
+Status ShmBootstrap::join(Bootstrap* outer) {
   ODC_RETURN_IF_ERROR(create_control_segment());
+  // With an outer bootstrap, a rank that fails before its block exists tells its peers there
+  // (mark_failed); they would otherwise look for the block until the timeout. Past this barrier
+  // every block exists, and a rank that fails later marks its own block failed.
+  if (outer != nullptr) ODC_RETURN_IF_ERROR(outer->barrier("shm control blocks"));
   const auto deadline = deadline_after(timeout_);
   // Every missing peer is looked for in each round, not one after another: a rank that finds a
   // dead peer removes its block, and a rank that had not met the finder yet would then only see

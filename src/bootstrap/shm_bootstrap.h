@@ -32,10 +32,14 @@ class ShmBootstrap final : public Bootstrap {
   using Clock = std::chrono::steady_clock;
 
   // Collective: returns once every rank of `world_size` has joined `key` (or fails after
-  // `timeout`, naming the missing rank; or at once when the key is held by a live job).
+  // `timeout`, naming the missing rank; or at once when the key is held by a live job). `outer`:
+  // the bootstrap the ranks agreed on `key` through, if any (an external one): every rank meets
+  // there once its control block exists, so a rank that fails before (e.g. EMFILE) and marks
+  // itself failed there is seen by its peers at once, not as a block that never appears.
   static Result<std::shared_ptr<ShmBootstrap>> create(int rank, int world_size,
                                                       const std::string& key,
-                                                      std::chrono::duration<double> timeout);
+                                                      std::chrono::duration<double> timeout,
+                                                      Bootstrap* outer = nullptr);
   ~ShmBootstrap() override;
   ShmBootstrap(const ShmBootstrap&) = delete;
   ShmBootstrap& operator=(const ShmBootstrap&) = delete;
@@ -69,7 +73,7 @@ class ShmBootstrap final : public Bootstrap {
 
  private:
   ShmBootstrap(int rank, int world_size, std::string key, std::chrono::duration<double> timeout);
-  Status join();
+  Status join(Bootstrap* outer);
   Status create_control_segment();
   // One look at a peer's control block: true once mapped, false while it is missing (or dead
   // for less than the grace period, measured from `dead_since`), an error once it is dead.

@@ -22,7 +22,8 @@ Result<std::unique_ptr<Transport>> create_shm(const TransportSpec& spec) {
   if (auto local = std::dynamic_pointer_cast<shm::ShmBootstrap>(spec.bootstrap)) {
     return std::unique_ptr<Transport>(new shm::ShmTransport(std::move(local)));
   }
-  auto made = shm::ShmTransport::create(spec.rank, spec.world_size, spec.key, spec.timeout);
+  auto made = shm::ShmTransport::create(spec.rank, spec.world_size, spec.key, spec.timeout,
+                                        spec.bootstrap.get());
   if (!made.ok()) return made.status();
   return std::unique_ptr<Transport>(std::move(made).value());
 }

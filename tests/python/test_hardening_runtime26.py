@@ -347,3 +347,67 @@ def test_item8_huge_declared_world_fails_fast_with_a_bounded_message():
     # Few missing ranks are all named, as before.
     with pytest.raises(odc.Error, match="rank 0 waited for ranks 1, 2$"):
         odc.Comm(0, 3, store=_DictStore(), timeout=0.2)
+
+
+_EMFILE_RANK = """
+import os, resource, sys
+from datetime import timedelta
+import torch.distributed as dist
+import odc
+
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+store = dist.TCPStore(
+    "127.0.0.1", port, is_master=rank == 0, timeout=timedelta(seconds=60), wait_for_workers=False
+)
+if rank == 0:
+    print(store.port, flush=True)
+
+
+class RunsOutOfDescriptors:
+    # Rank 1 runs out of file descriptors right after the key agreement (the last record of the
+    # first round is read): its shared-memory join then fails with EMFILE. The store's socket is
+    # open already, so the store still works.
+    def __init__(self, store):
+        self.store = store
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def get(self, key):
+        value = self.store.get(key)
+        if key.endswith("/round0/1"):
+            lowest_free = os.open("/dev/null", os.O_RDONLY)  # new descriptors get this number
+            os.close(lowest_free)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, lowest_free))
+        return value
+
+
+try:
+    odc.Comm(rank, 2, store=RunsOutOfDescriptors(store) if rank == 1 else store, timeout=30)
+    print("no error")
+except odc.Error as error:
+    print(error)
+"""
+
+
+def test_item8_store_rank_failing_after_key_agreement_is_seen_by_its_peers():
+    # Rank 1 fails creating its shared-memory control block (EMFILE) after the key agreement and
+    # marks itself failed in the store; rank 0, looking for rank 1's block in /dev/shm, never read
+    # the store and waited out its whole timeout (forever with inf).
+    pytest.importorskip("torch.distributed")
+    rank0 = subprocess.Popen(
+        [sys.executable, "-c", _EMFILE_RANK, "0", "0"], stdout=subprocess.PIPE, text=True
+    )
+    port = rank0.stdout.readline().strip()
+    rank1 = subprocess.Popen(
+        [sys.executable, "-c", _EMFILE_RANK, "1", port], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        out1, _ = rank1.communicate(timeout=120)
+        out0, _ = rank0.communicate(timeout=120)
+    finally:
+        rank0.kill()
+        rank1.kill()
+    assert "Too many open files" in out1, out1
+    assert "rank 1 failed: rank 1: init" in out0 and "Too many open files" in out0, out0
+    assert "timed out" not in out0, out0

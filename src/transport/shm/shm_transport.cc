@@ -33,8 +33,9 @@ ShmTransport::ShmTransport(std::shared_ptr<ShmBootstrap> bootstrap)
 
 Result<std::unique_ptr<ShmTransport>> ShmTransport::create(int rank, int world_size,
                                                            const std::string& key,
-                                                           std::chrono::duration<double> timeout) {
-  auto bootstrap = ShmBootstrap::create(rank, world_size, key, timeout);
+                                                           std::chrono::duration<double> timeout,
+                                                           Bootstrap* outer) {
+  auto bootstrap = ShmBootstrap::create(rank, world_size, key, timeout, outer);
   if (!bootstrap.ok()) return bootstrap.status();
   return std::make_unique<ShmTransport>(std::move(bootstrap).value());
 }

@@ -20,10 +20,12 @@ class ShmTransport final : public Transport {
  public:
   // Over an existing shared-memory bootstrap (this job's ranks have met through it).
   explicit ShmTransport(std::shared_ptr<ShmBootstrap> bootstrap);
-  // Collective: meets every rank of `world_size` under `key` (a new shared-memory bootstrap).
+  // Collective: meets every rank of `world_size` under `key` (a new shared-memory bootstrap;
+  // `outer`: the bootstrap the key was agreed through, see ShmBootstrap::create).
   static Result<std::unique_ptr<ShmTransport>> create(int rank, int world_size,
                                                       const std::string& key,
-                                                      std::chrono::duration<double> timeout);
+                                                      std::chrono::duration<double> timeout,
+                                                      Bootstrap* outer = nullptr);
 
   int rank() const override { return bootstrap_->rank(); }
   int world_size() const override { return bootstrap_->world_size(); }
