@@ -7,6 +7,7 @@
 
 #include <linux/futex.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -27,7 +28,7 @@
 namespace odc::shm {
 
 namespace {
-constexpr uint64_t kMagic = 0x326d68732d63646fULL;  // "odc-shm2"
+constexpr uint64_t kMagic = 0x336d68732d63646fULL;  // "odc-shm3"
 constexpr size_t kRecordBytes = 256;                // one allgather round per rank
 constexpr size_t kOperationBytes = 48;
 
@@ -41,6 +42,7 @@ struct ControlBlock {
   int32_t pid;
   std::atomic<uint32_t> state;
   std::atomic<uint64_t> num_allocations;      // allocation segments named so far (for cleanup)
+  uint64_t pid_namespace;                     // inode of /proc/self/ns/pid; 0: unknown
   alignas(64) std::atomic<uint64_t> arrival;  // collectives entered so far
   std::atomic<uint32_t> wake;                 // futex word, bumped after every arrival or signal
   alignas(64) unsigned char records[2][kRecordBytes];  // allgather rounds, alternating
@@ -72,6 +74,15 @@ void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nan
 
 void futex_wake_all(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// This process's PID namespace (the inode of /proc/self/ns/pid), 0 when it cannot be read. Ranks in
+// different PID namespaces cannot check each other's liveness by pid (the numbers mean nothing
+// across them), so the join refuses them instead of reporting a live peer dead.
+uint64_t own_pid_namespace() {
+  struct stat info {};
+  if (::stat("/proc/self/ns/pid", &info) != 0) return 0;
+  return static_cast<uint64_t>(info.st_ino);
 }
 
 // True when `pid` exists and is not a zombie (a dead child its parent has not reaped yet).
@@ -158,6 +169,7 @@ Result<std::shared_ptr<ShmBootstrap>> ShmBootstrap::create(int rank, int world_s
   std::shared_ptr<ShmBootstrap> bootstrap(new ShmBootstrap(rank, world_size, key, timeout));
   if (Status status = bootstrap->join(outer); !status.ok()) {
     bootstrap->mark_failed("init: " + status.message());
+    if (bootstrap->leave_block_) bootstrap->controls_[rank]->keep_name();
     return status;
   }
   return bootstrap;
@@ -220,6 +232,7 @@ Status ShmBootstrap::create_control_segment() {
       own->world_size = static_cast<uint32_t>(world_size_);
       own->rank = rank_;
       own->pid = static_cast<int32_t>(::getpid());
+      own->pid_namespace = own_pid_namespace();
       own->state.store(kAlive, std::memory_order_relaxed);
       own->magic.store(kMagic, std::memory_order_release);
       controls_[rank_] = std::move(created).value();
@@ -269,6 +282,23 @@ Result<bool> ShmBootstrap::try_map_peer(int peer, Clock::time_point& dead_since)
   }
   auto* peer_block = static_cast<ControlBlock*>(opened.value()->data());
   if (peer_block->magic.load(std::memory_order_acquire) != kMagic) return false;  // being made
+  const uint64_t own_namespace = block(rank_).pid_namespace;
+  if (peer_block->pid_namespace != own_namespace && peer_block->pid_namespace != 0 &&
+      own_namespace != 0) {
+    // Whichever of the two ranks sees the other first fails and leaves its block named, so the
+    // other sees it and fails with the same line (and removes it) instead of waiting for it.
+    if (peer_block->state.load(std::memory_order_acquire) == kFailed) {
+      remove_remains(peer, peer_block->pid, 0);
+    } else {
+      leave_block_ = true;
+    }
+    return Status::InvalidUsage(
+        "rank " + std::to_string(peer) + " (pid " + std::to_string(peer_block->pid) +
+        " of PID namespace pid:[" + std::to_string(peer_block->pid_namespace) +
+        "]) runs in another PID namespace than this rank (pid:[" + std::to_string(own_namespace) +
+        "]): local ranks must share one PID namespace, as odc checks its peers' liveness by pid "
+        "(e.g. run them in one container, or with docker --pid=host; docs/runtime.md)");
+  }
   if (pid_alive(peer_block->pid)) {
     if (peer_block->world_size != static_cast<uint32_t>(world_size_)) {
       return Status::InvalidArgument("rank " + std::to_string(peer) + " joined key '" + key_ +

@@ -91,6 +91,9 @@ class ShmBootstrap final : public Bootstrap {
   std::chrono::duration<double> timeout_;
   uint64_t epoch_ = 0;                              // collectives entered so far
   std::vector<std::unique_ptr<Segment>> controls_;  // index = rank
+  // The join failed because a peer runs in another PID namespace: this rank's (failed) block
+  // stays named, so that peer learns why too (it removes the block; so does this rank's restart).
+  bool leave_block_ = false;
 };
 
 }  // namespace odc::shm

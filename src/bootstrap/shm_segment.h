@@ -34,6 +34,8 @@ class Segment {
   const std::string& name() const { return name_; }
   // Removes the name now; the mapping stays valid for everyone who has it.
   Status unlink();
+  // Leaves the name in place when this segment goes (for a peer to read and remove).
+  void keep_name() { owns_name_ = false; }
 
  private:
   Segment(std::string name, void* data, size_t bytes, bool owns_name, uint64_t inode)

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -411,3 +412,50 @@ def test_item8_store_rank_failing_after_key_agreement_is_seen_by_its_peers():
     assert "Too many open files" in out1, out1
     assert "rank 1 failed: rank 1: init" in out0 and "Too many open files" in out0, out0
     assert "timed out" not in out0, out0
+
+
+def _unshare_pid():
+    """A command prefix that runs a process in a new PID namespace (sharing /dev/shm), or None."""
+    for prefix in (["unshare", "--pid", "--fork"], ["unshare", "-U", "-r", "--pid", "--fork"]):
+        try:
+            if subprocess.run([*prefix, "true"], capture_output=True, timeout=30).returncode == 0:
+                return prefix
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return None
+
+
+def test_item8_ranks_in_different_pid_namespaces_are_told_so():
+    # Ranks in different PID namespaces sharing /dev/shm were reported "died" (a peer's pid means
+    # nothing in another namespace); they now fail at init with one line that says why.
+    prefix = _unshare_pid()
+    if prefix is None:
+        pytest.skip("unshare cannot make a PID namespace here")
+    key = _key("pidns")
+    code = f"""
+    import sys, odc
+    try:
+        odc.Comm(int(sys.argv[1]), 2, {key!r}, timeout=30)
+        print("no error")
+    except odc.Error as error:
+        print(error)
+    """
+    ranks = [
+        subprocess.Popen(
+            [
+                *(prefix if rank == 1 else []),
+                sys.executable,
+                "-c",
+                textwrap.dedent(code),
+                str(rank),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outputs = [p.communicate(timeout=120)[0] for p in ranks]
+    for rank, out in enumerate(outputs):
+        assert f"rank {1 - rank} (pid " in out and "runs in another PID namespace" in out, outputs
+        assert "died" not in out, outputs
+    assert not list(Path("/dev/shm").glob(f"odc.{key}.*"))  # the failed block left is removed
