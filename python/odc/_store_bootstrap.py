@@ -13,6 +13,7 @@ passes; the error then names this rank, the operation and the ranks that did not
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from typing import Any, List, Optional
 
@@ -22,6 +23,20 @@ from . import _capi
 # A timeout names at most this many missing ranks, found with at most this many store look-ups.
 _NAMED_MISSING = 5
 _MAX_CHECKS = 64
+
+
+# Communicators being created on each store object in this process (id(store) -> bootstraps).
+# Each rank numbers its communicators with its own counter, so two created at the same time from
+# two threads pair up by the order in which their threads reached the counter, which differs
+# across ranks: they would pair crosswise, silently. Every creation that overlaps another on the
+# same store therefore fails, on every rank (through the store's failure record).
+_creating_lock = threading.Lock()
+_creating: dict = {}
+CONCURRENT_INIT = (
+    "another odc.Comm was being created on this store at the same time (another thread): "
+    "communicators meeting through one store must be created one at a time, in the same order "
+    "on every rank, else they pair up across ranks at random"
+)
 
 
 class StoreBootstrap:
@@ -40,6 +55,12 @@ class StoreBootstrap:
         self.rank = rank
         self.world_size = world_size
         self.timeout = timeout
+        self.concurrent = False  # another creation on this store overlapped this one (above)
+        with _creating_lock:  # before the number is taken, so an overlap is always seen
+            creating = _creating.setdefault(id(store), [])
+            for other in creating:
+                other.concurrent = self.concurrent = True
+            creating.append(self)
         # Communicators are created collectively, so every rank's own counter names the same one.
         sequence = int(store.add(f"odc/comm/sequence/{rank}", 1))
         self.prefix = f"odc/comm/{sequence}"
@@ -54,8 +75,19 @@ class StoreBootstrap:
             _capi.BOOTSTRAP_MARK_FAILED(self._mark_failed_cb),
         )
 
+    def init_done(self) -> None:
+        """The communicator's init has returned (either way): no longer being created."""
+        with _creating_lock:
+            creating = _creating.get(id(self.store), [])
+            if self in creating:
+                creating.remove(self)
+            if not creating:
+                _creating.pop(id(self.store), None)
+
     # -- the collectives (Python) ------------------------------------------------------------
     def allgather(self, data: bytes, operation: str) -> List[bytes]:
+        if self.concurrent:
+            raise RuntimeError(CONCURRENT_INIT)
         round_prefix = f"{self.prefix}/round{self.rounds}"
         self.rounds += 1
         self.store.set(f"{round_prefix}/{self.rank}", data)

@@ -258,6 +258,8 @@ class Comm:
     set/get/add; then no key is needed): the store is then the bootstrap (odcBootstrap_t), rank 0
     makes a random key for the shared memory that only this job learns, and a rank whose init
     fails marks itself failed in the store, so its peers fail naming it instead of waiting.
+    Communicators on one store are created one at a time, in the same order on every rank:
+    creations from several threads that overlap on one store fail (on every rank).
 
     timeout: seconds any wait on another rank may take before failing: positive, or
     float("inf") to wait forever; None (default): $ODC_TIMEOUT (a positive number or "inf"; other
@@ -350,9 +352,23 @@ class Comm:
             config.transport = _capi.TRANSPORT_AUTO
         config.device = -1 if device is None else int(device)
         config.deterministic = int(bool(deterministic))
-        result = _capi.lib.odcCommInitConfig(
-            ctypes.byref(handle), rank, world_size, ctypes.byref(config)
-        )
+        try:
+            result = _capi.lib.odcCommInitConfig(
+                ctypes.byref(handle), rank, world_size, ctypes.byref(config)
+            )
+        finally:
+            if self._bootstrap is not None:
+                self._bootstrap.init_done()
+        if result == _capi.SUCCESS and self._bootstrap is not None and self._bootstrap.concurrent:
+            # Another creation on this store began after this one's last round: this one may
+            # have paired with the wrong communicator of another rank. Fail it (its peer fails
+            # naming this rank and why), never use it.
+            from ._store_bootstrap import CONCURRENT_INIT
+
+            reason = f"rank {rank}: init: {CONCURRENT_INIT}"
+            _capi.lib.odcCommAbort(handle, reason.encode()[:200])
+            _capi.lib.odcCommDestroy(handle)
+            raise _capi.Error(reason, _capi.INVALID_USAGE)
         if result != _capi.SUCCESS and _capi.take_interrupt_pending():
             _capi.check_comm(result)  # raises what a signal handler raised (KeyboardInterrupt)
         if result != _capi.SUCCESS and self._bootstrap is not None and self._bootstrap.error:

@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import odc
@@ -459,3 +460,67 @@ def test_item8_ranks_in_different_pid_namespaces_are_told_so():
         assert f"rank {1 - rank} (pid " in out and "runs in another PID namespace" in out, outputs
         assert "died" not in out, outputs
     assert not list(Path("/dev/shm").glob(f"odc.{key}.*"))  # the failed block left is removed
+
+
+class _RankView:
+    """One rank's store object over a store shared by in-process "ranks". The sequence numbers of
+    new communicators are taken in the order given by `order` (thread names), so that two threads
+    of rank 0 take theirs in one order and rank 1's in the other."""
+
+    def __init__(self, store, order):
+        self.store = store
+        self.order = order
+        self.turn = threading.Condition()
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def add(self, key, amount):
+        if not key.startswith("odc/comm/sequence/"):
+            return self.store.add(key, amount)
+        me = threading.current_thread().name
+        with self.turn:
+            self.turn.wait_for(lambda: self.order[0] == me, timeout=30)
+            value = self.store.add(key, amount)
+            self.order.pop(0)
+            self.turn.notify_all()
+            return value
+
+
+def test_item8_communicators_created_at_once_on_one_store_never_pair_across():
+    # Two threads per rank create a communicator each at the same time; rank 0's "A" took the first
+    # number, rank 1's "B": A@0 paired with B@1, silently. Now every overlapping creation fails.
+    store = _DictStore()
+    views = [_RankView(store, ["A", "B"]), _RankView(store, ["B", "A"])]
+    outcome = {}
+
+    def create(rank, label):
+        try:
+            with odc.Comm(rank, 2, store=views[rank], timeout=20) as comm:
+                buffer = comm.alloc(1, name="label")
+                buffer.array[0] = {"A": 1.0, "B": 2.0}[label]
+                comm.barrier()
+                seen = np.zeros(2, np.float32)
+                comm.gather(seen, buffer)
+                comm.barrier()
+                del buffer
+                outcome[rank, label] = seen.tolist()
+        except odc.Error as error:
+            outcome[rank, label] = str(error)
+
+    threads = [
+        threading.Thread(target=create, args=(rank, label), name=label)
+        for rank in range(2)
+        for label in "AB"
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(outcome) == 4, outcome
+    for (rank, label), seen in outcome.items():
+        if isinstance(seen, list):  # created: it met the same communicator on the other rank
+            assert seen == [{"A": 1.0, "B": 2.0}[label]] * 2, outcome
+        else:
+            assert "at the same time" in seen or "rank 1 failed" in seen or "rank 0 failed" in seen
+    assert any("at the same time" in str(seen) for seen in outcome.values()), outcome
