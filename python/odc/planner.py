@@ -18,21 +18,26 @@ _COST_MESSAGE = (
 )
 
 
+# ctypes keeps the low 64 bits of a larger integer without a word (2**70 becomes 0): check first.
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _lengths_array(lengths: Sequence[int]) -> "ctypes.Array[ctypes.c_int64]":
     values = []
     for index, length in enumerate(lengths):
         if isinstance(length, bool) or not isinstance(length, numbers.Integral):
             raise ValueError(f"sample {index}: length must be an integer, got {length!r}")
+        if not _INT64_MIN <= int(length) <= _INT64_MAX:
+            raise ValueError(f"sample {index}: length {int(length)} does not fit in 64 bits")
         values.append(int(length))
-    try:
-        return (ctypes.c_int64 * len(values))(*values)
-    except OverflowError:
-        raise ValueError("a sample length does not fit in 64 bits") from None
+    return (ctypes.c_int64 * len(values))(*values)
 
 
 def _integer(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer, got {value!r}")
+    if not _INT64_MIN <= int(value) <= _INT64_MAX:
+        raise ValueError(f"{name} must fit in 64 bits, got {int(value)}")
     return int(value)
 
 

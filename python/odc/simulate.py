@@ -73,15 +73,25 @@ def cli_path() -> str:
     raise FileNotFoundError("the odc command was not found: build it or set ODC_CLI")
 
 
+class CliError(ValueError):
+    """`odc simulate` refused: its one-line message and its exit status (2 for bad arguments)."""
+
+    def __init__(self, message: str, returncode: int):
+        super().__init__(message)
+        self.returncode = returncode
+
+
 def run_simulate(arguments: Sequence[str]) -> dict:
-    """`odc simulate ARGUMENTS --format json`, parsed; ValueError with odc's message on failure."""
+    """`odc simulate ARGUMENTS --format json`, parsed; CliError (a ValueError) with odc's message
+    on failure."""
     result = subprocess.run(
         [cli_path(), "simulate", *arguments, "--format", "json"],
         capture_output=True,
         text=True,
     )
     if result.returncode != 0:
-        raise ValueError(result.stderr.strip() or f"odc simulate exited with {result.returncode}")
+        message = result.stderr.strip() or f"odc simulate exited with {result.returncode}"
+        raise CliError(message, result.returncode)
     return json.loads(result.stdout)
 
 
@@ -333,6 +343,9 @@ def main(argv=None) -> int:
         sys.exit("odc simulate: python -m odc.simulate prints the table; use odc simulate for JSON")
     try:
         document = run_simulate(argv)
+    except CliError as error:  # already one line, "odc simulate: error: ..."
+        print(error, file=sys.stderr)
+        return error.returncode if error.returncode > 0 else 1
     except (OSError, ValueError) as error:
         sys.exit(f"odc simulate: {error}")
     table = subprocess.run([cli_path(), "simulate", *argv], capture_output=True, text=True)

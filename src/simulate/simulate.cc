@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -269,6 +270,13 @@ double Curve::bandwidth(double bytes) const {
 }
 
 Result<TransportCurves> read_transport_curves(const std::string& path) {
+  // A directory opens as a stream and fails on the first read (an exception, not a status): only
+  // regular files and pipes (/dev/stdin) are read.
+  std::error_code code;
+  const auto type = std::filesystem::status(path, code).type();
+  if (type == std::filesystem::file_type::directory) {
+    return Status::InvalidArgument("transport curves '" + path + "' is a directory, not a file");
+  }
   std::ifstream input(path);
   if (!input) return Status::InvalidArgument("cannot open transport curves '" + path + "'");
   nlohmann::json document;
@@ -277,6 +285,9 @@ Result<TransportCurves> read_transport_curves(const std::string& path) {
   } catch (const nlohmann::json::exception& error) {
     return Status::InvalidArgument("transport curves '" + path + "': not JSON (" +
                                    std::string(error.what()) + ")");
+  } catch (const std::exception& error) {  // a read error (std::ios_base::failure)
+    return Status::InvalidArgument("cannot read transport curves '" + path +
+                                   "': " + std::string(error.what()));
   }
   if (!document.is_object() || !document.contains("curves") || !document["curves"].is_object()) {
     return Status::InvalidArgument("transport curves '" + path + "': expected {\"curves\": {...}}");
@@ -352,9 +363,19 @@ Status validate_simulate_options(const SimulateOptions& options) {
   ODC_RETURN_IF_ERROR(planner::validate_plan_options(options.plan));
   const ModelShape& m = options.model;
   if (m.num_layers < 1) return Status::InvalidArgument("the model needs at least one layer");
+  if (m.num_layers > kMaxLayers) {
+    return Status::InvalidArgument("the model has " + std::to_string(m.num_layers) +
+                                   " layers, at most " + std::to_string(kMaxLayers) +
+                                   " are simulated");
+  }
   if (!(m.layer_params >= 0) || !(m.other_params >= 0) || !std::isfinite(m.layer_params) ||
       !std::isfinite(m.other_params)) {
     return Status::InvalidArgument("parameter counts must be finite and >= 0");
+  }
+  // Bytes moved per step are counts x 4 x layers: they must stay finite too (1e308 is not).
+  const double total_params = m.other_params + m.layer_params * static_cast<double>(m.num_layers);
+  if (!std::isfinite(total_params * kGradBytes * 4.0)) {
+    return Status::InvalidArgument("parameter counts are too large: the model's bytes overflow");
   }
   const Topology& t = options.topology;
   if (t.gpus_per_node < 1) return Status::InvalidArgument("gpus per node must be >= 1");
@@ -364,8 +385,10 @@ Status validate_simulate_options(const SimulateOptions& options) {
       return Status::InvalidArgument("link bandwidths must be > 0 and latencies >= 0, finite");
     }
   }
-  if (options.cost_calibration_ranks < 0) {
-    return Status::InvalidArgument("cost calibration ranks must be >= 0");
+  if (options.cost_calibration_ranks < 0 || options.cost_calibration_ranks > kMaxCalibrationRanks) {
+    return Status::InvalidArgument(
+        "cost calibration ranks must be 0 to " + std::to_string(kMaxCalibrationRanks) +
+        " (the GPUs of one node), got " + std::to_string(options.cost_calibration_ranks));
   }
   if (!(options.forward_fraction > 0 && options.forward_fraction < 1)) {
     return Status::InvalidArgument("forward fraction must lie strictly between 0 and 1");

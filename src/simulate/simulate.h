@@ -34,6 +34,12 @@ struct ModelShape {
   double other_params = 0.0;  // embeddings, LM head, final norm: the root FSDP unit
 };
 
+// Bounds the simulator checks: its time grows with layers x microbatches x ranks, and the cost
+// calibration (cost_calibration_ranks) runs a lockstep minibatch of that many ranks per
+// microbatch. Real models have ~100 layers and nodes a few dozen GPUs.
+inline constexpr int64_t kMaxLayers = 10000;
+inline constexpr int64_t kMaxCalibrationRanks = 1024;
+
 // The Qwen2-shaped presets of odc.train: "tiny", "0.5b", "1.5b" (1.54B, tied head), "7b" (7.6B).
 Result<ModelShape> model_preset(std::string_view name);
 

@@ -3,10 +3,14 @@
 #include "simulate/simulate_cli.h"
 
 #include <algorithm>
+#include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdio>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 #include <vector>
 
 #include "planner/plan_io.h"
@@ -14,6 +18,10 @@
 
 namespace odc::simulate {
 namespace {
+
+// Samples one rank count draws and plans (ranks x samples per rank x minibatches): a plan costs
+// ~100 bytes per sample, so this is ~7 GB of memory.
+constexpr int64_t kMaxSimulatedSamples = int64_t{1} << 26;
 
 // Cost models fitted by odc.train on 4 H200s (docs/benchmarks.md), per preset.
 const char* default_cost(const std::string& model) {
@@ -104,6 +112,35 @@ Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& s
   if (args.samples_per_rank < 1 || args.minibatches < 1) {
     return Status::InvalidArgument("--samples-per-rank and --minibatches must be >= 1");
   }
+  // Checked before any allocation: N x samples per rank x minibatches samples are drawn and
+  // planned per rank count, and an overflowed product would turn into a negative minibatch.
+  for (int64_t num_ranks : ranks) {
+    if (num_ranks > planner::kMaxRanks) {
+      return Status::InvalidArgument("--ranks: " + std::to_string(num_ranks) + " is above " +
+                                     std::to_string(planner::kMaxRanks));
+    }
+    int64_t per_minibatch = 0, total = 0;
+    if (__builtin_mul_overflow(num_ranks, args.samples_per_rank, &per_minibatch) ||
+        __builtin_mul_overflow(per_minibatch, args.minibatches, &total) ||
+        total > kMaxSimulatedSamples) {
+      return Status::InvalidArgument(
+          "--ranks " + std::to_string(num_ranks) + " x --samples-per-rank " +
+          std::to_string(args.samples_per_rank) + " x --minibatches " +
+          std::to_string(args.minibatches) + " is more than " +
+          std::to_string(kMaxSimulatedSamples) + " samples, the most simulated per rank count");
+    }
+  }
+  if (custom && (*args.layers < 1 || *args.layers > kMaxLayers)) {
+    return Status::InvalidArgument("--layers must be 1 to " + std::to_string(kMaxLayers) +
+                                   ", got " + std::to_string(*args.layers));
+  }
+  if (args.cost_calibrated_on &&
+      (*args.cost_calibrated_on < 0 || *args.cost_calibrated_on > kMaxCalibrationRanks)) {
+    return Status::InvalidArgument("--cost-calibrated-on must be 0 to " +
+                                   std::to_string(kMaxCalibrationRanks) +
+                                   " (the GPUs of one node the cost was fitted on), got " +
+                                   std::to_string(*args.cost_calibrated_on));
+  }
   if (args.gpus_per_node < 1) return Status::InvalidArgument("--gpus-per-node must be >= 1");
   Topology& t = base.topology;
   t.gpus_per_node = args.gpus_per_node;
@@ -139,6 +176,22 @@ std::string percent(double fraction) {
 }
 
 }  // namespace
+
+CLI::Validator int64_range() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const char* begin = text.data();
+        const char* end = begin + text.size();
+        if (begin != end && *begin == '+') ++begin;
+        int64_t value = 0;
+        if (std::from_chars(begin, end, value).ec == std::errc::result_out_of_range) {
+          return "'" + text + "' is out of range: integers here lie within +-" +
+                 std::to_string(INT64_MAX);
+        }
+        return "";  // anything else is CLI11's to convert or refuse
+      },
+      "");
+}
 
 void add_cli_options(CLI::App& command, CliArgs& args) {
   command.add_option("--lengths", args.lengths_path, "sample lengths file (odc plan format)")
@@ -195,9 +248,15 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
                      "measured curves within a node (JSON; python -m odc.simulate --curves "
                      "converts odc_bench output): they replace the NVLink constants");
   command.add_option("--format", args.format, "table or json")->capture_default_str();
+  for (const char* name : {"--layers", "--cost-calibrated-on", "--samples-per-rank",
+                           "--minibatches", "--max-tokens", "--max-length", "--gpus-per-node"}) {
+    command.get_option(name)->check(int64_range());
+  }
 }
 
-int run_cli(const CliArgs& args, std::ostream& out, std::string& error) {
+namespace {
+
+int run_sweep(const CliArgs& args, std::ostream& out, std::string& error) {
   SimulateOptions base;
   std::vector<int64_t> source, ranks;
   std::vector<planner::Policy> policies;
@@ -303,6 +362,21 @@ int run_cli(const CliArgs& args, std::ostream& out, std::string& error) {
          "idle (waiting for other ranks), optimizer; speedup against collective + lb-micro at "
          "the same rank count\n";
   return 0;
+}
+
+}  // namespace
+
+int run_cli(const CliArgs& args, std::ostream& out, std::string& error) {
+  // The sizes are bounded above; memory can still run out on a small machine: one line, not an
+  // abort.
+  try {
+    return run_sweep(args, out, error);
+  } catch (const std::bad_alloc&) {
+    error = "out of memory (fewer --ranks, --samples-per-rank or --minibatches need less)";
+  } catch (const std::length_error&) {
+    error = "out of memory (fewer --ranks, --samples-per-rank or --minibatches need less)";
+  }
+  return 2;
 }
 
 }  // namespace odc::simulate

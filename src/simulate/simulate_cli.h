@@ -39,6 +39,10 @@ struct CliArgs {
 
 void add_cli_options(CLI::App& command, CliArgs& args);
 
+// CLI11 2.1 saturates an integer beyond int64_t (99999999999999999999 reads as INT64_MAX, and the
+// error, if any, then names a number nobody typed): every integer option of `odc` checks the text.
+CLI::Validator int64_range();
+
 // Runs the sweep and writes the table or JSON to `out`; returns 0, or 2 with `error` set.
 int run_cli(const CliArgs& args, std::ostream& out, std::string& error);
 

@@ -78,6 +78,9 @@ void add_common_options(CLI::App& command, CommonArgs& args) {
                   "lb-micro: no lb-mini microbatch above the largest lb-micro builds for the "
                   "same minibatch (no more activation memory); cap: up to --max-tokens (fastest)")
       ->capture_default_str();
+  for (const char* name : {"--ranks", "--max-tokens", "--minibatch-size"}) {
+    command.get_option(name)->check(odc::simulate::int64_range());
+  }
 }
 
 // Turns the typed arguments into plan inputs; the first problem found is returned.

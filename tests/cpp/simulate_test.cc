@@ -177,5 +177,29 @@ TEST(Simulate, MeasuredCurvesReplaceTheNvlinkConstants) {
   EXPECT_NEAR(run(lengths, options).seconds, 9.0, 1e-12);
 }
 
+// Issue 26: sizes that made the simulator abort, overflow or run for hours are refused with a
+// message, and a directory given as the curves file is an error, not an uncaught exception.
+TEST(Simulate, RefusesSizesItCannotRunAndReadsNoDirectory) {
+  const std::vector<int64_t> lengths = {3, 1};
+  auto options = hand_options(Mode::kOdcFlat);
+  ASSERT_TRUE(simulate(lengths, options).ok());
+  auto too_deep = options;
+  too_deep.model.num_layers = kMaxLayers + 1;
+  auto result = simulate(lengths, too_deep);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("layers"), std::string::npos);
+  auto calibrated = options;
+  calibrated.cost_calibration_ranks = 1000000000;
+  result = simulate(lengths, calibrated);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("calibration"), std::string::npos);
+  auto huge = options;
+  huge.model.layer_params = 1e308;
+  EXPECT_FALSE(simulate(lengths, huge).ok());
+  auto curves = read_transport_curves(::testing::TempDir());
+  ASSERT_FALSE(curves.ok());
+  EXPECT_NE(curves.status().message().find("directory"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace odc::simulate

@@ -112,6 +112,19 @@ def test_train_usage_errors_exit_2_with_one_line(tmp_path, args, message):
     assert message in lines[0]
 
 
+def test_train_names_a_token_id_beyond_the_vocabulary(tmp_path):
+    # Issue 26: a traceback from inside the ranks before; now checked before any rank starts.
+    pytest.importorskip("torch")
+    data = tmp_path / "tokens.jsonl"
+    data.write_text("[1, 2, 3]\n[4, 5000]\n")
+    result = train("--jsonl", str(data), "--device", "cpu", "--preset", "tiny", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"python -m odc.train: error: '{data}' line 2: token id 5000 is beyond the vocabulary "
+        "of 1024"
+    ]
+
+
 def test_train_refuses_gpu_sized_work_on_the_cpu(tmp_path):
     pytest.importorskip("torch")
     lengths = str(REPO / "data" / "longalign_like.txt")

@@ -115,6 +115,10 @@ CLI_ERRORS = [
     (["# only a comment", ""], [], "empty input: no sample lengths given"),
     (["10"], ["--policy", "fsdp"], "unknown policy 'fsdp'"),
     (["10"], ["--microbatch-memory", "tight"], "unknown microbatch memory 'tight'"),
+    # Issue 26: CLI11 read these as INT64_MAX / INT64_MIN and the error named a number not typed.
+    (["10"], ["--ranks", "99999999999999999999"], "--ranks: '99999999999999999999' is out of"),
+    (["10"], ["--max-tokens", "-99999999999999999999"], "--max-tokens: '-99999999999999999999'"),
+    (["10"], ["--minibatch-size", "1" + "0" * 19], "--minibatch-size: '1" + "0" * 19 + "'"),
 ]
 
 
@@ -143,6 +147,10 @@ PYTHON_ERRORS = [
     (dict(rank_speed=[1, 1, 1]), "rank_speed must have one entry per rank: got 3 for 2 ranks"),
     (dict(rank_speed=[1, -1]), "rank_speed entries must be positive: got -1 for rank 1"),
     (dict(lengths=[]), "empty input: no sample lengths given"),
+    # Issue 26: ctypes kept the low 64 bits (2**70 became 0) and the error named 0.
+    (dict(ranks=2**70), f"ranks must fit in 64 bits, got {2**70}"),
+    (dict(minibatch_size=2**64), f"minibatch_size must fit in 64 bits, got {2**64}"),
+    (dict(lengths=[10, 2**70]), f"sample 1: length {2**70} does not fit in 64 bits"),
     (dict(policy="fsdp"), "unknown policy 'fsdp': expected local-sort, lb-micro or lb-mini"),
     (
         dict(microbatch_memory="tight"),

@@ -137,6 +137,50 @@ def test_errors_name_the_problem(odc_cli, data_dir):
         assert message in result.stderr, (arguments, result.stderr)
 
 
+def test_bad_sizes_and_files_are_one_line_errors(odc_cli, data_dir, tmp_path, monkeypatch):
+    # Issue 26: each of these aborted (SIGABRT), overflowed into a negative minibatch size or ran
+    # without end; each is now one line naming the argument, status 2.
+    lengths = str(data_dir / "longalign_like.txt")
+    int64_max = str(2**63 - 1)
+    cases = [
+        (["--transport", str(tmp_path)], "is a directory"),
+        (["--samples-per-rank", "1000000000", "--minibatches", "1000000000"], "--minibatches"),
+        (["--samples-per-rank", int64_max], f"--samples-per-rank {int64_max}"),
+        (["--minibatches", int64_max], f"--minibatches {int64_max}"),
+        (["--samples-per-rank", "1" + "0" * 19], "--samples-per-rank: '1" + "0" * 19 + "' is out"),
+        (["--cost-calibrated-on", "1000000000"], "--cost-calibrated-on must be 0 to 1024"),
+        (["--cost-calibrated-on", "1e9"], "--cost-calibrated-on"),
+        (["--ranks", "70000"], "--ranks: 70000 is above 65536"),
+        (
+            ["--layers", "1000000000000", "--layer-params", "1", "--other-params", "1"]
+            + ["--cost", "1,0,0"],
+            "--layers must be 1 to 10000",
+        ),
+        (
+            ["--layers", "28", "--layer-params", "1e308", "--other-params", "1"]
+            + ["--cost", "1,0,0"],
+            "parameter counts are too large",
+        ),
+    ]
+    for arguments, message in cases:
+        ranks = [] if "--ranks" in arguments else ["--ranks", "8"]
+        result = simulate(odc_cli, "--lengths", lengths, *ranks, *arguments)
+        lines = result.stderr.splitlines()
+        assert result.returncode == 2, (arguments, result.stderr)
+        assert len(lines) == 1 and lines[0].startswith("odc simulate: error: "), lines
+        assert message in lines[0], (arguments, lines)
+    # The Python front end passes the line and the status through.
+    monkeypatch.setenv("ODC_CLI", odc_cli)
+    command = [sys.executable, "-m", "odc.simulate", "--lengths", lengths, "--ranks", "8"]
+    result = subprocess.run(
+        [*command, "--transport", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"odc simulate: error: transport curves '{tmp_path}' is a directory, not a file"
+    ]
+
+
 def test_plot(odc_cli, data_dir, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     monkeypatch.setenv("ODC_CLI", odc_cli)

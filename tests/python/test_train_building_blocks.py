@@ -49,6 +49,25 @@ def test_load_token_ids(tmp_path):
         load_token_ids(str(path))
 
 
+def test_load_token_ids_names_ids_out_of_range_and_deep_nesting(tmp_path):
+    # Issue 26: these were tracebacks (OverflowError, RecursionError, or an IndexError inside the
+    # ranks' embedding for an id beyond the vocabulary).
+    path = tmp_path / "data.jsonl"
+    path.write_text("[1, 2]\n[1, 1024]\n")
+    assert len(load_token_ids(str(path))) == 2
+    with pytest.raises(ValueError, match="line 2: token id 1024 is beyond the vocabulary of 1024"):
+        load_token_ids(str(path), vocab_size=1024)
+    path.write_text(f"[1, {2**63}]\n")
+    with pytest.raises(ValueError, match=f"line 1: token id {2**63} is beyond the largest int64"):
+        load_token_ids(str(path))
+    path.write_text("[1, 2]\n" + "[" * 100000 + "]" * 100000 + "\n")
+    with pytest.raises(ValueError, match="line 2: not a list of token ids .nested too deeply"):
+        load_token_ids(str(path))
+    path.write_text("[1, 1" + "0" * 5000 + "]\n")
+    with pytest.raises(ValueError, match="line 1: not JSON"):
+        load_token_ids(str(path))
+
+
 def test_schedule_is_the_planner_plan():
     plan = schedule(
         [5, 9, 3, 7, 2, 8], ranks=2, samples_per_minibatch=3, max_tokens=10, policy="lb-mini"

@@ -175,8 +175,9 @@ def output_paths(args):
     return output, timeline
 
 
-def load_lengths(args) -> list:
-    """Sample lengths from --lengths (read by the planner's C++ reader) or --jsonl, then scaled,
+def load_lengths(args, vocab_size=None) -> list:
+    """Sample lengths from --lengths (read by the planner's C++ reader) or --jsonl (token ids
+    below `vocab_size`, the preset's: checked here, before any rank starts), then scaled,
     filtered or replaced as the options say."""
     import odc
 
@@ -184,7 +185,7 @@ def load_lengths(args) -> list:
 
     try:
         if args.jsonl:
-            lengths = [len(ids) for ids in load_token_ids(args.jsonl)]
+            lengths = [len(ids) for ids in load_token_ids(args.jsonl, vocab_size)]
         else:
             lengths = odc.read_lengths(args.lengths)
     except (OSError, ValueError) as error:
@@ -322,7 +323,9 @@ def _main(argv) -> int:
         )
     if explicit_exchange and mesh is not None:
         usage_error("--kv-exchange odc runs on a flat mesh only (no --mesh)")
-    lengths = load_lengths(args)
+    from .model import PRESETS
+
+    lengths = load_lengths(args, PRESETS[preset]["vocab_size"])
     max_tokens = args.max_tokens or max(lengths)
     if device == "cpu":
         _check_cpu_sized(preset, lengths, max_tokens)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 
@@ -20,16 +20,26 @@ from ..planner import plan
 IGNORE_INDEX = -100
 
 
-def load_token_ids(path: str) -> List[np.ndarray]:
-    """JSONL: each line a list of token ids or an object with "input_ids"."""
+INT64_MAX = 2**63 - 1
+
+
+def load_token_ids(path: str, vocab_size: Optional[int] = None) -> List[np.ndarray]:
+    """JSONL: each line a list of token ids or an object with "input_ids". Every id is an integer
+    from 0 to vocab_size - 1 (to int64's largest without a vocabulary); a bad line raises
+    ValueError naming the file, the line and the problem."""
     samples = []
+    largest = INT64_MAX if vocab_size is None else vocab_size - 1
     for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
         if not line.strip():
             continue
+        where = f"'{path}' line {number}"
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"'{path}' line {number}: not JSON ({error.msg})") from None
+        except RecursionError:  # the decoder recurses once per level of nesting
+            raise ValueError(f"{where}: not a list of token ids (nested too deeply)") from None
+        except ValueError as error:  # JSONDecodeError, or an integer of over 4,300 digits
+            message = getattr(error, "msg", None) or str(error)
+            raise ValueError(f"{where}: not JSON ({message})") from None
         ids = record.get("input_ids") if isinstance(record, dict) else record
         if (
             not isinstance(ids, list)
@@ -37,9 +47,17 @@ def load_token_ids(path: str) -> List[np.ndarray]:
             or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
         ):
             raise ValueError(
-                f"'{path}' line {number}: expected at least 2 non-negative integer "
+                f"{where}: expected at least 2 non-negative integer "
                 'token ids (a list, or an object with "input_ids")'
             )
+        beyond = max(ids)
+        if beyond > largest:
+            limit = (
+                f"the vocabulary of {vocab_size}"
+                if vocab_size is not None
+                else f"the largest int64, {INT64_MAX}"
+            )
+            raise ValueError(f"{where}: token id {beyond} is beyond {limit}")
         samples.append(np.asarray(ids, dtype=np.int64))
     if not samples:
         raise ValueError(f"'{path}': no samples")
