@@ -10,7 +10,6 @@
 #include <map>
 #include <numeric>
 #include <optional>
-#include <set>
 #include <utility>
 
 #include "planner/packing.h"
@@ -95,9 +94,21 @@ Bins partition_around(const std::vector<int>& items, std::span<const double> cos
   // comparing one rank per class picks what a scan of every rank picks. A split search builds a
   // plan per candidate group size, and base has at most one value per group plus 0, so this is
   // O(items x groups) per plan instead of O(items x ranks) (issue 26: ranks = samples = 512).
+  // Each class is a binary min-heap of (load, rank) entries; an entry is stale once its rank
+  // took another item (a newer entry holds its load), and a rank without room never regains it,
+  // so both are dropped when they reach the top.
+  struct Entry {
+    double load;
+    size_t rank;
+    uint32_t version;
+  };
+  auto after = [](const Entry& x, const Entry& y) {
+    return x.load > y.load || (x.load == y.load && x.rank > y.rank);
+  };
   std::map<std::pair<double, double>, size_t> class_index;
-  std::vector<std::set<std::pair<double, size_t>>> classes;  // (load, rank) of ranks with room
+  std::vector<std::vector<Entry>> classes;
   std::vector<size_t> class_of(num_ranks);
+  std::vector<uint32_t> version(num_ranks, 0);
   for (size_t r = 0; r < num_ranks; ++r) {
     const auto [it, added] = class_index.emplace(std::pair(base[r], speed_of(options, r)), 0);
     if (added) {
@@ -105,15 +116,19 @@ Bins partition_around(const std::vector<int>& items, std::span<const double> cos
       classes.emplace_back();
     }
     class_of[r] = it->second;
-    classes[it->second].emplace(0.0, r);
+    classes[it->second].push_back(Entry{0.0, r, 0});  // ascending ranks: already a heap
   }
   for (int item : items) {
     size_t best = num_ranks;
     double best_time = 0.0;
-    for (auto& members : classes) {
-      while (!members.empty() && !has_room(members.begin()->second)) members.erase(members.begin());
-      if (members.empty()) continue;
-      const size_t r = members.begin()->second;
+    for (auto& heap : classes) {
+      while (!heap.empty() &&
+             (heap.front().version != version[heap.front().rank] || !has_room(heap.front().rank))) {
+        std::pop_heap(heap.begin(), heap.end(), after);
+        heap.pop_back();
+      }
+      if (heap.empty()) continue;
+      const size_t r = heap.front().rank;
       const double time = time_with(r, item);
       if (best == num_ranks || time < best_time ||
           (time == best_time && (load[r] < load[best] || (load[r] == load[best] && r < best)))) {
@@ -122,22 +137,25 @@ Bins partition_around(const std::vector<int>& items, std::span<const double> cos
       }
     }
     if (equal_counts && bins[best].size() == floor_count) ++at_ceiling;
-    auto& members = classes[class_of[best]];
-    members.erase({load[best], best});
     bins[best].push_back(item);
     load[best] += costs[item];
-    members.emplace(load[best], best);
+    auto& heap = classes[class_of[best]];
+    heap.push_back(Entry{load[best], best, ++version[best]});
+    std::push_heap(heap.begin(), heap.end(), after);
   }
 
   // Refinement. Each applied step strictly lowers the larger time of the pair it touches and
   // changes no other rank, so the sorted vector of rank times decreases: the loop terminates.
+  // Rank times are cached: a step changes two ranks only.
+  std::vector<double> now(num_ranks);
+  for (size_t r = 0; r < num_ranks; ++r) now[r] = time_now(r);
   const int max_steps = 100 + 10 * static_cast<int>(items.size());
   for (int step = 0; step < max_steps && num_ranks > 1; ++step) {
     size_t slow = 0;
     size_t fast = 0;
     for (size_t r = 1; r < num_ranks; ++r) {
-      if (time_now(r) > time_now(slow)) slow = r;
-      if (time_now(r) < time_now(fast)) fast = r;
+      if (now[r] > now[slow]) slow = r;
+      if (now[r] < now[fast]) fast = r;
     }
     if (slow == fast) break;
     const double slow_time = time_now(slow);
@@ -176,6 +194,8 @@ Bins partition_around(const std::vector<int>& items, std::span<const double> cos
     }
     bins[fast].push_back(moved);
     load[fast] += costs[moved];
+    now[slow] = time_now(slow);
+    now[fast] = time_now(fast);
   }
   for (auto& bin : bins) std::sort(bin.begin(), bin.end());
   return bins;
@@ -234,13 +254,10 @@ std::vector<Bins> pack_ranks(const Bins& by_rank, std::span<const int64_t> token
 }
 
 // The full plan of a candidate: remaining samples balanced around its groups and packed.
-SplitMinibatch build(const Candidate& candidate, std::span<const int64_t> tokens,
-                     std::span<const double> costs, const PlanOptions& options) {
-  std::vector<int> rest;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (!candidate.is_split[i]) rest.push_back(static_cast<int>(i));
-  }
-  std::stable_sort(rest.begin(), rest.end(), [&](int x, int y) { return costs[x] > costs[y]; });
+// `rest`: the samples the candidate leaves unsplit, heaviest first (ties in index order).
+SplitMinibatch build(const Candidate& candidate, const std::vector<int>& rest,
+                     std::span<const int64_t> tokens, std::span<const double> costs,
+                     const PlanOptions& options) {
   const std::vector<double> base = group_times(candidate.splits, options);
   std::vector<int> num_chunks(base.size(), 0);
   for (const SplitSample& split : candidate.splits) {
@@ -354,7 +371,7 @@ SplitMinibatch search_splits(std::span<const int64_t> tokens, std::span<const do
     fastest = *std::max_element(options.rank_speed.begin(), options.rank_speed.end());
     total_speed = std::accumulate(options.rank_speed.begin(), options.rank_speed.end(), 0.0);
   }
-  // Samples by descending cost, for the heaviest one still unsplit (candidates lead it).
+  // Samples by descending cost, ties in index order.
   std::vector<int> by_cost(num_samples);
   std::iota(by_cost.begin(), by_cost.end(), 0);
   std::stable_sort(by_cost.begin(), by_cost.end(),
@@ -373,11 +390,14 @@ SplitMinibatch search_splits(std::span<const int64_t> tokens, std::span<const do
   int64_t members_before = 0;  // ranks in the groups so far
   for (int sample : candidates) {
     if (stats) ++stats->candidates;
-    // The samples left unsplit besides this one, lightest first; the last is the heaviest.
-    std::vector<double> left;
-    for (auto it = by_cost.rbegin(); it != by_cost.rend(); ++it) {
-      if (*it != sample && !chosen.is_split[static_cast<size_t>(*it)]) left.push_back(costs[*it]);
+    // The samples left unsplit besides this one: heaviest first (what build places), and their
+    // costs lightest first (for the bounds).
+    std::vector<int> rest;
+    for (int i : by_cost) {
+      if (i != sample && !chosen.is_split[static_cast<size_t>(i)]) rest.push_back(i);
     }
+    std::vector<double> left;
+    for (auto it = rest.rbegin(); it != rest.rend(); ++it) left.push_back(costs[*it]);
     const double heaviest_left = left.empty() ? 0.0 : cost.microbatch(left.back()) / fastest;
     const double fixed_bound = std::max(heaviest_left, chosen_time);
     const double rest_cost = total_cost - split_cost - costs[sample];
@@ -415,7 +435,7 @@ SplitMinibatch search_splits(std::span<const int64_t> tokens, std::span<const do
       }
       trial.splits.push_back(std::move(split));
       trial.is_split[static_cast<size_t>(sample)] = 1;
-      SplitMinibatch plan = build(trial, tokens, costs, options);
+      SplitMinibatch plan = build(trial, rest, tokens, costs, options);
       if (stats) ++stats->plans_built;
       const double span = span_of(plan, tokens, options);
       // Strictly better (relative margin against rounding); ties keep the smaller group.
