@@ -148,9 +148,14 @@ def _join_shards(states):
     return {k: np.concatenate([state[k] for state in states]) for k in states[0]}
 
 
-def _frozen_rank(rank, world_size, key, store_path, schedule, device="cpu"):
+def _frozen_rank(rank, world_size, key, store_path, schedule, device="cpu", mesh=None):
     """One rank; device "cuda": every rank on GPU rank % count (several may share one: gloo
-    carries FSDP2's few collectives, odc's CUDA transport the gathers and pushes)."""
+    carries FSDP2's few collectives, odc's CUDA transport the gathers and pushes). mesh (R, S):
+    HSDP, one odc communicator per replica; the last rank's torch.distributed all-reduces are
+    slowed down, so that a rank reading its node peers' flags before their cross-replica
+    reduction finished would see it."""
+    import time
+
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
@@ -165,12 +170,30 @@ def _frozen_rank(rank, world_size, key, store_path, schedule, device="cpu"):
         torch.cuda.set_device(gpu)
     try:
         net = _make_net().to(device if gpu is None else f"cuda:{gpu}")
+        device_mesh = None
+        if mesh is not None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            device_mesh = init_device_mesh(
+                net.head.weight.device.type, mesh, mesh_dim_names=("replicate", "shard")
+            )
         for block in net.blocks:
-            fully_shard(block)
-        fully_shard(net.tower)
-        fully_shard(net)
+            fully_shard(block, mesh=device_mesh)
+        fully_shard(net.tower, mesh=device_mesh)
+        fully_shard(net, mesh=device_mesh)
         optimizer = _optimizer(net)
-        comm = odc.Comm(rank, world_size, key, timeout=120, device=gpu)
+        if device_mesh is None:
+            comm = odc.Comm(rank, world_size, key, timeout=120, device=gpu)
+        else:
+            comm = odc.torch.node_comm(device_mesh, key, timeout=120, device=gpu)
+            if rank == world_size - 1:
+                all_reduce = dist.all_reduce
+
+                def late_all_reduce(*args, **kwargs):
+                    time.sleep(0.3)
+                    return all_reduce(*args, **kwargs)
+
+                dist.all_reduce = late_all_reduce
         engine = odc.torch.OdcFSDP(net, comm, optimizer)
         memory = [engine.memory_bytes()["accumulators"]]
         grads = []  # per step: names of the parameters with a .grad after minibatch_end
@@ -197,14 +220,21 @@ def test_frozen_unused_and_adapter_parameters_train_as_in_one_process():
     check_frozen_unused_and_adapter_parameters(2, "cpu", tolerance=1e-5)
 
 
-def check_frozen_unused_and_adapter_parameters(world_size, device, tolerance):
+def test_hsdp_expert_used_on_one_replica_only():
+    # Step 0 routes replica 0 (ranks 0, 1) to expert 1 only and replica 1 to expert 0 only.
+    check_frozen_unused_and_adapter_parameters(4, "cpu", tolerance=1e-5, mesh=(2, 2))
+
+
+def check_frozen_unused_and_adapter_parameters(world_size, device, tolerance, mesh=None):
     """The test's body; tests/gpu and dev/gpu run it with device "cuda"."""
     schedule = _schedule(world_size)
     # The data must exercise what the test claims: unequal counts, and in some step an expert
-    # one rank uses and the other does not.
+    # one rank (one replica) uses and another does not.
     assert any(len({len(r) for r in ranks}) > 1 for ranks in schedule[:-1])
     routes = [[{_route(m) for m in r} for r in ranks] for ranks in schedule[:-1]]
-    assert any(len(r[0] ^ r[1]) > 0 for r in routes), routes
+    half = world_size // 2
+    used = [(set().union(*r[:half]), set().union(*r[half:])) for r in routes]
+    assert any(len(a ^ b) > 0 for a, b in used), routes
     with tempfile.TemporaryDirectory() as directory:
         results = odc.launch(
             _frozen_rank,
@@ -212,11 +242,19 @@ def check_frozen_unused_and_adapter_parameters(world_size, device, tolerance):
             os.path.join(directory, "store"),
             schedule,
             device,
+            mesh,
             timeout=400,
         )
     reference = _reference(schedule)
     initial = {k: v.detach().numpy().copy() for k, v in _make_net().state_dict().items()}
-    state = _join_shards([result[0] for result in results])
+    shards = [result[0] for result in results]
+    if mesh is not None:  # HSDP: every replica holds the whole state, sharded alike
+        replicas, size = mesh
+        for replica in range(1, replicas):
+            for mine, theirs in zip(shards[:size], shards[replica * size : (replica + 1) * size]):
+                assert all(np.array_equal(mine[k], theirs[k]) for k in mine), "replicas differ"
+        shards = shards[:size]
+    state = _join_shards(shards)
     for name in FROZEN + NEVER_USED:
         assert np.array_equal(state[name], initial[name]), f"{name} moved"
     diff = max(float(np.max(np.abs(state[k] - reference[k]))) for k in reference)
@@ -231,8 +269,9 @@ def check_frozen_unused_and_adapter_parameters(world_size, device, tolerance):
         # Gradient memory follows the trainable parameters (frozen ones cost none): it shrank
         # when lora_a was frozen, and stays below fp32 sums of every parameter's padded shard
         # (FSDP2 pads dim 0 to a multiple of the world size).
+        num_shards = world_size if mesh is None else mesh[1]
         everything = 4 * sum(
-            -(-v.shape[0] // world_size) * (v.size // v.shape[0]) for v in initial.values()
+            -(-v.shape[0] // num_shards) * (v.size // v.shape[0]) for v in initial.values()
         )
         assert memory[4] < memory[3] < everything, (memory, everything)
 
@@ -281,16 +320,28 @@ def _failure_rank(rank, world_size, key, store_path, device="cpu", timeout=300):
             loss_sum(model, minibatch_samples(0)[:1])
         except RuntimeError as error:
             seen["outside"] = str(error)
-        # The failing minibatch: rank 1 raises after its first backward.
+        # The failing minibatch: rank 1 raises in the middle of its second backward (after
+        # block 1's gradients were pushed, before block 0's: FSDP2's end-of-backward callback
+        # never runs there, R9).
         samples = minibatch_samples(1)
+
+        def boom(grad):
+            raise ValueError("boom on rank 1")
+
+        def arm(module, inputs, output):
+            if rank == 1 and armed:
+                output.register_hook(boom)
+
+        armed = False
+        hook = model.blocks[0].register_forward_hook(arm)
         try:
             with engine.minibatch():
                 odc.torch.scale_loss(loss_sum(model, [samples[rank]]), 100).backward()
-                if rank == 1:
-                    raise ValueError("boom on rank 1")
+                armed = True
                 odc.torch.scale_loss(loss_sum(model, [samples[2]]), 100).backward()
         except (ValueError, odc.Error) as error:
             seen["failure"] = f"{type(error).__name__}: {error}"
+        hook.remove()
         seen["state"] = engine.state.value
         seen["grads"] = sum(p.grad is not None for p in model.parameters())
         try:

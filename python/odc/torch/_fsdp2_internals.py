@@ -8,7 +8,7 @@ Invariant: these helpers only read FSDP2 state (plus FSDP2's own idempotent lazy
 storage move); they never patch FSDP2 functions. Importing this module works on any torch 2.x: the features odc.torch needs
 are checked by `check_fsdp2_support()`, which OdcFSDP calls when it is constructed.
 
-Reliances (R1-R8):
+Reliances (R1-R10):
 - R1 import path: the protocol classes that FSDPModule.set_custom_all_gather /
   set_custom_reduce_scatter take live in torch.distributed.fsdp._fully_shard._fsdp_api (public
   methods, not re-exported by torch.distributed.fsdp). FSDP2 does no isinstance check, so where the
@@ -50,6 +50,18 @@ Reliances (R1-R8):
   post-accumulate-grad hook on each unsharded parameter, registered by a forward pre-hook that
   runs after FSDP2's own (FSDP2 prepends its pre-forward hook, which makes the unsharded
   parameters), and checks the packed size against them before every push.
+- R9 recovery after a backward that raised: FSDP2 ends a backward in the root's final callback
+  (FSDPState._root_post_backward_final_callback), which an exception inside backward skips. Left
+  as it is, FSDPStateContext.post_backward_final_callback_queued stays True (no later backward
+  queues the callback, so groups a backward does not reach are never reduced and never return
+  to IDLE), groups stay in PRE_BACKWARD / POST_BACKWARD, and unsharded parameters keep the
+  failed microbatch's .grad (FSDPParam._unsharded_param.grad, unsharded_accumulated_grad), which
+  the next backward adds to. odc.torch resets exactly these (what the callback would have) and
+  reshards, when a minibatch fails.
+- R10 HSDP partial sums: with the replica all-reduce off, FSDP2 keeps a group's reduce-scatter
+  output across backwards (FSDPParamGroup._partial_reduce_output) and adds the next output into
+  it, which needs equal sizes: a reduce of a subset of the group (R8) after a full one fails.
+  ODC's outputs are zeros, so odc.torch drops the kept one before each forward of the group.
 """
 
 from __future__ import annotations
@@ -90,7 +102,9 @@ __all__ = [
     "sharded_storage",
     "check_fsdp2_support",
     "group_layout",
+    "forget_partial_reduce_output",
     "lazy_init",
+    "recover_after_failed_backward",
     "missing_fsdp2_features",
     "shard_process_group",
     "unsharded_param",
@@ -236,3 +250,32 @@ def unsharded_param(module: nn.Module, index: int) -> Optional[nn.Parameter]:
     """R8: the unsharded parameter autograd accumulates the group's index-th parameter's gradient
     into (FSDPParam._unsharded_param), or None before its first all-gather."""
     return getattr(_fsdp_param(module, index), "_unsharded_param", None)
+
+
+def recover_after_failed_backward(root: nn.Module) -> None:
+    """R9: puts FSDP2 back where its root's final post-backward callback leaves it (every state
+    and group IDLE, no callback queued, no unsharded gradient kept), for a backward that raised
+    before the callback ran; idempotent, a no-op after a completed backward."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    context = root._get_fsdp_state()._state_ctx
+    for state in context.all_states:
+        state._training_state = TrainingState.IDLE
+        group = state._fsdp_param_group
+        if group is None:
+            continue
+        group._training_state = TrainingState.IDLE
+        for fsdp_param in group.fsdp_params:
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if unsharded is not None:
+                unsharded.grad = None
+            fsdp_param.unsharded_accumulated_grad = None
+    context.post_backward_final_callback_queued = False
+    context.iter_forward_root = None
+
+
+def forget_partial_reduce_output(module: nn.Module) -> None:
+    """R10: drops the reduce-scatter output FSDP2 keeps for the group's HSDP all-reduce."""
+    group = _param_group(module)
+    if group is not None:
+        group._partial_reduce_output = None

@@ -309,6 +309,8 @@ def _unsharded_watcher(group: _Group):
         alive = reference()
         if alive is not None:
             alive.watch_unsharded()
+            if alive.owner.replica_reduction is not None:  # HSDP: its kept outputs are zeros
+                internals.forget_partial_reduce_output(module)
 
     return watch
 
@@ -596,12 +598,18 @@ class OdcFSDP:
         self._unstepped = False
 
     def _failed(self) -> None:
-        """The communicator failed: no sum of this minibatch may be used, no .grad views it."""
+        """The communicator failed: no sum of this minibatch may be used, no .grad views it,
+        and FSDP2 forgets a backward the failure cut short (R9), so that nothing of the failed
+        minibatch reaches the next one after reset()."""
         self.state = EngineState.FAILED
         self._collective_guard.stop()
         self._unstepped = False
         for group in self._groups:
             group.drop_grads()
+            group.marked.clear()
+        internals.recover_after_failed_backward(self.model)
+        for module in self._modules:
+            module.reshard()
 
     def abort(self, reason: str) -> None:
         """Local: fails the engine and its communicator for `reason` (what `with minibatch()`
@@ -710,17 +718,21 @@ class OdcFSDP:
         self.model.set_is_last_backward(True)
         if self._replicas is not None:
             self._replicas.disable_fsdp_all_reduce(self._modules)
-        for group in self._groups:
-            layout = internals.group_layout(group.layout.module)  # params may have been reassigned
-            if layout.shard_numel != group.layout.shard_numel:
-                raise RuntimeError("a parameter group changed size after odc.torch was enabled")
-            group.layout = layout
-            # Frozen or unfrozen since the last minibatch: resize the sums (collective).
-            group.refresh_trainable()
-            # FSDP2 must not add into last minibatch's sums, nor keep gradients of its own.
-            group.clear_grads()
-            group.publish()
-        self.comm.minibatch_begin()  # zero accumulators; every rank has published
+        try:  # collective from here: a failure on one rank must not leave its peers waiting
+            for group in self._groups:
+                layout = internals.group_layout(group.layout.module)  # params may be reassigned
+                if layout.shard_numel != group.layout.shard_numel:
+                    raise RuntimeError("a parameter group changed size after odc.torch was enabled")
+                group.layout = layout
+                # Frozen or unfrozen since the last minibatch: resize the sums (collective).
+                group.refresh_trainable()
+                # FSDP2 must not add into last minibatch's sums, nor keep gradients of its own.
+                group.clear_grads()
+                group.publish()
+            self.comm.minibatch_begin()  # zero accumulators; every rank has published
+        except BaseException as error:
+            self.abort(f"{type(error).__name__} in minibatch_begin: {error}")
+            raise
         self.state = EngineState.IN_MINIBATCH
         self._collective_guard.start()
 
@@ -744,13 +756,19 @@ class OdcFSDP:
             self._end_event.record(torch.cuda.current_stream(self.comm.device))
         if self._replicas is not None:  # HSDP: the node's sums, summed across replicas
             accumulators = [g.accumulator.tensor() for g in self._groups if g.accumulator]
-            self._replicas.reduce(accumulators + [self._reduced_flags.tensor()])
+            self._replicas.reduce(accumulators)
         reduced = self._reduced_everywhere(everything)
-        any_grad = False
         for group, base in zip(self._groups, self._slot_base):
             group.set_grads(lambda index, base=base: reduced(base + index))
-            any_grad = any_grad or any(index in group.pushed for index in group.grad_offsets)
-        self._unstepped = self._optimizer is not None and any_grad
+        # Every rank hands out the same set of .grad (the flags are global): the check in
+        # minibatch_begin raises on every rank alike.
+        self._unstepped = self._optimizer is not None and any(
+            slot.param.grad is not None for group in self._groups for slot in group.layout.slots
+        )
+        # Forwards outside a minibatch must gather (and so raise), never reuse parameters a
+        # forward left unsharded (FSDP2 keeps the root's after forward), stale after the step.
+        for module in self._modules:
+            module.reshard()
         self.state = EngineState.READY
 
     def _push_reduced_flags(self) -> bool:
@@ -771,14 +789,20 @@ class OdcFSDP:
     def _reduced_everywhere(self, everything: bool) -> Callable[[int], bool]:
         """Whether some rank pushed a gradient for a parameter (by its flag index). Reads the
         summed flags only when this rank did not push every trainable parameter itself (a host
-        read of a few bytes; on GPUs it waits for the minibatch's end)."""
-        if everything:
+        read of a few bytes; on GPUs it waits for the minibatch's end). HSDP: the node's flags
+        (complete after minibatch_end's barrier) are all-reduced across replicas, on every rank
+        (collective over the replica group), so no rank reads a peer's half-reduced flags."""
+        if everything and self._replicas is None:
             return lambda index: True
         world = self.comm.world_size
         gathered = torch.zeros(world * self._reduced_flags.count, dtype=torch.float32)
         if self.comm.device is not None:
             gathered = gathered.to(torch.device("cuda", self.comm.device))
         self.comm.gather(_comm_view(gathered, self.comm), self._reduced_flags)
+        if self._replicas is not None:
+            dist.all_reduce(gathered, op=dist.ReduceOp.SUM, group=self._replicas.group)
+        if everything:
+            return lambda index: True
         values = gathered.cpu().tolist()
         return lambda index: values[index] > 0.0
 
