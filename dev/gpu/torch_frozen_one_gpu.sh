@@ -2,7 +2,8 @@
 # odc.torch with frozen, unused and adapter parameters and a failing minibatch (issue #26) on the
 # GPUs of one machine, several ranks per GPU (gloo carries FSDP2's few collectives, odc's CUDA
 # transport the gathers and pushes): correctness only, no timings. Runs the CPU tests' bodies
-# (tests/python/test_torch_fsdp2_frozen.py) with device "cuda" for 2 and 4 ranks, then the failing
+# (tests/python/test_torch_fsdp2_frozen.py) with device "cuda" for 2 and 4 ranks and an HSDP mesh
+# 2 x 2, then the failing
 # minibatch with a 20 s timeout to show what a GPU peer reports.
 # Usage (repository root on the GPU machine): dev/gpu/torch_frozen_one_gpu.sh SNAPSHOT
 #   SNAPSHOT: a folder with libodc.so (CUDA build), python/ and tests/ of the tree under test.
@@ -22,6 +23,10 @@ from test_torch_fsdp2_frozen import check_frozen_unused_and_adapter_parameters a
 check($ranks, 'cuda', tolerance=1e-4)
 print('frozen, unused and adapter parameters: ok on $ranks ranks')"
 done
+stage frozen-hsdp-2x2 240 python3 -c "
+from test_torch_fsdp2_frozen import check_frozen_unused_and_adapter_parameters as check
+check(4, 'cuda', tolerance=1e-4, mesh=(2, 2))
+print('frozen, unused and adapter parameters: ok on an HSDP mesh 2 x 2')"
 stage failure-on-gpu 240 python3 -c "
 import os, tempfile, odc
 from test_torch_fsdp2_frozen import _failure_rank
