@@ -220,10 +220,11 @@ typedef struct {
   double timeout_seconds; /* bounds every wait on another rank; <= 0: $ODC_TIMEOUT, else 60 s */
   int device;             /* CUDA device for odcTransportCuda; -1 (default) for none */
   /* 1: every owner adds the contributions in a fixed order (sender rank, then push index), so
-   * sums are bitwise identical whatever the timing. Pushes are then summed at the sender and
-   * delivered at odcMinibatchEnd into per-sender staging at the owner: 2 x world_size x count
-   * fp32 of extra memory per accumulator and rank. 0 (default): the fastest exact scheme the
-   * transport has (CUDA: remote fp32 atomic adds, no extra memory). */
+   * sums are bitwise identical whatever the timing. Pushes are then summed at the sender, and at
+   * odcMinibatchEnd each owner pulls its slices from the senders in rank order: world_size x count
+   * fp32 of extra memory per accumulator and rank (4 bytes per full-gradient element), plus 4 MiB
+   * per communicator. 0 (default): the fastest exact scheme the transport has (CUDA: remote fp32
+   * atomic adds, no extra memory). */
   int deterministic;
   /* Version 2. NULL (default): ranks meet through `key` in local shared memory. Else the caller's
    * bootstrap (copied; its ctx must outlive the communicator); `key` must then be NULL. */

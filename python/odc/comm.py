@@ -270,8 +270,9 @@ class Comm:
     transport: None (default: "shm" without a device; with one, $ODC_TRANSPORT if set, else
     "cuda"), or "shm", "cuda", "nvshmem" (NVSHMEM, one node or many; docs/multinode.md).
     deterministic: every owner adds contributions in a fixed order (sender rank, then push index),
-    so sums are bitwise identical whatever the timing; costs 2 x world_size x count fp32 of extra
-    memory per accumulator (docs/runtime.md). Default: the fastest exact scheme (CUDA: atomics).
+    so sums are bitwise identical whatever the timing; costs world_size x count fp32 of extra
+    memory per accumulator (4 bytes per full-gradient element) plus 4 MiB per communicator
+    (docs/runtime.md). Default: the fastest exact scheme (CUDA: atomics).
     """
 
     def __init__(

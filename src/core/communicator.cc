@@ -97,15 +97,23 @@ Status check_name(const std::string& name) {
 }  // namespace
 
 const char* scheme_name(AccumulationScheme scheme) {
-  return scheme == AccumulationScheme::kRemoteAdd ? "remote-add" : "staged";
+  switch (scheme) {
+    case AccumulationScheme::kRemoteAdd:
+      return "remote-add";
+    case AccumulationScheme::kStaged:
+      return "staged";
+    case AccumulationScheme::kPulled:
+      return "pulled";
+  }
+  return "unknown";
 }
 
 Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions options)
     : transport_(std::move(transport)),
       bootstrap_(std::move(options.bootstrap)),
-      scheme_(transport_->caps().remote_fp32_add && !options.deterministic
-                  ? AccumulationScheme::kRemoteAdd
-                  : AccumulationScheme::kStaged) {}
+      scheme_(options.deterministic                ? AccumulationScheme::kPulled
+              : transport_->caps().remote_fp32_add ? AccumulationScheme::kRemoteAdd
+                                                   : AccumulationScheme::kStaged) {}
 
 Communicator::~Communicator() {
   // Stream-ordered transports: a peer's queued gathers and pushes may still reach this rank's
@@ -119,6 +127,7 @@ Communicator::~Communicator() {
   // Nothing of this rank may still run on the buffers when they go.
   (void)transport_->drain();
   buffers_.clear();  // unmap buffers before the transport's control segments
+  pull_scratch_.reset();
   transport_.reset();
 }
 
@@ -226,16 +235,26 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   auto region = transport_->allocate(buffer->bytes());
   if (!region.ok()) return finish(op, region.status());
   buffer->data = std::move(region).value();
+  if (accumulator && scheme_ != AccumulationScheme::kRemoteAdd) {
+    const size_t all_bytes = static_cast<size_t>(world_size()) * count * sizeof(float);
+    auto pending = transport_->allocate(all_bytes);
+    if (!pending.ok()) return finish(op, pending.status());
+    buffer->pending = std::move(pending).value();
+  }
   if (accumulator && scheme_ == AccumulationScheme::kStaged) {
     const size_t all_bytes = static_cast<size_t>(world_size()) * count * sizeof(float);
-    for (auto* part : {&buffer->pending, &buffer->staging}) {
-      auto made = transport_->allocate(all_bytes);
-      if (!made.ok()) return finish(op, made.status());
-      *part = std::move(made).value();
-    }
+    auto staging = transport_->allocate(all_bytes);
+    if (!staging.ok()) return finish(op, staging.status());
+    buffer->staging = std::move(staging).value();
     auto signals = transport_->allocate(static_cast<size_t>(world_size()) * sizeof(uint64_t));
     if (!signals.ok()) return finish(op, signals.status());
     buffer->signals = std::move(signals).value();
+  }
+  if (accumulator && scheme_ == AccumulationScheme::kPulled && pull_scratch_ == nullptr) {
+    // Every rank allocates the same accumulators in the same order: all make it here together.
+    auto scratch = transport_->allocate(kPullChunkBytes);
+    if (!scratch.ok()) return finish(op, scratch.status());
+    pull_scratch_ = std::move(scratch).value();
   }
   Buffer* handle = buffer.get();
   buffers_.emplace(handle, std::move(buffer));
@@ -324,7 +343,7 @@ Status Communicator::scatter_accumulate(const void* src, size_t src_count, DataT
     return finish(op, Status::InvalidUsage("called outside a minibatch (call minibatch_begin "
                                            "first)"));
   }
-  if (accumulator->is_staged()) {
+  if (accumulator->pending != nullptr) {  // staged or pulled: summed here, delivered at the end
     return finish(op, transport_->accumulate(static_cast<float*>(accumulator->pending->local()),
                                              src, src_dtype, expected, stream));
   }
@@ -364,7 +383,9 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
     }
   }
   for (Buffer* acc : accs) {
-    if (acc->is_staged()) {  // local: the sums stay as they are until the next fold assigns them
+    // Local: the sums stay as they are until the next fold assigns them. Pulled: owners read
+    // this pending only inside minibatch_end, before its last barrier, which this rank passed.
+    if (acc->pending != nullptr) {
       ODC_RETURN_IF_ERROR(
           finish(op, transport_->zero(acc->pending->local(), acc->pending->bytes(), stream)));
     }
@@ -416,10 +437,40 @@ Status Communicator::minibatch_end(StreamHandle stream) {
                                          static_cast<const float*>(acc->staging->local()),
                                          acc->count, world_size(), acc->count, stream)));
   }
-  // After this barrier every push (remote adds) or fold (staged) is complete everywhere.
+  ODC_RETURN_IF_ERROR(finish(op, pull_slices(accs, stream)));
+  // After this barrier every push (remote adds) or fold (staged, pulled) is complete everywhere.
   ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchEnd, stream)));
   ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
   state_ = CommState::kReady;
+  return Status::Ok();
+}
+
+Status Communicator::pull_slices(const std::vector<Buffer*>& accs, StreamHandle stream) {
+  bool any = false;
+  for (const Buffer* acc : accs) any = any || acc->is_pulled();
+  if (!any) return Status::Ok();
+  // Every sender's pending sums are complete and visible after this barrier; nobody zeroes them
+  // again before the barrier that ends minibatch_end, so they are read exactly as they are.
+  ODC_RETURN_IF_ERROR(transport_->barrier(CollectiveOp::kMinibatchEnd, stream));
+  const size_t chunk = kPullChunkBytes / sizeof(float);
+  float* scratch = static_cast<float*>(pull_scratch_->local());
+  for (Buffer* acc : accs) {
+    if (!acc->is_pulled()) continue;
+    auto* sums = static_cast<float*>(acc->local());
+    // Assigned by the fold, as in kStaged: 0 + s0 + s1 + ... in sender order, element by element
+    // (chunks only bound the scratch; they do not change any element's order).
+    ODC_RETURN_IF_ERROR(transport_->zero(sums, acc->bytes(), stream));
+    for (size_t first = 0; first < acc->count; first += chunk) {
+      const size_t n = std::min(chunk, acc->count - first);
+      const size_t offset = (static_cast<size_t>(rank()) * acc->count + first) * sizeof(float);
+      for (int sender = 0; sender < world_size(); ++sender) {
+        ODC_RETURN_IF_ERROR(
+            transport_->get(scratch, *acc->pending, sender, offset, n * sizeof(float), stream));
+        ODC_RETURN_IF_ERROR(
+            transport_->accumulate(sums + first, scratch, DataType::kFloat32, n, stream));
+      }
+    }
+  }
   return Status::Ok();
 }
 

@@ -4,10 +4,12 @@
 //   - a pushed contribution is added exactly once at its owner: either by an atomic remote fp32
 //     add straight into the owner's sums, or by summing it into this sender's pending buffer and
 //     putting that (with a signal) into the sender's own staging slot at the owner at
-//     minibatch_end, where the owner folds the slots in sender order once every signal arrived;
+//     minibatch_end, where the owner folds the slots in sender order once every signal arrived
+//     (staged), or where the owner pulls its slice of every sender's pending sums in sender order
+//     once a barrier made them complete (pulled, deterministic);
 //   - the sums an owner exposes after minibatch_end stay valid for every rank until the next
 //     minibatch starts filling them (remote adds: the owner zeroes only after every rank entered
-//     minibatch_begin; staged: the fold assigns, inside the next minibatch_end);
+//     minibatch_begin; staged and pulled: the fold assigns, inside the next minibatch_end);
 //   - a failed call that is the caller's mistake changes nothing; a failure of another rank or a
 //     timeout leaves the communicator failed (every later call reports the original error) and
 //     silent, so that its peers fail too: no partial sum is ever reported as success.
@@ -38,14 +40,24 @@ enum class AccumulationScheme {
   // Pushes are summed locally into a pending buffer (world_size x count fp32); minibatch_end puts
   // each owner's slice into this sender's slot of the owner's staging (world_size x count fp32)
   // with a signal, and each owner folds the slots in sender order once every signal arrived.
-  // Deterministic (sender rank, then push index); costs 2 x world_size x count fp32 per rank.
+  // For transports without a remote fp32 add; costs 2 x world_size x count fp32 per rank.
   kStaged,
+  // Deterministic mode: pushes are summed locally into a pending buffer (world_size x count fp32,
+  // 4 bytes per full-gradient element); at minibatch_end, once every sender's pending is complete
+  // (a barrier), each owner pulls its slice from every sender in rank order, through one scratch
+  // of kPullChunkBytes per communicator, and adds it. Fixed order (sender rank, then push index),
+  // bitwise identical whatever the timing, on every transport.
+  kPulled,
 };
+
+// The scratch a kPulled owner pulls each sender's slice through, in chunks: a fixed budget,
+// independent of the model and the world size.
+inline constexpr size_t kPullChunkBytes = size_t{4} << 20;
 
 const char* scheme_name(AccumulationScheme scheme);
 
 struct CommOptions {
-  // Add contributions in a fixed order (kStaged) even where remote atomic adds exist.
+  // Add contributions in a fixed order (kPulled) even where remote atomic adds exist.
   bool deterministic = false;
   // The bootstrap the ranks met through, when it is not the transport's own (the external one):
   // a fault also marks this rank failed there. Kept alive as long as the communicator.
@@ -65,12 +77,13 @@ struct Buffer {
   bool published = false;
   std::string name;  // the caller's tag, checked across ranks at allocation ("" = none)
   std::unique_ptr<SymmetricRegion> data;     // the shards (an accumulator's sums)
-  std::unique_ptr<SymmetricRegion> pending;  // kStaged: this sender's sum of its pushes
+  std::unique_ptr<SymmetricRegion> pending;  // kStaged, kPulled: this sender's sum of its pushes
   std::unique_ptr<SymmetricRegion> staging;  // kStaged: slot s holds sender s's sum
   std::unique_ptr<SymmetricRegion> signals;  // kStaged: slot s = last minibatch s delivered
 
   bool is_accumulator() const { return accumulator; }
   bool is_staged() const { return staging != nullptr; }
+  bool is_pulled() const { return pending != nullptr && staging == nullptr; }
   const SymmetricRegion& shards() const { return *data; }
   void* local() const { return data->local(); }
   size_t bytes() const { return count * element_bytes(dtype); }
@@ -136,6 +149,9 @@ class Communicator {
   Status finish(const char* operation, Status status);
   Status usable(const char* operation) const;
   Status check_buffer(const char* operation, const Buffer* buffer) const;
+  // kPulled, inside minibatch_end: once every sender's pending sums are complete (a barrier), adds
+  // this owner's slice of every sender's, in sender order, into its sums.
+  Status pull_slices(const std::vector<Buffer*>& accs, StreamHandle stream);
 
   // Live buffers in allocation order (the same on every rank), and only the accumulators.
   std::vector<Buffer*> buffers_in_order() const;
@@ -148,6 +164,9 @@ class Communicator {
   CommState state_ = CommState::kReady;
   std::string failure_;  // the error that failed the communicator
   uint64_t next_buffer_id_ = 0;
+  // kPulled: what owners pull senders' slices through (kPullChunkBytes), made with the first
+  // accumulator (collective, like the accumulator itself).
+  std::unique_ptr<SymmetricRegion> pull_scratch_;
   std::map<const Buffer*, std::unique_ptr<Buffer>> buffers_;
 };
 

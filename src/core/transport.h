@@ -117,6 +117,10 @@ class Transport {
   // with no float32 copy of the whole result).
   virtual Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
                                   StreamHandle stream) = 0;
+  // dst[0 : bytes] = region@peer[offset : offset+bytes]: a one-sided read of one peer (dst in this
+  // transport's memory space), complete in stream order (on return elsewhere).
+  virtual Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset,
+                     size_t bytes, StreamHandle stream) = 0;
   // region@peer[offset : offset+bytes] = src[0 : bytes].
   virtual Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                      size_t bytes, StreamHandle stream) = 0;

@@ -97,6 +97,11 @@ class LoggedTransport final : public Transport {
                           StreamHandle stream) override {
     return inner_->get_all_narrowed(dst, region, count, stream);
   }
+  Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
+             StreamHandle stream) override {
+    log_->add("get");
+    return inner_->get(dst, region, peer, offset, bytes, stream);
+  }
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override {
     log_->add("put");

@@ -145,9 +145,9 @@ void run_clean(const RunOptions& o) {
   const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
   const auto outcome = run_threads(o.world, [&](int rank) {
     Communicator comm(world->join(rank), CommOptions{o.deterministic, nullptr});
-    const AccumulationScheme want = o.remote_add && !o.deterministic
-                                        ? AccumulationScheme::kRemoteAdd
-                                        : AccumulationScheme::kStaged;
+    const AccumulationScheme want = o.deterministic ? AccumulationScheme::kPulled
+                                    : o.remote_add  ? AccumulationScheme::kRemoteAdd
+                                                    : AccumulationScheme::kStaged;
     if (comm.scheme() != want) return std::string("wrong scheme ") + scheme_name(comm.scheme());
     return run_rank(comm, o, expected, nullptr);
   });
@@ -173,9 +173,58 @@ TEST_P(Scale, RemoteAddThousandMinibatchesExact) {
   run_clean(o);
 }
 
+TEST_P(Scale, PulledThousandMinibatchesExact) {
+  RunOptions o;
+  o.world = GetParam();
+  o.num_minibatches = 1000 / kScaleDivisor;
+  if (o.world > 64 && kScaleDivisor > 1) o.world = 64;
+  o.deterministic = true;
+  run_clean(o);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, Scale, ::testing::Values(2, 64, 128, 256));
 
-TEST(Scheme, DeterministicOverridesRemoteAdd) {
+// What each scheme adds per rank, from the bytes the core asks the transport for: the shards
+// (count fp32), and per scheme: remote add nothing; staged a pending and a staging buffer of
+// world x count fp32 each plus world signal words; pulled (deterministic) one pending buffer of
+// world x count fp32 (4 bytes per full-gradient element) plus one fixed scratch per communicator.
+TEST(Memory, EachSchemeAllocatesItsDocumentedBytes) {
+  for (int world : {2, 64}) {
+    for (const char* scheme : {"remote-add", "staged", "pulled"}) {
+      mem::MemOptions mem_options;
+      mem_options.remote_fp32_add = std::string(scheme) == "remote-add";
+      auto mem_world = mem::MemWorld::create(world, mem_options);
+      const size_t count = 1000;  // elements per shard; two accumulators
+      std::vector<size_t> allocated(static_cast<size_t>(world));
+      const auto outcome = run_threads(world, [&](int rank) -> std::string {
+        auto transport =
+            std::make_unique<fault::FaultTransport>(mem_world->join(rank), fault::FaultPlan{});
+        fault::FaultTransport* counted = transport.get();
+        Communicator comm(std::move(transport),
+                          CommOptions{std::string(scheme) == "pulled", nullptr});
+        if (std::string(scheme_name(comm.scheme())) != scheme) return "wrong scheme";
+        for (int i = 0; i < 2; ++i) {
+          if (!comm.allocate(count, DataType::kFloat32, true).ok()) return "alloc failed";
+        }
+        allocated[static_cast<size_t>(rank)] = counted->allocated_bytes();
+        return "";
+      });
+      ASSERT_EQ(describe(outcome), "");
+      const size_t shards = 2 * count * sizeof(float);
+      const size_t full = 2 * static_cast<size_t>(world) * count * sizeof(float);
+      size_t want = shards;
+      if (std::string(scheme) == "staged") {
+        want += 2 * full + 2 * static_cast<size_t>(world) * sizeof(uint64_t);
+      }
+      if (std::string(scheme) == "pulled") want += full + kPullChunkBytes;
+      for (int r = 0; r < world; ++r) {
+        EXPECT_EQ(allocated[static_cast<size_t>(r)], want) << scheme << " at " << world << " ranks";
+      }
+    }
+  }
+}
+
+TEST(Scheme, DeterministicIsPulledEvenWithRemoteAdd) {
   RunOptions o;
   o.world = 8;
   o.num_minibatches = 50;

@@ -80,11 +80,12 @@ def _minibatch_rank(
 ):
     import torch
 
-    torch.cuda.set_device(rank)
+    gpu = rank % torch.cuda.device_count()  # ranks may share a GPU (dev/gpu scripts)
+    torch.cuda.set_device(gpu)
     rng = random.Random(rank)
     dtype = torch.float32 if src_dtype == "float32" else torch.bfloat16
     with odc.Comm(
-        rank, world_size, key, timeout=60, device=rank, deterministic=deterministic
+        rank, world_size, key, timeout=60, device=gpu, deterministic=deterministic
     ) as comm:
         accumulator = comm.alloc(count, accumulator=True)
         everything = torch.empty(world_size * count, device="cuda")
@@ -145,10 +146,11 @@ def test_sums_valid_after_minibatch_end_without_barrier(deterministic):
 def _deterministic_rank(rank, world_size, key, delay_seed, count):
     import torch
 
-    torch.cuda.set_device(rank)
+    gpu = rank % torch.cuda.device_count()  # ranks may share a GPU (dev/gpu scripts)
+    torch.cuda.set_device(gpu)
     delays = random.Random(delay_seed * 100 + rank)
     data = torch.Generator(device="cuda").manual_seed(1000 + rank)  # the same data in every run
-    with odc.Comm(rank, world_size, key, timeout=60, device=rank, deterministic=True) as comm:
+    with odc.Comm(rank, world_size, key, timeout=60, device=gpu, deterministic=True) as comm:
         accumulator = comm.alloc(count, accumulator=True)
         everything = torch.empty(world_size * count, device="cuda")
         runs = []

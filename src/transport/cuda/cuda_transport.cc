@@ -301,6 +301,19 @@ Status CudaTransport::launch_puts(const kernels::PutSignalJobs& jobs, size_t byt
   return Status::Ok();
 }
 
+Status CudaTransport::get(void* dst, const SymmetricRegion& region, int peer, size_t offset,
+                          size_t bytes, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, dst, "destination"));
+  // The put kernel copies between any mapped pointers; here from the peer's memory (NVLink) into
+  // ours, and like every data kernel it moves nothing after a failed device wait.
+  kernels::PutSignalJobs jobs;
+  jobs.dst[0] = dst;
+  jobs.src[0] = static_cast<const char*>(region.peer(peer)) + offset;
+  jobs.num_jobs = 1;
+  return launch_puts(jobs, bytes, 0, stream);
+}
+
 Status CudaTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                           size_t bytes, StreamHandle stream) {
   DeviceGuard guard(device_);

@@ -41,7 +41,9 @@ Result<std::vector<ExchangeRecord>> FaultTransport::exchange(const ExchangeRecor
 
 Result<std::unique_ptr<SymmetricRegion>> FaultTransport::allocate(size_t bytes) {
   ODC_RETURN_IF_ERROR(enter("allocate"));
-  return inner_->allocate(bytes);
+  auto region = inner_->allocate(bytes);
+  if (region.ok()) allocated_bytes_ += bytes;
+  return region;
 }
 
 Status FaultTransport::barrier(CollectiveOp op, StreamHandle stream) {
@@ -77,6 +79,12 @@ Status FaultTransport::get_all_narrowed(void* dst, const SymmetricRegion& region
                                         StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("get_all_narrowed"));
   return inner_->get_all_narrowed(dst, region, count, stream);
+}
+
+Status FaultTransport::get(void* dst, const SymmetricRegion& region, int peer, size_t offset,
+                           size_t bytes, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("get"));
+  return inner_->get(dst, region, peer, offset, bytes, stream);
 }
 
 Status FaultTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,

@@ -41,6 +41,8 @@ class FaultTransport final : public Transport {
 
   int64_t calls() const { return calls_; }
   bool dead() const { return dead_; }
+  // Bytes of symmetric memory this rank allocated through it so far (memory tests).
+  size_t allocated_bytes() const { return allocated_bytes_; }
 
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
@@ -56,6 +58,8 @@ class FaultTransport final : public Transport {
                  StreamHandle stream) override;
   Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
                           StreamHandle stream) override;
+  Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
+             StreamHandle stream) override;
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
@@ -91,6 +95,7 @@ class FaultTransport final : public Transport {
   std::function<void()> die_;
   std::mt19937 rng_;
   int64_t calls_ = 0;
+  size_t allocated_bytes_ = 0;
   bool dead_ = false;
   bool fired_ = false;  // the one-shot fault (drop, mismatch) happened
 };

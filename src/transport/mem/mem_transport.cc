@@ -86,6 +86,13 @@ class MemTransport final : public Transport {
     return Status::Ok();
   }
 
+  Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
+             StreamHandle) override {
+    // Visible once the peer's writes were published by a barrier (the world's mutex).
+    std::memcpy(dst, static_cast<const char*>(region.peer(peer)) + offset, bytes);
+    return Status::Ok();
+  }
+
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle) override {
     // Published to the owner by the next signal (its mailbox mutex) or barrier (the world's).

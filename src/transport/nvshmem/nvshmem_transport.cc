@@ -777,6 +777,22 @@ Status NvshmemTransport::launch_direct(const std::vector<void*>& dst,
   return Status::Ok();
 }
 
+Status NvshmemTransport::get(void* dst, const SymmetricRegion& region, int peer, size_t offset,
+                             size_t bytes, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, dst, "destination"));
+  if (peer == rank_ || mapped_[peer]) {  // this GPU's memory, or a peer's mapped over NVLink
+    const void* from = static_cast<const char*>(region.peer(peer)) + offset;
+    ODC_CUDA_CHECK(cudaMemcpyAsync(dst, from, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)));
+    return Status::Ok();
+  }
+  nvshmemx_getmem_on_stream(dst, static_cast<const char*>(region.local()) + offset, bytes, peer,
+                            as_stream(stream));
+  if (node_of(peer) != node_of(rank_)) remote_get_bytes_ += bytes;
+  ODC_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
 Status NvshmemTransport::put(const void* src, const SymmetricRegion& region, int peer,
                              size_t offset, size_t bytes, StreamHandle stream) {
   DeviceGuard guard(device_);

@@ -128,6 +128,12 @@ Status ShmTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, 
   return Status::Ok();
 }
 
+Status ShmTransport::get(void* dst, const SymmetricRegion& region, int peer, size_t offset,
+                         size_t bytes, StreamHandle) {
+  std::memcpy(dst, static_cast<const char*>(region.peer(peer)) + offset, bytes);
+  return Status::Ok();
+}
+
 Status ShmTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                          size_t bytes, StreamHandle) {
   std::memcpy(static_cast<char*>(region.peer(peer)) + offset, src, bytes);

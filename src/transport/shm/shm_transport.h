@@ -44,6 +44,8 @@ class ShmTransport final : public Transport {
                  StreamHandle stream) override;
   Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
                           StreamHandle stream) override;
+  Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
+             StreamHandle stream) override;
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
