@@ -608,6 +608,10 @@ class OdcFSDP:
             group.drop_grads()
             group.marked.clear()
         internals.recover_after_failed_backward(self.model)
+        if self.comm.device is not None:
+            # The failed minibatch's kernels (on FSDP2's streams too) finish before its memory
+            # is let go; a device wait among them ends at the latest at the timeout.
+            torch.cuda.synchronize(self.comm.device)
         for module in self._modules:
             module.reshard()
 
