@@ -296,7 +296,7 @@ struct FaultResult {
 };
 
 FaultResult run_with_fault(int world_size, int faulty_rank, fault::FaultPlan plan, bool remote_add,
-                           bool kill_on_death = true) {
+                           bool kill_on_death = true, bool deterministic = false) {
   mem::MemOptions mem_options;
   mem_options.remote_fp32_add = remote_add;
   mem_options.timeout = std::chrono::duration<double>(1.0);
@@ -319,7 +319,8 @@ FaultResult run_with_fault(int world_size, int faulty_rank, fault::FaultPlan pla
     }
     std::function<void()> die;
     if (kill_on_death) die = [&world, rank] { world->kill(rank); };
-    Communicator comm(std::make_unique<fault::FaultTransport>(world->join(rank), mine, die));
+    Communicator comm(std::make_unique<fault::FaultTransport>(world->join(rank), mine, die),
+                      CommOptions{deterministic, nullptr});
     std::string verdict = run_rank(comm, o, expected, &result.completed[static_cast<size_t>(rank)]);
     return verdict;
   });
@@ -409,15 +410,17 @@ TEST(Faults, CollectiveMismatchIsNamed) {
 }
 
 TEST(Faults, DeathAtEveryEarlyCallNeverHangsOrLies) {
-  // Sweep the point of death over the first minibatches of both schemes: whatever the call,
-  // every survivor fails naming the dead rank and never reports a wrong sum; nothing hangs (each
-  // wait is bounded by the 1 s timeout).
-  for (bool remote_add : {false, true}) {
+  // Sweep the point of death over the first minibatches of every scheme (staged, remote add,
+  // pulled): whatever the call, every survivor fails naming the dead rank and never reports a
+  // wrong sum; nothing hangs (each wait is bounded by the 1 s timeout).
+  for (int scheme = 0; scheme < 3; ++scheme) {
+    const bool remote_add = scheme == 1;
+    const bool deterministic = scheme == 2;
     for (int64_t at = 1; at <= 40; at += 3) {
       fault::FaultPlan plan;
       plan.kind = fault::FaultKind::kDieAtCall;
       plan.at_call = at;
-      const FaultResult r = run_with_fault(3, 1, plan, remote_add);
+      const FaultResult r = run_with_fault(3, 1, plan, remote_add, true, deterministic);
       for (size_t rank = 0; rank < r.outcome.size(); ++rank) {
         EXPECT_EQ(r.outcome[rank].find("minibatch "), std::string::npos)
             << "at call " << at << ", rank " << rank << ": " << r.outcome[rank];
