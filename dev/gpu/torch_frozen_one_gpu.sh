@@ -34,4 +34,9 @@ with tempfile.TemporaryDirectory() as d:
     results = odc.launch(_failure_rank, 2, os.path.join(d, 'store'), 'cuda', 20, timeout=200)
 for rank, (seen, _) in enumerate(results):
     print('rank', rank, {k: v for k, v in seen.items()})"
+stage abort-cuda 200 env PYTHONPATH=$PYTHONPATH:$snapshot/tests/gpu python3 -c "
+import time, odc, test_cuda_comm as suite
+start = time.monotonic()
+suite.test_aborting_rank_ends_peers_device_waits_at_once()
+print(f'aborting rank named by its peer\'s device barrier in {time.monotonic() - start:.1f} s')"
 exit $status

@@ -363,8 +363,10 @@ ODC_API odcResult_t odcCommPollError(odcComm_t comm);
 /* Local; never blocks. Fails this communicator on purpose, for a reason of the caller's (e.g. an
  * exception inside a minibatch): every later call on this rank reports it, and peers waiting on
  * this rank (minibatch_end, barrier) end with odcRemoteError naming this rank and `reason` (may be
- * NULL; truncated to 200 bytes) instead of waiting out their timeout. Host waits see it at once;
- * device waits of stream-ordered transports end at their timeout, naming this rank. No partial sum
+ * NULL; truncated to 200 bytes) instead of waiting out their timeout. Host waits and the CUDA
+ * transport's device barriers see it at once (this rank writes a "failed" word into its slot of
+ * every peer's barrier words); NVSHMEM's device waits end at their timeout, naming this rank.
+ * No partial sum
  * is reported as success afterwards. A communicator that failed already keeps its first failure.
  * The communicator cannot be revived: destroy it (odcCommDestroy does not wait for peers then)
  * and build a new one. */

@@ -602,8 +602,9 @@ class Comm:
         """Local, never blocks: fails this communicator on purpose (e.g. an exception inside a
         minibatch). Every later call on this rank raises it; peers waiting on this rank raise
         odc.Error naming this rank and `reason` (its first 200 bytes) instead of waiting out their
-        timeout (host communicators at once; device waits end at their timeout, naming this
-        rank). A communicator cannot be revived: close it and build a new one. Keeps an earlier
+        timeout (host communicators and the CUDA transport's device barriers at once; NVSHMEM's
+        device waits at their timeout, naming this rank). A communicator cannot be revived:
+        close it and build a new one. Keeps an earlier
         failure; a no-op after close()."""
         if self._handle is None:
             return

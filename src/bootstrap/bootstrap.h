@@ -27,6 +27,11 @@ class Bootstrap {
   // Local: tells peers this rank failed (`reason`), so their waits end with an error naming it
   // instead of a timeout. Idempotent.
   virtual void mark_failed(const std::string& reason) = 0;
+  // What `peer` said when it failed, as ": <reason>", or "" where this bootstrap cannot tell.
+  virtual std::string failure_of(int peer) {
+    (void)peer;
+    return "";
+  }
 };
 
 // The caller's callbacks (the C API's odcBootstrap_t, minus its version). allgather and barrier

@@ -492,6 +492,13 @@ Status ShmBootstrap::allgather(const void* mine, void* all, size_t bytes, const 
   return Status::Ok();
 }
 
+std::string ShmBootstrap::failure_of(int peer) {
+  if (peer < 0 || peer >= world_size_ || !controls_[static_cast<size_t>(peer)]) return "";
+  const ControlBlock& other = block(peer);
+  if (other.state.load(std::memory_order_acquire) != kFailed) return "";
+  return ": " + std::string(other.failure, strnlen(other.failure, sizeof(other.failure)));
+}
+
 void ShmBootstrap::mark_failed(const std::string& reason) {
   if (!controls_[rank_]) return;
   ControlBlock& own = block(rank_);

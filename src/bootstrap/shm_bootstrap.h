@@ -51,6 +51,7 @@ class ShmBootstrap final : public Bootstrap {
   // Ranks that meet in differently named collectives fail with "collective mismatch" naming both.
   Status barrier(const char* operation) override;
   void mark_failed(const std::string& reason) override;
+  std::string failure_of(int peer) override;
 
   // ---- for the shared-memory transport -------------------------------------------------------
   const std::string& key() const { return key_; }

@@ -97,6 +97,10 @@ __device__ __forceinline__ bool wait_barrier_word(const uint64_t* flag, uint64_t
   const uint64_t start = global_timer_ns();
   while (true) {
     const uint64_t seen = ld_acquire_sys(flag);
+    if (seen == kBarrierPeerFailed) {  // the peer failed (its host said so): it will not come
+      record_error(error, kWaitPeerFailed, rank, peer, mine, seen);
+      return false;
+    }
     const int state = reached(seen);
     if (state == 1) return true;
     if (state == -1) {

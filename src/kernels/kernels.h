@@ -43,13 +43,20 @@ struct SignalBlock {
 
 enum WaitSite : int32_t {
   kWaitNone = 0,
-  kWaitBarrier = 1,    // device_barrier: peer has not reached the epoch
-  kWaitSlotFree = 2,   // staged push: owner has not released our slot from the previous push
-  kWaitSlotReady = 3,  // staged accumulate: sender's slot has not landed
-  kWaitSignal = 4,     // wait_signals: a peer's signal has not reached the value
-  kWaitMismatch = 5,   // device_barrier: a peer announced the same epoch in another collective
-  kWaitFetch = 6,      // hierarchical gather: the node rank fetching a remote shard is not done
+  kWaitBarrier = 1,     // device_barrier: peer has not reached the epoch
+  kWaitSlotFree = 2,    // staged push: owner has not released our slot from the previous push
+  kWaitSlotReady = 3,   // staged accumulate: sender's slot has not landed
+  kWaitSignal = 4,      // wait_signals: a peer's signal has not reached the value
+  kWaitMismatch = 5,    // device_barrier: a peer announced the same epoch in another collective
+  kWaitFetch = 6,       // hierarchical gather: the node rank fetching a remote shard is not done
+  kWaitPeerFailed = 7,  // device_barrier: the peer marked itself failed (kBarrierPeerFailed)
+  kWaitSelfFailed = 8,  // this rank failed on the host (set by the host: stay silent)
 };
+
+// What a rank that failed writes into its slot of every peer's barrier words (host side, on a
+// stream of its own), so that a peer waiting for it in a device barrier ends at once naming it
+// (kWaitPeerFailed) instead of at its timeout. No real word reaches it (epochs are counters).
+inline constexpr uint64_t kBarrierPeerFailed = ~uint64_t{0};
 
 // What a rank announces in a device barrier: the epoch in the high bits, the caller's collective
 // (an opaque tag below 256, e.g. odc::CollectiveOp) in the low byte, as the host transport does.

@@ -269,6 +269,40 @@ def test_gather_and_pushes_under_any_sm_budget(monkeypatch, budget):
     assert odc.launch(_minibatch_rank, 2, 4, 65537, "float32", True, timeout=300) == [4, 4]
 
 
+def _aborting_rank(rank, world_size, key):
+    """Rank 1 aborts (an exception inside its minibatch) while rank 0 waits for it in a device
+    barrier with a long timeout: rank 0's wait must end at once, naming rank 1 and its reason."""
+    import torch
+
+    gpu = rank % torch.cuda.device_count()  # ranks may share a GPU (dev/gpu scripts)
+    torch.cuda.set_device(gpu)
+    with odc.Comm(rank, world_size, key, timeout=120.0, device=gpu) as comm:
+        accumulator = comm.alloc(1024, accumulator=True)
+        comm.minibatch_begin()
+        torch.cuda.synchronize()
+        if rank == 1:
+            time.sleep(1.0)  # rank 0 is in its device barrier by now
+            comm.abort("ValueError inside a minibatch: boom")
+            time.sleep(10.0)  # alive (a dead rank is another test), silent
+            return None
+        comm.scatter_accumulate(torch.ones(world_size * 1024, device="cuda"), accumulator)
+        comm.minibatch_end()
+        torch.cuda.synchronize()
+        try:
+            comm.poll_error()
+        except odc.Error as error:
+            return error.code, str(error)
+    return "no error"
+
+
+def test_aborting_rank_ends_peers_device_waits_at_once():
+    results = odc.launch(_aborting_rank, 2, timeout=300)
+    code, message = results[0]
+    assert code == odc._capi.REMOTE_ERROR, message
+    assert "rank 1 failed" in message and "boom" in message, message
+    assert "timed out" not in message, message  # not the 120 s timeout
+
+
 def _dies_rank(rank, world_size, key):
     import signal
 

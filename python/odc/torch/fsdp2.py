@@ -619,8 +619,8 @@ class OdcFSDP:
         """Local: fails the engine and its communicator for `reason` (what `with minibatch()`
         does when its body raises; call it yourself around minibatch_begin()/minibatch_end()
         written out by hand). Peers waiting in minibatch_end raise odc.Error naming this rank
-        and the reason at once (host communicators; on GPUs their device waits end at the
-        timeout, naming this rank). reset(comm) recovers."""
+        and the reason at once (host communicators and the CUDA transport; over NVSHMEM their
+        device waits end at the timeout, naming this rank). reset(comm) recovers."""
         self.comm.abort(reason)
         self._failed()
 

@@ -122,13 +122,37 @@ Status CudaTransport::init_device_state() {
   auto signals = allocate(sizeof(kernels::SignalBlock));
   if (!signals.ok()) return signals.status();
   signals_ = std::move(signals).value();
+  ODC_CUDA_CHECK(cudaHostAlloc(&failed_words_, 2 * sizeof(uint64_t), cudaHostAllocDefault));
+  failed_words_[0] = kernels::kBarrierPeerFailed;
+  failed_words_[1] = static_cast<uint64_t>(kernels::kWaitSelfFailed);
+  ODC_CUDA_CHECK(cudaStreamCreateWithFlags(&failure_stream_, cudaStreamNonBlocking));
   return Status::Ok();
+}
+
+void CudaTransport::mark_failed(const std::string& reason) {
+  bootstrap_->mark_failed(reason);
+  if (signals_ == nullptr || failed_words_ == nullptr || failure_stream_ == nullptr) return;
+  DeviceGuard guard(device_);
+  // First silence this rank's own kernels (a barrier queued behind the failure announces nothing:
+  // its error record is set), then tell every peer's barrier words. Best effort: a broken
+  // device leaves the peers to their timeout, as before.
+  (void)cudaMemcpyAsync(&device_error_->site, &failed_words_[1], sizeof(int32_t),
+                        cudaMemcpyHostToDevice, failure_stream_);
+  for (int peer = 0; peer < world_size(); ++peer) {
+    if (peer == rank()) continue;
+    auto* block = static_cast<kernels::SignalBlock*>(signals_->peer(peer));
+    (void)cudaMemcpyAsync(&block->barrier[rank()], &failed_words_[0], sizeof(uint64_t),
+                          cudaMemcpyDefault, failure_stream_);
+  }
+  (void)cudaStreamSynchronize(failure_stream_);
 }
 
 CudaTransport::~CudaTransport() {
   DeviceGuard guard(device_);
   cudaDeviceSynchronize();  // nothing of ours may still run when the memory goes
   signals_.reset();
+  if (failure_stream_ != nullptr) cudaStreamDestroy(failure_stream_);
+  if (failed_words_ != nullptr) cudaFreeHost(failed_words_);
   if (device_error_ != nullptr) cudaFree(device_error_);
   if (host_error_ != nullptr) cudaFreeHost(host_error_);
 }
@@ -262,6 +286,12 @@ Status CudaTransport::poll_error() {
         " where this rank called " +
         collective_op_name(static_cast<CollectiveOp>(kernels::barrier_op(mine))) +
         " (device barrier #" + std::to_string(kernels::barrier_epoch(mine)) + ")");
+  }
+  if (site == kernels::kWaitPeerFailed) {
+    return Status::RemoteError("rank " + std::to_string(record->peer) +
+                               " failed (it ended its part of the device barrier in " +
+                               describe_barrier_word(record->expected) +
+                               "; its own error says why)" + bootstrap_->failure_of(record->peer));
   }
   if (site == kernels::kWaitBarrier) {
     std::ostringstream message;

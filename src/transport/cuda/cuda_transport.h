@@ -43,7 +43,8 @@ class CudaTransport final : public Transport {
   Status host_barrier(CollectiveOp op) override;
   Status drain() override;
   Status poll_error() override;
-  void mark_failed(const std::string& reason) override { bootstrap_->mark_failed(reason); }
+  // Also tells peers' device barriers (kernels::kBarrierPeerFailed), so they end at once.
+  void mark_failed(const std::string& reason) override;
   Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
                  StreamHandle stream) override;
   Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
@@ -85,6 +86,10 @@ class CudaTransport final : public Transport {
   std::unique_ptr<SymmetricRegion> signals_;    // one kernels::SignalBlock per rank
   kernels::WaitError* device_error_ = nullptr;  // written by expired device waits
   kernels::WaitError* host_error_ = nullptr;    // pinned copy, refreshed after each barrier
+  // mark_failed(): the words it writes into peers' memory, on a stream of their own (the
+  // caller's streams may be blocked in a device wait).
+  uint64_t* failed_words_ = nullptr;  // pinned: kBarrierPeerFailed, and kWaitSelfFailed
+  cudaStream_t failure_stream_ = nullptr;
 };
 
 }  // namespace odc::cuda

@@ -85,6 +85,8 @@ inline const char* wait_site_name(int32_t site) {
       return "signal wait";
     case kernels::kWaitFetch:
       return "node fetch of remote shards";
+    case kernels::kWaitPeerFailed:
+      return "device barrier (the peer failed)";
     default:
       return "device wait";
   }
