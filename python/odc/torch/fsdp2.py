@@ -779,14 +779,19 @@ class OdcFSDP:
         """Pushes 1 for every parameter this rank pushed gradients for; returns whether that
         was every trainable parameter (then every rank knows they all have sums)."""
         world = self.comm.world_size
-        flags = torch.zeros(world * self._reduced_flags.count, dtype=torch.float32)
+        on_gpu = self.comm.device is not None
+        # Pinned, copied without blocking: minibatch_end must not wait on the host for the
+        # backward still running on the GPU (the copy is ordered on the current stream).
+        flags = torch.zeros(
+            world * self._reduced_flags.count, dtype=torch.float32, pin_memory=on_gpu
+        )
         everything = True
         for group, base in zip(self._groups, self._slot_base):
             for index in group.pushed:
                 flags[base + index] = 1.0
             everything = everything and len(group.pushed) == len(group.grad_offsets)
-        if self.comm.device is not None:
-            flags = flags.to(torch.device("cuda", self.comm.device), non_blocking=False)
+        if on_gpu:
+            flags = flags.to(torch.device("cuda", self.comm.device), non_blocking=True)
         self.comm.scatter_accumulate(_comm_view(flags, self.comm), self._reduced_flags)
         return everything
 
@@ -799,9 +804,10 @@ class OdcFSDP:
         if everything and self._replicas is None:
             return lambda index: True
         world = self.comm.world_size
-        gathered = torch.zeros(world * self._reduced_flags.count, dtype=torch.float32)
-        if self.comm.device is not None:
-            gathered = gathered.to(torch.device("cuda", self.comm.device))
+        device = "cpu" if self.comm.device is None else torch.device("cuda", self.comm.device)
+        gathered = torch.zeros(
+            world * self._reduced_flags.count, dtype=torch.float32, device=device
+        )
         self.comm.gather(_comm_view(gathered, self.comm), self._reduced_flags)
         if self._replicas is not None:
             dist.all_reduce(gathered, op=dist.ReduceOp.SUM, group=self._replicas.group)
