@@ -242,8 +242,7 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
     buffer->pending = std::move(pending).value();
   }
   if (accumulator && scheme_ == AccumulationScheme::kStaged) {
-    const size_t all_bytes = static_cast<size_t>(world_size()) * count * sizeof(float);
-    auto staging = transport_->allocate(all_bytes);
+    auto staging = transport_->allocate(buffer->pending->bytes());  // one slot per sender
     if (!staging.ok()) return finish(op, staging.status());
     buffer->staging = std::move(staging).value();
     auto signals = transport_->allocate(static_cast<size_t>(world_size()) * sizeof(uint64_t));

@@ -148,6 +148,21 @@ def _join_shards(states):
     return {k: np.concatenate([state[k] for state in states]) for k in states[0]}
 
 
+def _join(rank, world_size, store_path, device):
+    """Joins the gloo process group; returns this rank's GPU (rank % count: several ranks may
+    share one) for device "cuda", else None."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
+    )
+    if device != "cuda":
+        return None
+    gpu = rank % torch.cuda.device_count()
+    torch.cuda.set_device(gpu)
+    return gpu
+
+
 def _frozen_rank(rank, world_size, key, store_path, schedule, device="cpu", mesh=None):
     """One rank; device "cuda": every rank on GPU rank % count (several may share one: gloo
     carries FSDP2's few collectives, odc's CUDA transport the gathers and pushes). mesh (R, S):
@@ -161,13 +176,7 @@ def _frozen_rank(rank, world_size, key, store_path, schedule, device="cpu", mesh
 
     import odc.torch
 
-    dist.init_process_group(
-        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
-    )
-    gpu = None
-    if device == "cuda":
-        gpu = rank % torch.cuda.device_count()
-        torch.cuda.set_device(gpu)
+    gpu = _join(rank, world_size, store_path, device)
     try:
         net = _make_net().to(device if gpu is None else f"cuda:{gpu}")
         device_mesh = None
@@ -282,13 +291,7 @@ def _failure_rank(rank, world_size, key, store_path, device="cpu", timeout=300):
 
     import odc.torch
 
-    dist.init_process_group(
-        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
-    )
-    gpu = None
-    if device == "cuda":
-        gpu = rank % torch.cuda.device_count()
-        torch.cuda.set_device(gpu)
+    gpu = _join(rank, world_size, store_path, device)
     where = "cpu" if gpu is None else f"cuda:{gpu}"
 
     def minibatch_samples(step):

@@ -594,6 +594,12 @@ class OdcFSDP:
             )
         self._end_event = None
 
+    def _holds_grads(self) -> bool:
+        """Does some parameter have a .grad (the last minibatch's sums, unless cleared)?"""
+        return any(
+            slot.param.grad is not None for group in self._groups for slot in group.layout.slots
+        )
+
     def _after_step(self, optimizer, args, kwargs) -> None:
         self._unstepped = False
 
@@ -708,9 +714,7 @@ class OdcFSDP:
                 "reset(<new communicator>) on every rank before the next minibatch",
                 _INVALID_USAGE,
             )
-        if self._unstepped and any(
-            slot.param.grad is not None for group in self._groups for slot in group.layout.slots
-        ):
+        if self._unstepped and self._holds_grads():
             raise RuntimeError(
                 "odc.torch: minibatch_begin() would discard the gradient sums of the last "
                 "minibatch, which no optimizer.step() used: step first, or drop them with "
@@ -766,9 +770,7 @@ class OdcFSDP:
             group.set_grads(lambda index, base=base: reduced(base + index))
         # Every rank hands out the same set of .grad (the flags are global): the check in
         # minibatch_begin raises on every rank alike.
-        self._unstepped = self._optimizer is not None and any(
-            slot.param.grad is not None for group in self._groups for slot in group.layout.slots
-        )
+        self._unstepped = self._optimizer is not None and self._holds_grads()
         # Forwards outside a minibatch must gather (and so raise), never reuse parameters a
         # forward left unsharded (FSDP2 keeps the root's after forward), stale after the step.
         for module in self._modules:
