@@ -45,6 +45,7 @@ struct ControlBlock {
   uint64_t pid_namespace;                     // inode of /proc/self/ns/pid; 0: unknown
   alignas(64) std::atomic<uint64_t> arrival;  // collectives entered so far
   std::atomic<uint32_t> wake;                 // futex word, bumped after every arrival or signal
+  std::atomic<uint32_t> inbox;  // futex word, bumped by a peer after each signal to this rank
   alignas(64) unsigned char records[2][kRecordBytes];  // allgather rounds, alternating
   char operations[2][kOperationBytes];                 // collective names, alternating
   char failure[256];                                   // why this rank failed (kFailed)
@@ -374,6 +375,21 @@ uint32_t ShmBootstrap::wake_count(int peer) const {
 
 void ShmBootstrap::sleep_on(int peer, uint32_t seen, Clock::duration limit) const {
   futex_wait(&block(peer).wake, seen, std::chrono::duration_cast<std::chrono::nanoseconds>(limit));
+}
+
+uint32_t ShmBootstrap::inbox_count() const {
+  return block(rank_).inbox.load(std::memory_order_acquire);
+}
+
+void ShmBootstrap::sleep_on_inbox(uint32_t seen, Clock::duration limit) const {
+  futex_wait(&block(rank_).inbox, seen,
+             std::chrono::duration_cast<std::chrono::nanoseconds>(limit));
+}
+
+void ShmBootstrap::wake_inbox(int peer) {
+  ControlBlock& other = block(peer);
+  other.inbox.fetch_add(1, std::memory_order_release);
+  futex_wake_all(&other.inbox);
 }
 
 void ShmBootstrap::wake_peers() {

@@ -71,6 +71,11 @@ class ShmBootstrap final : public Bootstrap {
   void sleep_on(int peer, uint32_t seen, Clock::duration limit) const;
   // Wakes every rank sleeping on this rank's word (after a signal).
   void wake_peers();
+  // This rank's inbox word, bumped by every peer that signals it (wake_inbox): a rank waiting for
+  // a signal from any of several peers reads it, checks, then sleeps on it.
+  uint32_t inbox_count() const;
+  void sleep_on_inbox(uint32_t seen, Clock::duration limit) const;
+  void wake_inbox(int peer);
 
  private:
   ShmBootstrap(int rank, int world_size, std::string key, std::chrono::duration<double> timeout);

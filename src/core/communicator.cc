@@ -2,9 +2,13 @@
 #include "core/communicator.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <string>
+
+#include "common/env.h"
 
 namespace odc {
 namespace {
@@ -94,12 +98,52 @@ Status check_name(const std::string& name) {
   return Status::Ok();
 }
 
+ODC_ENV_TEXT(staging_bytes_env, "ODC_STAGING_BYTES")
+
+// The staging budget: the caller's, else $ODC_STAGING_BYTES (bytes, or with a K, M or G suffix
+// for KiB, MiB, GiB), else the default.
+Result<size_t> resolve_staging_bytes(size_t configured) {
+  if (configured != 0) return configured;
+  const std::string& text = staging_bytes_env();
+  if (text.empty()) return kDefaultStagingBytes;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  size_t shift = 0;
+  if (end != nullptr && *end != '\0' && end[1] == '\0') {
+    switch (std::toupper(static_cast<unsigned char>(*end))) {
+      case 'K':
+        shift = 10;
+        ++end;
+        break;
+      case 'M':
+        shift = 20;
+        ++end;
+        break;
+      case 'G':
+        shift = 30;
+        ++end;
+        break;
+      default:
+        break;
+    }
+  }
+  if (text[0] == '-' || end == text.c_str() || *end != '\0' || errno == ERANGE || value == 0 ||
+      value > (SIZE_MAX >> shift)) {
+    return Status::InvalidArgument("ODC_STAGING_BYTES='" + text +
+                                   "' is not a positive number of bytes (e.g. 268435456 or 256M)");
+  }
+  return static_cast<size_t>(value) << shift;
+}
+
 }  // namespace
 
 const char* scheme_name(AccumulationScheme scheme) {
   switch (scheme) {
     case AccumulationScheme::kRemoteAdd:
       return "remote-add";
+    case AccumulationScheme::kStreamed:
+      return "streamed";
     case AccumulationScheme::kStaged:
       return "staged";
     case AccumulationScheme::kPulled:
@@ -111,9 +155,16 @@ const char* scheme_name(AccumulationScheme scheme) {
 Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions options)
     : transport_(std::move(transport)),
       bootstrap_(std::move(options.bootstrap)),
+      // Without a remote add, host transports stream (their folds run on the host); device
+      // transports stage whole sums until their devices fold streamed chunks.
       scheme_(options.deterministic                ? AccumulationScheme::kPulled
               : transport_->caps().remote_fp32_add ? AccumulationScheme::kRemoteAdd
-                                                   : AccumulationScheme::kStaged) {}
+              : !transport_->caps().stream_ordered ? AccumulationScheme::kStreamed
+                                                   : AccumulationScheme::kStaged),
+      staging_bytes_(options.staging_bytes),
+      destination_([this](uint64_t buffer_id, size_t first, size_t count) {
+        return fold_destination(buffer_id, first, count);
+      }) {}
 
 Communicator::~Communicator() {
   // Stream-ordered transports: a peer's queued gathers and pushes may still reach this rank's
@@ -128,6 +179,7 @@ Communicator::~Communicator() {
   (void)transport_->drain();
   buffers_.clear();  // unmap buffers before the transport's control segments
   pull_scratch_.reset();
+  staging_.reset();
   transport_.reset();
 }
 
@@ -235,7 +287,12 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   auto region = transport_->allocate(buffer->bytes());
   if (!region.ok()) return finish(op, region.status());
   buffer->data = std::move(region).value();
-  if (accumulator && scheme_ != AccumulationScheme::kRemoteAdd) {
+  if (accumulator && scheme_ == AccumulationScheme::kStreamed && staging_ == nullptr) {
+    // Every rank allocates the same accumulators in the same order: all make it here together.
+    ODC_RETURN_IF_ERROR(finish(op, create_staging()));
+  }
+  if (accumulator &&
+      (scheme_ == AccumulationScheme::kStaged || scheme_ == AccumulationScheme::kPulled)) {
     const size_t all_bytes = static_cast<size_t>(world_size()) * count * sizeof(float);
     auto pending = transport_->allocate(all_bytes);
     if (!pending.ok()) return finish(op, pending.status());
@@ -258,6 +315,52 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   Buffer* handle = buffer.get();
   buffers_.emplace(handle, std::move(buffer));
   return handle;
+}
+
+Status Communicator::create_staging() {
+  auto budget = resolve_staging_bytes(staging_bytes_);
+  // Agree first (a rank with a bad knob or another budget fails every rank, naming it); the
+  // rings are cut from the budget alike on every rank.
+  ExchangeRecord mine;
+  mine.words[0] = budget.ok() ? budget.value() : 0;
+  auto all = transport_->exchange(mine);
+  if (!all.ok()) return all.status();
+  if (!budget.ok()) return budget.status();
+  for (int r = 0; r < world_size(); ++r) {
+    const uint64_t theirs = all.value()[r].words[0];
+    if (theirs == 0) {
+      return Status::InvalidArgument("rank " + std::to_string(r) +
+                                     " has an invalid staging budget (its error names it)");
+    }
+    if (theirs != budget.value()) {
+      return Status::InvalidArgument(
+          "staging budgets differ across ranks: rank " + std::to_string(r) + " has " +
+          std::to_string(theirs) + " bytes, this rank " + std::to_string(budget.value()) +
+          " (ODC_STAGING_BYTES or the config's staging_bytes must be the same everywhere)");
+    }
+  }
+  auto staging = StreamedStaging::create(*transport_, budget.value());
+  if (!staging.ok()) return staging.status();
+  staging_ = std::move(staging).value();
+  // Made inside a minibatch (an accumulator allocated there): that minibatch is open for it too.
+  if (state_ == CommState::kInMinibatch) staging_->begin(minibatch_);
+  return Status::Ok();
+}
+
+Result<float*> Communicator::fold_destination(uint64_t buffer_id, size_t first,
+                                              size_t count) const {
+  for (const auto& [handle, buffer] : buffers_) {
+    if (buffer->id != buffer_id || !buffer->is_accumulator()) continue;
+    if (first > buffer->count || count > buffer->count - first) {
+      return Status::InternalError("elements [" + std::to_string(first) + ", " +
+                                   std::to_string(first + count) + ") lie outside accumulator " +
+                                   std::to_string(buffer_id) + "'s shard of " +
+                                   std::to_string(buffer->count));
+    }
+    return static_cast<float*>(buffer->local()) + first;
+  }
+  return Status::InternalError("no live accumulator with id " + std::to_string(buffer_id) +
+                               " (freed while a peer still pushed into it?)");
 }
 
 Status Communicator::release(Buffer* buffer) {
@@ -309,6 +412,10 @@ Status Communicator::gather_as(void* dst, size_t dst_count, DataType dst_dtype,
                 " elements; expected world size x shard = " + std::to_string(world_size()) + " x " +
                 std::to_string(buffer->count) + " = " + std::to_string(expected)));
   }
+  if (staging_ != nullptr && state_ == CommState::kInMinibatch) {
+    // Every entry into odc is a chance to fold what has arrived (and free senders' slots).
+    ODC_RETURN_IF_ERROR(finish(op, staging_->fold_arrived(destination_)));
+  }
   if (narrowed) {
     return finish(op, transport_->get_all_narrowed(dst, buffer->shards(), buffer->count, stream));
   }
@@ -341,6 +448,9 @@ Status Communicator::scatter_accumulate(const void* src, size_t src_count, DataT
   if (state_ != CommState::kInMinibatch) {
     return finish(op, Status::InvalidUsage("called outside a minibatch (call minibatch_begin "
                                            "first)"));
+  }
+  if (scheme_ == AccumulationScheme::kStreamed) {
+    return finish(op, staging_->push(src, src_dtype, shard, accumulator->id, destination_));
   }
   if (accumulator->pending != nullptr) {  // staged or pulled: summed here, delivered at the end
     return finish(op, transport_->accumulate(static_cast<float*>(accumulator->pending->local()),
@@ -391,6 +501,14 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
   }
   // Owners rewrite their shards (optimizer step) before this point: nobody gathers before it.
   ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchBegin, stream)));
+  if (scheme_ == AccumulationScheme::kStreamed) {
+    // Every peer has stopped reading the previous sums (it passed the barrier), and no chunk of
+    // this minibatch is folded before this rank's next call: zero, then fold into them.
+    for (Buffer* acc : accs) {
+      ODC_RETURN_IF_ERROR(finish(op, transport_->zero(acc->local(), acc->bytes(), stream)));
+    }
+    if (staging_ != nullptr) staging_->begin(minibatch_ + 1);
+  }
   // From here to minibatch_end no owner rewrites a published buffer (its allocation says so):
   // the transport may fetch their remote shards once for the whole minibatch (hierarchical
   // gathers). Other buffers may change inside a minibatch under the caller's own
@@ -437,7 +555,12 @@ Status Communicator::minibatch_end(StreamHandle stream) {
                                          acc->count, world_size(), acc->count, stream)));
   }
   ODC_RETURN_IF_ERROR(finish(op, pull_slices(accs, stream)));
-  // After this barrier every push (remote adds) or fold (staged, pulled) is complete everywhere.
+  if (staging_ != nullptr) {
+    // This rank's chunks all sent and every sender's end folded here: its sums are complete.
+    ODC_RETURN_IF_ERROR(finish(op, staging_->finish(destination_)));
+  }
+  // After this barrier every push (remote adds) or fold (staged, streamed, pulled) is complete
+  // everywhere.
   ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchEnd, stream)));
   ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
   state_ = CommState::kReady;

@@ -1,15 +1,18 @@
 // The ODC protocol on top of a Transport: symmetric buffers, gather, scatter-accumulate and the
 // one synchronization per minibatch. The communicator picks how pushes land from the transport's
 // capabilities (AccumulationScheme); transports only move bytes. Invariants:
-//   - a pushed contribution is added exactly once at its owner: either by an atomic remote fp32
-//     add straight into the owner's sums, or by summing it into this sender's pending buffer and
-//     putting that (with a signal) into the sender's own staging slot at the owner at
-//     minibatch_end, where the owner folds the slots in sender order once every signal arrived
-//     (staged), or where the owner pulls its slice of every sender's pending sums in sender order
-//     once a barrier made them complete (pulled, deterministic);
+//   - a pushed contribution is added exactly once at its owner: by an atomic remote fp32 add
+//     straight into the owner's sums (remote add); or in chunks through this sender's bounded
+//     staging ring at the owner, folded by the owner in sequence order while the minibatch runs
+//     (streamed, core/streamed_staging.h); or by summing it into this sender's pending buffer and
+//     putting that (with a signal) into the sender's staging slot at the owner at minibatch_end,
+//     where the owner folds the slots in sender order once every signal arrived (staged), or
+//     where the owner pulls its slice of every sender's pending sums in sender order once a
+//     barrier made them complete (pulled, deterministic);
 //   - the sums an owner exposes after minibatch_end stay valid for every rank until the next
-//     minibatch starts filling them (remote adds: the owner zeroes only after every rank entered
-//     minibatch_begin; staged and pulled: the fold assigns, inside the next minibatch_end);
+//     minibatch starts filling them (remote adds and streamed: the owner zeroes only after every
+//     rank entered minibatch_begin; staged and pulled: the fold assigns, inside the next
+//     minibatch_end);
 //   - a failed call that is the caller's mistake changes nothing; a failure of another rank or a
 //     timeout leaves the communicator failed (every later call reports the original error) and
 //     silent, so that its peers fail too: no partial sum is ever reported as success.
@@ -24,6 +27,7 @@
 #include "bootstrap/bootstrap.h"
 #include "common/status.h"
 #include "core/dtype.h"
+#include "core/streamed_staging.h"
 #include "core/transport.h"
 
 namespace odc {
@@ -37,10 +41,16 @@ inline constexpr size_t kMaxBufferNameBytes = 256;
 enum class AccumulationScheme {
   // add_all() straight into the owners' sums: the transport's remote fp32 add is atomic (CUDA).
   kRemoteAdd,
+  // Pushes travel while the minibatch runs, in chunks through a bounded staging ring per sender
+  // at each owner, folded by the owner into its sums whenever it enters odc, with credits back
+  // (core/streamed_staging.h). For host transports without a remote fp32 add; costs the staging
+  // budget per rank and communicator, whatever the model and the world size.
+  kStreamed,
   // Pushes are summed locally into a pending buffer (world_size x count fp32); minibatch_end puts
   // each owner's slice into this sender's slot of the owner's staging (world_size x count fp32)
   // with a signal, and each owner folds the slots in sender order once every signal arrived.
-  // For transports without a remote fp32 add; costs 2 x world_size x count fp32 per rank.
+  // For stream-ordered (device) transports without a remote fp32 add, until their devices fold
+  // streamed chunks; costs 2 x world_size x count fp32 per rank.
   kStaged,
   // Deterministic mode: pushes are summed locally into a pending buffer (world_size x count fp32,
   // 4 bytes per full-gradient element); at minibatch_end, once every sender's pending is complete
@@ -62,6 +72,9 @@ struct CommOptions {
   // The bootstrap the ranks met through, when it is not the transport's own (the external one):
   // a fault also marks this rank failed there. Kept alive as long as the communicator.
   std::shared_ptr<Bootstrap> bootstrap;
+  // kStreamed: the staging budget per rank (rings and their signals); 0: $ODC_STAGING_BYTES, else
+  // kDefaultStagingBytes. Every rank must use the same.
+  size_t staging_bytes = 0;
 };
 
 // A symmetric buffer: `count` elements of `dtype` on every rank. Accumulators are fp32; staged
@@ -104,6 +117,8 @@ class Communicator {
   int world_size() const { return transport_->world_size(); }
   CommState state() const { return state_; }
   AccumulationScheme scheme() const { return scheme_; }
+  // kStreamed: the rings (made with the first accumulator), else null.
+  const StreamedStaging* staging() const { return staging_.get(); }
   Transport& transport() { return *transport_; }
 
   // Collective. Every rank must ask for the same count, dtype, kind (shards, accumulator or
@@ -152,6 +167,11 @@ class Communicator {
   // kPulled, inside minibatch_end: once every sender's pending sums are complete (a barrier), adds
   // this owner's slice of every sender's, in sender order, into its sums.
   Status pull_slices(const std::vector<Buffer*>& accs, StreamHandle stream);
+  // kStreamed, with the first accumulator (collective): every rank agrees on the budget, then
+  // the rings are made.
+  Status create_staging();
+  // kStreamed: this rank's sums of accumulator `buffer_id`, elements [first, first + count).
+  Result<float*> fold_destination(uint64_t buffer_id, size_t first, size_t count) const;
 
   // Live buffers in allocation order (the same on every rank), and only the accumulators.
   std::vector<Buffer*> buffers_in_order() const;
@@ -167,6 +187,9 @@ class Communicator {
   // kPulled: what owners pull senders' slices through (kPullChunkBytes), made with the first
   // accumulator (collective, like the accumulator itself).
   std::unique_ptr<SymmetricRegion> pull_scratch_;
+  size_t staging_bytes_ = 0;  // CommOptions::staging_bytes as given
+  std::unique_ptr<StreamedStaging> staging_;
+  StreamedStaging::Destination destination_;  // fold_destination, bound to this communicator
   std::map<const Buffer*, std::unique_ptr<Buffer>> buffers_;
 };
 

@@ -43,6 +43,12 @@ Status Transport::add_all(const void*, DataType, const SymmetricRegion&, size_t,
   return Status::InternalError("this transport has no atomic remote fp32 add (caps)");
 }
 
+Result<bool> Transport::poll_signals(const std::vector<SignalWatch>&, size_t,
+                                     std::chrono::duration<double>, std::vector<uint64_t>*) {
+  return Status::InternalError(
+      "this transport is stream-ordered: signal polls run on its device, not the host");
+}
+
 Status Transport::open_gather_window(const std::vector<const SymmetricRegion*>&, StreamHandle) {
   return Status::Ok();
 }

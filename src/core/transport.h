@@ -7,6 +7,7 @@
 // order; a transport reports a mismatch or a missing rank as an error, never a hang.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -71,6 +72,13 @@ struct TransportCaps {
   bool stream_ordered = false;
 };
 
+// One signal slot a host-side wait watches: slot `peer` of this rank's `signals` reaching `value`.
+struct SignalWatch {
+  const SymmetricRegion* signals = nullptr;
+  int peer = 0;
+  uint64_t value = 0;
+};
+
 // Signals are symmetric regions of world_size uint64 slots per rank, zeroed at allocation: slot p
 // at rank r is written only by rank p (signal(), put_signal()) and read only by rank r
 // (wait_signals()). Values only grow.
@@ -81,6 +89,9 @@ class Transport {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   virtual TransportCaps caps() const = 0;
+  // What bounds every wait on another rank (infinite: forever). Protocol loops that wait through
+  // poll_signals() bound themselves by it.
+  virtual std::chrono::duration<double> timeout() const = 0;
 
   // ---- collectives (every rank, same order) -------------------------------------------------
   // Host-blocking: every rank contributes `mine`; returns all records in rank order.
@@ -143,6 +154,20 @@ class Transport {
   // failed or dead peer ends the wait with a RemoteError naming it.
   virtual Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
                               StreamHandle stream) = 0;
+
+  // ---- host-side signal reads (only where !caps().stream_ordered) ---------------------------
+  // Reads the watched slots of this rank's signal regions into seen[i] (acquire: every put a peer
+  // made before the signal that set its slot is visible afterwards). The first `num_all`
+  // watches form one condition (all of them reached their values); every later watch is a
+  // condition by itself. When none holds yet, first waits up to `limit` for one to (sleeping,
+  // not spinning, woken by the signals that make one hold). Returns whether one holds; `limit`
+  // passing is not an error (the caller bounds its own wait and names what it waited for). A
+  // watched peer that failed, died or left ends the wait with a RemoteError naming it (unless
+  // its slot reached the value). Stream-ordered transports: InternalError (their devices run
+  // the protocol's loops).
+  virtual Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
+                                    std::chrono::duration<double> limit,
+                                    std::vector<uint64_t>* seen);
 
   // ---- local operations in this transport's memory space (host or device) -------------------
   virtual Status zero(void* dst, size_t bytes, StreamHandle stream) = 0;

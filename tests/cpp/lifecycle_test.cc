@@ -66,6 +66,7 @@ class LoggedTransport final : public Transport {
     caps.stream_ordered = true;
     return caps;
   }
+  std::chrono::duration<double> timeout() const override { return inner_->timeout(); }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override {
     return inner_->exchange(mine);
   }

@@ -1,17 +1,20 @@
 // The ODC protocol (core/communicator) at scale on the in-memory transport, threads as ranks:
 // 2 to 256 ranks, 1,000 minibatches of random uneven pushes (some ranks push nothing), exact
 // integer sums read by every rank from every owner right after minibatch_end with no extra
-// barrier; both accumulation schemes; deterministic mode bit for bit under random delays; and
-// every injected fault (death, dropped and duplicated signals, reordering, collective mismatch)
-// detected and named, with no hang and no partial sum reported as success.
+// barrier; every accumulation scheme (streamed, staged, remote add, pulled); deterministic mode
+// bit for bit under random delays; and every injected fault (death, dropped and duplicated
+// signals and credits, reordering, a slow owner, collective mismatch) detected and named, with no
+// hang and no partial sum reported as success.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "core/communicator.h"
@@ -83,12 +86,51 @@ std::vector<std::string> run_threads(int world, const std::function<std::string(
   return outcome;
 }
 
+// The four accumulation schemes, and the in-memory world and options that make the core pick
+// each: streamed (no remote add; the default of host transports), staged (no remote add,
+// reported stream-ordered as device transports are), remote add, pulled (deterministic).
+enum class Scheme { kStreamed, kStaged, kRemoteAdd, kPulled };
+
+const char* scheme_label(Scheme scheme) {
+  switch (scheme) {
+    case Scheme::kStreamed:
+      return "streamed";
+    case Scheme::kStaged:
+      return "staged";
+    case Scheme::kRemoteAdd:
+      return "remote-add";
+    case Scheme::kPulled:
+      return "pulled";
+  }
+  return "?";
+}
+
+// A small staging budget: rings of six 320-byte slots, so that the rings wrap many times and
+// senders wait for credit, and 256 ranks' rings fit in memory.
+size_t test_staging_bytes(int world) {
+  return static_cast<size_t>(world) * (6 * 320 + 32);
+}
+
+mem::MemOptions mem_options_for(Scheme scheme, double timeout_s) {
+  mem::MemOptions options;
+  options.remote_fp32_add = scheme == Scheme::kRemoteAdd;
+  options.stream_ordered = scheme == Scheme::kStaged;
+  options.timeout = std::chrono::duration<double>(timeout_s);
+  return options;
+}
+
+CommOptions comm_options_for(Scheme scheme, int world, size_t staging_bytes = 0) {
+  CommOptions options;
+  options.deterministic = scheme == Scheme::kPulled;
+  options.staging_bytes = staging_bytes != 0 ? staging_bytes : test_staging_bytes(world);
+  return options;
+}
+
 struct RunOptions {
   int world = 2;
   int num_minibatches = 10;
   size_t count = 2;  // shard elements per owner
-  bool remote_add = false;
-  bool deterministic = false;
+  Scheme scheme = Scheme::kStreamed;
   uint32_t seed = 7;
   double timeout_s = 60;
 };
@@ -119,9 +161,9 @@ std::string run_rank(Communicator& comm, const RunOptions& o, const Expected& ex
     for (size_t j = 0; j < sums.size(); ++j) {
       const double want = expected.base[m] + static_cast<double>(expected.pushes[m]) * (j % 64);
       if (sums[j] != want) {
-        return "minibatch " + std::to_string(m) + " element " + std::to_string(j) + " (owner " +
-               std::to_string(j / o.count) + "): got " + std::to_string(sums[j]) + ", expected " +
-               std::to_string(want);
+        return "wrong sum: minibatch " + std::to_string(m) + " element " + std::to_string(j) +
+               " (owner " + std::to_string(j / o.count) + "): got " + std::to_string(sums[j]) +
+               ", expected " + std::to_string(want);
       }
     }
     if (completed != nullptr) *completed = m + 1;
@@ -137,100 +179,128 @@ std::string describe(const std::vector<std::string>& outcome) {
   return text;
 }
 
-void run_clean(const RunOptions& o) {
-  mem::MemOptions mem_options;
-  mem_options.remote_fp32_add = o.remote_add;
-  mem_options.timeout = std::chrono::duration<double>(o.timeout_s);
-  auto world = mem::MemWorld::create(o.world, mem_options);
+void run_clean(const RunOptions& o, size_t staging_bytes = 0) {
+  auto world = mem::MemWorld::create(o.world, mem_options_for(o.scheme, o.timeout_s));
   const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
   const auto outcome = run_threads(o.world, [&](int rank) {
-    Communicator comm(world->join(rank), CommOptions{o.deterministic, nullptr});
-    const AccumulationScheme want = o.deterministic ? AccumulationScheme::kPulled
-                                    : o.remote_add  ? AccumulationScheme::kRemoteAdd
-                                                    : AccumulationScheme::kStaged;
-    if (comm.scheme() != want) return std::string("wrong scheme ") + scheme_name(comm.scheme());
+    Communicator comm(world->join(rank), comm_options_for(o.scheme, o.world, staging_bytes));
+    if (std::string(scheme_name(comm.scheme())) != scheme_label(o.scheme)) {
+      return std::string("wrong scheme ") + scheme_name(comm.scheme());
+    }
     return run_rank(comm, o, expected, nullptr);
   });
   EXPECT_EQ(describe(outcome), "");
 }
 
-class Scale : public ::testing::TestWithParam<int> {};
+class Scale : public ::testing::TestWithParam<std::tuple<Scheme, int>> {};
 
-TEST_P(Scale, StagedThousandMinibatchesExact) {
+TEST_P(Scale, ThousandMinibatchesExact) {
   RunOptions o;
-  o.world = GetParam();
+  o.scheme = std::get<0>(GetParam());
+  o.world = std::get<1>(GetParam());
   o.num_minibatches = 1000 / kScaleDivisor;
   if (o.world > 64 && kScaleDivisor > 1) o.world = 64;
   run_clean(o);
 }
 
-TEST_P(Scale, RemoteAddThousandMinibatchesExact) {
-  RunOptions o;
-  o.world = GetParam();
-  o.num_minibatches = 1000 / kScaleDivisor;
-  if (o.world > 64 && kScaleDivisor > 1) o.world = 64;
-  o.remote_add = true;
-  run_clean(o);
-}
-
-TEST_P(Scale, PulledThousandMinibatchesExact) {
-  RunOptions o;
-  o.world = GetParam();
-  o.num_minibatches = 1000 / kScaleDivisor;
-  if (o.world > 64 && kScaleDivisor > 1) o.world = 64;
-  o.deterministic = true;
-  run_clean(o);
-}
-
-INSTANTIATE_TEST_SUITE_P(Ranks, Scale, ::testing::Values(2, 64, 128, 256));
+INSTANTIATE_TEST_SUITE_P(Schemes, Scale,
+                         ::testing::Combine(::testing::Values(Scheme::kStreamed, Scheme::kStaged,
+                                                              Scheme::kRemoteAdd, Scheme::kPulled),
+                                            ::testing::Values(2, 64, 256)),
+                         [](const ::testing::TestParamInfo<std::tuple<Scheme, int>>& info) {
+                           std::string name = scheme_label(std::get<0>(info.param));
+                           name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+                           return name + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
+                         });
 
 // What each scheme adds per rank, from the bytes the core asks the transport for: the shards
-// (count fp32), and per scheme: remote add nothing; staged a pending and a staging buffer of
-// world x count fp32 each plus world signal words; pulled (deterministic) one pending buffer of
-// world x count fp32 (4 bytes per full-gradient element) plus one fixed scratch per communicator.
+// (count fp32), and per scheme: remote add nothing; streamed the rings and signals cut from the
+// staging budget, once per communicator, at most the budget whatever the model and world size;
+// staged a pending and a staging buffer of world x count fp32 each plus world signal words;
+// pulled (deterministic) one pending buffer of world x count fp32 (4 bytes per full-gradient
+// element) plus one fixed scratch per communicator.
 TEST(Memory, EachSchemeAllocatesItsDocumentedBytes) {
-  for (int world : {2, 64}) {
-    for (const char* scheme : {"remote-add", "staged", "pulled"}) {
-      mem::MemOptions mem_options;
-      mem_options.remote_fp32_add = std::string(scheme) == "remote-add";
-      auto mem_world = mem::MemWorld::create(world, mem_options);
+  const size_t budget = size_t{1} << 20;
+  for (int world : {2, 64, 256}) {
+    for (Scheme scheme :
+         {Scheme::kRemoteAdd, Scheme::kStreamed, Scheme::kStaged, Scheme::kPulled}) {
+      if (world == 256 && (scheme == Scheme::kStaged || scheme == Scheme::kPulled)) continue;
+      auto mem_world = mem::MemWorld::create(world, mem_options_for(scheme, 60));
       const size_t count = 1000;  // elements per shard; two accumulators
       std::vector<size_t> allocated(static_cast<size_t>(world));
+      std::vector<size_t> staging(static_cast<size_t>(world));
       const auto outcome = run_threads(world, [&](int rank) -> std::string {
         auto transport =
             std::make_unique<fault::FaultTransport>(mem_world->join(rank), fault::FaultPlan{});
         fault::FaultTransport* counted = transport.get();
-        Communicator comm(std::move(transport),
-                          CommOptions{std::string(scheme) == "pulled", nullptr});
-        if (std::string(scheme_name(comm.scheme())) != scheme) return "wrong scheme";
+        Communicator comm(std::move(transport), comm_options_for(scheme, world, budget));
+        if (std::string(scheme_name(comm.scheme())) != scheme_label(scheme)) return "wrong scheme";
         for (int i = 0; i < 2; ++i) {
           if (!comm.allocate(count, DataType::kFloat32, true).ok()) return "alloc failed";
         }
         allocated[static_cast<size_t>(rank)] = counted->allocated_bytes();
+        if (comm.staging() != nullptr) {
+          staging[static_cast<size_t>(rank)] = comm.staging()->allocated_bytes();
+        }
         return "";
       });
       ASSERT_EQ(describe(outcome), "");
       const size_t shards = 2 * count * sizeof(float);
       const size_t full = 2 * static_cast<size_t>(world) * count * sizeof(float);
       size_t want = shards;
-      if (std::string(scheme) == "staged") {
+      if (scheme == Scheme::kStreamed) {
+        const auto geometry = RingGeometry::for_budget(budget, world);
+        ASSERT_TRUE(geometry.ok());
+        want += geometry.value().total_bytes(world);
+        EXPECT_LE(want - shards, budget) << "at " << world << " ranks";
+        EXPECT_GE(geometry.value().depth, 8u) << "at " << world << " ranks";
+      }
+      if (scheme == Scheme::kStaged) {
         want += 2 * full + 2 * static_cast<size_t>(world) * sizeof(uint64_t);
       }
-      if (std::string(scheme) == "pulled") want += full + kPullChunkBytes;
+      if (scheme == Scheme::kPulled) want += full + kPullChunkBytes;
       for (int r = 0; r < world; ++r) {
-        EXPECT_EQ(allocated[static_cast<size_t>(r)], want) << scheme << " at " << world << " ranks";
+        EXPECT_EQ(allocated[static_cast<size_t>(r)], want)
+            << scheme_label(scheme) << " at " << world << " ranks";
+        if (scheme == Scheme::kStreamed) {
+          EXPECT_EQ(staging[static_cast<size_t>(r)] + shards, want);
+        }
       }
     }
   }
 }
 
+// The budget is cut into at least one slot per sender or refused, naming what it needs.
+TEST(Memory, StagingBudgetTooSmallForTheWorldIsNamed) {
+  auto geometry = RingGeometry::for_budget(4096, 64);
+  ASSERT_FALSE(geometry.ok());
+  EXPECT_NE(geometry.status().message().find("too small for 64 ranks"), std::string::npos)
+      << geometry.status().message();
+  EXPECT_NE(geometry.status().message().find("ODC_STAGING_BYTES"), std::string::npos);
+  auto big = RingGeometry::for_budget(kDefaultStagingBytes, 2);
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(big.value().payload_bytes(), kMaxChunkPayloadBytes);
+  EXPECT_LE(big.value().total_bytes(2), kDefaultStagingBytes);
+  auto wide = RingGeometry::for_budget(kDefaultStagingBytes, 16384);
+  ASSERT_TRUE(wide.ok());
+  EXPECT_GE(wide.value().depth, 2u);
+  EXPECT_LE(wide.value().total_bytes(16384), kDefaultStagingBytes);
+}
+
 TEST(Scheme, DeterministicIsPulledEvenWithRemoteAdd) {
+  mem::MemOptions options;
+  options.remote_fp32_add = true;
+  auto world = mem::MemWorld::create(8, options);
   RunOptions o;
   o.world = 8;
   o.num_minibatches = 50;
-  o.remote_add = true;
-  o.deterministic = true;
-  run_clean(o);
+  const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
+  const auto outcome = run_threads(o.world, [&](int rank) {
+    Communicator comm(world->join(rank), CommOptions{/*deterministic=*/true, nullptr});
+    if (comm.scheme() != AccumulationScheme::kPulled) return std::string("not pulled");
+    return run_rank(comm, o, expected, nullptr);
+  });
+  EXPECT_EQ(describe(outcome), "");
 }
 
 // Deterministic mode: non-integer contributions (sums depend on order), random delays and
@@ -295,16 +365,17 @@ struct FaultResult {
   std::vector<int> completed;  // minibatches each rank finished and verified
 };
 
-FaultResult run_with_fault(int world_size, int faulty_rank, fault::FaultPlan plan, bool remote_add,
-                           bool kill_on_death = true, bool deterministic = false) {
-  mem::MemOptions mem_options;
-  mem_options.remote_fp32_add = remote_add;
-  mem_options.timeout = std::chrono::duration<double>(1.0);
-  auto world = mem::MemWorld::create(world_size, mem_options);
+// 40 minibatches of pushes of 300 elements per owner (streamed: five chunks each through
+// six-slot rings, so senders wait for credit), random delays and reordering on every rank, and
+// `plan` on `faulty_rank`; waits time out after 1 s.
+FaultResult run_with_fault(int world_size, int faulty_rank, fault::FaultPlan plan, Scheme scheme,
+                           bool kill_on_death = true) {
+  auto world = mem::MemWorld::create(world_size, mem_options_for(scheme, 1.0));
   RunOptions o;
   o.world = world_size;
   o.num_minibatches = 40;
-  o.remote_add = remote_add;
+  o.count = 300;
+  o.scheme = scheme;
   const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
   FaultResult result;
   result.completed.assign(static_cast<size_t>(world_size), 0);
@@ -320,7 +391,7 @@ FaultResult run_with_fault(int world_size, int faulty_rank, fault::FaultPlan pla
     std::function<void()> die;
     if (kill_on_death) die = [&world, rank] { world->kill(rank); };
     Communicator comm(std::make_unique<fault::FaultTransport>(world->join(rank), mine, die),
-                      CommOptions{deterministic, nullptr});
+                      comm_options_for(scheme, world_size));
     std::string verdict = run_rank(comm, o, expected, &result.completed[static_cast<size_t>(rank)]);
     return verdict;
   });
@@ -334,7 +405,7 @@ void expect_named_failure(const FaultResult& r, int faulty, const std::string& w
   for (size_t rank = 0; rank < r.outcome.size(); ++rank) {
     const std::string& verdict = r.outcome[rank];
     EXPECT_FALSE(verdict.empty()) << "rank " << rank << " reported success";
-    EXPECT_EQ(verdict.find("minibatch "), std::string::npos)
+    EXPECT_EQ(verdict.find("wrong sum"), std::string::npos)
         << "rank " << rank << " saw a wrong sum: " << verdict;
     if (static_cast<int>(rank) == faulty) continue;
     EXPECT_NE(verdict.find(faulty_name), std::string::npos)
@@ -344,22 +415,30 @@ void expect_named_failure(const FaultResult& r, int faulty, const std::string& w
   }
 }
 
+const Scheme kAllSchemes[] = {Scheme::kStreamed, Scheme::kStaged, Scheme::kRemoteAdd,
+                              Scheme::kPulled};
+
 TEST(Faults, RankDiesMidMinibatch) {
-  for (bool remote_add : {false, true}) {
+  for (Scheme scheme : kAllSchemes) {
+    SCOPED_TRACE(scheme_label(scheme));
     fault::FaultPlan plan;
     plan.kind = fault::FaultKind::kDieAtCall;
-    plan.at_call = 57;
-    const FaultResult r = run_with_fault(8, 3, plan, remote_add);
+    // Streamed makes ten times the calls per minibatch (chunks): a few minibatches in either way.
+    plan.at_call = scheme == Scheme::kStreamed ? 570 : 57;
+    const FaultResult r = run_with_fault(8, 3, plan, scheme);
     expect_named_failure(r, 3, "died");
   }
 }
 
 TEST(Faults, RankThatFailsWithoutDyingIsNamed) {
-  fault::FaultPlan plan;
-  plan.kind = fault::FaultKind::kDieAtCall;
-  plan.at_call = 80;
-  const FaultResult r = run_with_fault(6, 2, plan, false, /*kill_on_death=*/false);
-  expect_named_failure(r, 2, "failed: died");
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStaged}) {
+    SCOPED_TRACE(scheme_label(scheme));
+    fault::FaultPlan plan;
+    plan.kind = fault::FaultKind::kDieAtCall;
+    plan.at_call = scheme == Scheme::kStreamed ? 800 : 80;
+    const FaultResult r = run_with_fault(6, 2, plan, scheme, /*kill_on_death=*/false);
+    expect_named_failure(r, 2, "failed: died");
+  }
 }
 
 TEST(Faults, DroppedSignalTimesOutNamingTheSender) {
@@ -367,7 +446,7 @@ TEST(Faults, DroppedSignalTimesOutNamingTheSender) {
   plan.kind = fault::FaultKind::kDropSignal;
   plan.at_call = 60;
   plan.peer = 4;
-  const FaultResult r = run_with_fault(6, 1, plan, false);
+  const FaultResult r = run_with_fault(6, 1, plan, Scheme::kStaged);
   // The owner that lost the signal names the sender, expected and seen values.
   EXPECT_NE(r.outcome[4].find("signal wait (minibatch_end) timed out"), std::string::npos)
       << r.outcome[4];
@@ -377,32 +456,124 @@ TEST(Faults, DroppedSignalTimesOutNamingTheSender) {
   // success.
   for (size_t rank = 0; rank < r.outcome.size(); ++rank) {
     EXPECT_FALSE(r.outcome[rank].empty()) << "rank " << rank << " reported success";
-    EXPECT_EQ(r.outcome[rank].find("minibatch "), std::string::npos) << r.outcome[rank];
+    EXPECT_EQ(r.outcome[rank].find("wrong sum"), std::string::npos) << r.outcome[rank];
     if (rank != 4) {
       EXPECT_NE(r.outcome[rank].find("rank 4"), std::string::npos) << r.outcome[rank];
     }
   }
 }
 
-TEST(Faults, DuplicatedSignalsAndPutsCountOnce) {
+// Streamed: a link that loses every signal from rank 1 to rank 4 (its chunks' arrivals, its
+// hunger, its end, the credits it returns): one of the two times out naming the other (4 never
+// sees 1's end, or 1 never gets 4's credit, or 4 never gets 1's), every rank fails naming one of
+// them, and nobody reports a sum.
+TEST(Faults, StreamedLostArrivalsAndCreditsAreNamed) {
   fault::FaultPlan plan;
-  plan.kind = fault::FaultKind::kDuplicateSignal;
-  plan.at_call = 30;
-  plan.peer = 2;
-  const FaultResult r = run_with_fault(5, 0, plan, false);
-  EXPECT_EQ(describe(r.outcome), "");  // exact sums in all 40 minibatches
-  for (int done : r.completed) EXPECT_EQ(done, 40);
+  plan.kind = fault::FaultKind::kDropSignalsFrom;
+  plan.at_call = 200;
+  plan.peer = 4;
+  const FaultResult r = run_with_fault(6, 1, plan, Scheme::kStreamed);
+  const bool timed_out =
+      r.outcome[4].find("rank 4 waited for rank 1's end") != std::string::npos ||
+      r.outcome[4].find("rank 4 waited for credit from rank 1") != std::string::npos ||
+      r.outcome[1].find("rank 1 waited for credit from rank 4") != std::string::npos;
+  EXPECT_TRUE(timed_out) << describe(r.outcome);
+  for (size_t rank = 0; rank < r.outcome.size(); ++rank) {
+    const bool names = r.outcome[rank].find("rank 1") != std::string::npos ||
+                       r.outcome[rank].find("rank 4") != std::string::npos;
+    EXPECT_TRUE(names) << "rank " << rank << ": " << r.outcome[rank];
+    EXPECT_FALSE(r.outcome[rank].empty()) << "rank " << rank << " reported success";
+    EXPECT_EQ(r.outcome[rank].find("wrong sum"), std::string::npos) << r.outcome[rank];
+    EXPECT_GT(r.completed[rank], 0) << "the fault should land mid-run";
+  }
+}
+
+// Streamed: signals from rank 1 to rank 4 that claim one chunk more than was put (an arrival
+// ahead of its data, or a credit for a slot not yet folded): the stale slot is caught by its
+// sequence number and named; no rank reports a sum.
+TEST(Faults, StreamedSignalAheadOfItsDataIsNamedNeverSummed) {
+  fault::FaultPlan plan;
+  plan.kind = fault::FaultKind::kInflateSignal;
+  plan.at_call = 200;
+  plan.peer = 4;
+  const FaultResult r = run_with_fault(6, 1, plan, Scheme::kStreamed);
+  EXPECT_NE(r.outcome[4].find("chunk from rank 1 at rank 4"), std::string::npos) << r.outcome[4];
+  for (size_t rank = 0; rank < r.outcome.size(); ++rank) {
+    EXPECT_FALSE(r.outcome[rank].empty()) << "rank " << rank << " reported success";
+    EXPECT_EQ(r.outcome[rank].find("wrong sum"), std::string::npos) << r.outcome[rank];
+  }
+}
+
+TEST(Faults, DuplicatedSignalsAndPutsCountOnce) {
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStaged}) {
+    SCOPED_TRACE(scheme_label(scheme));
+    fault::FaultPlan plan;
+    plan.kind = fault::FaultKind::kDuplicateSignal;
+    plan.at_call = 30;
+    plan.peer = 2;
+    const FaultResult r = run_with_fault(5, 0, plan, scheme);
+    EXPECT_EQ(describe(r.outcome), "");  // exact sums in all 40 minibatches
+    for (int done : r.completed) EXPECT_EQ(done, 40);
+  }
+}
+
+// Streamed: an owner that spends long stretches outside odc (a slow microbatch) folds only when
+// it enters odc, so its senders run out of credit and wait (flow control), folding their own
+// arrivals meanwhile; every sum stays exact and nothing times out.
+TEST(Faults, StreamedSlowOwnerStarvesSendersOfCreditSumsStayExact) {
+  const int world_size = 6;
+  auto world = mem::MemWorld::create(world_size, mem_options_for(Scheme::kStreamed, 30));
+  RunOptions o;
+  o.world = world_size;
+  o.num_minibatches = 12;
+  o.count = 3000;  // 47 chunks per push and owner through 6-slot rings
+  const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
+  std::vector<uint64_t> waits(static_cast<size_t>(world_size));
+  const auto outcome = run_threads(world_size, [&](int rank) -> std::string {
+    Communicator comm(world->join(rank), comm_options_for(Scheme::kStreamed, world_size));
+    auto acc = comm.allocate(o.count, DataType::kFloat32, true);
+    if (!acc.ok()) return acc.status().message();
+    std::vector<float> src(static_cast<size_t>(world_size) * o.count);
+    std::vector<float> sums(src.size());
+    for (int m = 0; m < o.num_minibatches; ++m) {
+      if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+      for (int call = 0; call < num_pushes(o.seed, m, rank); ++call) {
+        if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // "compute"
+        for (size_t j = 0; j < src.size(); ++j) src[j] = value(m, rank, call, j);
+        if (Status s = comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32,
+                                               acc.value(), nullptr);
+            !s.ok()) {
+          return s.message();
+        }
+      }
+      if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+      if (Status s = comm.gather(sums.data(), sums.size(), acc.value(), nullptr); !s.ok()) {
+        return s.message();
+      }
+      for (size_t j = 0; j < sums.size(); ++j) {
+        const double want = expected.base[m] + static_cast<double>(expected.pushes[m]) * (j % 64);
+        if (sums[j] != want) return "wrong sum in minibatch " + std::to_string(m);
+      }
+    }
+    waits[static_cast<size_t>(rank)] = comm.staging()->credit_waits();
+    return "";
+  });
+  EXPECT_EQ(describe(outcome), "");
+  uint64_t waited = 0;
+  for (int r = 1; r < world_size; ++r) waited += waits[static_cast<size_t>(r)];
+  EXPECT_GT(waited, 0u) << "senders never ran out of credit: the test does not test flow control";
 }
 
 TEST(Faults, CollectiveMismatchIsNamed) {
   fault::FaultPlan plan;
   plan.kind = fault::FaultKind::kMismatch;
   plan.at_call = 45;
-  const FaultResult r = run_with_fault(4, 2, plan, true);
+  const FaultResult r = run_with_fault(4, 2, plan, Scheme::kRemoteAdd);
   EXPECT_NE(r.outcome[2].find("collective mismatch"), std::string::npos) << r.outcome[2];
   for (size_t rank = 0; rank < r.outcome.size(); ++rank) {
     EXPECT_FALSE(r.outcome[rank].empty()) << "rank " << rank << " reported success";
-    EXPECT_EQ(r.outcome[rank].find("minibatch "), std::string::npos) << r.outcome[rank];
+    EXPECT_EQ(r.outcome[rank].find("wrong sum"), std::string::npos) << r.outcome[rank];
     const bool names = r.outcome[rank].find("collective mismatch") != std::string::npos ||
                        r.outcome[rank].find("rank 2") != std::string::npos;
     EXPECT_TRUE(names) << "rank " << rank << ": " << r.outcome[rank];
@@ -410,23 +581,25 @@ TEST(Faults, CollectiveMismatchIsNamed) {
 }
 
 TEST(Faults, DeathAtEveryEarlyCallNeverHangsOrLies) {
-  // Sweep the point of death over the first minibatches of every scheme (staged, remote add,
-  // pulled): whatever the call, every survivor fails naming the dead rank and never reports a
-  // wrong sum; nothing hangs (each wait is bounded by the 1 s timeout).
-  for (int scheme = 0; scheme < 3; ++scheme) {
-    const bool remote_add = scheme == 1;
-    const bool deterministic = scheme == 2;
-    for (int64_t at = 1; at <= 40; at += 3) {
+  // Sweep the point of death over the first minibatches of every scheme (streamed: every call,
+  // so that a sender dies between a chunk's put and its signal, and an owner mid-fold):
+  // whatever the call, every survivor fails naming the dead rank and never reports a wrong sum;
+  // nothing hangs (each wait is bounded by the 1 s timeout).
+  for (Scheme scheme : kAllSchemes) {
+    const int64_t step = scheme == Scheme::kStreamed ? 1 : 3;
+    for (int64_t at = 1; at <= 40; at += step) {
       fault::FaultPlan plan;
       plan.kind = fault::FaultKind::kDieAtCall;
       plan.at_call = at;
-      const FaultResult r = run_with_fault(3, 1, plan, remote_add, true, deterministic);
+      const FaultResult r = run_with_fault(3, 1, plan, scheme);
       for (size_t rank = 0; rank < r.outcome.size(); ++rank) {
-        EXPECT_EQ(r.outcome[rank].find("minibatch "), std::string::npos)
-            << "at call " << at << ", rank " << rank << ": " << r.outcome[rank];
+        EXPECT_EQ(r.outcome[rank].find("wrong sum"), std::string::npos)
+            << scheme_label(scheme) << " at call " << at << ", rank " << rank << ": "
+            << r.outcome[rank];
         if (rank != 1) {
           EXPECT_NE(r.outcome[rank].find("rank 1"), std::string::npos)
-              << "at call " << at << ", rank " << rank << ": " << r.outcome[rank];
+              << scheme_label(scheme) << " at call " << at << ", rank " << rank << ": "
+              << r.outcome[rank];
         }
       }
     }

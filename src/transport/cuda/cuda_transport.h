@@ -14,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -36,6 +37,11 @@ class CudaTransport final : public Transport {
   int rank() const override { return bootstrap_->rank(); }
   int world_size() const override { return bootstrap_->world_size(); }
   TransportCaps caps() const override { return TransportCaps{true, true}; }
+  std::chrono::duration<double> timeout() const override {
+    return std::chrono::duration<double>(timeout_ns_ == INT64_MAX
+                                             ? std::numeric_limits<double>::infinity()
+                                             : static_cast<double>(timeout_ns_) / 1e9);
+  }
   int device() const { return device_; }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;

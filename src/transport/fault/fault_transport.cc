@@ -100,6 +100,8 @@ Status FaultTransport::signal(const SymmetricRegion& signals, int peer, uint64_t
     fired_ = true;
     return Status::Ok();  // lost on the way: the sender cannot tell
   }
+  if (due(FaultKind::kDropSignalsFrom) && peer == plan_.peer) return Status::Ok();
+  if (due(FaultKind::kInflateSignal) && peer == plan_.peer) ++value;
   ODC_RETURN_IF_ERROR(inner_->signal(signals, peer, value, stream));
   if (due(FaultKind::kDuplicateSignal) && peer == plan_.peer) {
     return inner_->signal(signals, peer, value, stream);

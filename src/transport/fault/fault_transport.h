@@ -1,7 +1,8 @@
 // A fault-injecting wrapper around any transport, for protocol tests: random delays before calls,
-// reordered put-with-signal arrivals, a rank that dies at a chosen call, a dropped or duplicated
-// signal, a collective mismatch. Calls are numbered per rank (every Transport call after
-// construction counts), so a fault lands at a reproducible point of the protocol.
+// reordered put-with-signal arrivals, a rank that dies at a chosen call, a dropped, duplicated or
+// inflated signal (or every signal to a peer lost from a call on), a collective mismatch. Calls
+// are numbered per rank (every Transport call after construction counts, signal polls do not),
+// so a fault lands at a reproducible point of the protocol.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,8 @@ enum class FaultKind {
   kDieAtCall,        // at call `at_call`: die() and return an error from then on
   kDropSignal,       // the first signal to `peer` at or after call `at_call` is never delivered
   kDuplicateSignal,  // every put-with-signal to `peer` from call `at_call` on is delivered twice
+  kDropSignalsFrom,  // every signal to `peer` from call `at_call` on is lost (a link that broke)
+  kInflateSignal,    // every signal to `peer` from call `at_call` on carries one more than sent
   kMismatch,         // the first barrier at or after call `at_call` enters a different collective
 };
 
@@ -47,6 +50,7 @@ class FaultTransport final : public Transport {
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
   TransportCaps caps() const override { return inner_->caps(); }
+  std::chrono::duration<double> timeout() const override { return inner_->timeout(); }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
@@ -76,6 +80,14 @@ class FaultTransport final : public Transport {
                     StreamHandle stream) override;
   Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
                    StreamHandle stream) override;
+  // Polls, forwarded without counting: how often a rank polls depends on timing, and call
+  // numbers must stay reproducible.
+  Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
+                            std::chrono::duration<double> limit,
+                            std::vector<uint64_t>* seen) override {
+    if (dead_) return Status::RemoteError("this rank died earlier (injected)");
+    return inner_->poll_signals(watches, num_all, limit, seen);
+  }
   // Hints, forwarded without counting (call numbers stay those of the data path and collectives).
   Status open_gather_window(const std::vector<const SymmetricRegion*>& regions,
                             StreamHandle stream) override {

@@ -38,8 +38,10 @@ class MemTransport final : public Transport {
   TransportCaps caps() const override {
     TransportCaps caps;
     caps.remote_fp32_add = world_->options().remote_fp32_add;
+    caps.stream_ordered = world_->options().stream_ordered;
     return caps;
   }
+  std::chrono::duration<double> timeout() const override { return world_->options().timeout; }
 
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override {
     std::vector<ExchangeRecord> all;
@@ -53,6 +55,12 @@ class MemTransport final : public Transport {
     auto all = exchange(mine);
     if (!all.ok()) return all.status();
     std::vector<void*> pointers;
+    for (int r = 0; r < world_size(); ++r) {  // all fail together when one could not allocate
+      if (all.value()[r].words[0] == 0) {
+        return Status::SystemError("rank " + std::to_string(r) + " could not allocate " +
+                                   std::to_string(bytes) + " bytes");
+      }
+    }
     for (const ExchangeRecord& record : all.value()) {
       pointers.push_back(reinterpret_cast<void*>(static_cast<uintptr_t>(record.words[0])));
     }
@@ -109,6 +117,15 @@ class MemTransport final : public Transport {
     if (box.waiting_on == slots && old < box.waiting_for && value >= box.waiting_for &&
         --box.missing == 0) {
       box.wake.notify_all();
+    } else if (value > old) {
+      for (const MemWorld::Mailbox::Polled& entry : box.polled) {
+        if (entry.slots != slots) continue;
+        const uint64_t any_at = entry.any_at[rank_];
+        const uint64_t all_at = entry.all_at[rank_];
+        const bool counts = old < all_at && value >= all_at && --box.all_missing == 0;
+        if (counts || (old < any_at && value >= any_at)) box.wake.notify_all();
+        break;
+      }
     }
     return Status::Ok();
   }
@@ -169,6 +186,58 @@ class MemTransport final : public Transport {
     return result;
   }
 
+  Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
+                            std::chrono::duration<double> limit,
+                            std::vector<uint64_t>* seen) override {
+    MemWorld::Mailbox& box = *world_->mailboxes_[static_cast<size_t>(rank_)];
+    const auto deadline = deadline_after(limit);
+    seen->assign(watches.size(), 0);
+    std::unique_lock<std::mutex> lock(box.mutex);  // the slots are written under it
+    for (;;) {
+      bool all = num_all > 0;
+      bool any = false;
+      size_t all_missing = 0;
+      for (size_t i = 0; i < watches.size(); ++i) {
+        const auto* slots = static_cast<const uint64_t*>(watches[i].signals->local());
+        (*seen)[i] = slots[watches[i].peer];
+        const bool reached = (*seen)[i] >= watches[i].value;
+        if (i < num_all) {
+          all = all && reached;
+          all_missing += reached ? 0 : 1;
+        } else {
+          any = any || reached;
+        }
+      }
+      if (all || any) return true;
+      if (world_->num_not_alive_.load(std::memory_order_acquire) > 0) {
+        for (const SignalWatch& watch : watches) {
+          ODC_RETURN_IF_ERROR(world_->peer_failure(watch.peer));
+        }
+      }
+      if (Clock::now() >= deadline) return false;
+      // Woken only by the signals that make a condition hold (or a rank's failure), so that
+      // ranks waiting on many peers do not wake for every signal of a large world.
+      box.polled.clear();
+      box.all_missing = all_missing;
+      for (size_t i = 0; i < watches.size(); ++i) {
+        const SignalWatch& watch = watches[i];
+        const auto* slots = static_cast<const uint64_t*>(watch.signals->local());
+        auto found = std::find_if(box.polled.begin(), box.polled.end(),
+                                  [&](const auto& entry) { return entry.slots == slots; });
+        if (found == box.polled.end()) {
+          const auto world = static_cast<size_t>(world_size());
+          box.polled.push_back({slots, std::vector<uint64_t>(world, UINT64_MAX),
+                                std::vector<uint64_t>(world, UINT64_MAX)});
+          found = box.polled.end() - 1;
+        }
+        uint64_t& at = (i < num_all ? found->all_at : found->any_at)[watch.peer];
+        at = std::min(at, watch.value);
+      }
+      box.wake.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+      box.polled.clear();
+    }
+  }
+
   Status zero(void* dst, size_t bytes, StreamHandle) override {
     std::memset(dst, 0, bytes);
     return Status::Ok();
@@ -213,7 +282,10 @@ void MemWorld::kill(int rank) {
 }
 
 void* MemWorld::allocate_bytes(size_t bytes) {
-  auto memory = std::make_unique<uint64_t[]>((bytes + 7) / 8);  // zeroed, 8-byte aligned
+  // Zeroed and 16-byte aligned; large ones as untouched pages, so that staging rings of many
+  // ranks cost only what the protocol writes.
+  std::unique_ptr<void, FreeDeleter> memory(std::calloc(1, std::max<size_t>(bytes, 1)));
+  if (memory == nullptr) return nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
   memory_.push_back(std::move(memory));
   return memory_.back().get();

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,6 +23,9 @@ struct MemOptions {
   // Offer an atomic remote fp32 add (emulated under the owner's lock), so that the core's
   // remote-add scheme runs too.
   bool remote_fp32_add = false;
+  // Report caps().stream_ordered (calls still complete on return), so that the core takes the
+  // paths of device transports (the kStaged scheme, the destroy barrier) and tests run them.
+  bool stream_ordered = false;
   std::chrono::duration<double> timeout{30.0};
 };
 
@@ -44,6 +48,16 @@ class MemWorld : public std::enable_shared_from_this<MemWorld> {
     const uint64_t* waiting_on = nullptr;  // the slots wait_signals() is waiting on
     uint64_t waiting_for = 0;
     int missing = 0;
+    // poll_signals() sleeping on `wake`: per watched region (its slots here), the value each
+    // writer's slot must reach to wake it on its own, or to count towards the all-condition
+    // (UINT64_MAX: not watched); and how many of the all-condition's slots are still short.
+    struct Polled {
+      const uint64_t* slots;
+      std::vector<uint64_t> any_at;
+      std::vector<uint64_t> all_at;
+    };
+    std::vector<Polled> polled;
+    size_t all_missing = 0;
   };
 
   MemWorld(int world_size, MemOptions options);
@@ -71,7 +85,10 @@ class MemWorld : public std::enable_shared_from_this<MemWorld> {
   std::vector<RankStatus> status_;
   std::vector<std::string> reason_;
   std::vector<std::unique_ptr<Mailbox>> mailboxes_;
-  std::vector<std::unique_ptr<uint64_t[]>> memory_;
+  struct FreeDeleter {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<void, FreeDeleter>> memory_;
 };
 
 }  // namespace odc::mem

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,11 @@ class NvshmemTransport final : public Transport {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   TransportCaps caps() const override { return TransportCaps{false, true}; }
+  std::chrono::duration<double> timeout() const override {
+    return std::chrono::duration<double>(timeout_ns_ == INT64_MAX
+                                             ? std::numeric_limits<double>::infinity()
+                                             : static_cast<double>(timeout_ns_) / 1e9);
+  }
   // Peers reached with odc's own kernels over NVSHMEM's NVLink mappings (same node, direct on).
   int num_direct_peers() const;
   int local_world_size() const { return local_size_; }

@@ -146,7 +146,43 @@ Status ShmTransport::signal(const SymmetricRegion& signals, int peer, uint64_t v
   std::atomic_ref<uint64_t> slot(static_cast<uint64_t*>(signals.peer(peer))[rank()]);
   slot.store(value, std::memory_order_release);
   bootstrap_->wake_peers();
+  bootstrap_->wake_inbox(peer);
   return Status::Ok();
+}
+
+Result<bool> ShmTransport::poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
+                                        std::chrono::duration<double> limit,
+                                        std::vector<uint64_t>* seen) {
+  const auto deadline = deadline_after(limit);
+  auto next_liveness_check = Clock::now() + std::chrono::milliseconds(10);
+  seen->assign(watches.size(), 0);
+  for (;;) {
+    const uint32_t seen_inbox = bootstrap_->inbox_count();  // before the check: no lost wake-up
+    bool all = num_all > 0;
+    bool any = false;
+    for (size_t i = 0; i < watches.size(); ++i) {
+      auto* slots = static_cast<uint64_t*>(watches[i].signals->local());
+      (*seen)[i] =
+          std::atomic_ref<uint64_t>(slots[watches[i].peer]).load(std::memory_order_acquire);
+      const bool reached = (*seen)[i] >= watches[i].value;
+      if (i < num_all) {
+        all = all && reached;
+      } else {
+        any = any || reached;
+      }
+    }
+    if (all || any) return true;
+    const auto now = Clock::now();
+    if (now >= next_liveness_check) {  // reads /proc: rate-limited
+      for (const SignalWatch& watch : watches) {
+        ODC_RETURN_IF_ERROR(bootstrap_->peer_status(watch.peer));
+      }
+      next_liveness_check = now + std::chrono::milliseconds(10);
+    }
+    if (now >= deadline) return false;
+    bootstrap_->sleep_on_inbox(
+        seen_inbox, std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(10)));
+  }
 }
 
 Status ShmTransport::wait_signals(const SymmetricRegion& signals, uint64_t value,

@@ -30,6 +30,7 @@ class ShmTransport final : public Transport {
   int rank() const override { return bootstrap_->rank(); }
   int world_size() const override { return bootstrap_->world_size(); }
   TransportCaps caps() const override { return TransportCaps{}; }
+  std::chrono::duration<double> timeout() const override { return bootstrap_->timeout(); }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle) override {
@@ -52,6 +53,9 @@ class ShmTransport final : public Transport {
                 StreamHandle stream) override;
   Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
                       StreamHandle stream) override;
+  Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
+                            std::chrono::duration<double> limit,
+                            std::vector<uint64_t>* seen) override;
   Status zero(void* dst, size_t bytes, StreamHandle stream) override;
   Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
                     StreamHandle stream) override;

@@ -1,0 +1,368 @@
+// Streamed staged accumulation (see streamed_staging.h for the protocol and its invariants).
+#include "core/streamed_staging.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <string>
+
+#include "common/deadline.h"
+#include "common/interrupt.h"
+
+namespace odc {
+namespace {
+
+// The first 64 bytes of every slot. Written by the sender before the arrival signal that covers
+// it, read by the owner only after that signal.
+struct ChunkHeader {
+  uint64_t sequence;   // this sender's chunk number to this owner, from 1 (= the arrival signal)
+  uint64_t minibatch;  // the minibatch it belongs to
+  uint64_t buffer_id;  // the accumulator it adds to
+  uint64_t first;      // first element of the owner's shard it adds to
+  uint64_t count;      // payload elements
+  uint32_t dtype;      // DataType of the payload
+  uint32_t reserved32;
+  uint64_t reserved[2];
+};
+static_assert(sizeof(ChunkHeader) == kChunkHeaderBytes, "a chunk header fills its 64 bytes");
+
+// How long one poll sleeps before the caller looks at its deadline and the interrupt check
+// again. Polls wake at once when a watched signal arrives.
+constexpr std::chrono::duration<double> kPollSlice = std::chrono::milliseconds(20);
+
+// Slots per sender the geometry aims for.
+constexpr size_t kTargetDepth = 8;
+
+// Arrival, credit, hunger and end signals: one word per peer each.
+constexpr size_t kSignalWordsPerPeer = 4;
+
+size_t round_down_64(size_t bytes) {
+  return bytes / 64 * 64;
+}
+
+}  // namespace
+
+size_t RingGeometry::total_bytes(int world_size) const {
+  const auto world = static_cast<size_t>(world_size);
+  return world * ring_bytes() + kSignalWordsPerPeer * world * sizeof(uint64_t);
+}
+
+Result<RingGeometry> RingGeometry::for_budget(size_t budget_bytes, int world_size) {
+  const auto world = static_cast<size_t>(world_size);
+  const size_t signal_bytes = kSignalWordsPerPeer * world * sizeof(uint64_t);
+  const size_t min_slot = kChunkHeaderBytes + kMinChunkPayloadBytes;
+  const size_t least = signal_bytes + world * min_slot;
+  if (budget_bytes < least) {
+    return Status::InvalidArgument(
+        "staging budget of " + std::to_string(budget_bytes) + " bytes is too small for " +
+        std::to_string(world_size) + " ranks: one slot of " + std::to_string(min_slot) +
+        " bytes per sender and the signals need at least " + std::to_string(least) +
+        " bytes (raise ODC_STAGING_BYTES or the config's staging_bytes)");
+  }
+  const size_t per_sender = (budget_bytes - signal_bytes) / world;
+  RingGeometry geometry;
+  // kTargetDepth slots per sender where the budget allows (a sender can run that many chunks
+  // ahead of the owner's folds, which happen only when the owner enters odc), each as large as
+  // that leaves, between the smallest and the largest payload.
+  geometry.slot_bytes = round_down_64(
+      std::clamp(per_sender / kTargetDepth, min_slot, kChunkHeaderBytes + kMaxChunkPayloadBytes));
+  geometry.depth = per_sender / geometry.slot_bytes;
+  return geometry;
+}
+
+StreamedStaging::StreamedStaging(Transport& transport, RingGeometry geometry,
+                                 std::unique_ptr<SymmetricRegion> rings,
+                                 std::unique_ptr<SymmetricRegion> arrivals,
+                                 std::unique_ptr<SymmetricRegion> credits,
+                                 std::unique_ptr<SymmetricRegion> hunger,
+                                 std::unique_ptr<SymmetricRegion> ends)
+    : transport_(transport),
+      rank_(transport.rank()),
+      world_size_(transport.world_size()),
+      geometry_(geometry),
+      rings_(std::move(rings)),
+      arrivals_(std::move(arrivals)),
+      credits_(std::move(credits)),
+      hunger_(std::move(hunger)),
+      ends_(std::move(ends)),
+      sent_(static_cast<size_t>(world_size_), 0),
+      credit_(static_cast<size_t>(world_size_), 0),
+      hunger_raised_(static_cast<size_t>(world_size_), 0),
+      folded_(static_cast<size_t>(world_size_), 0),
+      hunger_served_(static_cast<size_t>(world_size_), 0),
+      ended_(static_cast<size_t>(world_size_), 0) {}
+
+Result<std::unique_ptr<StreamedStaging>> StreamedStaging::create(Transport& transport,
+                                                                 size_t budget_bytes) {
+  if (transport.caps().stream_ordered) {
+    return Status::InternalError(
+        "streamed staging folds on the host: the transport must complete calls on return");
+  }
+  // Every rank computes the same geometry from the same budget (the caller agreed on it).
+  auto geometry = RingGeometry::for_budget(budget_bytes, transport.world_size());
+  if (!geometry.ok()) return geometry.status();
+  const size_t signal_bytes = static_cast<size_t>(transport.world_size()) * sizeof(uint64_t);
+  auto rings = transport.allocate(geometry.value().ring_bytes() *
+                                  static_cast<size_t>(transport.world_size()));
+  if (!rings.ok()) return rings.status();
+  std::unique_ptr<SymmetricRegion> signals[kSignalWordsPerPeer];
+  for (auto& region : signals) {
+    auto made = transport.allocate(signal_bytes);
+    if (!made.ok()) return made.status();
+    region = std::move(made).value();
+  }
+  return std::unique_ptr<StreamedStaging>(new StreamedStaging(
+      transport, geometry.value(), std::move(rings).value(), std::move(signals[0]),
+      std::move(signals[1]), std::move(signals[2]), std::move(signals[3])));
+}
+
+size_t StreamedStaging::allocated_bytes() const {
+  return rings_->bytes() + arrivals_->bytes() + credits_->bytes() + hunger_->bytes() +
+         ends_->bytes();
+}
+
+void StreamedStaging::begin(uint64_t minibatch) {
+  minibatch_ = minibatch;
+  std::fill(ended_.begin(), ended_.end(), 0);
+  ended_[static_cast<size_t>(rank_)] = 1;  // its own pushes are added directly
+  num_ended_ = 1;
+}
+
+Status StreamedStaging::push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
+                             const Destination& destination) {
+  const size_t element = element_bytes(dtype);
+  const size_t per_chunk = geometry_.payload_bytes() / element;
+  ODC_RETURN_IF_ERROR(fold_arrived(destination));
+  // Start with the next rank, so that the ranks' first chunks go to different owners.
+  for (int i = 0; i < world_size_; ++i) {
+    const int owner = (rank_ + 1 + i) % world_size_;
+    const auto* slice =
+        static_cast<const char*>(src) + static_cast<size_t>(owner) * count * element;
+    if (owner == rank_) {
+      auto sums = destination(buffer_id, 0, count);
+      if (!sums.ok()) return sums.status();
+      ODC_RETURN_IF_ERROR(transport_.accumulate(sums.value(), slice, dtype, count, nullptr));
+      continue;
+    }
+    for (size_t first = 0; first < count; first += per_chunk) {
+      const size_t n = std::min(per_chunk, count - first);
+      ODC_RETURN_IF_ERROR(
+          send_chunk(owner, buffer_id, first, slice + first * element, dtype, n, destination));
+    }
+  }
+  return Status::Ok();
+}
+
+Status StreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t first, const void* data,
+                                   DataType dtype, size_t count, const Destination& destination) {
+  const auto o = static_cast<size_t>(owner);
+  if (sent_[o] - credit_[o] >= geometry_.depth) {
+    ODC_RETURN_IF_ERROR(wait_for_credit(owner, destination));
+  }
+  const uint64_t sequence = sent_[o] + 1;
+  ChunkHeader header{};
+  header.sequence = sequence;
+  header.minibatch = minibatch_;
+  header.buffer_id = buffer_id;
+  header.first = first;
+  header.count = count;
+  header.dtype = static_cast<uint32_t>(dtype);
+  const size_t slot = static_cast<size_t>(rank_) * geometry_.ring_bytes() +
+                      ((sequence - 1) % geometry_.depth) * geometry_.slot_bytes;
+  ODC_RETURN_IF_ERROR(transport_.put(&header, *rings_, owner, slot, sizeof(header), nullptr));
+  ODC_RETURN_IF_ERROR(transport_.put(data, *rings_, owner, slot + kChunkHeaderBytes,
+                                     count * element_bytes(dtype), nullptr));
+  // The signal follows the puts (a fence, then the store): the owner sees the chunk whole.
+  ODC_RETURN_IF_ERROR(transport_.signal(*arrivals_, owner, sequence, nullptr));
+  sent_[o] = sequence;
+  ++chunks_sent_;
+  return Status::Ok();
+}
+
+void StreamedStaging::add_hunger_watches(std::vector<SignalWatch>* watches) const {
+  for (int s = 0; s < world_size_; ++s) {
+    if (s == rank_ || ended_[static_cast<size_t>(s)] != 0)
+      continue;  // an ended sender waits no more
+    watches->push_back({hunger_.get(), s, hunger_served_[static_cast<size_t>(s)] + 1});
+  }
+}
+
+Status StreamedStaging::serve_hunger(const std::vector<SignalWatch>& watches,
+                                     const std::vector<uint64_t>& seen, size_t first_hunger_watch,
+                                     const Destination& destination) {
+  bool hungry = false;
+  for (size_t i = first_hunger_watch; i < watches.size(); ++i) {
+    if (seen[i] >= watches[i].value) {
+      hunger_served_[static_cast<size_t>(watches[i].peer)] = seen[i];
+      hungry = true;
+    }
+  }
+  // A hungry sender put every chunk up to its hunger and more: folding what arrived frees it.
+  return hungry ? fold_arrived(destination) : Status::Ok();
+}
+
+Status StreamedStaging::wait_for_credit(int owner, const Destination& destination) {
+  const auto o = static_cast<size_t>(owner);
+  const uint64_t needed = sent_[o] - geometry_.depth + 1;
+  const auto deadline = deadline_after(transport_.timeout());
+  bool counted = false;
+  for (;;) {
+    std::vector<SignalWatch> watches{{credits_.get(), owner, needed}};
+    add_hunger_watches(&watches);
+    std::vector<uint64_t> seen;
+    // The first look does not sleep: the credit may be there already.
+    auto polled = transport_.poll_signals(
+        watches, 0, counted ? kPollSlice : std::chrono::duration<double>::zero(), &seen);
+    if (!polled.ok()) return polled.status();
+    credit_[o] = std::max(credit_[o], seen[0]);
+    ODC_RETURN_IF_ERROR(serve_hunger(watches, seen, 1, destination));
+    if (sent_[o] - credit_[o] < geometry_.depth) return Status::Ok();
+    if (!counted) {
+      counted = true;
+      ++credit_waits_;
+      // Tell the owner: a rank waiting in odc folds for its hungry senders (one inside its own
+      // computation folds at its next odc call).
+      if (needed > hunger_raised_[o]) {
+        ODC_RETURN_IF_ERROR(transport_.signal(*hunger_, owner, needed, nullptr));
+        hunger_raised_[o] = needed;
+      }
+      continue;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status::Timeout(
+          "credit wait (scatter_accumulate) timed out after " + timeout_text(transport_.timeout()) +
+          ": rank " + std::to_string(rank_) + " waited for credit from rank " +
+          std::to_string(owner) + " (its last sequence " + std::to_string(sent_[o]) +
+          ", consumed up to " + std::to_string(credit_[o]) + ", ring of " +
+          std::to_string(geometry_.depth) + " slots)");
+    }
+    ODC_RETURN_IF_ERROR(poll_interrupt("waiting for credit from rank " + std::to_string(owner) +
+                                       " (scatter_accumulate)"));
+  }
+}
+
+Status StreamedStaging::fold_arrived(const Destination& destination) {
+  std::vector<SignalWatch> watches;
+  for (int s = 0; s < world_size_; ++s) {
+    if (s == rank_ || ended_[static_cast<size_t>(s)] != 0) continue;
+    watches.push_back({arrivals_.get(), s, folded_[static_cast<size_t>(s)] + 1});
+  }
+  std::vector<uint64_t> seen;
+  auto polled = transport_.poll_signals(watches, 0, std::chrono::duration<double>::zero(), &seen);
+  if (!polled.ok()) return polled.status();
+  if (!polled.value()) return Status::Ok();
+  for (size_t i = 0; i < watches.size(); ++i) {
+    const int sender = watches[i].peer;
+    if (seen[i] <= folded_[static_cast<size_t>(sender)]) continue;
+    ODC_RETURN_IF_ERROR(fold_from(sender, seen[i], destination));
+    // The slots are free again once folded: the sender may rewrite them.
+    ODC_RETURN_IF_ERROR(
+        transport_.signal(*credits_, sender, folded_[static_cast<size_t>(sender)], nullptr));
+  }
+  return Status::Ok();
+}
+
+Status StreamedStaging::fold_from(int sender, uint64_t last, const Destination& destination) {
+  const auto s = static_cast<size_t>(sender);
+  auto from = [&] {
+    return "chunk from rank " + std::to_string(sender) + " at rank " + std::to_string(rank_);
+  };
+  if (last > folded_[s] + geometry_.depth) {
+    return Status::InternalError(from() + ": a signal covers sequence " + std::to_string(last) +
+                                 ", " + std::to_string(last - folded_[s]) +
+                                 " chunks unfolded, more than its ring's " +
+                                 std::to_string(geometry_.depth) + " slots (a stray signal)");
+  }
+  const auto* ring = static_cast<const char*>(rings_->local()) + s * geometry_.ring_bytes();
+  while (folded_[s] < last) {
+    const uint64_t sequence = folded_[s] + 1;
+    const char* slot = ring + ((sequence - 1) % geometry_.depth) * geometry_.slot_bytes;
+    ChunkHeader header;
+    std::memcpy(&header, slot, sizeof(header));
+    // A slot holding another sequence was never (re)written for this one: a put was lost while a
+    // signal covering it arrived, or a signal ran ahead of its data. Named, never summed.
+    if (header.sequence != sequence || header.minibatch != minibatch_) {
+      return Status::InternalError(
+          from() + ": slot holds chunk " + std::to_string(header.sequence) + " of minibatch " +
+          std::to_string(header.minibatch) + ", expected chunk " + std::to_string(sequence) +
+          " of minibatch " + std::to_string(minibatch_) + " (a lost put or a stray signal)");
+    }
+    const auto dtype = static_cast<DataType>(header.dtype);
+    if (!is_valid(dtype) || header.count * element_bytes(dtype) > geometry_.payload_bytes()) {
+      return Status::InternalError(from() + ": malformed chunk " + std::to_string(sequence) +
+                                   " (dtype " + std::to_string(header.dtype) + ", " +
+                                   std::to_string(header.count) + " elements)");
+    }
+    auto sums = destination(header.buffer_id, header.first, header.count);
+    if (!sums.ok()) return sums.status().with_context(from());
+    ODC_RETURN_IF_ERROR(transport_.accumulate(sums.value(), slot + kChunkHeaderBytes, dtype,
+                                              header.count, nullptr));
+    folded_[s] = sequence;
+  }
+  return Status::Ok();
+}
+
+Status StreamedStaging::consume_end(int sender, uint64_t end_sequence,
+                                    const Destination& destination) {
+  const auto s = static_cast<size_t>(sender);
+  // Every sequence before the end is a chunk of this minibatch, put before the end was raised.
+  ODC_RETURN_IF_ERROR(fold_from(sender, end_sequence - 1, destination));
+  folded_[s] = end_sequence;
+  ended_[s] = 1;
+  ++num_ended_;
+  return transport_.signal(*credits_, sender, end_sequence, nullptr);
+}
+
+Status StreamedStaging::finish(const Destination& destination) {
+  for (int i = 0; i < world_size_; ++i) {
+    const int owner = (rank_ + 1 + i) % world_size_;
+    if (owner == rank_) continue;
+    // The end takes a sequence number but no slot: it never waits for credit. Its signal
+    // follows every put of this rank to the owner.
+    const auto o = static_cast<size_t>(owner);
+    sent_[o] += 1;
+    ODC_RETURN_IF_ERROR(transport_.signal(*ends_, owner, sent_[o], nullptr));
+  }
+  const auto deadline = deadline_after(transport_.timeout());
+  std::vector<uint64_t> seen;
+  bool first_look = true;
+  for (;;) {
+    if (num_ended_ == world_size_) return Status::Ok();
+    // Sleep until every missing end arrived (one wake, not one per sender), or a sender still
+    // sending runs out of credit here (it waits for this rank's folds).
+    std::vector<SignalWatch> watches;
+    for (int s = 0; s < world_size_; ++s) {
+      if (ended_[static_cast<size_t>(s)] == 0) {
+        watches.push_back({ends_.get(), s, folded_[static_cast<size_t>(s)] + 1});
+      }
+    }
+    const size_t num_end_watches = watches.size();
+    add_hunger_watches(&watches);
+    auto polled = transport_.poll_signals(
+        watches, num_end_watches, first_look ? std::chrono::duration<double>::zero() : kPollSlice,
+        &seen);
+    if (!polled.ok()) return polled.status();
+    first_look = false;
+    ODC_RETURN_IF_ERROR(serve_hunger(watches, seen, num_end_watches, destination));
+    for (size_t i = 0; i < num_end_watches; ++i) {
+      if (seen[i] >= watches[i].value) {
+        ODC_RETURN_IF_ERROR(consume_end(watches[i].peer, seen[i], destination));
+      }
+    }
+    if (num_ended_ == world_size_) return Status::Ok();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      int missing = 0;
+      while (ended_[static_cast<size_t>(missing)] != 0) ++missing;
+      return Status::Timeout(
+          "push wait (minibatch_end) timed out after " + timeout_text(transport_.timeout()) +
+          ": rank " + std::to_string(rank_) + " waited for rank " + std::to_string(missing) +
+          "'s end of minibatch " + std::to_string(minibatch_) + " (folded its chunks up to " +
+          std::to_string(folded_[static_cast<size_t>(missing)]) + ")");
+    }
+    ODC_RETURN_IF_ERROR(poll_interrupt("waiting for the pushes of minibatch " +
+                                       std::to_string(minibatch_) + " (minibatch_end)"));
+  }
+}
+
+}  // namespace odc

@@ -1,0 +1,126 @@
+// Streamed staged accumulation (AccumulationScheme::kStreamed): how pushes reach their owners on
+// transports without a remote fp32 add, during the minibatch and in memory bounded by a fixed
+// budget whatever the model and the world size. Every owner keeps one ring of `depth` slots per
+// sender in its staging region. A sender puts a chunk (a header, then up to a slot's payload of
+// its push, in the push's dtype) into its next free slot at the owner and raises its arrival
+// signal there to the chunk's sequence number; the owner folds arrived chunks into its fp32 sums
+// in sequence order whenever it enters odc (every push, gather and minibatch_end) and raises the
+// sender's credit signal to the last sequence it consumed, which frees the slots. A sender whose
+// ring is full raises its hunger signal at the owner and waits; every rank waiting in odc watches
+// its hungry senders and folds for them, so ranks waiting for each other's credit all progress.
+// At minibatch_end a sender ends its sequence with an end number (no slot: it never waits for
+// credit), raised on the owner's end signal after all its chunks. Invariants:
+//   - a slot is read only after a signal that covers it (an arrival or the end, acquire) and
+//     rewritten only after the credit that frees it; every chunk carries its sequence number and
+//     minibatch: each chunk is folded exactly once, and a lost or stale one is named, never summed;
+//   - an owner's sums are complete once it consumed every sender's end of the minibatch (the end
+//     covers every chunk before it, so a lost arrival signal loses nothing);
+//   - every wait is bounded by the transport's timeout and names rank, peer and operation.
+// The folds run on the host here, so the scheme needs a transport whose calls complete on
+// return (!caps().stream_ordered); device transports fold on their device (docs/runtime.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "core/dtype.h"
+#include "core/transport.h"
+
+namespace odc {
+
+// Staging budget per rank when neither the caller nor ODC_STAGING_BYTES gives one.
+inline constexpr size_t kDefaultStagingBytes = size_t{256} << 20;
+// A slot is a 64-byte header and a payload. Larger slots mean fewer signals per pushed byte; at
+// most 1 MiB of payload, so that a ring of a large world still holds several.
+inline constexpr size_t kChunkHeaderBytes = 64;
+inline constexpr size_t kMaxChunkPayloadBytes = size_t{1} << 20;
+// The smallest slot the budget may come down to: 64 fp32 elements of payload.
+inline constexpr size_t kMinChunkPayloadBytes = 256;
+
+// How a budget is cut into rings: the signals (four words per peer) first, then one ring per
+// sender of `depth` slots of `slot_bytes`, as many as fit.
+struct RingGeometry {
+  size_t slot_bytes = 0;  // header + payload, a multiple of 64
+  size_t depth = 0;       // slots per sender
+  size_t ring_bytes() const { return slot_bytes * depth; }
+  size_t payload_bytes() const { return slot_bytes - kChunkHeaderBytes; }
+  // What the rings and signals of `world_size` ranks take per rank (<= the budget).
+  size_t total_bytes(int world_size) const;
+  // InvalidArgument naming the budget, the world size and the least that works, when too small.
+  static Result<RingGeometry> for_budget(size_t budget_bytes, int world_size);
+};
+
+class StreamedStaging {
+ public:
+  // Where a chunk for accumulator `buffer_id` lands: this rank's sums of that accumulator, from
+  // element `first`, `count` elements; an error when no such accumulator or range exists.
+  using Destination = std::function<Result<float*>(uint64_t buffer_id, size_t first, size_t count)>;
+
+  // Collective (every rank, same budget): the rings and the arrival, credit, hunger and end
+  // signals.
+  static Result<std::unique_ptr<StreamedStaging>> create(Transport& transport, size_t budget_bytes);
+
+  const RingGeometry& geometry() const { return geometry_; }
+  size_t allocated_bytes() const;
+  // Chunks this rank had to wait for credit before sending (flow control engaged), so far.
+  uint64_t credit_waits() const { return credit_waits_; }
+  uint64_t chunks_sent() const { return chunks_sent_; }
+
+  // Local: minibatch `minibatch` is open (every rank passed its opening barrier).
+  void begin(uint64_t minibatch);
+  // For every owner r: `src` elements [r*count, (r+1)*count) (fp32 or bf16) added into owner r's
+  // sums of `buffer_id` (this rank's own slice directly). Waits for credit where a ring is full.
+  Status push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
+              const Destination& destination);
+  // Never waits: folds every chunk that has arrived and returns credits.
+  Status fold_arrived(const Destination& destination);
+  // minibatch_end: ends this rank's sequence at every other owner, then folds until every
+  // sender's end of this minibatch arrived (bounded by the timeout).
+  Status finish(const Destination& destination);
+
+ private:
+  StreamedStaging(Transport& transport, RingGeometry geometry,
+                  std::unique_ptr<SymmetricRegion> rings, std::unique_ptr<SymmetricRegion> arrivals,
+                  std::unique_ptr<SymmetricRegion> credits, std::unique_ptr<SymmetricRegion> hunger,
+                  std::unique_ptr<SymmetricRegion> ends);
+  // One data chunk into this rank's ring at `owner`, once a slot is free.
+  Status send_chunk(int owner, uint64_t buffer_id, uint64_t first, const void* data, DataType dtype,
+                    size_t count, const Destination& destination);
+  // Waits, folding for hungry senders, until this rank may put one more chunk to `owner`.
+  Status wait_for_credit(int owner, const Destination& destination);
+  // Folds sender `sender`'s data chunks up to sequence `last` (not beyond what it put).
+  Status fold_from(int sender, uint64_t last, const Destination& destination);
+  // Consumes sender `sender`'s end `end_sequence`: folds its chunks before it, returns credit.
+  Status consume_end(int sender, uint64_t end_sequence, const Destination& destination);
+  // Watches on the hunger of every sender that may still be waiting on this rank.
+  void add_hunger_watches(std::vector<SignalWatch>* watches) const;
+  // After a poll that watched hunger from `first_hunger_watch` on: folds for hungry senders.
+  Status serve_hunger(const std::vector<SignalWatch>& watches, const std::vector<uint64_t>& seen,
+                      size_t first_hunger_watch, const Destination& destination);
+
+  Transport& transport_;
+  const int rank_;
+  const int world_size_;
+  RingGeometry geometry_;
+  std::unique_ptr<SymmetricRegion> rings_;     // here: sender s's ring at s * ring_bytes
+  std::unique_ptr<SymmetricRegion> arrivals_;  // slot s here: last chunk sender s put here
+  std::unique_ptr<SymmetricRegion> credits_;   // slot r here: last sequence of ours r consumed
+  std::unique_ptr<SymmetricRegion> hunger_;    // slot s here: the credit sender s waits for
+  std::unique_ptr<SymmetricRegion> ends_;      // slot s here: sender s's last end sequence
+  std::vector<uint64_t> sent_;                 // per owner: last sequence used there (chunk or end)
+  std::vector<uint64_t> credit_;               // per owner: its credit signal as last read
+  std::vector<uint64_t> hunger_raised_;        // per owner: the hunger this rank last raised there
+  std::vector<uint64_t> folded_;               // per sender: last sequence consumed here
+  std::vector<uint64_t> hunger_served_;        // per sender: its hunger as last served
+  std::vector<char> ended_;                    // per sender: its end of this minibatch consumed
+  int num_ended_ = 0;
+  uint64_t minibatch_ = 0;
+  uint64_t credit_waits_ = 0;
+  uint64_t chunks_sent_ = 0;
+};
+
+}  // namespace odc
