@@ -187,7 +187,7 @@ typedef enum {
   odcTransportNvshmem = 3
 } odcTransport_t;
 
-#define ODC_COMM_CONFIG_VERSION 2
+#define ODC_COMM_CONFIG_VERSION 3
 
 /* An external bootstrap: how ranks meet when the caller already has a rendezvous (a
  * torch.distributed store, MPI, ...). Contract for both callbacks: collective (every rank calls
@@ -224,20 +224,28 @@ typedef struct {
    * odcMinibatchEnd each owner pulls its slices from the senders in rank order: world_size x count
    * fp32 of extra memory per accumulator and rank (4 bytes per full-gradient element), plus 4 MiB
    * per communicator. 0 (default): the fastest exact scheme the transport has (CUDA: remote fp32
-   * atomic adds, no extra memory). */
+   * atomic adds, no extra memory; shm: streamed through bounded staging rings, staging_bytes). */
   int deterministic;
   /* Version 2. NULL (default): ranks meet through `key` in local shared memory. Else the caller's
    * bootstrap (copied; its ctx must outlive the communicator); `key` must then be NULL. */
   const odcBootstrap_t* bootstrap;
+  /* Version 3. Staging budget per rank of the streamed scheme (host transports without a remote
+   * fp32 add: pushes travel during the minibatch in chunks through a ring per sender at each
+   * owner): the most symmetric memory its rings and signals take, whatever the model and the
+   * world size. 0 (default): $ODC_STAGING_BYTES (bytes, or with a K, M or G suffix), else 256 MiB.
+   * Must be equal on every rank; a budget too small for the world size is refused at the first
+   * accumulator, naming what it needs. */
+  size_t staging_bytes;
 } odcCommConfig_t;
 
 /* Local: fills `config` with the defaults (auto transport, no key, default timeout, no device,
- * not deterministic). */
+ * not deterministic, no bootstrap, default staging budget). */
 ODC_API odcResult_t odcCommConfigInit(odcCommConfig_t* config);
 
 /* Collective. As odcCommInit / odcCommInitCuda, configured by `config` (not retained). A config
  * with an unknown version, a size smaller than version 1's, or a transport this build lacks is
- * refused with a message naming the problem. Version 1 configs (no `bootstrap`) are accepted.
+ * refused with a message naming the problem. Version 1 configs (no `bootstrap`) and version 2
+ * configs (no `staging_bytes`) are accepted.
  * With a bootstrap every rank's init fails when one rank's does (the failure goes through
  * mark_failed and the init barrier). */
 ODC_API odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_size,

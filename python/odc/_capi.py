@@ -99,6 +99,7 @@ class CommConfig(ctypes.Structure):
         ("device", ctypes.c_int),
         ("deterministic", ctypes.c_int),
         ("bootstrap", ctypes.POINTER(Bootstrap)),  # version 2
+        ("staging_bytes", ctypes.c_size_t),  # version 3
     ]
 
 

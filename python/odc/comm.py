@@ -272,7 +272,11 @@ class Comm:
     deterministic: every owner adds contributions in a fixed order (sender rank, then push index),
     so sums are bitwise identical whatever the timing; costs world_size x count fp32 of extra
     memory per accumulator (4 bytes per full-gradient element) plus 4 MiB per communicator
-    (docs/runtime.md). Default: the fastest exact scheme (CUDA: atomics).
+    (docs/runtime.md). Default: the fastest exact scheme (CUDA: atomics; shm: streamed).
+    staging_bytes: the streamed scheme's staging budget per rank (shm: pushes travel during the
+    minibatch through a bounded ring per sender at each owner): the most memory it takes, whatever
+    the model and world size. None (default): $ODC_STAGING_BYTES, else 256 MiB. Equal on every
+    rank.
     """
 
     def __init__(
@@ -285,6 +289,7 @@ class Comm:
         deterministic: bool = False,
         store: Any = None,
         transport: Optional[str] = None,
+        staging_bytes: Optional[int] = None,
     ):
         self._handle = None
         self._deferred_handle = None
@@ -299,6 +304,8 @@ class Comm:
         rank = _checked_int(rank, "rank", -_INT_MAX - 1, _INT_MAX)  # C names a rank out of range
         if device is not None:
             device = _checked_int(device, "device", 0, _INT_MAX)
+        if staging_bytes is not None:
+            staging_bytes = _checked_int(staging_bytes, "staging_bytes", 1, 2**63 - 1)
         transports = {
             "shm": _capi.TRANSPORT_SHM,
             "cuda": _capi.TRANSPORT_CUDA,
@@ -353,6 +360,7 @@ class Comm:
             config.transport = _capi.TRANSPORT_AUTO
         config.device = -1 if device is None else int(device)
         config.deterministic = int(bool(deterministic))
+        config.staging_bytes = 0 if staging_bytes is None else int(staging_bytes)
         try:
             result = _capi.lib.odcCommInitConfig(
                 ctypes.byref(handle), rank, world_size, ctypes.byref(config)

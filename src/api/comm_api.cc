@@ -201,7 +201,7 @@ odc::Result<double> timeout_or_default(double timeout_seconds) {
 // the new communicator.
 odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* transport_name,
                       const char* key, double timeout_seconds, int device, bool deterministic,
-                      const odcBootstrap_t* external = nullptr) {
+                      const odcBootstrap_t* external = nullptr, size_t staging_bytes = 0) {
   return guarded([&]() -> odcResult_t {
     if (comm == nullptr) return report(Status::InvalidArgument("odcCommInit: comm is NULL"));
     if (key == nullptr && external == nullptr) {
@@ -266,6 +266,7 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
     odc::CommOptions options;
     options.deterministic = deterministic;
     options.bootstrap = bootstrap;
+    options.staging_bytes = staging_bytes;
     auto* created = new odcComm();
     created->communicator =
         std::make_unique<odc::Communicator>(std::move(transport).value(), options);
@@ -304,6 +305,7 @@ extern "C" odcResult_t odcCommConfigInit(odcCommConfig_t* config) {
     config->device = -1;
     config->deterministic = 0;
     config->bootstrap = nullptr;
+    config->staging_bytes = 0;
     return success();
   });
 }
@@ -313,10 +315,13 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
   return guarded([&]() -> odcResult_t {
     const std::string where = "rank " + std::to_string(rank) + ": init: ";
     if (config == nullptr) return report(Status::InvalidArgument(where + "config is NULL"));
-    // Version 1 ended before `bootstrap`; later fields are read only when the caller has them.
+    // Version 1 ended before `bootstrap`, version 2 before `staging_bytes`; later fields are read
+    // only when the caller has them.
     const size_t version1_size = offsetof(odcCommConfig_t, bootstrap);
+    const size_t version2_size = offsetof(odcCommConfig_t, staging_bytes);
     const bool version1 = config->version == 1 && config->size >= version1_size;
-    if (!version1 &&
+    const bool version2 = config->version == 2 && config->size >= version2_size;
+    if (!version1 && !version2 &&
         (config->version != ODC_COMM_CONFIG_VERSION || config->size < sizeof(odcCommConfig_t))) {
       return report(Status::InvalidArgument(
           where + "config has version " + std::to_string(config->version) + " and size " +
@@ -354,7 +359,8 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
     }
     return init_comm(comm, rank, world_size, name, config->key, config->timeout_seconds,
                      config->device, config->deterministic != 0,
-                     version1 ? nullptr : config->bootstrap);
+                     version1 ? nullptr : config->bootstrap,
+                     version1 || version2 ? 0 : config->staging_bytes);
   });
 }
 

@@ -253,6 +253,7 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   // The name tells apart buffers of the same size (a rank that allocates its gradients where the
   // others allocate their parameters would otherwise gather gradients as weights).
   put_name(mine, name);
+  ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op)));
   auto all = transport_->exchange(mine);
   if (!all.ok()) return finish(op, all.status());
   for (int r = 0; r < world_size(); ++r) {
@@ -373,6 +374,7 @@ Status Communicator::release(Buffer* buffer) {
     return Status::Ok();
   }
   // Peers may still read this buffer until they too arrive here.
+  ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op)));
   ODC_RETURN_IF_ERROR(finish(op, transport_->host_barrier(CollectiveOp::kRelease)));
   buffers_.erase(buffer);
   return Status::Ok();
@@ -602,10 +604,21 @@ Status Communicator::poll_error() {
   return finish(op, transport_->poll_error());
 }
 
+Status Communicator::meet_inside_minibatch(const char* operation) {
+  if (staging_ == nullptr || state_ != CommState::kInMinibatch) return Status::Ok();
+  // Streamed: a peer may still wait for this rank's credit; a rank in the transport's collective
+  // folds nothing. Meet first, folding for hungry senders meanwhile; then nobody is pushing.
+  ODC_RETURN_IF_ERROR(staging_->meet(operation, destination_));
+  // Every peer has put all its chunks by now: fold them, so that a buffer freed next has none
+  // left in the rings.
+  return staging_->fold_arrived(destination_);
+}
+
 Status Communicator::barrier(StreamHandle stream) {
   const char* op = "barrier";
   ODC_RETURN_IF_ERROR(usable(op));
   ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
+  ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op)));
   return finish(op, transport_->barrier(CollectiveOp::kBarrier, stream));
 }
 

@@ -167,6 +167,9 @@ class Communicator {
   // kPulled, inside minibatch_end: once every sender's pending sums are complete (a barrier), adds
   // this owner's slice of every sender's, in sender order, into its sums.
   Status pull_slices(const std::vector<Buffer*>& accs, StreamHandle stream);
+  // kStreamed, inside a minibatch, before a collective: every rank meets first (see
+  // StreamedStaging::meet); elsewhere nothing.
+  Status meet_inside_minibatch(const char* operation);
   // kStreamed, with the first accumulator (collective): every rank agrees on the budget, then
   // the rings are made.
   Status create_staging();

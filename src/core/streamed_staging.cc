@@ -34,8 +34,8 @@ constexpr std::chrono::duration<double> kPollSlice = std::chrono::milliseconds(2
 // Slots per sender the geometry aims for.
 constexpr size_t kTargetDepth = 8;
 
-// Arrival, credit, hunger and end signals: one word per peer each.
-constexpr size_t kSignalWordsPerPeer = 4;
+// Arrival, credit, hunger, end and meeting signals: one word per peer each.
+constexpr size_t kSignalWordsPerPeer = 5;
 
 size_t round_down_64(size_t bytes) {
   return bytes / 64 * 64;
@@ -76,7 +76,8 @@ StreamedStaging::StreamedStaging(Transport& transport, RingGeometry geometry,
                                  std::unique_ptr<SymmetricRegion> arrivals,
                                  std::unique_ptr<SymmetricRegion> credits,
                                  std::unique_ptr<SymmetricRegion> hunger,
-                                 std::unique_ptr<SymmetricRegion> ends)
+                                 std::unique_ptr<SymmetricRegion> ends,
+                                 std::unique_ptr<SymmetricRegion> meetings)
     : transport_(transport),
       rank_(transport.rank()),
       world_size_(transport.world_size()),
@@ -86,6 +87,7 @@ StreamedStaging::StreamedStaging(Transport& transport, RingGeometry geometry,
       credits_(std::move(credits)),
       hunger_(std::move(hunger)),
       ends_(std::move(ends)),
+      meetings_(std::move(meetings)),
       sent_(static_cast<size_t>(world_size_), 0),
       credit_(static_cast<size_t>(world_size_), 0),
       hunger_raised_(static_cast<size_t>(world_size_), 0),
@@ -114,12 +116,12 @@ Result<std::unique_ptr<StreamedStaging>> StreamedStaging::create(Transport& tran
   }
   return std::unique_ptr<StreamedStaging>(new StreamedStaging(
       transport, geometry.value(), std::move(rings).value(), std::move(signals[0]),
-      std::move(signals[1]), std::move(signals[2]), std::move(signals[3])));
+      std::move(signals[1]), std::move(signals[2]), std::move(signals[3]), std::move(signals[4])));
 }
 
 size_t StreamedStaging::allocated_bytes() const {
   return rings_->bytes() + arrivals_->bytes() + credits_->bytes() + hunger_->bytes() +
-         ends_->bytes();
+         ends_->bytes() + meetings_->bytes();
 }
 
 void StreamedStaging::begin(uint64_t minibatch) {
@@ -362,6 +364,45 @@ Status StreamedStaging::finish(const Destination& destination) {
     }
     ODC_RETURN_IF_ERROR(poll_interrupt("waiting for the pushes of minibatch " +
                                        std::to_string(minibatch_) + " (minibatch_end)"));
+  }
+}
+
+Status StreamedStaging::meet(const char* operation, const Destination& destination) {
+  ++meetings_entered_;
+  for (int i = 0; i < world_size_; ++i) {
+    const int peer = (rank_ + 1 + i) % world_size_;
+    if (peer != rank_) {
+      ODC_RETURN_IF_ERROR(transport_.signal(*meetings_, peer, meetings_entered_, nullptr));
+    }
+  }
+  const auto deadline = deadline_after(transport_.timeout());
+  std::vector<uint64_t> seen;
+  bool first_look = true;
+  for (;;) {
+    std::vector<SignalWatch> watches;
+    for (int s = 0; s < world_size_; ++s) {
+      if (s != rank_) watches.push_back({meetings_.get(), s, meetings_entered_});
+    }
+    const size_t num_meeting_watches = watches.size();
+    add_hunger_watches(&watches);
+    auto polled = transport_.poll_signals(
+        watches, num_meeting_watches,
+        first_look ? std::chrono::duration<double>::zero() : kPollSlice, &seen);
+    if (!polled.ok()) return polled.status();
+    first_look = false;
+    ODC_RETURN_IF_ERROR(serve_hunger(watches, seen, num_meeting_watches, destination));
+    size_t missing = 0;
+    while (missing < num_meeting_watches && seen[missing] >= watches[missing].value) ++missing;
+    if (missing == num_meeting_watches) return Status::Ok();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Status::Timeout(
+          std::string(operation) + " inside a minibatch timed out after " +
+          timeout_text(transport_.timeout()) + ": rank " + std::to_string(rank_) +
+          " waited for rank " + std::to_string(watches[missing].peer) + " to reach it (expected " +
+          std::to_string(meetings_entered_) + ", saw " + std::to_string(seen[missing]) + ")");
+    }
+    ODC_RETURN_IF_ERROR(poll_interrupt(std::string("waiting for every rank to reach ") + operation +
+                                       " inside a minibatch"));
   }
 }
 

@@ -41,7 +41,7 @@ inline constexpr size_t kMaxChunkPayloadBytes = size_t{1} << 20;
 // The smallest slot the budget may come down to: 64 fp32 elements of payload.
 inline constexpr size_t kMinChunkPayloadBytes = 256;
 
-// How a budget is cut into rings: the signals (four words per peer) first, then one ring per
+// How a budget is cut into rings: the signals (five words per peer) first, then one ring per
 // sender of `depth` slots of `slot_bytes`, as many as fit.
 struct RingGeometry {
   size_t slot_bytes = 0;  // header + payload, a multiple of 64
@@ -60,8 +60,8 @@ class StreamedStaging {
   // element `first`, `count` elements; an error when no such accumulator or range exists.
   using Destination = std::function<Result<float*>(uint64_t buffer_id, size_t first, size_t count)>;
 
-  // Collective (every rank, same budget): the rings and the arrival, credit, hunger and end
-  // signals.
+  // Collective (every rank, same budget): the rings and the arrival, credit, hunger, end and
+  // meeting signals.
   static Result<std::unique_ptr<StreamedStaging>> create(Transport& transport, size_t budget_bytes);
 
   const RingGeometry& geometry() const { return geometry_; }
@@ -81,12 +81,16 @@ class StreamedStaging {
   // minibatch_end: ends this rank's sequence at every other owner, then folds until every
   // sender's end of this minibatch arrived (bounded by the timeout).
   Status finish(const Destination& destination);
+  // Inside a minibatch, before any other collective (a barrier, an allocation): waits until every
+  // rank arrived here, folding for hungry senders meanwhile, so that no rank waits in the
+  // transport's collective while a peer still waits for its credit. `operation` names the wait.
+  Status meet(const char* operation, const Destination& destination);
 
  private:
   StreamedStaging(Transport& transport, RingGeometry geometry,
                   std::unique_ptr<SymmetricRegion> rings, std::unique_ptr<SymmetricRegion> arrivals,
                   std::unique_ptr<SymmetricRegion> credits, std::unique_ptr<SymmetricRegion> hunger,
-                  std::unique_ptr<SymmetricRegion> ends);
+                  std::unique_ptr<SymmetricRegion> ends, std::unique_ptr<SymmetricRegion> meetings);
   // One data chunk into this rank's ring at `owner`, once a slot is free.
   Status send_chunk(int owner, uint64_t buffer_id, uint64_t first, const void* data, DataType dtype,
                     size_t count, const Destination& destination);
@@ -111,6 +115,7 @@ class StreamedStaging {
   std::unique_ptr<SymmetricRegion> credits_;   // slot r here: last sequence of ours r consumed
   std::unique_ptr<SymmetricRegion> hunger_;    // slot s here: the credit sender s waits for
   std::unique_ptr<SymmetricRegion> ends_;      // slot s here: sender s's last end sequence
+  std::unique_ptr<SymmetricRegion> meetings_;  // slot s here: meetings rank s entered so far
   std::vector<uint64_t> sent_;                 // per owner: last sequence used there (chunk or end)
   std::vector<uint64_t> credit_;               // per owner: its credit signal as last read
   std::vector<uint64_t> hunger_raised_;        // per owner: the hunger this rank last raised there
@@ -119,6 +124,7 @@ class StreamedStaging {
   std::vector<char> ended_;                    // per sender: its end of this minibatch consumed
   int num_ended_ = 0;
   uint64_t minibatch_ = 0;
+  uint64_t meetings_entered_ = 0;
   uint64_t credit_waits_ = 0;
   uint64_t chunks_sent_ = 0;
 };

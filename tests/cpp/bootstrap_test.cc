@@ -222,6 +222,34 @@ TEST(ExternalBootstrap, BadConfigsAreRefusedByName) {
   version1.key = key.c_str();
   ASSERT_EQ(odcCommInitConfig(&comm, 0, 1, &version1), odcSuccess) << odcGetLastError();
   EXPECT_EQ(odcCommDestroy(comm), odcSuccess);
+  // A version-2 config (no staging_bytes) too: what lies beyond its size is never read.
+  odcCommConfig_t version2;
+  ASSERT_EQ(odcCommConfigInit(&version2), odcSuccess);
+  EXPECT_EQ(version2.staging_bytes, 0u);
+  version2.version = 2;
+  version2.size = offsetof(odcCommConfig_t, staging_bytes);
+  version2.staging_bytes = 1;  // beyond its size: a budget this small would be refused
+  const std::string key2 = "bootstrap-v2-" + std::to_string(::getpid());
+  version2.key = key2.c_str();
+  ASSERT_EQ(odcCommInitConfig(&comm, 0, 1, &version2), odcSuccess) << odcGetLastError();
+  odcBuffer_t accumulator = nullptr;
+  void* local = nullptr;
+  EXPECT_EQ(odcBufferAlloc(comm, 8, odcFloat32, 1, &accumulator, &local), odcSuccess)
+      << odcGetLastError();
+  EXPECT_EQ(odcCommDestroy(comm), odcSuccess);
+  // Version 3: the budget is the caller's; too small for the world is refused at the first
+  // accumulator, naming what it needs.
+  odcCommConfig_t version3;
+  ASSERT_EQ(odcCommConfigInit(&version3), odcSuccess);
+  version3.staging_bytes = 64;
+  const std::string key3 = "bootstrap-v3-" + std::to_string(::getpid());
+  version3.key = key3.c_str();
+  ASSERT_EQ(odcCommInitConfig(&comm, 0, 1, &version3), odcSuccess) << odcGetLastError();
+  EXPECT_EQ(odcBufferAlloc(comm, 8, odcFloat32, 1, &accumulator, &local), odcInvalidArgument);
+  EXPECT_NE(std::string(odcGetLastError()).find("staging budget of 64 bytes is too small"),
+            std::string::npos)
+      << odcGetLastError();
+  EXPECT_EQ(odcCommDestroy(comm), odcSuccess);
 }
 
 }  // namespace

@@ -73,10 +73,20 @@ def test_gather_equals_concatenated_shards(world_size):
 
 
 def _minibatch_rank(
-    rank, world_size, key, num_minibatches, count, src_dtype, delays, deterministic=False
+    rank,
+    world_size,
+    key,
+    num_minibatches,
+    count,
+    src_dtype,
+    delays,
+    deterministic=False,
+    staging_bytes=None,
 ):
     rng = random.Random(rank)
-    with odc.Comm(rank, world_size, key, timeout=30, deterministic=deterministic) as comm:
+    with odc.Comm(
+        rank, world_size, key, timeout=30, deterministic=deterministic, staging_bytes=staging_bytes
+    ) as comm:
         accumulator = comm.alloc(count, accumulator=True)
         everything = np.empty(world_size * count, dtype=np.float32)
         for minibatch in range(num_minibatches):
@@ -109,6 +119,45 @@ def _minibatch_rank(
 def test_scatter_accumulate_uneven_with_delays(world_size, src_dtype):
     results = odc.launch(_minibatch_rank, world_size, 5, 129, src_dtype, True, timeout=180)
     assert results == [5] * world_size
+
+
+@pytest.mark.parametrize("src_dtype", ["float32", "bfloat16"])
+def test_streamed_pushes_through_a_tiny_staging_budget(src_dtype):
+    # The shm transport streams pushes through rings cut from the staging budget: 16 KiB for 4
+    # ranks is a few slots of a few hundred bytes per sender, so each push of 1,000 elements per
+    # owner travels in several chunks and senders wait for credit. Sums stay exact.
+    results = odc.launch(_minibatch_rank, 4, 4, 1000, src_dtype, True, False, 16384, timeout=180)
+    assert results == [4] * 4
+
+
+def _staging_budget_rank(rank, world_size, key, budgets):
+    with odc.Comm(rank, world_size, key, timeout=30, staging_bytes=budgets[rank]) as comm:
+        try:
+            comm.alloc(8, accumulator=True)
+        except odc.Error as error:
+            return str(error)
+    return "allocated"
+
+
+def test_staging_budgets_that_differ_or_do_not_fit_are_named():
+    mismatch = odc.launch(_staging_budget_rank, 2, [1 << 20, 1 << 21], timeout=120)
+    assert all("staging budgets differ across ranks" in m for m in mismatch), mismatch
+    assert "1048576" in mismatch[0] and "2097152" in mismatch[0], mismatch
+    small = odc.launch(_staging_budget_rank, 2, [512, 512], timeout=120)
+    assert all("too small for 2 ranks" in m for m in small), small
+    with pytest.raises(odc.Error, match="staging_bytes must be in"):
+        odc.Comm(0, 1, "unused-key", staging_bytes=0)
+
+
+def _staging_env_rank(rank, world_size, key, value):
+    os.environ["ODC_STAGING_BYTES"] = value  # read at the first accumulator, in this process
+    return _staging_budget_rank(rank, world_size, key, [None] * world_size)
+
+
+def test_staging_budget_from_the_environment_is_checked():
+    assert odc.launch(_staging_env_rank, 2, "64K", timeout=120) == ["allocated"] * 2
+    bad = odc.launch(_staging_env_rank, 2, "12 apples", timeout=120)
+    assert all("ODC_STAGING_BYTES='12 apples' is not a positive number" in m for m in bad), bad
 
 
 def test_deterministic_option():
