@@ -236,11 +236,20 @@ typedef struct {
    * Must be equal on every rank; a budget too small for the world size is refused at the first
    * accumulator, naming what it needs. */
   size_t staging_bytes;
+  /* Version 3. Ranks per node (consecutive ranks share a node), for the topology every rank
+   * agrees on at init (odcCommGetTopology). 0 (default): $ODC_LOCAL_WORLD_SIZE, else the
+   * launcher's $LOCAL_WORLD_SIZE (torchrun), else the transport's report (the host). */
+  int ranks_per_node;
 } odcCommConfig_t;
 
 /* Local: fills `config` with the defaults (auto transport, no key, default timeout, no device,
  * not deterministic, no bootstrap, default staging budget). */
 ODC_API odcResult_t odcCommConfigInit(odcCommConfig_t* config);
+
+/* Local: the topology the ranks agreed on at init: *num_nodes (may be NULL) and, when node_of is
+ * not NULL, node_of[r] = the node of rank r for every rank (world_size entries; nodes are
+ * numbered from 0 in order of their lowest rank). */
+ODC_API odcResult_t odcCommGetTopology(odcComm_t comm, int* num_nodes, int* node_of);
 
 /* Collective. As odcCommInit / odcCommInitCuda, configured by `config` (not retained). A config
  * with an unknown version, a size smaller than version 1's, or a transport this build lacks is

@@ -100,6 +100,7 @@ class CommConfig(ctypes.Structure):
         ("deterministic", ctypes.c_int),
         ("bootstrap", ctypes.POINTER(Bootstrap)),  # version 2
         ("staging_bytes", ctypes.c_size_t),  # version 3
+        ("ranks_per_node", ctypes.c_int),  # version 3
     ]
 
 
@@ -177,6 +178,11 @@ def _load() -> ctypes.CDLL:
     lib.odcCommDestroy.argtypes = [handle]
     lib.odcCommRank.argtypes = [handle, ctypes.POINTER(ctypes.c_int)]
     lib.odcCommWorldSize.argtypes = [handle, ctypes.POINTER(ctypes.c_int)]
+    lib.odcCommGetTopology.argtypes = [
+        handle,
+        ctypes.POINTER(ctypes.c_int),
+        ctypes.POINTER(ctypes.c_int),
+    ]
     lib.odcCommGetLastError.argtypes = [handle]
     lib.odcCommGetLastError.restype = ctypes.c_char_p
     lib.odcBufferAlloc.argtypes = [
@@ -224,6 +230,7 @@ def _load() -> ctypes.CDLL:
         "odcCommDestroy",
         "odcCommRank",
         "odcCommWorldSize",
+        "odcCommGetTopology",
         "odcBufferAlloc",
         "odcBufferAllocNamed",
         "odcBufferAllocKind",

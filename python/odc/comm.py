@@ -24,7 +24,7 @@ import math
 import os
 import sys
 import threading
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -277,6 +277,9 @@ class Comm:
     minibatch through a bounded ring per sender at each owner): the most memory it takes, whatever
     the model and world size. None (default): $ODC_STAGING_BYTES, else 256 MiB. Equal on every
     rank.
+    ranks_per_node: consecutive ranks per node, for the node layout every rank agrees on at init
+    (`topology`). None (default): $ODC_LOCAL_WORLD_SIZE, else torchrun's $LOCAL_WORLD_SIZE, else
+    the transport's report (the host).
     """
 
     def __init__(
@@ -290,6 +293,7 @@ class Comm:
         store: Any = None,
         transport: Optional[str] = None,
         staging_bytes: Optional[int] = None,
+        ranks_per_node: Optional[int] = None,
     ):
         self._handle = None
         self._deferred_handle = None
@@ -306,6 +310,8 @@ class Comm:
             device = _checked_int(device, "device", 0, _INT_MAX)
         if staging_bytes is not None:
             staging_bytes = _checked_int(staging_bytes, "staging_bytes", 1, 2**63 - 1)
+        if ranks_per_node is not None:
+            ranks_per_node = _checked_int(ranks_per_node, "ranks_per_node", 1, _INT_MAX)
         transports = {
             "shm": _capi.TRANSPORT_SHM,
             "cuda": _capi.TRANSPORT_CUDA,
@@ -361,6 +367,7 @@ class Comm:
         config.device = -1 if device is None else int(device)
         config.deterministic = int(bool(deterministic))
         config.staging_bytes = 0 if staging_bytes is None else int(staging_bytes)
+        config.ranks_per_node = 0 if ranks_per_node is None else int(ranks_per_node)
         try:
             result = _capi.lib.odcCommInitConfig(
                 ctypes.byref(handle), rank, world_size, ctypes.byref(config)
@@ -596,6 +603,15 @@ class Comm:
     def barrier(self, stream: Any = None) -> None:
         """Collective: completes when every rank has called it."""
         self._call(_capi.lib.odcBarrier, _stream_handle(stream, self.device))
+
+    @property
+    def topology(self) -> List[int]:
+        """The node of every rank (a list of world_size ints, nodes numbered from 0 in order of
+        their lowest rank), as every rank agreed at init: from `ranks_per_node`, else
+        $ODC_LOCAL_WORLD_SIZE, else $LOCAL_WORLD_SIZE, else the transport's report."""
+        node_of = (ctypes.c_int * self.world_size)()
+        self._call(_capi.lib.odcCommGetTopology, None, node_of)
+        return list(node_of)
 
     def poll_error(self) -> None:
         """Local, never blocks: raises odc.Error when device work of this communicator failed

@@ -201,7 +201,8 @@ odc::Result<double> timeout_or_default(double timeout_seconds) {
 // the new communicator.
 odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* transport_name,
                       const char* key, double timeout_seconds, int device, bool deterministic,
-                      const odcBootstrap_t* external = nullptr, size_t staging_bytes = 0) {
+                      const odcBootstrap_t* external = nullptr, size_t staging_bytes = 0,
+                      int ranks_per_node = 0) {
   return guarded([&]() -> odcResult_t {
     if (comm == nullptr) return report(Status::InvalidArgument("odcCommInit: comm is NULL"));
     if (key == nullptr && external == nullptr) {
@@ -267,9 +268,15 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
     options.deterministic = deterministic;
     options.bootstrap = bootstrap;
     options.staging_bytes = staging_bytes;
+    options.ranks_per_node = ranks_per_node;
     auto* created = new odcComm();
     created->communicator =
         std::make_unique<odc::Communicator>(std::move(transport).value(), options);
+    // Every rank agrees on the node layout now (a bad or disagreeing source fails every rank).
+    if (Status status = created->communicator->agree_on_topology(); !status.ok()) {
+      delete created;
+      return fail(status);
+    }
     {
       std::lock_guard<std::mutex> lock(registry_mutex);
       live_comms.insert(created);
@@ -306,6 +313,7 @@ extern "C" odcResult_t odcCommConfigInit(odcCommConfig_t* config) {
     config->deterministic = 0;
     config->bootstrap = nullptr;
     config->staging_bytes = 0;
+    config->ranks_per_node = 0;
     return success();
   });
 }
@@ -360,7 +368,8 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
     return init_comm(comm, rank, world_size, name, config->key, config->timeout_seconds,
                      config->device, config->deterministic != 0,
                      version1 ? nullptr : config->bootstrap,
-                     version1 || version2 ? 0 : config->staging_bytes);
+                     version1 || version2 ? 0 : config->staging_bytes,
+                     version1 || version2 ? 0 : config->ranks_per_node);
   });
 }
 
@@ -405,6 +414,18 @@ extern "C" odcResult_t odcCommWorldSize(odcComm_t comm, int* world_size) {
     if (world_size == nullptr)
       return Status::InvalidArgument("odcCommWorldSize: world_size is NULL");
     *world_size = c.world_size();
+    return Status::Ok();
+  });
+}
+
+extern "C" odcResult_t odcCommGetTopology(odcComm_t comm, int* num_nodes, int* node_of) {
+  return with_comm(comm, "odcCommGetTopology", [&](odc::Communicator& c) {
+    const odc::Topology* topology = c.topology();
+    if (topology == nullptr) return Status::InternalError("odcCommGetTopology: not agreed yet");
+    if (num_nodes != nullptr) *num_nodes = topology->num_nodes;
+    if (node_of != nullptr) {
+      for (int r = 0; r < c.world_size(); ++r) node_of[r] = topology->node(r);
+    }
     return Status::Ok();
   });
 }

@@ -162,6 +162,7 @@ Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opt
               : !transport_->caps().stream_ordered ? AccumulationScheme::kStreamed
                                                    : AccumulationScheme::kStaged),
       staging_bytes_(options.staging_bytes),
+      ranks_per_node_(options.ranks_per_node),
       destination_([this](uint64_t buffer_id, size_t first, size_t count) {
         return fold_destination(buffer_id, first, count);
       }) {}
@@ -254,6 +255,8 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   // others allocate their parameters would otherwise gather gradients as weights).
   put_name(mine, name);
   ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op)));
+  // Once, at init or else at the first allocation (collective, like it).
+  ODC_RETURN_IF_ERROR(agree_on_topology());
   auto all = transport_->exchange(mine);
   if (!all.ok()) return finish(op, all.status());
   for (int r = 0; r < world_size(); ++r) {
@@ -316,6 +319,15 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   Buffer* handle = buffer.get();
   buffers_.emplace(handle, std::move(buffer));
   return handle;
+}
+
+Status Communicator::agree_on_topology() {
+  if (topology_ != nullptr) return Status::Ok();
+  ODC_RETURN_IF_ERROR(usable("topology"));
+  auto topology = agree_topology(*transport_, ranks_per_node_);
+  if (!topology.ok()) return finish("topology", topology.status());
+  topology_ = std::make_unique<Topology>(std::move(topology).value());
+  return Status::Ok();
 }
 
 Status Communicator::create_staging() {

@@ -28,6 +28,7 @@
 #include "common/status.h"
 #include "core/dtype.h"
 #include "core/streamed_staging.h"
+#include "core/topology.h"
 #include "core/transport.h"
 
 namespace odc {
@@ -75,6 +76,9 @@ struct CommOptions {
   // kStreamed: the staging budget per rank (rings and their signals); 0: $ODC_STAGING_BYTES, else
   // kDefaultStagingBytes. Every rank must use the same.
   size_t staging_bytes = 0;
+  // Ranks per node (consecutive ranks share a node); 0: the launcher's environment, else the
+  // transport's report (core/topology.h).
+  int ranks_per_node = 0;
 };
 
 // A symmetric buffer: `count` elements of `dtype` on every rank. Accumulators are fp32; staged
@@ -117,6 +121,11 @@ class Communicator {
   int world_size() const { return transport_->world_size(); }
   CommState state() const { return state_; }
   AccumulationScheme scheme() const { return scheme_; }
+  // The node of every rank and the peers this rank maps directly (null before it is agreed).
+  const Topology* topology() const { return topology_.get(); }
+  // Collective: agrees on the topology (core/topology.h) unless done; the C API does it at
+  // init, the first allocation otherwise.
+  Status agree_on_topology();
   // kStreamed: the rings (made with the first accumulator), else null.
   const StreamedStaging* staging() const { return staging_.get(); }
   Transport& transport() { return *transport_; }
@@ -191,6 +200,8 @@ class Communicator {
   // accumulator (collective, like the accumulator itself).
   std::unique_ptr<SymmetricRegion> pull_scratch_;
   size_t staging_bytes_ = 0;  // CommOptions::staging_bytes as given
+  int ranks_per_node_ = 0;    // CommOptions::ranks_per_node as given
+  std::unique_ptr<Topology> topology_;
   std::unique_ptr<StreamedStaging> staging_;
   StreamedStaging::Destination destination_;  // fold_destination, bound to this communicator
   std::map<const Buffer*, std::unique_ptr<Buffer>> buffers_;

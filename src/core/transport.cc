@@ -1,6 +1,8 @@
 // Names of collectives, for error messages, and the transport operations with a generic default.
 #include "core/transport.h"
 
+#include <unistd.h>
+
 namespace odc {
 
 const char* collective_op_name(CollectiveOp op) {
@@ -47,6 +49,21 @@ Result<bool> Transport::poll_signals(const std::vector<SignalWatch>&, size_t,
                                      std::chrono::duration<double>, std::vector<uint64_t>*) {
   return Status::InternalError(
       "this transport is stream-ordered: signal polls run on its device, not the host");
+}
+
+uint64_t Transport::node_key() const {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) return 0;
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a
+  for (const char* c = host; *c != '\0'; ++c) {
+    hash ^= static_cast<unsigned char>(*c);
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+bool Transport::maps_directly(int) const {
+  return true;
 }
 
 Status Transport::open_gather_window(const std::vector<const SymmetricRegion*>&, StreamHandle) {

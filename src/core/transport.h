@@ -92,6 +92,12 @@ class Transport {
   // What bounds every wait on another rank (infinite: forever). Protocol loops that wait through
   // poll_signals() bound themselves by it.
   virtual std::chrono::duration<double> timeout() const = 0;
+  // Topology as the transport sees it (core/topology.h asks for it when neither the config nor
+  // the launcher says): a key equal on exactly the ranks of one node (default: a hash of the
+  // host's name), and whether this rank maps a peer of its own node directly (plain loads and
+  // stores; default: yes).
+  virtual uint64_t node_key() const;
+  virtual bool maps_directly(int peer) const;
 
   // ---- collectives (every rank, same order) -------------------------------------------------
   // Host-blocking: every rank contributes `mine`; returns all records in rank order.

@@ -67,6 +67,7 @@ class LoggedTransport final : public Transport {
     return caps;
   }
   std::chrono::duration<double> timeout() const override { return inner_->timeout(); }
+  uint64_t node_key() const override { return inner_->node_key(); }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override {
     return inner_->exchange(mine);
   }

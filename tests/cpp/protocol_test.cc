@@ -606,6 +606,64 @@ TEST(Streamed, CollectivesInsideAMinibatchWhileAPeerWaitsForCredit) {
   EXPECT_EQ(describe(outcome), "");
 }
 
+// Topology in the core: the transport's report (pretend nodes of the in-memory transport), the
+// caller's ranks per node over it, and a layout that cannot be (not dividing the world, or
+// different on some rank) failing every rank with the reason.
+TEST(Topology, AgreedFromConfigElseTheTransportsReport) {
+  const int world_size = 8;
+  mem::MemOptions options;
+  options.ranks_per_node = 2;  // the transport reports 4 nodes of 2
+  auto world = mem::MemWorld::create(world_size, options);
+  std::vector<std::string> layouts(world_size);
+  auto outcome = run_threads(world_size, [&](int rank) -> std::string {
+    Communicator comm(world->join(rank));
+    if (Status s = comm.agree_on_topology(); !s.ok()) return s.message();
+    const Topology& topology = *comm.topology();
+    layouts[static_cast<size_t>(rank)] = topology.describe();
+    if (topology.node(rank) != rank / 2) return "wrong node";
+    for (int peer = 0; peer < world_size; ++peer) {
+      if (topology.maps(peer) != (peer / 2 == rank / 2)) return "wrong direct map";
+    }
+    return "";
+  });
+  EXPECT_EQ(describe(outcome), "");
+  EXPECT_EQ(layouts[0], "4 nodes (ranks per node: 2, 2, 2, 2; from transport)");
+  // The caller's configuration comes first: 2 nodes of 4.
+  world = mem::MemWorld::create(world_size, options);
+  outcome = run_threads(world_size, [&](int rank) -> std::string {
+    CommOptions config;
+    config.ranks_per_node = 4;
+    Communicator comm(world->join(rank), config);
+    auto acc = comm.allocate(4, DataType::kFloat32, true);  // agrees on it first
+    if (!acc.ok()) return acc.status().message();
+    layouts[static_cast<size_t>(rank)] = comm.topology()->describe();
+    return comm.topology()->node(rank) == rank / 4 ? "" : "wrong node";
+  });
+  EXPECT_EQ(describe(outcome), "");
+  EXPECT_EQ(layouts[7], "2 nodes (ranks per node: 4, 4; from config)");
+  // 3 ranks per node do not divide 8; rank 5 alone saying 2 disagrees: every rank fails, named.
+  for (int odd_rank : {-1, 5}) {
+    world = mem::MemWorld::create(world_size, options);
+    outcome = run_threads(world_size, [&](int rank) -> std::string {
+      CommOptions config;
+      config.ranks_per_node = odd_rank < 0 ? 3 : (rank == odd_rank ? 2 : 4);
+      Communicator comm(world->join(rank), config);
+      Status s = comm.agree_on_topology();
+      return s.ok() ? "agreed" : s.message();
+    });
+    for (int rank = 0; rank < world_size; ++rank) {
+      const std::string& verdict = outcome[static_cast<size_t>(rank)];
+      const std::string want = odd_rank < 0 ? "3 ranks per node (from config) does not divide"
+                                            : "ranks disagree on the node layout";
+      EXPECT_NE(verdict.find(want), std::string::npos) << "rank " << rank << ": " << verdict;
+      if (odd_rank >= 0 && rank != odd_rank) {
+        EXPECT_NE(verdict.find("rank 5 has config = 2 ranks per node"), std::string::npos)
+            << verdict;
+      }
+    }
+  }
+}
+
 TEST(Faults, CollectiveMismatchIsNamed) {
   fault::FaultPlan plan;
   plan.kind = fault::FaultKind::kMismatch;

@@ -160,6 +160,28 @@ def test_staging_budget_from_the_environment_is_checked():
     assert all("ODC_STAGING_BYTES='12 apples' is not a positive number" in m for m in bad), bad
 
 
+def _topology_rank(rank, world_size, key, env, ranks_per_node):
+    os.environ.update(env)  # read at init, in this process
+    try:
+        with odc.Comm(rank, world_size, key, timeout=30, ranks_per_node=ranks_per_node) as comm:
+            return comm.topology
+    except odc.Error as error:
+        return str(error)
+
+
+def test_topology_from_config_then_environment_then_transport():
+    # The host transport reports one node (the host); the launcher's LOCAL_WORLD_SIZE comes
+    # before it, ODC_LOCAL_WORLD_SIZE before that, the caller's ranks_per_node first.
+    assert odc.launch(_topology_rank, 4, {}, None, timeout=120) == [[0, 0, 0, 0]] * 4
+    env = {"LOCAL_WORLD_SIZE": "2"}
+    assert odc.launch(_topology_rank, 4, env, None, timeout=120) == [[0, 0, 1, 1]] * 4
+    env = {"LOCAL_WORLD_SIZE": "2", "ODC_LOCAL_WORLD_SIZE": "1"}
+    assert odc.launch(_topology_rank, 4, env, None, timeout=120) == [[0, 1, 2, 3]] * 4
+    assert odc.launch(_topology_rank, 4, env, 4, timeout=120) == [[0, 0, 0, 0]] * 4
+    bad = odc.launch(_topology_rank, 4, {"ODC_LOCAL_WORLD_SIZE": "3"}, None, timeout=120)
+    assert all("does not divide the world size 4" in m for m in bad), bad
+
+
 def test_deterministic_option():
     results = odc.launch(_minibatch_rank, 3, 5, 33, "float32", True, True, timeout=180)
     assert results == [5] * 3
@@ -382,7 +404,9 @@ def test_killed_rank_makes_the_others_fail():
     for rank in (0, 2):
         code, message, waited = error.results[rank]
         assert code == odc._capi.REMOTE_ERROR
-        assert f"rank {rank}: minibatch_end: rank 1 (pid" in message and "died" in message
+        # Directly, or through a peer that saw it first ("rank 0 failed: ... rank 1 (pid) died").
+        assert message.startswith(f"rank {rank}: minibatch_end: "), message
+        assert "rank 1 (pid" in message and "died" in message, message
         assert waited < 5 + 1
 
 

@@ -51,6 +51,8 @@ class FaultTransport final : public Transport {
   int world_size() const override { return inner_->world_size(); }
   TransportCaps caps() const override { return inner_->caps(); }
   std::chrono::duration<double> timeout() const override { return inner_->timeout(); }
+  uint64_t node_key() const override { return inner_->node_key(); }
+  bool maps_directly(int peer) const override { return inner_->maps_directly(peer); }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;

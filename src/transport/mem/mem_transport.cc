@@ -42,6 +42,11 @@ class MemTransport final : public Transport {
     return caps;
   }
   std::chrono::duration<double> timeout() const override { return world_->options().timeout; }
+  uint64_t node_key() const override {
+    const int per_node = world_->options().ranks_per_node;
+    return per_node > 0 ? static_cast<uint64_t>(rank_ / per_node) : 0;
+  }
+  bool maps_directly(int) const override { return true; }
 
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override {
     std::vector<ExchangeRecord> all;

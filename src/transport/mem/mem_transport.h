@@ -26,6 +26,8 @@ struct MemOptions {
   // Report caps().stream_ordered (calls still complete on return), so that the core takes the
   // paths of device transports (the kStaged scheme, the destroy barrier) and tests run them.
   bool stream_ordered = false;
+  // Pretend nodes of this many consecutive ranks (the transport's topology report); 0: one node.
+  int ranks_per_node = 0;
   std::chrono::duration<double> timeout{30.0};
 };
 

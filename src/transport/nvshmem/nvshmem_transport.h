@@ -51,6 +51,7 @@ class NvshmemTransport final : public Transport {
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
   TransportCaps caps() const override { return TransportCaps{false, true}; }
+  bool maps_directly(int peer) const override { return mapped_[static_cast<size_t>(peer)] != 0; }
   std::chrono::duration<double> timeout() const override {
     return std::chrono::duration<double>(timeout_ns_ == INT64_MAX
                                              ? std::numeric_limits<double>::infinity()

@@ -1,0 +1,144 @@
+// Topology agreed across ranks (see topology.h for the source order and invariants).
+#include "core/topology.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <map>
+
+#include "common/env.h"
+
+namespace odc {
+namespace {
+
+ODC_ENV_TEXT(odc_local_world_size_env, "ODC_LOCAL_WORLD_SIZE")
+ODC_ENV_TEXT(launcher_local_world_size_env, "LOCAL_WORLD_SIZE")
+
+// The exchange record: which source, its value (ranks per node, or the transport's node key),
+// whether this rank could read it, and whether it maps each peer is asked for locally after.
+enum Source : uint64_t { kConfig = 1, kOdcEnv = 2, kLauncherEnv = 3, kTransport = 4 };
+
+const char* source_name(uint64_t source) {
+  switch (source) {
+    case kConfig:
+      return "config";
+    case kOdcEnv:
+      return "ODC_LOCAL_WORLD_SIZE";
+    case kLauncherEnv:
+      return "LOCAL_WORLD_SIZE";
+    case kTransport:
+      return "transport";
+  }
+  return "unknown";
+}
+
+// A positive integer, or 0 when `text` is not one.
+uint64_t positive_integer(const std::string& text) {
+  if (text.empty() || text[0] == '-' || text[0] == '+') return 0;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (*end != '\0' || errno == ERANGE || value > (1u << 30)) return 0;
+  return value;
+}
+
+}  // namespace
+
+std::vector<int> Topology::ranks_on(int node) const {
+  std::vector<int> ranks;
+  for (size_t r = 0; r < node_of.size(); ++r) {
+    if (node_of[r] == node) ranks.push_back(static_cast<int>(r));
+  }
+  return ranks;
+}
+
+std::string Topology::describe() const {
+  std::string sizes;
+  for (int n = 0; n < num_nodes; ++n) {
+    sizes += (n == 0 ? "" : ", ") + std::to_string(ranks_on(n).size());
+  }
+  return std::to_string(num_nodes) + (num_nodes == 1 ? " node" : " nodes") +
+         " (ranks per node: " + sizes + "; from " + source + ")";
+}
+
+Result<Topology> agree_topology(Transport& transport, int configured_ranks_per_node) {
+  const int world = transport.world_size();
+  const int rank = transport.rank();
+  ExchangeRecord mine;
+  std::string invalid;  // why this rank's source could not be read
+  if (configured_ranks_per_node != 0) {
+    mine.words[0] = kConfig;
+    mine.words[1] =
+        configured_ranks_per_node > 0 ? static_cast<uint64_t>(configured_ranks_per_node) : 0;
+    if (mine.words[1] == 0) {
+      invalid = "ranks per node " + std::to_string(configured_ranks_per_node) + " in the config";
+    }
+  } else if (!odc_local_world_size_env().empty()) {
+    mine.words[0] = kOdcEnv;
+    mine.words[1] = positive_integer(odc_local_world_size_env());
+    if (mine.words[1] == 0) invalid = "ODC_LOCAL_WORLD_SIZE='" + odc_local_world_size_env() + "'";
+  } else if (!launcher_local_world_size_env().empty()) {
+    mine.words[0] = kLauncherEnv;
+    mine.words[1] = positive_integer(launcher_local_world_size_env());
+    if (mine.words[1] == 0) invalid = "LOCAL_WORLD_SIZE='" + launcher_local_world_size_env() + "'";
+  } else {
+    mine.words[0] = kTransport;
+    mine.words[1] = transport.node_key();
+  }
+  mine.words[2] = invalid.empty() ? 1 : 0;
+  auto all = transport.exchange(mine);
+  if (!all.ok()) return all.status();
+  if (!invalid.empty()) {
+    return Status::InvalidArgument(invalid + " is not a positive number of ranks per node");
+  }
+  Topology topology;
+  topology.source = source_name(mine.words[0]);
+  for (int r = 0; r < world; ++r) {
+    const ExchangeRecord& theirs = all.value()[r];
+    if (theirs.words[2] == 0) {
+      return Status::InvalidArgument("rank " + std::to_string(r) +
+                                     " could not read its ranks per node (its error names why)");
+    }
+    const bool per_node_source = mine.words[0] != kTransport;
+    if (theirs.words[0] != mine.words[0] || (per_node_source && theirs.words[1] != mine.words[1])) {
+      auto what = [&](const ExchangeRecord& record) {
+        return std::string(source_name(record.words[0])) +
+               (record.words[0] == kTransport
+                    ? std::string(" (the transport's report)")
+                    : " = " + std::to_string(record.words[1]) + " ranks per node");
+      };
+      return Status::InvalidArgument("ranks disagree on the node layout: rank " +
+                                     std::to_string(r) + " has " + what(theirs) + ", this rank (" +
+                                     std::to_string(rank) + ") " + what(mine) +
+                                     " (set the same ODC_LOCAL_WORLD_SIZE or config everywhere)");
+    }
+  }
+  topology.node_of.assign(static_cast<size_t>(world), 0);
+  if (mine.words[0] != kTransport) {
+    const auto per_node = static_cast<int>(mine.words[1]);
+    if (world % per_node != 0) {
+      return Status::InvalidArgument(std::to_string(per_node) + " ranks per node (from " +
+                                     topology.source + ") does not divide the world size " +
+                                     std::to_string(world));
+    }
+    for (int r = 0; r < world; ++r) topology.node_of[static_cast<size_t>(r)] = r / per_node;
+    topology.num_nodes = world / per_node;
+  } else {
+    // Nodes numbered in order of their lowest rank; a node's ranks need not be contiguous.
+    std::map<uint64_t, int> node_of_key;
+    for (int r = 0; r < world; ++r) {
+      const uint64_t key = all.value()[r].words[1];
+      auto found = node_of_key.emplace(key, static_cast<int>(node_of_key.size())).first;
+      topology.node_of[static_cast<size_t>(r)] = found->second;
+    }
+    topology.num_nodes = static_cast<int>(node_of_key.size());
+  }
+  topology.direct.assign(static_cast<size_t>(world), 0);
+  for (int r = 0; r < world; ++r) {
+    const bool same_node = topology.node(r) == topology.node(rank);
+    topology.direct[static_cast<size_t>(r)] =
+        r == rank || (same_node && transport.maps_directly(r));
+  }
+  return topology;
+}
+
+}  // namespace odc

@@ -1,0 +1,38 @@
+// Which node every rank is on, and which peers this rank maps directly (plain loads and stores:
+// shared memory, NVLink), agreed once when a communicator is created, so that topology-aware
+// schemes in the core all see the same picture on every rank. One source order: the caller's
+// configuration (ranks per node), then the launcher's environment (ODC_LOCAL_WORLD_SIZE, then
+// torchrun's LOCAL_WORLD_SIZE), then the transport's own report (its node key per rank).
+// Invariants: every rank used the same source (a rank whose launcher said otherwise fails every
+// rank, naming both); nodes are numbered 0.. in order of their lowest rank; a rank maps itself.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "core/transport.h"
+
+namespace odc {
+
+struct Topology {
+  std::vector<int> node_of;  // per rank
+  std::vector<char> direct;  // per rank: this rank reaches it with plain loads and stores
+  int num_nodes = 1;
+  std::string source;  // "config", "ODC_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE" or "transport"
+
+  int node(int rank) const { return node_of[static_cast<size_t>(rank)]; }
+  bool maps(int rank) const { return direct[static_cast<size_t>(rank)] != 0; }
+  // The ranks on `node`, in rank order.
+  std::vector<int> ranks_on(int node) const;
+  // "2 nodes (ranks per node: 4, 4; from LOCAL_WORLD_SIZE)", for logs and errors.
+  std::string describe() const;
+};
+
+// Collective (every rank, through the transport's exchange). `configured_ranks_per_node`: 0 to
+// take the launcher's environment, else the transport's report. A source that does not divide
+// the world, or that differs across ranks, fails every rank with an error naming it.
+Result<Topology> agree_topology(Transport& transport, int configured_ranks_per_node);
+
+}  // namespace odc
