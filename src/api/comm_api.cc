@@ -25,8 +25,8 @@
 #include "common/env.h"
 #include "common/interrupt.h"
 #include "core/communicator.h"
-#include "core/transport_registry.h"
 #include "odc/odc.h"
+#include "transport/registry.h"
 
 namespace {
 

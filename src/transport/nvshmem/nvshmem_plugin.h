@@ -6,7 +6,7 @@
 
 #include "common/status.h"
 #include "core/transport.h"
-#include "core/transport_registry.h"
+#include "transport/registry.h"
 
 #define ODC_NVSHMEM_PLUGIN_ABI 1
 #define ODC_NVSHMEM_PLUGIN_NAME "libodc_nvshmem.so"

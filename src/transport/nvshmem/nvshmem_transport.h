@@ -32,9 +32,9 @@
 
 #include "bootstrap/bootstrap.h"
 #include "core/transport.h"
-#include "core/transport_registry.h"
 #include "kernels/kernels.h"
 #include "transport/cuda/device_local.h"
+#include "transport/registry.h"
 
 namespace odc::nvshmem {
 

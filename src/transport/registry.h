@@ -1,5 +1,6 @@
-// The transports this build has, by name, and how to make one. The C API and tools pick a transport
-// here instead of knowing which backends were compiled in.
+// The transports this build has, by name, and how to make one: the floor of the transports, so
+// that the core never includes a concrete transport. The C API picks a transport here instead of
+// knowing which backends were compiled in.
 #pragma once
 
 #include <chrono>
@@ -26,9 +27,7 @@ struct TransportSpec {
 };
 
 struct TransportInfo {
-  const char* name;    // "shm", "cuda"
-  bool needs_device;   // takes a CUDA device
-  TransportCaps caps;  // what the core can rely on
+  const char* name;  // "shm", "cuda", "nvshmem"
   Result<std::unique_ptr<Transport>> (*create)(const TransportSpec& spec);
 };
 

@@ -1,6 +1,6 @@
-// The transport registry (see transport_registry.h). The one place that knows which transports
-// were compiled in.
-#include "core/transport_registry.h"
+// The transport registry (see registry.h). The one place that knows which transports were
+// compiled in.
+#include "transport/registry.h"
 
 #include <dlfcn.h>
 
@@ -101,10 +101,10 @@ Result<std::unique_ptr<Transport>> create_nvshmem(const TransportSpec& spec) {
 
 const std::vector<TransportInfo>& transports() {
   static const std::vector<TransportInfo> all = {
-    {"shm", false, TransportCaps{false, false}, &create_shm},
+    {"shm", &create_shm},
 #if ODC_WITH_CUDA
-    {"cuda", true, TransportCaps{true, true}, &create_cuda},
-    {"nvshmem", true, TransportCaps{false, true}, &create_nvshmem},
+    {"cuda", &create_cuda},
+    {"nvshmem", &create_nvshmem},
 #endif
   };
   return all;
