@@ -178,6 +178,7 @@ Communicator::~Communicator() {
   }
   // Nothing of this rank may still run on the buffers when they go.
   (void)transport_->drain();
+  accumulators_by_id_.clear();
   buffers_.clear();  // unmap buffers before the transport's control segments
   pull_scratch_.reset();
   staging_.reset();
@@ -317,6 +318,7 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
     pull_scratch_ = std::move(scratch).value();
   }
   Buffer* handle = buffer.get();
+  if (accumulator) accumulators_by_id_.emplace(handle->id, handle);
   buffers_.emplace(handle, std::move(buffer));
   return handle;
 }
@@ -362,8 +364,8 @@ Status Communicator::create_staging() {
 
 Result<float*> Communicator::fold_destination(uint64_t buffer_id, size_t first,
                                               size_t count) const {
-  for (const auto& [handle, buffer] : buffers_) {
-    if (buffer->id != buffer_id || !buffer->is_accumulator()) continue;
+  if (auto found = accumulators_by_id_.find(buffer_id); found != accumulators_by_id_.end()) {
+    const Buffer* buffer = found->second;
     if (first > buffer->count || count > buffer->count - first) {
       return Status::InternalError("elements [" + std::to_string(first) + ", " +
                                    std::to_string(first + count) + ") lie outside accumulator " +
@@ -382,12 +384,14 @@ Status Communicator::release(Buffer* buffer) {
   if (state_ == CommState::kFailed) {
     // Nothing to coordinate with, but this rank's queued work may still use the buffer.
     (void)transport_->drain();
+    accumulators_by_id_.erase(buffer->id);
     buffers_.erase(buffer);
     return Status::Ok();
   }
   // Peers may still read this buffer until they too arrive here.
   ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op)));
   ODC_RETURN_IF_ERROR(finish(op, transport_->host_barrier(CollectiveOp::kRelease)));
+  accumulators_by_id_.erase(buffer->id);
   buffers_.erase(buffer);
   return Status::Ok();
 }

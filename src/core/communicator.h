@@ -205,6 +205,7 @@ class Communicator {
   std::unique_ptr<StreamedStaging> staging_;
   StreamedStaging::Destination destination_;  // fold_destination, bound to this communicator
   std::map<const Buffer*, std::unique_ptr<Buffer>> buffers_;
+  std::map<uint64_t, Buffer*> accumulators_by_id_;  // kStreamed folds look chunks' targets up
 };
 
 }  // namespace odc

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -31,8 +32,9 @@ static_assert(sizeof(ChunkHeader) == kChunkHeaderBytes, "a chunk header fills it
 // again. Polls wake at once when a watched signal arrives.
 constexpr std::chrono::duration<double> kPollSlice = std::chrono::milliseconds(20);
 
-// Slots per sender the geometry aims for.
+// Slots per sender the geometry aims for, and the most it makes.
 constexpr size_t kTargetDepth = 8;
+constexpr size_t kMaxDepth = 16;
 
 // Arrival, credit, hunger, end and meeting signals: one word per peer each.
 constexpr size_t kSignalWordsPerPeer = 5;
@@ -67,7 +69,9 @@ Result<RingGeometry> RingGeometry::for_budget(size_t budget_bytes, int world_siz
   // that leaves, between the smallest and the largest payload.
   geometry.slot_bytes = round_down_64(
       std::clamp(per_sender / kTargetDepth, min_slot, kChunkHeaderBytes + kMaxChunkPayloadBytes));
-  geometry.depth = per_sender / geometry.slot_bytes;
+  // The budget is an upper bound: beyond kMaxDepth slots of the largest payload a deeper ring
+  // only holds memory (a sender that far ahead waits for its owner's next odc call anyway).
+  geometry.depth = std::min(per_sender / geometry.slot_bytes, kMaxDepth);
   return geometry;
 }
 
@@ -193,15 +197,22 @@ void StreamedStaging::add_hunger_watches(std::vector<SignalWatch>* watches) cons
 Status StreamedStaging::serve_hunger(const std::vector<SignalWatch>& watches,
                                      const std::vector<uint64_t>& seen, size_t first_hunger_watch,
                                      const Destination& destination) {
-  bool hungry = false;
+  std::vector<int> hungry;
   for (size_t i = first_hunger_watch; i < watches.size(); ++i) {
     if (seen[i] >= watches[i].value) {
       hunger_served_[static_cast<size_t>(watches[i].peer)] = seen[i];
-      hungry = true;
+      hungry.push_back(watches[i].peer);
     }
   }
+  if (hungry.empty()) return Status::Ok();
   // A hungry sender put every chunk up to its hunger and more: folding what arrived frees it.
-  return hungry ? fold_arrived(destination) : Status::Ok();
+  ODC_RETURN_IF_ERROR(fold_arrived(destination));
+  // Its credit again, even when nothing new was folded: a credit lost on the way is repaired.
+  for (int sender : hungry) {
+    ODC_RETURN_IF_ERROR(
+        transport_.signal(*credits_, sender, folded_[static_cast<size_t>(sender)], nullptr));
+  }
+  return Status::Ok();
 }
 
 Status StreamedStaging::wait_for_credit(int owner, const Destination& destination) {
@@ -300,6 +311,16 @@ Status StreamedStaging::fold_from(int sender, uint64_t last, const Destination& 
     if (!sums.ok()) return sums.status().with_context(from());
     ODC_RETURN_IF_ERROR(transport_.accumulate(sums.value(), slot + kChunkHeaderBytes, dtype,
                                               header.count, nullptr));
+    // The sender rewrites a slot only after the credit that frees it; a stray credit could let it
+    // rewrite this one while it was being added. Look again (the header is written first): the
+    // communicator then fails, so the sums it touched are never reported.
+    uint64_t sequence_after = 0;
+    std::memcpy(&sequence_after, slot + offsetof(ChunkHeader, sequence), sizeof(sequence_after));
+    if (sequence_after != sequence) {
+      return Status::InternalError(from() + ": chunk " + std::to_string(sequence) +
+                                   " was rewritten (now " + std::to_string(sequence_after) +
+                                   ") while it was folded (a stray credit)");
+    }
     folded_[s] = sequence;
   }
   return Status::Ok();

@@ -42,7 +42,9 @@ inline constexpr size_t kMaxChunkPayloadBytes = size_t{1} << 20;
 inline constexpr size_t kMinChunkPayloadBytes = 256;
 
 // How a budget is cut into rings: the signals (five words per peer) first, then one ring per
-// sender of `depth` slots of `slot_bytes`, as many as fit.
+// sender of `depth` slots of `slot_bytes`: 8 slots per sender where the budget allows, larger
+// slots up to the largest payload, then more slots up to 16 (so the budget is an upper bound:
+// 256 MiB over 2 ranks takes 32 MiB).
 struct RingGeometry {
   size_t slot_bytes = 0;  // header + payload, a multiple of 64
   size_t depth = 0;       // slots per sender

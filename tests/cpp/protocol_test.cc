@@ -664,6 +664,171 @@ TEST(Topology, AgreedFromConfigElseTheTransportsReport) {
   }
 }
 
+// Random programs: several accumulators of awkward sizes (1, 63, 64, 65, 200 elements; chunks
+// of 64 fp32 or 128 bf16), fp32 and bf16 pushes, interleaved, gathers inside the minibatch,
+// ranks that push nothing, an accumulator allocated inside a minibatch, budgets down to depth 1.
+void random_program(int world_size, size_t budget, uint32_t seed, int minibatches) {
+  auto world = mem::MemWorld::create(world_size, mem_options_for(Scheme::kStreamed, 10.0));
+  const std::vector<size_t> counts = {1, 63, 64, 65, 200};
+  const int late = 1;  // allocated inside minibatch `late`
+  // contributions: deterministic from (seed, m, rank, k)
+  auto plan = [&](int m, int rank) {
+    std::mt19937 rng(seed * 7919u + static_cast<uint32_t>(m) * 131u + static_cast<uint32_t>(rank));
+    std::vector<std::tuple<int, bool, int>> pushes;  // accumulator index, bf16, value
+    const int n = static_cast<int>(rng() % 6);
+    for (int k = 0; k < n; ++k) {
+      const int a = static_cast<int>(rng() % (counts.size() + (m >= late ? 1 : 0)));
+      pushes.emplace_back(a, rng() % 2 == 0, 1 + static_cast<int>(rng() % 7));
+    }
+    return pushes;
+  };
+  std::vector<size_t> all_counts = counts;
+  all_counts.push_back(33);  // the late one
+  const auto outcome = run_threads(world_size, [&](int rank) -> std::string {
+    Communicator comm(world->join(rank), comm_options_for(Scheme::kStreamed, world_size, budget));
+    std::vector<Buffer*> accs;
+    for (size_t c : counts) {
+      auto a = comm.allocate(c, DataType::kFloat32, true);
+      if (!a.ok()) return a.status().message();
+      accs.push_back(a.value());
+    }
+    if (comm.staging()->geometry().depth < 1) return "no depth";
+    auto plain_or = comm.allocate(64, DataType::kFloat32, false);
+    if (!plain_or.ok()) return plain_or.status().message();
+    Buffer* plain = plain_or.value();
+    for (int m = 0; m < minibatches; ++m) {
+      if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+      if (m == late) {
+        auto a = comm.allocate(33, DataType::kFloat32, true);
+        if (!a.ok()) return a.status().message();
+        accs.push_back(a.value());
+      }
+      for (auto [a, bf16, v] : plan(m, rank)) {
+        const size_t n = static_cast<size_t>(world_size) * all_counts[static_cast<size_t>(a)];
+        Status s;
+        if (bf16) {
+          std::vector<uint16_t> src(n);
+          for (size_t j = 0; j < n; ++j) {
+            float f = static_cast<float>(v + static_cast<int>(j % 5));
+            uint32_t w;
+            std::memcpy(&w, &f, 4);
+            src[j] = static_cast<uint16_t>(w >> 16);
+          }
+          s = comm.scatter_accumulate(src.data(), n, DataType::kBfloat16, accs[a], nullptr);
+        } else {
+          std::vector<float> src(n);
+          for (size_t j = 0; j < n; ++j) src[j] = static_cast<float>(v + static_cast<int>(j % 5));
+          s = comm.scatter_accumulate(src.data(), n, DataType::kFloat32, accs[a], nullptr);
+        }
+        if (!s.ok()) return s.message();
+        std::vector<float> g(static_cast<size_t>(world_size) * 64);
+        if (Status gs = comm.gather(g.data(), g.size(), plain, nullptr); !gs.ok())
+          return gs.message();
+      }
+      if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+      for (size_t a = 0; a < accs.size(); ++a) {
+        std::vector<float> sums(static_cast<size_t>(world_size) * all_counts[a]);
+        if (Status s = comm.gather(sums.data(), sums.size(), accs[a], nullptr); !s.ok())
+          return s.message();
+        std::vector<std::vector<std::tuple<int, bool, int>>> plans;
+        for (int r = 0; r < world_size; ++r) plans.push_back(plan(m, r));
+        for (size_t j = 0; j < sums.size(); ++j) {
+          double want = 0;
+          for (int r = 0; r < world_size; ++r)
+            for (auto [b, bf16, v] : plans[static_cast<size_t>(r)])
+              if (static_cast<size_t>(b) == a) want += v + static_cast<int>(j % 5);
+          if (sums[j] != want)
+            return "wrong sum m=" + std::to_string(m) + " acc " + std::to_string(a) + " j " +
+                   std::to_string(j) + ": " + std::to_string(sums[j]) + " want " +
+                   std::to_string(want);
+        }
+      }
+    }
+    return "";
+  });
+  EXPECT_EQ(describe(outcome), "") << "world " << world_size << " budget " << budget;
+}
+
+TEST(Streamed, RandomProgramsTinyBudgets) {
+  for (int world_size : {1, 2, 3, 5}) {
+    const size_t signals = 40 * static_cast<size_t>(world_size);  // five words per peer
+    for (size_t slots : {1, 2, 3}) {
+      const size_t budget = signals + static_cast<size_t>(world_size) * slots * 320;
+      auto g = RingGeometry::for_budget(budget, world_size);
+      ASSERT_TRUE(g.ok());
+      ASSERT_EQ(g.value().depth, slots);
+      for (uint32_t seed = 1; seed <= 3; ++seed) random_program(world_size, budget, seed, 8);
+    }
+  }
+}
+
+// Streamed: every fault kind from rank 1 (towards ranks 0 and 2) at calls spread over the first
+// minibatches: never a wrong sum; all ranks fail or none does (a duplicated signal, or one lost
+// and covered by a later one, is harmless); failures name rank 1 or its peer; nothing waits
+// beyond a few timeouts.
+TEST(Faults, StreamedFaultSweep) {
+  struct Kind {
+    fault::FaultKind kind;
+    const char* name;
+  };
+  const Kind kinds[] = {{fault::FaultKind::kDropSignal, "drop"},
+                        {fault::FaultKind::kDuplicateSignal, "dup"},
+                        {fault::FaultKind::kInflateSignal, "inflate"},
+                        {fault::FaultKind::kDropSignalsFrom, "dropfrom"},
+                        {fault::FaultKind::kDieAtCall, "die"}};
+  const int world_size = 3;
+  const double timeout_s = 0.5;
+  int failures = 0, successes = 0;
+  for (const Kind& k : kinds) {
+    for (int peer : {0, 2}) {
+      for (int64_t at = 1; at <= 400; at += 40) {
+        auto world =
+            mem::MemWorld::create(world_size, mem_options_for(Scheme::kStreamed, timeout_s));
+        RunOptions o;
+        o.world = world_size;
+        o.num_minibatches = 6;
+        o.count = 300;
+        const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto outcome = run_threads(world_size, [&](int rank) {
+          fault::FaultPlan mine;
+          mine.max_delay_us = 100;
+          mine.seed = 11 + static_cast<uint32_t>(rank) + static_cast<uint32_t>(at);
+          if (rank == 1) {
+            mine.kind = k.kind;
+            mine.at_call = at;
+            mine.peer = peer;
+          }
+          std::function<void()> die = [&world, rank] { world->kill(rank); };
+          Communicator comm(std::make_unique<fault::FaultTransport>(world->join(rank), mine, die),
+                            comm_options_for(Scheme::kStreamed, world_size));
+          return run_rank(comm, o, expected, nullptr);
+        });
+        const double took =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const std::string where = std::string(k.name) + " peer " + std::to_string(peer) + " at " +
+                                  std::to_string(at) + ":\n" + describe(outcome);
+        bool any_fail = false, all_fail = true;
+        for (size_t r = 0; r < outcome.size(); ++r) {
+          any_fail = any_fail || !outcome[r].empty();
+          all_fail = all_fail && !outcome[r].empty();
+          EXPECT_EQ(outcome[r].find("wrong sum"), std::string::npos) << where;
+          if (!outcome[r].empty() && r != 1) {
+            const bool names = outcome[r].find("rank 1") != std::string::npos ||
+                               outcome[r].find("rank " + std::to_string(peer)) != std::string::npos;
+            EXPECT_TRUE(names) << where;
+          }
+        }
+        EXPECT_EQ(any_fail, all_fail) << where;
+        EXPECT_LT(took, 4 * timeout_s + 1.0) << where;
+        (any_fail ? failures : successes)++;
+      }
+    }
+  }
+  EXPECT_GT(failures, 0);
+  EXPECT_GT(successes, 0);
+}
+
 TEST(Faults, CollectiveMismatchIsNamed) {
   fault::FaultPlan plan;
   plan.kind = fault::FaultKind::kMismatch;

@@ -138,7 +138,9 @@ def test_two_concurrent_torchrun_jobs_never_meet(tmp_path):
     assert all(lines), "the example printed no result line"
     (key_a, checksum_a), (key_b, checksum_b) = (m.groups() for m in lines)
     assert key_a != key_b
-    assert checksum_a == checksum_b  # same seeds, same data: no job saw the other's pushes
+    # Same seeds, same data: no job saw the other's pushes (a mix would double some sums). The
+    # host transport adds pushes in arrival order (streamed), so the last bits may differ.
+    assert float(checksum_a) == pytest.approx(float(checksum_b), rel=1e-6, abs=1e-6)
 
 
 def test_docs_show_the_example_as_written():

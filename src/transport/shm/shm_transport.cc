@@ -173,8 +173,11 @@ Result<bool> ShmTransport::poll_signals(const std::vector<SignalWatch>& watches,
     }
     if (all || any) return true;
     const auto now = Clock::now();
-    if (now >= next_liveness_check) {  // reads /proc: rate-limited
+    if (now >= next_liveness_check) {  // reads /proc: rate-limited, each peer once
+      std::vector<char> checked(static_cast<size_t>(world_size()), 0);
       for (const SignalWatch& watch : watches) {
+        if (checked[static_cast<size_t>(watch.peer)] != 0) continue;
+        checked[static_cast<size_t>(watch.peer)] = 1;
         ODC_RETURN_IF_ERROR(bootstrap_->peer_status(watch.peer));
       }
       next_liveness_check = now + std::chrono::milliseconds(10);
