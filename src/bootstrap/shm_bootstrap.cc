@@ -46,6 +46,7 @@ struct ControlBlock {
   alignas(64) std::atomic<uint64_t> arrival;  // collectives entered so far
   std::atomic<uint32_t> wake;                 // futex word, bumped after every arrival or signal
   std::atomic<uint32_t> inbox;  // futex word, bumped by a peer after each signal to this rank
+  std::atomic<uint32_t> inbox_sleepers;  // ranks' threads in futex_wait on `inbox` right now
   alignas(64) unsigned char records[2][kRecordBytes];  // allgather rounds, alternating
   char operations[2][kOperationBytes];                 // collective names, alternating
   char failure[256];                                   // why this rank failed (kFailed)
@@ -382,14 +383,19 @@ uint32_t ShmBootstrap::inbox_count() const {
 }
 
 void ShmBootstrap::sleep_on_inbox(uint32_t seen, Clock::duration limit) const {
-  futex_wait(&block(rank_).inbox, seen,
-             std::chrono::duration_cast<std::chrono::nanoseconds>(limit));
+  ControlBlock& own = block(rank_);
+  own.inbox_sleepers.fetch_add(1, std::memory_order_seq_cst);
+  futex_wait(&own.inbox, seen, std::chrono::duration_cast<std::chrono::nanoseconds>(limit));
+  own.inbox_sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void ShmBootstrap::wake_inbox(int peer) {
   ControlBlock& other = block(peer);
-  other.inbox.fetch_add(1, std::memory_order_release);
-  futex_wake_all(&other.inbox);
+  other.inbox.fetch_add(1, std::memory_order_seq_cst);
+  // No sleeper now: none to wake (a syscall saved per signal). One that comes after the bump
+  // either read the word after it (and checks its slots before sleeping) or before it (and its
+  // futex_wait sees the word changed and returns at once).
+  if (other.inbox_sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&other.inbox);
 }
 
 void ShmBootstrap::wake_peers() {
