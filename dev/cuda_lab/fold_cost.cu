@@ -15,14 +15,14 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    cudaError_t error_ = (call);                                                         \
-    if (error_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,                  \
-                   cudaGetErrorString(error_));                                          \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+#define CHECK(call)                                                     \
+  do {                                                                  \
+    cudaError_t error_ = (call);                                        \
+    if (error_ != cudaSuccess) {                                        \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, \
+                   cudaGetErrorString(error_));                         \
+      std::exit(1);                                                     \
+    }                                                                   \
   } while (0)
 
 namespace {
@@ -126,8 +126,7 @@ int main(int argc, char** argv) {
     return median(times);
   };
 
-  std::printf("device: %s, %d SMs; %d senders' arrival words polled\n\n", prop.name, sms,
-              senders);
+  std::printf("device: %s, %d SMs; %d senders' arrival words polled\n\n", prop.name, sms, senders);
   const float compute_alone = time_workload(true);
   const float copy_alone = time_workload(false);
   std::printf("| folder | compute kernel ms | slowdown | 1 GiB copy ms | slowdown | polls/ms |\n");
@@ -144,9 +143,10 @@ int main(int argc, char** argv) {
     unsigned long long polls = 0;
     CHECK(cudaMemcpy(&polls, scratch, sizeof(polls), cudaMemcpyDeviceToHost));
     const float span_ms = 11 * (compute + copy);
-    std::printf("| persistent, 1 CTA x 128, nanosleep %u ns | %.3f | %+.2f%% | %.3f | %+.2f%% | %.0f |\n",
-                sleep_ns, compute, 100.0 * (compute / compute_alone - 1), copy,
-                100.0 * (copy / copy_alone - 1), polls / span_ms);
+    std::printf(
+        "| persistent, 1 CTA x 128, nanosleep %u ns | %.3f | %+.2f%% | %.3f | %+.2f%% | %.0f |\n",
+        sleep_ns, compute, 100.0 * (compute / compute_alone - 1), copy,
+        100.0 * (copy / copy_alone - 1), polls / span_ms);
   }
   // Fold on entry: back-to-back empty looks, and one look between two compute kernels.
   std::vector<float> per_look;
@@ -182,10 +182,11 @@ int main(int argc, char** argv) {
     CHECK(cudaEventElapsedTime(&ms, begin, end));
     if (run > 0) without.push_back(ms);
   }
-  std::printf("\nfold on entry, nothing arrived: %.2f us per look back to back; "
-              "20 compute kernels %.3f ms alone, %.3f ms with a look after each (+%.2f us per "
-              "look)\n",
-              median(per_look), median(without), median(between),
-              (median(between) - median(without)) / 20 * 1000);
+  std::printf(
+      "\nfold on entry, nothing arrived: %.2f us per look back to back; "
+      "20 compute kernels %.3f ms alone, %.3f ms with a look after each (+%.2f us per "
+      "look)\n",
+      median(per_look), median(without), median(between),
+      (median(between) - median(without)) / 20 * 1000);
   return 0;
 }
