@@ -288,6 +288,13 @@ ODC_API odcResult_t odcCommDestroy(odcComm_t comm);
 ODC_API odcResult_t odcCommRank(odcComm_t comm, int* rank);
 ODC_API odcResult_t odcCommWorldSize(odcComm_t comm, int* world_size);
 
+/* Local: the symmetric memory this communicator holds on this rank right now, in bytes (either
+ * pointer may be NULL). *buffer_bytes: the shards of every live buffer. *scheme_bytes: what the
+ * accumulation scheme adds on top: the streamed scheme's rings and signals (at most the staging
+ * budget, once per communicator), the staged scheme's pending and staging buffers, the
+ * deterministic (pulled) scheme's pending buffers and scratch; 0 with remote adds. */
+ODC_API odcResult_t odcCommGetMemory(odcComm_t comm, size_t* buffer_bytes, size_t* scheme_bytes);
+
 /* The message of this communicator's most recent failed call ("" if none); valid until the next
  * call on the communicator. */
 ODC_API const char* odcCommGetLastError(odcComm_t comm);

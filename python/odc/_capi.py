@@ -178,6 +178,11 @@ def _load() -> ctypes.CDLL:
     lib.odcCommDestroy.argtypes = [handle]
     lib.odcCommRank.argtypes = [handle, ctypes.POINTER(ctypes.c_int)]
     lib.odcCommWorldSize.argtypes = [handle, ctypes.POINTER(ctypes.c_int)]
+    lib.odcCommGetMemory.argtypes = [
+        handle,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
     lib.odcCommGetTopology.argtypes = [
         handle,
         ctypes.POINTER(ctypes.c_int),
@@ -231,6 +236,7 @@ def _load() -> ctypes.CDLL:
         "odcCommRank",
         "odcCommWorldSize",
         "odcCommGetTopology",
+        "odcCommGetMemory",
         "odcBufferAlloc",
         "odcBufferAllocNamed",
         "odcBufferAllocKind",

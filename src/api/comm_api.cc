@@ -418,6 +418,16 @@ extern "C" odcResult_t odcCommWorldSize(odcComm_t comm, int* world_size) {
   });
 }
 
+extern "C" odcResult_t odcCommGetMemory(odcComm_t comm, size_t* buffer_bytes,
+                                        size_t* scheme_bytes) {
+  return with_comm(comm, "odcCommGetMemory", [&](odc::Communicator& c) {
+    const odc::Communicator::Memory memory = c.memory();
+    if (buffer_bytes != nullptr) *buffer_bytes = memory.buffer_bytes;
+    if (scheme_bytes != nullptr) *scheme_bytes = memory.scheme_bytes;
+    return Status::Ok();
+  });
+}
+
 extern "C" odcResult_t odcCommGetTopology(odcComm_t comm, int* num_nodes, int* node_of) {
   return with_comm(comm, "odcCommGetTopology", [&](odc::Communicator& c) {
     const odc::Topology* topology = c.topology();

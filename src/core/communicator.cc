@@ -186,6 +186,20 @@ Communicator::~Communicator() {
   transport_.reset();
 }
 
+Communicator::Memory Communicator::memory() const {
+  Memory memory;
+  for (const auto& [handle, buffer] : buffers_) {
+    memory.buffer_bytes += buffer->data->bytes();
+    for (const auto* region :
+         {buffer->pending.get(), buffer->staging.get(), buffer->signals.get()}) {
+      if (region != nullptr) memory.scheme_bytes += region->bytes();
+    }
+  }
+  if (pull_scratch_ != nullptr) memory.scheme_bytes += pull_scratch_->bytes();
+  if (staging_ != nullptr) memory.scheme_bytes += staging_->allocated_bytes();
+  return memory;
+}
+
 bool Communicator::owns(const Buffer* buffer) const {
   return buffers_.count(buffer) != 0;
 }

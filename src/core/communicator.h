@@ -165,6 +165,14 @@ class Communicator {
   // minibatch): peers waiting on this rank end naming it and the reason. Keeps an earlier failure.
   void abort(const std::string& reason);
 
+  // Symmetric memory this rank holds: the live buffers' shards, and what the accumulation scheme
+  // adds (rings and signals, pending and staging buffers, scratch).
+  struct Memory {
+    size_t buffer_bytes = 0;
+    size_t scheme_bytes = 0;
+  };
+  Memory memory() const;
+
   // Is `buffer` a live buffer of this communicator?
   bool owns(const Buffer* buffer) const;
 

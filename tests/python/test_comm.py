@@ -182,6 +182,28 @@ def test_topology_from_config_then_environment_then_transport():
     assert all("does not divide the world size 4" in m for m in bad), bad
 
 
+def _memory_rank(rank, world_size, key, deterministic, staging_bytes):
+    with odc.Comm(
+        rank, world_size, key, timeout=30, deterministic=deterministic, staging_bytes=staging_bytes
+    ) as comm:
+        before = comm.memory_bytes()
+        comm.alloc(1000, accumulator=True)
+        comm.alloc(1000, accumulator=True)
+        comm.alloc(500)
+        return before, comm.memory_bytes()
+
+
+def test_memory_bytes_count_the_scheme():
+    # Streamed (shm's default): the rings, at most the budget, whatever the accumulators.
+    for before, after in odc.launch(_memory_rank, 4, False, 1 << 20, timeout=120):
+        assert before == {"buffers": 0, "scheme": 0}
+        assert after["buffers"] == (2 * 1000 + 500) * 4
+        assert 0.9 * (1 << 20) < after["scheme"] <= 1 << 20, after
+    # Deterministic: world x count fp32 of pending sums per accumulator, and a 4 MiB scratch.
+    for _, after in odc.launch(_memory_rank, 4, True, None, timeout=120):
+        assert after["scheme"] == 2 * 4 * 1000 * 4 + (4 << 20), after
+
+
 def test_deterministic_option():
     results = odc.launch(_minibatch_rank, 3, 5, 33, "float32", True, True, timeout=180)
     assert results == [5] * 3

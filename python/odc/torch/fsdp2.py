@@ -661,10 +661,11 @@ class OdcFSDP:
 
     @property
     def symmetric_bytes(self) -> int:
-        """Bytes of odc symmetric memory this model uses per rank (published shards and
-        accumulators; allocated by libodc, so torch's memory statistics do not include them)."""
+        """Bytes of odc symmetric memory this model uses per rank (published shards,
+        accumulators and what the accumulation scheme adds; allocated by libodc, so torch's memory
+        statistics do not include them)."""
         memory = self.memory_bytes()
-        return memory["published"] + memory["accumulators"]
+        return memory["published"] + memory["accumulators"] + memory["scheme"]
 
     def memory_bytes(self) -> dict:
         """Per-rank bytes of odc.torch's buffers, by kind: `published` (this rank's shards,
@@ -673,7 +674,10 @@ class OdcFSDP:
         plain FSDP2; the rest is a copy in param_dtype), `accumulators` (fp32 gradient sums of
         the trainable parameters, symmetric memory; .grad views them after minibatch_end, where
         plain FSDP2 holds its own sharded gradients; during a minibatch no .grad is kept, R5;
-        plus one float per parameter tensor that records which ones got gradients)."""
+        plus one float per parameter tensor that records which ones got gradients), `scheme`
+        (what the communicator's accumulation scheme adds, shared by every engine on it: the
+        streamed scheme's staging rings on the host, at most the staging budget; pending sums in
+        deterministic mode and over NVSHMEM; 0 with CUDA's remote adds)."""
         published = in_place = accumulators = 0
         for group in self._groups:
             size = group.layout.shard_numel * (4 if group.published.dtype == "float32" else 2)
@@ -685,6 +689,7 @@ class OdcFSDP:
             "published": published,
             "published_in_place": in_place,
             "accumulators": accumulators,
+            "scheme": self.comm.memory_bytes()["scheme"],
         }
 
     def hsdp_zero_output(self, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
