@@ -295,6 +295,12 @@ ODC_API odcResult_t odcCommWorldSize(odcComm_t comm, int* world_size);
  * deterministic (pulled) scheme's pending buffers and scratch; 0 with remote adds. */
 ODC_API odcResult_t odcCommGetMemory(odcComm_t comm, size_t* buffer_bytes, size_t* scheme_bytes);
 
+/* Local: the streamed scheme's flow control on this rank so far (either pointer may be NULL):
+ * *chunks_sent, the chunks it put into owners' rings; *credit_waits, the times a push found a
+ * ring full and waited for its owner's credit. Both 0 under the other schemes. */
+ODC_API odcResult_t odcCommGetStreamStats(odcComm_t comm, uint64_t* chunks_sent,
+                                          uint64_t* credit_waits);
+
 /* The message of this communicator's most recent failed call ("" if none); valid until the next
  * call on the communicator. */
 ODC_API const char* odcCommGetLastError(odcComm_t comm);

@@ -183,6 +183,11 @@ def _load() -> ctypes.CDLL:
         ctypes.POINTER(ctypes.c_size_t),
         ctypes.POINTER(ctypes.c_size_t),
     ]
+    lib.odcCommGetStreamStats.argtypes = [
+        handle,
+        ctypes.POINTER(ctypes.c_uint64),
+        ctypes.POINTER(ctypes.c_uint64),
+    ]
     lib.odcCommGetTopology.argtypes = [
         handle,
         ctypes.POINTER(ctypes.c_int),
@@ -237,6 +242,7 @@ def _load() -> ctypes.CDLL:
         "odcCommWorldSize",
         "odcCommGetTopology",
         "odcCommGetMemory",
+        "odcCommGetStreamStats",
         "odcBufferAlloc",
         "odcBufferAllocNamed",
         "odcBufferAllocKind",

@@ -614,6 +614,14 @@ class Comm:
         self._call(_capi.lib.odcCommGetMemory, ctypes.byref(buffers), ctypes.byref(scheme))
         return {"buffers": buffers.value, "scheme": scheme.value}
 
+    def stream_stats(self) -> dict:
+        """The streamed scheme's flow control on this rank so far: `chunks_sent` (chunks put into
+        owners' staging rings) and `credit_waits` (pushes that found a ring full and waited for
+        the owner's next odc call). Both 0 under the other schemes."""
+        sent, waits = ctypes.c_uint64(), ctypes.c_uint64()
+        self._call(_capi.lib.odcCommGetStreamStats, ctypes.byref(sent), ctypes.byref(waits))
+        return {"chunks_sent": sent.value, "credit_waits": waits.value}
+
     @property
     def topology(self) -> List[int]:
         """The node of every rank (a list of world_size ints, nodes numbered from 0 in order of

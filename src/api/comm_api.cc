@@ -428,6 +428,16 @@ extern "C" odcResult_t odcCommGetMemory(odcComm_t comm, size_t* buffer_bytes,
   });
 }
 
+extern "C" odcResult_t odcCommGetStreamStats(odcComm_t comm, uint64_t* chunks_sent,
+                                             uint64_t* credit_waits) {
+  return with_comm(comm, "odcCommGetStreamStats", [&](odc::Communicator& c) {
+    const odc::StreamedStaging* staging = c.staging();
+    if (chunks_sent != nullptr) *chunks_sent = staging != nullptr ? staging->chunks_sent() : 0;
+    if (credit_waits != nullptr) *credit_waits = staging != nullptr ? staging->credit_waits() : 0;
+    return Status::Ok();
+  });
+}
+
 extern "C" odcResult_t odcCommGetTopology(odcComm_t comm, int* num_nodes, int* node_of) {
   return with_comm(comm, "odcCommGetTopology", [&](odc::Communicator& c) {
     const odc::Topology* topology = c.topology();

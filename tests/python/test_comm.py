@@ -130,6 +130,28 @@ def test_streamed_pushes_through_a_tiny_staging_budget(src_dtype):
     assert results == [4] * 4
 
 
+def _stream_stats_rank(rank, world_size, key, staging_bytes):
+    with odc.Comm(rank, world_size, key, timeout=30, staging_bytes=staging_bytes) as comm:
+        accumulator = comm.alloc(4096, accumulator=True)
+        src = np.ones(world_size * 4096, np.float32)
+        for _ in range(3):
+            comm.minibatch_begin()
+            for _ in range(4):
+                comm.scatter_accumulate(src, accumulator)
+            comm.minibatch_end()
+            assert float(accumulator.array[0]) == 4 * world_size
+        return comm.stream_stats()
+
+
+def test_stream_stats_count_chunks_and_credit_waits():
+    # 3 minibatches x 4 pushes x 3 peers of 16 KiB each. A roomy budget: one chunk per push and
+    # peer, never a wait. A tiny one: 64 chunks of 256 B per push and peer through 2-slot rings.
+    roomy = odc.launch(_stream_stats_rank, 4, 64 << 20, timeout=120)
+    assert all(s == {"chunks_sent": 36, "credit_waits": 0} for s in roomy), roomy
+    tiny = odc.launch(_stream_stats_rank, 4, 4 * (2 * 320 + 40), timeout=120)
+    assert all(s["chunks_sent"] == 36 * 64 and s["credit_waits"] > 0 for s in tiny), tiny
+
+
 def _staging_budget_rank(rank, world_size, key, budgets):
     with odc.Comm(rank, world_size, key, timeout=30, staging_bytes=budgets[rank]) as comm:
         try:

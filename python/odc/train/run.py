@@ -483,8 +483,10 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         if exchange_bytes:  # the odc K/V exchange's symmetric buffers (not in torch's peak)
             memory["odc_kv_exchange_bytes"] = exchange_bytes
             peak += exchange_bytes
+        # The streamed scheme's flow control (host transports): chunks sent, waits for credit.
+        stream = comm.stream_stats() if engine is not None else None
         gathered = [None] * world_size
-        dist.all_gather_object(gathered, ([asdict(r) for r in records], peak, memory))
+        dist.all_gather_object(gathered, ([asdict(r) for r in records], peak, memory, stream))
         if engine is not None:
             comm.close()
         if rank != 0:
@@ -498,6 +500,8 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         summary["calibration"] = calibration
         # The breakdown of the rank with the largest peak (docs/benchmarks.md, memory).
         summary["memory"] = max((g for g in gathered), key=lambda g: g[1])[2]
+        if engine is not None:
+            summary["odc_stream_per_rank"] = [g[3] for g in gathered]
         return summary
     finally:
         # What this run froze becomes collectable again: under torchrun the next run of the same
