@@ -3,6 +3,7 @@
 torchrun --standalone --nproc_per_node 2 examples/odc_torchrun.py   # gloo on CPU, NCCL on GPUs
 """
 
+import gc
 import os
 
 import torch
@@ -53,6 +54,11 @@ def main():
     if rank == 0:
         print(f"odc_torchrun: {world} ranks, key {comm.key}, parameter checksum {checksum:.9e}")
     comm.close()
+    # Drop what still refers to the process group (FSDP2's state holds its last collectives) before
+    # destroying it, so gloo's worker threads are joined while Python is alive: one that
+    # releases a tensor during interpreter shutdown aborts the process (a known torch race).
+    del engine, optimizer, model
+    gc.collect()
     dist.destroy_process_group()
 
 
