@@ -2,6 +2,9 @@
 // docs/env.md lists them all.
 #pragma once
 
+#include <cctype>
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -14,6 +17,35 @@ inline double env_double(const char* name, double fallback) {
   char* end = nullptr;
   const double value = std::strtod(text, &end);
   return (end != nullptr && *end == '\0') ? value : fallback;
+}
+
+// `text` as a positive integer of at most `max` (digits only; with `size_suffix`, optionally
+// followed by K, M or G for KiB, MiB, GiB), or 0 when it is not one: knobs that count ranks or
+// bytes, refused by their callers with a message naming them.
+inline uint64_t positive_integer(const std::string& text, uint64_t max, bool size_suffix = false) {
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  int shift = 0;
+  if (size_suffix && *end != '\0' && end[1] == '\0') {
+    switch (std::toupper(static_cast<unsigned char>(*end))) {
+      case 'K':
+        shift = 10;
+        break;
+      case 'M':
+        shift = 20;
+        break;
+      case 'G':
+        shift = 30;
+        break;
+      default:
+        return 0;
+    }
+    ++end;
+  }
+  if (*end != '\0' || errno == ERANGE || value == 0 || value > (max >> shift)) return 0;
+  return static_cast<uint64_t>(value) << shift;
 }
 
 }  // namespace odc

@@ -2,9 +2,7 @@
 #include "core/communicator.h"
 
 #include <algorithm>
-#include <cctype>
-#include <cerrno>
-#include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <string>
@@ -107,34 +105,12 @@ Result<size_t> resolve_staging_bytes(size_t configured) {
   if (configured != 0) return configured;
   const std::string& text = staging_bytes_env();
   if (text.empty()) return kDefaultStagingBytes;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  size_t shift = 0;
-  if (end != nullptr && *end != '\0' && end[1] == '\0') {
-    switch (std::toupper(static_cast<unsigned char>(*end))) {
-      case 'K':
-        shift = 10;
-        ++end;
-        break;
-      case 'M':
-        shift = 20;
-        ++end;
-        break;
-      case 'G':
-        shift = 30;
-        ++end;
-        break;
-      default:
-        break;
-    }
-  }
-  if (text[0] == '-' || end == text.c_str() || *end != '\0' || errno == ERANGE || value == 0 ||
-      value > (SIZE_MAX >> shift)) {
+  const uint64_t value = positive_integer(text, SIZE_MAX, /*size_suffix=*/true);
+  if (value == 0) {
     return Status::InvalidArgument("ODC_STAGING_BYTES='" + text +
                                    "' is not a positive number of bytes (e.g. 268435456 or 256M)");
   }
-  return static_cast<size_t>(value) << shift;
+  return static_cast<size_t>(value);
 }
 
 }  // namespace

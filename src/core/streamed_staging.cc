@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
-#include <sstream>
 #include <string>
 
 #include "common/deadline.h"
@@ -186,24 +185,26 @@ Status StreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t first
   return Status::Ok();
 }
 
-void StreamedStaging::add_hunger_watches(std::vector<SignalWatch>* watches) const {
+Status StreamedStaging::poll_serving_hunger(std::vector<SignalWatch> watches, size_t num_all,
+                                            std::chrono::duration<double> limit,
+                                            std::vector<uint64_t>* seen,
+                                            const Destination& destination) {
+  // Also wake for every sender still sending whose ring here is full: it waits for our folds.
+  const size_t first_hunger = watches.size();
   for (int s = 0; s < world_size_; ++s) {
-    if (s == rank_ || ended_[static_cast<size_t>(s)] != 0)
-      continue;  // an ended sender waits no more
-    watches->push_back({hunger_.get(), s, hunger_served_[static_cast<size_t>(s)] + 1});
+    if (s == rank_ || ended_[static_cast<size_t>(s)] != 0) continue;  // ended: waits no more
+    watches.push_back({hunger_.get(), s, hunger_served_[static_cast<size_t>(s)] + 1});
   }
-}
-
-Status StreamedStaging::serve_hunger(const std::vector<SignalWatch>& watches,
-                                     const std::vector<uint64_t>& seen, size_t first_hunger_watch,
-                                     const Destination& destination) {
+  auto polled = transport_.poll_signals(watches, num_all, limit, seen);
+  if (!polled.ok()) return polled.status();
   std::vector<int> hungry;
-  for (size_t i = first_hunger_watch; i < watches.size(); ++i) {
-    if (seen[i] >= watches[i].value) {
-      hunger_served_[static_cast<size_t>(watches[i].peer)] = seen[i];
+  for (size_t i = first_hunger; i < watches.size(); ++i) {
+    if ((*seen)[i] >= watches[i].value) {
+      hunger_served_[static_cast<size_t>(watches[i].peer)] = (*seen)[i];
       hungry.push_back(watches[i].peer);
     }
   }
+  seen->resize(first_hunger);
   if (hungry.empty()) return Status::Ok();
   // A hungry sender put every chunk up to its hunger and more: folding what arrived frees it.
   ODC_RETURN_IF_ERROR(fold_arrived(destination));
@@ -220,16 +221,13 @@ Status StreamedStaging::wait_for_credit(int owner, const Destination& destinatio
   const uint64_t needed = sent_[o] - geometry_.depth + 1;
   const auto deadline = deadline_after(transport_.timeout());
   bool counted = false;
+  std::vector<uint64_t> seen;
   for (;;) {
-    std::vector<SignalWatch> watches{{credits_.get(), owner, needed}};
-    add_hunger_watches(&watches);
-    std::vector<uint64_t> seen;
     // The first look does not sleep: the credit may be there already.
-    auto polled = transport_.poll_signals(
-        watches, 0, counted ? kPollSlice : std::chrono::duration<double>::zero(), &seen);
-    if (!polled.ok()) return polled.status();
+    ODC_RETURN_IF_ERROR(poll_serving_hunger(
+        {{credits_.get(), owner, needed}}, 0,
+        counted ? kPollSlice : std::chrono::duration<double>::zero(), &seen, destination));
     credit_[o] = std::max(credit_[o], seen[0]);
-    ODC_RETURN_IF_ERROR(serve_hunger(watches, seen, 1, destination));
     if (sent_[o] - credit_[o] < geometry_.depth) return Status::Ok();
     if (!counted) {
       counted = true;
@@ -360,15 +358,11 @@ Status StreamedStaging::finish(const Destination& destination) {
         watches.push_back({ends_.get(), s, folded_[static_cast<size_t>(s)] + 1});
       }
     }
-    const size_t num_end_watches = watches.size();
-    add_hunger_watches(&watches);
-    auto polled = transport_.poll_signals(
-        watches, num_end_watches, first_look ? std::chrono::duration<double>::zero() : kPollSlice,
-        &seen);
-    if (!polled.ok()) return polled.status();
+    ODC_RETURN_IF_ERROR(poll_serving_hunger(
+        watches, watches.size(), first_look ? std::chrono::duration<double>::zero() : kPollSlice,
+        &seen, destination));
     first_look = false;
-    ODC_RETURN_IF_ERROR(serve_hunger(watches, seen, num_end_watches, destination));
-    for (size_t i = 0; i < num_end_watches; ++i) {
+    for (size_t i = 0; i < watches.size(); ++i) {
       if (seen[i] >= watches[i].value) {
         ODC_RETURN_IF_ERROR(consume_end(watches[i].peer, seen[i], destination));
       }
@@ -404,17 +398,13 @@ Status StreamedStaging::meet(const char* operation, const Destination& destinati
     for (int s = 0; s < world_size_; ++s) {
       if (s != rank_) watches.push_back({meetings_.get(), s, meetings_entered_});
     }
-    const size_t num_meeting_watches = watches.size();
-    add_hunger_watches(&watches);
-    auto polled = transport_.poll_signals(
-        watches, num_meeting_watches,
-        first_look ? std::chrono::duration<double>::zero() : kPollSlice, &seen);
-    if (!polled.ok()) return polled.status();
+    ODC_RETURN_IF_ERROR(poll_serving_hunger(
+        watches, watches.size(), first_look ? std::chrono::duration<double>::zero() : kPollSlice,
+        &seen, destination));
     first_look = false;
-    ODC_RETURN_IF_ERROR(serve_hunger(watches, seen, num_meeting_watches, destination));
     size_t missing = 0;
-    while (missing < num_meeting_watches && seen[missing] >= watches[missing].value) ++missing;
-    if (missing == num_meeting_watches) return Status::Ok();
+    while (missing < watches.size() && seen[missing] >= watches[missing].value) ++missing;
+    if (missing == watches.size()) return Status::Ok();
     if (std::chrono::steady_clock::now() >= deadline) {
       return Status::Timeout(
           std::string(operation) + " inside a minibatch timed out after " +

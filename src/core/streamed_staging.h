@@ -20,6 +20,7 @@
 // return (!caps().stream_ordered); device transports fold on their device (docs/runtime.md).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -102,11 +103,12 @@ class StreamedStaging {
   Status fold_from(int sender, uint64_t last, const Destination& destination);
   // Consumes sender `sender`'s end `end_sequence`: folds its chunks before it, returns credit.
   Status consume_end(int sender, uint64_t end_sequence, const Destination& destination);
-  // Watches on the hunger of every sender that may still be waiting on this rank.
-  void add_hunger_watches(std::vector<SignalWatch>* watches) const;
-  // After a poll that watched hunger from `first_hunger_watch` on: folds for hungry senders.
-  Status serve_hunger(const std::vector<SignalWatch>& watches, const std::vector<uint64_t>& seen,
-                      size_t first_hunger_watch, const Destination& destination);
+  // Polls `watches` (the first `num_all` one all-condition, as Transport::poll_signals) and the
+  // hunger of every sender still sending, waiting up to `limit`; folds for the hungry ones.
+  // seen[i]: the value of watches[i].
+  Status poll_serving_hunger(std::vector<SignalWatch> watches, size_t num_all,
+                             std::chrono::duration<double> limit, std::vector<uint64_t>* seen,
+                             const Destination& destination);
 
   Transport& transport_;
   const int rank_;

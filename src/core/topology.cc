@@ -1,8 +1,6 @@
 // Topology agreed across ranks (see topology.h for the source order and invariants).
 #include "core/topology.h"
 
-#include <cerrno>
-#include <cstdlib>
 #include <map>
 
 #include "common/env.h"
@@ -31,15 +29,8 @@ const char* source_name(uint64_t source) {
   return "unknown";
 }
 
-// A positive integer, or 0 when `text` is not one.
-uint64_t positive_integer(const std::string& text) {
-  if (text.empty() || text[0] == '-' || text[0] == '+') return 0;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  if (*end != '\0' || errno == ERANGE || value > (1u << 30)) return 0;
-  return value;
-}
+// The most ranks per node a knob may say.
+constexpr uint64_t kMaxRanksPerNode = uint64_t{1} << 30;
 
 }  // namespace
 
@@ -74,11 +65,11 @@ Result<Topology> agree_topology(Transport& transport, int configured_ranks_per_n
     }
   } else if (!odc_local_world_size_env().empty()) {
     mine.words[0] = kOdcEnv;
-    mine.words[1] = positive_integer(odc_local_world_size_env());
+    mine.words[1] = positive_integer(odc_local_world_size_env(), kMaxRanksPerNode);
     if (mine.words[1] == 0) invalid = "ODC_LOCAL_WORLD_SIZE='" + odc_local_world_size_env() + "'";
   } else if (!launcher_local_world_size_env().empty()) {
     mine.words[0] = kLauncherEnv;
-    mine.words[1] = positive_integer(launcher_local_world_size_env());
+    mine.words[1] = positive_integer(launcher_local_world_size_env(), kMaxRanksPerNode);
     if (mine.words[1] == 0) invalid = "LOCAL_WORLD_SIZE='" + launcher_local_world_size_env() + "'";
   } else {
     mine.words[0] = kTransport;
