@@ -4,8 +4,8 @@
 // Usage: odc_host_bench [max_mib=256] [ranks=2,4]
 // Sizes are per-rank totals: the gathered output (world x shard) and the pushed source. The
 // scatter column times pushes inside one open minibatch: the streamed scheme moves the bytes
-// there, the staged one only sums locally and moves them at minibatch_end (its end_ms), so only
-// minibatch_us compares the two.
+// there, the deterministic (pulled) one only sums locally and moves them at minibatch_end (its
+// end_ms), so only minibatch_us compares the two.
 #include <unistd.h>
 
 #include <algorithm>

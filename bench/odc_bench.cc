@@ -7,8 +7,9 @@
 // Usage: odc_bench [--transport cuda|nvshmem] [--deterministic] [min_mib=1] [max_mib=1024]
 //                  [ranks=all GPUs]
 // Sizes are per-rank bytes: the gathered output (bf16) and the pushed source (fp32).
-// --transport nvshmem: ODC over NVSHMEM (staged pushes: put-with-signal + fold at the owner).
-// --deterministic: the staged scheme on any transport (the CUDA transport's atomics off), so
+// --transport nvshmem: ODC over NVSHMEM (streamed pushes: chunks through bounded rings, folded
+// by the owner's device).
+// --deterministic: the pulled scheme on any transport (the CUDA transport's atomics off), so
 // transports compare on the same protocol.
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -350,7 +351,7 @@ int main(int argc, char** argv) {
   int nccl_version = 0;
   ncclGetVersion(&nccl_version);
   std::printf("odc-bench: %d GPUs, NCCL %d, odc transport %s%s\n", world, nccl_version,
-              transport_name.c_str(), deterministic ? " (deterministic: staged pushes)" : "");
+              transport_name.c_str(), deterministic ? " (deterministic: pulled pushes)" : "");
   print_table("gather (bf16) vs ncclAllGather", "odc", "nccl", sizes, gather_table, world);
   print_table(
       "gather (bf16), one rank at a time while the others wait (ranks out of step), vs "

@@ -607,9 +607,8 @@ class Comm:
     def memory_bytes(self) -> dict:
         """Symmetric memory this communicator holds on this rank now, in bytes: `buffers` (the
         shards of every live buffer) and `scheme` (what the accumulation scheme adds: the
-        streamed scheme's staging rings, at most `staging_bytes`; the staged scheme's pending and
-        staging buffers; the deterministic scheme's pending buffers and scratch; 0 with CUDA's
-        remote adds)."""
+        streamed scheme's staging rings, at most `staging_bytes`; the deterministic scheme's
+        pending buffers and scratch; 0 with CUDA's remote adds)."""
         buffers, scheme = ctypes.c_size_t(), ctypes.c_size_t()
         self._call(_capi.lib.odcCommGetMemory, ctypes.byref(buffers), ctypes.byref(scheme))
         return {"buffers": buffers.value, "scheme": scheme.value}

@@ -433,7 +433,14 @@ extern "C" odcResult_t odcCommGetStreamStats(odcComm_t comm, uint64_t* chunks_se
   return with_comm(comm, "odcCommGetStreamStats", [&](odc::Communicator& c) {
     const odc::StreamedStaging* staging = c.staging();
     if (chunks_sent != nullptr) *chunks_sent = staging != nullptr ? staging->chunks_sent() : 0;
-    if (credit_waits != nullptr) *credit_waits = staging != nullptr ? staging->credit_waits() : 0;
+    if (credit_waits != nullptr) {
+      *credit_waits = 0;
+      if (staging != nullptr) {
+        auto waits = staging->credit_waits();
+        if (!waits.ok()) return waits.status();
+        *credit_waits = waits.value();
+      }
+    }
     return Status::Ok();
   });
 }

@@ -121,8 +121,6 @@ const char* scheme_name(AccumulationScheme scheme) {
       return "remote-add";
     case AccumulationScheme::kStreamed:
       return "streamed";
-    case AccumulationScheme::kStaged:
-      return "staged";
     case AccumulationScheme::kPulled:
       return "pulled";
   }
@@ -132,12 +130,11 @@ const char* scheme_name(AccumulationScheme scheme) {
 Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions options)
     : transport_(std::move(transport)),
       bootstrap_(std::move(options.bootstrap)),
-      // Without a remote add, host transports stream (their folds run on the host); device
-      // transports stage whole sums until their devices fold streamed chunks.
+      // Without a remote add pushes stream: folded on the host by host transports, on the
+      // device by stream-ordered ones.
       scheme_(options.deterministic                ? AccumulationScheme::kPulled
               : transport_->caps().remote_fp32_add ? AccumulationScheme::kRemoteAdd
-              : !transport_->caps().stream_ordered ? AccumulationScheme::kStreamed
-                                                   : AccumulationScheme::kStaged),
+                                                   : AccumulationScheme::kStreamed),
       staging_bytes_(options.staging_bytes),
       ranks_per_node_(options.ranks_per_node),
       destination_([this](uint64_t buffer_id, size_t first, size_t count) {
@@ -166,10 +163,7 @@ Communicator::Memory Communicator::memory() const {
   Memory memory;
   for (const auto& [handle, buffer] : buffers_) {
     memory.buffer_bytes += buffer->data->bytes();
-    for (const auto* region :
-         {buffer->pending.get(), buffer->staging.get(), buffer->signals.get()}) {
-      if (region != nullptr) memory.scheme_bytes += region->bytes();
-    }
+    if (buffer->pending != nullptr) memory.scheme_bytes += buffer->pending->bytes();
   }
   if (pull_scratch_ != nullptr) memory.scheme_bytes += pull_scratch_->bytes();
   if (staging_ != nullptr) memory.scheme_bytes += staging_->allocated_bytes();
@@ -236,6 +230,16 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
     return finish(op, Status::InvalidArgument("an accumulator must be float32, got " +
                                               std::string(dtype_name(dtype))));
   }
+  if (accumulator && scheme_ == AccumulationScheme::kStreamed &&
+      transport_->caps().stream_ordered &&
+      accumulators_by_id_.size() >= static_cast<size_t>(kernels::kMaxFoldTargets)) {
+    // Every rank has the same accumulators: all refuse alike, before anything is allocated.
+    return finish(op, Status::InvalidArgument(
+                          "the device's streamed fold adds into at most " +
+                          std::to_string(kernels::kMaxFoldTargets) +
+                          " accumulators per communicator, and this one has them all (free one, "
+                          "or group parameters into fewer accumulators)"));
+  }
   // Every rank must ask for the same buffer: compare before anything is created, so a mismatch
   // fails on every rank and changes nothing.
   ExchangeRecord mine;
@@ -246,7 +250,7 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   // The name tells apart buffers of the same size (a rank that allocates its gradients where the
   // others allocate their parameters would otherwise gather gradients as weights).
   put_name(mine, name);
-  ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op)));
+  ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op, nullptr)));
   // Once, at init or else at the first allocation (collective, like it).
   ODC_RETURN_IF_ERROR(agree_on_topology());
   auto all = transport_->exchange(mine);
@@ -287,20 +291,11 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
     // Every rank allocates the same accumulators in the same order: all make it here together.
     ODC_RETURN_IF_ERROR(finish(op, create_staging()));
   }
-  if (accumulator &&
-      (scheme_ == AccumulationScheme::kStaged || scheme_ == AccumulationScheme::kPulled)) {
+  if (accumulator && scheme_ == AccumulationScheme::kPulled) {
     const size_t all_bytes = static_cast<size_t>(world_size()) * count * sizeof(float);
     auto pending = transport_->allocate(all_bytes);
     if (!pending.ok()) return finish(op, pending.status());
     buffer->pending = std::move(pending).value();
-  }
-  if (accumulator && scheme_ == AccumulationScheme::kStaged) {
-    auto staging = transport_->allocate(buffer->pending->bytes());  // one slot per sender
-    if (!staging.ok()) return finish(op, staging.status());
-    buffer->staging = std::move(staging).value();
-    auto signals = transport_->allocate(static_cast<size_t>(world_size()) * sizeof(uint64_t));
-    if (!signals.ok()) return finish(op, signals.status());
-    buffer->signals = std::move(signals).value();
   }
   if (accumulator && scheme_ == AccumulationScheme::kPulled && pull_scratch_ == nullptr) {
     // Every rank allocates the same accumulators in the same order: all make it here together.
@@ -311,6 +306,10 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   Buffer* handle = buffer.get();
   if (accumulator) accumulators_by_id_.emplace(handle->id, handle);
   buffers_.emplace(handle, std::move(buffer));
+  if (accumulator && staging_ != nullptr) {
+    // Fits: the limit was checked before anything was allocated.
+    ODC_RETURN_IF_ERROR(finish(op, as_fault(staging_->set_targets(fold_targets()))));
+  }
   return handle;
 }
 
@@ -345,12 +344,20 @@ Status Communicator::create_staging() {
           " (ODC_STAGING_BYTES or the config's staging_bytes must be the same everywhere)");
     }
   }
-  auto staging = StreamedStaging::create(*transport_, budget.value());
+  auto staging = StreamedStaging::create(*transport_, budget.value(), destination_);
   if (!staging.ok()) return staging.status();
   staging_ = std::move(staging).value();
   // Made inside a minibatch (an accumulator allocated there): that minibatch is open for it too.
   if (state_ == CommState::kInMinibatch) staging_->begin(minibatch_);
   return Status::Ok();
+}
+
+std::vector<kernels::FoldTarget> Communicator::fold_targets() const {
+  std::vector<kernels::FoldTarget> targets;
+  for (const auto& [id, buffer] : accumulators_by_id_) {
+    targets.push_back({id, static_cast<float*>(buffer->local()), buffer->count});
+  }
+  return targets;
 }
 
 Result<float*> Communicator::fold_destination(uint64_t buffer_id, size_t first,
@@ -380,10 +387,12 @@ Status Communicator::release(Buffer* buffer) {
     return Status::Ok();
   }
   // Peers may still read this buffer until they too arrive here.
-  ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op)));
+  ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op, nullptr)));
   ODC_RETURN_IF_ERROR(finish(op, transport_->host_barrier(CollectiveOp::kRelease)));
   accumulators_by_id_.erase(buffer->id);
   buffers_.erase(buffer);
+  // Fewer targets than before always fit.
+  if (staging_ != nullptr) ODC_RETURN_IF_ERROR(finish(op, staging_->set_targets(fold_targets())));
   return Status::Ok();
 }
 
@@ -423,7 +432,7 @@ Status Communicator::gather_as(void* dst, size_t dst_count, DataType dst_dtype,
   }
   if (staging_ != nullptr && state_ == CommState::kInMinibatch) {
     // Every entry into odc is a chance to fold what has arrived (and free senders' slots).
-    ODC_RETURN_IF_ERROR(finish(op, staging_->fold_arrived(destination_)));
+    ODC_RETURN_IF_ERROR(finish(op, staging_->fold_arrived(stream)));
   }
   if (narrowed) {
     return finish(op, transport_->get_all_narrowed(dst, buffer->shards(), buffer->count, stream));
@@ -459,9 +468,9 @@ Status Communicator::scatter_accumulate(const void* src, size_t src_count, DataT
                                            "first)"));
   }
   if (scheme_ == AccumulationScheme::kStreamed) {
-    return finish(op, staging_->push(src, src_dtype, shard, accumulator->id, destination_));
+    return finish(op, staging_->push(src, src_dtype, shard, accumulator->id, stream));
   }
-  if (accumulator->pending != nullptr) {  // staged or pulled: summed here, delivered at the end
+  if (accumulator->pending != nullptr) {  // pulled: summed here, pulled by owners at the end
     return finish(op, transport_->accumulate(static_cast<float*>(accumulator->pending->local()),
                                              src, src_dtype, expected, stream));
   }
@@ -501,8 +510,8 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
     }
   }
   for (Buffer* acc : accs) {
-    // Local: the sums stay as they are until the next fold assigns them. Pulled: owners read
-    // this pending only inside minibatch_end, before its last barrier, which this rank passed.
+    // Pulled: the sums stay as they are until the next pull assigns them; owners read this
+    // pending only inside minibatch_end, before its last barrier, which this rank passed.
     if (acc->pending != nullptr) {
       ODC_RETURN_IF_ERROR(
           finish(op, transport_->zero(acc->pending->local(), acc->pending->bytes(), stream)));
@@ -542,33 +551,12 @@ Status Communicator::minibatch_end(StreamHandle stream) {
   // barrier below, after which owners may rewrite their shards.
   ODC_RETURN_IF_ERROR(finish(op, as_fault(transport_->close_gather_window(stream))));
   const std::vector<Buffer*> accs = accumulators();
-  // Staged: deliver this sender's sums (a zero slot when it pushed nothing, so owners always
-  // wait for exactly world_size signals), then fold once every sender's signal arrived. The
-  // owner's previous fold finished before the previous minibatch_end's barrier, so the slots
-  // are free; the fold assigns, so nothing of the previous minibatch leaks in.
-  for (Buffer* acc : accs) {
-    if (!acc->is_staged()) continue;
-    const size_t slot_bytes = acc->bytes();
-    ODC_RETURN_IF_ERROR(
-        finish(op, transport_->put_signal_all(acc->pending->local(), *acc->staging,
-                                              static_cast<size_t>(rank()) * slot_bytes, slot_bytes,
-                                              acc->signals.get(), minibatch_, stream)));
-  }
-  for (Buffer* acc : accs) {
-    if (!acc->is_staged()) continue;
-    ODC_RETURN_IF_ERROR(
-        finish(op, transport_->wait_signals(*acc->signals, minibatch_, op, stream)));
-    ODC_RETURN_IF_ERROR(
-        finish(op, transport_->sum_slots(static_cast<float*>(acc->local()),
-                                         static_cast<const float*>(acc->staging->local()),
-                                         acc->count, world_size(), acc->count, stream)));
-  }
   ODC_RETURN_IF_ERROR(finish(op, pull_slices(accs, stream)));
   if (staging_ != nullptr) {
     // This rank's chunks all sent and every sender's end folded here: its sums are complete.
-    ODC_RETURN_IF_ERROR(finish(op, staging_->finish(destination_)));
+    ODC_RETURN_IF_ERROR(finish(op, staging_->finish(stream)));
   }
-  // After this barrier every push (remote adds) or fold (staged, streamed, pulled) is complete
+  // After this barrier every push (remote adds) or fold (streamed, pulled) is complete
   // everywhere.
   ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchEnd, stream)));
   ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
@@ -588,7 +576,7 @@ Status Communicator::pull_slices(const std::vector<Buffer*>& accs, StreamHandle 
   for (Buffer* acc : accs) {
     if (!acc->is_pulled()) continue;
     auto* sums = static_cast<float*>(acc->local());
-    // Assigned by the fold, as in kStaged: 0 + s0 + s1 + ... in sender order, element by element
+    // Assigned: 0 + s0 + s1 + ... in sender order, element by element
     // (chunks only bound the scratch; they do not change any element's order).
     ODC_RETURN_IF_ERROR(transport_->zero(sums, acc->bytes(), stream));
     for (size_t first = 0; first < acc->count; first += chunk) {
@@ -611,21 +599,28 @@ Status Communicator::poll_error() {
   return finish(op, transport_->poll_error());
 }
 
-Status Communicator::meet_inside_minibatch(const char* operation) {
+Status Communicator::meet_inside_minibatch(const char* operation, StreamHandle stream) {
   if (staging_ == nullptr || state_ != CommState::kInMinibatch) return Status::Ok();
   // Streamed: a peer may still wait for this rank's credit; a rank in the transport's collective
   // folds nothing. Meet first, folding for hungry senders meanwhile; then nobody is pushing.
-  ODC_RETURN_IF_ERROR(staging_->meet(operation, destination_));
+  if (stream == nullptr && transport_->caps().stream_ordered) {
+    // A host-side collective (alloc, free): this rank's pushes may still be queued on any of the
+    // caller's streams, and the meeting says they were all put. Let them complete first (their
+    // credit waits fold on the device meanwhile, and peers in the same place reach their own
+    // meeting folds after their drain, which fold for us).
+    ODC_RETURN_IF_ERROR(transport_->drain());
+  }
+  ODC_RETURN_IF_ERROR(staging_->meet(operation, stream));
   // Every peer has put all its chunks by now: fold them, so that a buffer freed next has none
   // left in the rings.
-  return staging_->fold_arrived(destination_);
+  return staging_->fold_arrived(stream);
 }
 
 Status Communicator::barrier(StreamHandle stream) {
   const char* op = "barrier";
   ODC_RETURN_IF_ERROR(usable(op));
   ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
-  ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op)));
+  ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op, stream)));
   return finish(op, transport_->barrier(CollectiveOp::kBarrier, stream));
 }
 

@@ -4,15 +4,12 @@
 //   - a pushed contribution is added exactly once at its owner: by an atomic remote fp32 add
 //     straight into the owner's sums (remote add); or in chunks through this sender's bounded
 //     staging ring at the owner, folded by the owner in sequence order while the minibatch runs
-//     (streamed, core/streamed_staging.h); or by summing it into this sender's pending buffer and
-//     putting that (with a signal) into the sender's staging slot at the owner at minibatch_end,
-//     where the owner folds the slots in sender order once every signal arrived (staged), or
-//     where the owner pulls its slice of every sender's pending sums in sender order once a
-//     barrier made them complete (pulled, deterministic);
+//     (streamed, core/streamed_staging.h); or by summing it into this sender's pending buffer,
+//     from which the owner pulls its slice of every sender's sums in sender order once a barrier
+//     made them complete (pulled, deterministic);
 //   - the sums an owner exposes after minibatch_end stay valid for every rank until the next
 //     minibatch starts filling them (remote adds and streamed: the owner zeroes only after every
-//     rank entered minibatch_begin; staged and pulled: the fold assigns, inside the next
-//     minibatch_end);
+//     rank entered minibatch_begin; pulled: the pull assigns, inside the next minibatch_end);
 //   - a failed call that is the caller's mistake changes nothing; a failure of another rank or a
 //     timeout leaves the communicator failed (every later call reports the original error) and
 //     silent, so that its peers fail too: no partial sum is ever reported as success.
@@ -44,15 +41,11 @@ enum class AccumulationScheme {
   kRemoteAdd,
   // Pushes travel while the minibatch runs, in chunks through a bounded staging ring per sender
   // at each owner, folded by the owner into its sums whenever it enters odc, with credits back
-  // (core/streamed_staging.h). For host transports without a remote fp32 add; costs the staging
-  // budget per rank and communicator, whatever the model and the world size.
+  // (core/streamed_staging.h): on the host for host transports, by a kernel on the caller's
+  // stream for device ones (core/device_streamed_staging.h). For every transport without a
+  // remote fp32 add; costs the staging budget per rank and communicator, whatever the model and
+  // the world size.
   kStreamed,
-  // Pushes are summed locally into a pending buffer (world_size x count fp32); minibatch_end puts
-  // each owner's slice into this sender's slot of the owner's staging (world_size x count fp32)
-  // with a signal, and each owner folds the slots in sender order once every signal arrived.
-  // For stream-ordered (device) transports without a remote fp32 add, until their devices fold
-  // streamed chunks; costs 2 x world_size x count fp32 per rank.
-  kStaged,
   // Deterministic mode: pushes are summed locally into a pending buffer (world_size x count fp32,
   // 4 bytes per full-gradient element); at minibatch_end, once every sender's pending is complete
   // (a barrier), each owner pulls its slice from every sender in rank order, through one scratch
@@ -81,8 +74,8 @@ struct CommOptions {
   int ranks_per_node = 0;
 };
 
-// A symmetric buffer: `count` elements of `dtype` on every rank. Accumulators are fp32; staged
-// ones carry their pending, staging and signal regions.
+// A symmetric buffer: `count` elements of `dtype` on every rank. Accumulators are fp32; pulled
+// ones carry their pending sums.
 struct Buffer {
   uint64_t id = 0;
   size_t count = 0;
@@ -94,13 +87,10 @@ struct Buffer {
   bool published = false;
   std::string name;  // the caller's tag, checked across ranks at allocation ("" = none)
   std::unique_ptr<SymmetricRegion> data;     // the shards (an accumulator's sums)
-  std::unique_ptr<SymmetricRegion> pending;  // kStaged, kPulled: this sender's sum of its pushes
-  std::unique_ptr<SymmetricRegion> staging;  // kStaged: slot s holds sender s's sum
-  std::unique_ptr<SymmetricRegion> signals;  // kStaged: slot s = last minibatch s delivered
+  std::unique_ptr<SymmetricRegion> pending;  // kPulled: this sender's sum of its pushes
 
   bool is_accumulator() const { return accumulator; }
-  bool is_staged() const { return staging != nullptr; }
-  bool is_pulled() const { return pending != nullptr && staging == nullptr; }
+  bool is_pulled() const { return pending != nullptr; }
   const SymmetricRegion& shards() const { return *data; }
   void* local() const { return data->local(); }
   size_t bytes() const { return count * element_bytes(dtype); }
@@ -186,12 +176,14 @@ class Communicator {
   Status pull_slices(const std::vector<Buffer*>& accs, StreamHandle stream);
   // kStreamed, inside a minibatch, before a collective: every rank meets first (see
   // StreamedStaging::meet); elsewhere nothing.
-  Status meet_inside_minibatch(const char* operation);
+  Status meet_inside_minibatch(const char* operation, StreamHandle stream);
   // kStreamed, with the first accumulator (collective): every rank agrees on the budget, then
   // the rings are made.
   Status create_staging();
-  // kStreamed: this rank's sums of accumulator `buffer_id`, elements [first, first + count).
+  // kStreamed: this rank's sums of accumulator `buffer_id`, elements [first, first + count) (host
+  // folds), and every live accumulator's sums (device folds).
   Result<float*> fold_destination(uint64_t buffer_id, size_t first, size_t count) const;
+  std::vector<kernels::FoldTarget> fold_targets() const;
 
   // Live buffers in allocation order (the same on every rank), and only the accumulators.
   std::vector<Buffer*> buffers_in_order() const;

@@ -9,23 +9,13 @@
 
 #include "common/deadline.h"
 #include "common/interrupt.h"
+#include "core/device_streamed_staging.h"
 
 namespace odc {
 namespace {
 
-// The first 64 bytes of every slot. Written by the sender before the arrival signal that covers
-// it, read by the owner only after that signal.
-struct ChunkHeader {
-  uint64_t sequence;   // this sender's chunk number to this owner, from 1 (= the arrival signal)
-  uint64_t minibatch;  // the minibatch it belongs to
-  uint64_t buffer_id;  // the accumulator it adds to
-  uint64_t first;      // first element of the owner's shard it adds to
-  uint64_t count;      // payload elements
-  uint32_t dtype;      // DataType of the payload
-  uint32_t reserved32;
-  uint64_t reserved[2];
-};
-static_assert(sizeof(ChunkHeader) == kChunkHeaderBytes, "a chunk header fills its 64 bytes");
+using kernels::ChunkHeader;
+static_assert(sizeof(ChunkHeader) == kChunkHeaderBytes, "a chunk header fills its slot's head");
 
 // How long one poll sleeps before the caller looks at its deadline and the interrupt check
 // again. Polls wake at once when a watched signal arrives.
@@ -74,17 +64,16 @@ Result<RingGeometry> RingGeometry::for_budget(size_t budget_bytes, int world_siz
   return geometry;
 }
 
-StreamedStaging::StreamedStaging(Transport& transport, RingGeometry geometry,
-                                 std::unique_ptr<SymmetricRegion> rings,
-                                 std::unique_ptr<SymmetricRegion> arrivals,
-                                 std::unique_ptr<SymmetricRegion> credits,
-                                 std::unique_ptr<SymmetricRegion> hunger,
-                                 std::unique_ptr<SymmetricRegion> ends,
-                                 std::unique_ptr<SymmetricRegion> meetings)
-    : transport_(transport),
+HostStreamedStaging::HostStreamedStaging(
+    Transport& transport, RingGeometry geometry, Destination destination,
+    std::unique_ptr<SymmetricRegion> rings, std::unique_ptr<SymmetricRegion> arrivals,
+    std::unique_ptr<SymmetricRegion> credits, std::unique_ptr<SymmetricRegion> hunger,
+    std::unique_ptr<SymmetricRegion> ends, std::unique_ptr<SymmetricRegion> meetings)
+    : StreamedStaging(geometry),
+      transport_(transport),
       rank_(transport.rank()),
       world_size_(transport.world_size()),
-      geometry_(geometry),
+      destination_(std::move(destination)),
       rings_(std::move(rings)),
       arrivals_(std::move(arrivals)),
       credits_(std::move(credits)),
@@ -99,7 +88,16 @@ StreamedStaging::StreamedStaging(Transport& transport, RingGeometry geometry,
       ended_(static_cast<size_t>(world_size_), 0) {}
 
 Result<std::unique_ptr<StreamedStaging>> StreamedStaging::create(Transport& transport,
-                                                                 size_t budget_bytes) {
+                                                                 size_t budget_bytes,
+                                                                 Destination destination) {
+  if (transport.caps().stream_ordered)
+    return DeviceStreamedStaging::create(transport, budget_bytes);
+  return HostStreamedStaging::create(transport, budget_bytes, std::move(destination));
+}
+
+Result<std::unique_ptr<StreamedStaging>> HostStreamedStaging::create(Transport& transport,
+                                                                     size_t budget_bytes,
+                                                                     Destination destination) {
   if (transport.caps().stream_ordered) {
     return Status::InternalError(
         "streamed staging folds on the host: the transport must complete calls on return");
@@ -117,53 +115,53 @@ Result<std::unique_ptr<StreamedStaging>> StreamedStaging::create(Transport& tran
     if (!made.ok()) return made.status();
     region = std::move(made).value();
   }
-  return std::unique_ptr<StreamedStaging>(new StreamedStaging(
-      transport, geometry.value(), std::move(rings).value(), std::move(signals[0]),
-      std::move(signals[1]), std::move(signals[2]), std::move(signals[3]), std::move(signals[4])));
+  return std::unique_ptr<StreamedStaging>(new HostStreamedStaging(
+      transport, geometry.value(), std::move(destination), std::move(rings).value(),
+      std::move(signals[0]), std::move(signals[1]), std::move(signals[2]), std::move(signals[3]),
+      std::move(signals[4])));
 }
 
-size_t StreamedStaging::allocated_bytes() const {
+size_t HostStreamedStaging::allocated_bytes() const {
   return rings_->bytes() + arrivals_->bytes() + credits_->bytes() + hunger_->bytes() +
          ends_->bytes() + meetings_->bytes();
 }
 
-void StreamedStaging::begin(uint64_t minibatch) {
+void HostStreamedStaging::begin(uint64_t minibatch) {
   minibatch_ = minibatch;
   std::fill(ended_.begin(), ended_.end(), 0);
   ended_[static_cast<size_t>(rank_)] = 1;  // its own pushes are added directly
   num_ended_ = 1;
 }
 
-Status StreamedStaging::push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
-                             const Destination& destination) {
+Status HostStreamedStaging::push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
+                                 StreamHandle) {
   const size_t element = element_bytes(dtype);
   const size_t per_chunk = geometry_.payload_bytes() / element;
-  ODC_RETURN_IF_ERROR(fold_arrived(destination));
+  ODC_RETURN_IF_ERROR(fold_arrived());
   // Start with the next rank, so that the ranks' first chunks go to different owners.
   for (int i = 0; i < world_size_; ++i) {
     const int owner = (rank_ + 1 + i) % world_size_;
     const auto* slice =
         static_cast<const char*>(src) + static_cast<size_t>(owner) * count * element;
     if (owner == rank_) {
-      auto sums = destination(buffer_id, 0, count);
+      auto sums = destination_(buffer_id, 0, count);
       if (!sums.ok()) return sums.status();
       ODC_RETURN_IF_ERROR(transport_.accumulate(sums.value(), slice, dtype, count, nullptr));
       continue;
     }
     for (size_t first = 0; first < count; first += per_chunk) {
       const size_t n = std::min(per_chunk, count - first);
-      ODC_RETURN_IF_ERROR(
-          send_chunk(owner, buffer_id, first, slice + first * element, dtype, n, destination));
+      ODC_RETURN_IF_ERROR(send_chunk(owner, buffer_id, first, slice + first * element, dtype, n));
     }
   }
   return Status::Ok();
 }
 
-Status StreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t first, const void* data,
-                                   DataType dtype, size_t count, const Destination& destination) {
+Status HostStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t first,
+                                       const void* data, DataType dtype, size_t count) {
   const auto o = static_cast<size_t>(owner);
   if (sent_[o] - credit_[o] >= geometry_.depth) {
-    ODC_RETURN_IF_ERROR(wait_for_credit(owner, destination));
+    ODC_RETURN_IF_ERROR(wait_for_credit(owner));
   }
   const uint64_t sequence = sent_[o] + 1;
   ChunkHeader header{};
@@ -185,10 +183,9 @@ Status StreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t first
   return Status::Ok();
 }
 
-Status StreamedStaging::poll_serving_hunger(std::vector<SignalWatch> watches, size_t num_all,
-                                            std::chrono::duration<double> limit,
-                                            std::vector<uint64_t>* seen,
-                                            const Destination& destination) {
+Status HostStreamedStaging::poll_serving_hunger(std::vector<SignalWatch> watches, size_t num_all,
+                                                std::chrono::duration<double> limit,
+                                                std::vector<uint64_t>* seen) {
   // Also wake for every sender still sending whose ring here is full: it waits for our folds.
   const size_t first_hunger = watches.size();
   for (int s = 0; s < world_size_; ++s) {
@@ -207,7 +204,7 @@ Status StreamedStaging::poll_serving_hunger(std::vector<SignalWatch> watches, si
   seen->resize(first_hunger);
   if (hungry.empty()) return Status::Ok();
   // A hungry sender put every chunk up to its hunger and more: folding what arrived frees it.
-  ODC_RETURN_IF_ERROR(fold_arrived(destination));
+  ODC_RETURN_IF_ERROR(fold_arrived());
   // Its credit again, even when nothing new was folded: a credit lost on the way is repaired.
   for (int sender : hungry) {
     ODC_RETURN_IF_ERROR(
@@ -216,7 +213,7 @@ Status StreamedStaging::poll_serving_hunger(std::vector<SignalWatch> watches, si
   return Status::Ok();
 }
 
-Status StreamedStaging::wait_for_credit(int owner, const Destination& destination) {
+Status HostStreamedStaging::wait_for_credit(int owner) {
   const auto o = static_cast<size_t>(owner);
   const uint64_t needed = sent_[o] - geometry_.depth + 1;
   const auto deadline = deadline_after(transport_.timeout());
@@ -224,9 +221,9 @@ Status StreamedStaging::wait_for_credit(int owner, const Destination& destinatio
   std::vector<uint64_t> seen;
   for (;;) {
     // The first look does not sleep: the credit may be there already.
-    ODC_RETURN_IF_ERROR(poll_serving_hunger(
-        {{credits_.get(), owner, needed}}, 0,
-        counted ? kPollSlice : std::chrono::duration<double>::zero(), &seen, destination));
+    ODC_RETURN_IF_ERROR(
+        poll_serving_hunger({{credits_.get(), owner, needed}}, 0,
+                            counted ? kPollSlice : std::chrono::duration<double>::zero(), &seen));
     credit_[o] = std::max(credit_[o], seen[0]);
     if (sent_[o] - credit_[o] < geometry_.depth) return Status::Ok();
     if (!counted) {
@@ -253,7 +250,11 @@ Status StreamedStaging::wait_for_credit(int owner, const Destination& destinatio
   }
 }
 
-Status StreamedStaging::fold_arrived(const Destination& destination) {
+Status HostStreamedStaging::fold_arrived(StreamHandle) {
+  return fold_arrived();
+}
+
+Status HostStreamedStaging::fold_arrived() {
   std::vector<SignalWatch> watches;
   for (int s = 0; s < world_size_; ++s) {
     if (s == rank_ || ended_[static_cast<size_t>(s)] != 0) continue;
@@ -266,7 +267,7 @@ Status StreamedStaging::fold_arrived(const Destination& destination) {
   for (size_t i = 0; i < watches.size(); ++i) {
     const int sender = watches[i].peer;
     if (seen[i] <= folded_[static_cast<size_t>(sender)]) continue;
-    ODC_RETURN_IF_ERROR(fold_from(sender, seen[i], destination));
+    ODC_RETURN_IF_ERROR(fold_from(sender, seen[i]));
     // The slots are free again once folded: the sender may rewrite them.
     ODC_RETURN_IF_ERROR(
         transport_.signal(*credits_, sender, folded_[static_cast<size_t>(sender)], nullptr));
@@ -274,7 +275,7 @@ Status StreamedStaging::fold_arrived(const Destination& destination) {
   return Status::Ok();
 }
 
-Status StreamedStaging::fold_from(int sender, uint64_t last, const Destination& destination) {
+Status HostStreamedStaging::fold_from(int sender, uint64_t last) {
   const auto s = static_cast<size_t>(sender);
   auto from = [&] {
     return "chunk from rank " + std::to_string(sender) + " at rank " + std::to_string(rank_);
@@ -305,7 +306,7 @@ Status StreamedStaging::fold_from(int sender, uint64_t last, const Destination& 
                                    " (dtype " + std::to_string(header.dtype) + ", " +
                                    std::to_string(header.count) + " elements)");
     }
-    auto sums = destination(header.buffer_id, header.first, header.count);
+    auto sums = destination_(header.buffer_id, header.first, header.count);
     if (!sums.ok()) return sums.status().with_context(from());
     ODC_RETURN_IF_ERROR(transport_.accumulate(sums.value(), slot + kChunkHeaderBytes, dtype,
                                               header.count, nullptr));
@@ -324,18 +325,17 @@ Status StreamedStaging::fold_from(int sender, uint64_t last, const Destination& 
   return Status::Ok();
 }
 
-Status StreamedStaging::consume_end(int sender, uint64_t end_sequence,
-                                    const Destination& destination) {
+Status HostStreamedStaging::consume_end(int sender, uint64_t end_sequence) {
   const auto s = static_cast<size_t>(sender);
   // Every sequence before the end is a chunk of this minibatch, put before the end was raised.
-  ODC_RETURN_IF_ERROR(fold_from(sender, end_sequence - 1, destination));
+  ODC_RETURN_IF_ERROR(fold_from(sender, end_sequence - 1));
   folded_[s] = end_sequence;
   ended_[s] = 1;
   ++num_ended_;
   return transport_.signal(*credits_, sender, end_sequence, nullptr);
 }
 
-Status StreamedStaging::finish(const Destination& destination) {
+Status HostStreamedStaging::finish(StreamHandle) {
   for (int i = 0; i < world_size_; ++i) {
     const int owner = (rank_ + 1 + i) % world_size_;
     if (owner == rank_) continue;
@@ -360,11 +360,11 @@ Status StreamedStaging::finish(const Destination& destination) {
     }
     ODC_RETURN_IF_ERROR(poll_serving_hunger(
         watches, watches.size(), first_look ? std::chrono::duration<double>::zero() : kPollSlice,
-        &seen, destination));
+        &seen));
     first_look = false;
     for (size_t i = 0; i < watches.size(); ++i) {
       if (seen[i] >= watches[i].value) {
-        ODC_RETURN_IF_ERROR(consume_end(watches[i].peer, seen[i], destination));
+        ODC_RETURN_IF_ERROR(consume_end(watches[i].peer, seen[i]));
       }
     }
     if (num_ended_ == world_size_) return Status::Ok();
@@ -382,7 +382,7 @@ Status StreamedStaging::finish(const Destination& destination) {
   }
 }
 
-Status StreamedStaging::meet(const char* operation, const Destination& destination) {
+Status HostStreamedStaging::meet(const char* operation, StreamHandle) {
   ++meetings_entered_;
   for (int i = 0; i < world_size_; ++i) {
     const int peer = (rank_ + 1 + i) % world_size_;
@@ -400,7 +400,7 @@ Status StreamedStaging::meet(const char* operation, const Destination& destinati
     }
     ODC_RETURN_IF_ERROR(poll_serving_hunger(
         watches, watches.size(), first_look ? std::chrono::duration<double>::zero() : kPollSlice,
-        &seen, destination));
+        &seen));
     first_look = false;
     size_t missing = 0;
     while (missing < watches.size() && seen[missing] >= watches[missing].value) ++missing;

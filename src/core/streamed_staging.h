@@ -16,8 +16,10 @@
 //   - an owner's sums are complete once it consumed every sender's end of the minibatch (the end
 //     covers every chunk before it, so a lost arrival signal loses nothing);
 //   - every wait is bounded by the transport's timeout and names rank, peer and operation.
-// The folds run on the host here, so the scheme needs a transport whose calls complete on
-// return (!caps().stream_ordered); device transports fold on their device (docs/runtime.md).
+// On transports whose calls complete on return the folds run on the host, inside odc's calls
+// (HostStreamedStaging); on stream-ordered (device) transports a kernel enqueued on the caller's
+// stream at the same points folds on the device (DeviceStreamedStaging), see
+// core/device_streamed_staging.h and docs/runtime.md.
 #pragma once
 
 #include <chrono>
@@ -30,6 +32,7 @@
 #include "common/status.h"
 #include "core/dtype.h"
 #include "core/transport.h"
+#include "kernels/streamed_fold.h"
 
 namespace odc {
 
@@ -57,63 +60,97 @@ struct RingGeometry {
   static Result<RingGeometry> for_budget(size_t budget_bytes, int world_size);
 };
 
+// The streamed staging of one communicator: on the host (HostStreamedStaging, transports whose
+// calls complete on return) or on the device (DeviceStreamedStaging,
+// core/device_streamed_staging.h: stream-ordered transports, whose devices fold).
 class StreamedStaging {
  public:
   // Where a chunk for accumulator `buffer_id` lands: this rank's sums of that accumulator, from
   // element `first`, `count` elements; an error when no such accumulator or range exists.
   using Destination = std::function<Result<float*>(uint64_t buffer_id, size_t first, size_t count)>;
 
-  // Collective (every rank, same budget): the rings and the arrival, credit, hunger, end and
-  // meeting signals.
-  static Result<std::unique_ptr<StreamedStaging>> create(Transport& transport, size_t budget_bytes);
+  // Collective (every rank, same budget): the rings and their signals, on the host or the
+  // device as the transport's capabilities say. Host folds find their targets through
+  // `destination`; device folds through set_targets().
+  static Result<std::unique_ptr<StreamedStaging>> create(Transport& transport, size_t budget_bytes,
+                                                         Destination destination);
+  virtual ~StreamedStaging() = default;
 
   const RingGeometry& geometry() const { return geometry_; }
-  size_t allocated_bytes() const;
-  // Chunks this rank had to wait for credit before sending (flow control engaged), so far.
-  uint64_t credit_waits() const { return credit_waits_; }
+  // The symmetric memory it holds on this rank (<= the budget).
+  virtual size_t allocated_bytes() const = 0;
   uint64_t chunks_sent() const { return chunks_sent_; }
+  // Chunks this rank had to wait for credit before sending (flow control engaged), so far.
+  virtual Result<uint64_t> credit_waits() const = 0;
 
+  // Local: the accumulators a device fold adds into (every live one; host folds ignore it).
+  virtual Status set_targets(const std::vector<kernels::FoldTarget>& targets) = 0;
   // Local: minibatch `minibatch` is open (every rank passed its opening barrier).
-  void begin(uint64_t minibatch);
+  virtual void begin(uint64_t minibatch) = 0;
   // For every owner r: `src` elements [r*count, (r+1)*count) (fp32 or bf16) added into owner r's
   // sums of `buffer_id` (this rank's own slice directly). Waits for credit where a ring is full.
-  Status push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
-              const Destination& destination);
+  virtual Status push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
+                      StreamHandle stream) = 0;
   // Never waits: folds every chunk that has arrived and returns credits.
-  Status fold_arrived(const Destination& destination);
+  virtual Status fold_arrived(StreamHandle stream) = 0;
   // minibatch_end: ends this rank's sequence at every other owner, then folds until every
   // sender's end of this minibatch arrived (bounded by the timeout).
-  Status finish(const Destination& destination);
+  virtual Status finish(StreamHandle stream) = 0;
   // Inside a minibatch, before any other collective (a barrier, an allocation): waits until every
   // rank arrived here, folding for hungry senders meanwhile, so that no rank waits in the
   // transport's collective while a peer still waits for its credit. `operation` names the wait.
-  Status meet(const char* operation, const Destination& destination);
+  virtual Status meet(const char* operation, StreamHandle stream) = 0;
+
+ protected:
+  explicit StreamedStaging(RingGeometry geometry) : geometry_(geometry) {}
+  RingGeometry geometry_;
+  uint64_t chunks_sent_ = 0;
+};
+
+// The host fold (see the top of this file).
+class HostStreamedStaging final : public StreamedStaging {
+ public:
+  static Result<std::unique_ptr<StreamedStaging>> create(Transport& transport, size_t budget_bytes,
+                                                         Destination destination);
+
+  size_t allocated_bytes() const override;
+  Result<uint64_t> credit_waits() const override { return credit_waits_; }
+  Status set_targets(const std::vector<kernels::FoldTarget>&) override { return Status::Ok(); }
+  void begin(uint64_t minibatch) override;
+  Status push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
+              StreamHandle stream) override;
+  Status fold_arrived(StreamHandle stream) override;
+  Status finish(StreamHandle stream) override;
+  Status meet(const char* operation, StreamHandle stream) override;
 
  private:
-  StreamedStaging(Transport& transport, RingGeometry geometry,
-                  std::unique_ptr<SymmetricRegion> rings, std::unique_ptr<SymmetricRegion> arrivals,
-                  std::unique_ptr<SymmetricRegion> credits, std::unique_ptr<SymmetricRegion> hunger,
-                  std::unique_ptr<SymmetricRegion> ends, std::unique_ptr<SymmetricRegion> meetings);
+  HostStreamedStaging(Transport& transport, RingGeometry geometry, Destination destination,
+                      std::unique_ptr<SymmetricRegion> rings,
+                      std::unique_ptr<SymmetricRegion> arrivals,
+                      std::unique_ptr<SymmetricRegion> credits,
+                      std::unique_ptr<SymmetricRegion> hunger,
+                      std::unique_ptr<SymmetricRegion> ends,
+                      std::unique_ptr<SymmetricRegion> meetings);
+  Status fold_arrived();
   // One data chunk into this rank's ring at `owner`, once a slot is free.
   Status send_chunk(int owner, uint64_t buffer_id, uint64_t first, const void* data, DataType dtype,
-                    size_t count, const Destination& destination);
+                    size_t count);
   // Waits, folding for hungry senders, until this rank may put one more chunk to `owner`.
-  Status wait_for_credit(int owner, const Destination& destination);
+  Status wait_for_credit(int owner);
   // Folds sender `sender`'s data chunks up to sequence `last` (not beyond what it put).
-  Status fold_from(int sender, uint64_t last, const Destination& destination);
+  Status fold_from(int sender, uint64_t last);
   // Consumes sender `sender`'s end `end_sequence`: folds its chunks before it, returns credit.
-  Status consume_end(int sender, uint64_t end_sequence, const Destination& destination);
+  Status consume_end(int sender, uint64_t end_sequence);
   // Polls `watches` (the first `num_all` one all-condition, as Transport::poll_signals) and the
   // hunger of every sender still sending, waiting up to `limit`; folds for the hungry ones.
   // seen[i]: the value of watches[i].
   Status poll_serving_hunger(std::vector<SignalWatch> watches, size_t num_all,
-                             std::chrono::duration<double> limit, std::vector<uint64_t>* seen,
-                             const Destination& destination);
+                             std::chrono::duration<double> limit, std::vector<uint64_t>* seen);
 
   Transport& transport_;
   const int rank_;
   const int world_size_;
-  RingGeometry geometry_;
+  Destination destination_;
   std::unique_ptr<SymmetricRegion> rings_;     // here: sender s's ring at s * ring_bytes
   std::unique_ptr<SymmetricRegion> arrivals_;  // slot s here: last chunk sender s put here
   std::unique_ptr<SymmetricRegion> credits_;   // slot r here: last sequence of ours r consumed
@@ -130,7 +167,6 @@ class StreamedStaging {
   uint64_t minibatch_ = 0;
   uint64_t meetings_entered_ = 0;
   uint64_t credit_waits_ = 0;
-  uint64_t chunks_sent_ = 0;
 };
 
 }  // namespace odc

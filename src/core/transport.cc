@@ -1,6 +1,8 @@
 // Names of collectives, for error messages, and the transport operations with a generic default.
 #include "core/transport.h"
 
+#include <cstring>
+
 #include <unistd.h>
 
 namespace odc {
@@ -27,20 +29,6 @@ const char* collective_op_name(CollectiveOp op) {
   return "unknown collective";
 }
 
-Status Transport::put_signal_all(const void* src, const SymmetricRegion& region, size_t offset,
-                                 size_t bytes, const SymmetricRegion* signals, uint64_t value,
-                                 StreamHandle stream) {
-  const auto* data = static_cast<const char*>(src);
-  // Start with the next rank so that the ranks' first writes go to different owners.
-  for (int i = 0; i < world_size(); ++i) {
-    const int peer = (rank() + 1 + i) % world_size();
-    ODC_RETURN_IF_ERROR(
-        put(data + static_cast<size_t>(peer) * bytes, region, peer, offset, bytes, stream));
-    if (signals != nullptr) ODC_RETURN_IF_ERROR(signal(*signals, peer, value, stream));
-  }
-  return Status::Ok();
-}
-
 Status Transport::add_all(const void*, DataType, const SymmetricRegion&, size_t, StreamHandle) {
   return Status::InternalError("this transport has no atomic remote fp32 add (caps)");
 }
@@ -49,6 +37,22 @@ Result<bool> Transport::poll_signals(const std::vector<SignalWatch>&, size_t,
                                      std::chrono::duration<double>, std::vector<uint64_t>*) {
   return Status::InternalError(
       "this transport is stream-ordered: signal polls run on its device, not the host");
+}
+
+Status Transport::fold_streamed(const kernels::StreamedFold&, StreamHandle) {
+  return Status::InternalError(
+      "this transport has no device fold: its streamed folds run on the host");
+}
+
+Status Transport::pack_chunk(void*, const kernels::ChunkHeader&, const void*, size_t,
+                             StreamHandle) {
+  return Status::InternalError(
+      "this transport has no device fold: its streamed chunks are not packed");
+}
+
+Status Transport::read_local(void* host_dst, const void* src, size_t bytes) {
+  std::memcpy(host_dst, src, bytes);
+  return Status::Ok();
 }
 
 uint64_t Transport::node_key() const {

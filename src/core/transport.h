@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "core/dtype.h"
+#include "kernels/streamed_fold.h"
 
 namespace odc {
 
@@ -80,8 +81,8 @@ struct SignalWatch {
 };
 
 // Signals are symmetric regions of world_size uint64 slots per rank, zeroed at allocation: slot p
-// at rank r is written only by rank p (signal(), put_signal()) and read only by rank r
-// (wait_signals()). Values only grow.
+// at rank r is written only by rank p (signal(), or a device fold's credit) and read only by
+// rank r (poll_signals(), its device's waits). Values only grow.
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -145,21 +146,10 @@ class Transport {
   // that peer is visible there (a fence, then the store).
   virtual Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                         StreamHandle stream) = 0;
-  // For every rank p: region@p[offset : offset+bytes] = src[p*bytes : (p+1)*bytes], then (when
-  // `signals` is set) signal(signals, p, value). Transports may fuse it; the default loops.
-  virtual Status put_signal_all(const void* src, const SymmetricRegion& region, size_t offset,
-                                size_t bytes, const SymmetricRegion* signals, uint64_t value,
-                                StreamHandle stream);
   // Only where caps().remote_fp32_add: for every rank p, region@p[0:count] (fp32) +=
   // src[p*count : (p+1)*count] (fp32 or bf16), atomically at p.
   virtual Status add_all(const void* src, DataType src_type, const SymmetricRegion& region,
                          size_t count, StreamHandle stream);
-  // Waits until every slot of this rank's `signals` is >= value. Bounded by the transport's
-  // timeout: on expiry a Timeout naming this rank, the peer whose slot fell short, `operation`,
-  // the expected and the seen value (stream-ordered transports report it from poll_error()). A
-  // failed or dead peer ends the wait with a RemoteError naming it.
-  virtual Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
-                              StreamHandle stream) = 0;
 
   // ---- host-side signal reads (only where !caps().stream_ordered) ---------------------------
   // Reads the watched slots of this rank's signal regions into seen[i] (acquire: every put a peer
@@ -180,10 +170,21 @@ class Transport {
   // dst[i] += src[i] for i < count (src fp32 or bf16), in fp32.
   virtual Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
                             StreamHandle stream) = 0;
-  // dst[i] = slots[i] + slots[stride + i] + ... + slots[(num_slots-1)*stride + i], added in slot
-  // order (so bitwise reproducible), for i < count.
-  virtual Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
-                           size_t count, StreamHandle stream) = 0;
+
+  // ---- the streamed staging on the device (stream-ordered transports without remote adds) ----
+  // Enqueues the owner's fold of the streamed staging (core/streamed_staging.h, the loop in
+  // kernels/streamed_fold.cuh) on `stream`: folds arrived chunks into the targets' sums and
+  // returns credits (this transport's remote write of fold.credit_slots) until fold.until holds.
+  // An expired wait or a refused chunk is recorded and reported by poll_error(). Default:
+  // InternalError (host transports fold on the host).
+  virtual Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream);
+  // Local: dst = header (64 bytes) then src[0 : bytes], in this transport's memory, in stream
+  // order. Default: InternalError (only the device fold's senders pack).
+  virtual Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src,
+                            size_t bytes, StreamHandle stream);
+  // Local, host-blocking: host_dst[0 : bytes] = src[0 : bytes] (this transport's memory) as it
+  // is now; work queued on streams may still change it (counters). Default: a memcpy.
+  virtual Status read_local(void* host_dst, const void* src, size_t bytes);
 
   // ---- gather windows: a hint from the protocol (optional) -----------------------------------
   // Collective (every rank, same order, same regions in the same order), called right after a

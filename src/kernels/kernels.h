@@ -20,6 +20,8 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/streamed_fold.h"
+
 namespace odc::kernels {
 
 inline constexpr int kMaxRanks = 8;
@@ -51,6 +53,10 @@ enum WaitSite : int32_t {
   kWaitFetch = 6,       // hierarchical gather: the node rank fetching a remote shard is not done
   kWaitPeerFailed = 7,  // device_barrier: the peer marked itself failed (kBarrierPeerFailed)
   kWaitSelfFailed = 8,  // this rank failed on the host (set by the host: stay silent)
+  kWaitCredit = 9,      // streamed push: the owner has not freed a slot of this rank's ring
+  kWaitStreamEnd = 10,  // streamed minibatch_end: a sender has not ended its pushes here
+  kWaitMeeting = 11,    // streamed collective inside a minibatch: a rank has not reached it
+  kWaitBadChunk = 12,   // streamed fold: a slot holds another chunk than its signal covers
 };
 
 // What a rank that failed writes into its slot of every peer's barrier words (host side, on a
@@ -145,7 +151,7 @@ cudaError_t scatter_accumulate_reduce(const void* src, ElemType src_type, const 
                                       cudaStream_t stream, bool sys_scope = true,
                                       const WaitError* error = nullptr);
 
-// ---- put-with-signal, signal waits, local arithmetic (staged accumulation) ------------------
+// ---- put-with-signal, local arithmetic ------------------------------------------------------
 // For every job j < num_jobs: copy `bytes` from src[j] to dst[j] (local or peer memory), then,
 // when signal[j] is set, store `value` there (system-scope release) once every block of job j
 // has copied its share. `done`: kMaxRanks zeroed device counters owned by the caller, not shared
@@ -158,17 +164,14 @@ struct PutSignalJobs {
 };
 cudaError_t put_signal(const PutSignalJobs& jobs, size_t bytes, uint64_t value, uint32_t* done,
                        const RankInfo& info, const WaitError* error, cudaStream_t stream);
-// Stream-ordered: returns (on the device) when signals[p] >= value for every p < info.num_ranks;
-// on expiry of `timeout_ns` records (kWaitSignal, rank, peer, value, seen) in `error`.
-cudaError_t wait_signals(const uint64_t* signals, uint64_t value, const RankInfo& info,
-                         int64_t timeout_ns, WaitError* error, cudaStream_t stream);
 // dst[i] += src[i] (fp32 or bf16 source) for i < n; local memory. Nothing after a failed wait.
 cudaError_t accumulate_local(float* dst, const void* src, ElemType src_type, size_t n,
                              const RankInfo& info, const WaitError* error, cudaStream_t stream);
-// dst[i] = ((0 + slots[i]) + slots[slot_stride + i]) + ... over num_slots slots, in slot order
-// (bitwise reproducible), for i < n. Nothing after a failed wait.
-cudaError_t sum_slots(float* dst, const float* slots, size_t slot_stride, int num_slots, size_t n,
-                      const RankInfo& info, const WaitError* error, cudaStream_t stream);
+// ---- streamed staging (kernels/streamed_fold.h; the owner's fold is streamed_fold.cuh) -------
+// dst[0:64] = header, dst[64 : 64+bytes] = src[0:bytes] (src local device memory): one chunk,
+// packed where the transport puts it from. Nothing after a failed wait.
+cudaError_t pack_chunk(void* dst, const ChunkHeader& header, const void* src, size_t bytes,
+                       const RankInfo& info, const WaitError* error, cudaStream_t stream);
 
 // ---- barrier ---------------------------------------------------------------------------------
 // Stream-ordered: returns (on the device) when every rank has reached `epoch` (1, 2, 3, ... on

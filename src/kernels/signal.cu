@@ -1,7 +1,7 @@
-// Put-with-signal, signal waits and the local arithmetic of the staged accumulation scheme
-// (src/core/communicator.h, AccumulationScheme::kStaged). Invariants: a signal is stored (system-
-// scope release) only after every block of its put has copied its share and fenced; a rank whose
-// error record is set writes nothing more (it stays silent, so its peers time out and name it).
+// Put-with-signal (the CUDA transport's puts, gets and signals, the NVSHMEM transport's direct
+// gathers) and local accumulation. Invariants: a signal is stored (system-scope release) only
+// after every block of its put has copied its share and fenced; a rank whose error record is set
+// writes nothing more (it stays silent, so its peers time out and name it).
 #include <cuda_bf16.h>
 
 #include "kernels/device_sync.cuh"
@@ -11,8 +11,6 @@ namespace odc::kernels {
 namespace {
 
 constexpr int kThreads = 512;
-constexpr int kSmallThreads = 32;
-static_assert(kMaxRanks <= kSmallThreads, "one thread per rank in the wait kernel");
 
 __device__ __forceinline__ bool failed(const WaitError* error) {
   return error != nullptr && *reinterpret_cast<const volatile int32_t*>(&error->site) != kWaitNone;
@@ -46,14 +44,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void wait_signals_kernel(const uint64_t* signals, uint64_t value, int num_ranks,
-                                    int rank, int64_t timeout_ns, WaitError* error) {
-  const int peer = threadIdx.x;
-  if (peer < num_ranks)
-    detail::wait_at_least(signals + peer, value, timeout_ns, error, kWaitSignal, rank, peer);
-  __syncthreads();
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     accumulate_local_kernel(float* dst, const T* src, size_t n, const WaitError* error) {
@@ -61,19 +51,6 @@ __global__ void __launch_bounds__(kThreads)
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     dst[i] += detail::to_float(src[i]);
-}
-
-__global__ void __launch_bounds__(kThreads)
-    sum_slots_kernel(float* dst, const float* slots, size_t slot_stride, int num_slots, size_t n,
-                     const WaitError* error) {
-  if (failed(error)) return;
-  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    // The same order as the host transports: ((0 + slot 0) + slot 1) + ...; no FMA can form.
-    float sum = __fadd_rn(0.0f, slots[i]);
-    for (int s = 1; s < num_slots; ++s) sum = __fadd_rn(sum, slots[s * slot_stride + i]);
-    dst[i] = sum;
-  }
 }
 
 int elementwise_blocks(const RankInfo& info, size_t n) {
@@ -95,15 +72,6 @@ cudaError_t put_signal(const PutSignalJobs& jobs, size_t bytes, uint64_t value, 
   return cudaGetLastError();
 }
 
-cudaError_t wait_signals(const uint64_t* signals, uint64_t value, const RankInfo& info,
-                         int64_t timeout_ns, WaitError* error, cudaStream_t stream) {
-  if (info.num_ranks < 1 || info.num_ranks > kMaxRanks || error == nullptr)
-    return cudaErrorInvalidValue;
-  wait_signals_kernel<<<1, kSmallThreads, 0, stream>>>(signals, value, info.num_ranks, info.rank,
-                                                       timeout_ns, error);
-  return cudaGetLastError();
-}
-
 cudaError_t accumulate_local(float* dst, const void* src, ElemType src_type, size_t n,
                              const RankInfo& info, const WaitError* error, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
@@ -115,15 +83,6 @@ cudaError_t accumulate_local(float* dst, const void* src, ElemType src_type, siz
     accumulate_local_kernel<__nv_bfloat16>
         <<<blocks, kThreads, 0, stream>>>(dst, static_cast<const __nv_bfloat16*>(src), n, error);
   }
-  return cudaGetLastError();
-}
-
-cudaError_t sum_slots(float* dst, const float* slots, size_t slot_stride, int num_slots, size_t n,
-                      const RankInfo& info, const WaitError* error, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  if (num_slots < 1) return cudaErrorInvalidValue;
-  sum_slots_kernel<<<elementwise_blocks(info, n), kThreads, 0, stream>>>(dst, slots, slot_stride,
-                                                                         num_slots, n, error);
   return cudaGetLastError();
 }
 

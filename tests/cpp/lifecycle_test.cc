@@ -122,15 +122,19 @@ class LoggedTransport final : public Transport {
   }
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override {
+    log_->add("signal");
     return inner_->signal(signals, peer, value, stream);
   }
   Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
                  StreamHandle stream) override {
     return inner_->add_all(src, src_type, region, count, stream);
   }
-  Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
-                      StreamHandle stream) override {
-    return inner_->wait_signals(signals, value, operation, stream);
+  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override {
+    return inner_->fold_streamed(fold, stream);
+  }
+  Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
+                    StreamHandle stream) override {
+    return inner_->pack_chunk(dst, header, src, bytes, stream);
   }
   Status zero(void* dst, size_t bytes, StreamHandle stream) override {
     return inner_->zero(dst, bytes, stream);
@@ -138,10 +142,6 @@ class LoggedTransport final : public Transport {
   Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
                     StreamHandle stream) override {
     return inner_->accumulate(dst, src, src_type, count, stream);
-  }
-  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
-                   StreamHandle stream) override {
-    return inner_->sum_slots(dst, slots, stride, num_slots, count, stream);
   }
 
  private:
@@ -165,6 +165,13 @@ struct LoggedWorld {
   std::vector<std::shared_ptr<EventLog>> logs;
   std::vector<std::unique_ptr<Transport>> transports;
 };
+
+// An in-memory world that runs the device's steps of the streamed scheme (its fold emulated).
+mem::MemOptions device_steps() {
+  mem::MemOptions options;
+  options.stream_ordered = true;
+  return options;
+}
 
 LoggedWorld logged_world(int world, mem::MemOptions options) {
   auto mem = mem::MemWorld::create(world, options);
@@ -271,7 +278,7 @@ TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
   // closes before this rank delivers anything or meets the barrier after which owners rewrite
   // again. A buffer allocated later joins the next window.
   const int world = 2;
-  auto [logs, transports] = logged_world(world, mem::MemOptions{});
+  auto [logs, transports] = logged_world(world, device_steps());
   const auto failures = on_each_rank(transports, [](Communicator& comm, int) {
     auto params = comm.allocate(3, DataType::kFloat32, false, "", /*published=*/true);
     auto acc = comm.allocate(2, DataType::kFloat32, true);
@@ -290,11 +297,12 @@ TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
   for (int rank = 0; rank < world; ++rank) {
     ASSERT_EQ(failures[rank], "") << "rank " << rank;
     std::vector<std::string> events = logs[rank]->snapshot();
-    // Only the window events and the minibatch barriers, plus the first put of each minibatch_end.
+    // Only the window events and the minibatch barriers, plus the first signal of each
+    // minibatch_end (this rank's end of its pushes).
     std::vector<std::string> seen;
     bool put_seen = false;
     for (const std::string& event : events) {
-      if (event == "put") {
+      if (event == "signal") {
         if (!put_seen) seen.push_back(event);
         put_seen = true;
         continue;
@@ -306,8 +314,8 @@ TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
       }
     }
     const std::vector<std::string> want = {
-        "barrier:minibatch_begin", "open:12,10,",    "close", "put", "barrier:minibatch_end",
-        "barrier:minibatch_begin", "open:12,10,28,", "close", "put", "barrier:minibatch_end"};
+        "barrier:minibatch_begin", "open:12,10,",    "close", "signal", "barrier:minibatch_end",
+        "barrier:minibatch_begin", "open:12,10,28,", "close", "signal", "barrier:minibatch_end"};
     EXPECT_EQ(seen, want) << "rank " << rank << ": " << joined(events);
   }
 }
@@ -315,7 +323,7 @@ TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
 TEST(Lifecycle, PublishedIsPartOfTheBufferKind) {
   // Every rank must agree that a buffer is published (its gathers may be served from a copy of
   // minibatch_begin): a rank that allocates plain shards where the others publish fails them all.
-  auto [logs, transports] = logged_world(2, mem::MemOptions{});
+  auto [logs, transports] = logged_world(2, device_steps());
   const auto outcome = on_each_rank(transports, [](Communicator& comm, int rank) {
     auto both = comm.allocate(4, DataType::kFloat32, true, "", /*published=*/true);
     auto mixed = comm.allocate(4, DataType::kFloat32, false, "", /*published=*/rank == 0);

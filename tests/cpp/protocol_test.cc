@@ -1,7 +1,8 @@
 // The ODC protocol (core/communicator) at scale on the in-memory transport, threads as ranks:
 // 2 to 256 ranks, 1,000 minibatches of random uneven pushes (some ranks push nothing), exact
 // integer sums read by every rank from every owner right after minibatch_end with no extra
-// barrier; every accumulation scheme (streamed, staged, remote add, pulled); deterministic mode
+// barrier; every accumulation scheme (streamed with the host's and with the device's steps,
+// remote add, pulled); deterministic mode
 // bit for bit under random delays; and every injected fault (death, dropped and duplicated
 // signals and credits, reordering, a slow owner, collective mismatch) detected and named, with no
 // hang and no partial sum reported as success.
@@ -103,17 +104,23 @@ std::vector<std::string> run_threads(int world, const std::function<std::string(
   return outcome;
 }
 
-// The four accumulation schemes, and the in-memory world and options that make the core pick
-// each: streamed (no remote add; the default of host transports), staged (no remote add,
-// reported stream-ordered as device transports are), remote add, pulled (deterministic).
-enum class Scheme { kStreamed, kStaged, kRemoteAdd, kPulled };
+// The accumulation schemes, and the in-memory world and options that make the core pick each:
+// streamed (no remote add) with the host's steps, streamed with the device's steps (reported
+// stream-ordered as device transports are: core/device_streamed_staging.h, its fold emulated by
+// the in-memory transport), remote add, pulled (deterministic).
+enum class Scheme { kStreamed, kStreamedDevice, kRemoteAdd, kPulled };
+
+// The name scheme_name() gives it.
+const char* scheme_name_of(Scheme scheme) {
+  return scheme == Scheme::kStreamedDevice ? "streamed" : nullptr;
+}
 
 const char* scheme_label(Scheme scheme) {
   switch (scheme) {
     case Scheme::kStreamed:
       return "streamed";
-    case Scheme::kStaged:
-      return "staged";
+    case Scheme::kStreamedDevice:
+      return "streamed-device";
     case Scheme::kRemoteAdd:
       return "remote-add";
     case Scheme::kPulled:
@@ -131,9 +138,20 @@ size_t test_staging_bytes(int world) {
 mem::MemOptions mem_options_for(Scheme scheme, double timeout_s) {
   mem::MemOptions options;
   options.remote_fp32_add = scheme == Scheme::kRemoteAdd;
-  options.stream_ordered = scheme == Scheme::kStaged;
+  options.stream_ordered = scheme == Scheme::kStreamedDevice;
   options.timeout = std::chrono::duration<double>(timeout_s);
   return options;
+}
+
+// Streamed makes about ten times the transport calls per minibatch (chunks).
+bool is_streamed(Scheme scheme) {
+  return scheme == Scheme::kStreamed || scheme == Scheme::kStreamedDevice;
+}
+
+bool is_scheme(const Communicator& comm, Scheme scheme) {
+  const char* want =
+      scheme_name_of(scheme) != nullptr ? scheme_name_of(scheme) : scheme_label(scheme);
+  return std::string(scheme_name(comm.scheme())) == want;
 }
 
 CommOptions comm_options_for(Scheme scheme, int world, size_t staging_bytes = 0) {
@@ -201,7 +219,7 @@ void run_clean(const RunOptions& o, size_t staging_bytes = 0) {
   const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
   const auto outcome = run_threads(o.world, [&](int rank) {
     Communicator comm(world->join(rank), comm_options_for(o.scheme, o.world, staging_bytes));
-    if (std::string(scheme_name(comm.scheme())) != scheme_label(o.scheme)) {
+    if (!is_scheme(comm, o.scheme)) {
       return std::string("wrong scheme ") + scheme_name(comm.scheme());
     }
     return run_rank(comm, o, expected, nullptr);
@@ -221,7 +239,8 @@ TEST_P(Scale, ThousandMinibatchesExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Schemes, Scale,
-                         ::testing::Combine(::testing::Values(Scheme::kStreamed, Scheme::kStaged,
+                         ::testing::Combine(::testing::Values(Scheme::kStreamed,
+                                                              Scheme::kStreamedDevice,
                                                               Scheme::kRemoteAdd, Scheme::kPulled),
                                             ::testing::Values(2, 64, 256)),
                          [](const ::testing::TestParamInfo<std::tuple<Scheme, int>>& info) {
@@ -233,15 +252,15 @@ INSTANTIATE_TEST_SUITE_P(Schemes, Scale,
 // What each scheme adds per rank, from the bytes the core asks the transport for: the shards
 // (count fp32), and per scheme: remote add nothing; streamed the rings and signals cut from the
 // staging budget, once per communicator, at most the budget whatever the model and world size;
-// staged a pending and a staging buffer of world x count fp32 each plus world signal words;
-// pulled (deterministic) one pending buffer of world x count fp32 (4 bytes per full-gradient
-// element) plus one fixed scratch per communicator.
+// streamed with the device's steps the same geometry, shallower where one outbox slot and the
+// fold's words must fit too; pulled (deterministic) one pending buffer of world x count fp32 (4
+// bytes per full-gradient element) plus one fixed scratch per communicator.
 TEST(Memory, EachSchemeAllocatesItsDocumentedBytes) {
   const size_t budget = size_t{1} << 20;
   for (int world : {2, 64, 256}) {
     for (Scheme scheme :
-         {Scheme::kRemoteAdd, Scheme::kStreamed, Scheme::kStaged, Scheme::kPulled}) {
-      if (world == 256 && (scheme == Scheme::kStaged || scheme == Scheme::kPulled)) continue;
+         {Scheme::kRemoteAdd, Scheme::kStreamed, Scheme::kStreamedDevice, Scheme::kPulled}) {
+      if (world == 256 && scheme == Scheme::kPulled) continue;
       auto mem_world = mem::MemWorld::create(world, mem_options_for(scheme, 60));
       const size_t count = 1000;  // elements per shard; two accumulators
       std::vector<size_t> allocated(static_cast<size_t>(world));
@@ -251,7 +270,7 @@ TEST(Memory, EachSchemeAllocatesItsDocumentedBytes) {
             std::make_unique<fault::FaultTransport>(mem_world->join(rank), fault::FaultPlan{});
         fault::FaultTransport* counted = transport.get();
         Communicator comm(std::move(transport), comm_options_for(scheme, world, budget));
-        if (std::string(scheme_name(comm.scheme())) != scheme_label(scheme)) return "wrong scheme";
+        if (!is_scheme(comm, scheme)) return "wrong scheme";
         for (int i = 0; i < 2; ++i) {
           if (!comm.allocate(count, DataType::kFloat32, true).ok()) return "alloc failed";
         }
@@ -280,14 +299,25 @@ TEST(Memory, EachSchemeAllocatesItsDocumentedBytes) {
         EXPECT_LE(want - shards, budget) << "at " << world << " ranks";
         EXPECT_GE(geometry.value().depth, 8u) << "at " << world << " ranks";
       }
-      if (scheme == Scheme::kStaged) {
-        want += 2 * full + 2 * static_cast<size_t>(world) * sizeof(uint64_t);
+      if (scheme == Scheme::kStreamedDevice) {
+        // The device steps add the fold's words and one outbox slot, from the same budget.
+        const auto geometry = RingGeometry::for_budget(budget, world);
+        ASSERT_TRUE(geometry.ok());
+        const size_t extra =
+            (2 * static_cast<size_t>(world) + 1) * sizeof(uint64_t) + geometry.value().slot_bytes;
+        size_t depth = geometry.value().depth;
+        RingGeometry fitted = geometry.value();
+        while (fitted.total_bytes(world) + extra > budget && fitted.depth > 1) --fitted.depth;
+        depth = fitted.depth;
+        want += fitted.total_bytes(world) + extra;
+        EXPECT_LE(want - shards, budget) << "at " << world << " ranks";
+        EXPECT_GE(depth, 7u) << "at " << world << " ranks";
       }
       if (scheme == Scheme::kPulled) want += full + kPullChunkBytes;
       for (int r = 0; r < world; ++r) {
         EXPECT_EQ(allocated[static_cast<size_t>(r)], want)
             << scheme_label(scheme) << " at " << world << " ranks";
-        if (scheme == Scheme::kStreamed) {
+        if (scheme == Scheme::kStreamed || scheme == Scheme::kStreamedDevice) {
           EXPECT_EQ(staging[static_cast<size_t>(r)] + shards, want);
         }
       }
@@ -440,7 +470,7 @@ void expect_named_failure(const FaultResult& r, int faulty, const std::string& w
   }
 }
 
-const Scheme kAllSchemes[] = {Scheme::kStreamed, Scheme::kStaged, Scheme::kRemoteAdd,
+const Scheme kAllSchemes[] = {Scheme::kStreamed, Scheme::kStreamedDevice, Scheme::kRemoteAdd,
                               Scheme::kPulled};
 
 TEST(Faults, RankDiesMidMinibatch) {
@@ -449,67 +479,48 @@ TEST(Faults, RankDiesMidMinibatch) {
     fault::FaultPlan plan;
     plan.kind = fault::FaultKind::kDieAtCall;
     // Streamed makes ten times the calls per minibatch (chunks): a few minibatches in either way.
-    plan.at_call = scheme == Scheme::kStreamed ? 570 : 57;
+    plan.at_call = is_streamed(scheme) ? 570 : 57;
     const FaultResult r = run_with_fault(8, 3, plan, scheme);
     expect_named_failure(r, 3, "died");
   }
 }
 
 TEST(Faults, RankThatFailsWithoutDyingIsNamed) {
-  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStaged}) {
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice}) {
     SCOPED_TRACE(scheme_label(scheme));
     fault::FaultPlan plan;
     plan.kind = fault::FaultKind::kDieAtCall;
-    plan.at_call = scheme == Scheme::kStreamed ? 800 : 80;
+    plan.at_call = is_streamed(scheme) ? 800 : 80;
     const FaultResult r = run_with_fault(6, 2, plan, scheme, /*kill_on_death=*/false);
     expect_named_failure(r, 2, "failed: died");
   }
 }
 
-TEST(Faults, DroppedSignalTimesOutNamingTheSender) {
-  fault::FaultPlan plan;
-  plan.kind = fault::FaultKind::kDropSignal;
-  plan.at_call = 60;
-  plan.peer = 4;
-  const FaultResult r = run_with_fault(6, 1, plan, Scheme::kStaged);
-  // The owner that lost the signal names the sender, expected and seen values.
-  EXPECT_NE(r.outcome[4].find("signal wait (minibatch_end) timed out"), std::string::npos)
-      << r.outcome[4];
-  EXPECT_NE(r.outcome[4].find("rank 4 waited for rank 1"), std::string::npos) << r.outcome[4];
-  EXPECT_NE(r.outcome[4].find("saw"), std::string::npos) << r.outcome[4];
-  // Everybody else fails too, naming the owner (it failed, or timed out first); nobody reports
-  // success.
-  for (size_t rank = 0; rank < r.outcome.size(); ++rank) {
-    EXPECT_FALSE(r.outcome[rank].empty()) << "rank " << rank << " reported success";
-    EXPECT_EQ(r.outcome[rank].find("wrong sum"), std::string::npos) << r.outcome[rank];
-    if (rank != 4) {
-      EXPECT_NE(r.outcome[rank].find("rank 4"), std::string::npos) << r.outcome[rank];
-    }
-  }
-}
-
-// Streamed: a link that loses every signal from rank 1 to rank 4 (its chunks' arrivals, its
-// hunger, its end, the credits it returns): a wait times out (4 never sees 1's end, or 1 never
-// gets 4's credit, or a third rank waits for one of them), every rank fails naming rank 1 or
-// rank 4, and nobody reports a sum.
+// Streamed (host and device steps): a link that loses every signal from rank 1 to rank 4 (its
+// chunks' arrivals, its hunger, its end, the credits it returns): a wait times out (4 never sees
+// 1's end, or 1 never gets 4's credit, or a third rank waits for one of them), every rank fails
+// naming rank 1 or rank 4, and nobody reports a sum.
 TEST(Faults, StreamedLostArrivalsAndCreditsAreNamed) {
-  fault::FaultPlan plan;
-  plan.kind = fault::FaultKind::kDropSignalsFrom;
-  plan.at_call = 200;
-  plan.peer = 4;
-  const FaultResult r = run_with_fault(6, 1, plan, Scheme::kStreamed);
-  bool timed_out = false;
-  for (const std::string& verdict : r.outcome) {
-    timed_out = timed_out || verdict.find("timed out") != std::string::npos;
-  }
-  EXPECT_TRUE(timed_out) << describe(r.outcome);
-  for (size_t rank = 0; rank < r.outcome.size(); ++rank) {
-    const bool names = r.outcome[rank].find("rank 1") != std::string::npos ||
-                       r.outcome[rank].find("rank 4") != std::string::npos;
-    EXPECT_TRUE(names) << "rank " << rank << ": " << r.outcome[rank];
-    EXPECT_FALSE(r.outcome[rank].empty()) << "rank " << rank << " reported success";
-    EXPECT_EQ(r.outcome[rank].find("wrong sum"), std::string::npos) << r.outcome[rank];
-    EXPECT_GT(r.completed[rank], 0) << "the fault should land mid-run";
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice}) {
+    SCOPED_TRACE(scheme_label(scheme));
+    fault::FaultPlan plan;
+    plan.kind = fault::FaultKind::kDropSignalsFrom;
+    plan.at_call = 200;
+    plan.peer = 4;
+    const FaultResult r = run_with_fault(6, 1, plan, scheme);
+    bool timed_out = false;
+    for (const std::string& verdict : r.outcome) {
+      timed_out = timed_out || verdict.find("timed out") != std::string::npos;
+    }
+    EXPECT_TRUE(timed_out) << describe(r.outcome);
+    for (size_t rank = 0; rank < r.outcome.size(); ++rank) {
+      const bool names = r.outcome[rank].find("rank 1") != std::string::npos ||
+                         r.outcome[rank].find("rank 4") != std::string::npos;
+      EXPECT_TRUE(names) << "rank " << rank << ": " << r.outcome[rank];
+      EXPECT_FALSE(r.outcome[rank].empty()) << "rank " << rank << " reported success";
+      EXPECT_EQ(r.outcome[rank].find("wrong sum"), std::string::npos) << r.outcome[rank];
+      EXPECT_GT(r.completed[rank], 0) << "the fault should land mid-run";
+    }
   }
 }
 
@@ -531,7 +542,7 @@ TEST(Faults, StreamedSignalAheadOfItsDataIsNamedNeverSummed) {
 }
 
 TEST(Faults, DuplicatedSignalsAndPutsCountOnce) {
-  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStaged}) {
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice}) {
     SCOPED_TRACE(scheme_label(scheme));
     fault::FaultPlan plan;
     plan.kind = fault::FaultKind::kDuplicateSignal;
@@ -547,89 +558,137 @@ TEST(Faults, DuplicatedSignalsAndPutsCountOnce) {
 // it enters odc, so its senders run out of credit and wait (flow control), folding their own
 // arrivals meanwhile; every sum stays exact and nothing times out.
 TEST(Faults, StreamedSlowOwnerStarvesSendersOfCreditSumsStayExact) {
-  const int world_size = 6;
-  auto world = mem::MemWorld::create(world_size, mem_options_for(Scheme::kStreamed, 30));
-  RunOptions o;
-  o.world = world_size;
-  o.num_minibatches = 12;
-  o.count = 3000;  // 47 chunks per push and owner through 6-slot rings
-  const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
-  std::vector<uint64_t> waits(static_cast<size_t>(world_size));
-  const auto outcome = run_threads(world_size, [&](int rank) -> std::string {
-    Communicator comm(world->join(rank), comm_options_for(Scheme::kStreamed, world_size));
-    auto acc = comm.allocate(o.count, DataType::kFloat32, true);
-    if (!acc.ok()) return acc.status().message();
-    std::vector<float> src(static_cast<size_t>(world_size) * o.count);
-    std::vector<float> sums(src.size());
-    for (int m = 0; m < o.num_minibatches; ++m) {
-      if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
-      for (int call = 0; call < num_pushes(o.seed, m, rank); ++call) {
-        if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // "compute"
-        for (size_t j = 0; j < src.size(); ++j) src[j] = value(m, rank, call, j);
-        if (Status s = comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32,
-                                               acc.value(), nullptr);
-            !s.ok()) {
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice}) {
+    SCOPED_TRACE(scheme_label(scheme));
+    const int world_size = 6;
+    auto world = mem::MemWorld::create(world_size, mem_options_for(scheme, 30));
+    RunOptions o;
+    o.world = world_size;
+    o.num_minibatches = 12;
+    o.count = 3000;  // 47 chunks per push and owner through 6-slot rings
+    const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
+    std::vector<uint64_t> waits(static_cast<size_t>(world_size));
+    const auto outcome = run_threads(world_size, [&](int rank) -> std::string {
+      Communicator comm(world->join(rank), comm_options_for(scheme, world_size));
+      auto acc = comm.allocate(o.count, DataType::kFloat32, true);
+      if (!acc.ok()) return acc.status().message();
+      std::vector<float> src(static_cast<size_t>(world_size) * o.count);
+      std::vector<float> sums(src.size());
+      for (int m = 0; m < o.num_minibatches; ++m) {
+        if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+        for (int call = 0; call < num_pushes(o.seed, m, rank); ++call) {
+          if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // "compute"
+          for (size_t j = 0; j < src.size(); ++j) src[j] = value(m, rank, call, j);
+          if (Status s = comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32,
+                                                 acc.value(), nullptr);
+              !s.ok()) {
+            return s.message();
+          }
+        }
+        if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+        if (Status s = comm.gather(sums.data(), sums.size(), acc.value(), nullptr); !s.ok()) {
           return s.message();
         }
+        for (size_t j = 0; j < sums.size(); ++j) {
+          const double want = expected.base[m] + static_cast<double>(expected.pushes[m]) * (j % 64);
+          if (sums[j] != want) return "wrong sum in minibatch " + std::to_string(m);
+        }
       }
-      if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
-      if (Status s = comm.gather(sums.data(), sums.size(), acc.value(), nullptr); !s.ok()) {
-        return s.message();
-      }
-      for (size_t j = 0; j < sums.size(); ++j) {
-        const double want = expected.base[m] + static_cast<double>(expected.pushes[m]) * (j % 64);
-        if (sums[j] != want) return "wrong sum in minibatch " + std::to_string(m);
-      }
-    }
-    waits[static_cast<size_t>(rank)] = comm.staging()->credit_waits();
-    return "";
-  });
-  EXPECT_EQ(describe(outcome), "");
-  uint64_t waited = 0;
-  for (int r = 1; r < world_size; ++r) waited += waits[static_cast<size_t>(r)];
-  EXPECT_GT(waited, 0u) << "senders never ran out of credit: the test does not test flow control";
+      waits[static_cast<size_t>(rank)] = comm.staging()->credit_waits().value();
+      return "";
+    });
+    EXPECT_EQ(describe(outcome), "");
+    uint64_t waited = 0;
+    for (int r = 1; r < world_size; ++r) waited += waits[static_cast<size_t>(r)];
+    EXPECT_GT(waited, 0u) << "senders never ran out of credit: the test does not test flow control";
+  }
 }
 
 // Streamed: collectives inside a minibatch (a barrier, an allocation, a free) while a peer still
 // waits for credit: every rank meets first, folding for hungry senders, so nothing waits for a
 // rank that sits in the transport's collective; the freed accumulator's chunks were all folded.
-TEST(Streamed, CollectivesInsideAMinibatchWhileAPeerWaitsForCredit) {
-  const int world_size = 4;
-  auto world = mem::MemWorld::create(world_size, mem_options_for(Scheme::kStreamed, 10));
-  const size_t count = 5000;  // 79 chunks per owner through 6-slot rings
+// The device's steps fold into at most kMaxFoldTargets accumulators (their table travels in the
+// fold kernel's parameters): one more is refused on every rank before anything is allocated,
+// naming the limit; the communicator stays usable and sums stay exact.
+TEST(Streamed, DeviceFoldRefusesOneAccumulatorTooManyAndGoesOn) {
+  const int world_size = 2;
+  auto world = mem::MemWorld::create(world_size, mem_options_for(Scheme::kStreamedDevice, 30));
   const auto outcome = run_threads(world_size, [&](int rank) -> std::string {
-    Communicator comm(world->join(rank), comm_options_for(Scheme::kStreamed, world_size));
-    auto kept = comm.allocate(count, DataType::kFloat32, true);
-    auto freed = comm.allocate(count, DataType::kFloat32, true);
-    if (!kept.ok() || !freed.ok()) return std::string("alloc failed");
-    std::vector<float> src(static_cast<size_t>(world_size) * count, 1.0f);
-    for (int m = 0; m < 3; ++m) {
-      if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
-      if (rank == 0) {  // the only sender: runs out of credit at every owner
-        for (Buffer* acc : {kept.value(), freed.value()}) {
-          if (Status s =
-                  comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32, acc, nullptr);
-              !s.ok())
-            return s.message();
-        }
-      }
-      if (Status s = comm.barrier(nullptr); !s.ok()) return s.message();
-      auto extra = comm.allocate(8, DataType::kFloat32, false);
-      if (!extra.ok()) return extra.status().message();
-      if (Status s = comm.release(extra.value()); !s.ok()) return s.message();
-      if (m == 2) {
-        if (Status s = comm.release(freed.value()); !s.ok()) return s.message();
-      }
-      if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
-      const auto* sums = static_cast<const float*>(kept.value()->local());
-      for (size_t j = 0; j < count; ++j) {
-        if (sums[j] != 1.0f) return "wrong sum in minibatch " + std::to_string(m);
-      }
+    Communicator comm(world->join(rank), comm_options_for(Scheme::kStreamedDevice, world_size));
+    std::vector<Buffer*> accs;
+    for (int i = 0; i < kernels::kMaxFoldTargets; ++i) {
+      auto acc = comm.allocate(4, DataType::kFloat32, true);
+      if (!acc.ok()) return "accumulator " + std::to_string(i) + ": " + acc.status().message();
+      accs.push_back(acc.value());
+    }
+    const Communicator::Memory before = comm.memory();
+    auto extra = comm.allocate(4, DataType::kFloat32, true);
+    if (extra.ok()) return std::string("one accumulator too many was accepted");
+    if (extra.status().code() != StatusCode::kInvalidArgument ||
+        extra.status().message().find("at most 160 accumulators") == std::string::npos) {
+      return "unexpected refusal: " + extra.status().message();
+    }
+    if (comm.memory().buffer_bytes != before.buffer_bytes) return "the refusal allocated";
+    // Still usable: a minibatch pushing into the last accumulator sums exactly.
+    std::vector<float> src(static_cast<size_t>(world_size) * 4, 1.0f), sums(src.size());
+    if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+    if (Status s = comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32, accs.back(),
+                                           nullptr);
+        !s.ok()) {
+      return s.message();
+    }
+    if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+    if (Status s = comm.gather(sums.data(), sums.size(), accs.back(), nullptr); !s.ok()) {
+      return s.message();
+    }
+    for (float v : sums) {
+      if (v != static_cast<float>(world_size)) return "wrong sum " + std::to_string(v);
     }
     return "";
   });
   EXPECT_EQ(describe(outcome), "");
+}
+
+TEST(Streamed, CollectivesInsideAMinibatchWhileAPeerWaitsForCredit) {
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice}) {
+    SCOPED_TRACE(scheme_label(scheme));
+    const int world_size = 4;
+    auto world = mem::MemWorld::create(world_size, mem_options_for(scheme, 10));
+    const size_t count = 5000;  // 79 chunks per owner through 6-slot rings
+    const auto outcome = run_threads(world_size, [&](int rank) -> std::string {
+      Communicator comm(world->join(rank), comm_options_for(scheme, world_size));
+      auto kept = comm.allocate(count, DataType::kFloat32, true);
+      auto freed = comm.allocate(count, DataType::kFloat32, true);
+      if (!kept.ok() || !freed.ok()) return std::string("alloc failed");
+      std::vector<float> src(static_cast<size_t>(world_size) * count, 1.0f);
+      for (int m = 0; m < 3; ++m) {
+        if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+        if (rank == 0) {  // the only sender: runs out of credit at every owner
+          for (Buffer* acc : {kept.value(), freed.value()}) {
+            if (Status s = comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32, acc,
+                                                   nullptr);
+                !s.ok())
+              return s.message();
+          }
+        }
+        if (Status s = comm.barrier(nullptr); !s.ok()) return s.message();
+        auto extra = comm.allocate(8, DataType::kFloat32, false);
+        if (!extra.ok()) return extra.status().message();
+        if (Status s = comm.release(extra.value()); !s.ok()) return s.message();
+        if (m == 2) {
+          if (Status s = comm.release(freed.value()); !s.ok()) return s.message();
+        }
+        if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+        const auto* sums = static_cast<const float*>(kept.value()->local());
+        for (size_t j = 0; j < count; ++j) {
+          if (sums[j] != 1.0f) return "wrong sum in minibatch " + std::to_string(m);
+        }
+      }
+      return "";
+    });
+    EXPECT_EQ(describe(outcome), "");
+  }
 }
 
 // Topology in the core: the transport's report (pretend nodes of the in-memory transport), the
@@ -693,8 +752,8 @@ TEST(Topology, AgreedFromConfigElseTheTransportsReport) {
 // Random programs: several accumulators of awkward sizes (1, 63, 64, 65, 200 elements; chunks
 // of 64 fp32 or 128 bf16), fp32 and bf16 pushes, interleaved, gathers inside the minibatch,
 // ranks that push nothing, an accumulator allocated inside a minibatch, budgets down to depth 1.
-void random_program(int world_size, size_t budget, uint32_t seed, int minibatches) {
-  auto world = mem::MemWorld::create(world_size, mem_options_for(Scheme::kStreamed, 10.0));
+void random_program(Scheme scheme, int world_size, size_t budget, uint32_t seed, int minibatches) {
+  auto world = mem::MemWorld::create(world_size, mem_options_for(scheme, 10.0));
   const std::vector<size_t> counts = {1, 63, 64, 65, 200};
   const int late = 1;  // allocated inside minibatch `late`
   // contributions: deterministic from (seed, m, rank, k)
@@ -711,7 +770,7 @@ void random_program(int world_size, size_t budget, uint32_t seed, int minibatche
   std::vector<size_t> all_counts = counts;
   all_counts.push_back(33);  // the late one
   const auto outcome = run_threads(world_size, [&](int rank) -> std::string {
-    Communicator comm(world->join(rank), comm_options_for(Scheme::kStreamed, world_size, budget));
+    Communicator comm(world->join(rank), comm_options_for(scheme, world_size, budget));
     std::vector<Buffer*> accs;
     for (size_t c : counts) {
       auto a = comm.allocate(c, DataType::kFloat32, true);
@@ -772,7 +831,8 @@ void random_program(int world_size, size_t budget, uint32_t seed, int minibatche
     }
     return "";
   });
-  EXPECT_EQ(describe(outcome), "") << "world " << world_size << " budget " << budget;
+  EXPECT_EQ(describe(outcome), "")
+      << scheme_label(scheme) << " world " << world_size << " budget " << budget;
 }
 
 TEST(Streamed, RandomProgramsTinyBudgets) {
@@ -783,7 +843,12 @@ TEST(Streamed, RandomProgramsTinyBudgets) {
       auto g = RingGeometry::for_budget(budget, world_size);
       ASSERT_TRUE(g.ok());
       ASSERT_EQ(g.value().depth, slots);
-      for (uint32_t seed = 1; seed <= 3; ++seed) random_program(world_size, budget, seed, 8);
+      // The device's steps also take one outbox slot and two words per sender from the budget.
+      const size_t device_budget = budget + 320 + (2 * static_cast<size_t>(world_size) + 1) * 8;
+      for (uint32_t seed = 1; seed <= 3; ++seed) {
+        random_program(Scheme::kStreamed, world_size, budget, seed, 8);
+        random_program(Scheme::kStreamedDevice, world_size, device_budget, seed, 8);
+      }
     }
   }
 }
@@ -805,52 +870,54 @@ TEST(Faults, StreamedFaultSweep) {
   const int world_size = 3;
   const double timeout_s = 0.5;
   int failures = 0, successes = 0;
-  for (const Kind& k : kinds) {
-    for (int peer : {0, 2}) {
-      for (int64_t at = 1; at <= 400; at += 40) {
-        auto world =
-            mem::MemWorld::create(world_size, mem_options_for(Scheme::kStreamed, timeout_s));
-        RunOptions o;
-        o.world = world_size;
-        o.num_minibatches = 6;
-        o.count = 300;
-        const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
-        const auto t0 = std::chrono::steady_clock::now();
-        const auto outcome = run_threads(world_size, [&](int rank) {
-          fault::FaultPlan mine;
-          mine.max_delay_us = 100;
-          mine.seed = 11 + static_cast<uint32_t>(rank) + static_cast<uint32_t>(at);
-          if (rank == 1) {
-            mine.kind = k.kind;
-            mine.at_call = at;
-            mine.peer = peer;
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice})
+    for (const Kind& k : kinds) {
+      for (int peer : {0, 2}) {
+        for (int64_t at = 1; at <= 400; at += 40) {
+          auto world = mem::MemWorld::create(world_size, mem_options_for(scheme, timeout_s));
+          RunOptions o;
+          o.world = world_size;
+          o.num_minibatches = 6;
+          o.count = 300;
+          const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
+          const auto t0 = std::chrono::steady_clock::now();
+          const auto outcome = run_threads(world_size, [&](int rank) {
+            fault::FaultPlan mine;
+            mine.max_delay_us = 100;
+            mine.seed = 11 + static_cast<uint32_t>(rank) + static_cast<uint32_t>(at);
+            if (rank == 1) {
+              mine.kind = k.kind;
+              mine.at_call = at;
+              mine.peer = peer;
+            }
+            std::function<void()> die = [&world, rank] { world->kill(rank); };
+            Communicator comm(std::make_unique<fault::FaultTransport>(world->join(rank), mine, die),
+                              comm_options_for(scheme, world_size));
+            return run_rank(comm, o, expected, nullptr);
+          });
+          const double took =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          const std::string where = std::string(scheme_label(scheme)) + " " + k.name + " peer " +
+                                    std::to_string(peer) + " at " + std::to_string(at) + ":\n" +
+                                    describe(outcome);
+          bool any_fail = false, all_fail = true;
+          for (size_t r = 0; r < outcome.size(); ++r) {
+            any_fail = any_fail || !outcome[r].empty();
+            all_fail = all_fail && !outcome[r].empty();
+            EXPECT_EQ(outcome[r].find("wrong sum"), std::string::npos) << where;
+            if (!outcome[r].empty() && r != 1) {
+              const bool names =
+                  outcome[r].find("rank 1") != std::string::npos ||
+                  outcome[r].find("rank " + std::to_string(peer)) != std::string::npos;
+              EXPECT_TRUE(names) << where;
+            }
           }
-          std::function<void()> die = [&world, rank] { world->kill(rank); };
-          Communicator comm(std::make_unique<fault::FaultTransport>(world->join(rank), mine, die),
-                            comm_options_for(Scheme::kStreamed, world_size));
-          return run_rank(comm, o, expected, nullptr);
-        });
-        const double took =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const std::string where = std::string(k.name) + " peer " + std::to_string(peer) + " at " +
-                                  std::to_string(at) + ":\n" + describe(outcome);
-        bool any_fail = false, all_fail = true;
-        for (size_t r = 0; r < outcome.size(); ++r) {
-          any_fail = any_fail || !outcome[r].empty();
-          all_fail = all_fail && !outcome[r].empty();
-          EXPECT_EQ(outcome[r].find("wrong sum"), std::string::npos) << where;
-          if (!outcome[r].empty() && r != 1) {
-            const bool names = outcome[r].find("rank 1") != std::string::npos ||
-                               outcome[r].find("rank " + std::to_string(peer)) != std::string::npos;
-            EXPECT_TRUE(names) << where;
-          }
+          EXPECT_EQ(any_fail, all_fail) << where;
+          EXPECT_LT(took, 4 * timeout_s + 1.0) << where;
+          (any_fail ? failures : successes)++;
         }
-        EXPECT_EQ(any_fail, all_fail) << where;
-        EXPECT_LT(took, 4 * timeout_s + 1.0) << where;
-        (any_fail ? failures : successes)++;
       }
     }
-  }
   EXPECT_GT(failures, 0);
   EXPECT_GT(successes, 0);
 }
@@ -876,7 +943,7 @@ TEST(Faults, DeathAtEveryEarlyCallNeverHangsOrLies) {
   // whatever the call, every survivor fails naming the dead rank and never reports a wrong sum;
   // nothing hangs (each wait is bounded by the 1 s timeout).
   for (Scheme scheme : kAllSchemes) {
-    const int64_t step = scheme == Scheme::kStreamed ? 1 : 3;
+    const int64_t step = is_streamed(scheme) ? 1 : 3;
     for (int64_t at = 1; at <= 40; at += step) {
       fault::FaultPlan plan;
       plan.kind = fault::FaultKind::kDieAtCall;

@@ -1,6 +1,6 @@
 """The ODC protocol on GPUs (CUDA transport), one process per GPU: gather (also float32 shards
 narrowed to bfloat16), uneven
-scatter-accumulate with random delays (remote atomic adds and the deterministic staged scheme),
+scatter-accumulate with random delays (remote atomic adds and the deterministic pulled scheme),
 sums read right after minibatch_end with no extra barrier, bitwise-identical deterministic sums
 under different random delays, 1,000 minibatches, bf16 and fp32, faults, bad input."""
 

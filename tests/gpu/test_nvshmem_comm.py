@@ -3,10 +3,11 @@ way a user selects it, by the launch environment (ODC_TRANSPORT=nvshmem), in bot
 paths: NVSHMEM's own get / put-with-signal calls (ODC_NVSHMEM_DIRECT=0, the calls that cross
 nodes) and direct NVLink loads/stores over NVSHMEM's mappings (ODC_NVSHMEM_DIRECT=1), and with
 pretended node boundaries (ODC_LOCAL_WORLD_SIZE=2: on 4 GPUs two "nodes" of two; =1: every GPU
-its own "node"): peers on other "nodes" through NVSHMEM's calls, pushes to them pre-reduced on the
-node and, inside minibatches, their shards fetched once per node and minibatch (hierarchical).
-NVSHMEM is staged (no remote float add), so every sum here goes through put-with-signal and the
-owner's fold. Skipped where the plugin libodc_nvshmem.so is not next to libodc.so (or $ODC_NVSHMEM_PLUGIN).
+its own "node"): peers on other "nodes" through NVSHMEM's calls and, inside minibatches, their
+shards fetched once per node and minibatch (hierarchical gathers). NVSHMEM streams (no remote
+float add), so every sum here goes in chunks through the owners' staging rings and their devices'
+folds. Skipped where the plugin libodc_nvshmem.so is not next to libodc.so (or
+$ODC_NVSHMEM_PLUGIN).
 """
 
 import gc
@@ -43,7 +44,6 @@ def nvshmem(request, monkeypatch):
     monkeypatch.delenv("ODC_NVSHMEM_HIERARCHICAL_GATHER", raising=False)
     if request.param.startswith("nodes"):
         monkeypatch.setenv("ODC_LOCAL_WORLD_SIZE", request.param[len("nodes") :])
-        monkeypatch.setenv("ODC_NVSHMEM_HIERARCHICAL", "1")
     else:
         monkeypatch.delenv("ODC_LOCAL_WORLD_SIZE", raising=False)
     return request.param
@@ -245,7 +245,7 @@ def _check_fetched(capfd, world_size, hierarchical, expected):
     err = capfd.readouterr().err
     stats = re.findall(
         r"odc nvshmem rank (\d+): to/from other nodes: \d+ bytes put, (\d+) bytes fetched "
-        r"\(\d+ ranks per node, hierarchical pushes \w+, gathers (\w+)",
+        r"\(\d+ ranks per node, hierarchical gathers (\w+)",
         err,
     )
     assert sorted(int(r) for r, _, _ in stats) == list(range(world_size)), err[-3000:]
@@ -271,7 +271,6 @@ def test_nvshmem_node_fetch_fans_out_to_every_local_rank(monkeypatch, capfd):
     monkeypatch.setenv("ODC_TRANSPORT", "nvshmem")
     monkeypatch.setenv("ODC_NVSHMEM_DIRECT", "1")
     monkeypatch.setenv("ODC_LOCAL_WORLD_SIZE", "2")
-    monkeypatch.setenv("ODC_NVSHMEM_HIERARCHICAL", "1")
     monkeypatch.delenv("ODC_NVSHMEM_HIERARCHICAL_GATHER", raising=False)
     monkeypatch.setenv("ODC_NVSHMEM_STATS", "1")
     expected = odc.launch(_windows_rank, 4, 12, 2, True, 2, timeout=300)

@@ -364,23 +364,6 @@ Status CudaTransport::signal(const SymmetricRegion& signals, int peer, uint64_t 
   return launch_puts(jobs, 0, value, stream);
 }
 
-Status CudaTransport::put_signal_all(const void* src, const SymmetricRegion& region, size_t offset,
-                                     size_t bytes, const SymmetricRegion* signals, uint64_t value,
-                                     StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(device_, src, "source"));
-  kernels::PutSignalJobs jobs;
-  for (int i = 0; i < world_size(); ++i) {
-    // Start with the next rank so that the ranks' first writes go to different owners.
-    const int peer = (rank() + 1 + i) % world_size();
-    jobs.dst[i] = static_cast<char*>(region.peer(peer)) + offset;
-    jobs.src[i] = static_cast<const char*>(src) + static_cast<size_t>(peer) * bytes;
-    if (signals != nullptr) jobs.signal[i] = static_cast<uint64_t*>(signals->peer(peer)) + rank();
-  }
-  jobs.num_jobs = world_size();
-  return launch_puts(jobs, bytes, value, stream);
-}
-
 Status CudaTransport::add_all(const void* src, DataType src_type, const SymmetricRegion& region,
                               size_t count, StreamHandle stream) {
   DeviceGuard guard(device_);
@@ -393,14 +376,6 @@ Status CudaTransport::add_all(const void* src, DataType src_type, const Symmetri
   return Status::Ok();
 }
 
-Status CudaTransport::wait_signals(const SymmetricRegion& signals, uint64_t value, const char*,
-                                   StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_CUDA_CHECK(kernels::wait_signals(static_cast<const uint64_t*>(signals.local()), value,
-                                       rank_info(), timeout_ns_, device_error_, as_stream(stream)));
-  return Status::Ok();
-}
-
 Status CudaTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
   return local().zero(dst, bytes, stream);
 }
@@ -408,11 +383,6 @@ Status CudaTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
 Status CudaTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count,
                                  StreamHandle stream) {
   return local().accumulate(dst, src, src_type, count, stream);
-}
-
-Status CudaTransport::sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
-                                size_t count, StreamHandle stream) {
-  return local().sum_slots(dst, slots, stride, num_slots, count, stream);
 }
 
 }  // namespace odc::cuda

@@ -61,18 +61,11 @@ class CudaTransport final : public Transport {
              StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
-  Status put_signal_all(const void* src, const SymmetricRegion& region, size_t offset, size_t bytes,
-                        const SymmetricRegion* signals, uint64_t value,
-                        StreamHandle stream) override;
   Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
                  StreamHandle stream) override;
-  Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
-                      StreamHandle stream) override;
   Status zero(void* dst, size_t bytes, StreamHandle stream) override;
   Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
                     StreamHandle stream) override;
-  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
-                   StreamHandle stream) override;
 
  private:
   CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,

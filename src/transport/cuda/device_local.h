@@ -64,11 +64,32 @@ struct DeviceLocal {
                                              as_stream(stream)));
     return Status::Ok();
   }
-  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
-                   void* stream) const {
+  // As accumulate(), with reductions: safe while other kernels add into dst too.
+  Status accumulate_reducing(float* dst, const void* src, DataType src_type, size_t count,
+                             void* stream) const {
     DeviceGuard guard(device);
-    ODC_CUDA_CHECK(
-        kernels::sum_slots(dst, slots, stride, num_slots, count, info, error, as_stream(stream)));
+    ODC_RETURN_IF_ERROR(check_device_pointer(device, src, "source"));
+    kernels::PeerPointers target;
+    target.ptr[0] = dst;
+    kernels::RankInfo one = info;
+    one.rank = 0;
+    one.num_ranks = 1;
+    ODC_CUDA_CHECK(kernels::scatter_accumulate_reduce(src, elem_type(src_type), target, count, one,
+                                                      0, as_stream(stream), /*sys_scope=*/false,
+                                                      error));
+    return Status::Ok();
+  }
+  Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
+                    void* stream) const {
+    DeviceGuard guard(device);
+    ODC_RETURN_IF_ERROR(check_device_pointer(device, src, "source"));
+    ODC_CUDA_CHECK(kernels::pack_chunk(dst, header, src, bytes, info, error, as_stream(stream)));
+    return Status::Ok();
+  }
+  // What the device holds now (work queued on streams may still change it).
+  Status read_local(void* host_dst, const void* src, size_t bytes) const {
+    DeviceGuard guard(device);
+    ODC_CUDA_CHECK(cudaMemcpy(host_dst, src, bytes, cudaMemcpyDeviceToHost));
     return Status::Ok();
   }
 };
@@ -87,6 +108,12 @@ inline const char* wait_site_name(int32_t site) {
       return "node fetch of remote shards";
     case kernels::kWaitPeerFailed:
       return "device barrier (the peer failed)";
+    case kernels::kWaitCredit:
+      return "credit wait (scatter_accumulate)";
+    case kernels::kWaitStreamEnd:
+      return "push wait (minibatch_end)";
+    case kernels::kWaitMeeting:
+      return "meeting of every rank before a collective inside a minibatch";
     default:
       return "device wait";
   }
@@ -97,6 +124,14 @@ inline const char* wait_site_name(int32_t site) {
 inline Status device_wait_status(const volatile kernels::WaitError* record, int64_t timeout_ns,
                                  int device) {
   const int32_t site = record->site;
+  if (site == kernels::kWaitBadChunk) {
+    return Status::InternalError(
+        "streamed fold: rank " + std::to_string(record->rank) + " found a slot of rank " +
+        std::to_string(record->peer) + "'s ring holding chunk " + std::to_string(record->seen) +
+        " where chunk " + std::to_string(record->expected) +
+        " of this minibatch was due (a lost put, a stray signal or a chunk for no live "
+        "accumulator): nothing of it was added");
+  }
   if (site != kernels::kWaitNone) {
     std::ostringstream message;
     message << wait_site_name(site) << " timed out after " << static_cast<double>(timeout_ns) / 1e9

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -16,6 +15,15 @@ FaultTransport::FaultTransport(std::unique_ptr<Transport> inner, FaultPlan plan,
     Transport* raw = inner_.get();
     die_ = [raw] { raw->mark_failed("died"); };
   }
+}
+
+Status FaultTransport::release_held() {
+  while (!held_.empty()) {
+    const HeldSignal signal = held_.back();
+    held_.pop_back();
+    ODC_RETURN_IF_ERROR(inner_->signal(*signal.signals, signal.peer, signal.value, signal.stream));
+  }
+  return Status::Ok();
 }
 
 Status FaultTransport::enter(const char* what) {
@@ -36,11 +44,13 @@ Status FaultTransport::enter(const char* what) {
 
 Result<std::vector<ExchangeRecord>> FaultTransport::exchange(const ExchangeRecord& mine) {
   ODC_RETURN_IF_ERROR(enter("exchange"));
+  ODC_RETURN_IF_ERROR(release_held());
   return inner_->exchange(mine);
 }
 
 Result<std::unique_ptr<SymmetricRegion>> FaultTransport::allocate(size_t bytes) {
   ODC_RETURN_IF_ERROR(enter("allocate"));
+  ODC_RETURN_IF_ERROR(release_held());
   auto region = inner_->allocate(bytes);
   if (region.ok()) allocated_bytes_ += bytes;
   return region;
@@ -48,6 +58,7 @@ Result<std::unique_ptr<SymmetricRegion>> FaultTransport::allocate(size_t bytes) 
 
 Status FaultTransport::barrier(CollectiveOp op, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("barrier"));
+  ODC_RETURN_IF_ERROR(release_held());
   if (due(FaultKind::kMismatch) && !fired_) {
     fired_ = true;
     op = op == CollectiveOp::kBarrier ? CollectiveOp::kMinibatchEnd : CollectiveOp::kBarrier;
@@ -57,7 +68,20 @@ Status FaultTransport::barrier(CollectiveOp op, StreamHandle stream) {
 
 Status FaultTransport::host_barrier(CollectiveOp op) {
   ODC_RETURN_IF_ERROR(enter("host_barrier"));
+  ODC_RETURN_IF_ERROR(release_held());
   return inner_->host_barrier(op);
+}
+
+Status FaultTransport::fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("fold_streamed"));
+  ODC_RETURN_IF_ERROR(release_held());
+  return inner_->fold_streamed(fold, stream);
+}
+
+Status FaultTransport::pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src,
+                                  size_t bytes, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("pack_chunk"));
+  return inner_->pack_chunk(dst, header, src, bytes, stream);
 }
 
 Status FaultTransport::poll_error() {
@@ -102,46 +126,21 @@ Status FaultTransport::signal(const SymmetricRegion& signals, int peer, uint64_t
   }
   if (due(FaultKind::kDropSignalsFrom) && peer == plan_.peer) return Status::Ok();
   if (due(FaultKind::kInflateSignal) && peer == plan_.peer) ++value;
+  if (plan_.reorder && rng_() % 2 == 0) {
+    held_.push_back({&signals, peer, value, stream});  // late: after this rank's next signal
+    return Status::Ok();
+  }
   ODC_RETURN_IF_ERROR(inner_->signal(signals, peer, value, stream));
   if (due(FaultKind::kDuplicateSignal) && peer == plan_.peer) {
-    return inner_->signal(signals, peer, value, stream);
+    ODC_RETURN_IF_ERROR(inner_->signal(signals, peer, value, stream));
   }
-  return Status::Ok();
-}
-
-Status FaultTransport::put_signal_all(const void* src, const SymmetricRegion& region, size_t offset,
-                                      size_t bytes, const SymmetricRegion* signals, uint64_t value,
-                                      StreamHandle stream) {
-  ODC_RETURN_IF_ERROR(enter("put_signal_all"));
-  const bool per_peer = plan_.reorder || plan_.kind == FaultKind::kDropSignal ||
-                        plan_.kind == FaultKind::kDuplicateSignal;
-  if (!per_peer) {
-    return inner_->put_signal_all(src, region, offset, bytes, signals, value, stream);
-  }
-  std::vector<int> order(static_cast<size_t>(world_size()));
-  std::iota(order.begin(), order.end(), 0);
-  if (plan_.reorder) std::shuffle(order.begin(), order.end(), rng_);
-  for (int peer : order) {
-    const auto* data = static_cast<const char*>(src) + static_cast<size_t>(peer) * bytes;
-    ODC_RETURN_IF_ERROR(put(data, region, peer, offset, bytes, stream));
-    if (due(FaultKind::kDuplicateSignal) && peer == plan_.peer) {
-      ODC_RETURN_IF_ERROR(put(data, region, peer, offset, bytes, stream));
-    }
-    if (signals != nullptr) ODC_RETURN_IF_ERROR(signal(*signals, peer, value, stream));
-  }
-  return Status::Ok();
+  return release_held();  // the held ones arrive after this newer one
 }
 
 Status FaultTransport::add_all(const void* src, DataType src_type, const SymmetricRegion& region,
                                size_t count, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("add_all"));
   return inner_->add_all(src, src_type, region, count, stream);
-}
-
-Status FaultTransport::wait_signals(const SymmetricRegion& signals, uint64_t value,
-                                    const char* operation, StreamHandle stream) {
-  ODC_RETURN_IF_ERROR(enter("wait_signals"));
-  return inner_->wait_signals(signals, value, operation, stream);
 }
 
 Status FaultTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
@@ -153,12 +152,6 @@ Status FaultTransport::accumulate(float* dst, const void* src, DataType src_type
                                   StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("accumulate"));
   return inner_->accumulate(dst, src, src_type, count, stream);
-}
-
-Status FaultTransport::sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
-                                 size_t count, StreamHandle stream) {
-  ODC_RETURN_IF_ERROR(enter("sum_slots"));
-  return inner_->sum_slots(dst, slots, stride, num_slots, count, stream);
 }
 
 }  // namespace odc::fault

@@ -1,5 +1,6 @@
 // A fault-injecting wrapper around any transport, for protocol tests: random delays before calls,
-// reordered put-with-signal arrivals, a rank that dies at a chosen call, a dropped, duplicated or
+// reordered signals (held back and delivered after a later one), a rank that dies at a chosen
+// call, a dropped, duplicated or
 // inflated signal (or every signal to a peer lost from a call on), a collective mismatch. Calls
 // are numbered per rank (every Transport call after construction counts, signal polls do not),
 // so a fault lands at a reproducible point of the protocol.
@@ -10,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/transport.h"
 
@@ -19,7 +21,7 @@ enum class FaultKind {
   kNone,
   kDieAtCall,        // at call `at_call`: die() and return an error from then on
   kDropSignal,       // the first signal to `peer` at or after call `at_call` is never delivered
-  kDuplicateSignal,  // every put-with-signal to `peer` from call `at_call` on is delivered twice
+  kDuplicateSignal,  // every signal to `peer` from call `at_call` on is delivered twice
   kDropSignalsFrom,  // every signal to `peer` from call `at_call` on is lost (a link that broke)
   kInflateSignal,    // every signal to `peer` from call `at_call` on carries one more than sent
   kMismatch,         // the first barrier at or after call `at_call` enters a different collective
@@ -31,7 +33,9 @@ struct FaultPlan {
   int peer = 0;
   // Sleep up to this many microseconds before a call (each call with probability 1/4).
   int max_delay_us = 0;
-  // Deliver put_signal_all() to peers in a random order.
+  // Hold back about half of the signals and deliver each after this rank's next signal (to any
+  // peer), newest first; held ones go out before any wait or collective of this rank, so they
+  // are late and out of order, never lost.
   bool reorder = false;
   uint32_t seed = 1;
 };
@@ -70,24 +74,24 @@ class FaultTransport final : public Transport {
              StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
-  Status put_signal_all(const void* src, const SymmetricRegion& region, size_t offset, size_t bytes,
-                        const SymmetricRegion* signals, uint64_t value,
-                        StreamHandle stream) override;
   Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
                  StreamHandle stream) override;
-  Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
-                      StreamHandle stream) override;
   Status zero(void* dst, size_t bytes, StreamHandle stream) override;
   Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
                     StreamHandle stream) override;
-  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
-                   StreamHandle stream) override;
+  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override;
+  Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
+                    StreamHandle stream) override;
+  Status read_local(void* host_dst, const void* src, size_t bytes) override {
+    return inner_->read_local(host_dst, src, bytes);
+  }
   // Polls, forwarded without counting: how often a rank polls depends on timing, and call
   // numbers must stay reproducible.
   Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
                             std::chrono::duration<double> limit,
                             std::vector<uint64_t>* seen) override {
     if (dead_) return Status::RemoteError("this rank died earlier (injected)");
+    ODC_RETURN_IF_ERROR(release_held());
     return inner_->poll_signals(watches, num_all, limit, seen);
   }
   // Hints, forwarded without counting (call numbers stay those of the data path and collectives).
@@ -103,6 +107,8 @@ class FaultTransport final : public Transport {
   // Counts the call, sleeps when delays are on, and dies when the plan says so.
   Status enter(const char* what);
   bool due(FaultKind kind) const { return plan_.kind == kind && calls_ >= plan_.at_call; }
+  // Delivers the signals held back for reordering, newest first.
+  Status release_held();
 
   std::unique_ptr<Transport> inner_;
   FaultPlan plan_;
@@ -112,6 +118,13 @@ class FaultTransport final : public Transport {
   size_t allocated_bytes_ = 0;
   bool dead_ = false;
   bool fired_ = false;  // the one-shot fault (drop, mismatch) happened
+  struct HeldSignal {
+    const SymmetricRegion* signals;
+    int peer;
+    uint64_t value;
+    StreamHandle stream;
+  };
+  std::vector<HeldSignal> held_;  // reorder: signals not delivered yet
 };
 
 }  // namespace odc::fault

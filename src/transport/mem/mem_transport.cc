@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <sstream>
 
 #include "common/deadline.h"
@@ -69,6 +70,8 @@ class MemTransport final : public Transport {
     for (const ExchangeRecord& record : all.value()) {
       pointers.push_back(reinterpret_cast<void*>(static_cast<uintptr_t>(record.words[0])));
     }
+    // The fold emulation finds a region from its local address (the world keeps the memory).
+    regions_[pointers[static_cast<size_t>(rank_)]] = {pointers, bytes};
     return std::unique_ptr<SymmetricRegion>(new MemRegion(std::move(pointers), rank_, bytes));
   }
 
@@ -119,10 +122,7 @@ class MemTransport final : public Transport {
     std::lock_guard<std::mutex> lock(box.mutex);
     const uint64_t old = slots[rank_];
     slots[rank_] = std::max(old, value);
-    if (box.waiting_on == slots && old < box.waiting_for && value >= box.waiting_for &&
-        --box.missing == 0) {
-      box.wake.notify_all();
-    } else if (value > old) {
+    if (value > old) {
       for (const MemWorld::Mailbox::Polled& entry : box.polled) {
         if (entry.slots != slots) continue;
         const uint64_t any_at = entry.any_at[rank_];
@@ -148,47 +148,6 @@ class MemTransport final : public Transport {
                      src_type, count);
     }
     return Status::Ok();
-  }
-
-  Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
-                      StreamHandle) override {
-    MemWorld::Mailbox& box = *world_->mailboxes_[static_cast<size_t>(rank_)];
-    const auto* slots = static_cast<const uint64_t*>(signals.local());
-    const auto deadline = deadline_after(world_->options().timeout);
-    std::unique_lock<std::mutex> lock(box.mutex);
-    auto first_short = [&]() {
-      for (int p = 0; p < world_size(); ++p) {
-        if (slots[p] < value) return p;
-      }
-      return -1;
-    };
-    box.missing = 0;
-    for (int p = 0; p < world_size(); ++p) box.missing += slots[p] < value ? 1 : 0;
-    box.waiting_on = slots;
-    box.waiting_for = value;
-    Status result = Status::Ok();
-    while (box.missing > 0) {
-      // A failed or dead peer that has not signalled will never do so.
-      if (world_->num_not_alive_.load(std::memory_order_acquire) > 0) {
-        for (int p = 0; p < world_size() && result.ok(); ++p) {
-          if (slots[p] < value) result = world_->peer_failure(p);
-        }
-      }
-      if (!result.ok()) break;
-      if (box.wake.wait_until(lock,
-                              std::min(deadline, Clock::now() + std::chrono::milliseconds(100))) ==
-              std::cv_status::timeout &&
-          Clock::now() >= deadline && box.missing > 0) {
-        const int peer = first_short();
-        result = Status::Timeout(std::string("signal wait (") + operation + ") timed out after " +
-                                 seconds_text(world_->options().timeout) + ": rank " +
-                                 std::to_string(rank_) + " waited for rank " +
-                                 std::to_string(peer) + " (expected " + std::to_string(value) +
-                                 ", saw " + std::to_string(slots[peer]) + ")");
-      }
-    }
-    box.waiting_on = nullptr;
-    return result;
   }
 
   Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
@@ -243,6 +202,22 @@ class MemTransport final : public Transport {
     }
   }
 
+  // The device fold (kernels/streamed_fold.cuh) emulated on the host where caps() say
+  // stream-ordered, so that the protocol tests run the device staging's steps: the same order,
+  // checks and credits; waits sleep in poll_signals() instead of spinning, and a failure is
+  // returned at once instead of recorded.
+  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override {
+    if (!caps().stream_ordered) return Transport::fold_streamed(fold, stream);
+    return HostFold(*this, fold).run();
+  }
+  Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
+                    StreamHandle stream) override {
+    if (!caps().stream_ordered) return Transport::pack_chunk(dst, header, src, bytes, stream);
+    std::memcpy(dst, &header, sizeof(header));
+    std::memcpy(static_cast<char*>(dst) + sizeof(header), src, bytes);
+    return Status::Ok();
+  }
+
   Status zero(void* dst, size_t bytes, StreamHandle) override {
     std::memset(dst, 0, bytes);
     return Status::Ok();
@@ -252,15 +227,167 @@ class MemTransport final : public Transport {
     host::add_into(dst, src, src_type, count);
     return Status::Ok();
   }
-  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
-                   StreamHandle) override {
-    host::sum_in_order(dst, slots, stride, num_slots, count);
-    return Status::Ok();
-  }
 
  private:
+  // A region of this transport by its local address (the fold gets only addresses).
+  MemRegion region_of(const void* local) const {
+    const auto& found = regions_.at(const_cast<void*>(local));
+    return MemRegion(found.first, rank_, found.second);
+  }
+
+  class HostFold {
+   public:
+    HostFold(MemTransport& transport, const kernels::StreamedFold& fold)
+        : t_(transport),
+          f_(fold),
+          arrivals_(t_.region_of(fold.arrivals)),
+          credits_(t_.region_of(fold.credits)),
+          end_marks_(t_.region_of(fold.end_marks)),
+          end_sequences_(t_.region_of(fold.end_sequences)),
+          meetings_(t_.region_of(fold.meetings)) {}
+
+    Status run() {
+      const auto deadline = deadline_after(t_.timeout());
+      bool final_pass = false;
+      // A credit already there needs no pass (the device's first pass only serves peers sooner;
+      // the push's own pass at entry folds what arrived).
+      if (f_.until == kernels::FoldUntil::kCredit && read(f_.credits, f_.peer) >= f_.value) {
+        return Status::Ok();
+      }
+      if (f_.until == kernels::FoldUntil::kCredit) ++*f_.credit_waits;  // as the device counts
+      std::vector<uint64_t> arrived(static_cast<size_t>(f_.world_size));
+      for (;;) {
+        {  // one look at every arrival (written under this rank's mailbox mutex)
+          std::lock_guard<std::mutex> lock(
+              t_.world_->mailboxes_[static_cast<size_t>(t_.rank_)]->mutex);
+          std::copy(f_.arrivals, f_.arrivals + f_.world_size, arrived.begin());
+        }
+        for (int s = 0; s < f_.world_size; ++s) {
+          if (s != f_.rank && arrived[s] > f_.folded[s]) {
+            ODC_RETURN_IF_ERROR(fold_sender(s, arrived[s], 0));
+          }
+        }
+        if (f_.until == kernels::FoldUntil::kOnce || final_pass) return Status::Ok();
+        std::vector<SignalWatch> watches;  // the condition first (all of them), then arrivals
+        const char* what = "credit wait (scatter_accumulate)";
+        if (f_.until == kernels::FoldUntil::kCredit) {
+          watches.push_back({&credits_, f_.peer, f_.value});
+        } else {
+          const bool ends = f_.until == kernels::FoldUntil::kEnds;
+          what = ends ? "push wait (minibatch_end)"
+                      : "meeting of every rank before a collective inside a minibatch";
+          for (int s = 0; s < f_.world_size; ++s) {
+            if (s != f_.rank) {
+              watches.push_back(
+                  {ends ? &end_marks_ : &meetings_, s, ends ? f_.minibatch : f_.value});
+            }
+          }
+          // An end counts once its mark and its sequence (two signals, either may come first)
+          // are both there.
+          for (int s = 0; ends && s < f_.world_size; ++s) {
+            if (s != f_.rank) watches.push_back({&end_sequences_, s, f_.folded[s] + 1});
+          }
+        }
+        const size_t num_all = watches.size();
+        for (int s = 0; s < f_.world_size; ++s) {
+          if (s != f_.rank) watches.push_back({&arrivals_, s, f_.folded[s] + 1});
+        }
+        std::vector<uint64_t> seen;
+        auto polled = t_.poll_signals(watches, num_all, std::chrono::milliseconds(20), &seen);
+        if (!polled.ok()) return polled.status();
+        size_t missing = 0;
+        while (missing < num_all && seen[missing] >= watches[missing].value) ++missing;
+        if (missing == num_all) {
+          if (f_.until == kernels::FoldUntil::kCredit) {
+            return Status::Ok();
+          }
+          if (f_.until == kernels::FoldUntil::kMeetings) {
+            final_pass = true;
+            continue;
+          }
+          for (int s = 0; s < f_.world_size; ++s) {  // kEnds: fold up to each end, consume it
+            if (s == f_.rank) continue;
+            const uint64_t end = read(f_.end_sequences, s);
+            ODC_RETURN_IF_ERROR(fold_sender(s, end - 1, end));
+          }
+          return Status::Ok();
+        }
+        if (Clock::now() >= deadline) {
+          return Status::Timeout(std::string(what) + " timed out after " +
+                                 seconds_text(t_.timeout()) + ": rank " + std::to_string(f_.rank) +
+                                 " waited for rank " + std::to_string(watches[missing].peer) +
+                                 " (expected " + std::to_string(watches[missing].value) + ", saw " +
+                                 std::to_string(seen[missing]) + ")");
+        }
+      }
+    }
+
+   private:
+    // A slot of this rank's signal words (written by peers under this rank's mailbox mutex).
+    uint64_t read(const uint64_t* slots, int peer) const {
+      std::lock_guard<std::mutex> lock(t_.world_->mailboxes_[static_cast<size_t>(t_.rank_)]->mutex);
+      return slots[peer];
+    }
+
+    Status refuse(int sender, uint64_t expected, uint64_t seen) const {
+      return Status::InternalError(
+          "streamed fold: rank " + std::to_string(f_.rank) + " found a slot of rank " +
+          std::to_string(sender) + "'s ring holding chunk " + std::to_string(seen) +
+          " where chunk " + std::to_string(expected) +
+          " of this minibatch was due (a lost put, a stray signal or a chunk for no live "
+          "accumulator): nothing of it was added");
+    }
+
+    Status fold_sender(int sender, uint64_t last, uint64_t end) {
+      const uint64_t start = f_.folded[sender];
+      if (end != 0 && end <= start) return refuse(sender, start + 1, end);
+      if (last > start + f_.depth) return refuse(sender, start + 1, last);
+      const char* ring = f_.rings + static_cast<uint64_t>(sender) * f_.depth * f_.slot_bytes;
+      uint64_t folded = start;
+      while (folded < last) {
+        const uint64_t sequence = folded + 1;
+        const char* slot = ring + ((sequence - 1) % f_.depth) * f_.slot_bytes;
+        kernels::ChunkHeader header;
+        std::memcpy(&header, slot, sizeof(header));
+        float* sums = nullptr;
+        const auto dtype = static_cast<DataType>(header.dtype);
+        if (header.sequence == sequence && header.minibatch == f_.minibatch && is_valid(dtype) &&
+            header.count * element_bytes(dtype) <= f_.slot_bytes - sizeof(header)) {
+          for (int i = 0; i < f_.num_targets; ++i) {
+            const kernels::FoldTarget& target = f_.targets[i];
+            if (target.buffer_id == header.buffer_id && header.first <= target.count &&
+                header.count <= target.count - header.first) {
+              sums = target.sums + header.first;
+            }
+          }
+        }
+        if (sums == nullptr) return refuse(sender, sequence, header.sequence);
+        host::add_into(sums, slot + sizeof(header), dtype, header.count);
+        folded = sequence;
+      }
+      if (end != 0) folded = end;
+      if (folded != start) {
+        f_.folded[sender] = folded;
+        ODC_RETURN_IF_ERROR(t_.signal(region_for_credits(), sender, folded, nullptr));
+      }
+      return Status::Ok();
+    }
+
+    const SymmetricRegion& region_for_credits() const { return credits_; }
+
+    MemTransport& t_;
+    const kernels::StreamedFold& f_;
+    MemRegion arrivals_;
+    MemRegion credits_;
+    MemRegion end_marks_;
+    MemRegion end_sequences_;
+    MemRegion meetings_;
+  };
+
   std::shared_ptr<MemWorld> world_;
   int rank_;
+  // Every region this rank allocated: its local address -> (every rank's address, bytes).
+  std::map<void*, std::pair<std::vector<void*>, size_t>> regions_;
 };
 
 MemWorld::MemWorld(int world_size, MemOptions options)

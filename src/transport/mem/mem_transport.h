@@ -24,7 +24,8 @@ struct MemOptions {
   // remote-add scheme runs too.
   bool remote_fp32_add = false;
   // Report caps().stream_ordered (calls still complete on return), so that the core takes the
-  // paths of device transports (the kStaged scheme, the destroy barrier) and tests run them.
+  // paths of device transports (the streamed scheme's device steps, whose fold this transport
+  // emulates on the host; the destroy barrier) and tests run them.
   bool stream_ordered = false;
   // Pretend nodes of this many consecutive ranks (the transport's topology report); 0: one node.
   int ranks_per_node = 0;
@@ -47,9 +48,6 @@ class MemWorld : public std::enable_shared_from_this<MemWorld> {
   struct Mailbox {  // signal slots of one rank are written under its mutex
     std::mutex mutex;
     std::condition_variable wake;
-    const uint64_t* waiting_on = nullptr;  // the slots wait_signals() is waiting on
-    uint64_t waiting_for = 0;
-    int missing = 0;
     // poll_signals() sleeping on `wake`: per watched region (its slots here), the value each
     // writer's slot must reach to wake it on its own, or to count towards the all-condition
     // (UINT64_MAX: not watched); and how many of the all-condition's slots are still short.

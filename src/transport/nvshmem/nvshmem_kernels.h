@@ -28,6 +28,11 @@ cudaError_t store_u64(uint64_t* dst, uint64_t value, cudaStream_t stream);
 cudaError_t publish_u64(uint64_t* flag, uint64_t value, const kernels::WaitError* error,
                         cudaStream_t stream);
 
+// Stream-ordered: the streamed staging's fold of this rank's rings (kernels/streamed_fold.h),
+// crediting senders with NVSHMEM's device put; expiry or a refused chunk recorded in `error`.
+cudaError_t fold_streamed(const kernels::StreamedFold& fold, kernels::WaitError* error,
+                          cudaStream_t stream);
+
 // Stream-ordered: keeps the stream busy for `nanoseconds` (tests: a late node fetch).
 cudaError_t spin_for(int64_t nanoseconds, cudaStream_t stream);
 

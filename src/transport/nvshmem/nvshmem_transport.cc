@@ -34,8 +34,6 @@ ODC_ENV_DOUBLE(direct_knob, "ODC_NVSHMEM_DIRECT", 1.0)
 // Ranks per node (contiguous ranks share a node). 0: NVSHMEM's node team (or LOCAL_WORLD_SIZE).
 // Smaller than the real node: pretend node boundaries on one host (tests).
 ODC_ENV_DOUBLE(local_world_size_knob, "ODC_LOCAL_WORLD_SIZE", 0.0)
-// 1 (default): pushes to another node's owner are pre-reduced on the sender's node first.
-ODC_ENV_DOUBLE(hierarchical_knob, "ODC_NVSHMEM_HIERARCHICAL", 1.0)
 // 1 (default): with more than one node, a minibatch's gathers fetch each remote shard once per
 // node (into a node cache at minibatch_begin) and fan it out over NVLink.
 ODC_ENV_DOUBLE(hierarchical_gather_knob, "ODC_NVSHMEM_HIERARCHICAL_GATHER", 1.0)
@@ -47,16 +45,6 @@ ODC_ENV_DOUBLE(fetch_delay_us_knob, "ODC_NVSHMEM_TEST_FETCH_DELAY_US", 0.0)
 ODC_ENV_DOUBLE(signal_put_knob, "ODC_NVSHMEM_SIGNAL_PUT", 0.0)
 // 1: each rank prints the bytes it sent to and fetched from other nodes when it closes.
 ODC_ENV_DOUBLE(stats_knob, "ODC_NVSHMEM_STATS", 0.0)
-
-// Where a node pre-reduces the pushes of its ranks for one remote owner before they cross the
-// network (see put_signal_all): at the aggregator, `in` holds one slot per local sender and
-// owner, `ready` their signals, `out` the node's sums.
-struct Aggregation {
-  size_t slot_bytes = 0;
-  std::unique_ptr<SymmetricRegion> in;     // max_owners x local_size x slot_bytes
-  std::unique_ptr<SymmetricRegion> ready;  // max_owners x local_size uint64
-  std::unique_ptr<SymmetricRegion> out;    // max_owners x slot_bytes
-};
 
 // Hierarchical gathers' node cache. For every region of the open window, the shards of the
 // remote owners this rank fetches for its node (rows: one per other node, the owner with
@@ -116,7 +104,6 @@ class NvshmemRegion final : public SymmetricRegion {
                 uint64_t serial)
       : SymmetricRegion(std::move(peers), rank, bytes), serial(serial), heap_(std::move(heap)) {}
   ~NvshmemRegion() override {
-    aggregation.reset();               // freed first, in the same order on every rank
     if (heap_->failed.load()) return;  // nvshmem_free would wait for every PE: leak instead
     DeviceGuard guard(heap_->device);
     cudaDeviceSynchronize();  // nothing queued may still touch it
@@ -134,10 +121,6 @@ class NvshmemRegion final : public SymmetricRegion {
 
  private:
   std::shared_ptr<HeapState> heap_;
-
- public:
-  // Hierarchical pushes into this (staging) region: made at its first put_signal_all.
-  mutable std::unique_ptr<Aggregation> aggregation;
 };
 
 }  // namespace
@@ -242,9 +225,15 @@ Status NvshmemTransport::init() {
     nvshmemx_uniqueid_t id = all[0].id;
     int status = nvshmemx_set_attr_uniqueid_args(rank_, world_size_, &id, &attr);
     if (status == 0) {
-      // The host library's init (odc issues only host-side calls and its own kernels); unlike
-      // nvshmemx_init_attr() it returns an error instead of exiting.
-      status = nvshmemx_hostlib_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr);
+      // What nvshmemx_init_attr() does, but returning an error instead of exiting: the host
+      // library's init, and the device state of this plugin's kernels that call NVSHMEM (the
+      // streamed fold's credits), from NVSHMEM's static device library.
+      nvshmemi_version_t version = {NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION,
+                                    NVSHMEM_VENDOR_PATCH_VERSION};
+      nvshmemx_init_init_attr_ver_only(attr);
+      int provided = 0;
+      status = nvshmemi_init_thread(NVSHMEM_THREAD_SERIALIZED, &provided,
+                                    NVSHMEMX_INIT_WITH_UNIQUEID, &attr, version);
     }
     uint64_t ok = status == 0 ? 1 : 0;
     std::vector<uint64_t> oks(static_cast<size_t>(world_size_));
@@ -310,32 +299,29 @@ Status NvshmemTransport::init() {
                  barrier_signals_->peer(r) != nullptr;
     if (node_of(r) == node_of(rank_) && r != rank_ && !mapped_[r]) node_mapped = false;
   }
-  constexpr int kSettings = 4;
-  const uint64_t settings[kSettings] = {
-      static_cast<uint64_t>(local_size_), hierarchical_knob() != 0.0 ? 1u : 0u,
-      hierarchical_gather_knob() != 0.0 ? 1u : 0u, node_mapped ? 1u : 0u};
+  constexpr int kSettings = 3;
+  const uint64_t settings[kSettings] = {static_cast<uint64_t>(local_size_),
+                                        hierarchical_gather_knob() != 0.0 ? 1u : 0u,
+                                        node_mapped ? 1u : 0u};
   std::vector<uint64_t> all_settings(kSettings * static_cast<size_t>(world_size_));
   ODC_RETURN_IF_ERROR(
       bootstrap_->allgather(settings, all_settings.data(), sizeof(settings), "nvshmem topology"));
   bool every_node_mapped = true;
   for (int r = 0; r < world_size_; ++r) {
     const uint64_t* theirs = &all_settings[kSettings * static_cast<size_t>(r)];
-    if (theirs[0] != settings[0] || theirs[1] != settings[1] || theirs[2] != settings[2]) {
+    if (theirs[0] != settings[0] || theirs[1] != settings[1]) {
       return Status::InvalidArgument(
           "rank " + std::to_string(r) + " has " + std::to_string(theirs[0]) +
-          " ranks per node, hierarchical pushes " + std::to_string(theirs[1]) + " and gathers " +
-          std::to_string(theirs[2]) + "; this rank " + std::to_string(settings[0]) + ", " +
-          std::to_string(settings[1]) + " and " + std::to_string(settings[2]) +
-          " (ODC_LOCAL_WORLD_SIZE, ODC_NVSHMEM_HIERARCHICAL, ODC_NVSHMEM_HIERARCHICAL_GATHER must "
-          "agree)");
+          " ranks per node and hierarchical gathers " + std::to_string(theirs[1]) + "; this rank " +
+          std::to_string(settings[0]) + " and " + std::to_string(settings[1]) +
+          " (ODC_LOCAL_WORLD_SIZE and ODC_NVSHMEM_HIERARCHICAL_GATHER must agree)");
     }
-    every_node_mapped = every_node_mapped && theirs[3] != 0;
+    every_node_mapped = every_node_mapped && theirs[2] != 0;
   }
-  hierarchical_ = settings[1] != 0 && local_size_ > 1 && local_size_ < world_size_;
   // Readers take the node's fetched shards from the fetchers' caches over NVLink, so every rank of
   // a node must be mapped into every other (direct on). With one rank per node the cache still
   // saves the network: each remote shard is fetched once per minibatch, not once per gather.
-  hierarchical_gather_ = settings[2] != 0 && local_size_ < world_size_ && every_node_mapped;
+  hierarchical_gather_ = settings[1] != 0 && local_size_ < world_size_ && every_node_mapped;
   if (hierarchical_gather_) {
     ODC_CUDA_CHECK(cudaStreamCreateWithFlags(&fetch_stream_, cudaStreamNonBlocking));
     ODC_CUDA_CHECK(cudaEventCreateWithFlags(&window_opened_, cudaEventDisableTiming));
@@ -356,10 +342,10 @@ NvshmemTransport::~NvshmemTransport() {
     const int length = std::snprintf(
         line, sizeof(line),
         "odc nvshmem rank %d: to/from other nodes: %llu bytes put, %llu bytes fetched "
-        "(%d ranks per node, hierarchical pushes %s, gathers %s, %d direct peers)\n",
+        "(%d ranks per node, hierarchical gathers %s, %d direct peers)\n",
         rank_, static_cast<unsigned long long>(remote_put_bytes_),
         static_cast<unsigned long long>(remote_get_bytes_), local_size_,
-        hierarchical_ ? "on" : "off", hierarchical_gather_ ? "on" : "off", num_direct_peers());
+        hierarchical_gather_ ? "on" : "off", num_direct_peers());
     // One write, so that the lines of ranks sharing a terminal or file do not interleave.
     if (length > 0) {
       const ssize_t written =
@@ -607,7 +593,7 @@ Status NvshmemTransport::prepare_gather_cache(const std::vector<const SymmetricR
   gather_cache_.reset();
   if (regions.empty()) return Status::Ok();
   auto cache = std::make_unique<GatherCache>();
-  const auto rows = static_cast<size_t>(max_aggregated_owners());
+  const auto rows = static_cast<size_t>(max_fetched_owners());
   // Rows start 256-byte aligned, as the buffers themselves: the copy kernels' vector paths need
   // 16 bytes, and a float32 row after an odd-sized bfloat16 one must not be misaligned.
   constexpr size_t kRowAlignment = 256;
@@ -667,7 +653,7 @@ Status NvshmemTransport::open_gather_window(const std::vector<const SymmetricReg
   if (const double delay_us = fetch_delay_us_knob(); delay_us > 0) {
     ODC_CUDA_CHECK(spin_for(static_cast<int64_t>(delay_us * 1e3), fetch_stream_));
   }
-  const std::vector<int> owners = owners_aggregated_by(rank_ - node_of(rank_) * local_size_);
+  const std::vector<int> owners = owners_fetched_by(rank_ - node_of(rank_) * local_size_);
   GatherCache& cache = *gather_cache_;
   auto* rows = static_cast<char*>(cache.data->local());
   auto* ready = static_cast<uint64_t*>(cache.ready->local());
@@ -799,6 +785,7 @@ Status NvshmemTransport::put(const void* src, const SymmetricRegion& region, int
   ODC_RETURN_IF_ERROR(check_device_pointer(device_, src, "source"));
   nvshmemx_putmem_on_stream(static_cast<char*>(region.local()) + offset, src, bytes, peer,
                             as_stream(stream));
+  if (node_of(peer) != node_of(rank_)) remote_put_bytes_ += bytes;
   ODC_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
 }
@@ -813,163 +800,19 @@ Status NvshmemTransport::signal(const SymmetricRegion& signals, int peer, uint64
   return Status::Ok();
 }
 
-Status NvshmemTransport::put_signal_all(const void* src, const SymmetricRegion& region,
-                                        size_t offset, size_t bytes, const SymmetricRegion* signals,
-                                        uint64_t value, StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(device_, src, "source"));
-  const auto* data = static_cast<const char*>(src);
-  if (hierarchical_ && signals != nullptr) {
-    return push_hierarchical(data, region, offset, bytes, *signals, value, as_stream(stream));
-  }
-  std::vector<int> peers;
-  for (int i = 0; i < world_size_; ++i) peers.push_back((rank_ + 1 + i) % world_size_);
-  return push_flat(peers, data, region, offset, bytes, signals, value, as_stream(stream));
-}
-
-Status NvshmemTransport::push_flat(const std::vector<int>& peers, const char* src,
-                                   const SymmetricRegion& region, size_t offset, size_t bytes,
-                                   const SymmetricRegion* signals, uint64_t value,
-                                   cudaStream_t stream) {
-  std::vector<void*> to;
-  std::vector<const void*> from;
-  std::vector<uint64_t*> flags;
-  auto* target = static_cast<char*>(region.local()) + offset;  // symmetric: the same on every PE
-  for (int peer : peers) {
-    const char* part = src + static_cast<size_t>(peer) * bytes;
-    if (mapped_[peer]) {
-      to.push_back(static_cast<char*>(region.peer(peer)) + offset);
-      from.push_back(part);
-      flags.push_back(signals != nullptr ? static_cast<uint64_t*>(signals->peer(peer)) + rank_
-                                         : nullptr);
-      continue;
-    }
-    if (signals != nullptr) {
-      ODC_RETURN_IF_ERROR(put_with_signal(target, part, bytes,
-                                          static_cast<uint64_t*>(signals->local()) + rank_, value,
-                                          peer, stream));
-    } else {
-      nvshmemx_putmem_on_stream(target, part, bytes, peer, stream);
-    }
-    if (node_of(peer) != node_of(rank_)) remote_put_bytes_ += bytes;
-  }
-  ODC_CUDA_CHECK(cudaGetLastError());
-  return launch_direct(to, from, flags, bytes, value, stream);
-}
-
-std::vector<int> NvshmemTransport::owners_aggregated_by(int aggregator) const {
+std::vector<int> NvshmemTransport::owners_fetched_by(int fetcher) const {
   std::vector<int> owners;
   for (int owner = 0; owner < world_size_; ++owner) {
-    if (node_of(owner) != node_of(rank_) && owner % local_size_ == aggregator) {
+    if (node_of(owner) != node_of(rank_) && owner % local_size_ == fetcher) {
       owners.push_back(owner);
     }
   }
   return owners;
 }
 
-int NvshmemTransport::max_aggregated_owners() const {
-  // Owners on other nodes, spread over the local_size_ aggregators by owner % local_size_.
+int NvshmemTransport::max_fetched_owners() const {
+  // Owners on other nodes, spread over the local_size_ fetchers by owner % local_size_.
   return (world_size_ - local_size_ + local_size_ - 1) / local_size_;
-}
-
-Result<Aggregation*> NvshmemTransport::aggregation_for(const SymmetricRegion& staging,
-                                                       size_t slot_bytes) {
-  const auto* ours = dynamic_cast<const NvshmemRegion*>(&staging);
-  if (ours == nullptr) return Status::InternalError("staging region is not an NVSHMEM region");
-  if (ours->aggregation) {
-    if (ours->aggregation->slot_bytes != slot_bytes) {
-      return Status::InternalError("hierarchical push: slot size changed for one region");
-    }
-    return ours->aggregation.get();
-  }
-  // First push into this staging region: every rank gets here in the same minibatch_end, in
-  // the same order of accumulators, so these allocations are collective like any other.
-  auto made = std::make_unique<Aggregation>();
-  made->slot_bytes = slot_bytes;
-  const size_t rows = static_cast<size_t>(max_aggregated_owners());
-  const size_t senders = static_cast<size_t>(local_size_);
-  auto in = allocate(rows * senders * slot_bytes);
-  if (!in.ok()) return in.status();
-  made->in = std::move(in).value();
-  auto ready = allocate(rows * senders * sizeof(uint64_t));
-  if (!ready.ok()) return ready.status();
-  made->ready = std::move(ready).value();
-  auto out = allocate(rows * slot_bytes);
-  if (!out.ok()) return out.status();
-  made->out = std::move(out).value();
-  ours->aggregation = std::move(made);
-  return ours->aggregation.get();
-}
-
-// Hierarchical push: for an owner on another node, the local ranks first put their slots into
-// one aggregator of their node (local rank owner % local_size), which waits for all of them, sums
-// them in local-rank order and sends the node's sum into its own slot at the owner, with one
-// signal; the other local ranks send the owner only their signal (their slots there stay zero,
-// as allocated, for the life of the region). The owner's fold adds slots as before: the same
-// exact sum, in a fixed order, with 1/local_size of the bytes on the network. Same-node owners
-// get their slots directly, as in the flat push.
-Status NvshmemTransport::push_hierarchical(const char* src, const SymmetricRegion& region,
-                                           size_t offset, size_t bytes,
-                                           const SymmetricRegion& signals, uint64_t value,
-                                           cudaStream_t stream) {
-  auto found = aggregation_for(region, bytes);
-  if (!found.ok()) return found.status();
-  Aggregation& agg = *found.value();
-  const int node_base = node_of(rank_) * local_size_;
-  const int me = rank_ - node_base;  // local index
-  const auto senders = static_cast<size_t>(local_size_);
-  // 1. This rank's slots for every remote owner, to that owner's aggregator on this node.
-  std::vector<void*> to;
-  std::vector<const void*> from;
-  std::vector<uint64_t*> flags;
-  for (int aggregator = 0; aggregator < local_size_; ++aggregator) {
-    const int peer = node_base + aggregator;
-    const std::vector<int> owners = owners_aggregated_by(aggregator);
-    for (size_t row = 0; row < owners.size(); ++row) {
-      const size_t cell = row * senders + static_cast<size_t>(me);
-      const char* part = src + static_cast<size_t>(owners[row]) * bytes;
-      if (mapped_[peer]) {
-        to.push_back(static_cast<char*>(agg.in->peer(peer)) + cell * bytes);
-        from.push_back(part);
-        flags.push_back(static_cast<uint64_t*>(agg.ready->peer(peer)) + cell);
-      } else {
-        ODC_RETURN_IF_ERROR(put_with_signal(
-            static_cast<char*>(agg.in->local()) + cell * bytes, part, bytes,
-            static_cast<uint64_t*>(agg.ready->local()) + cell, value, peer, stream));
-      }
-    }
-  }
-  ODC_CUDA_CHECK(cudaGetLastError());
-  ODC_RETURN_IF_ERROR(launch_direct(to, from, flags, bytes, value, stream));
-  // 2. Same-node owners: directly, as flat.
-  std::vector<int> local_owners;
-  for (int i = 1; i <= local_size_; ++i) local_owners.push_back(node_base + (me + i) % local_size_);
-  ODC_RETURN_IF_ERROR(push_flat(local_owners, src, region, offset, bytes, &signals, value, stream));
-  // 3. As aggregator: each owner's node sum, once every local rank's slot arrived, then its one
-  //    put-with-signal; for the owners aggregated elsewhere only this rank's signal.
-  const std::vector<int> mine = owners_aggregated_by(me);
-  auto* target = static_cast<char*>(region.local()) + offset;
-  auto* my_signal = static_cast<uint64_t*>(signals.local()) + rank_;
-  const size_t count = bytes / sizeof(float);
-  for (size_t row = 0; row < mine.size(); ++row) {
-    ODC_CUDA_CHECK(wait_all_at_least(
-        static_cast<const uint64_t*>(agg.ready->local()) + row * senders, local_size_, value, rank_,
-        node_base, kernels::kWaitSignal, timeout_ns_, device_error_, stream));
-    auto* sum = reinterpret_cast<float*>(static_cast<char*>(agg.out->local()) + row * bytes);
-    ODC_CUDA_CHECK(kernels::sum_slots(
-        sum,
-        reinterpret_cast<const float*>(static_cast<char*>(agg.in->local()) + row * senders * bytes),
-        count, local_size_, count, rank_info(), device_error_, stream));
-    ODC_RETURN_IF_ERROR(put_with_signal(target, sum, bytes, my_signal, value, mine[row], stream));
-    remote_put_bytes_ += bytes;
-  }
-  for (int owner = 0; owner < world_size_; ++owner) {
-    if (node_of(owner) == node_of(rank_) || owner % local_size_ == me) continue;
-    ODC_RETURN_IF_ERROR(send_signal(my_signal, value, owner, stream));
-    remote_put_bytes_ += sizeof(uint64_t);
-  }
-  ODC_CUDA_CHECK(cudaGetLastError());
-  return Status::Ok();
 }
 
 Status NvshmemTransport::send_signal(uint64_t* signal, uint64_t value, int peer,
@@ -991,40 +834,30 @@ Status NvshmemTransport::send_signal(uint64_t* signal, uint64_t value, int peer,
   return Status::Ok();
 }
 
-Status NvshmemTransport::put_with_signal(void* dst, const void* src, size_t bytes, uint64_t* signal,
-                                         uint64_t value, int peer, cudaStream_t stream) {
-  if (!signal_by_put_) {
-    // NVSHMEM delivers the signal only after the data (put-with-signal's contract).
-    nvshmemx_putmem_signal_on_stream(dst, src, bytes, signal, value, NVSHMEM_SIGNAL_SET, peer,
-                                     stream);
-    ODC_CUDA_CHECK(cudaGetLastError());
-    return Status::Ok();
-  }
-  nvshmemx_putmem_on_stream(dst, src, bytes, peer, stream);
-  return send_signal(signal, value, peer, stream);  // quiets first
-}
-
-Status NvshmemTransport::wait_signals(const SymmetricRegion& signals, uint64_t value, const char*,
-                                      StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_CUDA_CHECK(wait_all_at_least(static_cast<const uint64_t*>(signals.local()), world_size_,
-                                   value, rank_, 0, kernels::kWaitSignal, timeout_ns_,
-                                   device_error_, as_stream(stream)));
-  return Status::Ok();
-}
-
 Status NvshmemTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
   return local().zero(dst, bytes, stream);
 }
 
 Status NvshmemTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count,
                                     StreamHandle stream) {
-  return local().accumulate(dst, src, src_type, count, stream);
+  // Reductions, not plain adds: the streamed fold may add into the same sums from another
+  // stream at the same time (a gather's fold while a push adds this rank's own slice).
+  return local().accumulate_reducing(dst, src, src_type, count, stream);
 }
 
-Status NvshmemTransport::sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
-                                   size_t count, StreamHandle stream) {
-  return local().sum_slots(dst, slots, stride, num_slots, count, stream);
+Status NvshmemTransport::fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(nvshmem::fold_streamed(fold, device_error_, as_stream(stream)));
+  return Status::Ok();
+}
+
+Status NvshmemTransport::pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src,
+                                    size_t bytes, StreamHandle stream) {
+  return local().pack_chunk(dst, header, src, bytes, stream);
+}
+
+Status NvshmemTransport::read_local(void* host_dst, const void* src, size_t bytes) {
+  return local().read_local(host_dst, src, bytes);
 }
 
 }  // namespace odc::nvshmem

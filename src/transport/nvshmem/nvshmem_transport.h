@@ -1,15 +1,19 @@
 // NVSHMEM transport: one process per GPU, on one node or many. NVSHMEM is initialized from a
 // unique id that rank 0 makes and every rank receives through odc's Bootstrap (so a torchrun job
 // works unchanged on several nodes); regions live on NVSHMEM's symmetric heap. No remote fp32 add
-// (NVSHMEM has none), so the core stages pushes: put-with-signal into the owner's staging, folded
-// by the owner once every sender's signal arrived. Everything is enqueued on the caller's stream:
+// (NVSHMEM has none), so the core streams pushes (core/device_streamed_staging.h): chunks put into
+// bounded rings at their owners, folded by the owners' devices, credited back. Everything is
+// enqueued on the caller's stream:
 //   get_all         nvshmemx_getmem_on_stream per owner (network or NVLink), or, where NVSHMEM
 //                   maps every peer's heap into this GPU (one node, NVLink), the CUDA transport's
 //                   SM gather kernel over those mappings ("direct", ODC_NVSHMEM_DIRECT, default
 //                   on); narrowed (fp32 shards into bf16): mapped owners through the narrowing
 //                   copy kernel, the others fetched into a stream-ordered fp32 temporary first;
-//   put_signal_all  nvshmemx_putmem_signal_on_stream per owner (direct: the CUDA put-with-signal
-//                   kernel over the mappings);
+//   put, signal     nvshmemx_putmem_on_stream; a quiet, then nvshmemx_signal_op_on_stream (or,
+//                   with ODC_NVSHMEM_SIGNAL_PUT, a put of the value);
+//   fold_streamed   the core's fold kernel (kernels/streamed_fold.cuh), crediting senders with
+//                   NVSHMEM's device-side single-word put (the plugin links NVSHMEM's device
+//                   library for it);
 //   signal waits    NVSHMEM's waits never time out, so a kernel polls the local signal words with
 //   and barriers    a deadline and records (site, rank, peer, expected, seen); poll_error()
 //                   reports it, worded as the CUDA transport's;
@@ -18,8 +22,9 @@
 //                   minibatch_begin, on a side stream, by local rank owner % ranks_per_node, into
 //                   that rank's node cache; every local rank's gathers read it over NVLink after a
 //                   bounded wait on the fetcher's ready flag.
-// Invariant: staged data is read only after its signal (acquired at system scope), and NVSHMEM's
-// own collectives (malloc, free) are entered only after a bounded bootstrap barrier saw every rank.
+// Invariant: a streamed chunk is read only after its signal (acquired at system scope), and
+// NVSHMEM's own collectives (malloc, free) are entered only after a bounded bootstrap barrier saw
+// every rank.
 #pragma once
 
 #include <chrono>
@@ -39,7 +44,6 @@
 namespace odc::nvshmem {
 
 struct HeapState;
-struct Aggregation;
 struct GatherCache;
 
 class NvshmemTransport final : public Transport {
@@ -60,7 +64,6 @@ class NvshmemTransport final : public Transport {
   // Peers reached with odc's own kernels over NVSHMEM's NVLink mappings (same node, direct on).
   int num_direct_peers() const;
   int local_world_size() const { return local_size_; }
-  bool hierarchical() const { return hierarchical_; }
   bool hierarchical_gather() const { return hierarchical_gather_; }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
@@ -79,16 +82,13 @@ class NvshmemTransport final : public Transport {
              StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
-  Status put_signal_all(const void* src, const SymmetricRegion& region, size_t offset, size_t bytes,
-                        const SymmetricRegion* signals, uint64_t value,
-                        StreamHandle stream) override;
-  Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
-                      StreamHandle stream) override;
   Status zero(void* dst, size_t bytes, StreamHandle stream) override;
   Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
                     StreamHandle stream) override;
-  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
-                   StreamHandle stream) override;
+  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override;
+  Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
+                    StreamHandle stream) override;
+  Status read_local(void* host_dst, const void* src, size_t bytes) override;
   // Hierarchical gathers: the window's remote shards are fetched once per node (see the top).
   Status open_gather_window(const std::vector<const SymmetricRegion*>& regions,
                             StreamHandle stream) override;
@@ -100,7 +100,7 @@ class NvshmemTransport final : public Transport {
   cuda::DeviceLocal local() const { return cuda::DeviceLocal{device_, rank_info(), device_error_}; }
   kernels::RankInfo rank_info() const;
   int node_of(int rank) const { return rank / local_size_; }
-  // Copies (and signals) the jobs whose target is mapped into this GPU: odc's put-with-signal
+  // Copies the jobs whose target is mapped into this GPU (direct gathers): odc's put-with-signal
   // kernel, kernels::kMaxRanks jobs per launch.
   Status launch_direct(const std::vector<void*>& dst, const std::vector<const void*>& src,
                        const std::vector<uint64_t*>& signal, size_t bytes, uint64_t value,
@@ -109,24 +109,14 @@ class NvshmemTransport final : public Transport {
   // memory on either side, kernels::kMaxRanks jobs per launch.
   Status launch_narrow(const std::vector<void*>& dst, const std::vector<const void*>& src,
                        size_t count, cudaStream_t stream);
-  // One slot to `peer`: direct when mapped, else NVSHMEM's put(-with-signal).
-  Status push_flat(const std::vector<int>& peers, const char* src, const SymmetricRegion& region,
-                   size_t offset, size_t bytes, const SymmetricRegion* signals, uint64_t value,
-                   cudaStream_t stream);
-  Status push_hierarchical(const char* src, const SymmetricRegion& region, size_t offset,
-                           size_t bytes, const SymmetricRegion& signals, uint64_t value,
-                           cudaStream_t stream);
   // signal@peer = value, after this rank's earlier puts landed (NVSHMEM's signal atomic, or with
   // ODC_NVSHMEM_SIGNAL_PUT a quiet and a put of the value).
   Status send_signal(uint64_t* signal, uint64_t value, int peer, cudaStream_t stream);
-  Status put_with_signal(void* dst, const void* src, size_t bytes, uint64_t* signal, uint64_t value,
-                         int peer, cudaStream_t stream);
-  Result<Aggregation*> aggregation_for(const SymmetricRegion& staging, size_t slot_bytes);
-  // The remote owners (other nodes) whose pushes from this node the local rank `aggregator`
-  // (0 .. local_size-1) pre-reduces, in rank order; the index of an owner in that list is its
-  // row in the aggregation buffers.
-  std::vector<int> owners_aggregated_by(int aggregator) const;
-  int max_aggregated_owners() const;
+  // The remote owners (other nodes) whose shards the local rank `fetcher` (0 .. local_size-1)
+  // fetches for its node, in rank order; the index of an owner in that list is its row in the
+  // node cache.
+  std::vector<int> owners_fetched_by(int fetcher) const;
+  int max_fetched_owners() const;
   // (Re)allocates the node cache for the window's regions when they differ from the last
   // window's (collective: every rank opens windows with the same regions).
   Status prepare_gather_cache(const std::vector<const SymmetricRegion*>& regions);
@@ -147,9 +137,8 @@ class NvshmemTransport final : public Transport {
   int device_;
   int num_sms_ = 0;
   int64_t timeout_ns_;
-  std::vector<char> mapped_;  // mapped_[p]: peer p reached with direct loads/stores
-  int local_size_ = 1;        // ranks per node (contiguous)
-  bool hierarchical_ = false;
+  std::vector<char> mapped_;       // mapped_[p]: peer p reached with direct loads/stores
+  int local_size_ = 1;             // ranks per node (contiguous)
   uint64_t remote_get_bytes_ = 0;  // enqueued to / from other nodes (ODC_NVSHMEM_STATS)
   uint64_t remote_put_bytes_ = 0;
   uint64_t barrier_epoch_ = 0;

@@ -188,60 +188,6 @@ Result<bool> ShmTransport::poll_signals(const std::vector<SignalWatch>& watches,
   }
 }
 
-Status ShmTransport::wait_signals(const SymmetricRegion& signals, uint64_t value,
-                                  const char* operation, StreamHandle) {
-  auto* slots = static_cast<uint64_t*>(signals.local());
-  const auto deadline = deadline_after(bootstrap_->timeout());
-  for (int peer = 0; peer < world_size(); ++peer) {
-    std::atomic_ref<uint64_t> slot(slots[peer]);
-    if (peer == rank()) {
-      if (slot.load(std::memory_order_acquire) >= value) continue;
-      return Status::InternalError(std::string(operation) + ": own signal " +
-                                   std::to_string(slot.load()) + " below " + std::to_string(value));
-    }
-    auto next_liveness_check = Clock::now();
-    for (int attempt = 0;; ++attempt) {
-      const uint32_t seen_wake = bootstrap_->wake_count(peer);
-      const uint64_t seen = slot.load(std::memory_order_acquire);
-      if (seen >= value) break;
-      // A peer may signal and then fail or exit: look at the slot once more before blaming it.
-      auto unless_signaled = [&](Status failure) {
-        return slot.load(std::memory_order_acquire) >= value ? Status::Ok() : failure;
-      };
-      const auto now = Clock::now();
-      Status failure = Status::Ok();
-      if (now >= next_liveness_check) {
-        failure = unless_signaled(bootstrap_->peer_status(peer));
-        next_liveness_check = now + std::chrono::milliseconds(10);
-      }
-      if (failure.ok() && now >= deadline) {
-        failure = unless_signaled(Status::Timeout(
-            std::string("signal wait (") + operation + ") timed out after " +
-            timeout_text(bootstrap_->timeout()) + ": rank " + std::to_string(rank()) +
-            " waited for rank " + std::to_string(peer) + " (expected " + std::to_string(value) +
-            ", saw " + std::to_string(seen) + ")"));
-      }
-      if (!failure.ok()) return failure;
-      if (slot.load(std::memory_order_acquire) >= value) break;
-      if (attempt < 64) {
-        std::this_thread::yield();
-        continue;
-      }
-      if (Status interrupted =
-              poll_interrupt(std::string("waiting for rank ") + std::to_string(peer) +
-                             "'s signal (" + operation + ")");
-          !interrupted.ok()) {
-        return unless_signaled(interrupted);
-      }
-      const auto left = deadline - Clock::now();
-      bootstrap_->sleep_on(peer, seen_wake,
-                           std::min<Clock::duration>(std::max<Clock::duration>(left, {}),
-                                                     std::chrono::milliseconds(10)));
-    }
-  }
-  return Status::Ok();
-}
-
 Status ShmTransport::zero(void* dst, size_t bytes, StreamHandle) {
   std::memset(dst, 0, bytes);
   return Status::Ok();
@@ -250,12 +196,6 @@ Status ShmTransport::zero(void* dst, size_t bytes, StreamHandle) {
 Status ShmTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count,
                                 StreamHandle) {
   host::add_into(dst, src, src_type, count);
-  return Status::Ok();
-}
-
-Status ShmTransport::sum_slots(float* dst, const float* slots, size_t stride, int num_slots,
-                               size_t count, StreamHandle) {
-  host::sum_in_order(dst, slots, stride, num_slots, count);
   return Status::Ok();
 }
 

@@ -51,16 +51,12 @@ class ShmTransport final : public Transport {
              StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
-  Status wait_signals(const SymmetricRegion& signals, uint64_t value, const char* operation,
-                      StreamHandle stream) override;
   Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
                             std::chrono::duration<double> limit,
                             std::vector<uint64_t>* seen) override;
   Status zero(void* dst, size_t bytes, StreamHandle stream) override;
   Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
                     StreamHandle stream) override;
-  Status sum_slots(float* dst, const float* slots, size_t stride, int num_slots, size_t count,
-                   StreamHandle stream) override;
 
  private:
   std::shared_ptr<ShmBootstrap> bootstrap_;

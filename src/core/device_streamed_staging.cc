@@ -1,0 +1,215 @@
+// The streamed staging on the device (see device_streamed_staging.h for the steps).
+#include "core/device_streamed_staging.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace odc {
+namespace {
+
+// The fold's words: per sender its last folded sequence, then the credit-wait counter, then per
+// sender its lock.
+size_t fold_words(int world_size) {
+  return 2 * static_cast<size_t>(world_size) + 1;
+}
+
+// What the device variant holds beyond the rings and the five signal regions RingGeometry
+// counts: the fold's words and one outbox slot.
+size_t extra_bytes(const RingGeometry& geometry, int world_size) {
+  return fold_words(world_size) * sizeof(uint64_t) + geometry.slot_bytes;
+}
+
+int64_t timeout_ns(const Transport& transport) {
+  const double seconds = transport.timeout().count();
+  if (!(seconds < 9.2e9)) return INT64_MAX;  // infinite (or beyond what fits): never expires
+  return static_cast<int64_t>(seconds * 1e9);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<StreamedStaging>> DeviceStreamedStaging::create(Transport& transport,
+                                                                       size_t budget_bytes) {
+  const int world_size = transport.world_size();
+  auto geometry = RingGeometry::for_budget(budget_bytes, world_size);
+  if (!geometry.ok()) return geometry.status();
+  RingGeometry g = geometry.value();
+  // The outbox and the counters come out of the same budget: shallower rings where needed.
+  while (g.total_bytes(world_size) + extra_bytes(g, world_size) > budget_bytes && g.depth > 1) {
+    --g.depth;
+  }
+  if (g.total_bytes(world_size) + extra_bytes(g, world_size) > budget_bytes) {
+    return Status::InvalidArgument(
+        "staging budget of " + std::to_string(budget_bytes) + " bytes is too small for " +
+        std::to_string(world_size) + " ranks on a device transport: one slot per sender, the " +
+        "signals, the outbox and the fold's counters need " +
+        std::to_string(g.total_bytes(world_size) + extra_bytes(g, world_size)) +
+        " bytes (raise ODC_STAGING_BYTES or the config's staging_bytes)");
+  }
+  const size_t words = static_cast<size_t>(world_size) * sizeof(uint64_t);
+  const size_t sizes[kNumRegions] = {
+      g.ring_bytes() * static_cast<size_t>(world_size), words,       words, words, words, words,
+      fold_words(world_size) * sizeof(uint64_t),        g.slot_bytes};
+  std::vector<std::unique_ptr<SymmetricRegion>> regions;
+  for (size_t bytes : sizes) {
+    auto made = transport.allocate(bytes);  // zeroed
+    if (!made.ok()) return made.status();
+    regions.push_back(std::move(made).value());
+  }
+  return std::unique_ptr<StreamedStaging>(
+      new DeviceStreamedStaging(transport, g, std::move(regions)));
+}
+
+DeviceStreamedStaging::DeviceStreamedStaging(Transport& transport, RingGeometry geometry,
+                                             std::vector<std::unique_ptr<SymmetricRegion>> regions)
+    : StreamedStaging(geometry),
+      transport_(transport),
+      rank_(transport.rank()),
+      world_size_(transport.world_size()),
+      regions_(std::move(regions)),
+      sent_(static_cast<size_t>(world_size_), 0) {}
+
+size_t DeviceStreamedStaging::allocated_bytes() const {
+  size_t bytes = 0;
+  for (const auto& region : regions_) bytes += region->bytes();
+  return bytes;
+}
+
+Result<uint64_t> DeviceStreamedStaging::credit_waits() const {
+  uint64_t waits = 0;
+  ODC_RETURN_IF_ERROR(transport_.read_local(&waits, words(kFolded) + world_size_, sizeof(waits)));
+  return waits;
+}
+
+Status DeviceStreamedStaging::set_targets(const std::vector<kernels::FoldTarget>& targets) {
+  if (targets.size() > static_cast<size_t>(kernels::kMaxFoldTargets)) {
+    return Status::InvalidArgument(
+        "the device's streamed fold adds into at most " + std::to_string(kernels::kMaxFoldTargets) +
+        " accumulators per communicator; this one " + "would have " +
+        std::to_string(targets.size()) + " (group parameters into fewer accumulators)");
+  }
+  targets_ = targets;
+  return Status::Ok();
+}
+
+Status DeviceStreamedStaging::fold(kernels::FoldUntil until, int peer, uint64_t value,
+                                   StreamHandle stream) {
+  if (world_size_ < 2) return Status::Ok();  // no sender but itself: nothing ever arrives
+  kernels::StreamedFold f;
+  f.rings = static_cast<const char*>(region(kRings).local());
+  f.slot_bytes = geometry_.slot_bytes;
+  f.depth = geometry_.depth;
+  f.arrivals = words(kArrivals);
+  f.end_marks = words(kEndMarks);
+  f.end_sequences = words(kEndSequences);
+  f.meetings = words(kMeetings);
+  f.credits = words(kCredits);
+  f.folded = words(kFolded);
+  f.credit_slots = words(kCredits);
+  f.credit_waits = words(kFolded) + world_size_;
+  f.locks = words(kFolded) + world_size_ + 1;
+  f.rank = rank_;
+  f.world_size = world_size_;
+  f.minibatch = minibatch_;
+  f.until = until;
+  f.peer = peer;
+  f.value = value;
+  f.timeout_ns = timeout_ns(transport_);
+  f.num_targets = static_cast<int>(targets_.size());
+  std::copy(targets_.begin(), targets_.end(), f.targets);
+  return transport_.fold_streamed(f, stream);
+}
+
+Status DeviceStreamedStaging::push(const void* src, DataType dtype, size_t count,
+                                   uint64_t buffer_id, StreamHandle stream) {
+  const size_t element = element_bytes(dtype);
+  const size_t per_chunk = geometry_.payload_bytes() / element;
+  // An entry into odc: fold what arrived, so senders waiting on this rank move on.
+  ODC_RETURN_IF_ERROR(fold(kernels::FoldUntil::kOnce, 0, 0, stream));
+  // Start with the next rank, so that the ranks' first chunks go to different owners.
+  for (int i = 0; i < world_size_; ++i) {
+    const int owner = (rank_ + 1 + i) % world_size_;
+    const auto* slice =
+        static_cast<const char*>(src) + static_cast<size_t>(owner) * count * element;
+    if (owner == rank_) {
+      auto found =
+          std::find_if(targets_.begin(), targets_.end(),
+                       [&](const kernels::FoldTarget& t) { return t.buffer_id == buffer_id; });
+      if (found == targets_.end() || found->count != count) {
+        return Status::InternalError("no live accumulator with id " + std::to_string(buffer_id) +
+                                     " and " + std::to_string(count) + " elements to fold into");
+      }
+      ODC_RETURN_IF_ERROR(transport_.accumulate(found->sums, slice, dtype, count, stream));
+      continue;
+    }
+    for (size_t first = 0; first < count; first += per_chunk) {
+      const size_t n = std::min(per_chunk, count - first);
+      ODC_RETURN_IF_ERROR(
+          send_chunk(owner, buffer_id, first, slice + first * element, dtype, n, stream));
+    }
+  }
+  return Status::Ok();
+}
+
+Status DeviceStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t first,
+                                         const void* data, DataType dtype, size_t count,
+                                         StreamHandle stream) {
+  const auto o = static_cast<size_t>(owner);
+  const uint64_t sequence = sent_[o] + 1;
+  // The slot was last used by sequence - depth: wait (on the device, folding meanwhile) until
+  // the owner consumed it.
+  if (sequence > geometry_.depth) {
+    ODC_RETURN_IF_ERROR(
+        fold(kernels::FoldUntil::kCredit, owner, sequence - geometry_.depth, stream));
+  }
+  kernels::ChunkHeader header{};
+  header.sequence = sequence;
+  header.minibatch = minibatch_;
+  header.buffer_id = buffer_id;
+  header.first = first;
+  header.count = count;
+  header.dtype = static_cast<uint32_t>(dtype);
+  void* outbox = region(kOutbox).local();
+  const size_t bytes = count * element_bytes(dtype);
+  ODC_RETURN_IF_ERROR(transport_.pack_chunk(outbox, header, data, bytes, stream));
+  const size_t slot = static_cast<size_t>(rank_) * geometry_.ring_bytes() +
+                      ((sequence - 1) % geometry_.depth) * geometry_.slot_bytes;
+  ODC_RETURN_IF_ERROR(
+      transport_.put(outbox, region(kRings), owner, slot, kChunkHeaderBytes + bytes, stream));
+  // The signal follows the put (a fence, then the store): the owner sees the chunk whole.
+  ODC_RETURN_IF_ERROR(transport_.signal(region(kArrivals), owner, sequence, stream));
+  sent_[o] = sequence;
+  ++chunks_sent_;
+  return Status::Ok();
+}
+
+Status DeviceStreamedStaging::fold_arrived(StreamHandle stream) {
+  return fold(kernels::FoldUntil::kOnce, 0, 0, stream);
+}
+
+Status DeviceStreamedStaging::finish(StreamHandle stream) {
+  for (int i = 0; i < world_size_; ++i) {
+    const int owner = (rank_ + 1 + i) % world_size_;
+    if (owner == rank_) continue;
+    // The end takes a sequence number but no slot: it never waits for credit. Its sequence
+    // first, then the mark that says it is this minibatch's (each after every earlier put).
+    const auto o = static_cast<size_t>(owner);
+    sent_[o] += 1;
+    ODC_RETURN_IF_ERROR(transport_.signal(region(kEndSequences), owner, sent_[o], stream));
+    ODC_RETURN_IF_ERROR(transport_.signal(region(kEndMarks), owner, minibatch_, stream));
+  }
+  return fold(kernels::FoldUntil::kEnds, 0, minibatch_, stream);
+}
+
+Status DeviceStreamedStaging::meet(const char*, StreamHandle stream) {
+  ++meetings_entered_;
+  for (int i = 0; i < world_size_; ++i) {
+    const int peer = (rank_ + 1 + i) % world_size_;
+    if (peer != rank_) {
+      ODC_RETURN_IF_ERROR(transport_.signal(region(kMeetings), peer, meetings_entered_, stream));
+    }
+  }
+  return fold(kernels::FoldUntil::kMeetings, 0, meetings_entered_, stream);
+}
+
+}  // namespace odc

@@ -1,0 +1,78 @@
+// The streamed staging on a stream-ordered (device) transport: the protocol of
+// core/streamed_staging.h, with every step enqueued on the caller's stream and the owner's folds
+// run by its device (kernels/streamed_fold.cuh, through Transport::fold_streamed). The host only
+// counts sequences; no CPU thread polls and no call waits on the host.
+//   push          per chunk to owner p: a fold that returns once p's credit frees the chunk's
+//                 slot (folding what arrived here meanwhile, so ranks waiting for each other's
+//                 credit all progress), the chunk packed into this rank's outbox (header and
+//                 payload, in the push's dtype), and one put-with-signal of the outbox into the
+//                 slot, raising this rank's arrival signal at p to the chunk's sequence;
+//   every entry   (push, gather) a fold of whatever has arrived (one pass, no wait);
+//   finish        per owner: the end's sequence and its mark (the minibatch), each a signal
+//                 after every earlier put to that owner; then a fold until every sender's mark
+//                 and end sequence arrived (in either order), which folds each sender's chunks
+//                 up to its end by their headers (an arrival signal lost on the way loses
+//                 nothing) and consumes the end;
+//   meet          a meeting signal to every rank, then a fold until every rank's arrived, and
+//                 one more pass (everything put before a meeting is there).
+// Memory per rank: the rings and signals of the budget's geometry, one outbox slot and the fold's
+// counters, all inside the budget.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/streamed_staging.h"
+
+namespace odc {
+
+class DeviceStreamedStaging final : public StreamedStaging {
+ public:
+  // Collective (every rank, same budget).
+  static Result<std::unique_ptr<StreamedStaging>> create(Transport& transport, size_t budget_bytes);
+
+  size_t allocated_bytes() const override;
+  Result<uint64_t> credit_waits() const override;
+  Status set_targets(const std::vector<kernels::FoldTarget>& targets) override;
+  void begin(uint64_t minibatch) override { minibatch_ = minibatch; }
+  Status push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
+              StreamHandle stream) override;
+  Status fold_arrived(StreamHandle stream) override;
+  Status finish(StreamHandle stream) override;
+  Status meet(const char* operation, StreamHandle stream) override;
+
+ private:
+  // The regions, in the order create() allocates them.
+  enum Region {
+    kRings,
+    kArrivals,
+    kCredits,
+    kEndSequences,
+    kEndMarks,
+    kMeetings,
+    kFolded,
+    kOutbox,
+    kNumRegions
+  };
+  DeviceStreamedStaging(Transport& transport, RingGeometry geometry,
+                        std::vector<std::unique_ptr<SymmetricRegion>> regions);
+  const SymmetricRegion& region(Region which) const { return *regions_[which]; }
+  uint64_t* words(Region which) const { return static_cast<uint64_t*>(regions_[which]->local()); }
+  // A fold of this rank's rings until `until` (peer and value as kernels::StreamedFold says).
+  Status fold(kernels::FoldUntil until, int peer, uint64_t value, StreamHandle stream);
+  Status send_chunk(int owner, uint64_t buffer_id, uint64_t first, const void* data, DataType dtype,
+                    size_t count, StreamHandle stream);
+
+  Transport& transport_;
+  const int rank_;
+  const int world_size_;
+  std::vector<std::unique_ptr<SymmetricRegion>> regions_;
+  std::vector<kernels::FoldTarget> targets_;
+  std::vector<uint64_t> sent_;  // per owner: the last sequence used there (chunk or end)
+  uint64_t minibatch_ = 0;
+  uint64_t meetings_entered_ = 0;
+};
+
+}  // namespace odc
