@@ -364,7 +364,12 @@ ODC_API odcResult_t odcGatherAs(odcComm_t comm, void* dst, size_t dst_count,
 
 /* Local (writes to peers), inside a minibatch, any number of times, concurrently with every other
  * rank: for every owner r, accumulator@r += src[r*count:(r+1)*count], accumulated in fp32 whatever
- * `src_dtype`. src_count must be world_size * count. The sums are visible after odcMinibatchEnd. */
+ * `src_dtype`. src_count must be world_size * count. The sums are visible after odcMinibatchEnd.
+ * GPU transports: a rank's pushes are ordered on the streams they are given (several pushes on
+ * streams not ordered with each other are not allowed: without a remote add they share one
+ * outbox), odcMinibatchEnd's stream is ordered after every push, and work on any stream of the
+ * minibatch is ordered after odcMinibatchBegin's stream (which zeroes the sums). FSDP2's
+ * reduce-scatter and all-gather streams are. */
 ODC_API odcResult_t odcScatterAccumulate(odcComm_t comm, const void* src, size_t src_count,
                                          odcDataType_t src_dtype, odcBuffer_t accumulator,
                                          odcStream_t stream);

@@ -174,10 +174,10 @@ Status DeviceStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t
   ODC_RETURN_IF_ERROR(transport_.pack_chunk(outbox, header, data, bytes, stream));
   const size_t slot = static_cast<size_t>(rank_) * geometry_.ring_bytes() +
                       ((sequence - 1) % geometry_.depth) * geometry_.slot_bytes;
-  ODC_RETURN_IF_ERROR(
-      transport_.put(outbox, region(kRings), owner, slot, kChunkHeaderBytes + bytes, stream));
-  // The signal follows the put (a fence, then the store): the owner sees the chunk whole.
-  ODC_RETURN_IF_ERROR(transport_.signal(region(kArrivals), owner, sequence, stream));
+  // The signal follows its data: the owner sees the chunk whole.
+  ODC_RETURN_IF_ERROR(transport_.put_signal(outbox, region(kRings), owner, slot,
+                                            kChunkHeaderBytes + bytes, region(kArrivals), sequence,
+                                            stream));
   sent_[o] = sequence;
   ++chunks_sent_;
   return Status::Ok();

@@ -6,7 +6,8 @@
 //                 slot (folding what arrived here meanwhile, so ranks waiting for each other's
 //                 credit all progress), the chunk packed into this rank's outbox (header and
 //                 payload, in the push's dtype), and one put-with-signal of the outbox into the
-//                 slot, raising this rank's arrival signal at p to the chunk's sequence;
+//                 slot, raising this rank's arrival signal at p to the chunk's sequence (the
+//                 end's signals, below, quiet every earlier put first);
 //   every entry   (push, gather) a fold of whatever has arrived (one pass, no wait);
 //   finish        per owner: the end's sequence and its mark (the minibatch), each a signal
 //                 after every earlier put to that owner; then a fold until every sender's mark

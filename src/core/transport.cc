@@ -29,6 +29,13 @@ const char* collective_op_name(CollectiveOp op) {
   return "unknown collective";
 }
 
+Status Transport::put_signal(const void* src, const SymmetricRegion& region, int peer,
+                             size_t offset, size_t bytes, const SymmetricRegion& signals,
+                             uint64_t value, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(put(src, region, peer, offset, bytes, stream));
+  return signal(signals, peer, value, stream);
+}
+
 Status Transport::add_all(const void*, DataType, const SymmetricRegion&, size_t, StreamHandle) {
   return Status::InternalError("this transport has no atomic remote fp32 add (caps)");
 }

@@ -142,6 +142,13 @@ class Transport {
   // region@peer[offset : offset+bytes] = src[0 : bytes].
   virtual Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                      size_t bytes, StreamHandle stream) = 0;
+  // region@peer[offset : offset+bytes] = src[0 : bytes], then slot rank() of `signals` at `peer`
+  // = value once those bytes are visible there: the signal follows its own data (not necessarily
+  // this rank's other puts). Transports may fuse it (NVSHMEM's put-with-signal); the default is
+  // put() then signal().
+  virtual Status put_signal(const void* src, const SymmetricRegion& region, int peer, size_t offset,
+                            size_t bytes, const SymmetricRegion& signals, uint64_t value,
+                            StreamHandle stream);
   // Sets slot rank() of `signals` at `peer` to `value`, after every earlier put of this rank to
   // that peer is visible there (a fence, then the store).
   virtual Status signal(const SymmetricRegion& signals, int peer, uint64_t value,

@@ -169,7 +169,8 @@ cudaError_t accumulate_local(float* dst, const void* src, ElemType src_type, siz
                              const RankInfo& info, const WaitError* error, cudaStream_t stream);
 // ---- streamed staging (kernels/streamed_fold.h; the owner's fold is streamed_fold.cuh) -------
 // dst[0:64] = header, dst[64 : 64+bytes] = src[0:bytes] (src local device memory): one chunk,
-// packed where the transport puts it from. Nothing after a failed wait.
+// packed where the transport puts it from. After a failed wait a header no owner accepts
+// (sequence and minibatch all ones), so a put already queued behind it is refused, not summed.
 cudaError_t pack_chunk(void* dst, const ChunkHeader& header, const void* src, size_t bytes,
                        const RankInfo& info, const WaitError* error, cudaStream_t stream);
 

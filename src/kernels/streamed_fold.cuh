@@ -98,7 +98,7 @@ __device__ __forceinline__ bool lock_sender(const StreamedFold& f, int sender, b
 }
 
 __device__ __forceinline__ void unlock_sender(const StreamedFold& f, int sender) {
-  __threadfence();
+  __threadfence_system();  // the credit (a write to the sender's memory) before the next holder
   atomicExch(reinterpret_cast<unsigned long long*>(f.locks + sender), 0ull);
 }
 
@@ -146,6 +146,20 @@ __device__ bool fold_sender(const StreamedFold& f, int sender, uint64_t last, ui
       fold_payload(sums, reinterpret_cast<const __nv_bfloat16*>(payload), header.count);
     }
     __syncthreads();  // every read of the slot is done before its credit frees it
+    if (threadIdx.x == 0) {
+      // The sender rewrites a slot only after the credit that frees it; a stray credit could let
+      // it rewrite this one while it was being added. Look again (the header lands with the
+      // payload): the communicator then fails, so the sums touched are never reported.
+      const uint64_t now = __ldcg(reinterpret_cast<const unsigned long long*>(slot));
+      if (now != sequence) {
+        record_error(error, kWaitBadChunk, f.rank, sender, sequence, now);
+        refused = 1;
+      }
+    }
+    __syncthreads();
+    // `refused` is written again only after the next iteration's barrier: every thread reads it
+    // first (`sums` and `header` are rewritten before that barrier, so they are not read here).
+    if (refused != 0) return false;
     folded = sequence;
   }
   if (end != 0) folded = end;
@@ -159,8 +173,8 @@ __device__ bool fold_sender(const StreamedFold& f, int sender, uint64_t last, ui
 
 template <class SendCredit>
 __global__ void __launch_bounds__(kFoldThreads)
-    streamed_fold_kernel(StreamedFold f, SendCredit send_credit, const uint64_t* peer_failed,
-                         WaitError* error) {
+    streamed_fold_kernel(const __grid_constant__ StreamedFold f, SendCredit send_credit,
+                         const uint64_t* peer_failed, WaitError* error) {
   __shared__ uint64_t word;
   __shared__ int verdict;
   const bool leader = threadIdx.x == 0;

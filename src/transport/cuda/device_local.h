@@ -86,10 +86,17 @@ struct DeviceLocal {
     ODC_CUDA_CHECK(kernels::pack_chunk(dst, header, src, bytes, info, error, as_stream(stream)));
     return Status::Ok();
   }
-  // What the device holds now (work queued on streams may still change it).
+  // What the device holds now (work queued on streams may still change it). On a stream of its
+  // own that waits for nothing: a plain cudaMemcpy would queue behind the legacy stream's work,
+  // which may be a fold waiting for peers.
   Status read_local(void* host_dst, const void* src, size_t bytes) const {
     DeviceGuard guard(device);
-    ODC_CUDA_CHECK(cudaMemcpy(host_dst, src, bytes, cudaMemcpyDeviceToHost));
+    cudaStream_t reader = nullptr;
+    ODC_CUDA_CHECK(cudaStreamCreateWithFlags(&reader, cudaStreamNonBlocking));
+    cudaError_t copied = cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, reader);
+    if (copied == cudaSuccess) copied = cudaStreamSynchronize(reader);
+    cudaStreamDestroy(reader);
+    ODC_CUDA_CHECK(copied);
     return Status::Ok();
   }
 };
@@ -126,11 +133,12 @@ inline Status device_wait_status(const volatile kernels::WaitError* record, int6
   const int32_t site = record->site;
   if (site == kernels::kWaitBadChunk) {
     return Status::InternalError(
-        "streamed fold: rank " + std::to_string(record->rank) + " found a slot of rank " +
-        std::to_string(record->peer) + "'s ring holding chunk " + std::to_string(record->seen) +
-        " where chunk " + std::to_string(record->expected) +
-        " of this minibatch was due (a lost put, a stray signal or a chunk for no live "
-        "accumulator): nothing of it was added");
+        "streamed fold: rank " + std::to_string(record->rank) + " refused chunk " +
+        std::to_string(record->expected) + " from rank " + std::to_string(record->peer) + ": saw " +
+        std::to_string(record->seen) +
+        " instead (a slot holding another chunk, a signal or end beyond what the ring holds, or "
+        "a chunk for no live accumulator: a lost put, a stray or doubled signal or credit); "
+        "nothing of it was added");
   }
   if (site != kernels::kWaitNone) {
     std::ostringstream message;

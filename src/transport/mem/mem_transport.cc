@@ -331,11 +331,12 @@ class MemTransport final : public Transport {
 
     Status refuse(int sender, uint64_t expected, uint64_t seen) const {
       return Status::InternalError(
-          "streamed fold: rank " + std::to_string(f_.rank) + " found a slot of rank " +
-          std::to_string(sender) + "'s ring holding chunk " + std::to_string(seen) +
-          " where chunk " + std::to_string(expected) +
-          " of this minibatch was due (a lost put, a stray signal or a chunk for no live "
-          "accumulator): nothing of it was added");
+          "streamed fold: rank " + std::to_string(f_.rank) + " refused chunk " +
+          std::to_string(expected) + " from rank " + std::to_string(sender) + ": saw " +
+          std::to_string(seen) +
+          " instead (a slot holding another chunk, a signal or end beyond what the ring holds, or "
+          "a chunk for no live accumulator: a lost put, a stray or doubled signal or credit); "
+          "nothing of it was added");
     }
 
     Status fold_sender(int sender, uint64_t last, uint64_t end) {
@@ -363,6 +364,9 @@ class MemTransport final : public Transport {
         }
         if (sums == nullptr) return refuse(sender, sequence, header.sequence);
         host::add_into(sums, slot + sizeof(header), dtype, header.count);
+        uint64_t now = 0;  // rewritten while added (a stray credit)? as the kernel looks again
+        std::memcpy(&now, slot, sizeof(now));
+        if (now != sequence) return refuse(sender, sequence, now);
         folded = sequence;
       }
       if (end != 0) folded = end;

@@ -12,11 +12,14 @@ namespace {
 
 // A credit is NVSHMEM's single-word put to the sender's copy of the slot: an RMA put, not an
 // atomic, so remote transports without atomics (UCX without GDRCopy) carry it too; over NVLink a
-// store. Credits only grow, and a sender acts on a value only once it reads at least what it
-// needs.
+// store. Then a quiet: the next credit to the same sender may come from another block or
+// kernel (after the sender's lock changed hands), and NVSHMEM orders puts of different threads
+// only through their completion, so a credit must have landed before a larger one is sent, or
+// the sender could see its credit go backwards and wait for nothing.
 struct NvshmemCredit {
   __device__ void operator()(uint64_t* slot, uint64_t value, int sender) const {
     nvshmem_uint64_p(slot, value, sender);
+    nvshmem_quiet();
   }
 };
 

@@ -274,6 +274,9 @@ Status NvshmemTransport::init() {
   auto outbox = allocate(static_cast<size_t>(world_size_) * sizeof(uint64_t));
   if (!outbox.ok()) return outbox.status();
   outbox_ = std::move(outbox).value();
+  auto barrier_outbox = allocate(static_cast<size_t>(world_size_) * sizeof(uint64_t));
+  if (!barrier_outbox.ok()) return barrier_outbox.status();
+  barrier_outbox_ = std::move(barrier_outbox).value();
   signal_by_put_ = signal_put_knob() != 0.0;
   // Node boundaries: contiguous blocks of local_size_ ranks, agreed by every rank.
   int local_size = static_cast<int>(local_world_size_knob());
@@ -360,6 +363,7 @@ NvshmemTransport::~NvshmemTransport() {
   if (window_opened_ != nullptr) cudaEventDestroy(window_opened_);
   if (fetch_stream_ != nullptr) cudaStreamDestroy(fetch_stream_);
   outbox_.reset();
+  barrier_outbox_.reset();
   barrier_signals_.reset();
   if (push_done_ != nullptr) cudaFree(push_done_);
   if (device_error_ != nullptr) cudaFree(device_error_);
@@ -439,10 +443,15 @@ Status NvshmemTransport::barrier(CollectiveOp, StreamHandle stream) {
   // Our earlier NVSHMEM puts are complete at their targets before anyone sees our arrival (direct
   // puts fenced at system scope in their kernel; gets completed in stream order).
   nvshmemx_quiet_on_stream(cuda_stream);
+  // Announced by a put of the epoch from this rank's barrier outbox, written by a kernel that
+  // writes nothing once a device wait of this rank failed: a failed rank stays silent (its peers
+  // time out naming it), as on the CUDA transport, instead of letting them pass the barrier.
   auto* slots = static_cast<uint64_t*>(barrier_signals_->local());
+  auto* announced = static_cast<uint64_t*>(barrier_outbox_->local());
   for (int i = 0; i < world_size_; ++i) {
     const int peer = (rank_ + 1 + i) % world_size_;
-    ODC_RETURN_IF_ERROR(send_signal(slots + rank_, barrier_epoch_, peer, cuda_stream));
+    ODC_CUDA_CHECK(publish_u64(announced + peer, barrier_epoch_, device_error_, cuda_stream));
+    nvshmemx_putmem_on_stream(slots + rank_, announced + peer, sizeof(uint64_t), peer, cuda_stream);
   }
   ODC_CUDA_CHECK(cudaGetLastError());
   ODC_CUDA_CHECK(wait_all_at_least(slots, world_size_, barrier_epoch_, rank_, 0,
@@ -785,6 +794,24 @@ Status NvshmemTransport::put(const void* src, const SymmetricRegion& region, int
   ODC_RETURN_IF_ERROR(check_device_pointer(device_, src, "source"));
   nvshmemx_putmem_on_stream(static_cast<char*>(region.local()) + offset, src, bytes, peer,
                             as_stream(stream));
+  if (node_of(peer) != node_of(rank_)) remote_put_bytes_ += bytes;
+  ODC_CUDA_CHECK(cudaGetLastError());
+  return Status::Ok();
+}
+
+Status NvshmemTransport::put_signal(const void* src, const SymmetricRegion& region, int peer,
+                                    size_t offset, size_t bytes, const SymmetricRegion& signals,
+                                    uint64_t value, StreamHandle stream) {
+  if (signal_by_put_) {  // no signal atomics on this path: a put, a quiet, a put of the value
+    return Transport::put_signal(src, region, peer, offset, bytes, signals, value, stream);
+  }
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, src, "source"));
+  // One operation: NVSHMEM delivers the signal after the data, with no quiet of this rank's
+  // other operations in flight (a streamed chunk to one owner does not wait for another's).
+  nvshmemx_putmem_signal_on_stream(static_cast<char*>(region.local()) + offset, src, bytes,
+                                   static_cast<uint64_t*>(signals.local()) + rank_, value,
+                                   NVSHMEM_SIGNAL_SET, peer, as_stream(stream));
   if (node_of(peer) != node_of(rank_)) remote_put_bytes_ += bytes;
   ODC_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();

@@ -80,6 +80,9 @@ class NvshmemTransport final : public Transport {
              StreamHandle stream) override;
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
+  Status put_signal(const void* src, const SymmetricRegion& region, int peer, size_t offset,
+                    size_t bytes, const SymmetricRegion& signals, uint64_t value,
+                    StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
   Status zero(void* dst, size_t bytes, StreamHandle stream) override;
@@ -144,6 +147,7 @@ class NvshmemTransport final : public Transport {
   uint64_t barrier_epoch_ = 0;
   std::unique_ptr<SymmetricRegion> barrier_signals_;  // world_size uint64 slots per rank
   std::unique_ptr<SymmetricRegion> outbox_;           // signal values sent as puts, per peer
+  std::unique_ptr<SymmetricRegion> barrier_outbox_;   // barrier epochs announced, per peer
   bool signal_by_put_ = false;
   bool hierarchical_gather_ = false;
   std::unique_ptr<GatherCache> gather_cache_;
