@@ -162,18 +162,11 @@ Status DeviceStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t
     ODC_RETURN_IF_ERROR(
         fold(kernels::FoldUntil::kCredit, owner, sequence - geometry_.depth, stream));
   }
-  kernels::ChunkHeader header{};
-  header.sequence = sequence;
-  header.minibatch = minibatch_;
-  header.buffer_id = buffer_id;
-  header.first = first;
-  header.count = count;
-  header.dtype = static_cast<uint32_t>(dtype);
   void* outbox = region(kOutbox).local();
   const size_t bytes = count * element_bytes(dtype);
-  ODC_RETURN_IF_ERROR(transport_.pack_chunk(outbox, header, data, bytes, stream));
-  const size_t slot = static_cast<size_t>(rank_) * geometry_.ring_bytes() +
-                      ((sequence - 1) % geometry_.depth) * geometry_.slot_bytes;
+  ODC_RETURN_IF_ERROR(transport_.pack_chunk(
+      outbox, chunk_header(sequence, buffer_id, first, count, dtype), data, bytes, stream));
+  const size_t slot = geometry_.slot_offset(rank_, sequence);
   // The signal follows its data: the owner sees the chunk whole.
   ODC_RETURN_IF_ERROR(transport_.put_signal(outbox, region(kRings), owner, slot,
                                             kChunkHeaderBytes + bytes, region(kArrivals), sequence,

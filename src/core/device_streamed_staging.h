@@ -72,7 +72,6 @@ class DeviceStreamedStaging final : public StreamedStaging {
   std::vector<std::unique_ptr<SymmetricRegion>> regions_;
   std::vector<kernels::FoldTarget> targets_;
   std::vector<uint64_t> sent_;  // per owner: the last sequence used there (chunk or end)
-  uint64_t minibatch_ = 0;
   uint64_t meetings_entered_ = 0;
 };
 

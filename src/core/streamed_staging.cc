@@ -164,15 +164,8 @@ Status HostStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t f
     ODC_RETURN_IF_ERROR(wait_for_credit(owner));
   }
   const uint64_t sequence = sent_[o] + 1;
-  ChunkHeader header{};
-  header.sequence = sequence;
-  header.minibatch = minibatch_;
-  header.buffer_id = buffer_id;
-  header.first = first;
-  header.count = count;
-  header.dtype = static_cast<uint32_t>(dtype);
-  const size_t slot = static_cast<size_t>(rank_) * geometry_.ring_bytes() +
-                      ((sequence - 1) % geometry_.depth) * geometry_.slot_bytes;
+  const ChunkHeader header = chunk_header(sequence, buffer_id, first, count, dtype);
+  const size_t slot = geometry_.slot_offset(rank_, sequence);
   ODC_RETURN_IF_ERROR(transport_.put(&header, *rings_, owner, slot, sizeof(header), nullptr));
   ODC_RETURN_IF_ERROR(transport_.put(data, *rings_, owner, slot + kChunkHeaderBytes,
                                      count * element_bytes(dtype), nullptr));

@@ -54,6 +54,11 @@ struct RingGeometry {
   size_t depth = 0;       // slots per sender
   size_t ring_bytes() const { return slot_bytes * depth; }
   size_t payload_bytes() const { return slot_bytes - kChunkHeaderBytes; }
+  // Where chunk `sequence` (from 1) of `sender` lies in an owner's rings.
+  size_t slot_offset(int sender, uint64_t sequence) const {
+    return static_cast<size_t>(sender) * ring_bytes() +
+           static_cast<size_t>((sequence - 1) % depth) * slot_bytes;
+  }
   // What the rings and signals of `world_size` ranks take per rank (<= the budget).
   size_t total_bytes(int world_size) const;
   // InvalidArgument naming the budget, the world size and the least that works, when too small.
@@ -77,6 +82,19 @@ class StreamedStaging {
   virtual ~StreamedStaging() = default;
 
   const RingGeometry& geometry() const { return geometry_; }
+  // The header of chunk `sequence` of the open minibatch: `count` elements of `dtype` for
+  // accumulator `buffer_id` from element `first` of the owner's shard.
+  kernels::ChunkHeader chunk_header(uint64_t sequence, uint64_t buffer_id, uint64_t first,
+                                    size_t count, DataType dtype) const {
+    kernels::ChunkHeader header{};
+    header.sequence = sequence;
+    header.minibatch = minibatch_;
+    header.buffer_id = buffer_id;
+    header.first = first;
+    header.count = count;
+    header.dtype = static_cast<uint32_t>(dtype);
+    return header;
+  }
   // The symmetric memory it holds on this rank (<= the budget).
   virtual size_t allocated_bytes() const = 0;
   uint64_t chunks_sent() const { return chunks_sent_; }
@@ -104,6 +122,7 @@ class StreamedStaging {
  protected:
   explicit StreamedStaging(RingGeometry geometry) : geometry_(geometry) {}
   RingGeometry geometry_;
+  uint64_t minibatch_ = 0;  // the open minibatch (begin())
   uint64_t chunks_sent_ = 0;
 };
 
@@ -164,7 +183,6 @@ class HostStreamedStaging final : public StreamedStaging {
   std::vector<uint64_t> hunger_served_;        // per sender: its hunger as last served
   std::vector<char> ended_;                    // per sender: its end of this minibatch consumed
   int num_ended_ = 0;
-  uint64_t minibatch_ = 0;
   uint64_t meetings_entered_ = 0;
   uint64_t credit_waits_ = 0;
 };
