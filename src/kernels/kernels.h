@@ -45,10 +45,10 @@ struct SignalBlock {
 
 enum WaitSite : int32_t {
   kWaitNone = 0,
-  kWaitBarrier = 1,     // device_barrier: peer has not reached the epoch
-  kWaitSlotFree = 2,    // staged push: owner has not released our slot from the previous push
-  kWaitSlotReady = 3,   // staged accumulate: sender's slot has not landed
-  kWaitSignal = 4,      // wait_signals: a peer's signal has not reached the value
+  kWaitBarrier = 1,    // device_barrier: peer has not reached the epoch
+  kWaitSlotFree = 2,   // staged push: owner has not released our slot from the previous push
+  kWaitSlotReady = 3,  // staged accumulate: sender's slot has not landed
+  // 4 was the staged scheme's signal wait (retired): not reused, so old records stay readable.
   kWaitMismatch = 5,    // device_barrier: a peer announced the same epoch in another collective
   kWaitFetch = 6,       // hierarchical gather: the node rank fetching a remote shard is not done
   kWaitPeerFailed = 7,  // device_barrier: the peer marked itself failed (kBarrierPeerFailed)

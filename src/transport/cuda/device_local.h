@@ -109,8 +109,6 @@ inline const char* wait_site_name(int32_t site) {
       return "staging slot release";
     case kernels::kWaitSlotReady:
       return "staging slot arrival";
-    case kernels::kWaitSignal:
-      return "signal wait";
     case kernels::kWaitFetch:
       return "node fetch of remote shards";
     case kernels::kWaitPeerFailed:
