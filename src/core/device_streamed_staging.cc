@@ -46,10 +46,13 @@ Result<std::unique_ptr<StreamedStaging>> DeviceStreamedStaging::create(Transport
         std::to_string(g.total_bytes(world_size) + extra_bytes(g, world_size)) +
         " bytes (raise ODC_STAGING_BYTES or the config's staging_bytes)");
   }
-  const size_t words = static_cast<size_t>(world_size) * sizeof(uint64_t);
-  const size_t sizes[kNumRegions] = {
-      g.ring_bytes() * static_cast<size_t>(world_size), words,       words, words, words, words,
-      fold_words(world_size) * sizeof(uint64_t),        g.slot_bytes};
+  size_t sizes[kNumRegions];
+  sizes[kRings] = g.ring_bytes() * static_cast<size_t>(world_size);
+  for (Region signals : {kArrivals, kCredits, kEndSequences, kEndMarks, kMeetings}) {
+    sizes[signals] = static_cast<size_t>(world_size) * sizeof(uint64_t);  // a word per peer
+  }
+  sizes[kFolded] = fold_words(world_size) * sizeof(uint64_t);
+  sizes[kOutbox] = g.slot_bytes;
   std::vector<std::unique_ptr<SymmetricRegion>> regions;
   for (size_t bytes : sizes) {
     auto made = transport.allocate(bytes);  // zeroed
