@@ -676,8 +676,8 @@ class OdcFSDP:
         plain FSDP2 holds its own sharded gradients; during a minibatch no .grad is kept, R5;
         plus one float per parameter tensor that records which ones got gradients), `scheme`
         (what the communicator's accumulation scheme adds, shared by every engine on it: the
-        streamed scheme's staging rings on the host, at most the staging budget; pending sums in
-        deterministic mode and over NVSHMEM; 0 with CUDA's remote adds)."""
+        streamed scheme's staging rings (host transports and NVSHMEM), at most the staging budget;
+        pending sums in deterministic mode; 0 with CUDA's remote adds)."""
         published = in_place = accumulators = 0
         for group in self._groups:
             size = group.layout.shard_numel * (4 if group.published.dtype == "float32" else 2)
