@@ -69,6 +69,17 @@ def test_nvshmem_sums_valid_after_minibatch_end_without_barrier(nvshmem, determi
     suite.test_sums_valid_after_minibatch_end_without_barrier(deterministic)
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_nvshmem_streamed_rings_wrap_on_a_tiny_budget(nvshmem, monkeypatch, world_size):
+    """The streamed scheme at a 256 KiB staging budget: chunks of 8 KiB, the rings wrap many
+    times a push and senders wait on the device for their owners' credit, while the owners' fold
+    kernels add; exact sums with host and device delays (4 ranks on 2 GPUs share them: NVSHMEM
+    runs several processes per GPU)."""
+    monkeypatch.setenv("ODC_STAGING_BYTES", "256K")
+    results = odc.launch(suite._minibatch_rank, world_size, 6, 65537, "bfloat16", True, timeout=300)
+    assert results == [6] * world_size
+
+
 def test_nvshmem_deterministic_bitwise_identical(nvshmem):
     suite.test_deterministic_sums_bitwise_identical_under_random_delays()
 
