@@ -3,7 +3,7 @@
 // checked against NCCL's output. Gather is also timed one rank at a time (the others wait), the
 // out-of-step pattern of ODC training that a collective cannot follow, and inside minibatches
 // (kGathersPerMinibatch gathers between begin and end, as a layer is gathered in forward and
-// backward: where the NVSHMEM transport's hierarchical gathers fetch other nodes' shards once).
+// backward: where the core's node cache fetches other nodes' shards once per node).
 // Usage: odc_bench [--transport cuda|nvshmem] [--deterministic] [min_mib=1] [max_mib=1024]
 //                  [ranks=all GPUs]
 // Sizes are per-rank bytes: the gathered output (bf16) and the pushed source (fp32).

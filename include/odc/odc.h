@@ -301,6 +301,12 @@ ODC_API odcResult_t odcCommGetMemory(odcComm_t comm, size_t* buffer_bytes, size_
 ODC_API odcResult_t odcCommGetStreamStats(odcComm_t comm, uint64_t* chunks_sent,
                                           uint64_t* credit_waits);
 
+/* Local: *bytes = the symmetric memory the node cache holds on this rank now (with more than one
+ * node: the rows of other nodes' published shards this rank fetches for its node each minibatch,
+ * and one ready word per rank), at most its budget ($ODC_NODE_CACHE_BYTES, default 256 MiB; 0
+ * turns the cache off). 0 on one node. Not part of odcCommGetMemory's counts. */
+ODC_API odcResult_t odcCommGetNodeCacheBytes(odcComm_t comm, size_t* bytes);
+
 /* The message of this communicator's most recent failed call ("" if none); valid until the next
  * call on the communicator. */
 ODC_API const char* odcCommGetLastError(odcComm_t comm);

@@ -183,6 +183,7 @@ def _load() -> ctypes.CDLL:
         ctypes.POINTER(ctypes.c_size_t),
         ctypes.POINTER(ctypes.c_size_t),
     ]
+    lib.odcCommGetNodeCacheBytes.argtypes = [handle, ctypes.POINTER(ctypes.c_size_t)]
     lib.odcCommGetStreamStats.argtypes = [
         handle,
         ctypes.POINTER(ctypes.c_uint64),
@@ -243,6 +244,7 @@ def _load() -> ctypes.CDLL:
         "odcCommGetTopology",
         "odcCommGetMemory",
         "odcCommGetStreamStats",
+        "odcCommGetNodeCacheBytes",
         "odcBufferAlloc",
         "odcBufferAllocNamed",
         "odcBufferAllocKind",

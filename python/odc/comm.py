@@ -606,12 +606,15 @@ class Comm:
 
     def memory_bytes(self) -> dict:
         """Symmetric memory this communicator holds on this rank now, in bytes: `buffers` (the
-        shards of every live buffer) and `scheme` (what the accumulation scheme adds: the
+        shards of every live buffer), `scheme` (what the accumulation scheme adds: the
         streamed scheme's staging rings, at most `staging_bytes`; the deterministic scheme's
-        pending buffers and scratch; 0 with CUDA's remote adds)."""
-        buffers, scheme = ctypes.c_size_t(), ctypes.c_size_t()
+        pending buffers and scratch; 0 with CUDA's remote adds) and `node_cache` (with more than
+        one node: other nodes' published shards fetched for this node each minibatch, at most
+        $ODC_NODE_CACHE_BYTES, default 256 MiB; 0 on one node)."""
+        buffers, scheme, cache = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
         self._call(_capi.lib.odcCommGetMemory, ctypes.byref(buffers), ctypes.byref(scheme))
-        return {"buffers": buffers.value, "scheme": scheme.value}
+        self._call(_capi.lib.odcCommGetNodeCacheBytes, ctypes.byref(cache))
+        return {"buffers": buffers.value, "scheme": scheme.value, "node_cache": cache.value}
 
     def stream_stats(self) -> dict:
         """The streamed scheme's flow control on this rank so far: `chunks_sent` (chunks put into

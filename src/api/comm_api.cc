@@ -428,6 +428,14 @@ extern "C" odcResult_t odcCommGetMemory(odcComm_t comm, size_t* buffer_bytes,
   });
 }
 
+extern "C" odcResult_t odcCommGetNodeCacheBytes(odcComm_t comm, size_t* bytes) {
+  return with_comm(comm, "odcCommGetNodeCacheBytes", [&](odc::Communicator& c) {
+    if (bytes == nullptr) return Status::InvalidArgument("odcCommGetNodeCacheBytes: bytes is NULL");
+    *bytes = c.memory().node_cache_bytes;
+    return Status::Ok();
+  });
+}
+
 extern "C" odcResult_t odcCommGetStreamStats(odcComm_t comm, uint64_t* chunks_sent,
                                              uint64_t* credit_waits) {
   return with_comm(comm, "odcCommGetStreamStats", [&](odc::Communicator& c) {

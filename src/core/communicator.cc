@@ -27,8 +27,8 @@ bool is_fault(const Status& status) {
   }
 }
 
-// A failure in the middle of a collective step (after its barrier, e.g. a gather window half
-// opened) leaves this rank out of step with its peers, whatever caused it: it fails the
+// A failure in the middle of a collective step (after its barrier, e.g. a node fetch half
+// queued) leaves this rank out of step with its peers, whatever caused it: it fails the
 // communicator.
 Status as_fault(const Status& status) {
   if (status.ok() || is_fault(status)) return status;
@@ -98,6 +98,7 @@ Status check_name(const std::string& name) {
 }
 
 ODC_ENV_TEXT(staging_bytes_env, "ODC_STAGING_BYTES")
+ODC_ENV_TEXT(node_cache_bytes_env, "ODC_NODE_CACHE_BYTES")
 
 // The staging budget: the caller's, else $ODC_STAGING_BYTES (bytes, or with a K, M or G suffix
 // for KiB, MiB, GiB), else the default.
@@ -111,6 +112,47 @@ Result<size_t> resolve_staging_bytes(size_t configured) {
                                    "' is not a positive number of bytes (e.g. 268435456 or 256M)");
   }
   return static_cast<size_t>(value);
+}
+
+// The node cache's budget: the caller's, else $ODC_NODE_CACHE_BYTES (as the staging budget's
+// knob, and 0 for none), else the default.
+Result<size_t> resolve_node_cache_bytes(size_t configured) {
+  if (configured != kNodeCacheFromEnvironment) return configured;
+  const std::string& text = node_cache_bytes_env();
+  if (text.empty()) return kDefaultNodeCacheBytes;
+  if (text == "0") return size_t{0};
+  const uint64_t value = positive_integer(text, SIZE_MAX, /*size_suffix=*/true);
+  if (value == 0) {
+    return Status::InvalidArgument("ODC_NODE_CACHE_BYTES='" + text +
+                                   "' is not a number of bytes (e.g. 0, 268435456 or 256M)");
+  }
+  return static_cast<size_t>(value);
+}
+
+// Every rank must use the same budget `mine` (`knob` names where it comes from): an invalid one
+// on any rank, or budgets that differ, fail every rank naming it.
+Status agree_on_budget(Transport& transport, const Result<size_t>& mine, const char* what,
+                       const char* knob) {
+  ExchangeRecord record;
+  record.words[0] = mine.ok() ? 1 : 0;
+  record.words[1] = mine.ok() ? mine.value() : 0;
+  auto all = transport.exchange(record);
+  if (!all.ok()) return all.status();
+  if (!mine.ok()) return mine.status();
+  for (int r = 0; r < transport.world_size(); ++r) {
+    const ExchangeRecord& theirs = all.value()[r];
+    if (theirs.words[0] == 0) {
+      return Status::InvalidArgument("rank " + std::to_string(r) + " has an invalid " + what +
+                                     " (its error names it)");
+    }
+    if (theirs.words[1] != mine.value()) {
+      return Status::InvalidArgument(std::string(what) + "s differ across ranks: rank " +
+                                     std::to_string(r) + " has " + std::to_string(theirs.words[1]) +
+                                     " bytes, this rank " + std::to_string(mine.value()) + " (" +
+                                     knob + " must be the same everywhere)");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -137,6 +179,7 @@ Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opt
                                                    : AccumulationScheme::kStreamed),
       staging_bytes_(options.staging_bytes),
       ranks_per_node_(options.ranks_per_node),
+      node_cache_bytes_(options.node_cache_bytes),
       destination_([this](uint64_t buffer_id, size_t first, size_t count) {
         return fold_destination(buffer_id, first, count);
       }) {}
@@ -156,6 +199,7 @@ Communicator::~Communicator() {
   buffers_.clear();  // unmap buffers before the transport's control segments
   pull_scratch_.reset();
   staging_.reset();
+  node_cache_.reset();
   transport_.reset();
 }
 
@@ -167,6 +211,7 @@ Communicator::Memory Communicator::memory() const {
   }
   if (pull_scratch_ != nullptr) memory.scheme_bytes += pull_scratch_->bytes();
   if (staging_ != nullptr) memory.scheme_bytes += staging_->allocated_bytes();
+  if (node_cache_ != nullptr) memory.node_cache_bytes = node_cache_->allocated_bytes();
   return memory;
 }
 
@@ -303,6 +348,13 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
     if (!scratch.ok()) return finish(op, scratch.status());
     pull_scratch_ = std::move(scratch).value();
   }
+  if (published && topology_->num_nodes > 1 && !node_cache_agreed_) {
+    // Every rank allocates the same published buffers in the same order: all make it here.
+    ODC_RETURN_IF_ERROR(finish(op, create_node_cache()));
+  }
+  if (published && node_cache_ != nullptr) {
+    ODC_RETURN_IF_ERROR(finish(op, node_cache_->add(buffer->id, *buffer->data, buffer->bytes())));
+  }
   Buffer* handle = buffer.get();
   if (accumulator) accumulators_by_id_.emplace(handle->id, handle);
   buffers_.emplace(handle, std::move(buffer));
@@ -326,29 +378,24 @@ Status Communicator::create_staging() {
   auto budget = resolve_staging_bytes(staging_bytes_);
   // Agree first (a rank with a bad knob or another budget fails every rank, naming it); the
   // rings are cut from the budget alike on every rank.
-  ExchangeRecord mine;
-  mine.words[0] = budget.ok() ? budget.value() : 0;
-  auto all = transport_->exchange(mine);
-  if (!all.ok()) return all.status();
-  if (!budget.ok()) return budget.status();
-  for (int r = 0; r < world_size(); ++r) {
-    const uint64_t theirs = all.value()[r].words[0];
-    if (theirs == 0) {
-      return Status::InvalidArgument("rank " + std::to_string(r) +
-                                     " has an invalid staging budget (its error names it)");
-    }
-    if (theirs != budget.value()) {
-      return Status::InvalidArgument(
-          "staging budgets differ across ranks: rank " + std::to_string(r) + " has " +
-          std::to_string(theirs) + " bytes, this rank " + std::to_string(budget.value()) +
-          " (ODC_STAGING_BYTES or the config's staging_bytes must be the same everywhere)");
-    }
-  }
+  ODC_RETURN_IF_ERROR(agree_on_budget(*transport_, budget, "staging budget",
+                                      "ODC_STAGING_BYTES or the config's staging_bytes"));
   auto staging = StreamedStaging::create(*transport_, budget.value(), destination_);
   if (!staging.ok()) return staging.status();
   staging_ = std::move(staging).value();
   // Made inside a minibatch (an accumulator allocated there): that minibatch is open for it too.
   if (state_ == CommState::kInMinibatch) staging_->begin(minibatch_);
+  return Status::Ok();
+}
+
+Status Communicator::create_node_cache() {
+  node_cache_agreed_ = true;
+  auto budget = resolve_node_cache_bytes(node_cache_bytes_);
+  ODC_RETURN_IF_ERROR(agree_on_budget(*transport_, budget, "node cache budget",
+                                      "ODC_NODE_CACHE_BYTES or the config's node_cache_bytes"));
+  if (budget.value() > 0) {
+    node_cache_ = std::make_unique<NodeGatherCache>(*transport_, *topology_, budget.value());
+  }
   return Status::Ok();
 }
 
@@ -382,13 +429,16 @@ Status Communicator::release(Buffer* buffer) {
   if (state_ == CommState::kFailed) {
     // Nothing to coordinate with, but this rank's queued work may still use the buffer.
     (void)transport_->drain();
+    if (node_cache_ != nullptr) node_cache_->remove(buffer->id);
     accumulators_by_id_.erase(buffer->id);
     buffers_.erase(buffer);
     return Status::Ok();
   }
   // Peers may still read this buffer until they too arrive here.
   ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op, nullptr)));
+  // Every rank's queued work is complete past it (the node fetch and reads of its rows too).
   ODC_RETURN_IF_ERROR(finish(op, transport_->host_barrier(CollectiveOp::kRelease)));
+  if (node_cache_ != nullptr) node_cache_->remove(buffer->id);
   accumulators_by_id_.erase(buffer->id);
   buffers_.erase(buffer);
   // Fewer targets than before always fit.
@@ -433,6 +483,11 @@ Status Communicator::gather_as(void* dst, size_t dst_count, DataType dst_dtype,
   if (staging_ != nullptr && state_ == CommState::kInMinibatch) {
     // Every entry into odc is a chance to fold what has arrived (and free senders' slots).
     ODC_RETURN_IF_ERROR(finish(op, staging_->fold_arrived(stream)));
+  }
+  if (node_cache_ != nullptr && state_ == CommState::kInMinibatch &&
+      node_cache_->serves(buffer->id)) {
+    return finish(
+        op, node_cache_->gather(dst, buffer->id, buffer->count, buffer->dtype, dst_dtype, stream));
   }
   if (narrowed) {
     return finish(op, transport_->get_all_narrowed(dst, buffer->shards(), buffer->count, stream));
@@ -528,14 +583,10 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
     if (staging_ != nullptr) staging_->begin(minibatch_ + 1);
   }
   // From here to minibatch_end no owner rewrites a published buffer (its allocation says so):
-  // the transport may fetch their remote shards once for the whole minibatch (hierarchical
-  // gathers). Other buffers may change inside a minibatch under the caller's own
-  // synchronization (e.g. a K/V exchange) and are read as they are at each gather.
-  std::vector<const SymmetricRegion*> shards;
-  for (const Buffer* buffer : buffers_in_order()) {
-    if (buffer->published) shards.push_back(buffer->data.get());
-  }
-  ODC_RETURN_IF_ERROR(finish(op, as_fault(transport_->open_gather_window(shards, stream))));
+  // the node cache fetches their remote shards once per node for the whole minibatch. Other
+  // buffers may change inside a minibatch under the caller's own synchronization (e.g. a K/V
+  // exchange) and are read as they are at each gather.
+  if (node_cache_ != nullptr) ODC_RETURN_IF_ERROR(finish(op, as_fault(node_cache_->begin(stream))));
   ++minibatch_;
   state_ = CommState::kInMinibatch;
   return Status::Ok();
@@ -547,9 +598,9 @@ Status Communicator::minibatch_end(StreamHandle stream) {
   if (state_ != CommState::kInMinibatch) {
     return finish(op, Status::InvalidUsage("no minibatch is open (call minibatch_begin first)"));
   }
-  // Gathers of this minibatch (and any fetch serving them) finish before this rank reaches the
-  // barrier below, after which owners may rewrite their shards.
-  ODC_RETURN_IF_ERROR(finish(op, as_fault(transport_->close_gather_window(stream))));
+  // Gathers of this minibatch (and the node fetch serving them) finish before this rank reaches
+  // the barrier below, after which owners may rewrite their shards.
+  if (node_cache_ != nullptr) ODC_RETURN_IF_ERROR(finish(op, as_fault(node_cache_->end(stream))));
   const std::vector<Buffer*> accs = accumulators();
   ODC_RETURN_IF_ERROR(finish(op, pull_slices(accs, stream)));
   if (staging_ != nullptr) {

@@ -24,6 +24,7 @@
 #include "bootstrap/bootstrap.h"
 #include "common/status.h"
 #include "core/dtype.h"
+#include "core/node_gather_cache.h"
 #include "core/streamed_staging.h"
 #include "core/topology.h"
 #include "core/transport.h"
@@ -60,6 +61,9 @@ inline constexpr size_t kPullChunkBytes = size_t{4} << 20;
 
 const char* scheme_name(AccumulationScheme scheme);
 
+// CommOptions::node_cache_bytes: $ODC_NODE_CACHE_BYTES, else kDefaultNodeCacheBytes.
+inline constexpr size_t kNodeCacheFromEnvironment = SIZE_MAX;
+
 struct CommOptions {
   // Add contributions in a fixed order (kPulled) even where remote atomic adds exist.
   bool deterministic = false;
@@ -72,6 +76,10 @@ struct CommOptions {
   // Ranks per node (consecutive ranks share a node); 0: the launcher's environment, else the
   // transport's report (core/topology.h).
   int ranks_per_node = 0;
+  // With more than one node: the budget per rank of the node cache of published buffers
+  // (core/node_gather_cache.h); 0: off (every gather reads remote owners itself). Every rank
+  // must use the same.
+  size_t node_cache_bytes = kNodeCacheFromEnvironment;
 };
 
 // A symmetric buffer: `count` elements of `dtype` on every rank. Accumulators are fp32; pulled
@@ -82,8 +90,8 @@ struct Buffer {
   DataType dtype = DataType::kFloat32;
   bool accumulator = false;
   // Owners rewrite these shards only between minibatches (after minibatch_end, before the next
-  // minibatch_begin): a transport may serve a minibatch's gathers from copies fetched at its
-  // minibatch_begin. Not an accumulator.
+  // minibatch_begin): a minibatch's gathers may be served from copies fetched at its
+  // minibatch_begin (the node cache). Not an accumulator.
   bool published = false;
   std::string name;  // the caller's tag, checked across ranks at allocation ("" = none)
   std::unique_ptr<SymmetricRegion> data;     // the shards (an accumulator's sums)
@@ -118,6 +126,9 @@ class Communicator {
   Status agree_on_topology();
   // kStreamed: the rings (made with the first accumulator), else null.
   const StreamedStaging* staging() const { return staging_.get(); }
+  // With more than one node: the node cache of published buffers (made with the first one),
+  // else null.
+  const NodeGatherCache* node_cache() const { return node_cache_.get(); }
   Transport& transport() { return *transport_; }
 
   // Collective. Every rank must ask for the same count, dtype, kind (shards, accumulator or
@@ -160,6 +171,7 @@ class Communicator {
   struct Memory {
     size_t buffer_bytes = 0;
     size_t scheme_bytes = 0;
+    size_t node_cache_bytes = 0;  // the node cache's rows and ready words
   };
   Memory memory() const;
 
@@ -180,6 +192,9 @@ class Communicator {
   // kStreamed, with the first accumulator (collective): every rank agrees on the budget, then
   // the rings are made.
   Status create_staging();
+  // With the first published buffer on more than one node (collective): every rank agrees on
+  // the node cache's budget, then the cache is made (budget 0: none).
+  Status create_node_cache();
   // kStreamed: this rank's sums of accumulator `buffer_id`, elements [first, first + count) (host
   // folds), and every live accumulator's sums (device folds).
   Result<float*> fold_destination(uint64_t buffer_id, size_t first, size_t count) const;
@@ -203,6 +218,9 @@ class Communicator {
   int ranks_per_node_ = 0;    // CommOptions::ranks_per_node as given
   std::unique_ptr<Topology> topology_;
   std::unique_ptr<StreamedStaging> staging_;
+  size_t node_cache_bytes_ = 0;  // CommOptions::node_cache_bytes as given
+  bool node_cache_agreed_ = false;
+  std::unique_ptr<NodeGatherCache> node_cache_;
   StreamedStaging::Destination destination_;  // fold_destination, bound to this communicator
   std::map<const Buffer*, std::unique_ptr<Buffer>> buffers_;
   std::map<uint64_t, Buffer*> accumulators_by_id_;  // kStreamed folds look chunks' targets up

@@ -2,8 +2,13 @@
 #include "core/transport.h"
 
 #include <cstring>
+#include <vector>
 
 #include <unistd.h>
+
+#include "common/deadline.h"
+#include "common/interrupt.h"
+#include "transport/host_ops.h"
 
 namespace odc {
 
@@ -77,11 +82,53 @@ bool Transport::maps_directly(int) const {
   return true;
 }
 
-Status Transport::open_gather_window(const std::vector<const SymmetricRegion*>&, StreamHandle) {
+Status Transport::get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
+                           DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
+  const size_t src_bytes = count * element_bytes(src_dtype);
+  const size_t part_bytes = count * element_bytes(dst_dtype);
+  const bool narrowed = dst_dtype != src_dtype;
+  std::vector<float> wide(narrowed ? count : 0);
+  for (size_t j = 0; j < sources.size(); ++j) {
+    const GatherSource& source = sources[j];
+    char* part = static_cast<char*>(dst) + j * part_bytes;
+    ODC_RETURN_IF_ERROR(get(narrowed ? static_cast<void*>(wide.data()) : part, *source.region,
+                            source.peer, source.offset, src_bytes, stream));
+    if (narrowed) host::narrow_into(reinterpret_cast<uint16_t*>(part), wide.data(), count);
+  }
   return Status::Ok();
 }
 
-Status Transport::close_gather_window(StreamHandle) {
+Status Transport::wait_signals(const SymmetricRegion& signals, const std::vector<int>& peers,
+                               uint64_t value, const std::string& what, StreamHandle) {
+  std::vector<SignalWatch> watches;
+  for (int peer : peers) watches.push_back({&signals, peer, value});
+  if (watches.empty()) return Status::Ok();
+  // Slices as the staging's host waits: a poll wakes at once when a watched signal arrives.
+  constexpr std::chrono::duration<double> kSlice = std::chrono::milliseconds(20);
+  const auto deadline = deadline_after(timeout());
+  std::vector<uint64_t> seen;
+  for (bool first = true;; first = false) {
+    auto polled = poll_signals(watches, watches.size(),
+                               first ? std::chrono::duration<double>::zero() : kSlice, &seen);
+    if (!polled.ok()) return polled.status();
+    if (polled.value()) return Status::Ok();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      size_t late = 0;
+      while (late + 1 < watches.size() && seen[late] >= value) ++late;
+      return Status::Timeout(what + " timed out after " + timeout_text(timeout()) + ": rank " +
+                             std::to_string(rank()) + " waited for rank " +
+                             std::to_string(watches[late].peer) + " (expected " +
+                             std::to_string(value) + ", saw " + std::to_string(seen[late]) + ")");
+    }
+    ODC_RETURN_IF_ERROR(poll_interrupt(what));
+  }
+}
+
+Result<StreamHandle> Transport::fork_background(StreamHandle stream) {
+  return stream;
+}
+
+Status Transport::join_background(StreamHandle) {
   return Status::Ok();
 }
 

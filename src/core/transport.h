@@ -73,6 +73,13 @@ struct TransportCaps {
   bool stream_ordered = false;
 };
 
+// One source of get_from(): the bytes at `offset` of `region` on rank `peer`.
+struct GatherSource {
+  const SymmetricRegion* region = nullptr;
+  int peer = 0;
+  size_t offset = 0;
+};
+
 // One signal slot a host-side wait watches: slot `peer` of this rank's `signals` reaching `value`.
 struct SignalWatch {
   const SymmetricRegion* signals = nullptr;
@@ -139,6 +146,13 @@ class Transport {
   // transport's memory space), complete in stream order (on return elsewhere).
   virtual Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset,
                      size_t bytes, StreamHandle stream) = 0;
+  // For every j: dst part j = sources[j]'s `count` elements of `src_dtype`, where parts are
+  // count x element_bytes(dst_dtype) apart; dst_dtype is src_dtype, or bfloat16 from float32
+  // (narrowed, rounded to nearest even). One call for a gather whose shards live in different
+  // places (the core's node cache). In stream order (on return elsewhere). Default: one get()
+  // per source, narrowing on the host (host transports).
+  virtual Status get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
+                          DataType src_dtype, DataType dst_dtype, StreamHandle stream);
   // region@peer[offset : offset+bytes] = src[0 : bytes].
   virtual Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                      size_t bytes, StreamHandle stream) = 0;
@@ -172,6 +186,25 @@ class Transport {
                                     std::chrono::duration<double> limit,
                                     std::vector<uint64_t>* seen);
 
+  // Returns once slot p of this rank's `signals` reached `value` for every p in `peers`
+  // (acquire: what each peer wrote before raising it is visible after), bounded by timeout(). A
+  // watched peer that failed, died or left ends the wait with an error naming it; `what` names
+  // the wait in errors. Stream-ordered transports enqueue it on `stream` (their device waits; an
+  // expiry is recorded as a node-fetch wait and reported by poll_error()). Default: host polls
+  // through poll_signals(), which checks the caller's interrupt between polls.
+  virtual Status wait_signals(const SymmetricRegion& signals, const std::vector<int>& peers,
+                              uint64_t value, const std::string& what, StreamHandle stream);
+
+  // ---- background work -----------------------------------------------------------------------
+  // A stream of the transport's own: work enqueued on it from now on runs after everything
+  // enqueued on `stream` so far, and does not wait for `stream`'s later work (the core's node
+  // fetch, which the caller's forward must not wait for as a whole). Default (calls complete on
+  // return): `stream` itself.
+  virtual Result<StreamHandle> fork_background(StreamHandle stream);
+  // Work enqueued on `stream` from now on runs after everything enqueued on the background
+  // stream so far. Default: nothing to do.
+  virtual Status join_background(StreamHandle stream);
+
   // ---- local operations in this transport's memory space (host or device) -------------------
   virtual Status zero(void* dst, size_t bytes, StreamHandle stream) = 0;
   // dst[i] += src[i] for i < count (src fp32 or bf16), in fp32.
@@ -192,20 +225,6 @@ class Transport {
   // Local, host-blocking: host_dst[0 : bytes] = src[0 : bytes] (this transport's memory) as it
   // is now; work queued on streams may still change it (counters). Default: a memcpy.
   virtual Status read_local(void* host_dst, const void* src, size_t bytes);
-
-  // ---- gather windows: a hint from the protocol (optional) -----------------------------------
-  // Collective (every rank, same order, same regions in the same order), called right after a
-  // barrier every rank passed: from now until close_gather_window(), no rank rewrites `regions`
-  // (the protocol's shards inside a minibatch). A transport may then fetch each remote copy once
-  // per window (e.g. once per node) and answer get_all / get_all_narrowed of these regions from
-  // that copy. Regions gathered outside a window, or not named, are read as always. Default:
-  // ignored.
-  virtual Status open_gather_window(const std::vector<const SymmetricRegion*>& regions,
-                                    StreamHandle stream);
-  // Collective. Ends the window: whatever the window reads from peers' regions completes, in
-  // stream order, before anything enqueued on `stream` after this call (so that the barrier that
-  // follows lets owners rewrite their regions). Default: nothing to do.
-  virtual Status close_gather_window(StreamHandle stream);
 };
 
 }  // namespace odc

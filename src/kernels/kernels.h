@@ -50,7 +50,7 @@ enum WaitSite : int32_t {
   kWaitSlotReady = 3,  // staged accumulate: sender's slot has not landed
   // 4 was the staged scheme's signal wait (retired): not reused, so old records stay readable.
   kWaitMismatch = 5,    // device_barrier: a peer announced the same epoch in another collective
-  kWaitFetch = 6,       // hierarchical gather: the node rank fetching a remote shard is not done
+  kWaitFetch = 6,       // node-cached gather: a rank of the node has not fetched its rows yet
   kWaitPeerFailed = 7,  // device_barrier: the peer marked itself failed (kBarrierPeerFailed)
   kWaitSelfFailed = 8,  // this rank failed on the host (set by the host: stay silent)
   kWaitCredit = 9,      // streamed push: the owner has not freed a slot of this rank's ring
@@ -164,6 +164,15 @@ struct PutSignalJobs {
 };
 cudaError_t put_signal(const PutSignalJobs& jobs, size_t bytes, uint64_t value, uint32_t* done,
                        const RankInfo& info, const WaitError* error, cudaStream_t stream);
+// Stream-ordered: returns (on the device) when slots[peer[j]] >= value for every j < num (this
+// GPU's memory, written by peers; system-scope acquire); on expiry of `timeout_ns` records
+// (site, rank, peer[j], value, seen) in `error` and lets the stream go on.
+struct SlotWaits {
+  int peer[kMaxRanks] = {};
+  int num = 0;
+};
+cudaError_t wait_slots(const uint64_t* slots, const SlotWaits& waits, uint64_t value, int rank,
+                       int32_t site, int64_t timeout_ns, WaitError* error, cudaStream_t stream);
 // dst[i] += src[i] (fp32 or bf16 source) for i < n; local memory. Nothing after a failed wait.
 cudaError_t accumulate_local(float* dst, const void* src, ElemType src_type, size_t n,
                              const RankInfo& info, const WaitError* error, cudaStream_t stream);

@@ -33,6 +33,15 @@ __global__ void __launch_bounds__(kThreads)
   // As in cooperative groups' grid sync: the block barrier orders the block's stores before
   // thread 0's system fence, which orders them before the arrival on the job's counter.
   __syncthreads();
+  if (gridDim.x == 1) {
+    // One block (a signal alone): no counter, so launches on different streams (a background
+    // node fetch's signals beside the caller's) never share one.
+    if (threadIdx.x == 0) {
+      __threadfence_system();
+      detail::st_release_sys(signal, value);
+    }
+    return;
+  }
   if (threadIdx.x == 0) {
     __threadfence_system();
     const uint32_t prev = atomicAdd(&done[job], 1u);
@@ -53,6 +62,15 @@ __global__ void __launch_bounds__(kThreads)
     dst[i] += detail::to_float(src[i]);
 }
 
+__global__ void wait_slots_kernel(const uint64_t* slots, SlotWaits waits, uint64_t value, int rank,
+                                  int32_t site, int64_t timeout_ns, WaitError* error) {
+  const int j = threadIdx.x;
+  if (j < waits.num) {
+    detail::wait_at_least(slots + waits.peer[j], value, timeout_ns, error, site, rank,
+                          waits.peer[j]);
+  }
+}
+
 int elementwise_blocks(const RankInfo& info, size_t n) {
   const size_t wanted = (n + kThreads - 1) / kThreads;
   const size_t most = static_cast<size_t>(4 * (info.num_sms > 0 ? info.num_sms : 132));
@@ -69,6 +87,16 @@ cudaError_t put_signal(const PutSignalJobs& jobs, size_t bytes, uint64_t value, 
   const dim3 grid(bytes == 0 ? 1 : detail::auto_blocks(info, 0, jobs.num_jobs, bytes),
                   jobs.num_jobs);
   put_signal_kernel<<<grid, kThreads, 0, stream>>>(jobs, bytes, value, done, error);
+  return cudaGetLastError();
+}
+
+cudaError_t wait_slots(const uint64_t* slots, const SlotWaits& waits, uint64_t value, int rank,
+                       int32_t site, int64_t timeout_ns, WaitError* error, cudaStream_t stream) {
+  if (waits.num < 1 || waits.num > kMaxRanks || slots == nullptr || error == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  wait_slots_kernel<<<1, kMaxRanks, 0, stream>>>(slots, waits, value, rank, site, timeout_ns,
+                                                 error);
   return cudaGetLastError();
 }
 

@@ -101,7 +101,7 @@ class LoggedTransport final : public Transport {
   }
   Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override {
-    log_->add("get");
+    log_->add("get:" + std::to_string(bytes));
     return inner_->get(dst, region, peer, offset, bytes, stream);
   }
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
@@ -109,16 +109,18 @@ class LoggedTransport final : public Transport {
     log_->add("put");
     return inner_->put(src, region, peer, offset, bytes, stream);
   }
-  Status open_gather_window(const std::vector<const SymmetricRegion*>& regions,
-                            StreamHandle stream) override {
-    std::string event = "open:";
-    for (const SymmetricRegion* region : regions) event += std::to_string(region->bytes()) + ",";
-    log_->add(event);
-    return inner_->open_gather_window(regions, stream);
+  Result<StreamHandle> fork_background(StreamHandle stream) override {
+    log_->add("fork");
+    return inner_->fork_background(stream);
   }
-  Status close_gather_window(StreamHandle stream) override {
-    log_->add("close");
-    return inner_->close_gather_window(stream);
+  Status join_background(StreamHandle stream) override {
+    log_->add("join");
+    return inner_->join_background(stream);
+  }
+  Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
+                            std::chrono::duration<double> limit,
+                            std::vector<uint64_t>* seen) override {
+    return inner_->poll_signals(watches, num_all, limit, seen);
   }
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override {
@@ -271,14 +273,16 @@ std::vector<std::string> on_each_rank(std::vector<std::unique_ptr<Transport>>& t
   return outcome;
 }
 
-TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
-  // The window a transport may serve gathers from (hierarchical gathers) opens after the barrier
-  // that ends owners' rewrites, names every published buffer in allocation order (the same on
-  // every rank; not plain shards, which may change inside a minibatch, nor accumulators), and
-  // closes before this rank delivers anything or meets the barrier after which owners rewrite
-  // again. A buffer allocated later joins the next window.
-  const int world = 2;
-  auto [logs, transports] = logged_world(world, device_steps());
+TEST(Lifecycle, NodeFetchSpansExactlyTheMinibatch) {
+  // The node cache (2 pretend nodes of 2) fetches after the barrier that ends owners' rewrites, on
+  // the background stream, every published buffer in allocation order (not plain shards, which may
+  // change inside a minibatch, nor accumulators), each followed by its ready words to the node's
+  // two ranks; the background stream is joined before this rank meets the barrier after which
+  // owners rewrite again. A buffer allocated later joins the next minibatch's fetch.
+  const int world = 4;
+  mem::MemOptions options = device_steps();
+  options.ranks_per_node = 2;
+  auto [logs, transports] = logged_world(world, options);
   const auto failures = on_each_rank(transports, [](Communicator& comm, int) {
     auto params = comm.allocate(3, DataType::kFloat32, false, "", /*published=*/true);
     auto acc = comm.allocate(2, DataType::kFloat32, true);
@@ -297,25 +301,42 @@ TEST(Lifecycle, GatherWindowSpansExactlyTheMinibatch) {
   for (int rank = 0; rank < world; ++rank) {
     ASSERT_EQ(failures[rank], "") << "rank " << rank;
     std::vector<std::string> events = logs[rank]->snapshot();
-    // Only the window events and the minibatch barriers, plus the first signal of each
-    // minibatch_end (this rank's end of its pushes).
+    // The minibatch barriers, the background stream's fork and join, and between them the gets
+    // (with their sizes) and signals.
     std::vector<std::string> seen;
-    bool put_seen = false;
+    bool forked = false;
     for (const std::string& event : events) {
-      if (event == "signal") {
-        if (!put_seen) seen.push_back(event);
-        put_seen = true;
-        continue;
-      }
-      if (event.rfind("open:", 0) == 0 || event == "close" || event == "barrier:minibatch_begin" ||
-          event == "barrier:minibatch_end") {
+      if (event == "fork") forked = true;
+      if (event == "join") forked = false;
+      const bool fetch_event = event.rfind("get:", 0) == 0 || event == "signal";
+      if (event == "fork" || event == "join" || event == "barrier:minibatch_begin" ||
+          event == "barrier:minibatch_end" || (forked && fetch_event)) {
         seen.push_back(event);
-        if (event == "barrier:minibatch_end") put_seen = false;
       }
     }
-    const std::vector<std::string> want = {
-        "barrier:minibatch_begin", "open:12,10,",    "close", "signal", "barrier:minibatch_end",
-        "barrier:minibatch_begin", "open:12,10,28,", "close", "signal", "barrier:minibatch_end"};
+    const std::vector<std::string> want = {"barrier:minibatch_begin",
+                                           "fork",
+                                           "get:12",
+                                           "signal",
+                                           "signal",
+                                           "get:10",
+                                           "signal",
+                                           "signal",
+                                           "join",
+                                           "barrier:minibatch_end",
+                                           "barrier:minibatch_begin",
+                                           "fork",
+                                           "get:12",
+                                           "signal",
+                                           "signal",
+                                           "get:10",
+                                           "signal",
+                                           "signal",
+                                           "get:28",
+                                           "signal",
+                                           "signal",
+                                           "join",
+                                           "barrier:minibatch_end"};
     EXPECT_EQ(seen, want) << "rank " << rank << ": " << joined(events);
   }
 }

@@ -135,10 +135,11 @@ size_t test_staging_bytes(int world) {
   return static_cast<size_t>(world) * (6 * 320 + 40);
 }
 
-mem::MemOptions mem_options_for(Scheme scheme, double timeout_s) {
+mem::MemOptions mem_options_for(Scheme scheme, double timeout_s, int ranks_per_node = 0) {
   mem::MemOptions options;
   options.remote_fp32_add = scheme == Scheme::kRemoteAdd;
   options.stream_ordered = scheme == Scheme::kStreamedDevice;
+  options.ranks_per_node = ranks_per_node;
   options.timeout = std::chrono::duration<double>(timeout_s);
   return options;
 }
@@ -168,7 +169,40 @@ struct RunOptions {
   Scheme scheme = Scheme::kStreamed;
   uint32_t seed = 7;
   double timeout_s = 60;
+  // Pretend nodes of this many ranks (the transport's report); 0: one node.
+  int ranks_per_node = 0;
+  // Also a published buffer, rewritten by its owners between minibatches and gathered inside
+  // each (from the node cache where there are several nodes), checked exactly.
+  bool published = false;
 };
+
+// Element j of owner `owner`'s published shard in minibatch `m`: a small integer, exact in bf16.
+float published_value(int m, int owner, size_t j) {
+  return static_cast<float>((m * 3 + owner * 5 + static_cast<int>(j)) % 101);
+}
+
+// Inside minibatch m: gathers `params` (every other minibatch narrowed to bf16) and compares.
+std::string check_published(Communicator& comm, Buffer* params, int m) {
+  const int world = comm.world_size();
+  const size_t total = static_cast<size_t>(world) * params->count;
+  const bool narrowed = m % 2 == 1;
+  std::vector<float> wide(total);
+  std::vector<uint16_t> halves(total);
+  Status s = narrowed ? comm.gather_as(halves.data(), total, DataType::kBfloat16, params, nullptr)
+                      : comm.gather(wide.data(), total, params, nullptr);
+  if (!s.ok()) return s.message();
+  for (size_t j = 0; j < total; ++j) {
+    const int owner = static_cast<int>(j / params->count);
+    const float want = published_value(m, owner, j % params->count);
+    const float got = narrowed ? bf16_to_float(halves[j]) : wide[j];
+    if (got != want) {
+      return "wrong published shard: minibatch " + std::to_string(m) + " element " +
+             std::to_string(j) + " (owner " + std::to_string(owner) + "): got " +
+             std::to_string(got) + ", expected " + std::to_string(want);
+    }
+  }
+  return "";
+}
 
 // The check every rank runs: minibatches of uneven pushes; after each minibatch_end it gathers
 // every owner's sums (no barrier in between) and compares them exactly.
@@ -177,10 +211,23 @@ std::string run_rank(Communicator& comm, const RunOptions& o, const Expected& ex
   const int world = comm.world_size();
   auto acc = comm.allocate(o.count, DataType::kFloat32, /*accumulator=*/true);
   if (!acc.ok()) return acc.status().message();
+  Buffer* params = nullptr;
+  if (o.published) {
+    auto made = comm.allocate(o.count, DataType::kFloat32, false, "params", /*published=*/true);
+    if (!made.ok()) return made.status().message();
+    params = made.value();
+  }
   std::vector<float> src(static_cast<size_t>(world) * o.count);
   std::vector<float> sums(src.size());
   for (int m = 0; m < o.num_minibatches; ++m) {
+    if (params != nullptr) {  // the owner's step: only between minibatches
+      auto* shard = static_cast<float*>(params->local());
+      for (size_t j = 0; j < params->count; ++j) shard[j] = published_value(m, comm.rank(), j);
+    }
     if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+    if (params != nullptr) {
+      if (std::string wrong = check_published(comm, params, m); !wrong.empty()) return wrong;
+    }
     for (int call = 0; call < num_pushes(o.seed, m, comm.rank()); ++call) {
       for (size_t j = 0; j < src.size(); ++j) src[j] = value(m, comm.rank(), call, j);
       if (Status s = comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32,
@@ -215,26 +262,40 @@ std::string describe(const std::vector<std::string>& outcome) {
 }
 
 void run_clean(const RunOptions& o, size_t staging_bytes = 0) {
-  auto world = mem::MemWorld::create(o.world, mem_options_for(o.scheme, o.timeout_s));
+  auto world =
+      mem::MemWorld::create(o.world, mem_options_for(o.scheme, o.timeout_s, o.ranks_per_node));
   const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
   const auto outcome = run_threads(o.world, [&](int rank) {
     Communicator comm(world->join(rank), comm_options_for(o.scheme, o.world, staging_bytes));
     if (!is_scheme(comm, o.scheme)) {
       return std::string("wrong scheme ") + scheme_name(comm.scheme());
     }
-    return run_rank(comm, o, expected, nullptr);
+    std::string verdict = run_rank(comm, o, expected, nullptr);
+    if (verdict.empty() && o.published && o.ranks_per_node > 0 && o.ranks_per_node < o.world &&
+        (comm.node_cache() == nullptr || comm.node_cache()->num_cached() != 1)) {
+      return std::string("the published buffer was not served from the node cache");
+    }
+    return verdict;
   });
   EXPECT_EQ(describe(outcome), "");
 }
 
 class Scale : public ::testing::TestWithParam<std::tuple<Scheme, int>> {};
 
+// Pretend nodes of the scale tests: 2 of 1 rank, 4 of 16, 64 of 4.
+int pretend_ranks_per_node(int world) {
+  return world == 2 ? 1 : (world == 64 ? 16 : 4);
+}
+
 TEST_P(Scale, ThousandMinibatchesExact) {
+  // Pushes and, inside every minibatch, a gather of published shards from the node cache.
   RunOptions o;
   o.scheme = std::get<0>(GetParam());
   o.world = std::get<1>(GetParam());
   o.num_minibatches = 1000 / kScaleDivisor;
   if (o.world > 64 && kScaleDivisor > 1) o.world = 64;
+  o.ranks_per_node = pretend_ranks_per_node(o.world);
+  o.published = true;
   run_clean(o);
 }
 
@@ -248,6 +309,85 @@ INSTANTIATE_TEST_SUITE_P(Schemes, Scale,
                            name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
                            return name + "_" + std::to_string(std::get<1>(info.param)) + "ranks";
                          });
+
+// The node cache on 2 pretend nodes of 4: each remote shard of a cached buffer crosses to a node
+// once per minibatch (one row per rank), gathers read no other node; a buffer the budget has no
+// room for is gathered flat; budget 0 is flat for all; the bytes it holds are what it reports.
+TEST(NodeCache, EachRemoteShardCrossesOncePerNodeAndMinibatch) {
+  const int world = 8;
+  const int per_node = 4;
+  const size_t count = 64;  // 256-byte shards: rows need no padding
+  const int minibatches = 5;
+  const int gathers = 2;  // per buffer and minibatch
+  // One row per rank and cached buffer, plus the ready words: room for the first buffer only.
+  const size_t fits_one = count * sizeof(float) + world * sizeof(uint64_t);
+  for (size_t budget : {fits_one, size_t{0}}) {
+    SCOPED_TRACE("budget " + std::to_string(budget));
+    auto mem_world =
+        mem::MemWorld::create(world, mem_options_for(Scheme::kRemoteAdd, 30, per_node));
+    std::vector<size_t> across(world), held(world);
+    const auto outcome = run_threads(world, [&](int rank) -> std::string {
+      auto transport =
+          std::make_unique<fault::FaultTransport>(mem_world->join(rank), fault::FaultPlan{});
+      fault::FaultTransport* counted = transport.get();
+      CommOptions options;
+      options.node_cache_bytes = budget;
+      Communicator comm(std::move(transport), options);
+      Buffer* buffers[2];
+      for (Buffer*& buffer : buffers) {
+        auto made = comm.allocate(count, DataType::kFloat32, false, "", /*published=*/true);
+        if (!made.ok()) return made.status().message();
+        buffer = made.value();
+      }
+      const size_t before = [&] {
+        size_t sum = 0;
+        for (int p = 0; p < world; ++p) sum += counted->bytes_read_from(p);
+        return sum;
+      }();
+      if (before != 0) return "read before any gather";
+      for (int m = 0; m < minibatches; ++m) {
+        for (Buffer* buffer : buffers) {
+          auto* shard = static_cast<float*>(buffer->local());
+          for (size_t j = 0; j < count; ++j) shard[j] = published_value(m, rank, j);
+        }
+        if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+        for (int g = 0; g < gathers; ++g) {
+          for (Buffer* buffer : buffers) {
+            std::vector<float> all(world * count);
+            if (Status s = comm.gather(all.data(), all.size(), buffer, nullptr); !s.ok()) {
+              return s.message();
+            }
+            for (size_t j = 0; j < all.size(); ++j) {
+              if (all[j] != published_value(m, static_cast<int>(j / count), j % count)) {
+                return "wrong published shard at element " + std::to_string(j);
+              }
+            }
+          }
+        }
+        if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+      }
+      for (int p = 0; p < world; ++p) {
+        if (p / per_node != rank / per_node) across[rank] += counted->bytes_read_from(p);
+      }
+      held[rank] = comm.memory().node_cache_bytes;
+      return "";
+    });
+    ASSERT_EQ(describe(outcome), "");
+    const size_t shard_bytes = count * sizeof(float);
+    const size_t remote_owners = world - per_node;
+    for (int rank = 0; rank < world; ++rank) {
+      size_t want = 0;
+      if (budget == 0) {  // both flat: every gather reads every remote owner
+        want = minibatches * 2 * gathers * remote_owners * shard_bytes;
+        EXPECT_EQ(held[rank], 0u);
+      } else {  // the first: one row per minibatch; the second flat
+        want = minibatches * (shard_bytes + gathers * remote_owners * shard_bytes);
+        EXPECT_EQ(held[rank], fits_one);
+      }
+      EXPECT_EQ(across[rank], want) << "rank " << rank;
+    }
+  }
+}
 
 // What each scheme adds per rank, from the bytes the core asks the transport for: the shards
 // (count fp32), and per scheme: remote add nothing; streamed the rings and signals cut from the
@@ -424,13 +564,16 @@ struct FaultResult {
 // six-slot rings, so senders wait for credit), random delays and reordering on every rank, and
 // `plan` on `faulty_rank`; waits time out after 1 s.
 FaultResult run_with_fault(int world_size, int faulty_rank, fault::FaultPlan plan, Scheme scheme,
-                           bool kill_on_death = true) {
-  auto world = mem::MemWorld::create(world_size, mem_options_for(scheme, 1.0));
+                           bool kill_on_death = true, int ranks_per_node = 0) {
+  auto world = mem::MemWorld::create(world_size, mem_options_for(scheme, 1.0, ranks_per_node));
   RunOptions o;
   o.world = world_size;
   o.num_minibatches = 40;
   o.count = 300;
   o.scheme = scheme;
+  // With pretend nodes, published shards gathered from the node cache too.
+  o.ranks_per_node = ranks_per_node;
+  o.published = ranks_per_node > 0;
   const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
   FaultResult result;
   result.completed.assign(static_cast<size_t>(world_size), 0);
@@ -922,6 +1065,44 @@ TEST(Faults, StreamedFaultSweep) {
   EXPECT_GT(successes, 0);
 }
 
+// The node cache (2 pretend nodes of 4): a rank that dies, whether it is fetching for its node,
+// waiting for its node's fetchers or pushing, is named by every survivor; no wrong sum or shard.
+TEST(Faults, NodeCacheRankDiesMidMinibatch) {
+  for (Scheme scheme : kAllSchemes) {
+    SCOPED_TRACE(scheme_label(scheme));
+    fault::FaultPlan plan;
+    plan.kind = fault::FaultKind::kDieAtCall;
+    plan.at_call = is_streamed(scheme) ? 570 : 57;
+    const FaultResult r = run_with_fault(8, 5, plan, scheme, true, /*ranks_per_node=*/4);
+    expect_named_failure(r, 5, "died");
+    for (const std::string& verdict : r.outcome) {
+      EXPECT_EQ(verdict.find("wrong published"), std::string::npos) << verdict;
+    }
+  }
+}
+
+// A fetcher whose ready words never reach a node peer again (a broken link): the peer's next
+// gather of the published buffer fails naming it (its own wait times out, or the fetcher, timed
+// out in the barrier that the peer never reaches, fails first); nobody reports success.
+TEST(Faults, NodeCacheLostReadyWordsAreNamed) {
+  fault::FaultPlan plan;
+  plan.kind = fault::FaultKind::kDropSignalsFrom;
+  plan.peer = 0;
+  plan.at_call = 60;
+  const FaultResult r = run_with_fault(4, 1, plan, Scheme::kRemoteAdd, true, /*ranks_per_node=*/2);
+  EXPECT_EQ(r.outcome[0].rfind("rank 0: gather: ", 0), 0u) << r.outcome[0];
+  const bool named = r.outcome[0].find(
+                         "the node's fetch of remote shards timed out after 1 s: "
+                         "rank 0 waited for rank 1") != std::string::npos ||
+                     r.outcome[0].find("rank 1 failed") != std::string::npos;
+  EXPECT_TRUE(named) << r.outcome[0];
+  EXPECT_GT(r.completed[0], 0) << "the fault should land mid-run";
+  for (size_t rank = 0; rank < r.outcome.size(); ++rank) {
+    EXPECT_FALSE(r.outcome[rank].empty()) << "rank " << rank << " reported success";
+    EXPECT_EQ(r.outcome[rank].find("wrong"), std::string::npos) << r.outcome[rank];
+  }
+}
+
 TEST(Faults, CollectiveMismatchIsNamed) {
   fault::FaultPlan plan;
   plan.kind = fault::FaultKind::kMismatch;
@@ -934,6 +1115,30 @@ TEST(Faults, CollectiveMismatchIsNamed) {
     const bool names = r.outcome[rank].find("collective mismatch") != std::string::npos ||
                        r.outcome[rank].find("rank 2") != std::string::npos;
     EXPECT_TRUE(names) << "rank " << rank << ": " << r.outcome[rank];
+  }
+}
+
+TEST(Faults, NodeCacheDeathAtEveryEarlyCallNeverHangsOrLies) {
+  // As below, with 2 pretend nodes of 2 and a published buffer gathered from the node cache in
+  // every minibatch: death at every one of the first calls (an allocation, a fetch's get or ready
+  // word, a gather, a push) is named by every survivor, and no shard or sum is ever wrong.
+  for (Scheme scheme : {Scheme::kStreamedDevice, Scheme::kRemoteAdd}) {
+    for (int64_t at = 1; at <= 40; ++at) {
+      fault::FaultPlan plan;
+      plan.kind = fault::FaultKind::kDieAtCall;
+      plan.at_call = at;
+      const FaultResult r = run_with_fault(4, 1, plan, scheme, true, /*ranks_per_node=*/2);
+      for (size_t rank = 0; rank < r.outcome.size(); ++rank) {
+        EXPECT_EQ(r.outcome[rank].find("wrong"), std::string::npos)
+            << scheme_label(scheme) << " at call " << at << ", rank " << rank << ": "
+            << r.outcome[rank];
+        if (rank != 1) {
+          EXPECT_NE(r.outcome[rank].find("rank 1"), std::string::npos)
+              << scheme_label(scheme) << " at call " << at << ", rank " << rank << ": "
+              << r.outcome[rank];
+        }
+      }
+    }
   }
 }
 

@@ -4,7 +4,8 @@ paths: NVSHMEM's own get / put-with-signal calls (ODC_NVSHMEM_DIRECT=0, the call
 nodes) and direct NVLink loads/stores over NVSHMEM's mappings (ODC_NVSHMEM_DIRECT=1), and with
 pretended node boundaries (ODC_LOCAL_WORLD_SIZE=2: on 4 GPUs two "nodes" of two; =1: every GPU
 its own "node"): peers on other "nodes" through NVSHMEM's calls and, inside minibatches, their
-shards fetched once per node and minibatch (hierarchical gathers). NVSHMEM streams (no remote
+published shards fetched once per node and minibatch (the core's node cache,
+core/node_gather_cache.h). NVSHMEM streams (no remote
 float add), so every sum here goes in chunks through the owners' staging rings and their devices'
 folds. Skipped where the plugin libodc_nvshmem.so is not next to libodc.so (or
 $ODC_NVSHMEM_PLUGIN).
@@ -41,7 +42,7 @@ def nvshmem(request, monkeypatch):
     # odc.launch spawns the ranks, which inherit this environment.
     monkeypatch.setenv("ODC_TRANSPORT", "nvshmem")
     monkeypatch.setenv("ODC_NVSHMEM_DIRECT", "0" if request.param == "api" else "1")
-    monkeypatch.delenv("ODC_NVSHMEM_HIERARCHICAL_GATHER", raising=False)
+    monkeypatch.delenv("ODC_NODE_CACHE_BYTES", raising=False)
     if request.param.startswith("nodes"):
         monkeypatch.setenv("ODC_LOCAL_WORLD_SIZE", request.param[len("nodes") :])
     else:
@@ -151,8 +152,8 @@ def _windows_rank(
     minibatches after rewriting. check_at_once=False: no host synchronization until the
     minibatch has ended (gathers queue behind device delays, and the minibatch's end must wait
     for them and for the node's fetch). Returns the bytes this rank should have fetched from
-    other nodes: each window's published remote shards once per node (hierarchical) or every
-    gather's."""
+    other nodes: each minibatch's published remote shards once per node (hierarchical: the node
+    cache) or every gather's."""
     import torch
 
     device = rank % (num_gpus or world_size)  # num_gpus < world_size: several ranks per GPU
@@ -169,7 +170,7 @@ def _windows_rank(
         accumulator = comm.alloc(count, accumulator=True)
         full = torch.empty(world_size * count, device="cuda")
         for minibatch in range(num_minibatches):
-            if minibatch == num_minibatches // 2:  # another layout: the node caches are rebuilt
+            if minibatch == num_minibatches // 2:  # another layout: its rows are made anew
                 halves.free()
                 half_count += 8
                 halves = comm.alloc(half_count, dtype="bfloat16", published=True)
@@ -250,18 +251,16 @@ def _compare(rank, minibatch, world_size, checks):
             )
 
 
-def _check_fetched(capfd, world_size, hierarchical, expected):
+def _check_fetched(capfd, world_size, expected):
     # Each rank prints what it fetched from other nodes when it closes: exactly the bytes of one
-    # fetch per window and node (hierarchical), or of every gather (flat).
+    # fetch per minibatch and node (hierarchical: the node cache), or of every gather (flat).
     err = capfd.readouterr().err
     stats = re.findall(
-        r"odc nvshmem rank (\d+): to/from other nodes: \d+ bytes put, (\d+) bytes fetched "
-        r"\(\d+ ranks per node, hierarchical gathers (\w+)",
+        r"odc nvshmem rank (\d+): to/from other nodes: \d+ bytes put, (\d+) bytes fetched",
         err,
     )
-    assert sorted(int(r) for r, _, _ in stats) == list(range(world_size)), err[-3000:]
-    for rank, got, mode in stats:
-        assert mode == ("on" if hierarchical else "off"), (rank, mode)
+    assert sorted(int(r) for r, _ in stats) == list(range(world_size)), err[-3000:]
+    for rank, got in stats:
         assert int(got) == expected[int(rank)], (rank, got, expected[int(rank)])
 
 
@@ -271,32 +270,32 @@ def test_nvshmem_gathers_inside_minibatches(nvshmem, monkeypatch, capfd):
     hierarchical = ranks_per_node < world_size
     monkeypatch.setenv("ODC_NVSHMEM_STATS", "1")
     expected = odc.launch(_windows_rank, world_size, 12, ranks_per_node, hierarchical, timeout=300)
-    _check_fetched(capfd, world_size, hierarchical, expected)
+    _check_fetched(capfd, world_size, expected)
 
 
 def test_nvshmem_node_fetch_fans_out_to_every_local_rank(monkeypatch, capfd):
     """Two "nodes" of two ranks on any machine with 2 GPUs: 4 ranks, ranks r and r + 2 on GPU
     r % 2 (NVSHMEM runs several processes per GPU), so each node spans both GPUs: a rank reads
     the shards its node peer fetched from that peer's cache over NVLink, after waiting for its
-    ready flag, while that peer may be gathering nothing at all."""
+    ready word, while that peer may be gathering nothing at all."""
     monkeypatch.setenv("ODC_TRANSPORT", "nvshmem")
     monkeypatch.setenv("ODC_NVSHMEM_DIRECT", "1")
     monkeypatch.setenv("ODC_LOCAL_WORLD_SIZE", "2")
-    monkeypatch.delenv("ODC_NVSHMEM_HIERARCHICAL_GATHER", raising=False)
+    monkeypatch.delenv("ODC_NODE_CACHE_BYTES", raising=False)
     monkeypatch.setenv("ODC_NVSHMEM_STATS", "1")
     expected = odc.launch(_windows_rank, 4, 12, 2, True, 2, timeout=300)
-    _check_fetched(capfd, 4, True, expected)
+    _check_fetched(capfd, 4, expected)
 
 
 def test_nvshmem_late_node_fetch_is_waited_for(monkeypatch, capfd):
     """The node fetch starts 20 ms late (a test knob) and no rank synchronizes its host inside a
-    minibatch: gathers queue on the device and must wait for the fetchers' ready flags, and each
+    minibatch: gathers queue on the device and must wait for the fetchers' ready words, and each
     rank's minibatch_end must wait for its own fetch before owners may rewrite."""
     monkeypatch.setenv("ODC_TRANSPORT", "nvshmem")
     monkeypatch.setenv("ODC_NVSHMEM_DIRECT", "1")
     monkeypatch.setenv("ODC_LOCAL_WORLD_SIZE", "2")
-    monkeypatch.delenv("ODC_NVSHMEM_HIERARCHICAL_GATHER", raising=False)
+    monkeypatch.delenv("ODC_NODE_CACHE_BYTES", raising=False)
     monkeypatch.setenv("ODC_NVSHMEM_TEST_FETCH_DELAY_US", "20000")
     monkeypatch.setenv("ODC_NVSHMEM_STATS", "1")
     expected = odc.launch(_windows_rank, 4, 8, 2, True, 2, False, timeout=300)
-    _check_fetched(capfd, 4, True, expected)
+    _check_fetched(capfd, 4, expected)

@@ -218,12 +218,51 @@ def _memory_rank(rank, world_size, key, deterministic, staging_bytes):
 def test_memory_bytes_count_the_scheme():
     # Streamed (shm's default): the rings, at most the budget, whatever the accumulators.
     for before, after in odc.launch(_memory_rank, 4, False, 1 << 20, timeout=120):
-        assert before == {"buffers": 0, "scheme": 0}
+        assert before == {"buffers": 0, "scheme": 0, "node_cache": 0}
         assert after["buffers"] == (2 * 1000 + 500) * 4
         assert 0.9 * (1 << 20) < after["scheme"] <= 1 << 20, after
     # Deterministic: world x count fp32 of pending sums per accumulator, and a 4 MiB scratch.
     for _, after in odc.launch(_memory_rank, 4, True, None, timeout=120):
         assert after["scheme"] == 2 * 4 * 1000 * 4 + (4 << 20), after
+
+
+def _node_cache_rank(rank, world_size, key):
+    import numpy as np
+
+    with odc.Comm(rank, world_size, key, timeout=30) as comm:
+        params = comm.alloc(1000, published=True)
+        plain = comm.alloc(300)
+        seen = []
+        for minibatch in range(3):
+            params.array[:] = np.arange(1000) + 10_000 * rank + minibatch
+            plain.array[:] = rank
+            comm.minibatch_begin()
+            out = np.empty(world_size * 1000, dtype=np.float32)
+            comm.gather(out, params)
+            seen.append(
+                all(
+                    np.array_equal(
+                        out[o * 1000 : (o + 1) * 1000], np.arange(1000) + 10_000 * o + minibatch
+                    )
+                    for o in range(world_size)
+                )
+            )
+            comm.minibatch_end()
+        return seen, comm.memory_bytes()
+
+
+def test_node_cache_on_pretend_nodes(monkeypatch):
+    # 2 pretend nodes of 2 (the topology's launcher knob): the published buffer's remote shards
+    # come from the node cache, exact; it holds one row of 1000 fp32 (rows start 256-byte
+    # aligned) per rank and one ready word per rank; the plain buffer is never cached.
+    monkeypatch.setenv("ODC_LOCAL_WORLD_SIZE", "2")
+    for seen, memory in odc.launch(_node_cache_rank, 4, timeout=120):
+        assert seen == [True] * 3
+        assert memory["node_cache"] == 4096 + 4 * 8, memory
+    monkeypatch.setenv("ODC_NODE_CACHE_BYTES", "0")
+    for seen, memory in odc.launch(_node_cache_rank, 4, timeout=120):
+        assert seen == [True] * 3
+        assert memory["node_cache"] == 0, memory
 
 
 def test_deterministic_option():

@@ -217,7 +217,13 @@ def test_debug_collectives_names_calls_inside_a_minibatch_and_no_grads_kept_insi
         assert warned and all(op.startswith(("c10d.", "_c10d_functional.")) for op in warned)
         assert grads_kept == []  # inside a minibatch: no per-microbatch gradient memory
         assert has_grads_after  # after minibatch_end: .grad views the sums
-        assert set(memory) == {"published", "published_in_place", "accumulators", "scheme"}
+        assert set(memory) == {
+            "published",
+            "published_in_place",
+            "accumulators",
+            "scheme",
+            "node_cache",
+        }
         assert 0 < memory["published"] and 0 < memory["accumulators"]
         # The host transport streams: its staging rings, at most the default budget (256 MiB).
         assert 0 < memory["scheme"] <= 256 << 20

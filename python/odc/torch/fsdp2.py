@@ -665,7 +665,9 @@ class OdcFSDP:
         accumulators and what the accumulation scheme adds; allocated by libodc, so torch's memory
         statistics do not include them)."""
         memory = self.memory_bytes()
-        return memory["published"] + memory["accumulators"] + memory["scheme"]
+        return (
+            memory["published"] + memory["accumulators"] + memory["scheme"] + memory["node_cache"]
+        )
 
     def memory_bytes(self) -> dict:
         """Per-rank bytes of odc.torch's buffers, by kind: `published` (this rank's shards,
@@ -677,7 +679,9 @@ class OdcFSDP:
         plus one float per parameter tensor that records which ones got gradients), `scheme`
         (what the communicator's accumulation scheme adds, shared by every engine on it: the
         streamed scheme's staging rings (host transports and NVSHMEM), at most the staging budget;
-        pending sums in deterministic mode; 0 with CUDA's remote adds)."""
+        pending sums in deterministic mode; 0 with CUDA's remote adds), `node_cache` (with more
+        than one node: other nodes' published shards fetched once per node and minibatch, at
+        most the node cache's budget, also shared by every engine on the communicator)."""
         published = in_place = accumulators = 0
         for group in self._groups:
             size = group.layout.shard_numel * (4 if group.published.dtype == "float32" else 2)
@@ -685,11 +689,13 @@ class OdcFSDP:
             in_place += size if group.in_place is not None else 0
             accumulators += group.grad_numel * 4
         accumulators += self._reduced_flags.count * 4
+        communicator = self.comm.memory_bytes()
         return {
             "published": published,
             "published_in_place": in_place,
             "accumulators": accumulators,
-            "scheme": self.comm.memory_bytes()["scheme"],
+            "scheme": communicator["scheme"],
+            "node_cache": communicator["node_cache"],
         }
 
     def hsdp_zero_output(self, numel: int, dtype: torch.dtype, device) -> torch.Tensor:

@@ -344,6 +344,29 @@ Status CudaTransport::get(void* dst, const SymmetricRegion& region, int peer, si
   return launch_puts(jobs, bytes, 0, stream);
 }
 
+Status CudaTransport::get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
+                               DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, dst, "destination"));
+  const size_t part_bytes = count * element_bytes(dst_dtype);
+  std::vector<void*> to;
+  std::vector<const void*> from;
+  for (size_t j = 0; j < sources.size(); ++j) {
+    to.push_back(static_cast<char*>(dst) + j * part_bytes);
+    from.push_back(static_cast<const char*>(sources[j].region->peer(sources[j].peer)) +
+                   sources[j].offset);
+  }
+  if (dst_dtype != src_dtype) return local().narrow_many(to, from, count, stream);
+  auto* done = static_cast<kernels::SignalBlock*>(signals_->local())->push_done;
+  return local().copy_many(to, from, part_bytes, done, stream);
+}
+
+Status CudaTransport::wait_signals(const SymmetricRegion& signals, const std::vector<int>& peers,
+                                   uint64_t value, const std::string&, StreamHandle stream) {
+  return local().wait_slots(static_cast<const uint64_t*>(signals.local()), peers, value,
+                            timeout_ns_, stream);
+}
+
 Status CudaTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                           size_t bytes, StreamHandle stream) {
   DeviceGuard guard(device_);

@@ -57,8 +57,17 @@ class CudaTransport final : public Transport {
                           StreamHandle stream) override;
   Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
+  // Every source is mapped (one node): one copy kernel per kMaxRanks sources.
+  Status get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
+                  DataType src_dtype, DataType dst_dtype, StreamHandle stream) override;
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
+  Status wait_signals(const SymmetricRegion& signals, const std::vector<int>& peers, uint64_t value,
+                      const std::string& what, StreamHandle stream) override;
+  Result<StreamHandle> fork_background(StreamHandle stream) override {
+    return background_.fork(stream);
+  }
+  Status join_background(StreamHandle stream) override { return background_.join(stream); }
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
   Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
@@ -89,6 +98,7 @@ class CudaTransport final : public Transport {
   // caller's streams may be blocked in a device wait).
   uint64_t* failed_words_ = nullptr;  // pinned: kBarrierPeerFailed, and kWaitSelfFailed
   cudaStream_t failure_stream_ = nullptr;
+  BackgroundStream background_{device_};  // after device_ (its initializer)
 };
 
 }  // namespace odc::cuda

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "core/dtype.h"
@@ -86,6 +87,53 @@ struct DeviceLocal {
     ODC_CUDA_CHECK(kernels::pack_chunk(dst, header, src, bytes, info, error, as_stream(stream)));
     return Status::Ok();
   }
+  // to[j][0 : bytes] = from[j][0 : bytes] for every j (local or mapped peer memory), in launches
+  // of up to kMaxRanks jobs. `done`: the put kernel's per-job counters (kernels.h).
+  Status copy_many(const std::vector<void*>& to, const std::vector<const void*>& from, size_t bytes,
+                   uint32_t* done, void* stream) const {
+    DeviceGuard guard(device);
+    for (size_t first = 0; first < to.size(); first += kernels::kMaxRanks) {
+      kernels::PutSignalJobs jobs;
+      for (size_t j = first; j < to.size() && j < first + kernels::kMaxRanks; ++j) {
+        jobs.dst[jobs.num_jobs] = to[j];
+        jobs.src[jobs.num_jobs] = from[j];
+        ++jobs.num_jobs;
+      }
+      ODC_CUDA_CHECK(kernels::put_signal(jobs, bytes, 0, done, info, error, as_stream(stream)));
+    }
+    return Status::Ok();
+  }
+  // to[j] (bf16)[i] = from[j] (fp32)[i] for i < count, every j, as copy_many.
+  Status narrow_many(const std::vector<void*>& to, const std::vector<const void*>& from,
+                     size_t count, void* stream) const {
+    DeviceGuard guard(device);
+    for (size_t first = 0; first < to.size(); first += kernels::kMaxRanks) {
+      kernels::NarrowJobs jobs;
+      for (size_t j = first; j < to.size() && j < first + kernels::kMaxRanks; ++j) {
+        jobs.dst[jobs.num_jobs] = to[j];
+        jobs.src[jobs.num_jobs] = from[j];
+        ++jobs.num_jobs;
+      }
+      ODC_CUDA_CHECK(
+          kernels::copy_narrow(jobs, count, info, /*num_blocks=*/0, as_stream(stream), error));
+    }
+    return Status::Ok();
+  }
+  // Waits on `stream` until slots[p] >= value for every p in `peers` (this GPU's signal words);
+  // an expiry is recorded as a node-fetch wait (kWaitFetch) naming the peer.
+  Status wait_slots(const uint64_t* slots, const std::vector<int>& peers, uint64_t value,
+                    int64_t timeout_ns, void* stream) const {
+    DeviceGuard guard(device);
+    for (size_t first = 0; first < peers.size(); first += kernels::kMaxRanks) {
+      kernels::SlotWaits waits;
+      for (size_t j = first; j < peers.size() && j < first + kernels::kMaxRanks; ++j) {
+        waits.peer[waits.num++] = peers[j];
+      }
+      ODC_CUDA_CHECK(kernels::wait_slots(slots, waits, value, info.rank, kernels::kWaitFetch,
+                                         timeout_ns, error, as_stream(stream)));
+    }
+    return Status::Ok();
+  }
   // What the device holds now (work queued on streams may still change it). On a stream of its
   // own that waits for nothing: a plain cudaMemcpy would queue behind the legacy stream's work,
   // which may be a fold waiting for peers.
@@ -101,6 +149,48 @@ struct DeviceLocal {
   }
 };
 
+// A device transport's background stream (Transport::fork_background): its own non-blocking
+// stream, ordered after the caller's stream by events. Made at the first fork.
+class BackgroundStream {
+ public:
+  explicit BackgroundStream(int device) : device_(device) {}
+  BackgroundStream(const BackgroundStream&) = delete;
+  BackgroundStream& operator=(const BackgroundStream&) = delete;
+  ~BackgroundStream() {
+    DeviceGuard guard(device_);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (forked_ != nullptr) cudaEventDestroy(forked_);
+    if (done_ != nullptr) cudaEventDestroy(done_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  // Work enqueued on the returned stream runs after everything on `stream` so far.
+  Result<void*> fork(void* stream) {
+    DeviceGuard guard(device_);
+    if (stream_ == nullptr) {
+      ODC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      ODC_CUDA_CHECK(cudaEventCreateWithFlags(&forked_, cudaEventDisableTiming));
+      ODC_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    }
+    ODC_CUDA_CHECK(cudaEventRecord(forked_, as_stream(stream)));
+    ODC_CUDA_CHECK(cudaStreamWaitEvent(stream_, forked_, 0));
+    return static_cast<void*>(stream_);
+  }
+  // Work enqueued on `stream` from now on runs after everything on the background stream so far.
+  Status join(void* stream) {
+    if (stream_ == nullptr) return Status::Ok();
+    DeviceGuard guard(device_);
+    ODC_CUDA_CHECK(cudaEventRecord(done_, stream_));
+    ODC_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), done_, 0));
+    return Status::Ok();
+  }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t forked_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+};
+
 inline const char* wait_site_name(int32_t site) {
   switch (site) {
     case kernels::kWaitBarrier:
@@ -110,7 +200,7 @@ inline const char* wait_site_name(int32_t site) {
     case kernels::kWaitSlotReady:
       return "staging slot arrival";
     case kernels::kWaitFetch:
-      return "node fetch of remote shards";
+      return "gather of a published buffer: the node's fetch of remote shards";
     case kernels::kWaitPeerFailed:
       return "device barrier (the peer failed)";
     case kernels::kWaitCredit:

@@ -11,6 +11,7 @@ namespace odc::fault {
 FaultTransport::FaultTransport(std::unique_ptr<Transport> inner, FaultPlan plan,
                                std::function<void()> die)
     : inner_(std::move(inner)), plan_(plan), die_(std::move(die)), rng_(plan.seed) {
+  bytes_read_from_.assign(static_cast<size_t>(inner_->world_size()), 0);
   if (!die_) {
     Transport* raw = inner_.get();
     die_ = [raw] { raw->mark_failed("died"); };
@@ -96,18 +97,21 @@ void FaultTransport::mark_failed(const std::string& reason) {
 Status FaultTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes,
                                StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("get_all"));
+  for (size_t& read : bytes_read_from_) read += bytes;
   return inner_->get_all(dst, region, bytes, stream);
 }
 
 Status FaultTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
                                         StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("get_all_narrowed"));
+  for (size_t& read : bytes_read_from_) read += count * sizeof(float);
   return inner_->get_all_narrowed(dst, region, count, stream);
 }
 
 Status FaultTransport::get(void* dst, const SymmetricRegion& region, int peer, size_t offset,
                            size_t bytes, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("get"));
+  bytes_read_from_[static_cast<size_t>(peer)] += bytes;
   return inner_->get(dst, region, peer, offset, bytes, stream);
 }
 

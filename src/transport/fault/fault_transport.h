@@ -50,6 +50,8 @@ class FaultTransport final : public Transport {
   bool dead() const { return dead_; }
   // Bytes of symmetric memory this rank allocated through it so far (memory tests).
   size_t allocated_bytes() const { return allocated_bytes_; }
+  // Bytes this rank read from `peer`'s regions so far (gets and gathers; node cache tests).
+  size_t bytes_read_from(int peer) const { return bytes_read_from_[static_cast<size_t>(peer)]; }
 
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
@@ -94,14 +96,11 @@ class FaultTransport final : public Transport {
     ODC_RETURN_IF_ERROR(release_held());
     return inner_->poll_signals(watches, num_all, limit, seen);
   }
-  // Hints, forwarded without counting (call numbers stay those of the data path and collectives).
-  Status open_gather_window(const std::vector<const SymmetricRegion*>& regions,
-                            StreamHandle stream) override {
-    return inner_->open_gather_window(regions, stream);
+  // The background stream, forwarded without counting (host transports: the caller's).
+  Result<StreamHandle> fork_background(StreamHandle stream) override {
+    return inner_->fork_background(stream);
   }
-  Status close_gather_window(StreamHandle stream) override {
-    return inner_->close_gather_window(stream);
-  }
+  Status join_background(StreamHandle stream) override { return inner_->join_background(stream); }
 
  private:
   // Counts the call, sleeps when delays are on, and dies when the plan says so.
@@ -116,6 +115,7 @@ class FaultTransport final : public Transport {
   std::mt19937 rng_;
   int64_t calls_ = 0;
   size_t allocated_bytes_ = 0;
+  std::vector<size_t> bytes_read_from_;
   bool dead_ = false;
   bool fired_ = false;  // the one-shot fault (drop, mismatch) happened
   struct HeldSignal {

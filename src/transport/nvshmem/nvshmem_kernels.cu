@@ -38,16 +38,6 @@ __global__ void spin_kernel(int64_t nanoseconds) {
   }
 }
 
-__global__ void wait_flags_kernel(FlagWaits waits, uint64_t value, int rank, int32_t site,
-                                  int64_t timeout_ns, kernels::WaitError* error) {
-  const int j = threadIdx.x;
-  if (j < waits.num) {
-    kernels::detail::wait_at_least(waits.flag[j], value, timeout_ns, error, site, rank,
-                                   waits.peer[j]);
-  }
-  __syncthreads();
-}
-
 }  // namespace
 
 cudaError_t store_u64(uint64_t* dst, uint64_t value, cudaStream_t stream) {
@@ -63,16 +53,6 @@ cudaError_t publish_u64(uint64_t* flag, uint64_t value, const kernels::WaitError
 
 cudaError_t spin_for(int64_t nanoseconds, cudaStream_t stream) {
   spin_kernel<<<1, 1, 0, stream>>>(nanoseconds);
-  return cudaGetLastError();
-}
-
-cudaError_t wait_flags(const FlagWaits& waits, uint64_t value, int rank, int32_t site,
-                       int64_t timeout_ns, kernels::WaitError* error, cudaStream_t stream) {
-  if (waits.num < 1 || waits.num > kernels::kMaxRanks || error == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  wait_flags_kernel<<<1, kernels::kMaxRanks, 0, stream>>>(waits, value, rank, site, timeout_ns,
-                                                          error);
   return cudaGetLastError();
 }
 

@@ -36,16 +36,4 @@ cudaError_t fold_streamed(const kernels::StreamedFold& fold, kernels::WaitError*
 // Stream-ordered: keeps the stream busy for `nanoseconds` (tests: a late node fetch).
 cudaError_t spin_for(int64_t nanoseconds, cudaStream_t stream);
 
-// Flags in different places (this GPU's memory or peers' over NVLink), each with the rank that
-// raises it (named when the wait expires).
-struct FlagWaits {
-  const uint64_t* flag[kernels::kMaxRanks] = {};
-  int peer[kernels::kMaxRanks] = {};
-  int num = 0;
-};
-// Stream-ordered: returns (on the device) when *waits.flag[j] >= value for every j; on expiry of
-// `timeout_ns` records (site, rank, waits.peer[j], value, seen) in `error`.
-cudaError_t wait_flags(const FlagWaits& waits, uint64_t value, int rank, int32_t site,
-                       int64_t timeout_ns, kernels::WaitError* error, cudaStream_t stream);
-
 }  // namespace odc::nvshmem

@@ -34,31 +34,14 @@ ODC_ENV_DOUBLE(direct_knob, "ODC_NVSHMEM_DIRECT", 1.0)
 // Ranks per node (contiguous ranks share a node). 0: NVSHMEM's node team (or LOCAL_WORLD_SIZE).
 // Smaller than the real node: pretend node boundaries on one host (tests).
 ODC_ENV_DOUBLE(local_world_size_knob, "ODC_LOCAL_WORLD_SIZE", 0.0)
-// 1 (default): with more than one node, a minibatch's gathers fetch each remote shard once per
-// node (into a node cache at minibatch_begin) and fan it out over NVLink.
-ODC_ENV_DOUBLE(hierarchical_gather_knob, "ODC_NVSHMEM_HIERARCHICAL_GATHER", 1.0)
-// Tests: microseconds the node fetch waits on its side stream before it starts (a late fetcher,
-// so gathers meet its ready flag unset and the minibatch's end waits for it). 0: none.
+// Tests: microseconds the core's node fetch waits on the background stream before it starts (a
+// late fetcher, so gathers meet its ready words unset and the minibatch's end waits for it).
 ODC_ENV_DOUBLE(fetch_delay_us_knob, "ODC_NVSHMEM_TEST_FETCH_DELAY_US", 0.0)
 // 1: signals travel as ordinary puts after a quiet instead of NVSHMEM's signal atomics (remote
 // transports without atomics, e.g. UCX without GDRCopy).
 ODC_ENV_DOUBLE(signal_put_knob, "ODC_NVSHMEM_SIGNAL_PUT", 0.0)
 // 1: each rank prints the bytes it sent to and fetched from other nodes when it closes.
 ODC_ENV_DOUBLE(stats_knob, "ODC_NVSHMEM_STATS", 0.0)
-
-// Hierarchical gathers' node cache. For every region of the open window, the shards of the
-// remote owners this rank fetches for its node (rows: one per other node, the owner with
-// owner % ranks_per_node == this rank's local index, in rank order), and one ready flag per region
-// carrying the last window whose fetch of that region completed. Readers on the node read a
-// fetcher's rows over NVLink once its flag reaches the current window.
-struct GatherCache {
-  std::vector<uint64_t> serials;  // the window's regions, in order (the cache's layout key)
-  std::vector<size_t> bytes;      // each region's size
-  std::vector<size_t> stride;     // bytes between a region's rows (its size, 256-byte aligned)
-  std::vector<size_t> offset;     // where each region's rows start in `data` (256-byte aligned)
-  std::unique_ptr<SymmetricRegion> data;
-  std::unique_ptr<SymmetricRegion> ready;  // one uint64 per region
-};
 
 struct HeapState {
   std::shared_ptr<Bootstrap> bootstrap;
@@ -100,9 +83,8 @@ std::string version_text() {
 // GPU (nvshmem_ptr), nullptr where rank r is reached only through NVSHMEM's calls (another node).
 class NvshmemRegion final : public SymmetricRegion {
  public:
-  NvshmemRegion(std::vector<void*> peers, int rank, size_t bytes, std::shared_ptr<HeapState> heap,
-                uint64_t serial)
-      : SymmetricRegion(std::move(peers), rank, bytes), serial(serial), heap_(std::move(heap)) {}
+  NvshmemRegion(std::vector<void*> peers, int rank, size_t bytes, std::shared_ptr<HeapState> heap)
+      : SymmetricRegion(std::move(peers), rank, bytes), heap_(std::move(heap)) {}
   ~NvshmemRegion() override {
     if (heap_->failed.load()) return;  // nvshmem_free would wait for every PE: leak instead
     DeviceGuard guard(heap_->device);
@@ -114,10 +96,6 @@ class NvshmemRegion final : public SymmetricRegion {
     }
     nvshmem_free(local());
   }
-
-  // Allocation order on this transport, the same on every rank: names the region in the gather
-  // cache (a freed region's address may come back for a new one).
-  const uint64_t serial;
 
  private:
   std::shared_ptr<HeapState> heap_;
@@ -296,39 +274,22 @@ Status NvshmemTransport::init() {
   local_size_ = local_size;
   // Same-node peers whose heap NVSHMEM mapped into this GPU (NVLink) get odc's kernels.
   mapped_.assign(static_cast<size_t>(world_size_), 0);
-  bool node_mapped = true;  // every other rank of this node is mapped (node caches are readable)
   for (int r = 0; r < world_size_; ++r) {
     mapped_[r] = direct_knob() != 0.0 && node_of(r) == node_of(rank_) &&
                  barrier_signals_->peer(r) != nullptr;
-    if (node_of(r) == node_of(rank_) && r != rank_ && !mapped_[r]) node_mapped = false;
   }
-  constexpr int kSettings = 3;
-  const uint64_t settings[kSettings] = {static_cast<uint64_t>(local_size_),
-                                        hierarchical_gather_knob() != 0.0 ? 1u : 0u,
-                                        node_mapped ? 1u : 0u};
-  std::vector<uint64_t> all_settings(kSettings * static_cast<size_t>(world_size_));
+  // The node boundaries this transport counts its bytes by: the same on every rank.
+  const uint64_t my_size = static_cast<uint64_t>(local_size_);
+  std::vector<uint64_t> sizes(static_cast<size_t>(world_size_));
   ODC_RETURN_IF_ERROR(
-      bootstrap_->allgather(settings, all_settings.data(), sizeof(settings), "nvshmem topology"));
-  bool every_node_mapped = true;
+      bootstrap_->allgather(&my_size, sizes.data(), sizeof(my_size), "nvshmem ranks per node"));
   for (int r = 0; r < world_size_; ++r) {
-    const uint64_t* theirs = &all_settings[kSettings * static_cast<size_t>(r)];
-    if (theirs[0] != settings[0] || theirs[1] != settings[1]) {
-      return Status::InvalidArgument(
-          "rank " + std::to_string(r) + " has " + std::to_string(theirs[0]) +
-          " ranks per node and hierarchical gathers " + std::to_string(theirs[1]) + "; this rank " +
-          std::to_string(settings[0]) + " and " + std::to_string(settings[1]) +
-          " (ODC_LOCAL_WORLD_SIZE and ODC_NVSHMEM_HIERARCHICAL_GATHER must agree)");
+    if (sizes[static_cast<size_t>(r)] != my_size) {
+      return Status::InvalidArgument("rank " + std::to_string(r) + " has " +
+                                     std::to_string(sizes[static_cast<size_t>(r)]) +
+                                     " ranks per node, this rank " + std::to_string(my_size) +
+                                     " (ODC_LOCAL_WORLD_SIZE must agree)");
     }
-    every_node_mapped = every_node_mapped && theirs[2] != 0;
-  }
-  // Readers take the node's fetched shards from the fetchers' caches over NVLink, so every rank of
-  // a node must be mapped into every other (direct on). With one rank per node the cache still
-  // saves the network: each remote shard is fetched once per minibatch, not once per gather.
-  hierarchical_gather_ = settings[1] != 0 && local_size_ < world_size_ && every_node_mapped;
-  if (hierarchical_gather_) {
-    ODC_CUDA_CHECK(cudaStreamCreateWithFlags(&fetch_stream_, cudaStreamNonBlocking));
-    ODC_CUDA_CHECK(cudaEventCreateWithFlags(&window_opened_, cudaEventDisableTiming));
-    ODC_CUDA_CHECK(cudaEventCreateWithFlags(&fetches_done_, cudaEventDisableTiming));
   }
   return Status::Ok();
 }
@@ -345,10 +306,9 @@ NvshmemTransport::~NvshmemTransport() {
     const int length = std::snprintf(
         line, sizeof(line),
         "odc nvshmem rank %d: to/from other nodes: %llu bytes put, %llu bytes fetched "
-        "(%d ranks per node, hierarchical gathers %s, %d direct peers)\n",
+        "(%d ranks per node, %d direct peers)\n",
         rank_, static_cast<unsigned long long>(remote_put_bytes_),
-        static_cast<unsigned long long>(remote_get_bytes_), local_size_,
-        hierarchical_gather_ ? "on" : "off", num_direct_peers());
+        static_cast<unsigned long long>(remote_get_bytes_), local_size_, num_direct_peers());
     // One write, so that the lines of ranks sharing a terminal or file do not interleave.
     if (length > 0) {
       const ssize_t written =
@@ -358,10 +318,6 @@ NvshmemTransport::~NvshmemTransport() {
   }
   DeviceGuard guard(device_);
   cudaDeviceSynchronize();
-  gather_cache_.reset();  // collective frees, in the same order on every rank
-  if (fetches_done_ != nullptr) cudaEventDestroy(fetches_done_);
-  if (window_opened_ != nullptr) cudaEventDestroy(window_opened_);
-  if (fetch_stream_ != nullptr) cudaStreamDestroy(fetch_stream_);
   outbox_.reset();
   barrier_outbox_.reset();
   barrier_signals_.reset();
@@ -432,8 +388,7 @@ Result<std::unique_ptr<SymmetricRegion>> NvshmemTransport::allocate(size_t bytes
   std::vector<void*> peers(static_cast<size_t>(world_size_), nullptr);
   for (int r = 0; r < world_size_; ++r) peers[r] = nvshmem_ptr(memory, r);
   peers[rank_] = memory;
-  return std::unique_ptr<SymmetricRegion>(
-      new NvshmemRegion(std::move(peers), rank_, bytes, heap_, next_region_serial_++));
+  return std::unique_ptr<SymmetricRegion>(new NvshmemRegion(std::move(peers), rank_, bytes, heap_));
 }
 
 Status NvshmemTransport::barrier(CollectiveOp, StreamHandle stream) {
@@ -496,11 +451,6 @@ Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_
   auto* out = static_cast<char*>(dst);
   std::vector<void*> to;
   std::vector<const void*> from;
-  if (const int index = cached_index(region); index >= 0 && gather_cache_->bytes[index] == bytes) {
-    ODC_RETURN_IF_ERROR(cached_jobs(region, index, out, bytes, as_stream(stream), to, from));
-    return launch_direct(to, from, std::vector<uint64_t*>(to.size(), nullptr), bytes, 0,
-                         as_stream(stream));
-  }
   int num_gets = 0;
   for (int i = 0; i < world_size_; ++i) {
     const int owner = (rank_ + 1 + i) % world_size_;  // ranks start at different owners
@@ -521,8 +471,7 @@ Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_
   }
   if (num_gets > 0) nvshmemx_quiet_on_stream(as_stream(stream));
   ODC_CUDA_CHECK(cudaGetLastError());
-  return launch_direct(to, from, std::vector<uint64_t*>(to.size(), nullptr), bytes, 0,
-                       as_stream(stream));
+  return local().copy_many(to, from, bytes, push_done_, stream);
 }
 
 Status NvshmemTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
@@ -534,12 +483,6 @@ Status NvshmemTransport::get_all_narrowed(void* dst, const SymmetricRegion& regi
   std::vector<int> fetched;  // owners NVSHMEM's gets must bring in first
   std::vector<void*> to;
   std::vector<const void*> from;
-  if (const int index = cached_index(region);
-      index >= 0 && gather_cache_->bytes[index] == shard_bytes) {
-    ODC_RETURN_IF_ERROR(
-        cached_jobs(region, index, out, count * sizeof(uint16_t), as_stream(stream), to, from));
-    return launch_narrow(to, from, count, as_stream(stream));
-  }
   for (int i = 0; i < world_size_; ++i) {
     const int owner = (rank_ + 1 + i) % world_size_;
     if (mapped_[owner] || owner == rank_) {
@@ -565,211 +508,75 @@ Status NvshmemTransport::get_all_narrowed(void* dst, const SymmetricRegion& regi
     nvshmemx_quiet_on_stream(as_stream(stream));
     ODC_CUDA_CHECK(cudaGetLastError());
   }
-  const Status launched = launch_narrow(to, from, count, as_stream(stream));
+  const Status launched = local().narrow_many(to, from, count, stream);
   // Freed in stream order even when a launch failed (nothing may still read it then).
   if (temporary != nullptr) ODC_CUDA_CHECK(cudaFreeAsync(temporary, as_stream(stream)));
   return launched;
 }
 
-Status NvshmemTransport::launch_narrow(const std::vector<void*>& dst,
-                                       const std::vector<const void*>& src, size_t count,
-                                       cudaStream_t stream) {
-  for (size_t first = 0; first < dst.size(); first += kernels::kMaxRanks) {
-    kernels::NarrowJobs jobs;
-    for (size_t j = first; j < dst.size() && j < first + kernels::kMaxRanks; ++j) {
-      jobs.dst[jobs.num_jobs] = dst[j];
-      jobs.src[jobs.num_jobs] = src[j];
-      ++jobs.num_jobs;
-    }
-    ODC_CUDA_CHECK(
-        kernels::copy_narrow(jobs, count, rank_info(), /*num_blocks=*/0, stream, device_error_));
-  }
-  return Status::Ok();
-}
-
-Status NvshmemTransport::prepare_gather_cache(const std::vector<const SymmetricRegion*>& regions) {
-  std::vector<uint64_t> serials;
-  std::vector<size_t> sizes;
-  for (const SymmetricRegion* region : regions) {
-    const auto* ours = dynamic_cast<const NvshmemRegion*>(region);
-    if (ours == nullptr) return Status::InternalError("gather window: not an NVSHMEM region");
-    serials.push_back(ours->serial);
-    sizes.push_back(ours->bytes());
-  }
-  if (gather_cache_ && gather_cache_->serials == serials) return Status::Ok();
-  // Every rank opens its windows with the same regions, so all get here together: the frees and
-  // allocations below are collective like any other.
-  gather_cache_.reset();
-  if (regions.empty()) return Status::Ok();
-  auto cache = std::make_unique<GatherCache>();
-  const auto rows = static_cast<size_t>(max_fetched_owners());
-  // Rows start 256-byte aligned, as the buffers themselves: the copy kernels' vector paths need
-  // 16 bytes, and a float32 row after an odd-sized bfloat16 one must not be misaligned.
-  constexpr size_t kRowAlignment = 256;
-  size_t total = 0;
-  for (size_t size : sizes) {
-    const size_t stride = (size + kRowAlignment - 1) / kRowAlignment * kRowAlignment;
-    cache->stride.push_back(stride);
-    cache->offset.push_back(total);
-    total += rows * stride;
-  }
-  // Allocation failures are agreed by every rank (allocate compares), so all fall back alike.
-  auto data = allocate(total);
-  Result<std::unique_ptr<SymmetricRegion>> ready = Status::InternalError("not allocated");
-  if (data.ok()) ready = allocate(regions.size() * sizeof(uint64_t));
-  if (!data.ok() || !ready.ok()) {
-    const Status& why = data.ok() ? ready.status() : data.status();
-    // Only a refusal every rank saw (no room on the heap) is a reason to go on without the cache;
-    // a missing rank or a broken job is an error.
-    if (heap_->failed.load() || why.code() != StatusCode::kSystemError) return why;
-    char line[768];
-    const int length = std::snprintf(
-        line, sizeof(line),
-        "odc nvshmem rank %d: hierarchical gathers off for this communicator: no room for their "
-        "node cache (%zu bytes per rank for %zu buffers): %s\n",
-        rank_, total, regions.size(), why.message().c_str());
-    if (rank_ == 0 && length > 0) {
-      const ssize_t written =
-          ::write(STDERR_FILENO, line, std::min(static_cast<size_t>(length), sizeof(line) - 1));
-      (void)written;
-    }
-    hierarchical_gather_ = false;
-    return Status::Ok();
-  }
-  cache->data = std::move(data).value();
-  cache->ready = std::move(ready).value();
-  cache->serials = std::move(serials);
-  cache->bytes = std::move(sizes);
-  gather_cache_ = std::move(cache);
-  return Status::Ok();
-}
-
-Status NvshmemTransport::open_gather_window(const std::vector<const SymmetricRegion*>& regions,
-                                            StreamHandle stream) {
-  if (!hierarchical_gather_) return Status::Ok();
-  if (window_open_) return Status::InternalError("a gather window is already open");
+Status NvshmemTransport::get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
+                                  DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
   DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(prepare_gather_cache(regions));  // frees the cache when nothing is published
-  if (!hierarchical_gather_ || !gather_cache_) return Status::Ok();
-  ++gather_windows_;
-  // The fetches read owners' shards, final once the barrier the caller just enqueued has passed
-  // (owners rewrite them before it); they also rewrite this rank's cache, which every reader on the
-  // node finished with before reaching that barrier (its reads precede its minibatch_end). They
-  // wait for nothing else: not this rank's forward or backward, so a rank that runs late or runs
-  // no microbatch holds up no one.
-  ODC_CUDA_CHECK(cudaEventRecord(window_opened_, as_stream(stream)));
-  ODC_CUDA_CHECK(cudaStreamWaitEvent(fetch_stream_, window_opened_, 0));
-  if (const double delay_us = fetch_delay_us_knob(); delay_us > 0) {
-    ODC_CUDA_CHECK(spin_for(static_cast<int64_t>(delay_us * 1e3), fetch_stream_));
-  }
-  const std::vector<int> owners = owners_fetched_by(rank_ - node_of(rank_) * local_size_);
-  GatherCache& cache = *gather_cache_;
-  auto* rows = static_cast<char*>(cache.data->local());
-  auto* ready = static_cast<uint64_t*>(cache.ready->local());
-  // Region by region, in allocation order (a model's layers in the order its forward needs them),
-  // each raising its ready flag as soon as its rows are in.
-  for (size_t i = 0; i < regions.size(); ++i) {
-    for (size_t row = 0; row < owners.size(); ++row) {
-      nvshmemx_getmem_nbi_on_stream(rows + cache.offset[i] + row * cache.stride[i],
-                                    regions[i]->local(), cache.bytes[i], owners[row],
-                                    fetch_stream_);
-      remote_get_bytes_ += cache.bytes[i];
+  ODC_RETURN_IF_ERROR(check_device_pointer(device_, dst, "destination"));
+  const size_t src_bytes = count * element_bytes(src_dtype);
+  const size_t part_bytes = count * element_bytes(dst_dtype);
+  const bool narrowed = dst_dtype != src_dtype;
+  std::vector<void*> to;
+  std::vector<const void*> from;
+  std::vector<size_t> fetched;  // sources NVSHMEM's gets must bring in
+  for (size_t j = 0; j < sources.size(); ++j) {
+    const GatherSource& source = sources[j];
+    if (source.peer == rank_ || mapped_[source.peer]) {
+      to.push_back(static_cast<char*>(dst) + j * part_bytes);
+      from.push_back(static_cast<const char*>(source.region->peer(source.peer)) + source.offset);
+    } else {
+      fetched.push_back(j);
     }
-    nvshmemx_quiet_on_stream(fetch_stream_);
+  }
+  // Unmapped sources land in place, or (narrowed) in a stream-ordered fp32 temporary of their
+  // size only, freed in stream order once the narrowing copy has read it.
+  void* temporary = nullptr;
+  if (!fetched.empty()) {
+    if (narrowed) {
+      ODC_CUDA_CHECK(cudaMallocAsync(&temporary, fetched.size() * src_bytes, as_stream(stream)));
+    }
+    for (size_t k = 0; k < fetched.size(); ++k) {
+      const GatherSource& source = sources[fetched[k]];
+      char* part = static_cast<char*>(dst) + fetched[k] * part_bytes;
+      char* landing = narrowed ? static_cast<char*>(temporary) + k * src_bytes : part;
+      nvshmemx_getmem_nbi_on_stream(
+          landing, static_cast<const char*>(source.region->local()) + source.offset, src_bytes,
+          source.peer, as_stream(stream));
+      if (node_of(source.peer) != node_of(rank_)) remote_get_bytes_ += src_bytes;
+      if (narrowed) {
+        to.push_back(part);
+        from.push_back(landing);
+      }
+    }
+    nvshmemx_quiet_on_stream(as_stream(stream));
     ODC_CUDA_CHECK(cudaGetLastError());
-    ODC_CUDA_CHECK(publish_u64(ready + i, gather_windows_, device_error_, fetch_stream_));
   }
-  ODC_CUDA_CHECK(cudaEventRecord(fetches_done_, fetch_stream_));
-  window_open_ = true;
-  return Status::Ok();
+  const Status copied = narrowed ? local().narrow_many(to, from, count, stream)
+                                 : local().copy_many(to, from, src_bytes, push_done_, stream);
+  // Freed in stream order even when a launch failed (nothing may still read it then).
+  if (temporary != nullptr) ODC_CUDA_CHECK(cudaFreeAsync(temporary, as_stream(stream)));
+  return copied;
 }
 
-Status NvshmemTransport::close_gather_window(StreamHandle stream) {
-  if (!window_open_) return Status::Ok();
-  DeviceGuard guard(device_);
-  // This rank's fetches read other nodes' shards: done before it reaches the barrier after which
-  // their owners may rewrite them.
-  ODC_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), fetches_done_, 0));
-  window_open_ = false;
-  return Status::Ok();
+Status NvshmemTransport::wait_signals(const SymmetricRegion& signals, const std::vector<int>& peers,
+                                      uint64_t value, const std::string&, StreamHandle stream) {
+  return local().wait_slots(static_cast<const uint64_t*>(signals.local()), peers, value,
+                            timeout_ns_, stream);
 }
 
-int NvshmemTransport::cached_index(const SymmetricRegion& region) const {
-  if (!window_open_ || !gather_cache_) return -1;
-  const auto* ours = dynamic_cast<const NvshmemRegion*>(&region);
-  if (ours == nullptr) return -1;
-  // A window holds one entry per buffer of the communicator (tens to hundreds): a scan is enough.
-  const std::vector<uint64_t>& serials = gather_cache_->serials;
-  for (size_t i = 0; i < serials.size(); ++i) {
-    if (serials[i] == ours->serial) return static_cast<int>(i);
+Result<StreamHandle> NvshmemTransport::fork_background(StreamHandle stream) {
+  auto background = background_.fork(stream);
+  if (!background.ok()) return background;
+  if (const double delay_us = fetch_delay_us_knob(); delay_us > 0) {
+    DeviceGuard guard(device_);
+    ODC_CUDA_CHECK(spin_for(static_cast<int64_t>(delay_us * 1e3), as_stream(background.value())));
   }
-  return -1;
-}
-
-Status NvshmemTransport::cached_jobs(const SymmetricRegion& region, int index, void* out,
-                                     size_t part_bytes, cudaStream_t stream, std::vector<void*>& to,
-                                     std::vector<const void*>& from) {
-  auto sources = cached_sources(region, index, stream);
-  if (!sources.ok()) return sources.status();
-  for (int i = 0; i < world_size_; ++i) {
-    const int owner = (rank_ + 1 + i) % world_size_;  // as the flat path: ranks start apart
-    to.push_back(static_cast<char*>(out) + static_cast<size_t>(owner) * part_bytes);
-    from.push_back(sources.value()[owner]);
-  }
-  return Status::Ok();
-}
-
-Result<std::vector<const void*>> NvshmemTransport::cached_sources(const SymmetricRegion& region,
-                                                                  int index, cudaStream_t stream) {
-  const GatherCache& cache = *gather_cache_;
-  const auto entry = static_cast<size_t>(index);
-  const int node_base = node_of(rank_) * local_size_;
-  // 1. Every fetcher of this node has this region's rows in (their ready flags, over NVLink).
-  FlagWaits waits;
-  for (int fetcher = node_base; fetcher < node_base + local_size_; ++fetcher) {
-    const void* flags = fetcher == rank_ ? cache.ready->local() : cache.ready->peer(fetcher);
-    waits.flag[waits.num] = static_cast<const uint64_t*>(flags) + entry;
-    waits.peer[waits.num] = fetcher;
-    if (++waits.num == kernels::kMaxRanks || fetcher == node_base + local_size_ - 1) {
-      ODC_CUDA_CHECK(wait_flags(waits, gather_windows_, rank_, kernels::kWaitFetch, timeout_ns_,
-                                device_error_, stream));
-      waits = FlagWaits{};
-    }
-  }
-  // 2. Where each owner's shard is: this node's owners in their own memory, the others in the
-  //    row of their node at the fetcher local rank owner % local_size_.
-  std::vector<const void*> sources(static_cast<size_t>(world_size_), nullptr);
-  for (int owner = 0; owner < world_size_; ++owner) {
-    if (node_of(owner) == node_of(rank_)) {
-      sources[owner] = owner == rank_ ? region.local() : region.peer(owner);
-      continue;
-    }
-    const int fetcher = node_base + owner % local_size_;
-    // The fetcher's rows are the other nodes in order, skipping its own.
-    const int row = node_of(owner) < node_of(rank_) ? node_of(owner) : node_of(owner) - 1;
-    const void* rows = fetcher == rank_ ? cache.data->local() : cache.data->peer(fetcher);
-    sources[owner] = static_cast<const char*>(rows) + cache.offset[entry] +
-                     static_cast<size_t>(row) * cache.stride[entry];
-  }
-  return sources;
-}
-
-Status NvshmemTransport::launch_direct(const std::vector<void*>& dst,
-                                       const std::vector<const void*>& src,
-                                       const std::vector<uint64_t*>& signal, size_t bytes,
-                                       uint64_t value, cudaStream_t stream) {
-  for (size_t first = 0; first < dst.size(); first += kernels::kMaxRanks) {
-    kernels::PutSignalJobs jobs;
-    for (size_t j = first; j < dst.size() && j < first + kernels::kMaxRanks; ++j) {
-      jobs.dst[jobs.num_jobs] = dst[j];
-      jobs.src[jobs.num_jobs] = src[j];
-      jobs.signal[jobs.num_jobs] = signal[j];
-      ++jobs.num_jobs;
-    }
-    ODC_CUDA_CHECK(
-        kernels::put_signal(jobs, bytes, value, push_done_, rank_info(), device_error_, stream));
-  }
-  return Status::Ok();
+  return background;
 }
 
 Status NvshmemTransport::get(void* dst, const SymmetricRegion& region, int peer, size_t offset,
@@ -825,21 +632,6 @@ Status NvshmemTransport::signal(const SymmetricRegion& signals, int peer, uint64
       send_signal(static_cast<uint64_t*>(signals.local()) + rank_, value, peer, as_stream(stream)));
   ODC_CUDA_CHECK(cudaGetLastError());
   return Status::Ok();
-}
-
-std::vector<int> NvshmemTransport::owners_fetched_by(int fetcher) const {
-  std::vector<int> owners;
-  for (int owner = 0; owner < world_size_; ++owner) {
-    if (node_of(owner) != node_of(rank_) && owner % local_size_ == fetcher) {
-      owners.push_back(owner);
-    }
-  }
-  return owners;
-}
-
-int NvshmemTransport::max_fetched_owners() const {
-  // Owners on other nodes, spread over the local_size_ fetchers by owner % local_size_.
-  return (world_size_ - local_size_ + local_size_ - 1) / local_size_;
 }
 
 Status NvshmemTransport::send_signal(uint64_t* signal, uint64_t value, int peer,

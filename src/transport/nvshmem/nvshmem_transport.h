@@ -17,11 +17,9 @@
 //   signal waits    NVSHMEM's waits never time out, so a kernel polls the local signal words with
 //   and barriers    a deadline and records (site, rank, peer, expected, seen); poll_error()
 //                   reports it, worded as the CUDA transport's;
-//   gather windows  with more than one node (ODC_NVSHMEM_HIERARCHICAL_GATHER, default on), each
-//                   remote shard of a minibatch's buffers is fetched once per node at
-//                   minibatch_begin, on a side stream, by local rank owner % ranks_per_node, into
-//                   that rank's node cache; every local rank's gathers read it over NVLink after a
-//                   bounded wait on the fetcher's ready flag.
+//   get_from        the core's node cache (core/node_gather_cache.h): mapped sources (this node's
+//                   shards and fetchers' rows over NVLink) through the copy kernels, others by
+//                   NVSHMEM's gets; its fetches run on the transport's background stream.
 // Invariant: a streamed chunk is read only after its signal (acquired at system scope), and
 // NVSHMEM's own collectives (malloc, free) are entered only after a bounded bootstrap barrier saw
 // every rank.
@@ -44,7 +42,6 @@
 namespace odc::nvshmem {
 
 struct HeapState;
-struct GatherCache;
 
 class NvshmemTransport final : public Transport {
  public:
@@ -64,7 +61,6 @@ class NvshmemTransport final : public Transport {
   // Peers reached with odc's own kernels over NVSHMEM's NVLink mappings (same node, direct on).
   int num_direct_peers() const;
   int local_world_size() const { return local_size_; }
-  bool hierarchical_gather() const { return hierarchical_gather_; }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
@@ -92,10 +88,13 @@ class NvshmemTransport final : public Transport {
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
                     StreamHandle stream) override;
   Status read_local(void* host_dst, const void* src, size_t bytes) override;
-  // Hierarchical gathers: the window's remote shards are fetched once per node (see the top).
-  Status open_gather_window(const std::vector<const SymmetricRegion*>& regions,
-                            StreamHandle stream) override;
-  Status close_gather_window(StreamHandle stream) override;
+  Status get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
+                  DataType src_dtype, DataType dst_dtype, StreamHandle stream) override;
+  Status wait_signals(const SymmetricRegion& signals, const std::vector<int>& peers, uint64_t value,
+                      const std::string& what, StreamHandle stream) override;
+  // ODC_NVSHMEM_TEST_FETCH_DELAY_US (tests): the background stream first waits that long.
+  Result<StreamHandle> fork_background(StreamHandle stream) override;
+  Status join_background(StreamHandle stream) override { return background_.join(stream); }
 
  private:
   NvshmemTransport(const TransportSpec& spec);
@@ -103,36 +102,9 @@ class NvshmemTransport final : public Transport {
   cuda::DeviceLocal local() const { return cuda::DeviceLocal{device_, rank_info(), device_error_}; }
   kernels::RankInfo rank_info() const;
   int node_of(int rank) const { return rank / local_size_; }
-  // Copies the jobs whose target is mapped into this GPU (direct gathers): odc's put-with-signal
-  // kernel, kernels::kMaxRanks jobs per launch.
-  Status launch_direct(const std::vector<void*>& dst, const std::vector<const void*>& src,
-                       const std::vector<uint64_t*>& signal, size_t bytes, uint64_t value,
-                       cudaStream_t stream);
-  // Narrowing copies (fp32 to bf16, `count` elements each) from src[j] to dst[j], local or mapped
-  // memory on either side, kernels::kMaxRanks jobs per launch.
-  Status launch_narrow(const std::vector<void*>& dst, const std::vector<const void*>& src,
-                       size_t count, cudaStream_t stream);
   // signal@peer = value, after this rank's earlier puts landed (NVSHMEM's signal atomic, or with
   // ODC_NVSHMEM_SIGNAL_PUT a quiet and a put of the value).
   Status send_signal(uint64_t* signal, uint64_t value, int peer, cudaStream_t stream);
-  // The remote owners (other nodes) whose shards the local rank `fetcher` (0 .. local_size-1)
-  // fetches for its node, in rank order; the index of an owner in that list is its row in the
-  // node cache.
-  std::vector<int> owners_fetched_by(int fetcher) const;
-  int max_fetched_owners() const;
-  // (Re)allocates the node cache for the window's regions when they differ from the last
-  // window's (collective: every rank opens windows with the same regions).
-  Status prepare_gather_cache(const std::vector<const SymmetricRegion*>& regions);
-  // The window's cache index of `region`, or -1 when it is not served from the cache.
-  int cached_index(const SymmetricRegion& region) const;
-  // Waits (bounded) until every local rank has fetched its part of cached region `index` in this
-  // window, then returns, in owner order, where each owner's shard is readable from this GPU.
-  Result<std::vector<const void*>> cached_sources(const SymmetricRegion& region, int index,
-                                                  cudaStream_t stream);
-  // cached_sources as copy jobs: owner o's shard to out + o * part_bytes, appended to to / from.
-  Status cached_jobs(const SymmetricRegion& region, int index, void* out, size_t part_bytes,
-                     cudaStream_t stream, std::vector<void*>& to, std::vector<const void*>& from);
-
   std::shared_ptr<Bootstrap> bootstrap_;
   std::shared_ptr<HeapState> heap_;  // shared with regions: frees only while the job is whole
   int rank_;
@@ -149,17 +121,10 @@ class NvshmemTransport final : public Transport {
   std::unique_ptr<SymmetricRegion> outbox_;           // signal values sent as puts, per peer
   std::unique_ptr<SymmetricRegion> barrier_outbox_;   // barrier epochs announced, per peer
   bool signal_by_put_ = false;
-  bool hierarchical_gather_ = false;
-  std::unique_ptr<GatherCache> gather_cache_;
-  uint64_t gather_windows_ = 0;  // windows opened so far (the value ready flags carry)
-  bool window_open_ = false;
-  cudaStream_t fetch_stream_ = nullptr;  // the node fetches, off the caller's stream
-  cudaEvent_t window_opened_ = nullptr;  // caller's stream: the minibatch_begin barrier passed
-  cudaEvent_t fetches_done_ = nullptr;   // fetch stream: the window's fetches completed
-  uint64_t next_region_serial_ = 0;      // names regions for the cache (addresses get reused)
-  uint32_t* push_done_ = nullptr;        // direct puts' block counters
+  uint32_t* push_done_ = nullptr;               // direct puts' block counters
   kernels::WaitError* device_error_ = nullptr;  // written by expired device waits
   kernels::WaitError* host_error_ = nullptr;    // host-mapped mirror of it
+  cuda::BackgroundStream background_{device_};  // the core's node fetches
 };
 
 }  // namespace odc::nvshmem
