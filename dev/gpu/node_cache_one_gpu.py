@@ -1,0 +1,128 @@
+"""The core's node cache (issue #27 item 4: node-cached gathers of published buffers) on the GPUs
+there are, several ranks per GPU and pretended node boundaries (ODC_LOCAL_WORLD_SIZE): exact
+gathers (float32, bfloat16, narrowed) inside minibatches from the fetchers' rows, and the bytes
+each rank fetched from other nodes (NVSHMEM's ODC_NVSHMEM_STATS line) equal to one fetch per
+node and minibatch; memory per process with and without the cache. Correctness, bytes and memory
+only: with ranks sharing a GPU, no timings. The transport, libraries and knobs come from the
+environment (dev/gpu/node_cache_one_gpu.sh drives it).
+  windows WORLD RANKS_PER_NODE MINIBATCHES AT_ONCE   the GPU suite's rank body
+                           (tests/gpu/test_nvshmem_comm.py::_windows_rank) with every rank on GPU
+                           0; AT_ONCE 0: no host synchronization inside minibatches. NVSHMEM:
+                           checks the fetched bytes; the cache is on unless
+                           ODC_NODE_CACHE_BYTES=0 or there is one node
+  memory WORLD SHARD_MIB   GPU memory per process (nvidia-smi) after a published buffer's
+                           minibatch, and odc's own count of the node cache
+"""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import odc
+
+
+def _windows(world, ranks_per_node, minibatches, at_once):
+    import test_nvshmem_comm as gpu_suite
+
+    hierarchical = ranks_per_node < world and os.environ.get("ODC_NODE_CACHE_BYTES") != "0"
+    nvshmem = os.environ.get("ODC_TRANSPORT") == "nvshmem"
+    if nvshmem:
+        os.environ["ODC_NVSHMEM_STATS"] = "1"
+    # The ranks print their statistics to the inherited stderr when they close: catch it.
+    with tempfile.TemporaryFile(mode="w+") as caught:
+        saved = os.dup(2)
+        os.dup2(caught.fileno(), 2)
+        try:
+            expected = odc.launch(
+                gpu_suite._windows_rank,
+                world,
+                minibatches,
+                ranks_per_node,
+                hierarchical,
+                1,
+                at_once,
+                timeout=400,
+            )
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        caught.seek(0)
+        err = caught.read()
+    sys.stderr.write(err[-2000:])
+    if nvshmem:
+        stats = re.findall(
+            r"odc nvshmem rank (\d+): to/from other nodes: \d+ bytes put, (\d+) bytes fetched", err
+        )
+        got = {int(rank): int(fetched) for rank, fetched in stats}
+        assert sorted(got) == list(range(world)), err[-3000:]
+        for rank in range(world):
+            assert got[rank] == expected[rank], (rank, got[rank], expected[rank])
+        print(f"fetched from other nodes per rank: {[got[r] for r in range(world)]} (expected)")
+    print(
+        f"windows ok: {world} ranks, {ranks_per_node} per node, node cache "
+        f"{'on' if hierarchical else 'off'}, {minibatches} minibatches"
+    )
+
+
+def _used_mib(pid):
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if fields and fields[0] == str(pid):
+            return int(fields[1])
+    return -1
+
+
+def _memory_rank(rank, world_size, key, shard_mib):
+    import torch
+
+    torch.cuda.set_device(0)
+    count = shard_mib * (1 << 20) // 4
+    with odc.Comm(rank, world_size, key, timeout=120, device=0) as comm:
+        comm.barrier()
+        torch.cuda.synchronize()
+        before = _used_mib(os.getpid())
+        params = comm.alloc(count, published=True)
+        params.tensor().fill_(rank)
+        out = torch.empty(world_size * count, device="cuda")
+        comm.minibatch_begin()
+        comm.gather(out, params)
+        comm.minibatch_end()
+        torch.cuda.synchronize()
+        ok = all(bool((out[o * count : (o + 1) * count] == o).all()) for o in range(world_size))
+        after = _used_mib(os.getpid())
+        memory = comm.memory_bytes()
+        del out, params
+    return before, after, memory, ok
+
+
+def _memory(world, shard_mib):
+    results = odc.launch(_memory_rank, world, shard_mib, timeout=300)
+    for rank, (before, after, memory, ok) in enumerate(results):
+        assert ok, f"rank {rank}: wrong gather"
+        print(
+            f"rank {rank}: process {before} -> {after} MiB (+{after - before}) with a "
+            f"{shard_mib} MiB published shard gathered in a minibatch; odc node cache "
+            f"{memory['node_cache'] / (1 << 20):.2f} MiB, buffers "
+            f"{memory['buffers'] / (1 << 20):.0f} MiB"
+        )
+
+
+def main(argv):
+    if argv[0] == "windows":
+        _windows(int(argv[1]), int(argv[2]), int(argv[3]), argv[4] != "0")
+    elif argv[0] == "memory":
+        _memory(int(argv[1]), int(argv[2]))
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
