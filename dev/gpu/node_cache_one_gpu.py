@@ -12,6 +12,11 @@ environment (dev/gpu/node_cache_one_gpu.sh drives it).
                            ODC_NODE_CACHE_BYTES=0 or there is one node
   memory WORLD SHARD_MIB   GPU memory per process (nvidia-smi) after a published buffer's
                            minibatch, and odc's own count of the node cache
+  aggregation WORLD RPN    NVSHMEM, streamed pushes with and without node aggregation
+                           (ODC_NODE_AGGREGATION_BYTES=64M / 0): exact sums, and the bytes each
+                           rank put to other nodes (aggregated: one slice per other node and
+                           minibatch, direct: one per remote owner; fp32 pushes), then
+                           aggregated with bf16 and fp32 pushes mixed: exact sums
 """
 
 import os
@@ -115,9 +120,48 @@ def _memory(world, shard_mib):
         )
 
 
+def _aggregation(world, ranks_per_node):
+    import test_nvshmem_comm as gpu_suite
+
+    os.environ["ODC_NVSHMEM_STATS"] = "1"
+    count, minibatches = 70_001, 6
+    put = {}
+    for budget in ("0", "64M"):
+        os.environ["ODC_NODE_AGGREGATION_BYTES"] = budget
+        with tempfile.TemporaryFile(mode="w+") as caught:
+            saved = os.dup(2)
+            os.dup2(caught.fileno(), 2)
+            try:
+                # fp32 pushes: relay rows go out in fp32, so slices compare byte for byte.
+                odc.launch(
+                    gpu_suite._aggregation_rank, world, 1, count, minibatches, False, timeout=300
+                )
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            caught.seek(0)
+            err = caught.read()
+        stats = re.findall(r"odc nvshmem rank (\d+): to/from other nodes: (\d+) bytes put", err)
+        put[budget] = {int(r): int(p) for r, p in stats}
+        assert sorted(put[budget]) == list(range(world)), err[-3000:]
+    # Aggregated with bf16 and fp32 pushes mixed: sums exact.
+    odc.launch(gpu_suite._aggregation_rank, world, 1, count, minibatches, True, timeout=300)
+    remote_owners = world - ranks_per_node
+    rows = remote_owners // ranks_per_node
+    for rank in range(world):
+        assert put["0"][rank] * rows == remote_owners * put["64M"][rank], (rank, put)
+    print(
+        f"aggregation ok: {world} ranks, {ranks_per_node} per node, bytes put to other nodes "
+        f"per rank: direct {[put['0'][r] for r in range(world)]}, aggregated "
+        f"{[put['64M'][r] for r in range(world)]} ({remote_owners // rows}x fewer)"
+    )
+
+
 def main(argv):
     if argv[0] == "windows":
         _windows(int(argv[1]), int(argv[2]), int(argv[3]), argv[4] != "0")
+    elif argv[0] == "aggregation":
+        _aggregation(int(argv[1]), int(argv[2]))
     elif argv[0] == "memory":
         _memory(int(argv[1]), int(argv[2]))
     else:

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The core's node cache (issue #27 item 4) on one GPU, several ranks on it, pretended nodes:
+# The core's node schemes (issue #27 item 4) on one GPU, several ranks on it, pretended nodes:
+# node-aggregated pushes over NVSHMEM (2 nodes of 2, every rank its own node; a tiny staging
+# budget so rings wrap), and the node cache:
 # NVSHMEM (its calls and direct NVLink loads; 2 nodes of 2, every rank its own node, one node,
 # cache off, a late fetch), the CUDA transport on pretended nodes (the same core scheme over its
 # kernels), odc.torch's FSDP2 over NVSHMEM with every rank its own node (its parameters served
@@ -39,6 +41,12 @@ stage "cuda-nodes2" 400 env $libs ODC_TRANSPORT=cuda ODC_LOCAL_WORLD_SIZE=2 \
   python3 "$check" windows 4 2 12 1
 stage "cuda-nodes2-late" 400 env $libs ODC_TRANSPORT=cuda ODC_LOCAL_WORLD_SIZE=2 \
   python3 "$check" windows 4 2 8 0
+for shape in "4 2" "4 1" "2 1"; do
+  stage "nvshmem-aggregation-${shape// /x}" 400 env $libs $nv ODC_LOCAL_WORLD_SIZE=${shape#* } \
+    python3 "$check" aggregation $shape
+done
+stage "nvshmem-aggregation-tiny-staging" 400 env $libs $nv ODC_LOCAL_WORLD_SIZE=2 \
+  ODC_STAGING_BYTES=256K python3 "$check" aggregation 4 2
 for cache in default 0; do
   knob=""
   [ "$cache" = 0 ] && knob="ODC_NODE_CACHE_BYTES=0"

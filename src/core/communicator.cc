@@ -99,6 +99,7 @@ Status check_name(const std::string& name) {
 
 ODC_ENV_TEXT(staging_bytes_env, "ODC_STAGING_BYTES")
 ODC_ENV_TEXT(node_cache_bytes_env, "ODC_NODE_CACHE_BYTES")
+ODC_ENV_TEXT(node_aggregation_bytes_env, "ODC_NODE_AGGREGATION_BYTES")
 
 // The staging budget: the caller's, else $ODC_STAGING_BYTES (bytes, or with a K, M or G suffix
 // for KiB, MiB, GiB), else the default.
@@ -114,16 +115,16 @@ Result<size_t> resolve_staging_bytes(size_t configured) {
   return static_cast<size_t>(value);
 }
 
-// The node cache's budget: the caller's, else $ODC_NODE_CACHE_BYTES (as the staging budget's
-// knob, and 0 for none), else the default.
-Result<size_t> resolve_node_cache_bytes(size_t configured) {
-  if (configured != kNodeCacheFromEnvironment) return configured;
-  const std::string& text = node_cache_bytes_env();
-  if (text.empty()) return kDefaultNodeCacheBytes;
+// A node scheme's budget: the caller's (unless `from_environment`), else $`knob` (bytes, or with a
+// K, M or G suffix; 0 for none), else `fallback`.
+Result<size_t> resolve_node_budget(size_t configured, size_t from_environment,
+                                   const std::string& text, const char* knob, size_t fallback) {
+  if (configured != from_environment) return configured;
+  if (text.empty()) return fallback;
   if (text == "0") return size_t{0};
   const uint64_t value = positive_integer(text, SIZE_MAX, /*size_suffix=*/true);
   if (value == 0) {
-    return Status::InvalidArgument("ODC_NODE_CACHE_BYTES='" + text +
+    return Status::InvalidArgument(std::string(knob) + "='" + text +
                                    "' is not a number of bytes (e.g. 0, 268435456 or 256M)");
   }
   return static_cast<size_t>(value);
@@ -180,6 +181,7 @@ Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opt
       staging_bytes_(options.staging_bytes),
       ranks_per_node_(options.ranks_per_node),
       node_cache_bytes_(options.node_cache_bytes),
+      node_aggregation_bytes_(options.node_aggregation_bytes),
       destination_([this](uint64_t buffer_id, size_t first, size_t count) {
         return fold_destination(buffer_id, first, count);
       }) {}
@@ -208,6 +210,7 @@ Communicator::Memory Communicator::memory() const {
   for (const auto& [handle, buffer] : buffers_) {
     memory.buffer_bytes += buffer->data->bytes();
     if (buffer->pending != nullptr) memory.scheme_bytes += buffer->pending->bytes();
+    if (buffer->relay != nullptr) memory.scheme_bytes += buffer->relay->bytes();
   }
   if (pull_scratch_ != nullptr) memory.scheme_bytes += pull_scratch_->bytes();
   if (staging_ != nullptr) memory.scheme_bytes += staging_->allocated_bytes();
@@ -277,13 +280,14 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   }
   if (accumulator && scheme_ == AccumulationScheme::kStreamed &&
       transport_->caps().stream_ordered &&
-      accumulators_by_id_.size() >= static_cast<size_t>(kernels::kMaxFoldTargets)) {
+      fold_targets().size() >= static_cast<size_t>(kernels::kMaxFoldTargets)) {
     // Every rank has the same accumulators: all refuse alike, before anything is allocated.
-    return finish(op, Status::InvalidArgument(
-                          "the device's streamed fold adds into at most " +
-                          std::to_string(kernels::kMaxFoldTargets) +
-                          " accumulators per communicator, and this one has them all (free one, "
-                          "or group parameters into fewer accumulators)"));
+    return finish(
+        op, Status::InvalidArgument("the device's streamed fold adds into at most " +
+                                    std::to_string(kernels::kMaxFoldTargets) +
+                                    " accumulators (and relay rows of node-aggregated pushes) per "
+                                    "communicator, and this one has them all (free one, or group "
+                                    "parameters into fewer accumulators)"));
   }
   // Every rank must ask for the same buffer: compare before anything is created, so a mismatch
   // fails on every rank and changes nothing.
@@ -355,12 +359,14 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   if (published && node_cache_ != nullptr) {
     ODC_RETURN_IF_ERROR(finish(op, node_cache_->add(buffer->id, *buffer->data, buffer->bytes())));
   }
+  if (accumulator && routes_ != nullptr) ODC_RETURN_IF_ERROR(finish(op, add_relay(*buffer)));
   Buffer* handle = buffer.get();
   if (accumulator) accumulators_by_id_.emplace(handle->id, handle);
   buffers_.emplace(handle, std::move(buffer));
   if (accumulator && staging_ != nullptr) {
-    // Fits: the limit was checked before anything was allocated.
+    // Fits: the limit was checked before anything was allocated (relays only where room is).
     ODC_RETURN_IF_ERROR(finish(op, as_fault(staging_->set_targets(fold_targets()))));
+    staging_->set_relays(relays());
   }
   return handle;
 }
@@ -380,9 +386,28 @@ Status Communicator::create_staging() {
   // rings are cut from the budget alike on every rank.
   ODC_RETURN_IF_ERROR(agree_on_budget(*transport_, budget, "staging budget",
                                       "ODC_STAGING_BYTES or the config's staging_bytes"));
+  // Node-aggregated pushes: where there are several nodes of consecutive ranks (a node's ends
+  // are awaited as one range) and a budget.
+  auto aggregation =
+      resolve_node_budget(node_aggregation_bytes_, kNodeAggregationFromEnvironment,
+                          node_aggregation_bytes_env(), "ODC_NODE_AGGREGATION_BYTES", 0);
+  ODC_RETURN_IF_ERROR(agree_on_budget(*transport_, aggregation, "node aggregation budget",
+                                      "ODC_NODE_AGGREGATION_BYTES or the config's "
+                                      "node_aggregation_bytes"));
+  node_aggregation_bytes_ = aggregation.value();
   auto staging = StreamedStaging::create(*transport_, budget.value(), destination_);
   if (!staging.ok()) return staging.status();
   staging_ = std::move(staging).value();
+  const std::vector<int> node = topology_->ranks_on(topology_->node(rank()));
+  bool consecutive = true;
+  for (int n = 0; n < topology_->num_nodes; ++n) {
+    const std::vector<int> ranks = topology_->ranks_on(n);
+    consecutive = consecutive && ranks.back() - ranks.front() + 1 == static_cast<int>(ranks.size());
+  }
+  if (node_aggregation_bytes_ > 0 && topology_->num_nodes > 1 && consecutive) {
+    routes_ = std::make_unique<NodeRoutes>(NodeRoutes::of(*topology_, rank()));
+    staging_->set_routes(*routes_, node.front(), node.back() + 1);
+  }
   // Made inside a minibatch (an accumulator allocated there): that minibatch is open for it too.
   if (state_ == CommState::kInMinibatch) staging_->begin(minibatch_);
   return Status::Ok();
@@ -390,7 +415,9 @@ Status Communicator::create_staging() {
 
 Status Communicator::create_node_cache() {
   node_cache_agreed_ = true;
-  auto budget = resolve_node_cache_bytes(node_cache_bytes_);
+  auto budget =
+      resolve_node_budget(node_cache_bytes_, kNodeCacheFromEnvironment, node_cache_bytes_env(),
+                          "ODC_NODE_CACHE_BYTES", kDefaultNodeCacheBytes);
   ODC_RETURN_IF_ERROR(agree_on_budget(*transport_, budget, "node cache budget",
                                       "ODC_NODE_CACHE_BYTES or the config's node_cache_bytes"));
   if (budget.value() > 0) {
@@ -399,25 +426,67 @@ Status Communicator::create_node_cache() {
   return Status::Ok();
 }
 
+Status Communicator::add_relay(Buffer& buffer) {
+  // The same sizes and counts on every rank: all decide alike.
+  const size_t bytes = routes_->max_rows * buffer.count * sizeof(float);
+  size_t targets = 0;
+  for (const auto& [id, acc] : accumulators_by_id_) targets += acc->relay != nullptr ? 2 : 1;
+  const bool fits_device = !transport_->caps().stream_ordered ||
+                           targets + 2 <= static_cast<size_t>(kernels::kMaxFoldTargets);
+  if (bytes == 0 || relay_bytes_ + bytes > node_aggregation_bytes_ || !fits_device) {
+    return Status::Ok();  // pushed to its owners directly
+  }
+  auto rows = transport_->allocate(bytes);
+  if (!rows.ok()) {
+    return rows.status().with_context("relay rows of " + std::to_string(bytes) +
+                                      " bytes for node-aggregated pushes (lower "
+                                      "ODC_NODE_AGGREGATION_BYTES, or 0 to push directly)");
+  }
+  buffer.relay = std::move(rows).value();
+  relay_bytes_ += bytes;
+  return Status::Ok();
+}
+
+std::vector<StreamedStaging::Relay> Communicator::relays() const {
+  std::vector<StreamedStaging::Relay> relays;
+  for (const auto& [id, buffer] : accumulators_by_id_) {
+    if (buffer->relay != nullptr) {
+      relays.push_back({id, static_cast<float*>(buffer->relay->local()), buffer->count});
+    }
+  }
+  return relays;
+}
+
 std::vector<kernels::FoldTarget> Communicator::fold_targets() const {
   std::vector<kernels::FoldTarget> targets;
   for (const auto& [id, buffer] : accumulators_by_id_) {
     targets.push_back({id, static_cast<float*>(buffer->local()), buffer->count});
+    if (buffer->relay != nullptr) {  // its rows: the remote owners this rank carries
+      targets.push_back({id | kRelayTargetBit, static_cast<float*>(buffer->relay->local()),
+                         routes_->my_owners.size() * buffer->count});
+    }
   }
   return targets;
 }
 
-Result<float*> Communicator::fold_destination(uint64_t buffer_id, size_t first,
+Result<float*> Communicator::fold_destination(uint64_t target_id, size_t first,
                                               size_t count) const {
+  const bool relay = (target_id & kRelayTargetBit) != 0;
+  const uint64_t buffer_id = target_id & ~kRelayTargetBit;
   if (auto found = accumulators_by_id_.find(buffer_id); found != accumulators_by_id_.end()) {
     const Buffer* buffer = found->second;
-    if (first > buffer->count || count > buffer->count - first) {
-      return Status::InternalError("elements [" + std::to_string(first) + ", " +
-                                   std::to_string(first + count) + ") lie outside accumulator " +
-                                   std::to_string(buffer_id) + "'s shard of " +
-                                   std::to_string(buffer->count));
+    if (relay && buffer->relay == nullptr) {
+      return Status::InternalError("accumulator " + std::to_string(buffer_id) +
+                                   " has no relay rows here (a chunk for another owner)");
     }
-    return static_cast<float*>(buffer->local()) + first;
+    const size_t elements = relay ? routes_->my_owners.size() * buffer->count : buffer->count;
+    if (first > elements || count > elements - first) {
+      return Status::InternalError(
+          "elements [" + std::to_string(first) + ", " + std::to_string(first + count) +
+          ") lie outside accumulator " + std::to_string(buffer_id) + "'s " +
+          (relay ? "relay rows" : "shard") + " of " + std::to_string(elements));
+    }
+    return static_cast<float*>(relay ? buffer->relay->local() : buffer->local()) + first;
   }
   return Status::InternalError("no live accumulator with id " + std::to_string(buffer_id) +
                                " (freed while a peer still pushed into it?)");
@@ -430,8 +499,13 @@ Status Communicator::release(Buffer* buffer) {
     // Nothing to coordinate with, but this rank's queued work may still use the buffer.
     (void)transport_->drain();
     if (node_cache_ != nullptr) node_cache_->remove(buffer->id);
+    if (buffer->relay != nullptr) relay_bytes_ -= buffer->relay->bytes();
     accumulators_by_id_.erase(buffer->id);
     buffers_.erase(buffer);
+    if (staging_ != nullptr) {
+      (void)staging_->set_targets(fold_targets());
+      staging_->set_relays(relays());
+    }
     return Status::Ok();
   }
   // Peers may still read this buffer until they too arrive here.
@@ -439,10 +513,14 @@ Status Communicator::release(Buffer* buffer) {
   // Every rank's queued work is complete past it (the node fetch and reads of its rows too).
   ODC_RETURN_IF_ERROR(finish(op, transport_->host_barrier(CollectiveOp::kRelease)));
   if (node_cache_ != nullptr) node_cache_->remove(buffer->id);
+  if (buffer->relay != nullptr) relay_bytes_ -= buffer->relay->bytes();
   accumulators_by_id_.erase(buffer->id);
   buffers_.erase(buffer);
   // Fewer targets than before always fit.
-  if (staging_ != nullptr) ODC_RETURN_IF_ERROR(finish(op, staging_->set_targets(fold_targets())));
+  if (staging_ != nullptr) {
+    ODC_RETURN_IF_ERROR(finish(op, staging_->set_targets(fold_targets())));
+    staging_->set_relays(relays());
+  }
   return Status::Ok();
 }
 
@@ -579,6 +657,11 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
     // this minibatch is folded before this rank's next call: zero, then fold into them.
     for (Buffer* acc : accs) {
       ODC_RETURN_IF_ERROR(finish(op, transport_->zero(acc->local(), acc->bytes(), stream)));
+      // Relay rows: read last by this rank's own forward in the previous minibatch_end.
+      if (acc->relay != nullptr) {
+        ODC_RETURN_IF_ERROR(
+            finish(op, transport_->zero(acc->relay->local(), acc->relay->bytes(), stream)));
+      }
     }
     if (staging_ != nullptr) staging_->begin(minibatch_ + 1);
   }

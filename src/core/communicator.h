@@ -61,8 +61,10 @@ inline constexpr size_t kPullChunkBytes = size_t{4} << 20;
 
 const char* scheme_name(AccumulationScheme scheme);
 
-// CommOptions::node_cache_bytes: $ODC_NODE_CACHE_BYTES, else kDefaultNodeCacheBytes.
+// CommOptions::node_cache_bytes: $ODC_NODE_CACHE_BYTES, else kDefaultNodeCacheBytes;
+// CommOptions::node_aggregation_bytes: $ODC_NODE_AGGREGATION_BYTES, else 0 (off).
 inline constexpr size_t kNodeCacheFromEnvironment = SIZE_MAX;
+inline constexpr size_t kNodeAggregationFromEnvironment = SIZE_MAX;
 
 struct CommOptions {
   // Add contributions in a fixed order (kPulled) even where remote atomic adds exist.
@@ -80,6 +82,11 @@ struct CommOptions {
   // (core/node_gather_cache.h); 0: off (every gather reads remote owners itself). Every rank
   // must use the same.
   size_t node_cache_bytes = kNodeCacheFromEnvironment;
+  // kStreamed with more than one node (of consecutive ranks): the budget per rank of the relay
+  // rows of node-aggregated pushes (core/streamed_staging.h), which cost (nodes - 1) x the shard
+  // in fp32 per relayed accumulator; accumulators are relayed in allocation order while it lasts.
+  // 0: off (every rank pushes to every owner itself). Every rank must use the same.
+  size_t node_aggregation_bytes = kNodeAggregationFromEnvironment;
 };
 
 // A symmetric buffer: `count` elements of `dtype` on every rank. Accumulators are fp32; pulled
@@ -96,6 +103,8 @@ struct Buffer {
   std::string name;  // the caller's tag, checked across ranks at allocation ("" = none)
   std::unique_ptr<SymmetricRegion> data;     // the shards (an accumulator's sums)
   std::unique_ptr<SymmetricRegion> pending;  // kPulled: this sender's sum of its pushes
+  // kStreamed, node-aggregated: the relay rows (one per remote owner this rank carries).
+  std::unique_ptr<SymmetricRegion> relay;
 
   bool is_accumulator() const { return accumulator; }
   bool is_pulled() const { return pending != nullptr; }
@@ -189,9 +198,14 @@ class Communicator {
   // kStreamed, inside a minibatch, before a collective: every rank meets first (see
   // StreamedStaging::meet); elsewhere nothing.
   Status meet_inside_minibatch(const char* operation, StreamHandle stream);
-  // kStreamed, with the first accumulator (collective): every rank agrees on the budget, then
-  // the rings are made.
+  // kStreamed, with the first accumulator (collective): every rank agrees on the budgets, then
+  // the rings are made (and the node routes set where pushes may be aggregated).
   Status create_staging();
+  // kStreamed, at the allocation of accumulator `buffer` (collective): its relay rows where the
+  // aggregation budget (and the device fold's target table) has room.
+  Status add_relay(Buffer& buffer);
+  // The relayed accumulators, as the staging takes them.
+  std::vector<StreamedStaging::Relay> relays() const;
   // With the first published buffer on more than one node (collective): every rank agrees on
   // the node cache's budget, then the cache is made (budget 0: none).
   Status create_node_cache();
@@ -218,7 +232,10 @@ class Communicator {
   int ranks_per_node_ = 0;    // CommOptions::ranks_per_node as given
   std::unique_ptr<Topology> topology_;
   std::unique_ptr<StreamedStaging> staging_;
-  size_t node_cache_bytes_ = 0;  // CommOptions::node_cache_bytes as given
+  size_t node_cache_bytes_ = 0;         // CommOptions::node_cache_bytes as given
+  size_t node_aggregation_bytes_ = 0;   // as given, then as agreed (0: off)
+  size_t relay_bytes_ = 0;              // relay rows allocated
+  std::unique_ptr<NodeRoutes> routes_;  // kStreamed, several nodes of consecutive ranks
   bool node_cache_agreed_ = false;
   std::unique_ptr<NodeGatherCache> node_cache_;
   StreamedStaging::Destination destination_;  // fold_destination, bound to this communicator

@@ -11,7 +11,7 @@ namespace {
 // The fold's words: per sender its last folded sequence, then the credit-wait counter, then per
 // sender its lock.
 size_t fold_words(int world_size) {
-  return 2 * static_cast<size_t>(world_size) + 1;
+  return 3 * static_cast<size_t>(world_size) + 1;  // folded, credit waits, locks, ended
 }
 
 // What the device variant holds beyond the rings and the five signal regions RingGeometry
@@ -65,10 +65,8 @@ Result<std::unique_ptr<StreamedStaging>> DeviceStreamedStaging::create(Transport
 
 DeviceStreamedStaging::DeviceStreamedStaging(Transport& transport, RingGeometry geometry,
                                              std::vector<std::unique_ptr<SymmetricRegion>> regions)
-    : StreamedStaging(geometry),
+    : StreamedStaging(geometry, transport.rank(), transport.world_size()),
       transport_(transport),
-      rank_(transport.rank()),
-      world_size_(transport.world_size()),
       regions_(std::move(regions)),
       sent_(static_cast<size_t>(world_size_), 0) {}
 
@@ -96,7 +94,7 @@ Status DeviceStreamedStaging::set_targets(const std::vector<kernels::FoldTarget>
 }
 
 Status DeviceStreamedStaging::fold(kernels::FoldUntil until, int peer, uint64_t value,
-                                   StreamHandle stream) {
+                                   StreamHandle stream, int ends_from, int ends_to) {
   if (world_size_ < 2) return Status::Ok();  // no sender but itself: nothing ever arrives
   kernels::StreamedFold f;
   f.rings = static_cast<const char*>(region(kRings).local());
@@ -111,6 +109,9 @@ Status DeviceStreamedStaging::fold(kernels::FoldUntil until, int peer, uint64_t 
   f.credit_slots = words(kCredits);
   f.credit_waits = words(kFolded) + world_size_;
   f.locks = words(kFolded) + world_size_ + 1;
+  f.ended = words(kFolded) + 2 * world_size_ + 1;
+  f.ends_from = ends_from;
+  f.ends_to = ends_to;
   f.rank = rank_;
   f.world_size = world_size_;
   f.minibatch = minibatch_;
@@ -123,35 +124,16 @@ Status DeviceStreamedStaging::fold(kernels::FoldUntil until, int peer, uint64_t 
   return transport_.fold_streamed(f, stream);
 }
 
-Status DeviceStreamedStaging::push(const void* src, DataType dtype, size_t count,
-                                   uint64_t buffer_id, StreamHandle stream) {
-  const size_t element = element_bytes(dtype);
-  const size_t per_chunk = geometry_.payload_bytes() / element;
-  // An entry into odc: fold what arrived, so senders waiting on this rank move on.
-  ODC_RETURN_IF_ERROR(fold(kernels::FoldUntil::kOnce, 0, 0, stream));
-  // Start with the next rank, so that the ranks' first chunks go to different owners.
-  for (int i = 0; i < world_size_; ++i) {
-    const int owner = (rank_ + 1 + i) % world_size_;
-    const auto* slice =
-        static_cast<const char*>(src) + static_cast<size_t>(owner) * count * element;
-    if (owner == rank_) {
-      auto found =
-          std::find_if(targets_.begin(), targets_.end(),
-                       [&](const kernels::FoldTarget& t) { return t.buffer_id == buffer_id; });
-      if (found == targets_.end() || found->count != count) {
-        return Status::InternalError("no live accumulator with id " + std::to_string(buffer_id) +
-                                     " and " + std::to_string(count) + " elements to fold into");
-      }
-      ODC_RETURN_IF_ERROR(transport_.accumulate(found->sums, slice, dtype, count, stream));
-      continue;
-    }
-    for (size_t first = 0; first < count; first += per_chunk) {
-      const size_t n = std::min(per_chunk, count - first);
-      ODC_RETURN_IF_ERROR(
-          send_chunk(owner, buffer_id, first, slice + first * element, dtype, n, stream));
-    }
+Status DeviceStreamedStaging::add_local(uint64_t target_id, uint64_t first, const void* data,
+                                        DataType dtype, size_t count, StreamHandle stream) {
+  auto found = std::find_if(targets_.begin(), targets_.end(),
+                            [&](const kernels::FoldTarget& t) { return t.buffer_id == target_id; });
+  if (found == targets_.end() || first > found->count || count > found->count - first) {
+    return Status::InternalError("no live fold target with id " + std::to_string(target_id) +
+                                 " and elements [" + std::to_string(first) + ", " +
+                                 std::to_string(first + count) + ") to add into");
   }
-  return Status::Ok();
+  return transport_.accumulate(found->sums + first, data, dtype, count, stream);
 }
 
 Status DeviceStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t first,
@@ -183,18 +165,17 @@ Status DeviceStreamedStaging::fold_arrived(StreamHandle stream) {
   return fold(kernels::FoldUntil::kOnce, 0, 0, stream);
 }
 
-Status DeviceStreamedStaging::finish(StreamHandle stream) {
-  for (int i = 0; i < world_size_; ++i) {
-    const int owner = (rank_ + 1 + i) % world_size_;
-    if (owner == rank_) continue;
-    // The end takes a sequence number but no slot: it never waits for credit. Its sequence
-    // first, then the mark that says it is this minibatch's (each after every earlier put).
-    const auto o = static_cast<size_t>(owner);
-    sent_[o] += 1;
-    ODC_RETURN_IF_ERROR(transport_.signal(region(kEndSequences), owner, sent_[o], stream));
-    ODC_RETURN_IF_ERROR(transport_.signal(region(kEndMarks), owner, minibatch_, stream));
-  }
-  return fold(kernels::FoldUntil::kEnds, 0, minibatch_, stream);
+Status DeviceStreamedStaging::end_at(int owner, StreamHandle stream) {
+  // The end takes a sequence number but no slot: it never waits for credit. Its sequence first,
+  // then the mark that says it is this minibatch's (each after every earlier put).
+  const auto o = static_cast<size_t>(owner);
+  sent_[o] += 1;
+  ODC_RETURN_IF_ERROR(transport_.signal(region(kEndSequences), owner, sent_[o], stream));
+  return transport_.signal(region(kEndMarks), owner, minibatch_, stream);
+}
+
+Status DeviceStreamedStaging::wait_ends(int from, int to, StreamHandle stream) {
+  return fold(kernels::FoldUntil::kEnds, 0, minibatch_, stream, from, to);
 }
 
 Status DeviceStreamedStaging::meet(const char*, StreamHandle stream) {

@@ -13,7 +13,8 @@
 //                 after every earlier put to that owner; then a fold until every sender's mark
 //                 and end sequence arrived (in either order), which folds each sender's chunks
 //                 up to its end by their headers (an arrival signal lost on the way loses
-//                 nothing) and consumes the end;
+//                 nothing) and consumes the end (the fold's `ended` word records it, so with
+//                 node-aggregated pushes the node's ends consumed first count in the last fold);
 //   meet          a meeting signal to every rank, then a fold until every rank's arrived, and
 //                 one more pass (everything put before a meeting is there).
 // Memory per rank: the rings and signals of the budget's geometry, one outbox slot and the fold's
@@ -38,11 +39,17 @@ class DeviceStreamedStaging final : public StreamedStaging {
   Result<uint64_t> credit_waits() const override;
   Status set_targets(const std::vector<kernels::FoldTarget>& targets) override;
   void begin(uint64_t minibatch) override { minibatch_ = minibatch; }
-  Status push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
-              StreamHandle stream) override;
   Status fold_arrived(StreamHandle stream) override;
-  Status finish(StreamHandle stream) override;
   Status meet(const char* operation, StreamHandle stream) override;
+
+ protected:
+  Status send_chunk(int owner, uint64_t target_id, uint64_t first, const void* data, DataType dtype,
+                    size_t count, StreamHandle stream) override;
+  Status add_local(uint64_t target_id, uint64_t first, const void* data, DataType dtype,
+                   size_t count, StreamHandle stream) override;
+  Status end_at(int owner, StreamHandle stream) override;
+  // One fold until the ends of [from, to) are consumed (earlier consumed ones count).
+  Status wait_ends(int from, int to, StreamHandle stream) override;
 
  private:
   // The regions, in the order create() allocates them.
@@ -61,14 +68,12 @@ class DeviceStreamedStaging final : public StreamedStaging {
                         std::vector<std::unique_ptr<SymmetricRegion>> regions);
   const SymmetricRegion& region(Region which) const { return *regions_[which]; }
   uint64_t* words(Region which) const { return static_cast<uint64_t*>(regions_[which]->local()); }
-  // A fold of this rank's rings until `until` (peer and value as kernels::StreamedFold says).
-  Status fold(kernels::FoldUntil until, int peer, uint64_t value, StreamHandle stream);
-  Status send_chunk(int owner, uint64_t buffer_id, uint64_t first, const void* data, DataType dtype,
-                    size_t count, StreamHandle stream);
+  // A fold of this rank's rings until `until` (peer, value and the senders whose ends kEnds
+  // awaits as kernels::StreamedFold says).
+  Status fold(kernels::FoldUntil until, int peer, uint64_t value, StreamHandle stream,
+              int ends_from = 0, int ends_to = 0);
 
   Transport& transport_;
-  const int rank_;
-  const int world_size_;
   std::vector<std::unique_ptr<SymmetricRegion>> regions_;
   std::vector<kernels::FoldTarget> targets_;
   std::vector<uint64_t> sent_;  // per owner: the last sequence used there (chunk or end)

@@ -18,66 +18,28 @@ size_t aligned(size_t bytes) {
 
 NodeGatherCache::NodeGatherCache(Transport& transport, const Topology& topology, size_t budget)
     : transport_(transport),
-      topology_(topology),
       budget_(budget),
-      rank_(transport.rank()),
-      node_ranks_(topology.ranks_on(topology.node(transport.rank()))) {
-  const int world = transport.world_size();
-  const int my_node = topology_.node(rank_);
-  // Rows per fetcher: the remote owners it fetches for its node, in rank order.
-  std::vector<std::vector<int>> rows_of(static_cast<size_t>(world));
-  for (int fetcher = 0; fetcher < world; ++fetcher) {
-    for (int owner = 0; owner < world; ++owner) {
-      if (topology_.node(owner) != topology_.node(fetcher) &&
-          fetcher_of(topology_.node(fetcher), owner) == fetcher) {
-        rows_of[static_cast<size_t>(fetcher)].push_back(owner);
-      }
-    }
-    max_rows_ = std::max(max_rows_, rows_of[static_cast<size_t>(fetcher)].size());
-  }
-  my_owners_ = rows_of[static_cast<size_t>(rank_)];
-  source_rank_.assign(static_cast<size_t>(world), 0);
-  source_row_.assign(static_cast<size_t>(world), 0);
-  for (int owner = 0; owner < world; ++owner) {
-    if (topology_.node(owner) == my_node) {
-      source_rank_[static_cast<size_t>(owner)] = owner;
-      continue;
-    }
-    const int fetcher = fetcher_of(my_node, owner);
-    const std::vector<int>& rows = rows_of[static_cast<size_t>(fetcher)];
-    source_rank_[static_cast<size_t>(owner)] = fetcher;
-    source_row_[static_cast<size_t>(owner)] =
-        static_cast<size_t>(std::find(rows.begin(), rows.end(), owner) - rows.begin());
-  }
-}
-
-int NodeGatherCache::fetcher_of(int node, int owner) const {
-  // The owner's place on its own node picks the fetcher's place on `node`: the fetches of a node
-  // spread over all its ranks, and a fetcher reads from one rank per other node.
-  const std::vector<int> owners_node = topology_.ranks_on(topology_.node(owner));
-  const auto place = static_cast<size_t>(std::find(owners_node.begin(), owners_node.end(), owner) -
-                                         owners_node.begin());
-  const std::vector<int> fetchers = topology_.ranks_on(node);
-  return fetchers[place % fetchers.size()];
-}
+      node_ranks_(topology.ranks_on(topology.node(transport.rank()))),
+      routes_(NodeRoutes::of(topology, transport.rank())) {}
 
 Status NodeGatherCache::add(uint64_t id, const SymmetricRegion& shards, size_t shard_bytes) {
   const size_t stride = aligned(shard_bytes);
   const size_t ready_bytes =
       ready_ == nullptr ? static_cast<size_t>(transport_.world_size()) * sizeof(uint64_t) : 0;
-  const size_t cost = max_rows_ * stride + ready_bytes;
+  const size_t max_rows = routes_.max_rows;
+  const size_t cost = max_rows * stride + ready_bytes;
   // The same sizes on every rank (the agreed topology, an agreed budget): all decide alike.
-  if (max_rows_ == 0 || allocated_bytes_ + cost > budget_) return Status::Ok();
+  if (max_rows == 0 || allocated_bytes_ + cost > budget_) return Status::Ok();
   if (ready_ == nullptr) {
     auto ready = transport_.allocate(ready_bytes);
     if (!ready.ok()) return ready.status().with_context("node cache's ready words");
     ready_ = std::move(ready).value();
     allocated_bytes_ += ready_bytes;
   }
-  auto rows = transport_.allocate(max_rows_ * stride);
+  auto rows = transport_.allocate(max_rows * stride);
   if (!rows.ok()) {
     return rows.status().with_context(
-        "node cache of " + std::to_string(max_rows_ * stride) +
+        "node cache of " + std::to_string(max_rows * stride) +
         " bytes for a published buffer (lower ODC_NODE_CACHE_BYTES, or 0 to gather flat)");
   }
   Entry entry;
@@ -110,9 +72,10 @@ Status NodeGatherCache::begin(StreamHandle stream) {
   // each announced to the node as soon as its rows are in.
   for (const auto& [id, entry] : entries_) {
     auto* rows = static_cast<char*>(entry.rows->local());
-    for (size_t row = 0; row < my_owners_.size(); ++row) {
-      ODC_RETURN_IF_ERROR(transport_.get(rows + row * entry.stride, *entry.shards, my_owners_[row],
-                                         0, entry.bytes, background.value()));
+    for (size_t row = 0; row < routes_.my_owners.size(); ++row) {
+      ODC_RETURN_IF_ERROR(transport_.get(rows + row * entry.stride, *entry.shards,
+                                         routes_.my_owners[row], 0, entry.bytes,
+                                         background.value()));
     }
     ++fetches_;
     fetched_[id] = fetches_;
@@ -141,10 +104,11 @@ Status NodeGatherCache::gather(void* dst, uint64_t id, size_t count, DataType dt
       "gather of a published buffer: the node's fetch of remote shards", stream));
   std::vector<GatherSource> sources(static_cast<size_t>(transport_.world_size()));
   for (size_t owner = 0; owner < sources.size(); ++owner) {
-    if (source_rank_[owner] == static_cast<int>(owner)) {  // this node: the owner's own shard
-      sources[owner] = {entry.shards, static_cast<int>(owner), 0};
+    const int via = routes_.via[owner];
+    if (via == static_cast<int>(owner)) {  // this node: the owner's own shard
+      sources[owner] = {entry.shards, via, 0};
     } else {
-      sources[owner] = {entry.rows.get(), source_rank_[owner], source_row_[owner] * entry.stride};
+      sources[owner] = {entry.rows.get(), via, routes_.row[owner] * entry.stride};
     }
   }
   return transport_.get_from(dst, sources, count, dtype, dst_dtype, stream);

@@ -74,18 +74,10 @@ class NodeGatherCache {
     size_t stride = 0;                        // bytes between rows
     std::unique_ptr<SymmetricRegion> rows;
   };
-  // The rank of `node` that fetches `owner`'s shards for it.
-  int fetcher_of(int node, int owner) const;
-
   Transport& transport_;
-  const Topology topology_;
   const size_t budget_;
-  const int rank_;
-  std::vector<int> node_ranks_;   // this rank's node, in rank order
-  std::vector<int> my_owners_;    // the remote owners this rank fetches, row by row
-  std::vector<int> source_rank_;  // per owner: where this rank reads it (itself, or a fetcher)
-  std::vector<size_t> source_row_;
-  size_t max_rows_ = 0;  // rows on the rank that fetches the most (every rank allocates as many)
+  const std::vector<int> node_ranks_;  // this rank's node, in rank order
+  const NodeRoutes routes_;            // who fetches which remote owner, and its row
   size_t allocated_bytes_ = 0;
   std::unique_ptr<SymmetricRegion> ready_;  // one word per rank, made with the first entry
   std::map<uint64_t, Entry> entries_;       // by buffer id: allocation order

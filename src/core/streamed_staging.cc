@@ -69,10 +69,8 @@ HostStreamedStaging::HostStreamedStaging(
     std::unique_ptr<SymmetricRegion> rings, std::unique_ptr<SymmetricRegion> arrivals,
     std::unique_ptr<SymmetricRegion> credits, std::unique_ptr<SymmetricRegion> hunger,
     std::unique_ptr<SymmetricRegion> ends, std::unique_ptr<SymmetricRegion> meetings)
-    : StreamedStaging(geometry),
+    : StreamedStaging(geometry, transport.rank(), transport.world_size()),
       transport_(transport),
-      rank_(transport.rank()),
-      world_size_(transport.world_size()),
       destination_(std::move(destination)),
       rings_(std::move(rings)),
       arrivals_(std::move(arrivals)),
@@ -93,6 +91,82 @@ Result<std::unique_ptr<StreamedStaging>> StreamedStaging::create(Transport& tran
   if (transport.caps().stream_ordered)
     return DeviceStreamedStaging::create(transport, budget_bytes);
   return HostStreamedStaging::create(transport, budget_bytes, std::move(destination));
+}
+
+void StreamedStaging::set_routes(NodeRoutes routes, int node_first, int node_last) {
+  routes_ = std::move(routes);
+  node_first_ = node_first;
+  node_last_ = node_last;
+}
+
+Status StreamedStaging::send_slice(int owner, uint64_t target_id, uint64_t first, const char* data,
+                                   DataType dtype, size_t count, StreamHandle stream) {
+  const size_t element = element_bytes(dtype);
+  const size_t per_chunk = geometry_.payload_bytes() / element;
+  for (size_t done = 0; done < count; done += per_chunk) {
+    const size_t n = std::min(per_chunk, count - done);
+    ODC_RETURN_IF_ERROR(
+        send_chunk(owner, target_id, first + done, data + done * element, dtype, n, stream));
+  }
+  return Status::Ok();
+}
+
+Status StreamedStaging::push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
+                             StreamHandle stream) {
+  const size_t element = element_bytes(dtype);
+  // An entry into odc: fold what arrived, so senders waiting on this rank move on.
+  ODC_RETURN_IF_ERROR(fold_arrived(stream));
+  const auto relay = std::find_if(relays_.begin(), relays_.end(),
+                                  [&](const Relay& r) { return r.buffer_id == buffer_id; });
+  const bool relayed = relay != relays_.end();
+  // Start with the next rank, so that the ranks' first chunks go to different owners.
+  for (int i = 0; i < world_size_; ++i) {
+    const int owner = (rank_ + 1 + i) % world_size_;
+    const auto o = static_cast<size_t>(owner);
+    const char* slice = static_cast<const char*>(src) + o * count * element;
+    if (owner == rank_) {
+      ODC_RETURN_IF_ERROR(add_local(buffer_id, 0, slice, dtype, count, stream));
+    } else if (relayed && routes_.via[o] != owner) {
+      // Another node's owner: into its row at the rank of this node that carries it.
+      const int via = routes_.via[o];
+      const uint64_t row_first = routes_.row[o] * count;
+      const uint64_t target = buffer_id | kRelayTargetBit;
+      ODC_RETURN_IF_ERROR(via == rank_
+                              ? add_local(target, row_first, slice, dtype, count, stream)
+                              : send_slice(via, target, row_first, slice, dtype, count, stream));
+    } else {
+      ODC_RETURN_IF_ERROR(send_slice(owner, buffer_id, 0, slice, dtype, count, stream));
+    }
+  }
+  return Status::Ok();
+}
+
+Status StreamedStaging::finish(StreamHandle stream) {
+  if (relays_.empty()) {
+    for (int i = 1; i < world_size_; ++i) {
+      ODC_RETURN_IF_ERROR(end_at((rank_ + i) % world_size_, stream));
+    }
+    return wait_ends(0, world_size_, stream);
+  }
+  // 1. This node's ranks end here first: their relayed slices are then all in this rank's rows.
+  for (int peer = node_first_; peer < node_last_; ++peer) {
+    if (peer != rank_) ODC_RETURN_IF_ERROR(end_at(peer, stream));
+  }
+  ODC_RETURN_IF_ERROR(wait_ends(node_first_, node_last_, stream));
+  // 2. Each row to its owner, as this rank's own chunks (the sum of the node's slices).
+  for (const Relay& relay : relays_) {
+    for (size_t row = 0; row < routes_.my_owners.size(); ++row) {
+      ODC_RETURN_IF_ERROR(send_slice(routes_.my_owners[row], relay.buffer_id, 0,
+                                     reinterpret_cast<const char*>(relay.rows + row * relay.count),
+                                     DataType::kFloat32, relay.count, stream));
+    }
+  }
+  // 3. The other nodes' ranks end here after everything this rank sends them.
+  for (int i = 1; i < world_size_; ++i) {
+    const int peer = (rank_ + i) % world_size_;
+    if (peer < node_first_ || peer >= node_last_) ODC_RETURN_IF_ERROR(end_at(peer, stream));
+  }
+  return wait_ends(0, world_size_, stream);
 }
 
 Result<std::unique_ptr<StreamedStaging>> HostStreamedStaging::create(Transport& transport,
@@ -130,35 +204,18 @@ void HostStreamedStaging::begin(uint64_t minibatch) {
   minibatch_ = minibatch;
   std::fill(ended_.begin(), ended_.end(), 0);
   ended_[static_cast<size_t>(rank_)] = 1;  // its own pushes are added directly
-  num_ended_ = 1;
 }
 
-Status HostStreamedStaging::push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
-                                 StreamHandle) {
-  const size_t element = element_bytes(dtype);
-  const size_t per_chunk = geometry_.payload_bytes() / element;
-  ODC_RETURN_IF_ERROR(fold_arrived());
-  // Start with the next rank, so that the ranks' first chunks go to different owners.
-  for (int i = 0; i < world_size_; ++i) {
-    const int owner = (rank_ + 1 + i) % world_size_;
-    const auto* slice =
-        static_cast<const char*>(src) + static_cast<size_t>(owner) * count * element;
-    if (owner == rank_) {
-      auto sums = destination_(buffer_id, 0, count);
-      if (!sums.ok()) return sums.status();
-      ODC_RETURN_IF_ERROR(transport_.accumulate(sums.value(), slice, dtype, count, nullptr));
-      continue;
-    }
-    for (size_t first = 0; first < count; first += per_chunk) {
-      const size_t n = std::min(per_chunk, count - first);
-      ODC_RETURN_IF_ERROR(send_chunk(owner, buffer_id, first, slice + first * element, dtype, n));
-    }
-  }
-  return Status::Ok();
+Status HostStreamedStaging::add_local(uint64_t target_id, uint64_t first, const void* data,
+                                      DataType dtype, size_t count, StreamHandle) {
+  auto sums = destination_(target_id, first, count);
+  if (!sums.ok()) return sums.status();
+  return transport_.accumulate(sums.value(), data, dtype, count, nullptr);
 }
 
 Status HostStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t first,
-                                       const void* data, DataType dtype, size_t count) {
+                                       const void* data, DataType dtype, size_t count,
+                                       StreamHandle) {
   const auto o = static_cast<size_t>(owner);
   if (sent_[o] - credit_[o] >= geometry_.depth) {
     ODC_RETURN_IF_ERROR(wait_for_credit(owner));
@@ -324,51 +381,51 @@ Status HostStreamedStaging::consume_end(int sender, uint64_t end_sequence) {
   ODC_RETURN_IF_ERROR(fold_from(sender, end_sequence - 1));
   folded_[s] = end_sequence;
   ended_[s] = 1;
-  ++num_ended_;
   return transport_.signal(*credits_, sender, end_sequence, nullptr);
 }
 
-Status HostStreamedStaging::finish(StreamHandle) {
-  for (int i = 0; i < world_size_; ++i) {
-    const int owner = (rank_ + 1 + i) % world_size_;
-    if (owner == rank_) continue;
-    // The end takes a sequence number but no slot: it never waits for credit. Its signal
-    // follows every put of this rank to the owner.
-    const auto o = static_cast<size_t>(owner);
-    sent_[o] += 1;
-    ODC_RETURN_IF_ERROR(transport_.signal(*ends_, owner, sent_[o], nullptr));
-  }
+Status HostStreamedStaging::end_at(int owner, StreamHandle) {
+  // The end takes a sequence number but no slot: it never waits for credit. Its signal follows
+  // every put of this rank to the owner.
+  const auto o = static_cast<size_t>(owner);
+  sent_[o] += 1;
+  return transport_.signal(*ends_, owner, sent_[o], nullptr);
+}
+
+Status HostStreamedStaging::wait_ends(int from, int to, StreamHandle) {
   const auto deadline = deadline_after(transport_.timeout());
   std::vector<uint64_t> seen;
   bool first_look = true;
   for (;;) {
-    if (num_ended_ == world_size_) return Status::Ok();
     // Sleep until every missing end arrived (one wake, not one per sender), or a sender still
     // sending runs out of credit here (it waits for this rank's folds).
     std::vector<SignalWatch> watches;
-    for (int s = 0; s < world_size_; ++s) {
+    for (int s = from; s < to; ++s) {
       if (ended_[static_cast<size_t>(s)] == 0) {
         watches.push_back({ends_.get(), s, folded_[static_cast<size_t>(s)] + 1});
       }
     }
+    if (watches.empty()) return Status::Ok();
     ODC_RETURN_IF_ERROR(poll_serving_hunger(
         watches, watches.size(), first_look ? std::chrono::duration<double>::zero() : kPollSlice,
         &seen));
     first_look = false;
+    size_t missing = watches.size();
     for (size_t i = 0; i < watches.size(); ++i) {
       if (seen[i] >= watches[i].value) {
         ODC_RETURN_IF_ERROR(consume_end(watches[i].peer, seen[i]));
+      } else if (missing == watches.size()) {
+        missing = i;
       }
     }
-    if (num_ended_ == world_size_) return Status::Ok();
+    if (missing == watches.size()) return Status::Ok();
     if (std::chrono::steady_clock::now() >= deadline) {
-      int missing = 0;
-      while (ended_[static_cast<size_t>(missing)] != 0) ++missing;
+      const int late = watches[missing].peer;
       return Status::Timeout(
           "push wait (minibatch_end) timed out after " + timeout_text(transport_.timeout()) +
-          ": rank " + std::to_string(rank_) + " waited for rank " + std::to_string(missing) +
+          ": rank " + std::to_string(rank_) + " waited for rank " + std::to_string(late) +
           "'s end of minibatch " + std::to_string(minibatch_) + " (folded its chunks up to " +
-          std::to_string(folded_[static_cast<size_t>(missing)]) + ")");
+          std::to_string(folded_[static_cast<size_t>(late)]) + ")");
     }
     ODC_RETURN_IF_ERROR(poll_interrupt("waiting for the pushes of minibatch " +
                                        std::to_string(minibatch_) + " (minibatch_end)"));

@@ -9,7 +9,15 @@
 // ring is full raises its hunger signal at the owner and waits; every rank waiting in odc watches
 // its hungry senders and folds for them, so ranks waiting for each other's credit all progress.
 // At minibatch_end a sender ends its sequence with an end number (no slot: it never waits for
-// credit), raised on the owner's end signal after all its chunks. Invariants:
+// credit), raised on the owner's end signal after all its chunks.
+// Node-aggregated pushes (with more than one node, for the accumulators the aggregation budget
+// has room for): a push's slice for an owner on another node goes, through the same rings, to the
+// rank of this node that carries that owner (core/topology.h NodeRoutes), which folds it into its
+// relay row for the owner; at minibatch_end every rank first ends its sequence at its own node's
+// ranks and folds until they all ended here (its relay rows are then complete), then forwards
+// each relay row to its owner as ordinary chunks, then ends its sequence at the other nodes' ranks
+// and folds until every sender ended. Each owner then receives, per accumulator and other node,
+// one slice instead of one per rank of that node. Invariants:
 //   - a slot is read only after a signal that covers it (an arrival or the end, acquire) and
 //     rewritten only after the credit that frees it; every chunk carries its sequence number and
 //     minibatch: each chunk is folded exactly once, and a lost or stale one is named, never summed;
@@ -31,10 +39,15 @@
 
 #include "common/status.h"
 #include "core/dtype.h"
+#include "core/topology.h"
 #include "core/transport.h"
 #include "kernels/streamed_fold.h"
 
 namespace odc {
+
+// The fold target id of an accumulator's relay rows (node-aggregated pushes): the
+// accumulator's id with this bit set (accumulator ids are allocation counters, far below it).
+inline constexpr uint64_t kRelayTargetBit = uint64_t{1} << 63;
 
 // Staging budget per rank when neither the caller nor ODC_STAGING_BYTES gives one.
 inline constexpr size_t kDefaultStagingBytes = size_t{256} << 20;
@@ -101,29 +114,73 @@ class StreamedStaging {
   // Chunks this rank had to wait for credit before sending (flow control engaged), so far.
   virtual Result<uint64_t> credit_waits() const = 0;
 
-  // Local: the accumulators a device fold adds into (every live one; host folds ignore it).
+  // Local: the accumulators a device fold adds into (every live one and their relay rows; host
+  // folds ignore it).
   virtual Status set_targets(const std::vector<kernels::FoldTarget>& targets) = 0;
   // Local: minibatch `minibatch` is open (every rank passed its opening barrier).
   virtual void begin(uint64_t minibatch) = 0;
   // For every owner r: `src` elements [r*count, (r+1)*count) (fp32 or bf16) added into owner r's
-  // sums of `buffer_id` (this rank's own slice directly). Waits for credit where a ring is full.
-  virtual Status push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
-                      StreamHandle stream) = 0;
+  // sums of `buffer_id` (this rank's own slice directly; a relayed accumulator's slices for other
+  // nodes through the rank of this node that carries their owner). Waits for credit where a ring
+  // is full.
+  Status push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
+              StreamHandle stream);
   // Never waits: folds every chunk that has arrived and returns credits.
   virtual Status fold_arrived(StreamHandle stream) = 0;
-  // minibatch_end: ends this rank's sequence at every other owner, then folds until every
+  // minibatch_end: ends this rank's sequence at every other owner (with relays: at its node's
+  // first, then forwards its relay rows, then at the other nodes'), then folds until every
   // sender's end of this minibatch arrived (bounded by the timeout).
-  virtual Status finish(StreamHandle stream) = 0;
+  Status finish(StreamHandle stream);
   // Inside a minibatch, before any other collective (a barrier, an allocation): waits until every
   // rank arrived here, folding for hungry senders meanwhile, so that no rank waits in the
   // transport's collective while a peer still waits for its credit. `operation` names the wait.
   virtual Status meet(const char* operation, StreamHandle stream) = 0;
 
+  // ---- node-aggregated pushes -----------------------------------------------------------------
+  // An accumulator whose pushes to other nodes are aggregated: this rank's relay rows (fp32 in
+  // the transport's memory, one row of `count` per owner this rank carries, routes.my_owners).
+  struct Relay {
+    uint64_t buffer_id = 0;
+    float* rows = nullptr;
+    size_t count = 0;
+  };
+  // Local, before the first relay: who carries which owner, and this rank's node, ranks
+  // [node_first, node_last) (nodes of consecutive ranks).
+  void set_routes(NodeRoutes routes, int node_first, int node_last);
+  // Local: the relayed accumulators (every rank the same).
+  void set_relays(std::vector<Relay> relays) { relays_ = std::move(relays); }
+  const std::vector<Relay>& relays() const { return relays_; }
+
  protected:
-  explicit StreamedStaging(RingGeometry geometry) : geometry_(geometry) {}
+  StreamedStaging(RingGeometry geometry, int rank, int world_size)
+      : geometry_(geometry), rank_(rank), world_size_(world_size) {}
+  // The steps push() and finish() are written in, on the host or the device:
+  // one chunk of `count` elements for fold target `target_id` from element `first` into this
+  // rank's ring at `owner`, once a slot is free (waiting for credit, folding meanwhile);
+  virtual Status send_chunk(int owner, uint64_t target_id, uint64_t first, const void* data,
+                            DataType dtype, size_t count, StreamHandle stream) = 0;
+  // the same elements added into this rank's own fold target (no ring);
+  virtual Status add_local(uint64_t target_id, uint64_t first, const void* data, DataType dtype,
+                           size_t count, StreamHandle stream) = 0;
+  // this rank's end of the minibatch at `owner` (a sequence number, no slot);
+  virtual Status end_at(int owner, StreamHandle stream) = 0;
+  // folds until the ends of senders [from, to) (this rank aside) of this minibatch are consumed.
+  virtual Status wait_ends(int from, int to, StreamHandle stream) = 0;
+  // Sends `count` elements of `data` (the owner's shard view) to `owner` in chunks.
+  Status send_slice(int owner, uint64_t target_id, uint64_t first, const char* data, DataType dtype,
+                    size_t count, StreamHandle stream);
+
   RingGeometry geometry_;
+  const int rank_;
+  const int world_size_;
   uint64_t minibatch_ = 0;  // the open minibatch (begin())
   uint64_t chunks_sent_ = 0;
+
+ private:
+  NodeRoutes routes_;
+  int node_first_ = 0;
+  int node_last_ = 0;
+  std::vector<Relay> relays_;
 };
 
 // The host fold (see the top of this file).
@@ -136,11 +193,16 @@ class HostStreamedStaging final : public StreamedStaging {
   Result<uint64_t> credit_waits() const override { return credit_waits_; }
   Status set_targets(const std::vector<kernels::FoldTarget>&) override { return Status::Ok(); }
   void begin(uint64_t minibatch) override;
-  Status push(const void* src, DataType dtype, size_t count, uint64_t buffer_id,
-              StreamHandle stream) override;
   Status fold_arrived(StreamHandle stream) override;
-  Status finish(StreamHandle stream) override;
   Status meet(const char* operation, StreamHandle stream) override;
+
+ protected:
+  Status send_chunk(int owner, uint64_t target_id, uint64_t first, const void* data, DataType dtype,
+                    size_t count, StreamHandle stream) override;
+  Status add_local(uint64_t target_id, uint64_t first, const void* data, DataType dtype,
+                   size_t count, StreamHandle stream) override;
+  Status end_at(int owner, StreamHandle stream) override;
+  Status wait_ends(int from, int to, StreamHandle stream) override;
 
  private:
   HostStreamedStaging(Transport& transport, RingGeometry geometry, Destination destination,
@@ -151,9 +213,6 @@ class HostStreamedStaging final : public StreamedStaging {
                       std::unique_ptr<SymmetricRegion> ends,
                       std::unique_ptr<SymmetricRegion> meetings);
   Status fold_arrived();
-  // One data chunk into this rank's ring at `owner`, once a slot is free.
-  Status send_chunk(int owner, uint64_t buffer_id, uint64_t first, const void* data, DataType dtype,
-                    size_t count);
   // Waits, folding for hungry senders, until this rank may put one more chunk to `owner`.
   Status wait_for_credit(int owner);
   // Folds sender `sender`'s data chunks up to sequence `last` (not beyond what it put).
@@ -167,8 +226,6 @@ class HostStreamedStaging final : public StreamedStaging {
                              std::chrono::duration<double> limit, std::vector<uint64_t>* seen);
 
   Transport& transport_;
-  const int rank_;
-  const int world_size_;
   Destination destination_;
   std::unique_ptr<SymmetricRegion> rings_;     // here: sender s's ring at s * ring_bytes
   std::unique_ptr<SymmetricRegion> arrivals_;  // slot s here: last chunk sender s put here
@@ -182,7 +239,6 @@ class HostStreamedStaging final : public StreamedStaging {
   std::vector<uint64_t> folded_;               // per sender: last sequence consumed here
   std::vector<uint64_t> hunger_served_;        // per sender: its hunger as last served
   std::vector<char> ended_;                    // per sender: its end of this minibatch consumed
-  int num_ended_ = 0;
   uint64_t meetings_entered_ = 0;
   uint64_t credit_waits_ = 0;
 };

@@ -1,6 +1,7 @@
 // Topology agreed across ranks (see topology.h for the source order and invariants).
 #include "core/topology.h"
 
+#include <algorithm>
 #include <map>
 
 #include "common/env.h"
@@ -40,6 +41,46 @@ std::vector<int> Topology::ranks_on(int node) const {
     if (node_of[r] == node) ranks.push_back(static_cast<int>(r));
   }
   return ranks;
+}
+
+NodeRoutes NodeRoutes::of(const Topology& topology, int rank) {
+  const int world = static_cast<int>(topology.node_of.size());
+  std::vector<std::vector<int>> nodes(static_cast<size_t>(topology.num_nodes));
+  for (int n = 0; n < topology.num_nodes; ++n) nodes[static_cast<size_t>(n)] = topology.ranks_on(n);
+  std::vector<size_t> place(static_cast<size_t>(world), 0);  // a rank's place on its node
+  for (const std::vector<int>& ranks : nodes) {
+    for (size_t i = 0; i < ranks.size(); ++i) place[static_cast<size_t>(ranks[i])] = i;
+  }
+  // The rank of `node` that carries `owner`: the owner's place on its node, wrapped to `node`.
+  auto carrier = [&](int node, int owner) {
+    const std::vector<int>& ranks = nodes[static_cast<size_t>(node)];
+    return ranks[place[static_cast<size_t>(owner)] % ranks.size()];
+  };
+  std::vector<std::vector<int>> rows_of(static_cast<size_t>(world));
+  NodeRoutes routes;
+  for (int r = 0; r < world; ++r) {
+    for (int owner = 0; owner < world; ++owner) {
+      if (topology.node(owner) != topology.node(r) && carrier(topology.node(r), owner) == r) {
+        rows_of[static_cast<size_t>(r)].push_back(owner);
+      }
+    }
+    routes.max_rows = std::max(routes.max_rows, rows_of[static_cast<size_t>(r)].size());
+  }
+  routes.my_owners = rows_of[static_cast<size_t>(rank)];
+  routes.via.assign(static_cast<size_t>(world), 0);
+  routes.row.assign(static_cast<size_t>(world), 0);
+  for (int owner = 0; owner < world; ++owner) {
+    if (topology.node(owner) == topology.node(rank)) {
+      routes.via[static_cast<size_t>(owner)] = owner;
+      continue;
+    }
+    const int via = carrier(topology.node(rank), owner);
+    const std::vector<int>& rows = rows_of[static_cast<size_t>(via)];
+    routes.via[static_cast<size_t>(owner)] = via;
+    routes.row[static_cast<size_t>(owner)] =
+        static_cast<size_t>(std::find(rows.begin(), rows.end(), owner) - rows.begin());
+  }
+  return routes;
 }
 
 std::string Topology::describe() const {

@@ -30,6 +30,20 @@ struct Topology {
   std::string describe() const;
 };
 
+// Who carries what between nodes for rank `rank` in the node schemes (node-cached gathers,
+// node-aggregated pushes): for every owner on another node, the rank of `rank`'s node that
+// fetches its shards for the node (and aggregates the node's pushes to it), picked by the owner's
+// place on its own node, so that a node's traffic spreads over all its ranks and one rank deals
+// with one rank per other node; and that rank's row for the owner (its owners in rank order).
+struct NodeRoutes {
+  std::vector<int> my_owners;  // the remote owners `rank` carries for its node, row by row
+  std::vector<int> via;        // per owner: the rank of this node carrying it (itself on-node)
+  std::vector<size_t> row;     // per remote owner: its row at `via`
+  size_t max_rows = 0;         // the most rows any rank has (symmetric memory is sized by it)
+
+  static NodeRoutes of(const Topology& topology, int rank);
+};
+
 // Collective (every rank, through the transport's exchange). `configured_ranks_per_node`: 0 to
 // take the launcher's environment, else the transport's report. A source that does not divide
 // the world, or that differs across ranks, fails every rank with an error naming it.

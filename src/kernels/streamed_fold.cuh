@@ -106,6 +106,13 @@ __device__ __forceinline__ void unlock_sender(const StreamedFold& f, int sender)
 // a signal or end the leader acquired), then, when `end` is set, consumes that end (its sequence
 // follows the last chunk), and credits the sender. Returns false when a chunk or the end was
 // refused (recorded). Every thread of the block calls it.
+// kEnds: whether this launch waits for sender s's end: one of [ends_from, ends_to), not this
+// rank, and not consumed already in this minibatch (a node's ends come before the others').
+__device__ __forceinline__ bool awaits_end(const StreamedFold& f, int s) {
+  return s != f.rank && s >= f.ends_from && s < f.ends_to &&
+         *reinterpret_cast<const volatile uint64_t*>(f.ended + s) != f.minibatch;
+}
+
 template <class SendCredit>
 __device__ bool fold_sender(const StreamedFold& f, int sender, uint64_t last, uint64_t end,
                             const SendCredit& send_credit, WaitError* error) {
@@ -225,7 +232,7 @@ __global__ void __launch_bounds__(kFoldThreads)
         // The mark and the sequence are two signals: either may arrive first (a network may
         // deliver them out of order), so an end counts once both are there.
         for (int s = blockIdx.x; s < f.world_size && short_peer < 0; s += gridDim.x) {
-          if (s == f.rank) continue;
+          if (!awaits_end(f, s)) continue;
           seen = ld_acquire_sys(f.end_marks + s);
           expected = f.minibatch;
           if (seen < f.minibatch) {
@@ -269,7 +276,7 @@ __global__ void __launch_bounds__(kFoldThreads)
       // Every sender of this block ended: fold up to each end (its signals follow every chunk
       // before it, so they are all there, whatever arrival signals say), then consume the end.
       for (int s = blockIdx.x; s < f.world_size; s += gridDim.x) {
-        if (s == f.rank) continue;
+        if (!awaits_end(f, s)) continue;
         if (leader) {
           word = ld_acquire_sys(f.end_sequences + s);
           lock_sender(f, s, /*wait=*/true);
@@ -278,7 +285,10 @@ __global__ void __launch_bounds__(kFoldThreads)
         const uint64_t end = word;
         __syncthreads();
         const bool folded = fold_sender(f, s, end - 1, end, send_credit, error);
-        if (leader) unlock_sender(f, s);
+        if (leader) {
+          if (folded) *reinterpret_cast<volatile uint64_t*>(f.ended + s) = f.minibatch;
+          unlock_sender(f, s);
+        }
         if (!folded) return;
       }
       return;

@@ -38,7 +38,7 @@ inline constexpr int kMaxFoldTargets = 160;
 enum class FoldUntil : int32_t {
   kOnce = 0,      // one pass over what has arrived (an entry into odc)
   kCredit = 1,    // credits[peer] >= value: this rank may put its next chunk to `peer`
-  kEnds = 2,      // every sender's end of minibatch `minibatch` consumed: the sums are complete
+  kEnds = 2,      // the ends of minibatch `minibatch` of senders [ends_from, ends_to) consumed
   kMeetings = 3,  // meetings[s] >= value for every s, then everything arrived is folded
 };
 
@@ -57,12 +57,17 @@ struct StreamedFold {
   uint64_t* locks;         // slot s: nonzero while a fold holds sender s (device only)
   uint64_t* credit_slots;  // the credits region: slot `rank` at sender s receives folded[s]
   uint64_t* credit_waits;  // one counter: kCredit launches that found no credit at first look
+  uint64_t* ended;         // slot s: the last minibatch whose end of sender s was consumed here
   int rank = 0;
   int world_size = 0;
   uint64_t minibatch = 0;  // the open minibatch: every chunk folded must belong to it
   FoldUntil until = FoldUntil::kOnce;
   int peer = 0;        // kCredit: the owner whose credit is awaited
   uint64_t value = 0;  // kCredit: the credit needed; kMeetings: the meeting
+  // kEnds: the senders whose ends it waits for (ends consumed earlier count as there): all of
+  // them, or a node's first (node-aggregated pushes end on their node before they forward).
+  int ends_from = 0;
+  int ends_to = 0;
   int64_t timeout_ns = 0;
   int num_targets = 0;
   FoldTarget targets[kMaxFoldTargets];

@@ -155,10 +155,13 @@ bool is_scheme(const Communicator& comm, Scheme scheme) {
   return std::string(scheme_name(comm.scheme())) == want;
 }
 
-CommOptions comm_options_for(Scheme scheme, int world, size_t staging_bytes = 0) {
+// With pretend nodes: node-aggregated pushes (streamed schemes) with room for every accumulator.
+CommOptions comm_options_for(Scheme scheme, int world, size_t staging_bytes = 0,
+                             bool aggregate = false) {
   CommOptions options;
   options.deterministic = scheme == Scheme::kPulled;
   options.staging_bytes = staging_bytes != 0 ? staging_bytes : test_staging_bytes(world);
+  options.node_aggregation_bytes = aggregate ? size_t{16} << 20 : 0;
   return options;
 }
 
@@ -174,6 +177,8 @@ struct RunOptions {
   // Also a published buffer, rewritten by its owners between minibatches and gathered inside
   // each (from the node cache where there are several nodes), checked exactly.
   bool published = false;
+  // Streamed with several nodes: pushes to other nodes aggregated per node.
+  bool aggregate = false;
 };
 
 // Element j of owner `owner`'s published shard in minibatch `m`: a small integer, exact in bf16.
@@ -288,7 +293,8 @@ int pretend_ranks_per_node(int world) {
 }
 
 TEST_P(Scale, ThousandMinibatchesExact) {
-  // Pushes and, inside every minibatch, a gather of published shards from the node cache.
+  // Pushes (streamed: aggregated per pretend node) and, inside every minibatch, a gather of
+  // published shards from the node cache.
   RunOptions o;
   o.scheme = std::get<0>(GetParam());
   o.world = std::get<1>(GetParam());
@@ -296,6 +302,7 @@ TEST_P(Scale, ThousandMinibatchesExact) {
   if (o.world > 64 && kScaleDivisor > 1) o.world = 64;
   o.ranks_per_node = pretend_ranks_per_node(o.world);
   o.published = true;
+  o.aggregate = is_streamed(o.scheme);
   run_clean(o);
 }
 
@@ -389,6 +396,66 @@ TEST(NodeCache, EachRemoteShardCrossesOncePerNodeAndMinibatch) {
   }
 }
 
+// Node-aggregated pushes on 2 pretend nodes of 4 (host and device steps): every rank pushes a
+// full gradient each minibatch; the bytes put across the node boundary are one slice per other
+// node and accumulator (the rank's relay row, forwarded at minibatch_end) instead of one per
+// remote owner, so 4x fewer; sums exact; the relay rows are the scheme's bytes beyond the rings.
+TEST(NodeAggregation, EachRankSendsOneSlicePerOtherNode) {
+  const int world = 8;
+  const int per_node = 4;
+  const size_t count = 1000;
+  const int minibatches = 4;
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice}) {
+    for (bool aggregate : {false, true}) {
+      SCOPED_TRACE(std::string(scheme_label(scheme)) + (aggregate ? " aggregated" : " direct"));
+      auto mem_world = mem::MemWorld::create(world, mem_options_for(scheme, 30, per_node));
+      std::vector<size_t> across(world), relay_bytes(world), chunk_bytes(world);
+      const auto outcome = run_threads(world, [&](int rank) -> std::string {
+        auto transport =
+            std::make_unique<fault::FaultTransport>(mem_world->join(rank), fault::FaultPlan{});
+        fault::FaultTransport* counted = transport.get();
+        Communicator comm(std::move(transport), comm_options_for(scheme, world, 0, aggregate));
+        auto acc = comm.allocate(count, DataType::kFloat32, /*accumulator=*/true);
+        if (!acc.ok()) return acc.status().message();
+        std::vector<float> src(world * count), sums(world * count);
+        for (int m = 0; m < minibatches; ++m) {
+          for (size_t j = 0; j < src.size(); ++j) src[j] = value(m, rank, 0, j);
+          if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+          if (Status s = comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32,
+                                                 acc.value(), nullptr);
+              !s.ok()) {
+            return s.message();
+          }
+          if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+          if (Status s = comm.gather(sums.data(), sums.size(), acc.value(), nullptr); !s.ok()) {
+            return s.message();
+          }
+          for (size_t j = 0; j < sums.size(); ++j) {
+            double want = 0;
+            for (int r = 0; r < world; ++r) want += value(m, r, 0, j);
+            if (sums[j] != want) return "wrong sum at element " + std::to_string(j);
+          }
+        }
+        for (int p = 0; p < world; ++p) {
+          if (p / per_node != rank / per_node) across[rank] += counted->bytes_put_to(p);
+        }
+        relay_bytes[rank] = comm.memory().scheme_bytes - comm.staging()->allocated_bytes();
+        const size_t payload = comm.staging()->geometry().payload_bytes();
+        const size_t chunks = (count * sizeof(float) + payload - 1) / payload;
+        chunk_bytes[rank] = count * sizeof(float) + chunks * kChunkHeaderBytes;
+        return "";
+      });
+      ASSERT_EQ(describe(outcome), "");
+      for (int rank = 0; rank < world; ++rank) {
+        // Direct: a slice to each of the 4 owners on the other node; aggregated: its one row.
+        const size_t slices = aggregate ? 1 : world - per_node;
+        EXPECT_EQ(across[rank], minibatches * slices * chunk_bytes[rank]) << "rank " << rank;
+        EXPECT_EQ(relay_bytes[rank], aggregate ? count * sizeof(float) : 0u) << "rank " << rank;
+      }
+    }
+  }
+}
+
 // What each scheme adds per rank, from the bytes the core asks the transport for: the shards
 // (count fp32), and per scheme: remote add nothing; streamed the rings and signals cut from the
 // staging budget, once per communicator, at most the budget whatever the model and world size;
@@ -440,11 +507,12 @@ TEST(Memory, EachSchemeAllocatesItsDocumentedBytes) {
         EXPECT_GE(geometry.value().depth, 8u) << "at " << world << " ranks";
       }
       if (scheme == Scheme::kStreamedDevice) {
-        // The device steps add the fold's words and one outbox slot, from the same budget.
+        // The device steps add the fold's words (folded, locks, ended, a counter) and one
+        // outbox slot, from the same budget.
         const auto geometry = RingGeometry::for_budget(budget, world);
         ASSERT_TRUE(geometry.ok());
         const size_t extra =
-            (2 * static_cast<size_t>(world) + 1) * sizeof(uint64_t) + geometry.value().slot_bytes;
+            (3 * static_cast<size_t>(world) + 1) * sizeof(uint64_t) + geometry.value().slot_bytes;
         size_t depth = geometry.value().depth;
         RingGeometry fitted = geometry.value();
         while (fitted.total_bytes(world) + extra > budget && fitted.depth > 1) --fitted.depth;
@@ -571,9 +639,11 @@ FaultResult run_with_fault(int world_size, int faulty_rank, fault::FaultPlan pla
   o.num_minibatches = 40;
   o.count = 300;
   o.scheme = scheme;
-  // With pretend nodes, published shards gathered from the node cache too.
+  // With pretend nodes, published shards gathered from the node cache too, and streamed pushes
+  // aggregated per node.
   o.ranks_per_node = ranks_per_node;
   o.published = ranks_per_node > 0;
+  o.aggregate = ranks_per_node > 0;
   const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
   FaultResult result;
   result.completed.assign(static_cast<size_t>(world_size), 0);
@@ -589,7 +659,7 @@ FaultResult run_with_fault(int world_size, int faulty_rank, fault::FaultPlan pla
     std::function<void()> die;
     if (kill_on_death) die = [&world, rank] { world->kill(rank); };
     Communicator comm(std::make_unique<fault::FaultTransport>(world->join(rank), mine, die),
-                      comm_options_for(scheme, world_size));
+                      comm_options_for(scheme, world_size, 0, o.aggregate));
     std::string verdict = run_rank(comm, o, expected, &result.completed[static_cast<size_t>(rank)]);
     return verdict;
   });
@@ -648,7 +718,9 @@ TEST(Faults, StreamedLostArrivalsAndCreditsAreNamed) {
     SCOPED_TRACE(scheme_label(scheme));
     fault::FaultPlan plan;
     plan.kind = fault::FaultKind::kDropSignalsFrom;
-    plan.at_call = 200;
+    // The device's steps make more calls per minibatch (a fold per credit wait, and its rings
+    // are shallower: the fold's words come from the same budget).
+    plan.at_call = scheme == Scheme::kStreamedDevice ? 400 : 200;
     plan.peer = 4;
     const FaultResult r = run_with_fault(6, 1, plan, scheme);
     bool timed_out = false;
@@ -986,8 +1058,9 @@ TEST(Streamed, RandomProgramsTinyBudgets) {
       auto g = RingGeometry::for_budget(budget, world_size);
       ASSERT_TRUE(g.ok());
       ASSERT_EQ(g.value().depth, slots);
-      // The device's steps also take one outbox slot and two words per sender from the budget.
-      const size_t device_budget = budget + 320 + (2 * static_cast<size_t>(world_size) + 1) * 8;
+      // The device's steps also take one outbox slot and three words per sender (and a counter)
+      // from the budget.
+      const size_t device_budget = budget + 320 + (3 * static_cast<size_t>(world_size) + 1) * 8;
       for (uint32_t seed = 1; seed <= 3; ++seed) {
         random_program(Scheme::kStreamed, world_size, budget, seed, 8);
         random_program(Scheme::kStreamedDevice, world_size, device_budget, seed, 8);
@@ -1065,9 +1138,10 @@ TEST(Faults, StreamedFaultSweep) {
   EXPECT_GT(successes, 0);
 }
 
-// The node cache (2 pretend nodes of 4): a rank that dies, whether it is fetching for its node,
-// waiting for its node's fetchers or pushing, is named by every survivor; no wrong sum or shard.
-TEST(Faults, NodeCacheRankDiesMidMinibatch) {
+// The node schemes (2 pretend nodes of 4: node cache; streamed: pushes aggregated per node): a
+// rank that dies, whether it is fetching for its node, waiting for its node's fetchers, pushing
+// or forwarding its node's pushes, is named by every survivor; no wrong sum or shard.
+TEST(Faults, NodeSchemesRankDiesMidMinibatch) {
   for (Scheme scheme : kAllSchemes) {
     SCOPED_TRACE(scheme_label(scheme));
     fault::FaultPlan plan;
@@ -1118,11 +1192,12 @@ TEST(Faults, CollectiveMismatchIsNamed) {
   }
 }
 
-TEST(Faults, NodeCacheDeathAtEveryEarlyCallNeverHangsOrLies) {
-  // As below, with 2 pretend nodes of 2 and a published buffer gathered from the node cache in
-  // every minibatch: death at every one of the first calls (an allocation, a fetch's get or ready
-  // word, a gather, a push) is named by every survivor, and no shard or sum is ever wrong.
-  for (Scheme scheme : {Scheme::kStreamedDevice, Scheme::kRemoteAdd}) {
+TEST(Faults, NodeSchemesDeathAtEveryEarlyCallNeverHangsOrLies) {
+  // As below, with 2 pretend nodes of 2, a published buffer gathered from the node cache in
+  // every minibatch and streamed pushes aggregated per node: death at every one of the first
+  // calls (an allocation, a fetch's get or ready word, a gather, a push, a forward) is named by
+  // every survivor, and no shard or sum is ever wrong.
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice, Scheme::kRemoteAdd}) {
     for (int64_t at = 1; at <= 40; ++at) {
       fault::FaultPlan plan;
       plan.kind = fault::FaultKind::kDieAtCall;

@@ -12,6 +12,7 @@ FaultTransport::FaultTransport(std::unique_ptr<Transport> inner, FaultPlan plan,
                                std::function<void()> die)
     : inner_(std::move(inner)), plan_(plan), die_(std::move(die)), rng_(plan.seed) {
   bytes_read_from_.assign(static_cast<size_t>(inner_->world_size()), 0);
+  bytes_put_to_.assign(static_cast<size_t>(inner_->world_size()), 0);
   if (!die_) {
     Transport* raw = inner_.get();
     die_ = [raw] { raw->mark_failed("died"); };
@@ -118,6 +119,7 @@ Status FaultTransport::get(void* dst, const SymmetricRegion& region, int peer, s
 Status FaultTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                            size_t bytes, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("put"));
+  bytes_put_to_[static_cast<size_t>(peer)] += bytes;
   return inner_->put(src, region, peer, offset, bytes, stream);
 }
 

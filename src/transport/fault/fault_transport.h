@@ -50,8 +50,10 @@ class FaultTransport final : public Transport {
   bool dead() const { return dead_; }
   // Bytes of symmetric memory this rank allocated through it so far (memory tests).
   size_t allocated_bytes() const { return allocated_bytes_; }
-  // Bytes this rank read from `peer`'s regions so far (gets and gathers; node cache tests).
+  // Bytes this rank read from `peer`'s regions so far (gets and gathers), and put into them
+  // (puts), for the node schemes' tests.
   size_t bytes_read_from(int peer) const { return bytes_read_from_[static_cast<size_t>(peer)]; }
+  size_t bytes_put_to(int peer) const { return bytes_put_to_[static_cast<size_t>(peer)]; }
 
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
@@ -116,6 +118,7 @@ class FaultTransport final : public Transport {
   int64_t calls_ = 0;
   size_t allocated_bytes_ = 0;
   std::vector<size_t> bytes_read_from_;
+  std::vector<size_t> bytes_put_to_;
   bool dead_ = false;
   bool fired_ = false;  // the one-shot fault (drop, mismatch) happened
   struct HeldSignal {

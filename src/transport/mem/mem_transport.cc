@@ -277,7 +277,7 @@ class MemTransport final : public Transport {
           what = ends ? "push wait (minibatch_end)"
                       : "meeting of every rank before a collective inside a minibatch";
           for (int s = 0; s < f_.world_size; ++s) {
-            if (s != f_.rank) {
+            if (ends ? awaits_end(s) : s != f_.rank) {
               watches.push_back(
                   {ends ? &end_marks_ : &meetings_, s, ends ? f_.minibatch : f_.value});
             }
@@ -285,7 +285,7 @@ class MemTransport final : public Transport {
           // An end counts once its mark and its sequence (two signals, either may come first)
           // are both there.
           for (int s = 0; ends && s < f_.world_size; ++s) {
-            if (s != f_.rank) watches.push_back({&end_sequences_, s, f_.folded[s] + 1});
+            if (awaits_end(s)) watches.push_back({&end_sequences_, s, f_.folded[s] + 1});
           }
         }
         const size_t num_all = watches.size();
@@ -306,9 +306,10 @@ class MemTransport final : public Transport {
             continue;
           }
           for (int s = 0; s < f_.world_size; ++s) {  // kEnds: fold up to each end, consume it
-            if (s == f_.rank) continue;
+            if (!awaits_end(s)) continue;
             const uint64_t end = read(f_.end_sequences, s);
             ODC_RETURN_IF_ERROR(fold_sender(s, end - 1, end));
+            f_.ended[s] = f_.minibatch;
           }
           return Status::Ok();
         }
@@ -323,6 +324,10 @@ class MemTransport final : public Transport {
     }
 
    private:
+    // As the kernel's awaits_end: one of [ends_from, ends_to), not this rank, not consumed yet.
+    bool awaits_end(int s) const {
+      return s != f_.rank && s >= f_.ends_from && s < f_.ends_to && f_.ended[s] != f_.minibatch;
+    }
     // A slot of this rank's signal words (written by peers under this rank's mailbox mutex).
     uint64_t read(const uint64_t* slots, int peer) const {
       std::lock_guard<std::mutex> lock(t_.world_->mailboxes_[static_cast<size_t>(t_.rank_)]->mutex);
