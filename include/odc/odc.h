@@ -336,10 +336,11 @@ typedef enum {
   odcBufferAccumulator = 1,
   /* Shards their owners rewrite only between minibatches (after odcMinibatchEnd, before the
    * next odcMinibatchBegin), e.g. published parameters. Gathers inside a minibatch may then be
-   * served from a copy fetched once at odcMinibatchBegin: the NVSHMEM transport fetches each
-   * remote node's shard once per node and minibatch and fans it out over NVLink (hierarchical
-   * gathers, docs/multinode.md). A shard rewritten inside a minibatch is then seen with its
-   * value at odcMinibatchBegin by other nodes: use odcBufferShards for such buffers. */
+   * served from a copy fetched once at odcMinibatchBegin: with more than one node, each remote
+   * node's shard is fetched once per node and minibatch into the node cache and read from there
+   * by the node's ranks ($ODC_NODE_CACHE_BYTES, docs/runtime.md "Node schemes"). A shard
+   * rewritten inside a minibatch is then seen with its value at odcMinibatchBegin by other
+   * nodes: use odcBufferShards for such buffers. */
   odcBufferPublished = 2,
 } odcBufferKind_t;
 
@@ -356,8 +357,8 @@ ODC_API odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer);
 /* Local (reads peers' memory). dst[r*count:(r+1)*count] = rank r's shard, for every r; `dst` holds
  * dst_count = world_size * count elements of the buffer's dtype. Valid while owners do not rewrite
  * their shards. Inside a minibatch, a gather of an odcBufferPublished buffer may return the shards
- * as they were at odcMinibatchBegin (NVSHMEM's hierarchical gathers fetch other nodes' shards
- * once per minibatch); other buffers are read as they are when the gather runs. */
+ * as they were at odcMinibatchBegin (the node cache fetches other nodes' shards once per node
+ * and minibatch); other buffers are read as they are when the gather runs. */
 ODC_API odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBuffer_t buffer,
                               odcStream_t stream);
 

@@ -464,9 +464,9 @@ class Comm:
         raise on every rank, naming both requests, instead of silently pairing up.
         published: owners rewrite their shards only between minibatches (after minibatch_end,
         before the next minibatch_begin), as odc.torch's parameters; gathers inside a minibatch
-        may then be served from a copy fetched once at minibatch_begin (the NVSHMEM transport's
-        hierarchical gathers: once per node). Leave it False for buffers rewritten inside a
-        minibatch."""
+        may then be served from a copy fetched once at minibatch_begin (with more than one node:
+        the node cache, once per node, $ODC_NODE_CACHE_BYTES). Leave it False for buffers
+        rewritten inside a minibatch."""
         if accumulator and published:
             raise _invalid(
                 f"rank {self.rank}: alloc: a buffer is either an accumulator or published, not both"

@@ -105,7 +105,7 @@ class _Group:
         # Named: a rank whose groups come in another order fails here instead of gathering
         # another group's weights (the sizes alone may agree). Published: the shards change only
         # between minibatches (publish() at minibatch_begin, the optimizer step after
-        # minibatch_end), so a transport may fetch them once per minibatch (hierarchical gathers).
+        # minibatch_end), so the node cache may fetch them once per node and minibatch.
         self.in_place = _in_place_dtype(layout)
         # The trainable slots (indices into layout.slots) the accumulator holds, and where each
         # sits in it; None until refresh_trainable() first ran.
