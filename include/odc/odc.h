@@ -187,7 +187,10 @@ typedef enum {
   odcTransportNvshmem = 3
 } odcTransport_t;
 
-#define ODC_COMM_CONFIG_VERSION 3
+#define ODC_COMM_CONFIG_VERSION 4
+
+/* A byte budget of odcCommConfig_t that comes from its environment variable (else its default). */
+#define ODC_BYTES_FROM_ENVIRONMENT ((size_t)-1)
 
 /* An external bootstrap: how ranks meet when the caller already has a rendezvous (a
  * torch.distributed store, MPI, ...). Contract for both callbacks: collective (every rank calls
@@ -240,10 +243,20 @@ typedef struct {
    * agrees on at init (odcCommGetTopology). 0 (default): $ODC_LOCAL_WORLD_SIZE, else the
    * launcher's $LOCAL_WORLD_SIZE (torchrun), else the transport's report (the host). */
   int ranks_per_node;
+  /* Version 4. With more than one node: the node cache's budget per rank (published buffers'
+   * remote shards fetched once per node and minibatch; docs/runtime.md "Node schemes"); 0: off.
+   * ODC_BYTES_FROM_ENVIRONMENT (default): $ODC_NODE_CACHE_BYTES, else 256 MiB. Equal on every
+   * rank. */
+  size_t node_cache_bytes;
+  /* Version 4. Streamed scheme with more than one node: the budget per rank of the relay rows of
+   * node-aggregated pushes (one node-summed slice per other node, sent at odcMinibatchEnd); 0:
+   * off. ODC_BYTES_FROM_ENVIRONMENT (default): $ODC_NODE_AGGREGATION_BYTES, else 0. Equal on
+   * every rank. */
+  size_t node_aggregation_bytes;
 } odcCommConfig_t;
 
 /* Local: fills `config` with the defaults (auto transport, no key, default timeout, no device,
- * not deterministic, no bootstrap, default staging budget). */
+ * not deterministic, no bootstrap, default staging budget, node budgets from the environment). */
 ODC_API odcResult_t odcCommConfigInit(odcCommConfig_t* config);
 
 /* Local: the topology the ranks agreed on at init: *num_nodes (may be NULL) and, when node_of is
@@ -253,8 +266,8 @@ ODC_API odcResult_t odcCommGetTopology(odcComm_t comm, int* num_nodes, int* node
 
 /* Collective. As odcCommInit / odcCommInitCuda, configured by `config` (not retained). A config
  * with an unknown version, a size smaller than version 1's, or a transport this build lacks is
- * refused with a message naming the problem. Version 1 configs (no `bootstrap`) and version 2
- * configs (no `staging_bytes`) are accepted.
+ * refused with a message naming the problem. Version 1 configs (no `bootstrap`), version 2
+ * configs (no `staging_bytes`) and version 3 configs (no node budgets) are accepted.
  * With a bootstrap every rank's init fails when one rank's does (the failure goes through
  * mark_failed and the init barrier). */
 ODC_API odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_size,

@@ -101,7 +101,13 @@ class CommConfig(ctypes.Structure):
         ("bootstrap", ctypes.POINTER(Bootstrap)),  # version 2
         ("staging_bytes", ctypes.c_size_t),  # version 3
         ("ranks_per_node", ctypes.c_int),  # version 3
+        ("node_cache_bytes", ctypes.c_size_t),  # version 4
+        ("node_aggregation_bytes", ctypes.c_size_t),  # version 4
     ]
+
+
+# A budget of CommConfig taken from its environment variable (ODC_BYTES_FROM_ENVIRONMENT).
+BYTES_FROM_ENVIRONMENT = ctypes.c_size_t(-1).value
 
 
 def _find_library() -> str:

@@ -280,6 +280,13 @@ class Comm:
     ranks_per_node: consecutive ranks per node, for the node layout every rank agrees on at init
     (`topology`). None (default): $ODC_LOCAL_WORLD_SIZE, else torchrun's $LOCAL_WORLD_SIZE, else
     the transport's report (the host).
+    node_cache_bytes: with more than one node, the node cache's budget per rank (published
+    buffers' remote shards fetched once per node and minibatch); 0: off. None (default):
+    $ODC_NODE_CACHE_BYTES, else 256 MiB. Equal on every rank.
+    node_aggregation_bytes: streamed scheme with more than one node, the budget per rank of the
+    relay rows of node-aggregated pushes (one node-summed slice per other node, sent at
+    minibatch_end); 0: off. None (default): $ODC_NODE_AGGREGATION_BYTES, else 0. Equal on every
+    rank. Both: docs/runtime.md "Node schemes".
     """
 
     def __init__(
@@ -294,6 +301,8 @@ class Comm:
         transport: Optional[str] = None,
         staging_bytes: Optional[int] = None,
         ranks_per_node: Optional[int] = None,
+        node_cache_bytes: Optional[int] = None,
+        node_aggregation_bytes: Optional[int] = None,
     ):
         self._handle = None
         self._deferred_handle = None
@@ -312,6 +321,12 @@ class Comm:
             staging_bytes = _checked_int(staging_bytes, "staging_bytes", 1, 2**63 - 1)
         if ranks_per_node is not None:
             ranks_per_node = _checked_int(ranks_per_node, "ranks_per_node", 1, _INT_MAX)
+        if node_cache_bytes is not None:
+            node_cache_bytes = _checked_int(node_cache_bytes, "node_cache_bytes", 0, 2**63 - 1)
+        if node_aggregation_bytes is not None:
+            node_aggregation_bytes = _checked_int(
+                node_aggregation_bytes, "node_aggregation_bytes", 0, 2**63 - 1
+            )
         transports = {
             "shm": _capi.TRANSPORT_SHM,
             "cuda": _capi.TRANSPORT_CUDA,
@@ -368,6 +383,14 @@ class Comm:
         config.deterministic = int(bool(deterministic))
         config.staging_bytes = 0 if staging_bytes is None else int(staging_bytes)
         config.ranks_per_node = 0 if ranks_per_node is None else int(ranks_per_node)
+        config.node_cache_bytes = (
+            _capi.BYTES_FROM_ENVIRONMENT if node_cache_bytes is None else int(node_cache_bytes)
+        )
+        config.node_aggregation_bytes = (
+            _capi.BYTES_FROM_ENVIRONMENT
+            if node_aggregation_bytes is None
+            else int(node_aggregation_bytes)
+        )
         try:
             result = _capi.lib.odcCommInitConfig(
                 ctypes.byref(handle), rank, world_size, ctypes.byref(config)

@@ -197,12 +197,18 @@ odc::Result<double> timeout_or_default(double timeout_seconds) {
   return value;
 }
 
+static_assert(ODC_BYTES_FROM_ENVIRONMENT == odc::kNodeCacheFromEnvironment &&
+                  ODC_BYTES_FROM_ENVIRONMENT == odc::kNodeAggregationFromEnvironment,
+              "the C API's 'from the environment' budget is the core's");
+
 // Shared by the init calls: validates, builds the transport through the registry and registers
 // the new communicator.
 odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* transport_name,
                       const char* key, double timeout_seconds, int device, bool deterministic,
                       const odcBootstrap_t* external = nullptr, size_t staging_bytes = 0,
-                      int ranks_per_node = 0) {
+                      int ranks_per_node = 0,
+                      size_t node_cache_bytes = odc::kNodeCacheFromEnvironment,
+                      size_t node_aggregation_bytes = odc::kNodeAggregationFromEnvironment) {
   return guarded([&]() -> odcResult_t {
     if (comm == nullptr) return report(Status::InvalidArgument("odcCommInit: comm is NULL"));
     if (key == nullptr && external == nullptr) {
@@ -269,6 +275,8 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
     options.bootstrap = bootstrap;
     options.staging_bytes = staging_bytes;
     options.ranks_per_node = ranks_per_node;
+    options.node_cache_bytes = node_cache_bytes;
+    options.node_aggregation_bytes = node_aggregation_bytes;
     auto* created = new odcComm();
     created->communicator =
         std::make_unique<odc::Communicator>(std::move(transport).value(), options);
@@ -314,6 +322,8 @@ extern "C" odcResult_t odcCommConfigInit(odcCommConfig_t* config) {
     config->bootstrap = nullptr;
     config->staging_bytes = 0;
     config->ranks_per_node = 0;
+    config->node_cache_bytes = ODC_BYTES_FROM_ENVIRONMENT;
+    config->node_aggregation_bytes = ODC_BYTES_FROM_ENVIRONMENT;
     return success();
   });
 }
@@ -323,13 +333,15 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
   return guarded([&]() -> odcResult_t {
     const std::string where = "rank " + std::to_string(rank) + ": init: ";
     if (config == nullptr) return report(Status::InvalidArgument(where + "config is NULL"));
-    // Version 1 ended before `bootstrap`, version 2 before `staging_bytes`; later fields are read
-    // only when the caller has them.
+    // Version 1 ended before `bootstrap`, version 2 before `staging_bytes`, version 3 before
+    // `node_cache_bytes`; later fields are read only when the caller has them.
     const size_t version1_size = offsetof(odcCommConfig_t, bootstrap);
     const size_t version2_size = offsetof(odcCommConfig_t, staging_bytes);
+    const size_t version3_size = offsetof(odcCommConfig_t, node_cache_bytes);
     const bool version1 = config->version == 1 && config->size >= version1_size;
     const bool version2 = config->version == 2 && config->size >= version2_size;
-    if (!version1 && !version2 &&
+    const bool version3 = config->version == 3 && config->size >= version3_size;
+    if (!version1 && !version2 && !version3 &&
         (config->version != ODC_COMM_CONFIG_VERSION || config->size < sizeof(odcCommConfig_t))) {
       return report(Status::InvalidArgument(
           where + "config has version " + std::to_string(config->version) + " and size " +
@@ -369,7 +381,11 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
                      config->device, config->deterministic != 0,
                      version1 ? nullptr : config->bootstrap,
                      version1 || version2 ? 0 : config->staging_bytes,
-                     version1 || version2 ? 0 : config->ranks_per_node);
+                     version1 || version2 ? 0 : config->ranks_per_node,
+                     version1 || version2 || version3 ? ODC_BYTES_FROM_ENVIRONMENT
+                                                      : config->node_cache_bytes,
+                     version1 || version2 || version3 ? ODC_BYTES_FROM_ENVIRONMENT
+                                                      : config->node_aggregation_bytes);
   });
 }
 

@@ -250,6 +250,18 @@ TEST(ExternalBootstrap, BadConfigsAreRefusedByName) {
             std::string::npos)
       << odcGetLastError();
   EXPECT_EQ(odcCommDestroy(comm), odcSuccess);
+  // A version-3 config (no node budgets) is accepted; version 4's defaults take them from the
+  // environment.
+  odcCommConfig_t version3_layout;
+  ASSERT_EQ(odcCommConfigInit(&version3_layout), odcSuccess);
+  EXPECT_EQ(version3_layout.node_cache_bytes, ODC_BYTES_FROM_ENVIRONMENT);
+  EXPECT_EQ(version3_layout.node_aggregation_bytes, ODC_BYTES_FROM_ENVIRONMENT);
+  version3_layout.version = 3;
+  version3_layout.size = offsetof(odcCommConfig_t, node_cache_bytes);
+  const std::string key4 = "bootstrap-v3-layout-" + std::to_string(::getpid());
+  version3_layout.key = key4.c_str();
+  ASSERT_EQ(odcCommInitConfig(&comm, 0, 1, &version3_layout), odcSuccess) << odcGetLastError();
+  EXPECT_EQ(odcCommDestroy(comm), odcSuccess);
 }
 
 }  // namespace

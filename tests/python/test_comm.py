@@ -226,10 +226,10 @@ def test_memory_bytes_count_the_scheme():
         assert after["scheme"] == 2 * 4 * 1000 * 4 + (4 << 20), after
 
 
-def _node_cache_rank(rank, world_size, key):
+def _node_cache_rank(rank, world_size, key, **options):
     import numpy as np
 
-    with odc.Comm(rank, world_size, key, timeout=30) as comm:
+    with odc.Comm(rank, world_size, key, timeout=30, **options) as comm:
         params = comm.alloc(1000, published=True)
         plain = comm.alloc(300)
         seen = []
@@ -263,6 +263,50 @@ def test_node_cache_on_pretend_nodes(monkeypatch):
     for seen, memory in odc.launch(_node_cache_rank, 4, timeout=120):
         assert seen == [True] * 3
         assert memory["node_cache"] == 0, memory
+    # The argument wins over the environment, and the layout may come from it too.
+    monkeypatch.delenv("ODC_LOCAL_WORLD_SIZE")
+    options = {"node_cache_bytes": 1 << 20, "ranks_per_node": 2}
+    for seen, memory in odc.launch(_node_cache_rank_with, 4, options, timeout=120):
+        assert seen == [True] * 3
+        assert memory["node_cache"] == 4096 + 4 * 8, memory
+
+
+def _node_cache_rank_with(rank, world_size, key, options):
+    return _node_cache_rank(rank, world_size, key, **options)
+
+
+def _aggregation_rank(rank, world_size, key, budget):
+    import numpy as np
+
+    with odc.Comm(
+        rank, world_size, key, timeout=30, ranks_per_node=2, node_aggregation_bytes=budget
+    ) as comm:
+        acc = comm.alloc(1000, accumulator=True)
+        ok = []
+        for minibatch in range(3):
+            comm.minibatch_begin()
+            for push in range(rank % 3):  # 0, 1 or 2 pushes: uneven, some ranks none
+                src = np.arange(world_size * 1000, dtype=np.float32) % 7 + rank + push
+                comm.scatter_accumulate(src, acc)
+            comm.minibatch_end()
+            out = np.empty(world_size * 1000, dtype=np.float32)
+            comm.gather(out, acc)
+            want = np.zeros(world_size * 1000, dtype=np.float32)
+            for r in range(world_size):
+                for push in range(r % 3):
+                    want += np.arange(world_size * 1000, dtype=np.float32) % 7 + r + push
+            ok.append(bool(np.array_equal(out, want)))
+        return ok, comm.memory_bytes()["scheme"]
+
+
+def test_node_aggregated_pushes_on_pretend_nodes():
+    # shm streams; 2 pretend nodes of 2: pushes to the other node go through the carrier's relay
+    # row (1,000 fp32 per rank: one remote owner per rank), sums exact; off by default.
+    on = odc.launch(_aggregation_rank, 4, 1 << 20, timeout=120)
+    off = odc.launch(_aggregation_rank, 4, 0, timeout=120)
+    for (ok_on, scheme_on), (ok_off, scheme_off) in zip(on, off):
+        assert ok_on == [True] * 3 and ok_off == [True] * 3
+        assert scheme_on - scheme_off == 1000 * 4, (scheme_on, scheme_off)
 
 
 def test_deterministic_option():
