@@ -377,15 +377,14 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
       return report(Status::InvalidArgument(where + "the shm transport takes no device (got " +
                                             std::to_string(config->device) + ")"));
     }
-    return init_comm(comm, rank, world_size, name, config->key, config->timeout_seconds,
-                     config->device, config->deterministic != 0,
-                     version1 ? nullptr : config->bootstrap,
-                     version1 || version2 ? 0 : config->staging_bytes,
-                     version1 || version2 ? 0 : config->ranks_per_node,
-                     version1 || version2 || version3 ? ODC_BYTES_FROM_ENVIRONMENT
-                                                      : config->node_cache_bytes,
-                     version1 || version2 || version3 ? ODC_BYTES_FROM_ENVIRONMENT
-                                                      : config->node_aggregation_bytes);
+    return init_comm(
+        comm, rank, world_size, name, config->key, config->timeout_seconds, config->device,
+        config->deterministic != 0, version1 ? nullptr : config->bootstrap,
+        version1 || version2 ? 0 : config->staging_bytes,
+        version1 || version2 ? 0 : config->ranks_per_node,
+        version1 || version2 || version3 ? ODC_BYTES_FROM_ENVIRONMENT : config->node_cache_bytes,
+        version1 || version2 || version3 ? ODC_BYTES_FROM_ENVIRONMENT
+                                         : config->node_aggregation_bytes);
   });
 }
 
