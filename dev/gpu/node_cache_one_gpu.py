@@ -17,6 +17,8 @@ environment (dev/gpu/node_cache_one_gpu.sh drives it).
                            rank put to other nodes (aggregated: one slice per other node and
                            minibatch, direct: one per remote owner; fp32 pushes), then
                            aggregated with bf16 and fp32 pushes mixed: exact sums
+  aggregation-mixed WORLD  two accumulators, ODC_NODE_AGGREGATION_BYTES (the caller's) with room
+                           for one relay: relayed and direct pushes together, exact sums
 """
 
 import os
@@ -157,11 +159,22 @@ def _aggregation(world, ranks_per_node):
     )
 
 
+def _aggregation_mixed(world):
+    """Two accumulators, a budget (set by the caller) with room for one relay: one relayed, one
+    pushed directly, bf16 and fp32 pushes: exact sums."""
+    import test_nvshmem_comm as gpu_suite
+
+    odc.launch(gpu_suite._aggregation_rank, world, 1, 70_001, 6, True, 2, timeout=300)
+    print(f"aggregation with relayed and direct accumulators ok: {world} ranks")
+
+
 def main(argv):
     if argv[0] == "windows":
         _windows(int(argv[1]), int(argv[2]), int(argv[3]), argv[4] != "0")
     elif argv[0] == "aggregation":
         _aggregation(int(argv[1]), int(argv[2]))
+    elif argv[0] == "aggregation-mixed":
+        _aggregation_mixed(int(argv[1]))
     elif argv[0] == "memory":
         _memory(int(argv[1]), int(argv[2]))
     else:

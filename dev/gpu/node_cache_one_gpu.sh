@@ -47,6 +47,8 @@ for shape in "4 2" "4 1" "2 1"; do
 done
 stage "nvshmem-aggregation-tiny-staging" 400 env $libs $nv ODC_LOCAL_WORLD_SIZE=2 \
   ODC_STAGING_BYTES=256K python3 "$check" aggregation 4 2
+stage "nvshmem-aggregation-relayed-and-direct" 400 env $libs $nv ODC_LOCAL_WORLD_SIZE=2 \
+  ODC_STAGING_BYTES=256K ODC_NODE_AGGREGATION_BYTES=300000 python3 "$check" aggregation-mixed 4
 for cache in default 0; do
   knob=""
   [ "$cache" = 0 ] && knob="ODC_NODE_CACHE_BYTES=0"

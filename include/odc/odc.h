@@ -304,8 +304,8 @@ ODC_API odcResult_t odcCommWorldSize(odcComm_t comm, int* world_size);
 /* Local: the symmetric memory this communicator holds on this rank right now, in bytes (either
  * pointer may be NULL). *buffer_bytes: the shards of every live buffer. *scheme_bytes: what the
  * accumulation scheme adds on top: the streamed scheme's rings and signals (at most the staging
- * budget, once per communicator), the deterministic (pulled) scheme's pending buffers and
- * scratch; 0 with remote adds. */
+ * budget, once per communicator) and the relay rows of node-aggregated pushes (at most their
+ * budget), the deterministic (pulled) scheme's pending buffers and scratch; 0 with remote adds. */
 ODC_API odcResult_t odcCommGetMemory(odcComm_t comm, size_t* buffer_bytes, size_t* scheme_bytes);
 
 /* Local: the streamed scheme's flow control on this rank so far (either pointer may be NULL):

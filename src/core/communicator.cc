@@ -398,13 +398,18 @@ Status Communicator::create_staging() {
   auto staging = StreamedStaging::create(*transport_, budget.value(), destination_);
   if (!staging.ok()) return staging.status();
   staging_ = std::move(staging).value();
+  // Aggregation needs nodes of consecutive ranks (a node's ends are awaited as one range) and
+  // pays only with more than one rank per node (with one, every push to another node would just
+  // wait for minibatch_end, in fp32).
   const std::vector<int> node = topology_->ranks_on(topology_->node(rank()));
   bool consecutive = true;
+  bool several_per_node = true;
   for (int n = 0; n < topology_->num_nodes; ++n) {
     const std::vector<int> ranks = topology_->ranks_on(n);
     consecutive = consecutive && ranks.back() - ranks.front() + 1 == static_cast<int>(ranks.size());
+    several_per_node = several_per_node && ranks.size() > 1;
   }
-  if (node_aggregation_bytes_ > 0 && topology_->num_nodes > 1 && consecutive) {
+  if (node_aggregation_bytes_ > 0 && topology_->num_nodes > 1 && consecutive && several_per_node) {
     routes_ = std::make_unique<NodeRoutes>(NodeRoutes::of(*topology_, rank()));
     staging_->set_routes(*routes_, node.front(), node.back() + 1);
   }

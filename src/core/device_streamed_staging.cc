@@ -9,9 +9,9 @@ namespace odc {
 namespace {
 
 // The fold's words: per sender its last folded sequence, then the credit-wait counter, then per
-// sender its lock.
+// sender its lock, then per sender the last minibatch whose end was consumed here.
 size_t fold_words(int world_size) {
-  return 3 * static_cast<size_t>(world_size) + 1;  // folded, credit waits, locks, ended
+  return 3 * static_cast<size_t>(world_size) + 1;
 }
 
 // What the device variant holds beyond the rings and the five signal regions RingGeometry

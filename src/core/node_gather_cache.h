@@ -9,7 +9,9 @@
 // loads where the transport maps them: shared memory, NVLink).
 //
 // Memory: a cached buffer costs rows x its shard on every rank (rows: the most remote owners one
-// rank fetches, nodes - 1 with equal nodes), which is about 1/ranks-per-node of the whole buffer;
+// rank fetches, nodes - 1 with equal nodes), about 1/ranks-per-node of the whole buffer (with one
+// rank per node, every other rank's shard: then it saves the gathers after a buffer's first in a
+// minibatch, forward and backward of every microbatch, not bytes between a node's ranks);
 // buffers are cached in allocation order while the budget lasts (CommOptions::node_cache_bytes),
 // the rest are gathered flat. Owners rewrite published shards only between minibatches (their
 // allocation says so), so a minibatch's copies are exact.

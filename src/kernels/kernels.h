@@ -57,6 +57,7 @@ enum WaitSite : int32_t {
   kWaitStreamEnd = 10,  // streamed minibatch_end: a sender has not ended its pushes here
   kWaitMeeting = 11,    // streamed collective inside a minibatch: a rank has not reached it
   kWaitBadChunk = 12,   // streamed fold: a slot holds another chunk than its signal covers
+  kWaitFetchPeerFailed = 13,  // wait_slots: the rank waited for marked itself failed
 };
 
 // What a rank that failed writes into its slot of every peer's barrier words (host side, on a
@@ -166,13 +167,16 @@ cudaError_t put_signal(const PutSignalJobs& jobs, size_t bytes, uint64_t value, 
                        const RankInfo& info, const WaitError* error, cudaStream_t stream);
 // Stream-ordered: returns (on the device) when slots[peer[j]] >= value for every j < num (this
 // GPU's memory, written by peers; system-scope acquire); on expiry of `timeout_ns` records
-// (site, rank, peer[j], value, seen) in `error` and lets the stream go on.
+// (site, rank, peer[j], value, seen) in `error` and lets the stream go on. `peer_failed`
+// (optional): slot p is kBarrierPeerFailed once rank p failed, which ends the wait at once
+// (kWaitFetchPeerFailed).
 struct SlotWaits {
   int peer[kMaxRanks] = {};
   int num = 0;
 };
 cudaError_t wait_slots(const uint64_t* slots, const SlotWaits& waits, uint64_t value, int rank,
-                       int32_t site, int64_t timeout_ns, WaitError* error, cudaStream_t stream);
+                       int32_t site, int64_t timeout_ns, const uint64_t* peer_failed,
+                       WaitError* error, cudaStream_t stream);
 // dst[i] += src[i] (fp32 or bf16 source) for i < n; local memory. Nothing after a failed wait.
 cudaError_t accumulate_local(float* dst, const void* src, ElemType src_type, size_t n,
                              const RankInfo& info, const WaitError* error, cudaStream_t stream);

@@ -63,11 +63,25 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void wait_slots_kernel(const uint64_t* slots, SlotWaits waits, uint64_t value, int rank,
-                                  int32_t site, int64_t timeout_ns, WaitError* error) {
+                                  int32_t site, int64_t timeout_ns, const uint64_t* peer_failed,
+                                  WaitError* error) {
   const int j = threadIdx.x;
-  if (j < waits.num) {
-    detail::wait_at_least(slots + waits.peer[j], value, timeout_ns, error, site, rank,
-                          waits.peer[j]);
+  if (j >= waits.num || detail::failed_before(error)) return;
+  const int peer = waits.peer[j];
+  const uint64_t start = detail::global_timer_ns();
+  for (;;) {
+    const uint64_t seen = detail::ld_acquire_sys(slots + peer);
+    if (seen >= value) return;
+    if (detail::failed_before(error)) return;  // another wait failed: stop, it is recorded
+    if (peer_failed != nullptr &&
+        detail::ld_acquire_sys(peer_failed + peer) == kBarrierPeerFailed) {
+      detail::record_error(error, kWaitFetchPeerFailed, rank, peer, value, seen);
+      return;
+    }
+    if (static_cast<int64_t>(detail::global_timer_ns() - start) > timeout_ns) {
+      detail::record_error(error, site, rank, peer, value, seen);
+      return;
+    }
   }
 }
 
@@ -91,12 +105,13 @@ cudaError_t put_signal(const PutSignalJobs& jobs, size_t bytes, uint64_t value, 
 }
 
 cudaError_t wait_slots(const uint64_t* slots, const SlotWaits& waits, uint64_t value, int rank,
-                       int32_t site, int64_t timeout_ns, WaitError* error, cudaStream_t stream) {
+                       int32_t site, int64_t timeout_ns, const uint64_t* peer_failed,
+                       WaitError* error, cudaStream_t stream) {
   if (waits.num < 1 || waits.num > kMaxRanks || slots == nullptr || error == nullptr) {
     return cudaErrorInvalidValue;
   }
   wait_slots_kernel<<<1, kMaxRanks, 0, stream>>>(slots, waits, value, rank, site, timeout_ns,
-                                                 error);
+                                                 peer_failed, error);
   return cudaGetLastError();
 }
 

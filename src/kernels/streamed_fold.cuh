@@ -227,11 +227,13 @@ __global__ void __launch_bounds__(kFoldThreads)
         }
         counted = true;
       } else if (f.until == FoldUntil::kEnds) {
-        // This block's senders' ends of this minibatch: their marks and sequences.
+        // The ends of this minibatch of every sender the launch awaits, not only this block's:
+        // with a range (node-aggregated pushes) a block none of whose senders is awaited must
+        // go on folding them, since they may still be pushing and wait for its credit.
         site = kWaitStreamEnd;
         // The mark and the sequence are two signals: either may arrive first (a network may
         // deliver them out of order), so an end counts once both are there.
-        for (int s = blockIdx.x; s < f.world_size && short_peer < 0; s += gridDim.x) {
+        for (int s = 0; s < f.world_size && short_peer < 0; ++s) {
           if (!awaits_end(f, s)) continue;
           seen = ld_acquire_sys(f.end_marks + s);
           expected = f.minibatch;

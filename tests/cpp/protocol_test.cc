@@ -271,14 +271,22 @@ void run_clean(const RunOptions& o, size_t staging_bytes = 0) {
       mem::MemWorld::create(o.world, mem_options_for(o.scheme, o.timeout_s, o.ranks_per_node));
   const Expected expected = expected_sums(o.seed, o.world, o.num_minibatches);
   const auto outcome = run_threads(o.world, [&](int rank) {
-    Communicator comm(world->join(rank), comm_options_for(o.scheme, o.world, staging_bytes));
+    Communicator comm(world->join(rank),
+                      comm_options_for(o.scheme, o.world, staging_bytes, o.aggregate));
     if (!is_scheme(comm, o.scheme)) {
       return std::string("wrong scheme ") + scheme_name(comm.scheme());
     }
     std::string verdict = run_rank(comm, o, expected, nullptr);
-    if (verdict.empty() && o.published && o.ranks_per_node > 0 && o.ranks_per_node < o.world &&
+    const bool nodes = o.ranks_per_node > 0 && o.ranks_per_node < o.world;
+    if (verdict.empty() && o.published && nodes &&
         (comm.node_cache() == nullptr || comm.node_cache()->num_cached() != 1)) {
       return std::string("the published buffer was not served from the node cache");
+    }
+    // Aggregation engages with several ranks per node.
+    const bool aggregating = o.aggregate && nodes && o.ranks_per_node > 1;
+    if (verdict.empty() && aggregating &&
+        (comm.staging() == nullptr || comm.staging()->relays().size() != 1)) {
+      return std::string("the accumulator's pushes were not aggregated");
     }
     return verdict;
   });
@@ -453,6 +461,57 @@ TEST(NodeAggregation, EachRankSendsOneSlicePerOtherNode) {
         EXPECT_EQ(relay_bytes[rank], aggregate ? count * sizeof(float) : 0u) << "rank " << rank;
       }
     }
+  }
+}
+
+// Some accumulators relayed, some not (the budget has room for one of two): while a rank waits
+// for its node's ends, the other node's ranks may still push the direct one to it through full
+// rings; every wait folds every sender, so all finish; sums exact (host and device steps).
+TEST(NodeAggregation, RelayedAndDirectAccumulatorsTogether) {
+  const int world = 4;
+  const size_t count = 1000;  // 16 chunks per slice through six-slot rings: credit waits
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice}) {
+    SCOPED_TRACE(scheme_label(scheme));
+    auto mem_world = mem::MemWorld::create(world, mem_options_for(scheme, 10, 2));
+    const auto outcome = run_threads(world, [&](int rank) -> std::string {
+      CommOptions options = comm_options_for(scheme, world);
+      options.node_aggregation_bytes = count * sizeof(float);  // one relay of one row
+      Communicator comm(mem_world->join(rank), options);
+      Buffer* accs[2];
+      for (Buffer*& acc : accs) {
+        auto made = comm.allocate(count, DataType::kFloat32, /*accumulator=*/true);
+        if (!made.ok()) return made.status().message();
+        acc = made.value();
+      }
+      if (comm.staging()->relays().size() != 1) return std::string("expected one relay");
+      std::vector<float> src(world * count), sums(world * count);
+      for (int m = 0; m < 20; ++m) {
+        if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+        for (int call = 0; call < num_pushes(3, m, rank); ++call) {
+          for (size_t j = 0; j < src.size(); ++j) src[j] = value(m, rank, call, j);
+          for (Buffer* acc : accs) {
+            Status s =
+                comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32, acc, nullptr);
+            if (!s.ok()) return s.message();
+          }
+        }
+        if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+        for (Buffer* acc : accs) {
+          if (Status s = comm.gather(sums.data(), sums.size(), acc, nullptr); !s.ok()) {
+            return s.message();
+          }
+          for (size_t j = 0; j < sums.size(); ++j) {
+            double want = 0;
+            for (int r = 0; r < world; ++r) {
+              for (int call = 0; call < num_pushes(3, m, r); ++call) want += value(m, r, call, j);
+            }
+            if (sums[j] != want) return "wrong sum at element " + std::to_string(j);
+          }
+        }
+      }
+      return "";
+    });
+    EXPECT_EQ(describe(outcome), "");
   }
 }
 

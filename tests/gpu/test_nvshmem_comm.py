@@ -301,7 +301,9 @@ def test_nvshmem_late_node_fetch_is_waited_for(monkeypatch, capfd):
     _check_fetched(capfd, 4, expected)
 
 
-def _aggregation_rank(rank, world_size, key, num_gpus, count, num_minibatches, mixed=True):
+def _aggregation_rank(
+    rank, world_size, key, num_gpus, count, num_minibatches, mixed=True, num_accumulators=1
+):
     """Pushes of a full gradient per minibatch (bf16 and fp32 alternately where `mixed`, else
     fp32, with device delays), on pretended nodes, with or without node-aggregated pushes (the
     environment says): exact sums. Relay rows are forwarded in fp32 (the node's partial sums),
@@ -312,25 +314,28 @@ def _aggregation_rank(rank, world_size, key, num_gpus, count, num_minibatches, m
     torch.cuda.set_device(device)
     rng = random.Random(2000 + rank)
     with odc.Comm(rank, world_size, key, timeout=60, device=device) as comm:
-        accumulator = comm.alloc(count, accumulator=True)
+        # Several: with a budget for fewer relays, some are relayed and some pushed directly.
+        accumulators = [comm.alloc(count, accumulator=True) for _ in range(num_accumulators)]
         full = torch.empty(world_size * count, device="cuda")
         for minibatch in range(num_minibatches):
             comm.minibatch_begin()
             torch.cuda._sleep(rng.randint(0, 200_000))
             dtype = torch.bfloat16 if mixed and minibatch % 2 else torch.float32
             src = torch.arange(world_size * count, device="cuda", dtype=torch.float32) % 61
-            comm.scatter_accumulate((src + rank + minibatch).to(dtype), accumulator)
+            for accumulator in accumulators:
+                comm.scatter_accumulate((src + rank + minibatch).to(dtype), accumulator)
             comm.minibatch_end()
-            comm.gather(full, accumulator)
             want = (src * world_size + sum(range(world_size)) + world_size * minibatch).float()
-            if not torch.equal(full, want):
-                bad = (full != want).nonzero()[0].item()
-                raise AssertionError(
-                    f"rank {rank} minibatch {minibatch}: element {bad} {full[bad].item()} "
-                    f"!= {want[bad].item()}"
-                )
+            for index, accumulator in enumerate(accumulators):
+                comm.gather(full, accumulator)
+                if not torch.equal(full, want):
+                    bad = (full != want).nonzero()[0].item()
+                    raise AssertionError(
+                        f"rank {rank} minibatch {minibatch} accumulator {index}: element {bad} "
+                        f"{full[bad].item()} != {want[bad].item()}"
+                    )
         torch.cuda.synchronize()
-        del accumulator, full
+        del accumulators, full
         gc.collect()
     return count
 
@@ -358,6 +363,11 @@ def test_nvshmem_node_aggregated_pushes(monkeypatch, capfd):
         odc.launch(_aggregation_rank, 4, 2, count, minibatches, False, timeout=300)
         put[budget] = _put_across(capfd, 4)
     odc.launch(_aggregation_rank, 4, 2, count, minibatches, True, timeout=300)
+    # Room for one relay of two accumulators, small rings: relayed and direct pushes together
+    # (a rank waiting for its node's ends still folds the other node's direct chunks).
+    monkeypatch.setenv("ODC_NODE_AGGREGATION_BYTES", str(count * 4 + 4096))
+    monkeypatch.setenv("ODC_STAGING_BYTES", "256K")
+    odc.launch(_aggregation_rank, 4, 2, count, minibatches, True, 2, timeout=300)
     for rank in range(4):
         # Chunk headers ride along: compare the ratio, which is the slices per minibatch.
         assert put["0"][rank] == 2 * put["64M"][rank], (rank, put)

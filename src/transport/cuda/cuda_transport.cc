@@ -293,6 +293,12 @@ Status CudaTransport::poll_error() {
                                describe_barrier_word(record->expected) +
                                "; its own error says why)" + bootstrap_->failure_of(record->peer));
   }
+  if (site == kernels::kWaitFetchPeerFailed) {
+    return Status::RemoteError("rank " + std::to_string(record->peer) +
+                               " failed (seen by a gather waiting for its node fetch; its own "
+                               "error says why)" +
+                               bootstrap_->failure_of(record->peer));
+  }
   if (site == kernels::kWaitBarrier) {
     std::ostringstream message;
     message << "device barrier timed out after " << static_cast<double>(timeout_ns_) / 1e9
@@ -363,8 +369,11 @@ Status CudaTransport::get_from(void* dst, const std::vector<GatherSource>& sourc
 
 Status CudaTransport::wait_signals(const SymmetricRegion& signals, const std::vector<int>& peers,
                                    uint64_t value, const std::string&, StreamHandle stream) {
+  // A peer that failed writes kBarrierPeerFailed into its barrier word here (mark_failed):
+  // the wait ends at once naming it.
+  const uint64_t* peer_failed = static_cast<kernels::SignalBlock*>(signals_->local())->barrier;
   return local().wait_slots(static_cast<const uint64_t*>(signals.local()), peers, value,
-                            timeout_ns_, stream);
+                            timeout_ns_, peer_failed, stream);
 }
 
 Status CudaTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,

@@ -120,9 +120,10 @@ struct DeviceLocal {
     return Status::Ok();
   }
   // Waits on `stream` until slots[p] >= value for every p in `peers` (this GPU's signal words);
-  // an expiry is recorded as a node-fetch wait (kWaitFetch) naming the peer.
+  // an expiry is recorded as a node-fetch wait (kWaitFetch) naming the peer; `peer_failed`
+  // (optional, kernels::wait_slots) ends it at once for a peer that failed.
   Status wait_slots(const uint64_t* slots, const std::vector<int>& peers, uint64_t value,
-                    int64_t timeout_ns, void* stream) const {
+                    int64_t timeout_ns, const uint64_t* peer_failed, void* stream) const {
     DeviceGuard guard(device);
     for (size_t first = 0; first < peers.size(); first += kernels::kMaxRanks) {
       kernels::SlotWaits waits;
@@ -130,7 +131,7 @@ struct DeviceLocal {
         waits.peer[waits.num++] = peers[j];
       }
       ODC_CUDA_CHECK(kernels::wait_slots(slots, waits, value, info.rank, kernels::kWaitFetch,
-                                         timeout_ns, error, as_stream(stream)));
+                                         timeout_ns, peer_failed, error, as_stream(stream)));
     }
     return Status::Ok();
   }
@@ -175,6 +176,8 @@ class BackgroundStream {
     ODC_CUDA_CHECK(cudaStreamWaitEvent(stream_, forked_, 0));
     return static_cast<void*>(stream_);
   }
+  // The background stream (null before the first fork).
+  cudaStream_t stream() const { return stream_; }
   // Work enqueued on `stream` from now on runs after everything on the background stream so far.
   Status join(void* stream) {
     if (stream_ == nullptr) return Status::Ok();
@@ -207,6 +210,8 @@ inline const char* wait_site_name(int32_t site) {
       return "credit wait (scatter_accumulate)";
     case kernels::kWaitStreamEnd:
       return "push wait (minibatch_end)";
+    case kernels::kWaitFetchPeerFailed:
+      return "gather of a published buffer (the fetching rank failed)";
     case kernels::kWaitMeeting:
       return "meeting of every rank before a collective inside a minibatch";
     default:

@@ -249,7 +249,9 @@ Status NvshmemTransport::init() {
   auto signals = allocate(static_cast<size_t>(world_size_) * sizeof(uint64_t));
   if (!signals.ok()) return signals.status();
   barrier_signals_ = std::move(signals).value();
-  auto outbox = allocate(static_cast<size_t>(world_size_) * sizeof(uint64_t));
+  // Two halves: the caller's streams' signals, and the background stream's (the node cache's
+  // ready words), so that a value stored for one is never put by the other.
+  auto outbox = allocate(2 * static_cast<size_t>(world_size_) * sizeof(uint64_t));
   if (!outbox.ok()) return outbox.status();
   outbox_ = std::move(outbox).value();
   auto barrier_outbox = allocate(static_cast<size_t>(world_size_) * sizeof(uint64_t));
@@ -565,8 +567,10 @@ Status NvshmemTransport::get_from(void* dst, const std::vector<GatherSource>& so
 
 Status NvshmemTransport::wait_signals(const SymmetricRegion& signals, const std::vector<int>& peers,
                                       uint64_t value, const std::string&, StreamHandle stream) {
+  // NVSHMEM's peers announce no failure on the device (as for its folds): a dead fetcher is
+  // named when the wait expires.
   return local().wait_slots(static_cast<const uint64_t*>(signals.local()), peers, value,
-                            timeout_ns_, stream);
+                            timeout_ns_, nullptr, stream);
 }
 
 Result<StreamHandle> NvshmemTransport::fork_background(StreamHandle stream) {
@@ -645,8 +649,11 @@ Status NvshmemTransport::send_signal(uint64_t* signal, uint64_t value, int peer,
   // before the signal is sent. The value goes out from this rank's outbox slot for `peer`
   // (symmetric memory, as remote transports need), reusable once the put completes in stream
   // order. Values fit in 32 bits in practice, so a torn 8-byte write cannot fake a larger one.
+  // The background stream has its own half: its puts and the caller's run concurrently.
   nvshmemx_quiet_on_stream(stream);
-  uint64_t* slot = static_cast<uint64_t*>(outbox_->local()) + peer;
+  const bool background = background_.stream() != nullptr && stream == background_.stream();
+  const size_t half = background ? static_cast<size_t>(world_size_) : 0;
+  uint64_t* slot = static_cast<uint64_t*>(outbox_->local()) + half + peer;
   ODC_CUDA_CHECK(store_u64(slot, value, stream));
   nvshmemx_putmem_on_stream(signal, slot, sizeof(uint64_t), peer, stream);
   ODC_CUDA_CHECK(cudaGetLastError());

@@ -118,8 +118,9 @@ class NvshmemTransport final : public Transport {
   uint64_t remote_put_bytes_ = 0;
   uint64_t barrier_epoch_ = 0;
   std::unique_ptr<SymmetricRegion> barrier_signals_;  // world_size uint64 slots per rank
-  std::unique_ptr<SymmetricRegion> outbox_;           // signal values sent as puts, per peer
-  std::unique_ptr<SymmetricRegion> barrier_outbox_;   // barrier epochs announced, per peer
+  // Signal values sent as puts, per peer: the caller's streams', then the background stream's.
+  std::unique_ptr<SymmetricRegion> outbox_;
+  std::unique_ptr<SymmetricRegion> barrier_outbox_;  // barrier epochs announced, per peer
   bool signal_by_put_ = false;
   uint32_t* push_done_ = nullptr;               // direct puts' block counters
   kernels::WaitError* device_error_ = nullptr;  // written by expired device waits
