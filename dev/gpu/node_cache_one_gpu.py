@@ -23,11 +23,11 @@ environment (dev/gpu/node_cache_one_gpu.sh drives it).
 
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
 import odc
+from streamed_one_gpu import _used_mib  # this folder: nvidia-smi's memory of one process
 
 
 def _windows(world, ranks_per_node, minibatches, at_once):
@@ -71,20 +71,6 @@ def _windows(world, ranks_per_node, minibatches, at_once):
         f"windows ok: {world} ranks, {ranks_per_node} per node, node cache "
         f"{'on' if hierarchical else 'off'}, {minibatches} minibatches"
     )
-
-
-def _used_mib(pid):
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for line in out.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if fields and fields[0] == str(pid):
-            return int(fields[1])
-    return -1
 
 
 def _memory_rank(rank, world_size, key, shard_mib):
