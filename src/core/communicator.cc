@@ -419,12 +419,14 @@ Status Communicator::create_staging() {
 }
 
 Status Communicator::create_node_cache() {
-  node_cache_agreed_ = true;
   auto budget =
       resolve_node_budget(node_cache_bytes_, kNodeCacheFromEnvironment, node_cache_bytes_env(),
                           "ODC_NODE_CACHE_BYTES", kDefaultNodeCacheBytes);
+  // A refused budget leaves it undecided: every rank failed alike, and the next published
+  // allocation asks again.
   ODC_RETURN_IF_ERROR(agree_on_budget(*transport_, budget, "node cache budget",
                                       "ODC_NODE_CACHE_BYTES or the config's node_cache_bytes"));
+  node_cache_agreed_ = true;
   if (budget.value() > 0) {
     node_cache_ = std::make_unique<NodeGatherCache>(*transport_, *topology_, budget.value());
   }

@@ -271,6 +271,24 @@ def test_node_cache_on_pretend_nodes(monkeypatch):
         assert memory["node_cache"] == 4096 + 4 * 8, memory
 
 
+def _bad_node_cache_knob_rank(rank, world_size, key):
+    with odc.Comm(rank, world_size, key, timeout=30) as comm:
+        try:
+            comm.alloc(100, published=True)
+        except odc.Error as error:
+            return str(error)
+        return "allocated"
+
+
+def test_bad_node_cache_knob_is_named(monkeypatch):
+    monkeypatch.setenv("ODC_LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("ODC_NODE_CACHE_BYTES", "lots")
+    for message in odc.launch(_bad_node_cache_knob_rank, 2, timeout=120):
+        assert "ODC_NODE_CACHE_BYTES='lots' is not a number of bytes" in message or (
+            "invalid node cache budget" in message
+        ), message
+
+
 def _node_cache_rank_with(rank, world_size, key, options):
     return _node_cache_rank(rank, world_size, key, **options)
 
