@@ -496,6 +496,106 @@ MinibatchTimes predict_times(const std::vector<RankPlan>& ranks,
   return times;
 }
 
+namespace {
+
+// One minibatch under `policy` and options.split, in global indices, its times predicted.
+MinibatchPlan plan_minibatch(const MinibatchInput& input, std::span<const int64_t> lengths,
+                             const PlanOptions& options, Policy policy) {
+  const int64_t start = input.first_global_index;
+  PlanOptions policy_options = options;
+  policy_options.policy = policy;
+  std::vector<LocalBins> local;
+  switch (policy) {
+    case Policy::kLocalSort:
+      local = plan_local_sort(input, static_cast<int>(options.num_ranks));
+      break;
+    case Policy::kLbMicro:
+      local = plan_lb_micro(input, policy_options);
+      break;
+    case Policy::kLbMini:
+      local = plan_lb_mini(input, policy_options);
+      break;
+  }
+
+  MinibatchPlan minibatch;
+  if (options.split == SplitMode::kAuto) {
+    // LB-Mini's microbatch bound holds for the samples left after splitting too.
+    PlanOptions minibatch_options = policy_options;
+    if (policy == Policy::kLbMini && options.microbatch_memory == MicrobatchMemory::kLbMicro) {
+      minibatch_options.max_tokens =
+          lb_micro_bound(plan_lb_micro(input, policy_options), input, policy_options);
+    }
+    std::vector<RankPlan> unsplit(local.size());
+    for (size_t r = 0; r < local.size(); ++r) {
+      for (const auto& bin : local[r]) unsplit[r].microbatches.emplace_back(bin.begin(), bin.end());
+    }
+    const MinibatchTimes times = predict_times(unsplit, input.tokens, policy_options);
+    const double span = policy == Policy::kLbMicro ? times.collective : times.odc;
+    SplitMinibatch split =
+        plan_minibatch_with_splits(input.tokens, input.costs, minibatch_options, span);
+    if (!split.splits.empty()) {
+      local = std::move(split.ranks);
+      for (SplitSample& sample : split.splits) {
+        sample.sample += start;
+        minibatch.splits.push_back(std::move(sample));
+      }
+    }
+  }
+  minibatch.samples.resize(input.tokens.size());
+  std::iota(minibatch.samples.begin(), minibatch.samples.end(), start);
+  for (const auto& rank_bins : local) {
+    RankPlan rank;
+    for (const auto& bin : rank_bins) {
+      Microbatch microbatch;
+      for (int item : bin) microbatch.push_back(start + item);
+      rank.microbatches.push_back(std::move(microbatch));
+    }
+    minibatch.ranks.push_back(std::move(rank));
+  }
+  minibatch.times = predict_times(minibatch.ranks, minibatch.splits, lengths, options);
+  return minibatch;
+}
+
+int64_t largest_microbatch(const MinibatchPlan& minibatch, std::span<const int64_t> lengths) {
+  int64_t largest = 0;
+  for (const RankPlan& rank : minibatch.ranks) {
+    for (const Microbatch& microbatch : rank.microbatches) {
+      int64_t tokens = 0;
+      for (int64_t sample : microbatch) tokens += lengths[sample];
+      largest = std::max(largest, tokens);
+    }
+  }
+  return largest;
+}
+
+// LB-Mini is a superset of LB-Micro under ODC: any LB-Micro plan is a legal LB-Mini plan (its
+// empty padding microbatches dropped: under ODC nobody waits for them). LB-Mini's rank split
+// balances sample costs and cannot see the c (or floor) of each microbatch that packing adds
+// afterwards, so on many short samples per rank it lost to LB-Micro's equal counts (issue 28: 14
+// of 20 minibatches of aime_rl_like.txt, 64 ranks x 8 samples). So the minibatch keeps whichever
+// of the two is predicted faster under ODC; ties keep LB-Mini's. With splitting, LB-Micro's
+// candidate must also meet LB-Mini's microbatch bound (its remaining samples are packed up to the
+// cap).
+void keep_faster_than_lb_micro(MinibatchPlan& minibatch, const MinibatchInput& input,
+                               std::span<const int64_t> lengths, const PlanOptions& options) {
+  MinibatchPlan micro = plan_minibatch(input, lengths, options, Policy::kLbMicro);
+  for (RankPlan& rank : micro.ranks) {
+    std::erase_if(rank.microbatches, [](const Microbatch& m) { return m.empty(); });
+  }
+  micro.times = predict_times(micro.ranks, micro.splits, lengths, options);
+  if (!(micro.times.odc < minibatch.times.odc)) return;
+  if (!micro.splits.empty() && options.microbatch_memory == MicrobatchMemory::kLbMicro) {
+    PlanOptions unsplit = options;
+    unsplit.policy = Policy::kLbMicro;
+    unsplit.split = SplitMode::kOff;
+    const int64_t bound = lb_micro_bound(plan_lb_micro(input, unsplit), input, unsplit);
+    if (largest_microbatch(micro, lengths) > bound) return;
+  }
+  minibatch = std::move(micro);
+}
+
+}  // namespace
+
 Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& options) {
   ODC_RETURN_IF_ERROR(validate_plan_inputs(lengths, options));
   Plan plan;
@@ -512,57 +612,10 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
     input.tokens = lengths.subspan(static_cast<size_t>(start), static_cast<size_t>(count));
     for (int64_t tokens : input.tokens) input.costs.push_back(options.cost.sample_cost(tokens));
 
-    std::vector<LocalBins> local;
-    switch (options.policy) {
-      case Policy::kLocalSort:
-        local = plan_local_sort(input, static_cast<int>(options.num_ranks));
-        break;
-      case Policy::kLbMicro:
-        local = plan_lb_micro(input, options);
-        break;
-      case Policy::kLbMini:
-        local = plan_lb_mini(input, options);
-        break;
+    MinibatchPlan minibatch = plan_minibatch(input, lengths, options, options.policy);
+    if (options.policy == Policy::kLbMini) {
+      keep_faster_than_lb_micro(minibatch, input, lengths, options);
     }
-
-    MinibatchPlan minibatch;
-    if (options.split == SplitMode::kAuto) {
-      // LB-Mini's microbatch bound holds for the samples left after splitting too.
-      PlanOptions minibatch_options = options;
-      if (options.policy == Policy::kLbMini &&
-          options.microbatch_memory == MicrobatchMemory::kLbMicro) {
-        minibatch_options.max_tokens =
-            lb_micro_bound(plan_lb_micro(input, options), input, options);
-      }
-      std::vector<RankPlan> unsplit(local.size());
-      for (size_t r = 0; r < local.size(); ++r) {
-        for (const auto& bin : local[r])
-          unsplit[r].microbatches.emplace_back(bin.begin(), bin.end());
-      }
-      const MinibatchTimes times = predict_times(unsplit, input.tokens, options);
-      const double span = options.policy == Policy::kLbMicro ? times.collective : times.odc;
-      SplitMinibatch split =
-          plan_minibatch_with_splits(input.tokens, input.costs, minibatch_options, span);
-      if (!split.splits.empty()) {
-        local = std::move(split.ranks);
-        for (SplitSample& sample : split.splits) {
-          sample.sample += start;
-          minibatch.splits.push_back(std::move(sample));
-        }
-      }
-    }
-    minibatch.samples.resize(static_cast<size_t>(count));
-    std::iota(minibatch.samples.begin(), minibatch.samples.end(), start);
-    for (const auto& rank_bins : local) {
-      RankPlan rank;
-      for (const auto& bin : rank_bins) {
-        Microbatch microbatch;
-        for (int item : bin) microbatch.push_back(start + item);
-        rank.microbatches.push_back(std::move(microbatch));
-      }
-      minibatch.ranks.push_back(std::move(rank));
-    }
-    minibatch.times = predict_times(minibatch.ranks, minibatch.splits, lengths, options);
     minibatch.bubble.collective =
         bubble_rate(minibatch.times.busy, options.num_ranks, minibatch.times.collective);
     minibatch.bubble.odc =
