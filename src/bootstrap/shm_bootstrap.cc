@@ -5,21 +5,28 @@
 // no rank can enter collective e+2 before every rank has left collective e.
 #include "bootstrap/shm_bootstrap.h"
 
+#include <fcntl.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <new>
+#include <set>
 #include <thread>
 
 #include "common/deadline.h"
@@ -28,7 +35,7 @@
 namespace odc::shm {
 
 namespace {
-constexpr uint64_t kMagic = 0x336d68732d63646fULL;  // "odc-shm3"
+constexpr uint64_t kMagic = 0x346d68732d63646fULL;  // "odc-shm4"
 constexpr size_t kRecordBytes = 256;                // one allgather round per rank
 constexpr size_t kOperationBytes = 48;
 
@@ -50,6 +57,7 @@ struct ControlBlock {
   alignas(64) unsigned char records[2][kRecordBytes];  // allgather rounds, alternating
   char operations[2][kOperationBytes];                 // collective names, alternating
   char failure[256];                                   // why this rank failed (kFailed)
+  char launch[160];  // the launch that started this rank (launch_identity), "" when none
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
@@ -112,6 +120,71 @@ Clock::duration until(Clock::time_point deadline, Clock::duration at_most) {
   if (deadline <= now) return Clock::duration::zero();
   return std::min<Clock::duration>(deadline - now, at_most);
 }
+
+// The launch this process belongs to, from the variables its launcher sets identically in every
+// rank of one job and differently in two jobs (torchrun: the rendezvous store's address and the
+// run id; Slurm: job and step). "" when none is set (ranks started by hand, odc.launch).
+std::string launch_identity() {
+  std::string identity;
+  for (const char* name :
+       {"TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_STEP_ID"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr || *value == '\0') continue;
+    identity += (identity.empty() ? "" : " ") + std::string(name) + "=" + value;
+  }
+  return identity.substr(0, sizeof(ControlBlock::launch) - 1);
+}
+
+// The abstract Unix socket address of a rank's claim (per user, key and rank; no file). Keys too
+// long for sun_path are replaced by their 64-bit FNV-1a hash.
+std::pair<sockaddr_un, socklen_t> claim_address(const std::string& key, int rank) {
+  std::string id = key;
+  sockaddr_un address{};
+  const std::string fixed = "odc/" + std::to_string(::geteuid()) + "//r" + std::to_string(rank);
+  if (fixed.size() + id.size() + 1 > sizeof(address.sun_path)) {
+    uint64_t hash = 1469598103934665603ULL;
+    for (const char c : key) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+    char hex[24];
+    std::snprintf(hex, sizeof(hex), "#%016llx", static_cast<unsigned long long>(hash));
+    id = hex;
+  }
+  const std::string name =
+      "odc/" + std::to_string(::geteuid()) + "/" + id + "/r" + std::to_string(rank);
+  address.sun_family = AF_UNIX;
+  address.sun_path[0] = '\0';  // abstract: released by the kernel with the last descriptor
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  return {address, static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())};
+}
+
+// Claims held by this process. A forked child (a DataLoader worker, a launcher's rank) would hold
+// them as long as it lives: in the child, each is replaced by /dev/null at once.
+std::mutex claims_mutex;
+std::set<int>* claim_fds = nullptr;
+
+void release_claims_in_child() {
+  if (claim_fds == nullptr) return;  // the lock is not taken: the child has one thread
+  const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (null_fd < 0) return;
+  for (const int fd : *claim_fds) (void)::dup3(null_fd, fd, O_CLOEXEC);
+  ::close(null_fd);
+}
+
+void track_claim(int fd, bool open) {
+  std::lock_guard<std::mutex> lock(claims_mutex);
+  if (claim_fds == nullptr) {
+    claim_fds = new std::set<int>();
+    ::pthread_atfork(nullptr, nullptr, release_claims_in_child);
+  }
+  if (open) {
+    claim_fds->insert(fd);
+  } else {
+    claim_fds->erase(fd);
+  }
+}
+
+constexpr const char* kOwnKeyAdvice =
+    "; both jobs fail rather than pair ranks across jobs: give every job its own key "
+    "(odc.launch and odc.torch.comm_from_process_group draw one per job; docs/runtime.md)";
 
 // Control names of the bootstraps alive in this process, removed at exit when their owner never
 // closed them (a Python process that ends without close()). Each with the pid that made it: a
@@ -178,6 +251,10 @@ Result<std::shared_ptr<ShmBootstrap>> ShmBootstrap::create(int rank, int world_s
 }
 
 ShmBootstrap::~ShmBootstrap() {
+  if (claim_fd_ >= 0) {  // the slot is free for the next claimant
+    track_claim(claim_fd_, false);
+    ::close(claim_fd_);
+  }
   if (!controls_[rank_]) return;
   ControlBlock& own = block(rank_);
   uint32_t expected = kAlive;
@@ -193,7 +270,7 @@ ShmBootstrap::~ShmBootstrap() {
     }
   }
   track_open_name(controls_[rank_]->name(), false);
-  // controls_[rank_] unlinks our name when it goes: the key is free again.
+  // controls_[rank_] unlinks our name when it goes (if init did not); the claim ends below.
 }
 
 ControlBlock& ShmBootstrap::block(int rank) const {
@@ -202,6 +279,71 @@ ControlBlock& ShmBootstrap::block(int rank) const {
 
 std::string ShmBootstrap::segment_name(int rank, const std::string& suffix) const {
   return "/odc." + key_ + ".r" + std::to_string(rank) + suffix;
+}
+
+Status ShmBootstrap::claim_rank() {
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return Status::SystemError(std::string("socket(AF_UNIX) failed: ") + strerror(errno));
+  // The kernel attaches each sender's credentials: only this user's processes are heard.
+  const int on = 1;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof(on));
+  const auto [address, length] = claim_address(key_, rank_);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), length) == 0) {
+    claim_fd_ = fd;
+    track_claim(fd, true);
+    return Status::Ok();
+  }
+  const int error = errno;
+  ::close(fd);
+  if (error != EADDRINUSE) {
+    return Status::SystemError("claiming rank " + std::to_string(rank_) + " of key '" + key_ +
+                               "' failed: bind: " + strerror(error));
+  }
+  // The holder may have paired with ranks of this job (both started at once): it must fail too.
+  notify_collision(rank_, "another job is using key '" + key_ + "': process " +
+                              std::to_string(::getpid()) + " also claimed rank " +
+                              std::to_string(rank_) + kOwnKeyAdvice);
+  return Status::InvalidUsage(
+      "another job is using key '" + key_ + "': rank " + std::to_string(rank_) +
+      " of it is held by a live process (the key is in use)" + kOwnKeyAdvice);
+}
+
+void ShmBootstrap::notify_collision(int peer, const std::string& reason) const {
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;  // the holder then fails when its own peers do, or times out
+  const auto [address, length] = claim_address(key_, peer);
+  (void)::sendto(fd, reason.data(), std::min<size_t>(reason.size(), 1000), MSG_DONTWAIT,
+                 reinterpret_cast<const sockaddr*>(&address), length);
+  ::close(fd);
+}
+
+Status ShmBootstrap::check_claim() {
+  while (collision_.empty() && claim_fd_ >= 0) {
+    char text[1024];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred))];
+    iovec io{text, sizeof(text)};
+    msghdr message{};
+    message.msg_iov = &io;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof(control);
+    const ssize_t got = ::recvmsg(claim_fd_, &message, MSG_DONTWAIT);
+    if (got < 0) return Status::Ok();  // nothing pending (EAGAIN)
+    bool same_user = false;
+    for (cmsghdr* part = CMSG_FIRSTHDR(&message); part != nullptr;
+         part = CMSG_NXTHDR(&message, part)) {
+      if (part->cmsg_level != SOL_SOCKET || part->cmsg_type != SCM_CREDENTIALS) continue;
+      ucred sender{};
+      std::memcpy(&sender, CMSG_DATA(part), sizeof(sender));
+      same_user = sender.uid == ::geteuid();
+    }
+    if (!same_user) continue;  // another user's process cannot end this job
+    collision_.assign(text, static_cast<size_t>(got));
+    if (collision_.empty()) collision_ = "another job is using key '" + key_ + "'";
+    mark_failed(collision_);
+  }
+  if (collision_.empty()) return Status::Ok();
+  return Status::InvalidUsage(collision_);
 }
 
 void ShmBootstrap::note_allocations(uint64_t count) {
@@ -235,6 +377,8 @@ Status ShmBootstrap::create_control_segment() {
       own->rank = rank_;
       own->pid = static_cast<int32_t>(::getpid());
       own->pid_namespace = own_pid_namespace();
+      const std::string launch = launch_identity();
+      std::memcpy(own->launch, launch.data(), launch.size());
       own->state.store(kAlive, std::memory_order_relaxed);
       own->magic.store(kMagic, std::memory_order_release);
       controls_[rank_] = std::move(created).value();
@@ -302,6 +446,24 @@ Result<bool> ShmBootstrap::try_map_peer(int peer, Clock::time_point& dead_since)
         "(e.g. run them in one container, or with docker --pid=host; docs/runtime.md)");
   }
   if (pid_alive(peer_block->pid)) {
+    const std::string theirs(peer_block->launch,
+                             strnlen(peer_block->launch, sizeof(peer_block->launch)));
+    const std::string ours(block(rank_).launch,
+                           strnlen(block(rank_).launch, sizeof(block(rank_).launch)));
+    if (theirs != ours) {
+      // Two launched jobs with one key: both ranks fail (the peer is told, as it may not have
+      // mapped this block yet), whatever the order in which their ranks came.
+      auto named = [](const std::string& launch) { return launch.empty() ? "none" : launch; };
+      const std::string mine = std::to_string(::getpid());
+      notify_collision(peer, "another job is using key '" + key_ + "': rank " +
+                                 std::to_string(rank_) + " (pid " + mine +
+                                 ") was started by another launch (its " + named(ours) +
+                                 "; this rank's " + named(theirs) + ")" + kOwnKeyAdvice);
+      return Status::InvalidUsage(
+          "another job is using key '" + key_ + "': rank " + std::to_string(peer) + " (pid " +
+          std::to_string(peer_block->pid) + ") was started by another launch (its " +
+          named(theirs) + "; this rank's " + named(ours) + ")" + kOwnKeyAdvice);
+    }
     if (peer_block->world_size != static_cast<uint32_t>(world_size_)) {
       return Status::InvalidArgument("rank " + std::to_string(peer) + " joined key '" + key_ +
                                      "' with world size " + std::to_string(peer_block->world_size) +
@@ -323,6 +485,8 @@ Result<bool> ShmBootstrap::try_map_peer(int peer, Clock::time_point& dead_since)
 }
 
 Status ShmBootstrap::join(Bootstrap* outer) {
+  // The claim first: a second claimant never makes a block, so no job maps it.
+  ODC_RETURN_IF_ERROR(claim_rank());
   ODC_RETURN_IF_ERROR(create_control_segment());
   // With an outer bootstrap, a rank that fails before its block exists tells its peers there
   // (mark_failed); they would otherwise look for the block until the timeout. Past this barrier
@@ -347,6 +511,7 @@ Status ShmBootstrap::join(Bootstrap* outer) {
       }
     }
     if (first_missing < 0) break;
+    ODC_RETURN_IF_ERROR(check_claim());
     // A rank already met may have given up (e.g. it found a peer dead and removed its block):
     // end with its reason rather than wait for a rank that will never come.
     for (int other = 0; other < world_size_; ++other) {
@@ -367,7 +532,12 @@ Status ShmBootstrap::join(Bootstrap* outer) {
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(20));
   }
-  return arrive_and_wait("init");
+  ODC_RETURN_IF_ERROR(arrive_and_wait("init"));
+  // Every rank arrived, so every rank has mapped every block: no name is needed any more. Each
+  // rank removes every rank's, so a rank killed now (torchrun's SIGTERM) leaves nothing named.
+  for (const auto& control : controls_) (void)control->remove_name();
+  track_open_name(controls_[rank_]->name(), false);
+  return Status::Ok();
 }
 
 uint32_t ShmBootstrap::wake_count(int peer) const {
@@ -421,6 +591,7 @@ Status ShmBootstrap::peer_status(int peer) {
 }
 
 Status ShmBootstrap::arrive_and_wait(const char* operation) {
+  ODC_RETURN_IF_ERROR(check_claim());
   ++epoch_;
   ControlBlock& own = block(rank_);
   char* slot = own.operations[epoch_ % 2];
@@ -466,6 +637,7 @@ Status ShmBootstrap::wait_for_peer(int peer, uint64_t epoch, const char* operati
     const auto now = Clock::now();
     if (state == kFailed || state == kClosed || now >= next_liveness_check) {
       if (Status alive = peer_status(peer); !alive.ok()) return unless_arrived(alive);
+      if (Status claim = check_claim(); !claim.ok()) return unless_arrived(claim);
       next_liveness_check = now + std::chrono::milliseconds(10);
     }
     if (now >= deadline) {

@@ -1,16 +1,23 @@
 // The local shared-memory bootstrap: ranks of one host meet through a key, with no server. Each
-// rank publishes a control block "/odc.<key>.r<rank>" (mode 0600, owner checked by every peer)
-// and maps its peers'; collectives are arrivals in those blocks, waited on with a futex.
+// rank claims its slot of the key, then publishes a control block "/odc.<key>.r<rank>" (mode
+// 0600, owner checked by every peer) and maps its peers'; collectives are arrivals in those
+// blocks, waited on with a futex.
 // Invariants:
-//   - a key is reserved while its job lives: the control names stay until their rank closes, so a
-//     second job with a live key fails at init ("key ... is in use"), never joins the first;
-//   - nothing of a job stays in /dev/shm once its ranks are gone: a rank removes its names when it
-//     closes or exits, and whoever finds a rank dead removes what it left (control block and
-//     allocation segments), at init or later;
+//   - a rank slot has one live claimant: the claim is an abstract Unix socket bound for the
+//     process's life (the kernel frees it when the process ends, however it ends; nothing on
+//     disk). A second claimant (another job with the same key) fails, and tells the holder,
+//     whose job then fails at its next wait: a set of ranks that paired across two jobs cannot
+//     be told from one job, so both jobs fail rather than go on. Ranks started by different
+//     launches (torchrun's MASTER_ADDR/MASTER_PORT/TORCHELASTIC_RUN_ID, Slurm's job and step)
+//     refuse each other at the join, so two launched jobs never pair, whatever the timing;
+//   - nothing stays named in /dev/shm once every rank has mapped it: the control blocks are
+//     unlinked at the end of init (and allocation segments once mapped, shm_transport.cc), so a
+//     job killed later (torchrun's SIGTERM) leaves no names. A rank that dies while names exist
+//     (during init) leaves them to whoever finds it dead, or to its restart;
 //   - every wait is bounded by the timeout (infinite: forever) and ends early, naming the rank,
 //     when a peer failed, closed or died.
 // The shared-memory transport builds on the same blocks (its signal waits sleep on their futex
-// words and check liveness through peer_status()).
+// words and check liveness through peer_status() and check_claim()).
 #pragma once
 
 #include <atomic>
@@ -65,6 +72,10 @@ class ShmBootstrap final : public Bootstrap {
   // closed; died: its pid, and what it left in /dev/shm is removed). Reads /proc: callers on a
   // hot path rate-limit it.
   Status peer_status(int peer);
+  // Ok unless another process claimed this rank's slot of the key, or a rank of another launch
+  // met this one (another job uses the key): then this rank is marked failed and the error says
+  // so. One non-blocking syscall: callers on a hot path rate-limit it.
+  Status check_claim();
   // Sleeps until `peer` bumps its wake word past `seen` (it arrived, signaled or failed), at most
   // `limit`. Read the word (wake_count) before checking the condition, then sleep.
   uint32_t wake_count(int peer) const;
@@ -80,6 +91,10 @@ class ShmBootstrap final : public Bootstrap {
  private:
   ShmBootstrap(int rank, int world_size, std::string key, std::chrono::duration<double> timeout);
   Status join(Bootstrap* outer);
+  // Binds this rank's claim; a live holder is told of this second claimant, and this fails.
+  Status claim_rank();
+  // Tells the holder of `peer`'s claim that its job collided with another (`reason`).
+  void notify_collision(int peer, const std::string& reason) const;
   Status create_control_segment();
   // One look at a peer's control block: true once mapped, false while it is missing (or dead
   // for less than the grace period, measured from `dead_since`), an error once it is dead.
@@ -100,6 +115,8 @@ class ShmBootstrap final : public Bootstrap {
   // The join failed because a peer runs in another PID namespace: this rank's (failed) block
   // stays named, so that peer learns why too (it removes the block; so does this rank's restart).
   bool leave_block_ = false;
+  int claim_fd_ = -1;      // this rank's claim (bound abstract socket), -1 before the claim
+  std::string collision_;  // why the job collided with another, once check_claim found out
 };
 
 }  // namespace odc::shm

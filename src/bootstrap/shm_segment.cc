@@ -103,6 +103,10 @@ Status Segment::unlink_name(const std::string& name) {
 
 Status Segment::unlink() {
   if (!owns_name_) return Status::Ok();
+  return remove_name();
+}
+
+Status Segment::remove_name() {
   owns_name_ = false;
   // Only while the name is still ours: a peer that took us for dead may have removed it and a
   // restarted rank made a new segment under it.

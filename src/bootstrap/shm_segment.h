@@ -34,6 +34,9 @@ class Segment {
   const std::string& name() const { return name_; }
   // Removes the name now; the mapping stays valid for everyone who has it.
   Status unlink();
+  // Removes the name if it still names this mapping, whoever made it (a peer's control block,
+  // once every rank has mapped it): no-op when it is gone or names a later segment.
+  Status remove_name();
   // Leaves the name in place when this segment goes (for a peer to read and remove).
   void keep_name() { owns_name_ = false; }
 

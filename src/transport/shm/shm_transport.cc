@@ -180,6 +180,7 @@ Result<bool> ShmTransport::poll_signals(const std::vector<SignalWatch>& watches,
         checked[static_cast<size_t>(watch.peer)] = 1;
         ODC_RETURN_IF_ERROR(bootstrap_->peer_status(watch.peer));
       }
+      ODC_RETURN_IF_ERROR(bootstrap_->check_claim());  // another job with this key came
       next_liveness_check = now + std::chrono::milliseconds(10);
     }
     if (now >= deadline) return false;
