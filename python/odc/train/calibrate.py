@@ -53,11 +53,16 @@ def fit_cost_with_floor(
     when fewer than three are."""
     if not floor_seconds >= 0 or floor_seconds == float("inf"):
         raise ValueError(f"the floor must be a finite non-negative time, got {floor_seconds}")
-    chosen = [(n, s) for n, s in zip(lengths, seconds) if s >= FLOOR_BOUND_RATIO * floor_seconds]
-    if len(chosen) < 3:
-        chosen = list(zip(lengths, seconds))
+    chosen = [(lengths[i], seconds[i]) for i in fitted_rungs(seconds, floor_seconds)]
     a, b, c = fit_cost([n for n, _ in chosen], [s for _, s in chosen])
     return a, b, c, float(floor_seconds)
+
+
+def fitted_rungs(seconds: Sequence[float], floor_seconds: float) -> List[int]:
+    """Indices of the rungs fit_cost_with_floor fits a, b, c on: those at least
+    FLOOR_BOUND_RATIO x the floor, or every rung when fewer than three are."""
+    chosen = [i for i, s in enumerate(seconds) if s >= FLOOR_BOUND_RATIO * floor_seconds]
+    return chosen if len(chosen) >= 3 else list(range(len(seconds)))
 
 
 def fit_cost(lengths: Sequence[float], seconds: Sequence[float]) -> Tuple[float, float, float]:

@@ -1,0 +1,140 @@
+"""`python -m odc.fit` (python/odc/fit.py) on the CPU: a tiny Qwen2 config gives a `--cost A,B,C,F`
+line that `odc plan` takes, bad input is one line with exit status 2, and a length that runs out
+of memory ends the ladder there. Times are never asserted, only their shape."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from odc import fit  # noqa: E402
+from odc.train.calibrate import fitted_rungs, floor_length, ladder  # noqa: E402
+
+MAX_TOKENS = 128  # ladder 16..128 and a 4-token floor: milliseconds per microbatch on a CPU
+TINY = dict(
+    model_type="qwen2",
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_qwen2") / "config.json"
+    path.write_text(json.dumps(TINY))
+    return path
+
+
+def test_fit_prints_a_cost_the_planner_takes(config_path, odc_cli, tmp_path):
+    out = tmp_path / "fit.json"
+    command = [sys.executable, "-m", "odc.fit", str(config_path), "--device", "cpu"]
+    command += ["--dtype", "float32", "--max-tokens", str(MAX_TOKENS), "--repeats", "2"]
+    result = subprocess.run(
+        command + ["--json", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    flag, value = lines[-1].split(" ")
+    assert flag == "--cost"
+    cost = [float(v) for v in value.split(",")]
+    assert len(cost) == 4 and all(math.isfinite(v) and v >= 0 for v in cost)
+    assert cost[3] > 0  # the floor: a microbatch always takes some time
+    # The table: a header, the floor's row, one row per length of the ladder.
+    table = [line.split()[0] for line in lines if line.split()[0].isdigit()]
+    assert table == [str(n) for n in [floor_length(MAX_TOKENS), *ladder(MAX_TOKENS)]]
+    written = json.loads(out.read_text())
+    assert written["flag"] == lines[-1] and len(written["ladder"]) == len(ladder(MAX_TOKENS))
+    assert all(len(rung["times"]) == 2 for rung in written["ladder"])
+
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in [5, 120, 17, 64, 33, 90, 8, 40]) + "\n")
+    plan = subprocess.run(
+        [odc_cli, "plan", "--lengths", str(lengths), "--ranks", "2", "--max-tokens",
+         str(MAX_TOKENS), "--policy", "lb-mini", flag, value],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    planned = json.loads(plan.stdout)["cost"]
+    assert planned["floor"] == pytest.approx(cost[3])
+    assert [planned[k] for k in "abc"] == pytest.approx(cost[:3])
+
+
+def _error(capsys, *argv) -> str:
+    assert fit.main(list(argv)) == fit.USAGE_ERROR
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_bad_input_is_one_line(config_path, capsys, tmp_path, monkeypatch):
+    cpu = ["--device", "cpu", "--dtype", "float32"]
+    assert "no such config" in _error(capsys, str(tmp_path / "nope.json"), "--max-tokens", "64")
+    assert "local Hugging Face cache" in _error(capsys, "no-such-org-xyz", "--max-tokens", "64")
+    assert "at least 8" in _error(capsys, str(config_path), "--max-tokens", "4", *cpu)
+    assert "1024 positions" in _error(capsys, str(config_path), "--max-tokens", "4096", *cpu)
+    assert "bfloat16 or float32" in _error(
+        capsys, str(config_path), "--max-tokens", "64", "--device", "cpu", "--dtype", "fp8"
+    )
+    not_a_config = tmp_path / "other.json"
+    not_a_config.write_text('{"hidden_size": 8}')
+    assert "model_type" in _error(capsys, str(not_a_config), "--max-tokens", "64", *cpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "sees no GPU" in _error(capsys, str(config_path), "--max-tokens", "64")
+
+
+class _RunsOutOfMemory(torch.nn.Module):
+    """Raises the allocator's error for inputs longer than `limit` tokens."""
+
+    def __init__(self, limit):
+        super().__init__()
+        self.limit = limit
+        self.embed = torch.nn.Embedding(11, 4)
+
+    def forward(self, input_ids):
+        if input_ids.shape[1] > self.limit:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+        return self.embed(input_ids)
+
+
+def test_out_of_memory_ends_the_ladder():
+    lengths = ladder(256)
+    model = _RunsOutOfMemory(limit=lengths[3])
+    result = fit.fit_cost(model, 256, vocab_size=11, repeats=1, warmup=0)
+    assert [r.tokens for r in result.rungs] == lengths[:4]
+    assert result.stopped == f"out of memory at {lengths[4]} tokens: the ladder stops there"
+    assert result.flag.startswith("--cost ")
+    with pytest.raises(fit.FitError, match=f"out of memory at {lengths[2]} tokens.*needs 3"):
+        fit.fit_cost(_RunsOutOfMemory(limit=lengths[1]), 256, vocab_size=11, repeats=1)
+    with pytest.raises(fit.FitError, match="vocab_size"):
+        fit.fit_cost(model, 256)
+    with pytest.raises(fit.FitError, match="the model is on cpu, not cuda"):
+        fit.fit_cost(model, 256, vocab_size=11, device="cuda")  # a module is used where it is
+
+
+def test_model_object_with_gradient_checkpointing(config_path):
+    """The function API on a transformers model object: gradient checkpointing on, weights left
+    as they were (no optimizer step), gradients dropped."""
+    config = fit.load_config(config_path)
+    model = fit.build_model(config, torch.device("cpu"), torch.float32)
+    before = [p.detach().clone() for p in model.parameters()]
+    result = fit.fit_cost(model, 64, gradient_checkpointing=True, repeats=1)
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    assert len(result.rungs) == len(ladder(64))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_host_bound_rungs_are_marked():
+    # The rungs calibrate fits a, b, c on: those at least 1.5x the floor, or all when < 3 are.
+    assert fitted_rungs([0.3, 0.31, 0.5, 0.9, 2.0], 0.3) == [2, 3, 4]
+    assert fitted_rungs([0.3, 0.31, 0.5, 0.9], 0.3) == [0, 1, 2, 3]
