@@ -119,7 +119,7 @@ def load_config(source):
         from transformers import AutoConfig
     except ImportError:
         raise FitError(
-            "building a model from a config needs transformers: pip install transformers"
+            "building a model from a config needs transformers: pip install 'odc[train]'"
         ) from None
     text = str(source)
     path = Path(text).expanduser()
@@ -508,7 +508,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         import torch  # noqa: F401
     except ImportError:
-        print(f"{PROG}: error: needs PyTorch: pip install torch", file=sys.stderr)
+        print(f"{PROG}: error: needs PyTorch: pip install 'odc[train]'", file=sys.stderr)
         return USAGE_ERROR
     say = lambda text: print(f"{PROG}: {text}", file=sys.stderr, flush=True)  # noqa: E731
     try:
