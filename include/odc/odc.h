@@ -394,7 +394,15 @@ ODC_API odcResult_t odcScatterAccumulate(odcComm_t comm, const void* src, size_t
                                          odcDataType_t src_dtype, odcBuffer_t accumulator,
                                          odcStream_t stream);
 
-/* Collective: zeroes this rank's accumulators, waits for every rank, opens the minibatch. */
+/* Local, between minibatches: the next odcMinibatchBegin leaves this accumulator's sums on this
+ * rank as they are instead of zeroing them, so that minibatch's contributions add to them
+ * (gradient accumulation across minibatches; odc.torch uses it where .grad was not zeroed, as
+ * FSDP2 accumulates into .grad). Applies once. odcInvalidArgument for a buffer that is not an
+ * accumulator, odcInvalidUsage inside a minibatch. */
+ODC_API odcResult_t odcAccumulatorKeepSums(odcComm_t comm, odcBuffer_t accumulator);
+
+/* Collective: zeroes this rank's accumulators (except those odcAccumulatorKeepSums kept), waits
+ * for every rank, opens the minibatch. */
 ODC_API odcResult_t odcMinibatchBegin(odcComm_t comm, odcStream_t stream);
 
 /* Collective: returns when every contribution of every rank in this minibatch has been added at

@@ -222,6 +222,7 @@ def _load() -> ctypes.CDLL:
     # odcBufferAllocKind: the same C types, with the kind (an enum, an int) for the flag.
     lib.odcBufferAllocKind.argtypes = lib.odcBufferAllocNamed.argtypes
     lib.odcBufferFree.argtypes = [handle, handle]
+    lib.odcAccumulatorKeepSums.argtypes = [handle, handle]
     stream = ctypes.c_void_p
     lib.odcGather.argtypes = [handle, ctypes.c_void_p, size, handle, stream]
     lib.odcGatherAs.argtypes = [handle, ctypes.c_void_p, size, ctypes.c_int, handle, stream]
@@ -258,6 +259,7 @@ def _load() -> ctypes.CDLL:
         "odcSetInterruptCheck",
         "odcCommAbort",
         "odcBufferFree",
+        "odcAccumulatorKeepSums",
         "odcGather",
         "odcGatherAs",
         "odcScatterAccumulate",

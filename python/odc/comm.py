@@ -247,6 +247,12 @@ class Buffer:
         self._comm._call(_capi.lib.odcBufferFree, self._handle)
         self._handle = None
 
+    def keep_sums(self) -> None:
+        """Local, between minibatches, accumulators only: the next minibatch_begin keeps this
+        rank's current sums instead of zeroing them, so that minibatch adds to them (once)."""
+        self._require_live()
+        self._comm._call(_capi.lib.odcAccumulatorKeepSums, self._handle)
+
     def _require_live(self) -> None:
         if self._handle is None or self._comm._handle is None:
             raise _capi.Error("buffer used after free() or Comm.close()", _capi.INVALID_USAGE)

@@ -568,6 +568,14 @@ extern "C" odcResult_t odcBufferFree(odcComm_t comm, odcBuffer_t buffer) {
   });
 }
 
+extern "C" odcResult_t odcAccumulatorKeepSums(odcComm_t comm, odcBuffer_t accumulator) {
+  return with_comm(comm, "odcAccumulatorKeepSums", [&](odc::Communicator& c) -> Status {
+    auto found = as_buffer(comm, c, accumulator, "keep_sums");
+    if (!found.ok()) return found.status();
+    return c.keep_sums(found.value());
+  });
+}
+
 extern "C" odcResult_t odcGather(odcComm_t comm, void* dst, size_t dst_count, odcBuffer_t buffer,
                                  odcStream_t stream) {
   return with_comm(comm, "odcGather", [&](odc::Communicator& c) -> Status {

@@ -499,6 +499,22 @@ Result<float*> Communicator::fold_destination(uint64_t target_id, size_t first,
                                " (freed while a peer still pushed into it?)");
 }
 
+Status Communicator::keep_sums(Buffer* buffer) {
+  const char* op = "keep_sums";
+  ODC_RETURN_IF_ERROR(check_buffer(op, buffer));
+  ODC_RETURN_IF_ERROR(usable(op));
+  if (!buffer->is_accumulator()) {
+    return finish(op, Status::InvalidArgument("buffer '" + buffer->name +
+                                              "' is not an accumulator: it holds no sums"));
+  }
+  if (state_ == CommState::kInMinibatch) {
+    return finish(op, Status::InvalidUsage("inside a minibatch: ask between minibatches, before "
+                                           "the minibatch_begin that should keep the sums"));
+  }
+  buffer->keep_sums_next = true;
+  return Status::Ok();
+}
+
 Status Communicator::release(Buffer* buffer) {
   const char* op = "free";
   ODC_RETURN_IF_ERROR(check_buffer(op, buffer));
@@ -641,11 +657,16 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
   }
   ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
   const std::vector<Buffer*> accs = accumulators();
+  for (Buffer* acc : accs) {
+    acc->sums_kept = acc->keep_sums_next;
+    acc->keep_sums_next = false;
+  }
   if (scheme_ == AccumulationScheme::kRemoteAdd && !accs.empty()) {
     // Peers may still read the previous minibatch's sums until they arrive here; only then may
     // the owner zero them, and only after that may anyone add into them (the barrier below).
     ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchBegin, stream)));
     for (Buffer* acc : accs) {
+      if (acc->sums_kept) continue;
       ODC_RETURN_IF_ERROR(finish(op, transport_->zero(acc->local(), acc->bytes(), stream)));
     }
   }
@@ -663,7 +684,9 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
     // Every peer has stopped reading the previous sums (it passed the barrier), and no chunk of
     // this minibatch is folded before this rank's next call: zero, then fold into them.
     for (Buffer* acc : accs) {
-      ODC_RETURN_IF_ERROR(finish(op, transport_->zero(acc->local(), acc->bytes(), stream)));
+      if (!acc->sums_kept) {
+        ODC_RETURN_IF_ERROR(finish(op, transport_->zero(acc->local(), acc->bytes(), stream)));
+      }
       // Relay rows: read last by this rank's own forward in the previous minibatch_end.
       if (acc->relay != nullptr) {
         ODC_RETURN_IF_ERROR(
@@ -717,9 +740,9 @@ Status Communicator::pull_slices(const std::vector<Buffer*>& accs, StreamHandle 
   for (Buffer* acc : accs) {
     if (!acc->is_pulled()) continue;
     auto* sums = static_cast<float*>(acc->local());
-    // Assigned: 0 + s0 + s1 + ... in sender order, element by element
-    // (chunks only bound the scratch; they do not change any element's order).
-    ODC_RETURN_IF_ERROR(transport_->zero(sums, acc->bytes(), stream));
+    // Assigned: 0 + s0 + s1 + ... in sender order, element by element (kept sums: k + s0 +
+    // s1 + ...; chunks only bound the scratch; they do not change any element's order).
+    if (!acc->sums_kept) ODC_RETURN_IF_ERROR(transport_->zero(sums, acc->bytes(), stream));
     for (size_t first = 0; first < acc->count; first += chunk) {
       const size_t n = std::min(chunk, acc->count - first);
       const size_t offset = (static_cast<size_t>(rank()) * acc->count + first) * sizeof(float);

@@ -105,6 +105,10 @@ struct Buffer {
   std::unique_ptr<SymmetricRegion> pending;  // kPulled: this sender's sum of its pushes
   // kStreamed, node-aggregated: the relay rows (one per remote owner this rank carries).
   std::unique_ptr<SymmetricRegion> relay;
+  // Accumulators: the next minibatch adds to the current sums instead of starting from zero
+  // (keep_sums(), once); `sums_kept` says so for the minibatch that is open.
+  bool keep_sums_next = false;
+  bool sums_kept = false;
 
   bool is_accumulator() const { return accumulator; }
   bool is_pulled() const { return pending != nullptr; }
@@ -148,6 +152,11 @@ class Communicator {
                            const std::string& name = "", bool published = false);
   // Collective. `buffer` is invalid afterwards.
   Status release(Buffer* buffer);
+  // Local, between minibatches: the next minibatch_begin leaves this accumulator's sums on this
+  // rank as they are, so that minibatch's contributions add to them (gradient accumulation
+  // across minibatches, as FSDP2 accumulates into .grad until it is zeroed). Once: the
+  // minibatch after that starts from zero again unless asked anew.
+  Status keep_sums(Buffer* buffer);
   // dst[r*count:(r+1)*count] = rank r's shard, for all r; dst holds world_size*count elements of
   // the buffer's dtype. `stream` orders the work on stream-ordered transports. Inside a
   // minibatch a published buffer's gathers may be served from copies fetched once at

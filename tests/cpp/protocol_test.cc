@@ -612,6 +612,53 @@ TEST(Memory, StagingBudgetTooSmallForTheWorldIsNamed) {
   EXPECT_LE(wide.value().total_bytes(16384), kDefaultStagingBytes);
 }
 
+// Sums kept across minibatches (odc.torch's gradient accumulation until zero_grad): on every
+// scheme, a kept accumulator adds the next minibatch's contributions to its sums, once, while
+// another accumulator on the same communicator starts from zero; refused inside a minibatch.
+TEST(KeepSums, AddsOneMinibatchToTheLastOnEveryScheme) {
+  for (Scheme scheme :
+       {Scheme::kStreamed, Scheme::kStreamedDevice, Scheme::kRemoteAdd, Scheme::kPulled}) {
+    const int world = 3;
+    auto mem_world = mem::MemWorld::create(world, mem_options_for(scheme, 30));
+    const auto outcome = run_threads(world, [&](int rank) -> std::string {
+      Communicator comm(mem_world->join(rank), comm_options_for(scheme, world));
+      if (!is_scheme(comm, scheme)) return "wrong scheme";
+      auto kept = comm.allocate(2, DataType::kFloat32, true);
+      auto fresh = comm.allocate(2, DataType::kFloat32, true);
+      if (!kept.ok() || !fresh.ok()) return "allocate failed";
+      // Minibatch m: every rank pushes (m + 1) to every element of every owner.
+      std::vector<float> src(static_cast<size_t>(world) * 2);
+      std::vector<float> seen;
+      for (int m = 0; m < 3; ++m) {
+        if (m == 1 && !comm.keep_sums(kept.value()).ok()) return "keep_sums refused";
+        if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+        if (m == 0 && comm.keep_sums(kept.value()).code() != StatusCode::kInvalidUsage) {
+          return "keep_sums inside a minibatch was not refused";
+        }
+        std::fill(src.begin(), src.end(), static_cast<float>(m + 1));
+        for (Buffer* acc : {kept.value(), fresh.value()}) {
+          if (Status s =
+                  comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32, acc, nullptr);
+              !s.ok())
+            return s.message();
+        }
+        if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+        seen.push_back(static_cast<const float*>(kept.value()->local())[1]);
+        seen.push_back(static_cast<const float*>(fresh.value()->local())[1]);
+      }
+      // kept: 3, then 3 + 6 (kept once), then 9 alone; fresh: 3, 6, 9.
+      const std::vector<float> want = {3, 3, 9, 6, 9, 9};
+      if (seen != want) {
+        std::string got;
+        for (float x : seen) got += std::to_string(x) + " ";
+        return "sums " + got;
+      }
+      return "";
+    });
+    EXPECT_EQ(describe(outcome), "") << scheme_label(scheme);
+  }
+}
+
 TEST(Scheme, DeterministicIsPulledEvenWithRemoteAdd) {
   mem::MemOptions options;
   options.remote_fp32_add = true;

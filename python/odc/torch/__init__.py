@@ -22,7 +22,14 @@ except ImportError as error:  # a readable message instead of a traceback deep i
     ) from error
 
 from .debug import CollectiveInMinibatchError  # noqa: E402
-from .fsdp2 import EngineState, OdcFSDP, global_count, scale_loss, sum_gradients  # noqa: E402
+from .fsdp2 import (  # noqa: E402
+    EngineState,
+    GradientsNotReadyError,
+    OdcFSDP,
+    global_count,
+    scale_loss,
+    sum_gradients,
+)
 from .hybrid import node_comm  # noqa: E402
 from .process_group import comm_from_process_group  # noqa: E402
 
@@ -30,6 +37,7 @@ __all__ = [
     "EngineState",
     "OdcFSDP",
     "CollectiveInMinibatchError",
+    "GradientsNotReadyError",
     "comm_from_process_group",
     "global_count",
     "node_comm",

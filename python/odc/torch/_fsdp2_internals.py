@@ -8,7 +8,7 @@ Invariant: these helpers only read FSDP2 state (plus FSDP2's own idempotent lazy
 storage move); they never patch FSDP2 functions. Importing this module works on any torch 2.x: the features odc.torch needs
 are checked by `check_fsdp2_support()`, which OdcFSDP calls when it is constructed.
 
-Reliances (R1-R10):
+Reliances (R1-R11):
 - R1 import path: the protocol classes that FSDPModule.set_custom_all_gather /
   set_custom_reduce_scatter take live in torch.distributed.fsdp._fully_shard._fsdp_api (public
   methods, not re-exported by torch.distributed.fsdp). FSDP2 does no isinstance check, so where the
@@ -62,6 +62,11 @@ Reliances (R1-R10):
   output across backwards (FSDPParamGroup._partial_reduce_output) and adds the next output into
   it, which needs equal sizes: a reduce of a subset of the group (R8) after a full one fails.
   ODC's outputs are zeros, so odc.torch drops the kept one before each forward of the group.
+- R11 the gradient divide factor: FSDPParamGroup.gradient_divide_factor holds what
+  set_gradient_divide_factor set (None: divide by the data-parallel size). FSDP2 divides after
+  the reduce-scatter (fp32/bf16: post-divide of the output, which odc.torch hands back zeroed),
+  so odc.torch reads the factor before making FSDP2 sum and divides the sums itself at
+  minibatch_end: FSDP2's gradients, whatever the user's loss normalization.
 """
 
 from __future__ import annotations
@@ -200,6 +205,14 @@ def all_gather_input(module: nn.Module, index: int) -> torch.Tensor:
     """R4: the 1-D tensor FSDP2 copies into its all-gather input for the group's index-th param
     (padded local shard in param_dtype): FSDPParam.all_gather_inputs[0]."""
     return _param_group(module).fsdp_params[index].all_gather_inputs[0]
+
+
+def gradient_divide_factor(module: nn.Module) -> Optional[float]:
+    """R11: what the group's reduce divides the summed gradients by, as set by
+    FSDPModule.set_gradient_divide_factor (FSDPParamGroup.gradient_divide_factor; None: FSDP2's
+    default, the data-parallel size). Read once, before OdcFSDP makes FSDP2 sum."""
+    group = _param_group(module)
+    return None if group is None else group.gradient_divide_factor
 
 
 def shard_process_group(module: nn.Module):

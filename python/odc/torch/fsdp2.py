@@ -36,13 +36,38 @@ except ImportError:  # pragma: no cover - depends on the torch version
     FSDPModule = None
 
 from .._capi import INVALID_USAGE as _INVALID_USAGE
+from .._capi import TIMEOUT as _TIMEOUT
 from .._capi import Error
 from ..comm import Comm
 from . import _fsdp2_internals as internals
 from . import hybrid
-from .debug import CollectiveGuard, mode_from_environment
+from ._sums_pending import GradientsNotReadyError, pending_like
+from .debug import TIMEOUT_HINT, CollectiveGuard, CollectiveInMinibatchError, mode_from_environment
 
 _ODC_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+# The model's engine (a weak reference): one OdcFSDP per model.
+_ENGINE_ATTRIBUTE = "_odc_torch_engine"
+# Engines of this process inside a minibatch: scale_loss scales for theirs.
+_engines_in_minibatch: "weakref.WeakSet[OdcFSDP]" = weakref.WeakSet()
+
+
+def _divide_factor(layouts) -> float:
+    """What FSDP2 would divide these groups' summed gradients by (R11): the factor the user set
+    with set_gradient_divide_factor, else the data-parallel size (every rank of the mesh,
+    replicas included, as FSDP2's default mean over ranks)."""
+    factors = {internals.gradient_divide_factor(module) for module, _ in layouts}
+    if len(factors) > 1:
+        raise NotImplementedError(
+            "odc.torch: the fully_shard modules divide gradients by different factors "
+            f"({sorted(factors, key=str)}): set one with set_gradient_divide_factor on every module"
+        )
+    factor = factors.pop() if factors else None
+    if factor is None:
+        mesh = layouts[0][1].slots[0].param.device_mesh if layouts else None
+        return float(mesh.size()) if mesh is not None else 1.0
+    if not factor > 0:
+        raise ValueError(f"odc.torch: gradient divide factor must be positive, got {factor}")
+    return float(factor)
 
 
 def _in_place_dtype(layout: internals.GroupLayout) -> Optional[torch.dtype]:
@@ -118,12 +143,19 @@ class _Group:
         self.marked: Set[int] = set()
         self.pushed: Set[int] = set()
         self._watched = {}  # id(unsharded param) -> (param, hook handle)
-        # During a minibatch no parameter of this group keeps a .grad: FSDP2 assigns each one a
-        # view of the (zeroed) reduce-scatter output and then calls the parameter's
-        # post-accumulate-grad hooks, where the hook clear_grads registers (_grad_dropper) lets
-        # go of it (_fsdp2_internals R5), so the output is freed when FSDP2's reduce returns and
-        # no per-microbatch gradient memory exists beyond one group's output while it is reduced.
+        # During a minibatch every trainable parameter's .grad is a placeholder without storage
+        # (_sums_pending: it raises, naming the fix, when clipping or a read uses it, and
+        # absorbs FSDP2's add of the zeroed reduce-scatter output). Where FSDP2 finds no .grad
+        # (a zero_grad inside the minibatch) it assigns a view of the output and calls the
+        # parameter's post-accumulate-grad hooks, where the hook begin_sums registers
+        # (_grad_replacer) puts the placeholder back (_fsdp2_internals R5): the output is freed
+        # when FSDP2's reduce returns, and no per-microbatch gradient memory exists beyond one
+        # group's output while it is reduced.
         self._hooked = {}  # id(param) -> (param, hook handle)
+        self._pending = {}  # id(param) -> (param, placeholder .grad)
+        # Trainable slots whose sums this minibatch adds to (their .grad was not zeroed since
+        # the last minibatch_end, as FSDP2 accumulates into .grad until zero_grad).
+        self.kept: Set[int] = set()
         # The DTensor wrappers that set_grads assigns to .grad, made once per parameter and
         # reused: DTensor.from_local costs tens of microseconds of host time, a 1.5B model has
         # ~340 parameters, and it runs every minibatch while the GPUs wait at its edges (issue
@@ -262,28 +294,60 @@ class _Group:
         listed = [names.get(id(self.layout.slots[i].param), f"#{i}") for i in indices]
         return ", ".join(listed) if listed else "none"
 
-    def clear_grads(self) -> None:
-        """Minibatch begin: no .grad (last minibatch's are views of the accumulators, which
-        FSDP2 must not add into while peers push), and the hook that keeps it so."""
+    def held_grads(self) -> Set[int]:
+        """Trainable slots whose parameter still has a .grad (not zeroed since the last
+        minibatch_end): their sums carry over into the next minibatch."""
+        return {
+            index for index in self.grad_offsets if self.layout.slots[index].param.grad is not None
+        }
+
+    def begin_sums(self, kept: Set[int], carry_scale: float) -> None:
+        """Minibatch begin, before the communicator's: the accumulator keeps the sums of the
+        `kept` slots (scaled by `carry_scale`, which undoes the division at the last
+        minibatch_end, see OdcFSDP.minibatch_end) and the rest start from zero; then every
+        trainable parameter's .grad becomes the placeholder (the sums views of the last
+        minibatch must not be added into by FSDP2 while peers push), with the hook that keeps
+        it so."""
         self.marked.clear()
         self.pushed.clear()
+        self.kept = set(kept)
+        if self.kept:
+            # This rank's own shard, before its minibatch_begin: no peer pushes into it before
+            # every rank passed that barrier (ordered on the current stream on GPUs).
+            flat = self.accumulator.tensor()
+            for index, start in self.grad_offsets.items():
+                numel = self.layout.slots[index].padded_numel
+                if index not in self.kept:
+                    flat[start : start + numel].zero_()
+                elif carry_scale != 1.0:
+                    flat[start : start + numel].mul_(carry_scale)
+            del flat
+            self.accumulator.keep_sums()
         for slot in self.layout.slots:
             param = slot.param
-            param.grad = None
+            param.grad = self.pending_grad(param) if param.requires_grad else None
             hooked = self._hooked.get(id(param))
             if param.requires_grad and (hooked is None or hooked[0] is not param):
-                handle = param.register_post_accumulate_grad_hook(_grad_dropper(self.owner))
+                handle = param.register_post_accumulate_grad_hook(_grad_replacer(self))
                 self._hooked[id(param)] = (param, handle)
+
+    def pending_grad(self, param: nn.Parameter):
+        """The placeholder .grad of `param` during a minibatch (made once per parameter)."""
+        cached = self._pending.get(id(param))
+        if cached is None or cached[0] is not param:
+            cached = (param, pending_like(param))
+            self._pending[id(param)] = cached
+        return cached[1]
 
     def set_grads(self, reduced: Callable[[int], bool]) -> None:
         """After minibatch end: .grad = DTensor view of this rank's accumulator slice for every
-        trainable parameter some rank pushed a gradient for (`reduced(slot index)`); None for
-        the rest, as FSDP2 leaves them (so an optimizer skips them: no weight decay, no
-        momentum step)."""
+        trainable parameter some rank pushed a gradient for (`reduced(slot index)`) or whose
+        sums carried over from the last minibatch; None for the rest, as FSDP2 leaves them (so
+        an optimizer skips them: no weight decay, no momentum step)."""
         flat = None
         for index, slot in enumerate(self.layout.slots):
             param = slot.param
-            if index not in self.grad_offsets or not reduced(index):
+            if index not in self.grad_offsets or not (reduced(index) or index in self.kept):
                 param.grad = None
                 continue
             cached = self._sum_grads.get(id(param))
@@ -328,18 +392,19 @@ def _slot_marker(group: _Group, index: int):
     return mark
 
 
-def _grad_dropper(owner: "OdcFSDP"):
+def _grad_replacer(group: _Group):
     """The post-accumulate-grad hook of a sharded parameter: runs inside FSDP2's reduce right
-    after it set .grad to a view of the zeroed output, and drops it while `owner` is inside a
-    minibatch. It holds `owner` weakly: the hook stays on the parameter, the engine may go."""
-    engine = weakref.ref(owner)
+    after it set .grad (a view of the zeroed output where there was none, else the placeholder
+    it added into) and puts the placeholder back while the engine is inside a minibatch. It
+    holds the group weakly: the hook stays on the parameter, the engine may go."""
+    reference = weakref.ref(group)
 
-    def drop(param: nn.Parameter) -> None:
-        alive = engine()
-        if alive is not None and alive.in_minibatch:
-            param.grad = None
+    def replace(param: nn.Parameter) -> None:
+        alive = reference()
+        if alive is not None and alive.owner.in_minibatch:
+            param.grad = alive.pending_grad(param)
 
-    return drop
+    return replace
 
 
 def _buffer_name(module_name: str) -> str:
@@ -378,19 +443,18 @@ class OdcAllGather(internals.AllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         owner = self.group.owner
-        if owner.state is not EngineState.IN_MINIBATCH:
-            # Outside a minibatch a peer may be rewriting its shards (its optimizer step) while
-            # this rank reads them: a forward would mix pre- and post-step weights, silently.
+        if owner.state is EngineState.READY:
+            # Outside a minibatch (evaluation, generation) a peer may be rewriting its shards
+            # (its optimizer step) at any time, so a pull could mix old and new weights: gather
+            # as FSDP2 does, with its collective all-gather, which every peer joins after its
+            # step, in program order. Collective, as under plain FSDP2; training never gets here.
+            return dist.all_gather_into_tensor(
+                output_tensor, input_tensor, group=group, async_op=async_op
+            )
+        if owner.state is EngineState.FAILED:
             raise RuntimeError(
-                "odc.torch: forward outside a minibatch: peers rewrite their shards (their "
-                "optimizer step) at any time outside one, so it could read a mix of old and new "
-                "weights. Run forwards inside `with engine.minibatch():` (one without backward, "
-                "e.g. for evaluation, publishes the current shards and gives no gradients)"
-                + (
-                    f"; the engine is {owner.state.value}"
-                    if owner.state is EngineState.FAILED
-                    else ""
-                )
+                "odc.torch: forward on a failed engine: its communicator failed in an earlier "
+                "minibatch; call reset(<new communicator>) on every rank first"
             )
         self.group.check_group(group)
         # Enqueued on the current stream: FSDP2's all-gather stream on GPUs. float32 shards into
@@ -494,13 +558,18 @@ class OdcFSDP:
                 f"fully_shard(layer) for each, then fully_shard(model)); got {type(model).__name__}"
             )
         _check_comm(comm)
+        existing = getattr(model, _ENGINE_ATTRIBUTE, None)
+        if existing is not None and existing() is not None:
+            raise RuntimeError(
+                "odc.torch: this model already has an OdcFSDP engine: FSDP2's communication "
+                "hooks and odc's buffers belong to that one (a second would replace its hooks "
+                "and gather other buffers). Keep using it; engine.reset(comm) moves it to a new "
+                "communicator"
+            )
         self.model = model
         self.comm = comm
         self.state = EngineState.READY
         self._optimizer = optimizer
-        # Sums handed out at the last minibatch_end that no optimizer step used yet (tracked
-        # when the optimizer was given): a new minibatch would discard them.
-        self._unstepped = False
         self._end_event = None  # GPU: recorded after the last minibatch_end (check_minibatch)
         self._collective_guard = CollectiveGuard(mode_from_environment())  # ODC_DEBUG_COLLECTIVES
         internals.lazy_init(model)
@@ -512,6 +581,7 @@ class OdcFSDP:
             self._check_placement(layout)
         # HSDP (2-D mesh): the cross-replica sum at minibatch end; None on a 1-D mesh.
         self._replicas = hybrid.replica_reduction([layout for _, layout in layouts], comm)
+        self.gradient_divide_factor = _divide_factor(layouts)
         self._hsdp_zero_outputs = {}  # (dtype, device) -> zeros; see OdcReduceScatter.allocate
         module_names = {id(module): name for name, module in model.named_modules()}
         for module, layout in layouts:  # the same order on every rank: alloc is collective
@@ -531,10 +601,10 @@ class OdcFSDP:
             total += len(group.layout.slots)
         self._num_slots = total
         self._bind_reduced_flags()
-        sum_gradients(model)
+        sum_gradients(model)  # plain sums reach the accumulators; minibatch_end divides them
         if optimizer is not None:
             optimizer.register_step_pre_hook(self._before_step)
-            optimizer.register_step_post_hook(self._after_step)
+        setattr(model, _ENGINE_ATTRIBUTE, weakref.ref(self))
 
     def _bind_reduced_flags(self) -> None:
         per_rank = -(-self._num_slots // self.comm.world_size)
@@ -564,7 +634,8 @@ class OdcFSDP:
     def _before_step(self, optimizer, args, kwargs) -> None:
         if self.state is EngineState.IN_MINIBATCH:
             raise RuntimeError(
-                "optimizer.step() called before minibatch_end(): the gradients are not summed yet"
+                "odc.torch: optimizer.step() called before minibatch_end(): the gradients are "
+                "not summed yet. Step after the `with engine.minibatch():` block"
             )
         self.check_minibatch()
 
@@ -594,22 +665,13 @@ class OdcFSDP:
             )
         self._end_event = None
 
-    def _holds_grads(self) -> bool:
-        """Does some parameter have a .grad (the last minibatch's sums, unless cleared)?"""
-        return any(
-            slot.param.grad is not None for group in self._groups for slot in group.layout.slots
-        )
-
-    def _after_step(self, optimizer, args, kwargs) -> None:
-        self._unstepped = False
-
     def _failed(self) -> None:
         """The communicator failed: no sum of this minibatch may be used, no .grad views it,
         and FSDP2 forgets a backward the failure cut short (R9), so that nothing of the failed
         minibatch reaches the next one after reset()."""
         self.state = EngineState.FAILED
         self._collective_guard.stop()
-        self._unstepped = False
+        _engines_in_minibatch.discard(self)
         for group in self._groups:
             group.drop_grads()
             group.marked.clear()
@@ -651,8 +713,15 @@ class OdcFSDP:
             group.bind()
         self._bind_reduced_flags()
         self._end_event = None
-        self._unstepped = False
         self.state = EngineState.READY
+
+    def scale_loss(self, loss_sum: torch.Tensor, global_tokens: int) -> torch.Tensor:
+        """odc.torch.scale_loss for this engine's model: loss_sum * gradient_divide_factor /
+        global_tokens, so that the gradients after minibatch_end are those of the minibatch's
+        token-mean loss over all ranks."""
+        if global_tokens <= 0:
+            raise ValueError(f"global_tokens must be positive, got {global_tokens}")
+        return _scaled(loss_sum, global_tokens, self.gradient_divide_factor)
 
     @property
     def collectives_seen(self) -> List[str]:
@@ -725,34 +794,44 @@ class OdcFSDP:
                 "reset(<new communicator>) on every rank before the next minibatch",
                 _INVALID_USAGE,
             )
-        if self._unstepped and self._holds_grads():
-            raise RuntimeError(
-                "odc.torch: minibatch_begin() would discard the gradient sums of the last "
-                "minibatch, which no optimizer.step() used: step first, or drop them with "
-                "optimizer.zero_grad() (set_to_none=True)"
-            )
         for module in self._modules:
             module.reshard()  # unsharded parameters may predate the optimizer step
         # The end of every backward then orders the current stream after the pushes.
         self.model.set_is_last_backward(True)
         if self._replicas is not None:
             self._replicas.disable_fsdp_all_reduce(self._modules)
+        # Sums still held in .grad (no zero_grad since the last minibatch_end) carry over, as
+        # FSDP2 adds into .grad until it is zeroed; the last minibatch_end divided them, and
+        # (HSDP) the next one sums every replica's copy of them again.
+        replicas = 1 if self._replicas is None else self._replicas.num_replicas
+        carry_scale = self.gradient_divide_factor / replicas
         try:  # collective from here: a failure on one rank must not leave its peers waiting
             for group in self._groups:
                 layout = internals.group_layout(group.layout.module)  # params may be reassigned
                 if layout.shard_numel != group.layout.shard_numel:
                     raise RuntimeError("a parameter group changed size after odc.torch was enabled")
                 group.layout = layout
+                held = group.held_grads()
+                trainable = tuple(
+                    i for i, slot in enumerate(layout.slots) if slot.param.requires_grad
+                )
+                if held and trainable != group.trainable:
+                    raise RuntimeError(
+                        f"odc.torch: requires_grad changed in {group.name} while .grad still "
+                        "holds gradient sums (no zero_grad since the last minibatch): call "
+                        "optimizer.zero_grad() before freezing or unfreezing parameters"
+                    )
                 # Frozen or unfrozen since the last minibatch: resize the sums (collective).
                 group.refresh_trainable()
-                # FSDP2 must not add into last minibatch's sums, nor keep gradients of its own.
-                group.clear_grads()
+                # FSDP2 must not add into the sums .grad views, nor keep gradients of its own.
+                group.begin_sums(held, carry_scale)
                 group.publish()
-            self.comm.minibatch_begin()  # zero accumulators; every rank has published
+            self.comm.minibatch_begin()  # zeroes the sums not kept; every rank has published
         except BaseException as error:
             self.abort(f"{type(error).__name__} in minibatch_begin: {error}")
             raise
         self.state = EngineState.IN_MINIBATCH
+        _engines_in_minibatch.add(self)
         self._collective_guard.start()
 
     def minibatch_end(self) -> None:
@@ -764,9 +843,20 @@ class OdcFSDP:
         if self.state is not EngineState.IN_MINIBATCH:
             raise RuntimeError("minibatch_end() without minibatch_begin()")
         self._collective_guard.stop()
+        _engines_in_minibatch.discard(self)
+        try:
+            self._collective_guard.check()  # collectives inside the minibatch (debug.py)
+        except CollectiveInMinibatchError as error:
+            self.abort(str(error))
+            raise
         try:
             everything = self._push_reduced_flags()
             self.comm.minibatch_end()
+        except Error as error:
+            self._failed()
+            if error.code == _TIMEOUT:
+                raise Error(f"{error}. {TIMEOUT_HINT}", error.code) from error
+            raise
         except BaseException:
             self._failed()
             raise
@@ -776,14 +866,16 @@ class OdcFSDP:
         if self._replicas is not None:  # HSDP: the node's sums, summed across replicas
             accumulators = [g.accumulator.tensor() for g in self._groups if g.accumulator]
             self._replicas.reduce(accumulators)
+        if self.gradient_divide_factor != 1.0:  # FSDP2's division (R11), after the sums
+            for group in self._groups:
+                if group.accumulator is not None:
+                    group.accumulator.tensor().div_(self.gradient_divide_factor)
         reduced = self._reduced_everywhere(everything)
         for group, base in zip(self._groups, self._slot_base):
             group.set_grads(lambda index, base=base: reduced(base + index))
-        # Every rank hands out the same set of .grad (the flags are global): the check in
-        # minibatch_begin raises on every rank alike.
-        self._unstepped = self._optimizer is not None and self._holds_grads()
-        # Forwards outside a minibatch must gather (and so raise), never reuse parameters a
-        # forward left unsharded (FSDP2 keeps the root's after forward), stale after the step.
+        # Forwards outside a minibatch must gather (FSDP2's own all-gather then), never reuse
+        # parameters a forward left unsharded (FSDP2 keeps the root's after forward), stale
+        # after the step.
         for module in self._modules:
             module.reshard()
         self.state = EngineState.READY
@@ -862,12 +954,30 @@ def sum_gradients(model: nn.Module) -> None:
 
 
 def scale_loss(loss_sum: torch.Tensor, global_tokens: int) -> torch.Tensor:
-    """A microbatch's loss summed over its tokens, divided by the tokens of the whole minibatch
-    on all ranks: the summed gradients then equal the single-process gradient of the minibatch's
-    token-mean loss, whatever the microbatch counts per rank."""
+    """A microbatch's loss summed over its tokens, normalized by the tokens of the whole
+    minibatch on all ranks: the gradients after minibatch_end then equal the single-process
+    gradient of the minibatch's token-mean loss, whatever the microbatch counts per rank.
+
+    Inside an OdcFSDP minibatch it also undoes the engine's FSDP2 division (by the world size,
+    or the factor set with set_gradient_divide_factor): loss_sum * factor / global_tokens.
+    Elsewhere (plain FSDP2 made to sum with sum_gradients, or no engine): loss_sum /
+    global_tokens. With several engines in minibatches at once, use engine.scale_loss."""
     if global_tokens <= 0:
         raise ValueError(f"global_tokens must be positive, got {global_tokens}")
-    return loss_sum / float(global_tokens)
+    factors = {engine.gradient_divide_factor for engine in list(_engines_in_minibatch)}
+    if len(factors) > 1:
+        raise ValueError(
+            "odc.torch.scale_loss: several OdcFSDP engines with different gradient divide "
+            f"factors ({sorted(factors)}) are inside minibatches: call engine.scale_loss(...) "
+            "on the engine whose model computed the loss"
+        )
+    return _scaled(loss_sum, global_tokens, factors.pop() if factors else 1.0)
+
+
+def _scaled(loss_sum: torch.Tensor, global_tokens: int, factor: float) -> torch.Tensor:
+    if factor == 1.0:
+        return loss_sum / float(global_tokens)
+    return loss_sum * factor / float(global_tokens)
 
 
 def global_count(count: int, group: Optional[dist.ProcessGroup] = None) -> int:
@@ -878,4 +988,11 @@ def global_count(count: int, group: Optional[dist.ProcessGroup] = None) -> int:
     return int(total.item())
 
 
-__all__ = ["EngineState", "OdcFSDP", "global_count", "scale_loss", "sum_gradients"]
+__all__ = [
+    "EngineState",
+    "GradientsNotReadyError",
+    "OdcFSDP",
+    "global_count",
+    "scale_loss",
+    "sum_gradients",
+]

@@ -1,0 +1,156 @@
+"""Moving an FSDP2 trainer to odc.torch without silent surprises (CPU: gloo + host transport,
+2 ranks, one launch): each check here failed before issue #28.
+- an FSDP2 loss normalization (loss_sum * world / global tokens, FSDP2 averaging over ranks)
+  gives FSDP2's gradients, not N times them; odc.torch.scale_loss gives the same;
+- clip_grad_norm_, gradient reads and optimizer.step() inside a minibatch raise naming the fix;
+- gradients accumulate over consecutive minibatch blocks until zero_grad, as FSDP2's .grad does;
+- a forward outside a minibatch (evaluation) works and equals one inside;
+- a second engine on the same model is refused with that reason;
+- a torch.distributed collective inside a minibatch raises at minibatch_end on every rank that
+  issued one, with equal counts too, naming the group."""
+
+import os
+import tempfile
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="odc.torch tests need torch")
+
+from tiny_lm import loss_sum, make_model, minibatch_samples  # noqa: E402
+
+
+def _shard(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def _grads(model):
+    return {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+
+
+def _max_diff(a, b):
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _norm(grads):
+    return float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads.values())))
+
+
+def _migration_rank(rank, world, key, store_path):
+    import torch.distributed as dist
+
+    import odc
+    import odc.torch
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    found = {}
+    try:
+        samples = minibatch_samples(0)
+        tokens = sum(int(t.shape[1]) - 1 for t in samples)
+        mine = samples[rank::world]  # equal counts: plain FSDP2 can run it too
+
+        # Plain FSDP2, averaging over ranks (its default), loss normalized as FSDP2 users do.
+        plain = _shard(make_model())
+        (loss_sum(plain, mine) * world / tokens).backward()
+        fsdp2 = _grads(plain)
+
+        model = _shard(make_model())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+        comm = odc.Comm(rank, world, key, timeout=30)
+        engine = odc.torch.OdcFSDP(model, comm, optimizer)
+        found["factor"] = engine.gradient_divide_factor
+        try:
+            odc.torch.OdcFSDP(model, comm)
+        except RuntimeError as error:
+            found["second"] = str(error)
+
+        with engine.minibatch():  # the FSDP2 normalization, unchanged
+            (loss_sum(model, mine) * world / tokens).backward()
+            for name, call in (
+                ("clip", lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)),
+                ("read", lambda: next(model.parameters()).grad.sum()),
+                ("step", optimizer.step),
+            ):
+                try:
+                    call()
+                    found[name] = "no error"
+                except RuntimeError as error:
+                    found[name] = f"{type(error).__name__}: {error}"
+            found["repr"] = repr(next(model.parameters()).grad)[:40]
+        migrated = _grads(model)
+        found["fsdp2_norm"], found["odc_norm"] = _norm(fsdp2), _norm(migrated)
+        found["vs_fsdp2"] = _max_diff(migrated, fsdp2)
+        optimizer.zero_grad()
+
+        with engine.minibatch():  # odc's own normalization: the same gradients
+            odc.torch.scale_loss(loss_sum(model, mine), tokens).backward()
+        found["scale_loss_vs_fsdp2"] = _max_diff(_grads(model), fsdp2)
+        optimizer.zero_grad()
+
+        # Two blocks before one step: the second adds to the first, until zero_grad.
+        first, second = mine[:2], mine[2:]
+        with engine.minibatch():
+            odc.torch.scale_loss(loss_sum(model, first), tokens).backward()
+        with engine.minibatch():
+            odc.torch.scale_loss(loss_sum(model, second), tokens).backward()
+        found["two_blocks_vs_one"] = _max_diff(_grads(model), fsdp2)
+        optimizer.zero_grad()
+        with engine.minibatch():
+            odc.torch.scale_loss(loss_sum(model, second), tokens).backward()
+        alone = _grads(model)
+        optimizer.zero_grad()
+        with engine.minibatch():
+            odc.torch.scale_loss(loss_sum(model, second), tokens).backward()
+        found["after_zero_grad"] = _max_diff(_grads(model), alone)
+        optimizer.step()
+        optimizer.zero_grad()
+
+        # Evaluation after the step: outside a minibatch and inside a forward-only one.
+        with torch.no_grad():
+            outside = loss_sum(model, mine).item()
+            with engine.minibatch():
+                inside = loss_sum(model, mine).item()
+        found["eval"] = (outside, inside)
+
+        # A collective inside a minibatch, equal counts on both ranks: it passes, and
+        # minibatch_end raises on both, naming it.
+        try:
+            with engine.minibatch():
+                total = torch.ones(1)
+                dist.all_reduce(total)
+        except odc.torch.CollectiveInMinibatchError as error:
+            found["collective"] = str(error)
+        comm.close()
+        return found
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_fsdp2_trainer_moves_without_silent_surprises():
+    import odc
+
+    with tempfile.TemporaryDirectory() as directory:
+        results = odc.launch(_migration_rank, 2, os.path.join(directory, "store"), timeout=300)
+    for found in results:
+        assert found["factor"] == 2.0
+        assert "already has an OdcFSDP engine" in found["second"]
+        assert found["vs_fsdp2"] < 1e-6, found
+        assert abs(found["odc_norm"] - found["fsdp2_norm"]) < 1e-6 * found["fsdp2_norm"]
+        assert found["scale_loss_vs_fsdp2"] < 1e-6
+        for name in ("clip", "read"):
+            assert found[name].startswith("GradientsNotReadyError"), found[name]
+            assert "after the `with engine.minibatch():` block" in found[name]
+        assert "before minibatch_end()" in found["step"]
+        assert found["repr"].startswith("DTensor(") or "SumsPending" in found["repr"]
+        assert found["two_blocks_vs_one"] < 1e-6
+        assert found["after_zero_grad"] < 1e-6
+        outside, inside = found["eval"]
+        assert outside == pytest.approx(inside, rel=1e-6)
+        assert (
+            "collectives ran inside this minibatch (1 on the default group" in found["collective"]
+        ), found["collective"]
+        assert "ODC_DEBUG_COLLECTIVES=0" in found["collective"]
