@@ -39,7 +39,6 @@ def draw(comparison: dict, path: str, title: str = "") -> None:
     bubbles.set_xticks(range(len(names)), names)
     bubbles.set_ylabel("predicted bubble (% of GPU time idle)")
     bubbles.set_title("bubble: lower is better")
-    bubbles.legend(loc="upper right")
     for offset, mode, color in (
         (-width / 2, "collective", "tab:gray"),
         (width / 2, "odc", "tab:blue"),
@@ -58,7 +57,10 @@ def draw(comparison: dict, path: str, title: str = "") -> None:
     speedups.set_ylabel(f"predicted speedup vs {comparison['baseline']}")
     speedups.set_title("speedup: higher is better")
     figure.suptitle(title or "odc compare", fontsize=10)
-    figure.tight_layout()
+    # One legend for both panels, below them: never over a bar (the bars differ by colour only).
+    handles, labels = bubbles.get_legend_handles_labels()
+    figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.07, 1, 1))
     figure.savefig(path, dpi=100)
     plt.close(figure)
 
@@ -87,7 +89,10 @@ def main(argv=None) -> int:
         )
         return 1
     except OSError as error:
-        print(f"odc.compare_plot: error: cannot write {argv[0]}: {error}", file=sys.stderr)
+        print(
+            f"odc.compare_plot: error: cannot write {argv[0]}: {error.strerror or error}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

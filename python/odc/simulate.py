@@ -1,6 +1,7 @@
-"""`python -m odc.simulate`: the `odc simulate` command (C++, docs/simulate.md) plus a PNG of
-speedup against GPUs, one line per policy and mode; and the validation of the simulator against
-the training runs recorded in docs/results (`validate_recorded`).
+"""`python -m odc.simulate`: the `odc simulate` command (C++, docs/simulate.md), whose `--plot`
+PNG of speedup against GPUs (one line per mode and policy) is drawn here (`--draw`); and the
+validation of the simulator against the training runs recorded in docs/results
+(`validate_recorded`).
 
   python -m odc.simulate --lengths data/longalign_like.txt --max-length 65536 --plot speedup.png
   python -m odc.simulate --validate docs/results [--transport data/transport/h200x4_odc_bench.json]
@@ -256,15 +257,21 @@ def parse_odc_bench(text: str) -> dict:
     return {"source": "odc_bench", "ranks": ranks, "curves": curves}
 
 
-def write_plot(document: dict, path: str) -> Optional[str]:
-    """Speedup against GPUs (log scale), one line per policy + mode; None without matplotlib."""
-    try:
-        import matplotlib
+# Line styles and markers cycled so that lines which coincide (e.g. odc and odc-hybrid on one
+# node, where they are the same thing) stay distinguishable: each line gets its own pair.
+_STYLES = ["-", "--", ":", "-."]
+_MARKERS = ["o", "s", "^", "v", "D", "x", "+", "*"]
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+
+def draw(document: dict, path: str, title: str = "") -> None:
+    """Speedup against GPUs (log scale), one line per mode + policy, each with its own line style
+    and marker, the legend outside the axes. ImportError without matplotlib, OSError when the
+    file cannot be written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     lines = {}
     for row in document["results"]:
         if row["speedup"] is None:
@@ -272,20 +279,74 @@ def write_plot(document: dict, path: str) -> Optional[str]:
         lines.setdefault(f"{row['mode']} + {row['policy']}", []).append(
             (row["ranks"], row["speedup"])
         )
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for label, points in sorted(lines.items()):
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    for index, (label, points) in enumerate(sorted(lines.items())):
         points.sort()
-        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        axis.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            linestyle=_STYLES[index % len(_STYLES)],
+            marker=_MARKERS[index % len(_MARKERS)],
+            markerfacecolor="none",
+            label=label,
+        )
     axis.set_xscale("log", base=2)
     axis.set_xlabel("GPUs")
     axis.set_ylabel("speedup vs collective + lb-micro")
-    axis.set_title("odc simulate: simulated step time, relative to FSDP2 + LB-Micro")
+    axis.set_title(title or "odc simulate: simulated step time, relative to FSDP2 + LB-Micro")
     axis.grid(True, alpha=0.3)
     if lines:
-        axis.legend(fontsize=8)
+        # Outside the axes, on the right: never over the data.
+        axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    try:
+        figure.savefig(path, dpi=100)
+    finally:
+        plt.close(figure)
+
+
+def write_plot(document: dict, path: str) -> Optional[str]:
+    """draw() into `path`; None without matplotlib."""
+    try:
+        draw(document, path)
+    except ImportError:
+        return None
     return path
+
+
+def _draw_main(argv: List[str]) -> int:
+    """`python -m odc.simulate --draw FILE.png [TITLE] < simulate.json`: what `odc simulate
+    --plot` runs. Every failure is one line on stderr."""
+    if not 1 <= len(argv) <= 2:
+        print(
+            "usage: python -m odc.simulate --draw FILE.png [TITLE] < simulate.json", file=sys.stderr
+        )
+        return 2
+    try:
+        document = json.load(sys.stdin)
+        document["results"]
+    except (ValueError, KeyError, TypeError) as error:
+        print(
+            f"odc.simulate: error: stdin is not `odc simulate --format json`: {error}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        draw(document, argv[0], argv[1] if len(argv) > 1 else "")
+    except ImportError:
+        print(
+            "odc.simulate: error: drawing needs matplotlib: pip install matplotlib "
+            "(or the extra: pip install 'odc[plot]')",
+            file=sys.stderr,
+        )
+        return 1
+    except OSError as error:
+        print(
+            f"odc.simulate: error: cannot write {argv[0]}: {error.strerror or error}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 def main(argv=None) -> int:
@@ -332,28 +393,15 @@ def main(argv=None) -> int:
         except (OSError, ValueError) as error:
             sys.exit(f"odc simulate: {error}")
         return 0
-    plot = None
-    if "--plot" in argv:
-        index = argv.index("--plot")
-        if index + 1 >= len(argv):
-            sys.exit("odc simulate: --plot needs a file name")
-        plot = argv[index + 1]
-        del argv[index : index + 2]
-    if "--format" in argv:
-        sys.exit("odc simulate: python -m odc.simulate prints the table; use odc simulate for JSON")
+    if argv[:1] == ["--draw"]:
+        return _draw_main(argv[1:])
+    # Everything else is `odc simulate` (which has --plot and --format itself since issue 28):
+    # its output, its one-line errors and its exit status, unchanged.
     try:
-        document = run_simulate(argv)
-    except CliError as error:  # already one line, "odc simulate: error: ..."
-        print(error, file=sys.stderr)
-        return error.returncode if error.returncode > 0 else 1
-    except (OSError, ValueError) as error:
+        command = [cli_path(), "simulate", *argv]
+    except FileNotFoundError as error:
         sys.exit(f"odc simulate: {error}")
-    table = subprocess.run([cli_path(), "simulate", *argv], capture_output=True, text=True)
-    print(table.stdout, end="")
-    if plot:
-        written = write_plot(document, plot)
-        print(f"plot: {written}" if written else "plot: skipped (matplotlib missing)")
-    return 0
+    return subprocess.run(command).returncode
 
 
 if __name__ == "__main__":

@@ -247,8 +247,12 @@ std::string plan_to_table(const Plan& plan) {
                 "microbatches      %zu to %zu per rank per minibatch (mean %.2f)\n", counts.min,
                 counts.max, counts.mean);
   out << line << "\npredicted bubble  collective   odc\n";
-  std::snprintf(line, sizeof(line), "  all minibatches %10s %7s\n",
-                percent(plan.bubble.collective).c_str(), percent(plan.bubble.odc).c_str());
+  // LB-Mini's unequal microbatch counts cannot run under per-layer collectives (the JSON still
+  // carries the formula's value, as compare's JSON does not).
+  const std::string collective =
+      options.policy == Policy::kLbMini ? "n/a" : percent(plan.bubble.collective);
+  std::snprintf(line, sizeof(line), "  all minibatches %10s %7s\n", collective.c_str(),
+                percent(plan.bubble.odc).c_str());
   out << line;
   if (odc_bubbles.size() > 1) {
     std::snprintf(line, sizeof(line), "  odc per minibatch: median %s, worst %s\n",

@@ -359,6 +359,34 @@ Result<ModelShape> model_preset(std::string_view name) {
                                  "--layer-params and --other-params");
 }
 
+MemoryPerGpu memory_per_gpu(const ModelShape& model, Mode mode, int64_t num_ranks,
+                            int64_t gpus_per_node) {
+  const double params = model.other_params + model.layer_params * model.num_layers;
+  const int64_t ranks = std::max<int64_t>(1, num_ranks);
+  const int64_t local = std::max<int64_t>(1, std::min(gpus_per_node, ranks));
+  const int64_t nodes = (ranks + local - 1) / local;
+  MemoryPerGpu memory;
+  switch (mode) {
+    case Mode::kCollective:
+      memory.state_bytes = 16.0 * params / static_cast<double>(ranks);
+      break;
+    case Mode::kOdcFlat:
+      memory.state_bytes = 18.0 * params / static_cast<double>(ranks);
+      if (nodes > 1) {
+        const double cache =
+            static_cast<double>(nodes - 1) * kParamBytes * params / static_cast<double>(ranks);
+        memory.odc_bytes = kStagingBudgetBytes + std::min(kNodeCacheBudgetBytes, cache);
+      }
+      break;
+    case Mode::kOdcHybrid:
+      memory.state_bytes = 18.0 * params / static_cast<double>(local);
+      break;
+  }
+  memory.gathered_bytes = kParamBytes * (2.0 * model.layer_params + model.other_params) +
+                          kGradBytes * std::max(model.layer_params, model.other_params);
+  return memory;
+}
+
 Status validate_simulate_options(const SimulateOptions& options) {
   ODC_RETURN_IF_ERROR(planner::validate_plan_options(options.plan));
   const ModelShape& m = options.model;

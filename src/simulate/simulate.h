@@ -111,6 +111,32 @@ struct SimulateResult {
 
 Status validate_simulate_options(const SimulateOptions& options);
 
+// Memory per GPU of a layout (bytes) as the runtime lays it out, not measured here: model state
+// from docs/multinode.md ("Choosing"), ODC's buffers from docs/runtime.md ("Memory") and
+// docs/multinode.md. Activations are not in it: they follow a microbatch's tokens, the model and
+// activation checkpointing, which the simulator does not model.
+struct MemoryPerGpu {
+  // Sharded state. FSDP2: 16 B per parameter over N (fp32 parameter 4, gradient 4, AdamW 8).
+  // ODC flat: 18 B over N (odc.torch adds a 2 B bf16 published copy; its fp32 accumulator is the
+  // gradient). Hybrid: 18 B over the node's G GPUs (replicated across nodes).
+  double state_bytes = 0.0;
+  // Full units in flight, the same in every layout (odc.torch gathers into FSDP2's buffers): bf16
+  // parameters of two layers (one-layer prefetch) and of the root unit, and the fp32 gradient of
+  // the larger unit before it is pushed or reduce-scattered.
+  double gathered_bytes = 0.0;
+  // ODC's own buffers beyond the shards: none within a node (CUDA's remote adds); flat across
+  // nodes (NVSHMEM) the streamed staging budget and the node cache of remote parameter shards
+  // ((nodes - 1) x the bf16 shard, at most its budget); the runtime's defaults, 256 MiB each.
+  double odc_bytes = 0.0;
+  double total_bytes() const { return state_bytes + gathered_bytes + odc_bytes; }
+};
+
+inline constexpr double kStagingBudgetBytes = 256.0 * 1024 * 1024;    // ODC_STAGING_BYTES
+inline constexpr double kNodeCacheBudgetBytes = 256.0 * 1024 * 1024;  // ODC_NODE_CACHE_BYTES
+
+MemoryPerGpu memory_per_gpu(const ModelShape& model, Mode mode, int64_t num_ranks,
+                            int64_t gpus_per_node);
+
 // Simulates every minibatch of `plan` (made with options.plan from `lengths`).
 Result<SimulateResult> simulate_plan(const planner::Plan& plan, std::span<const int64_t> lengths,
                                      const SimulateOptions& options);

@@ -61,7 +61,96 @@ struct Row {
   std::string policy, mode;
   SimulateResult result;
   double speedup = 0.0;  // baseline step time / this step time; 0 when there is no baseline
+  // The same from the planner's times alone (compute only: odc compare's basis).
+  double planner_speedup = 0.0;
 };
+
+struct MemoryRow {
+  int64_t ranks = 0;
+  Mode mode = Mode::kCollective;
+  MemoryPerGpu memory;
+};
+
+std::string fixed(const char* format, double value) {
+  char text[64];
+  std::snprintf(text, sizeof(text), format, value);
+  return text;
+}
+
+// "a" or "a-b" (GPUs) / "1.30x" or "1.30x to 1.35x".
+std::string range(double low, double high, const char* format) {
+  const std::string a = fixed(format, low), b = fixed(format, high);
+  return a == b ? a : a + " to " + b;
+}
+
+// The one verdict line of `odc simulate`: the fastest arm at each rank count, its speedup over
+// the baseline, the compute-only speedup of the same arms (odc compare's basis, so the two tools'
+// figures are told apart), and what else is in the simulated time with its assumptions.
+std::string verdict_line(const std::vector<Row>& rows, const SimulateOptions& base,
+                         const CliArgs& args) {
+  std::vector<std::string> fastest_labels;  // distinct, in rank order
+  std::vector<int64_t> label_ranks_first, label_ranks_last;
+  double low = 0, high = 0, compute_low = 0, compute_high = 0;
+  bool any_speedup = false;
+  int64_t min_ranks = 0, max_ranks = 0;
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i, best = i;
+    for (; j < rows.size() && rows[j].ranks == rows[i].ranks; ++j) {
+      if (rows[j].result.seconds < rows[best].result.seconds) best = j;
+    }
+    const Row& row = rows[best];
+    const std::string label = row.mode + " + " + row.policy;
+    if (fastest_labels.empty() || fastest_labels.back() != label) {
+      fastest_labels.push_back(label);
+      label_ranks_first.push_back(row.ranks);
+      label_ranks_last.push_back(row.ranks);
+    }
+    label_ranks_last.back() = row.ranks;
+    if (min_ranks == 0) min_ranks = row.ranks;
+    max_ranks = row.ranks;
+    if (row.speedup > 0) {
+      low = any_speedup ? std::min(low, row.speedup) : row.speedup;
+      high = any_speedup ? std::max(high, row.speedup) : row.speedup;
+      compute_low = any_speedup ? std::min(compute_low, row.planner_speedup) : row.planner_speedup;
+      compute_high =
+          any_speedup ? std::max(compute_high, row.planner_speedup) : row.planner_speedup;
+      any_speedup = true;
+    }
+    i = j;
+  }
+  std::string gpus = std::to_string(min_ranks);
+  if (max_ranks != min_ranks) gpus += "-" + std::to_string(max_ranks);
+  std::string line = "verdict: ";
+  if (fastest_labels.size() == 1) {
+    line += fastest_labels.front() + " is fastest at " + gpus + " GPUs";
+  } else {
+    line += "fastest:";
+    for (size_t k = 0; k < fastest_labels.size(); ++k) {
+      line +=
+          (k ? ", " : " ") + fastest_labels[k] + " at " + std::to_string(label_ranks_first[k]) +
+          (label_ranks_last[k] != label_ranks_first[k] ? "-" + std::to_string(label_ranks_last[k])
+                                                       : std::string()) +
+          " GPUs";
+    }
+  }
+  if (any_speedup) {
+    line += ", simulated speedup " + range(low, high, "%.2fx") +
+            " over the baseline collective + lb-micro (compute only, odc compare's basis: " +
+            range(compute_low, compute_high, "%.2fx") + ")";
+  } else {
+    line += " (no speedup: the baseline, collective + lb-micro, was not simulated)";
+  }
+  const Topology& t = base.topology;
+  line += "; includes modelled communication (";
+  line += args.transport_path.empty()
+              ? fixed("NVLink %.0f GB/s", t.nvlink.bytes_per_second / 1e9) +
+                    fixed(" ODC / %.0f GB/s NCCL", t.nvlink_collective.bytes_per_second / 1e9)
+              : "NVLink from " + args.transport_path;
+  line += ", " + std::to_string(t.gpus_per_node) + " GPUs per node" +
+          fixed(", network %.0f Gb/s per GPU", t.network.bytes_per_second * 8 / 1e9) +
+          "; validated against runs on one node only) and the optimizer";
+  return line;
+}
 
 Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& source,
              std::vector<int64_t>& ranks, std::vector<planner::Policy>& policies,
@@ -109,7 +198,7 @@ Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& s
   if (policies.empty() || modes.empty()) {
     return Status::InvalidArgument("--policies and --modes need at least one entry each");
   }
-  if (args.samples_per_rank < 1 || args.minibatches < 1) {
+  if (args.samples.samples_per_rank < 1 || args.minibatches < 1) {
     return Status::InvalidArgument("--samples-per-rank and --minibatches must be >= 1");
   }
   // Checked before any allocation: N x samples per rank x minibatches samples are drawn and
@@ -120,12 +209,12 @@ Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& s
                                      std::to_string(planner::kMaxRanks));
     }
     int64_t per_minibatch = 0, total = 0;
-    if (__builtin_mul_overflow(num_ranks, args.samples_per_rank, &per_minibatch) ||
+    if (__builtin_mul_overflow(num_ranks, args.samples.samples_per_rank, &per_minibatch) ||
         __builtin_mul_overflow(per_minibatch, args.minibatches, &total) ||
         total > kMaxSimulatedSamples) {
       return Status::InvalidArgument(
           "--ranks " + std::to_string(num_ranks) + " x --samples-per-rank " +
-          std::to_string(args.samples_per_rank) + " x --minibatches " +
+          std::to_string(args.samples.samples_per_rank) + " x --minibatches " +
           std::to_string(args.minibatches) + " is more than " +
           std::to_string(kMaxSimulatedSamples) + " samples, the most simulated per rank count");
     }
@@ -142,6 +231,9 @@ Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& s
                                    std::to_string(*args.cost_calibrated_on));
   }
   if (args.gpus_per_node < 1) return Status::InvalidArgument("--gpus-per-node must be >= 1");
+  if (!(args.gpu_memory_gbytes > 0) || !std::isfinite(args.gpu_memory_gbytes)) {
+    return Status::InvalidArgument("--gpu-memory-gbytes must be a number > 0");
+  }
   Topology& t = base.topology;
   t.gpus_per_node = args.gpus_per_node;
   t.nvlink = Link{args.nvlink_gbytes * 1e9, args.nvlink_latency_us * 1e-6};
@@ -153,16 +245,11 @@ Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& s
     if (!curves.ok()) return curves.status();
     t.curves = std::move(curves).value();
   }
-  auto read = planner::read_lengths_file(args.lengths_path);
+  auto read = read_samples(args.samples);
   if (!read.ok()) return read.status();
-  source = std::move(read).value();
-  if (args.max_length) {
-    std::erase_if(source, [&](int64_t n) { return n > *args.max_length; });
-    if (source.empty()) return Status::InvalidArgument("no sample is within --max-length");
-  }
-  base.plan.max_tokens =
-      args.max_tokens ? *args.max_tokens : *std::max_element(source.begin(), source.end());
-  base.plan.minibatch_size = args.samples_per_rank;  // times ranks, set per rank count
+  base.plan.max_tokens = read.value().max_tokens;
+  source = std::move(read).value().lengths;
+  base.plan.minibatch_size = args.samples.samples_per_rank;  // times ranks, set per rank count
   auto memory = planner::parse_microbatch_memory(args.microbatch_memory);
   if (!memory.ok()) return memory.status();
   base.plan.microbatch_memory = memory.value();
@@ -193,9 +280,63 @@ CLI::Validator int64_range() {
       "");
 }
 
-void add_cli_options(CLI::App& command, CliArgs& args) {
-  command.add_option("--lengths", args.lengths_path, "sample lengths file (odc plan format)")
+void add_sample_options(CLI::App& command, SampleArgs& args, bool deprecated_minibatch_size) {
+  command
+      .add_option("--lengths", args.lengths_path,
+                  "file with one sample length (tokens) per line; '-' reads stdin")
       ->required();
+  CLI::Option* per_rank =
+      command
+          .add_option("--samples-per-rank", args.samples_per_rank,
+                      "samples per rank per minibatch: a minibatch is ranks x this many "
+                      "consecutive samples")
+          ->capture_default_str()
+          ->check(int64_range());
+  if (deprecated_minibatch_size) {
+    command
+        .add_option("--minibatch-size", args.minibatch_size,
+                    "deprecated: samples per minibatch (use --samples-per-rank)")
+        ->excludes(per_rank)
+        ->check(int64_range());
+  }
+  command
+      .add_option("--max-tokens", args.max_tokens,
+                  "token cap per microbatch (default: the longest sample)")
+      ->check(int64_range());
+  command.add_option("--max-length", args.max_length, "drop samples longer than this")
+      ->check(int64_range());
+}
+
+Result<Samples> read_samples(const SampleArgs& args) {
+  if (args.samples_per_rank < 1) {
+    return Status::InvalidArgument("--samples-per-rank must be >= 1, got " +
+                                   std::to_string(args.samples_per_rank));
+  }
+  if (args.max_length && *args.max_length < 1) {
+    return Status::InvalidArgument("--max-length must be >= 1, got " +
+                                   std::to_string(*args.max_length));
+  }
+  auto read = planner::read_lengths_file(args.lengths_path);
+  if (!read.ok()) return read.status();
+  Samples samples;
+  const std::vector<int64_t>& all = read.value();
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (args.max_length && all[i] > *args.max_length) continue;
+    samples.lengths.push_back(all[i]);
+    samples.file_index.push_back(static_cast<int64_t>(i));
+  }
+  if (samples.lengths.empty()) {
+    return Status::InvalidArgument(all.empty() ? "empty input: no sample lengths given"
+                                               : "no sample is within --max-length");
+  }
+  samples.max_tokens = args.max_tokens
+                           ? *args.max_tokens
+                           : *std::max_element(samples.lengths.begin(), samples.lengths.end());
+  return samples;
+}
+
+void add_cli_options(CLI::App& command, CliArgs& args) {
+  add_sample_options(command, args.samples, /*deprecated_minibatch_size=*/false);
   command.add_option("--model", args.model, "model preset: 1.5b or 7b")->capture_default_str();
   command.add_option("--layers", args.layers, "custom model: transformer layers");
   command.add_option("--layer-params", args.layer_params, "custom model: parameters per layer");
@@ -210,16 +351,11 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
                      "exposed collective time is removed from the cost (default: 4 with the "
                      "preset's cost, else 0 = the cost is compute alone)");
   command.add_option("--ranks", args.ranks, "rank counts, comma-separated")->capture_default_str();
-  command.add_option("--samples-per-rank", args.samples_per_rank, "samples per rank per minibatch")
-      ->capture_default_str();
   command
       .add_option("--minibatches", args.minibatches,
                   "minibatches per configuration (the file is repeated, reshuffled, when it "
                   "has too few samples)")
       ->capture_default_str();
-  command.add_option("--max-tokens", args.max_tokens,
-                     "token cap per microbatch (default: the longest sample)");
-  command.add_option("--max-length", args.max_length, "drop samples longer than this");
   command.add_option("--policies", args.policies, "comma-separated")->capture_default_str();
   command
       .add_option("--microbatch-memory", args.microbatch_memory,
@@ -247,16 +383,20 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
   command.add_option("--transport", args.transport_path,
                      "measured curves within a node (JSON; python -m odc.simulate --curves "
                      "converts odc_bench output): they replace the NVLink constants");
+  command
+      .add_option("--gpu-memory-gbytes", args.gpu_memory_gbytes,
+                  "GPU memory, GB: the memory table says whether each layout's state fits")
+      ->capture_default_str();
   command.add_option("--format", args.format, "table or json")->capture_default_str();
-  for (const char* name : {"--layers", "--cost-calibrated-on", "--samples-per-rank",
-                           "--minibatches", "--max-tokens", "--max-length", "--gpus-per-node"}) {
+  for (const char* name :
+       {"--layers", "--cost-calibrated-on", "--minibatches", "--gpus-per-node"}) {
     command.get_option(name)->check(int64_range());
   }
 }
 
 namespace {
 
-int run_sweep(const CliArgs& args, std::ostream& out, std::string& error) {
+int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::string* document) {
   SimulateOptions base;
   std::vector<int64_t> source, ranks;
   std::vector<planner::Policy> policies;
@@ -267,9 +407,10 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error) {
   }
   std::vector<Row> rows;
   for (int64_t num_ranks : ranks) {
-    const int64_t per_minibatch = num_ranks * args.samples_per_rank;
+    const int64_t per_minibatch = num_ranks * args.samples.samples_per_rank;
     const auto lengths = resample_lengths(source, per_minibatch * args.minibatches, 0);
     double baseline = 0.0;
+    size_t baseline_row = 0;
     const size_t first = rows.size();
     for (auto policy : policies) {
       SimulateOptions options = base;
@@ -290,18 +431,34 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error) {
           return 2;
         }
         rows.push_back(Row{num_ranks, std::string(planner::policy_name(policy)),
-                           std::string(mode_name(mode)), result.value(), 0.0});
+                           std::string(mode_name(mode)), result.value()});
         if (mode == Mode::kCollective && policy == planner::Policy::kLbMicro) {
           baseline = result.value().seconds;
+          baseline_row = rows.size() - 1;
         }
       }
     }
+    const double baseline_planner = baseline > 0 ? rows[baseline_row].result.planner_seconds : 0;
     for (size_t i = first; i < rows.size(); ++i) {
       if (baseline > 0) rows[i].speedup = baseline / rows[i].result.seconds;
+      if (baseline_planner > 0 && rows[i].result.planner_seconds > 0) {
+        rows[i].planner_speedup = baseline_planner / rows[i].result.planner_seconds;
+      }
     }
   }
 
-  if (args.format == "json") {
+  const std::string verdict = verdict_line(rows, base, args);
+  std::vector<MemoryRow> memory;
+  for (int64_t num_ranks : ranks) {
+    for (Mode mode : modes) {
+      memory.push_back(
+          MemoryRow{num_ranks, mode,
+                    memory_per_gpu(base.model, mode, num_ranks, base.topology.gpus_per_node)});
+    }
+  }
+  const double capacity = args.gpu_memory_gbytes * 1e9;
+
+  if (args.format == "json" || document != nullptr) {
     nlohmann::ordered_json root;
     root["model"] = {{"layers", base.model.num_layers},
                      {"layer_params", base.model.layer_params},
@@ -309,7 +466,7 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error) {
     root["cost"] = {{"a", base.plan.cost.a}, {"b", base.plan.cost.b}, {"c", base.plan.cost.c}};
     if (base.plan.cost.floor > 0.0) root["cost"]["floor"] = base.plan.cost.floor;
     root["cost_calibrated_on"] = base.cost_calibration_ranks;
-    root["samples_per_rank"] = args.samples_per_rank;
+    root["samples_per_rank"] = args.samples.samples_per_rank;
     root["minibatches"] = args.minibatches;
     root["max_tokens"] = base.plan.max_tokens;
     root["microbatch_memory"] =
@@ -321,6 +478,7 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error) {
         {"network_bytes_per_second", base.topology.network.bytes_per_second}};
     root["topology"]["transport_curves"] = args.transport_path;
     root["baseline"] = "collective + lb-micro at the same rank count";
+    root["verdict"] = verdict;
     nlohmann::ordered_json results = nlohmann::ordered_json::array();
     for (const Row& row : rows) {
       const double m = static_cast<double>(row.result.num_minibatches);
@@ -339,8 +497,22 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error) {
                          {"minibatch_seconds", row.result.minibatch_seconds}});
     }
     root["results"] = std::move(results);
-    out << root.dump() << "\n";
-    return 0;
+    root["gpu_memory_bytes"] = capacity;
+    nlohmann::ordered_json memory_rows = nlohmann::ordered_json::array();
+    for (const MemoryRow& row : memory) {
+      memory_rows.push_back({{"ranks", row.ranks},
+                             {"mode", std::string(mode_name(row.mode))},
+                             {"state_bytes", row.memory.state_bytes},
+                             {"gathered_bytes", row.memory.gathered_bytes},
+                             {"odc_bytes", row.memory.odc_bytes},
+                             {"total_bytes", row.memory.total_bytes()}});
+    }
+    root["memory_per_gpu"] = std::move(memory_rows);
+    if (document != nullptr) *document = root.dump();
+    if (args.format == "json") {
+      out << root.dump() << "\n";
+      return 0;
+    }
   }
   char line[200];
   std::snprintf(line, sizeof(line), "%6s %-10s %-11s %8s %7s %8s %9s %9s %9s %9s\n", "ranks",
@@ -360,17 +532,41 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error) {
   }
   out << "seconds per minibatch (step) and its parts per rank: compute, exposed communication, "
          "idle (waiting for other ranks), optimizer; speedup against collective + lb-micro at "
-         "the same rank count\n";
+         "the same rank count\n\n";
+  std::snprintf(line, sizeof(line), "%6s %-11s %9s %9s %9s %9s %12s\n", "ranks", "mode", "state",
+                "gathered", "odc bufs", "total", "fits?");
+  out << "memory per GPU, GB (state sharded as the runtime does; activations not included)\n"
+      << line;
+  for (const MemoryRow& row : memory) {
+    const double total = row.memory.total_bytes();
+    char fits[32];
+    if (total <= capacity) {
+      std::snprintf(fits, sizeof(fits), "yes, %.0f left", (capacity - total) / 1e9);
+    } else {
+      std::snprintf(fits, sizeof(fits), "no");
+    }
+    std::snprintf(line, sizeof(line), "%6lld %-11s %9.2f %9.2f %9.2f %9.2f %12s\n",
+                  static_cast<long long>(row.ranks), std::string(mode_name(row.mode)).c_str(),
+                  row.memory.state_bytes / 1e9, row.memory.gathered_bytes / 1e9,
+                  row.memory.odc_bytes / 1e9, total / 1e9, fits);
+    out << line;
+  }
+  std::snprintf(line, sizeof(line),
+                "on a %.0f GB GPU (--gpu-memory-gbytes); \"left\" is what activations may use. "
+                "state: FSDP2 16 B per parameter / N, odc 18 B / N (+ its bf16 copy), "
+                "odc-hybrid 18 B / GPUs per node\n",
+                args.gpu_memory_gbytes);
+  out << line << verdict << "\n";
   return 0;
 }
 
 }  // namespace
 
-int run_cli(const CliArgs& args, std::ostream& out, std::string& error) {
+int run_cli(const CliArgs& args, std::ostream& out, std::string& error, std::string* document) {
   // The sizes are bounded above; memory can still run out on a small machine: one line, not an
   // abort.
   try {
-    return run_sweep(args, out, error);
+    return run_sweep(args, out, error, document);
   } catch (const std::bad_alloc&) {
     error = "out of memory (fewer --ranks, --samples-per-rank or --minibatches need less)";
   } catch (const std::length_error&) {

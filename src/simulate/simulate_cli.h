@@ -7,11 +7,37 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
+
+#include "common/status.h"
 
 namespace odc::simulate {
 
-struct CliArgs {
+// The sample options `odc plan`, `odc compare` and `odc simulate` share, with one spelling and
+// one default each (issue 28; odc.train's own names): a minibatch is ranks x samples_per_rank
+// consecutive samples of the file, after dropping those above max_length.
+struct SampleArgs {
   std::string lengths_path;
+  int64_t samples_per_rank = 4;
+  std::optional<int64_t> minibatch_size;  // deprecated (plan, compare): samples per minibatch
+  std::optional<int64_t> max_tokens;      // token cap per microbatch; default: the longest sample
+  std::optional<int64_t> max_length;      // drop samples longer than this
+};
+
+// `deprecated_minibatch_size`: also accept --minibatch-size (plan and compare had it).
+void add_sample_options(CLI::App& command, SampleArgs& args, bool deprecated_minibatch_size);
+
+// The lengths the options select: the file's, those above max_length dropped; file_index[i] is
+// sample i's position among the file's lengths (plans name samples by it).
+struct Samples {
+  std::vector<int64_t> lengths;
+  std::vector<int64_t> file_index;
+  int64_t max_tokens = 0;
+};
+Result<Samples> read_samples(const SampleArgs& args);
+
+struct CliArgs {
+  SampleArgs samples;
   std::string model = "1.5b";
   std::optional<int64_t> layers;
   std::optional<double> layer_params;
@@ -19,10 +45,7 @@ struct CliArgs {
   std::string cost;  // A,B,C seconds; default: the model preset's fit on 4 H200s
   std::optional<int64_t> cost_calibrated_on;  // GPUs the cost was fitted on under FSDP2
   std::string ranks = "8,16,32,64,128,256,512,1024";
-  int64_t samples_per_rank = 4;
   int64_t minibatches = 20;
-  std::optional<int64_t> max_tokens;
-  std::optional<int64_t> max_length;
   std::string policies = "local-sort,lb-micro,lb-mini";
   std::string microbatch_memory = "lb-micro";  // LB-Mini's microbatch bound (planner/plan.h)
   std::string modes = "collective,odc,odc-hybrid";
@@ -33,7 +56,8 @@ struct CliArgs {
   double nvlink_latency_us = 10;
   double network_latency_us = 10;
   double forward_fraction = 0.25;
-  std::string transport_path;  // curves from odc_bench (python -m odc.simulate --curves)
+  std::string transport_path;      // curves from odc_bench (python -m odc.simulate --curves)
+  double gpu_memory_gbytes = 141;  // an H200's, where the presets' costs were fitted
   std::string format = "table";
 };
 
@@ -43,7 +67,9 @@ void add_cli_options(CLI::App& command, CliArgs& args);
 // error, if any, then names a number nobody typed): every integer option of `odc` checks the text.
 CLI::Validator int64_range();
 
-// Runs the sweep and writes the table or JSON to `out`; returns 0, or 2 with `error` set.
-int run_cli(const CliArgs& args, std::ostream& out, std::string& error);
+// Runs the sweep and writes the table or JSON to `out`; returns 0, or 2 with `error` set. With
+// `document`, the JSON is also stored there (for --plot under the table).
+int run_cli(const CliArgs& args, std::ostream& out, std::string& error,
+            std::string* document = nullptr);
 
 }  // namespace odc::simulate

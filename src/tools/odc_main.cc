@@ -3,8 +3,12 @@
 //   odc compare  the three policies side by side on the same lengths (the main job's table), as a
 //                table, JSON or CSV, and optionally as a figure (--plot, drawn by the Python
 //                module odc.compare_plot in a child process: this tool links no Python)
-//   odc simulate step time, bubble and speedup of collective / ODC at many rank counts
-// Every user error exits with status 2 and one line naming the problem.
+//   odc simulate step time, bubble and speedup of collective / ODC at many rank counts, memory
+//                per GPU per layout, and optionally a figure (--plot, drawn by odc.simulate)
+// All three share one vocabulary for the samples (--lengths, --samples-per-rank, --max-tokens,
+// --max-length: simulate_cli.h) and end with one verdict line naming its basis and baseline.
+// Every user error exits with status 2 and one line naming the problem; `odc` alone lists the
+// subcommands.
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -37,10 +42,8 @@ constexpr int kUsageError = 2;
 
 // Options shared by `plan` and `compare`, as the user typed them.
 struct CommonArgs {
-  std::string lengths_path;
+  odc::simulate::SampleArgs samples;  // --lengths, --samples-per-rank, --max-tokens, --max-length
   int64_t num_ranks = 0;
-  int64_t max_tokens = 0;
-  std::optional<int64_t> minibatch_size;
   std::string cost = "1,0,0";
   std::string rank_speed;
   std::string split = "off";
@@ -49,14 +52,10 @@ struct CommonArgs {
 };
 
 void add_common_options(CLI::App& command, CommonArgs& args) {
-  command
-      .add_option("--lengths", args.lengths_path,
-                  "file with one sample length (tokens) per line; '-' reads stdin")
-      ->required();
-  command.add_option("--ranks", args.num_ranks, "number of data-parallel ranks (N)")->required();
-  command.add_option("--max-tokens", args.max_tokens, "token cap per microbatch (T)")->required();
-  command.add_option("--minibatch-size", args.minibatch_size,
-                     "samples per minibatch, consecutive in file order (default: all)");
+  odc::simulate::add_sample_options(command, args.samples, /*deprecated_minibatch_size=*/true);
+  command.add_option("--ranks", args.num_ranks, "number of data-parallel ranks (N)")
+      ->required()
+      ->check(odc::simulate::int64_range());
   command
       .add_option("--cost", args.cost,
                   "microbatch cost C + sum(A*L + B*L^2), as A,B,C; A,B,C,F: at least F per "
@@ -78,16 +77,23 @@ void add_common_options(CLI::App& command, CommonArgs& args) {
                   "lb-micro: no lb-mini microbatch above the largest lb-micro builds for the "
                   "same minibatch (no more activation memory); cap: up to --max-tokens (fastest)")
       ->capture_default_str();
-  for (const char* name : {"--ranks", "--max-tokens", "--minibatch-size"}) {
-    command.get_option(name)->check(odc::simulate::int64_range());
-  }
 }
 
-// Turns the typed arguments into plan inputs; the first problem found is returned.
-Status build_inputs(const CommonArgs& args, std::vector<int64_t>& lengths, PlanOptions& options) {
+// Turns the typed arguments into plan inputs; the first problem found is returned. `samples`
+// keeps the selected lengths and their positions in the file.
+Status build_inputs(const CommonArgs& args, odc::simulate::Samples& samples, PlanOptions& options) {
   options.num_ranks = args.num_ranks;
-  options.max_tokens = args.max_tokens;
-  if (args.minibatch_size) options.minibatch_size = *args.minibatch_size;
+  if (args.samples.minibatch_size) {  // deprecated spelling: samples per minibatch
+    options.minibatch_size = *args.samples.minibatch_size;
+  } else if (args.samples.samples_per_rank < 1) {
+    return Status::InvalidArgument("--samples-per-rank must be >= 1, got " +
+                                   std::to_string(args.samples.samples_per_rank));
+  } else if (args.num_ranks >= 1 &&
+             __builtin_mul_overflow(args.num_ranks, args.samples.samples_per_rank,
+                                    &options.minibatch_size)) {
+    options.minibatch_size = odc::planner::kAllSamples;  // more samples than any file holds
+  }
+  options.max_tokens = args.samples.max_tokens.value_or(1);  // checked again once read
   auto cost = odc::planner::parse_cost(args.cost);
   if (!cost.ok()) return cost.status();
   options.cost = cost.value();
@@ -105,10 +111,25 @@ Status build_inputs(const CommonArgs& args, std::vector<int64_t>& lengths, PlanO
   options.microbatch_memory = memory.value();
   // Option errors come before reading a possibly large file.
   ODC_RETURN_IF_ERROR(odc::planner::validate_plan_options(options));
-  auto read = odc::planner::read_lengths_file(args.lengths_path);
+  auto read = odc::simulate::read_samples(args.samples);
   if (!read.ok()) return read.status();
-  lengths = std::move(read).value();
+  samples = std::move(read).value();
+  options.max_tokens = samples.max_tokens;
   return Status::Ok();
+}
+
+// Plans name samples by their position in the file: with --max-length some were dropped, so the
+// planner's indices (into the kept lengths) are mapped back.
+void to_file_indices(Plan& plan, const std::vector<int64_t>& file_index) {
+  for (auto& minibatch : plan.minibatches) {
+    for (int64_t& sample : minibatch.samples) sample = file_index[sample];
+    for (auto& rank : minibatch.ranks) {
+      for (auto& microbatch : rank.microbatches) {
+        for (int64_t& sample : microbatch) sample = file_index[sample];
+      }
+    }
+    for (auto& split : minibatch.splits) split.sample = file_index[split.sample];
+  }
 }
 
 // One policy of `odc compare`: predicted times summed over minibatches (the planner's cost units)
@@ -167,6 +188,8 @@ double speedup(double baseline, double time) {
   return time > 0 ? baseline / time : 0.0;
 }
 
+std::string verdict_line(const std::vector<Plan>& plans);
+
 nlohmann::ordered_json compare_json(const std::vector<Plan>& plans) {
   const auto rows = compare_rows(plans);
   const double baseline = baseline_time(rows);
@@ -181,6 +204,9 @@ nlohmann::ordered_json compare_json(const std::vector<Plan>& plans) {
   out["cost"] = {{"a", options.cost.a}, {"b", options.cost.b}, {"c", options.cost.c}};
   if (options.cost.floor > 0.0) out["cost"]["floor"] = options.cost.floor;
   out["baseline"] = "collective + lb-micro";
+  std::string verdict = verdict_line(plans);
+  verdict.pop_back();  // the newline
+  out["verdict"] = verdict;
   out["policies"] = nlohmann::ordered_json::array();
   for (const CompareRow& row : rows) {
     nlohmann::ordered_json entry;
@@ -226,15 +252,51 @@ std::string compare_csv(const std::vector<Plan>& plans) {
   return out;
 }
 
-// The line under the comparison table: what ODC + LB-Mini buys over collective + LB-Micro.
-std::string speedup_line(const std::vector<Plan>& plans) {
+std::string cost_words(const odc::planner::CostModel& cost) {
+  char text[160];
+  std::snprintf(text, sizeof(text), "%g,%g,%g", cost.a, cost.b, cost.c);
+  std::string words = text;
+  if (cost.floor > 0.0) {
+    std::snprintf(text, sizeof(text), ",%g", cost.floor);
+    words += text;
+  }
+  return words;
+}
+
+// The one verdict line of `odc compare`: the fastest arm it predicts (odc + lb-mini, or
+// lb-mini+split with --split auto: never slower than lb-micro under ODC), over which baseline,
+// and on what basis: the planner's cost model alone, so communication is not in it.
+std::string verdict_line(const std::vector<Plan>& plans) {
   const auto rows = compare_rows(plans);
   const double baseline = baseline_time(rows);
-  // The last row: lb-mini, or lb-mini+split when splitting is on.
-  char line[200];
+  char line[400];
   std::snprintf(line, sizeof(line),
-                "predicted speedup of odc + %s over collective + lb-micro: %.2fx\n",
-                rows.back().policy.c_str(), speedup(baseline, rows.back().time_odc));
+                "verdict: odc + %s, predicted speedup %.2fx over the baseline collective + "
+                "lb-micro; compute only (cost model %s from --cost), no communication or "
+                "optimizer: odc simulate models them\n",
+                rows.back().policy.c_str(), speedup(baseline, rows.back().time_odc),
+                cost_words(plans.front().options.cost).c_str());
+  return line;
+}
+
+// Where splitting outliers would pay and it is off: the hint names the switch and its predicted
+// effect (issue 28: a long-tail file predicted 2.65x with it, 1.02x without, and nothing said).
+// Shown when odc + lb-mini+split is predicted at least 5% faster than odc + lb-mini.
+constexpr double kSplitHintGain = 1.05;
+
+std::string split_hint(const std::vector<Plan>& plans, const Plan& split_plan) {
+  const auto rows = compare_rows(plans);
+  const double baseline = baseline_time(rows);
+  double split_time = 0.0;
+  for (const auto& minibatch : split_plan.minibatches) split_time += minibatch.times.odc;
+  const double without = speedup(baseline, rows.back().time_odc);
+  const double with = speedup(baseline, split_time);
+  if (!(with >= kSplitHintGain * without)) return "";
+  char line[300];
+  std::snprintf(line, sizeof(line),
+                "hint: --split auto predicts %.2fx instead of %.2fx here (samples above a rank's "
+                "share run as context-parallel chunks on a few ranks; docs/planner.md)\n",
+                with, without);
   return line;
 }
 
@@ -253,43 +315,98 @@ std::string plot_python() {
   return "python3";
 }
 
-// Runs `python -m odc.compare_plot PATH` with the comparison JSON on its stdin. Returns "" or why
-// it failed; the child's own message (e.g. matplotlib missing) goes to stderr.
-std::string write_plot(const nlohmann::ordered_json& comparison, const std::string& path,
-                       const std::string& title) {
-  int pipe_fds[2];
-  if (pipe(pipe_fds) != 0) return "cannot create a pipe for the plotter";
+// Checked before any planning or simulation: a plot that cannot be written fails at once, in one
+// line, instead of after the work and with the plotter's traceback.
+std::string check_plot_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code code;
+  if (fs::is_directory(path, code)) {
+    return "cannot write the plot to " + odc::planner::quote_text(path) + ": it is a directory";
+  }
+  std::string folder = fs::path(path).parent_path().string();
+  if (folder.empty()) folder = ".";
+  if (!fs::is_directory(folder, code)) {
+    return "cannot write the plot to " + odc::planner::quote_text(path) + ": no directory " +
+           odc::planner::quote_text(folder);
+  }
+  if (access(folder.c_str(), W_OK) != 0) {
+    return "cannot write the plot to " + odc::planner::quote_text(path) + ": directory " +
+           odc::planner::quote_text(folder) + " is not writable";
+  }
+  return "";
+}
+
+// Runs `python -m MODULE ARGS...` with `document` (JSON) on its stdin. Returns "" or why it failed
+// in one line: the plotter's own last line of stderr (e.g. matplotlib missing), its prefix
+// removed. On success whatever it wrote to stderr is passed on.
+std::string write_plot(const nlohmann::ordered_json& document,
+                       const std::vector<std::string>& module_args) {
+  int to_child_fds[2], from_child_fds[2];
+  if (pipe(to_child_fds) != 0) return "cannot create a pipe for the plotter";
+  if (pipe(from_child_fds) != 0) {
+    close(to_child_fds[0]);
+    close(to_child_fds[1]);
+    return "cannot create a pipe for the plotter";
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[0], STDIN_FILENO);
-  posix_spawn_file_actions_addclose(&actions, pipe_fds[1]);
+  posix_spawn_file_actions_adddup2(&actions, to_child_fds[0], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, from_child_fds[1], STDERR_FILENO);
+  posix_spawn_file_actions_addclose(&actions, to_child_fds[1]);
+  posix_spawn_file_actions_addclose(&actions, from_child_fds[0]);
   const std::string python = plot_python();
-  std::vector<std::string> words = {python, "-m", "odc.compare_plot", path, title};
+  std::vector<std::string> words = {python, "-m"};
+  words.insert(words.end(), module_args.begin(), module_args.end());
   std::vector<char*> argv;
   for (auto& word : words) argv.push_back(word.data());
   argv.push_back(nullptr);
   pid_t pid = 0;
   const int spawned = posix_spawnp(&pid, python.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
-  close(pipe_fds[0]);
+  close(to_child_fds[0]);
+  close(from_child_fds[1]);
   if (spawned != 0) {
-    close(pipe_fds[1]);
+    close(to_child_fds[1]);
+    close(from_child_fds[0]);
     return "cannot start '" + python + "' to draw the plot (set ODC_PYTHON)";
   }
-  const std::string text = comparison.dump();
+  // The plotter reads all of its input before it writes anything (a traceback at import is far
+  // below a pipe's capacity), so writing first, then reading, cannot deadlock.
+  const std::string text = document.dump();
   std::signal(SIGPIPE, SIG_IGN);  // a plotter that dies early must not kill this process
-  FILE* to_child = fdopen(pipe_fds[1], "w");
+  FILE* to_child = fdopen(to_child_fds[1], "w");
   if (to_child != nullptr) {
     std::fwrite(text.data(), 1, text.size(), to_child);
     std::fclose(to_child);
   } else {
-    close(pipe_fds[1]);
+    close(to_child_fds[1]);
   }
+  std::string messages;
+  char buffer[4096];
+  for (ssize_t got; (got = read(from_child_fds[0], buffer, sizeof(buffer))) != 0;) {
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) break;
+    messages.append(buffer, static_cast<size_t>(got));
+  }
+  close(from_child_fds[0]);
   int status = 0;
-  if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return "the plotter (" + python + " -m odc.compare_plot) failed; see its message above";
+  const bool ok = waitpid(pid, &status, 0) >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (ok) {
+    std::fputs(messages.c_str(), stderr);
+    return "";
   }
-  return "";
+  // The last non-empty line: a Python exception's own line, or the plotter's message.
+  std::string last;
+  size_t end = messages.find_last_not_of(" \n\r\t");
+  if (end != std::string::npos) {
+    const size_t begin = messages.rfind('\n', end);
+    last = messages.substr(begin == std::string::npos ? 0 : begin + 1,
+                           end + 1 - (begin == std::string::npos ? 0 : begin + 1));
+  }
+  const size_t prefix = last.find(": error: ");
+  if (prefix != std::string::npos) last = last.substr(prefix + 9);
+  if (last.empty()) last = "it exited without a message";
+  return "the plotter (" + python + " -m " + module_args.front() + ") failed: " + last;
 }
 
 // One line on stderr whatever the message holds: arguments echoed by the parser may carry raw
@@ -315,6 +432,7 @@ int fail(const std::string& command, const std::string& message) {
 
 int main(int argc, char** argv) {
   CLI::App app{"odc: On-Demand Communication for variable-length sharded training"};
+  app.name("odc");
   app.set_version_flag("--version", "odc " ODC_VERSION_STRING);
   app.require_subcommand(1);
 
@@ -322,7 +440,7 @@ int main(int argc, char** argv) {
   std::string policy_text;
   std::string format = "json";
   CLI::App* plan_command =
-      app.add_subcommand("plan", "plan one minibatch schedule and predict its bubble");
+      app.add_subcommand("plan", "plan one policy's minibatch schedule and predict its bubble");
   add_common_options(*plan_command, plan_args);
   plan_command->add_option("--policy", policy_text, "local-sort, lb-micro or lb-mini")->required();
   plan_command->add_option("--format", format, "json or table")->capture_default_str();
@@ -340,10 +458,19 @@ int main(int argc, char** argv) {
                               "with matplotlib and the odc package)");
 
   odc::simulate::CliArgs simulate_args;
+  std::string simulate_plot_path;
   CLI::App* simulate_command = app.add_subcommand(
       "simulate", "simulate collective and ODC training at many rank counts (docs/simulate.md)");
   odc::simulate::add_cli_options(*simulate_command, simulate_args);
+  simulate_command->add_option("--plot", simulate_plot_path,
+                               "also draw speedup against GPUs into this PNG (needs Python with "
+                               "matplotlib and the odc package)");
 
+  // `odc` alone: what it can do, not "a subcommand is required".
+  if (argc == 1) {
+    std::fputs(app.help().c_str(), stderr);
+    return kUsageError;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {
@@ -357,9 +484,28 @@ int main(int argc, char** argv) {
   }
 
   if (simulate_command->parsed()) {
-    std::string error;
-    const int code = odc::simulate::run_cli(simulate_args, std::cout, error);
-    return code == 0 ? 0 : fail("simulate", error);
+    if (!simulate_plot_path.empty()) {
+      if (std::string error = check_plot_path(simulate_plot_path); !error.empty()) {
+        return fail("simulate", error);
+      }
+    }
+    std::string error, document;
+    const int code = odc::simulate::run_cli(simulate_args, std::cout, error,
+                                            simulate_plot_path.empty() ? nullptr : &document);
+    if (code != 0) return fail("simulate", error);
+    if (!simulate_plot_path.empty()) {
+      std::cout << std::flush;
+      const std::string title = simulate_args.samples.lengths_path;
+      if (std::string failure = write_plot(nlohmann::ordered_json::parse(document),
+                                           {"odc.simulate", "--draw", simulate_plot_path, title});
+          !failure.empty()) {
+        std::fprintf(stderr, "odc simulate: error: %s\n", failure.c_str());
+        return 1;
+      }
+      std::fprintf(simulate_args.format == "table" ? stdout : stderr, "plot: %s\n",
+                   simulate_plot_path.c_str());
+    }
+    return 0;
   }
 
   if (plan_command->parsed()) {
@@ -369,14 +515,15 @@ int main(int argc, char** argv) {
     }
     auto policy = odc::planner::parse_policy(policy_text);
     if (!policy.ok()) return fail("plan", policy.status().message());
-    std::vector<int64_t> lengths;
+    odc::simulate::Samples samples;
     PlanOptions options;
     options.policy = policy.value();
-    if (Status status = build_inputs(plan_args, lengths, options); !status.ok()) {
+    if (Status status = build_inputs(plan_args, samples, options); !status.ok()) {
       return fail("plan", status.message());
     }
-    auto plan = odc::planner::make_plan(lengths, options);
+    auto plan = odc::planner::make_plan(samples.lengths, options);
     if (!plan.ok()) return fail("plan", plan.status().message());
+    to_file_indices(plan.value(), samples.file_index);
     std::string text = format == "json" ? odc::planner::plan_to_json(plan.value()) + "\n"
                                         : odc::planner::plan_to_table(plan.value());
     if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout)) {
@@ -388,11 +535,17 @@ int main(int argc, char** argv) {
   if (compare_format != "table" && compare_format != "json" && compare_format != "csv") {
     return fail("compare", "unknown format '" + compare_format + "': expected table, json or csv");
   }
-  std::vector<int64_t> lengths;
+  if (!plot_path.empty()) {
+    if (std::string error = check_plot_path(plot_path); !error.empty()) {
+      return fail("compare", error);
+    }
+  }
+  odc::simulate::Samples samples;
   PlanOptions options;
-  if (Status status = build_inputs(compare_args, lengths, options); !status.ok()) {
+  if (Status status = build_inputs(compare_args, samples, options); !status.ok()) {
     return fail("compare", status.message());
   }
+  const std::vector<int64_t>& lengths = samples.lengths;
   std::vector<Plan> plans;
   const odc::planner::SplitMode split = options.split;
   for (auto policy : {odc::planner::Policy::kLocalSort, odc::planner::Policy::kLbMicro,
@@ -418,13 +571,21 @@ int main(int argc, char** argv) {
   } else if (compare_format == "csv") {
     std::cout << compare_csv(plans);
   } else {
-    std::cout << odc::planner::compare_table(plans) << speedup_line(plans);
+    std::cout << odc::planner::compare_table(plans) << verdict_line(plans);
+    if (split == odc::planner::SplitMode::kOff) {
+      options.policy = odc::planner::Policy::kLbMini;
+      options.split = odc::planner::SplitMode::kAuto;
+      auto split_plan = odc::planner::make_plan(lengths, options);
+      if (split_plan.ok()) std::cout << split_hint(plans, split_plan.value());
+    }
   }
   if (!plot_path.empty()) {
     std::cout << std::flush;
-    const std::string title = compare_args.lengths_path + ": " + std::to_string(options.num_ranks) +
-                              " ranks, max " + std::to_string(options.max_tokens) + " tokens";
-    if (std::string error = write_plot(compare_json(plans), plot_path, title); !error.empty()) {
+    const std::string title = compare_args.samples.lengths_path + ": " +
+                              std::to_string(options.num_ranks) + " ranks, max " +
+                              std::to_string(options.max_tokens) + " tokens";
+    if (std::string error = write_plot(compare_json(plans), {"odc.compare_plot", plot_path, title});
+        !error.empty()) {
       std::fprintf(stderr, "odc compare: error: %s\n", error.c_str());
       return 1;
     }

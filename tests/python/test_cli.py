@@ -214,3 +214,51 @@ def test_train_never_overwrites_profiles(tmp_path):
     )  # fmt: skip
     assert result.returncode == 2
     assert f"{profiles} already holds profiles" in result.stderr
+
+
+def test_odc_alone_lists_its_subcommands(odc_cli):
+    result = run([odc_cli])
+    assert result.returncode == 2
+    for subcommand in ("plan", "compare", "simulate"):
+        assert f"\n  {subcommand} " in result.stderr, result.stderr
+
+
+SHARED_OPTIONS = ["--lengths", "--ranks", "--samples-per-rank", "--max-tokens", "--max-length"]
+SHARED_OPTIONS += ["--cost", "--microbatch-memory", "--format"]
+
+
+def test_one_vocabulary_for_plan_compare_and_simulate(odc_cli, data_dir, tmp_path):
+    # Issue 28: the three subcommands spell the sample options alike, with the same defaults
+    # (odc.train's: 4 samples per rank, the cap = the longest sample kept).
+    for subcommand in ("plan", "compare", "simulate"):
+        usage = run([odc_cli, subcommand, "--help"]).stdout
+        for option in SHARED_OPTIONS:
+            assert option in usage, (subcommand, option)
+        assert "--samples-per-rank INT=4" in usage, subcommand
+    path = tmp_path / "lengths.txt"
+    lengths = [30000, 100, 200, 25000, 300, 400, 500, 600, 700, 800, 900, 1000, 1100]
+    path.write_text("\n".join(map(str, lengths)) + "\n")
+    selection = ["--lengths", str(path), "--ranks", "2", "--max-length", "20000"]
+    plan = run([odc_cli, "plan", *selection, "--policy", "lb-micro", "--samples-per-rank", "2"])
+    assert plan.returncode == 0, plan.stderr
+    document = json.loads(plan.stdout)
+    # Samples above --max-length are dropped; the plan names the others by their line in the
+    # file; the cap defaults to the longest sample kept.
+    assert document["max_tokens"] == 1100
+    assert [m["samples"] for m in document["minibatches"]] == [
+        [1, 2, 4, 5],
+        [6, 7, 8, 9],
+        [10, 11, 12],
+    ]
+    # The defaults: 4 samples per rank; --minibatch-size stays as the deprecated spelling.
+    default = json.loads(run([odc_cli, "plan", *selection, "--policy", "lb-micro"]).stdout)
+    assert [len(m["samples"]) for m in default["minibatches"]] == [8, 3]
+    old = run([odc_cli, "plan", *selection, "--policy", "lb-micro", "--minibatch-size", "4"])
+    assert old.returncode == 0 and json.loads(old.stdout) == document
+    compare = run([odc_cli, "compare", *selection, "--samples-per-rank", "2", "--format", "json"])
+    assert compare.returncode == 0, compare.stderr
+    assert json.loads(compare.stdout)["minibatch_size"] == 4
+    simulate = run([odc_cli, "simulate", *selection, "--samples-per-rank", "2", "--minibatches",
+                    "2", "--format", "json"])  # fmt: skip
+    assert simulate.returncode == 0, simulate.stderr
+    assert json.loads(simulate.stdout)["max_tokens"] == 1100

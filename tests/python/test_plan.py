@@ -81,11 +81,33 @@ def test_table_and_compare_formats(odc_cli, data_dir):
     table = run_cli(odc_cli, "plan", *common, "--policy", "lb-mini", "--format", "table")
     assert table.returncode == 0, table.stderr
     assert "predicted bubble" in table.stdout and "lb-mini" in table.stdout
+    # LB-Mini cannot run under collectives: its table says so instead of printing a bubble.
+    (overall,) = [line for line in table.stdout.splitlines() if "all minibatches" in line]
+    assert overall.split()[2] == "n/a"
     compare = run_cli(odc_cli, "compare", *common)
     assert compare.returncode == 0, compare.stderr
     rows = compare.stdout.splitlines()
     assert [row.split()[0] for row in rows[1:4]] == ["local-sort", "lb-micro", "lb-mini"]
-    assert rows[4].startswith("predicted speedup of odc + lb-mini over collective + lb-micro: ")
+    # One verdict line: the arm, the baseline, and that it is compute only.
+    assert [row for row in rows if row.startswith("verdict:")] == [rows[4]]
+    assert rows[4].startswith("verdict: odc + lb-mini, predicted speedup ")
+    assert "over the baseline collective + lb-micro; compute only" in rows[4]
+    assert "no communication" in rows[4]
+
+
+def test_compare_points_to_split_where_it_pays(odc_cli, data_dir):
+    # Long-tail SFT (issue 28): without --split auto, lb-mini cannot hide the outliers, and the
+    # comparison names the switch with its predicted effect; where splitting pays nothing
+    # (RL-shaped lengths) there is no hint.
+    common = ["--ranks", "8", "--cost", "3.12326e-05,1.18741e-09,0.0708187"]
+    heavy = run_cli(odc_cli, "compare", "--lengths", str(data_dir / "heavy_tailed.txt"), *common)
+    assert heavy.returncode == 0, heavy.stderr
+    (hint,) = [line for line in heavy.stdout.splitlines() if line.startswith("hint:")]
+    with_split, without = [float(w.rstrip("x")) for w in hint.split() if w[0].isdigit()][:2]
+    assert hint.startswith("hint: --split auto predicts") and with_split > 1.5 * without
+    assert f"speedup {without:.2f}x" in heavy.stdout
+    rl = run_cli(odc_cli, "compare", "--lengths", str(data_dir / "aime_rl_like.txt"), *common)
+    assert rl.returncode == 0 and "hint:" not in rl.stdout
 
 
 def test_stdin(odc_cli):
