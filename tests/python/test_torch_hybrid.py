@@ -66,13 +66,14 @@ def _errors_rank(rank, world_size, key, store_path):
             odc.torch.node_comm(init_device_mesh("cpu", (world_size,)), key)
         except ValueError as error:
             messages["flat"] = str(error)
-        # A 1-replica HSDP mesh trains like a flat one; the reduction spans one rank.
+        # A 1-replica HSDP mesh trains like a flat one; the reduction spans one rank. The key
+        # comes from the mesh's store (a key given as before is ignored: it is not job-unique).
         comm = odc.torch.node_comm(mesh, key, timeout=30)
         engine = odc.torch.OdcFSDP(model, comm, torch.optim.AdamW(model.parameters(), lr=LR))
         with engine.minibatch():
             pass
         messages["replicas"] = engine.replica_reduction.num_replicas
-        messages["key"] = comm.key
+        messages["key"], messages["given"] = comm.key, key
         comm.close()
         return messages
     finally:
@@ -86,10 +87,11 @@ def test_errors_name_the_problem():
         results = odc.launch(_errors_rank, 2, os.path.join(directory, "store"), timeout=300)
     for messages in results:
         assert "must span the HSDP mesh's shard dimension" in messages["shard"]
-        assert "node_comm(mesh, key)" in messages["shard"]
+        assert "node_comm(mesh)" in messages["shard"]
         assert "needs a 2-D HSDP mesh" in messages["flat"]
         assert messages["replicas"] == 1
-        assert messages["key"].endswith("-replica0")
+        assert messages["key"].startswith("pg-") and messages["given"] not in messages["key"]
+    assert len({messages["key"] for messages in results}) == 1
 
 
 def _partial_outputs_rank(rank, world_size, key, store_path):
@@ -109,7 +111,7 @@ def _partial_outputs_rank(rank, world_size, key, store_path):
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        comm = odc.torch.node_comm(mesh, key, timeout=60)
+        comm = odc.torch.node_comm(mesh, timeout=60)  # no key: the mesh's store gives one
         engine = odc.torch.OdcFSDP(model, comm, torch.optim.AdamW(model.parameters(), lr=LR))
         samples = minibatch_samples(0)
         with engine.minibatch():
@@ -120,9 +122,11 @@ def _partial_outputs_rank(rank, world_size, key, store_path):
                 buffer.untyped_storage().data_ptr() for buffer in engine._hsdp_zero_outputs.values()
             }
             kept = [g._partial_reduce_output for g in groups if g is not None]
-            return [
-                None if t is None else t.untyped_storage().data_ptr() in shared for t in kept
-            ], len(shared)
+            return (
+                [None if t is None else t.untyped_storage().data_ptr() in shared for t in kept],
+                len(shared),
+                comm.key,
+            )
     finally:
         dist.destroy_process_group()
 
@@ -137,6 +141,10 @@ def test_hsdp_partial_outputs_share_one_zero_buffer():
         results = odc.launch(
             _partial_outputs_rank, 4, os.path.join(directory, "store"), timeout=300
         )
-    for kept, num_shared in results:
+    for kept, num_shared, _ in results:
         assert num_shared == 1
         assert kept and all(kept), kept
+    # Each node's communicator has a key of its own, drawn for this job (rank = replica*2+shard).
+    keys = [key for _, _, key in results]
+    assert keys[0] == keys[1] and keys[2] == keys[3] and keys[0] != keys[2], keys
+    assert all(key.startswith("pg-") for key in keys), keys

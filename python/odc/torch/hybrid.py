@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import Replicate, Shard
 
 from ..comm import Comm
+from .process_group import comm_from_process_group
 
 # FSDP2 builds HSDP meshes as (replicate, shard): _fsdp_init._get_mesh_info uses
 # HSDPMeshInfo(mesh, shard_mesh_dim=1, replicate_mesh_dim=0) for every 2-D mesh.
@@ -44,20 +45,25 @@ def is_hybrid(param) -> bool:
     )
 
 
-def node_comm(mesh, key: str, device: Optional[int] = None, timeout: Optional[float] = None):
+def node_comm(
+    mesh,
+    key: Optional[str] = None,
+    device: Optional[int] = None,
+    timeout: Optional[float] = None,
+):
     """The odc communicator of this rank's node on an HSDP `mesh` (replicate, shard): the ranks of
-    its shard group, ranked by their shard coordinate, on a key of their own (`key` plus the
-    replica index), so the nodes' communicators never meet. Collective over the shard group."""
+    its shard group, ranked by their shard coordinate. Collective over the shard group.
+
+    Its key is drawn per job and per node: rank 0 of the shard group picks a random one and
+    publishes it in the group's store (comm_from_process_group(mesh.get_group("shard")) does the
+    same), so the nodes' communicators never meet, nor do two jobs' that start at the same
+    instant. `key` is ignored (kept so that calls written as node_comm(mesh, key) still work).
+    device: this rank's CUDA device (default: the current one on an NCCL mesh, else a host
+    communicator); timeout: seconds any wait on another rank may take."""
+    del key  # a user's key is not unique per job (docs/torch.md): the store's is
     if mesh.ndim != 2:
         raise ValueError(f"node_comm needs a 2-D HSDP mesh (replicate, shard), got {mesh.ndim}-D")
-    replica = mesh.get_local_rank(REPLICATE_DIM)
-    return Comm(
-        mesh.get_local_rank(SHARD_DIM),
-        mesh.size(SHARD_DIM),
-        f"{key}-replica{replica}",
-        timeout=timeout,
-        device=device,
-    )
+    return comm_from_process_group(mesh.get_group(SHARD_DIM), device=device, timeout=timeout)
 
 
 def replica_reduction(layouts, comm: Comm) -> Optional["ReplicaReduction"]:
@@ -108,7 +114,7 @@ class ReplicaReduction:
             raise RuntimeError(
                 f"the odc communicator (rank {comm.rank} of {comm.world_size}) must span the HSDP "
                 f"mesh's shard dimension (this rank is {mesh.get_local_rank(SHARD_DIM)} of "
-                f"{mesh.size(SHARD_DIM)} there): build it with odc.torch.node_comm(mesh, key)"
+                f"{mesh.size(SHARD_DIM)} there): build it with odc.torch.node_comm(mesh)"
             )
         return ReplicaReduction(mesh.get_group(REPLICATE_DIM), params[0].device)
 
