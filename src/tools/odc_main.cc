@@ -319,19 +319,17 @@ std::string plot_python() {
 // line, instead of after the work and with the plotter's traceback.
 std::string check_plot_path(const std::string& path) {
   namespace fs = std::filesystem;
+  // Whole paths, quoted (fail() shows control bytes as \xNN): a cut path would not say where.
+  const std::string quoted = "'" + path + "'";
   std::error_code code;
-  if (fs::is_directory(path, code)) {
-    return "cannot write the plot to " + odc::planner::quote_text(path) + ": it is a directory";
-  }
+  if (fs::is_directory(path, code)) return "cannot write the plot to " + quoted + ": a directory";
   std::string folder = fs::path(path).parent_path().string();
   if (folder.empty()) folder = ".";
   if (!fs::is_directory(folder, code)) {
-    return "cannot write the plot to " + odc::planner::quote_text(path) + ": no directory " +
-           odc::planner::quote_text(folder);
+    return "cannot write the plot to " + quoted + ": no directory '" + folder + "'";
   }
   if (access(folder.c_str(), W_OK) != 0) {
-    return "cannot write the plot to " + odc::planner::quote_text(path) + ": directory " +
-           odc::planner::quote_text(folder) + " is not writable";
+    return "cannot write the plot to " + quoted + ": directory '" + folder + "' is not writable";
   }
   return "";
 }

@@ -145,6 +145,30 @@ TEST(Simulate, ResampleKeepsFileOrderFirstThenRepeatsDeterministically) {
   EXPECT_EQ(second, source);  // every pass is a permutation of the file
 }
 
+// Memory per GPU by hand (docs/multinode.md's state formulas, docs/runtime.md's budgets): P =
+// 2 x 1000 + 500 = 2,500 parameters, 16 ranks as 2 nodes of 8.
+TEST(Simulate, MemoryPerGpuFollowsTheRuntimesFormulas) {
+  const ModelShape model{2, 1000, 500};
+  const double gathered = 2.0 * (2 * 1000 + 500) + 4.0 * 1000;  // two layers + root, one gradient
+  const MemoryPerGpu fsdp = memory_per_gpu(model, Mode::kCollective, 16, 8);
+  EXPECT_DOUBLE_EQ(fsdp.state_bytes, 16.0 * 2500 / 16);
+  EXPECT_DOUBLE_EQ(fsdp.gathered_bytes, gathered);
+  EXPECT_DOUBLE_EQ(fsdp.odc_bytes, 0.0);
+  const MemoryPerGpu flat = memory_per_gpu(model, Mode::kOdcFlat, 16, 8);
+  EXPECT_DOUBLE_EQ(flat.state_bytes, 18.0 * 2500 / 16);
+  // Across nodes: the staging budget and one other node's bf16 shards in the node cache.
+  EXPECT_DOUBLE_EQ(flat.odc_bytes, kStagingBudgetBytes + 2.0 * 2500 / 16);
+  EXPECT_DOUBLE_EQ(flat.total_bytes(), flat.state_bytes + gathered + flat.odc_bytes);
+  EXPECT_DOUBLE_EQ(memory_per_gpu(model, Mode::kOdcFlat, 8, 8).odc_bytes, 0.0);  // one node
+  const MemoryPerGpu hybrid = memory_per_gpu(model, Mode::kOdcHybrid, 16, 8);
+  EXPECT_DOUBLE_EQ(hybrid.state_bytes, 18.0 * 2500 / 8);
+  EXPECT_DOUBLE_EQ(hybrid.odc_bytes, 0.0);
+  // A node cache larger than its budget is held to it.
+  const ModelShape large{10, 1e9, 0};
+  EXPECT_DOUBLE_EQ(memory_per_gpu(large, Mode::kOdcFlat, 16, 8).odc_bytes,
+                   kStagingBudgetBytes + kNodeCacheBudgetBytes);
+}
+
 TEST(Simulate, PresetsHaveTheDocumentedSizes) {
   auto small = model_preset("1.5b");
   auto large = model_preset("7b");

@@ -181,15 +181,112 @@ def test_bad_sizes_and_files_are_one_line_errors(odc_cli, data_dir, tmp_path, mo
     ]
 
 
+def test_verdict_and_memory(odc_cli, data_dir):
+    # Issue 28: one verdict line naming the fastest arm, the baseline, the compute-only figure
+    # (odc compare's basis) and what else the time includes; memory per GPU per layout.
+    common = ["--lengths", str(data_dir / "aime_rl_like.txt"), "--ranks", "8,16"]
+    common += ["--minibatches", "2", "--policies", "lb-micro,lb-mini"]
+    table = simulate(odc_cli, *common)
+    assert table.returncode == 0, table.stderr
+    (verdict,) = [line for line in table.stdout.splitlines() if line.startswith("verdict:")]
+    assert "over the baseline collective + lb-micro (compute only, odc compare's basis: " in verdict
+    assert "includes modelled communication (NVLink 290 GB/s" in verdict
+    document = json.loads(simulate(odc_cli, *common, "--format", "json").stdout)
+    assert document["verdict"] == verdict
+    memory = {(row["ranks"], row["mode"]): row for row in document["memory_per_gpu"]}
+    assert set(memory) == {(n, m) for n in (8, 16) for m in ("collective", "odc", "odc-hybrid")}
+    for row in memory.values():
+        parts = row["state_bytes"] + row["gathered_bytes"] + row["odc_bytes"]
+        assert row["total_bytes"] == pytest.approx(parts)
+    # Flat ODC shards over all GPUs, the hybrid over a node's 8; across nodes flat ODC holds the
+    # staging and the node cache.
+    assert memory[(16, "odc-hybrid")]["state_bytes"] == pytest.approx(
+        2 * memory[(16, "odc")]["state_bytes"]
+    )
+    assert memory[(8, "odc")]["odc_bytes"] == 0 < memory[(16, "odc")]["odc_bytes"]
+    assert "memory per GPU" in table.stdout and "fits?" in table.stdout
+
+
 def test_plot(odc_cli, data_dir, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     monkeypatch.setenv("ODC_CLI", odc_cli)
+    monkeypatch.setenv("ODC_PYTHON", sys.executable)
     png = tmp_path / "speedup.png"
-    command = [
-        sys.executable, "-m", "odc.simulate", "--lengths", str(data_dir / "aime_rl_like.txt"),
-        "--ranks", "8,16", "--minibatches", "2", "--plot", str(png),
-    ]  # fmt: skip
+    arguments = ["--lengths", str(data_dir / "aime_rl_like.txt"), "--ranks", "8,16"]
+    arguments += ["--minibatches", "2"]
+    result = simulate(odc_cli, *arguments, "--plot", str(png))
+    assert result.returncode == 0, result.stderr
+    assert f"plot: {png}" in result.stdout and png.read_bytes()[:4] == b"\x89PNG"
+    # python -m odc.simulate passes --plot through.
+    png.unlink()
+    command = [sys.executable, "-m", "odc.simulate", *arguments, "--plot", str(png)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "speedup" in result.stdout and png.stat().st_size > 1000
     assert write_plot({"results": []}, str(tmp_path / "empty.png")) == str(tmp_path / "empty.png")
+
+
+def test_plot_errors_are_one_line(odc_cli, data_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("ODC_CLI", odc_cli)
+    lengths = ["--lengths", str(data_dir / "aime_rl_like.txt"), "--ranks", "8"]
+    bad = str(tmp_path / "missing" / "speedup.png")
+    message = f"cannot write the plot to '{bad}': no directory '{tmp_path / 'missing'}'"
+    for command in (
+        [odc_cli, "simulate", *lengths, "--plot", bad],
+        [sys.executable, "-m", "odc.simulate", *lengths, "--plot", bad],
+        [odc_cli, "compare", *lengths, "--plot", bad],
+    ):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, command
+        (line,) = result.stderr.splitlines()
+        assert line.endswith(message), line
+    # The drawer's own failure is one line too (a traceback of 15 before).
+    result = subprocess.run(
+        [sys.executable, "-m", "odc.simulate", "--draw", bad],
+        input='{"results": []}', capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0 and len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def _captured_figure(monkeypatch, draw, document):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.figure
+
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda f, *a, **k: figures.append(f))
+    draw(document, "unused.png")
+    (figure,) = figures
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)  # the figure was closed after saving
+    canvas.draw()
+    return figure, canvas.get_renderer()
+
+
+def test_plots_keep_lines_apart_and_legends_off_the_data(odc_cli, data_dir, monkeypatch):
+    # Issue 28: on one node odc and odc-hybrid coincide: each line needs its own style and
+    # marker, and no legend may sit over an axes.
+    from odc.compare_plot import draw as draw_compare
+    from odc.simulate import draw as draw_simulate
+
+    arguments = ["--lengths", str(data_dir / "aime_rl_like.txt"), "--ranks", "8,16"]
+    document = json.loads(
+        simulate(odc_cli, *arguments, "--minibatches", "2", "--format", "json").stdout
+    )
+    figure, renderer = _captured_figure(monkeypatch, draw_simulate, document)
+    (axis,) = figure.axes
+    styles = [(line.get_linestyle(), line.get_marker()) for line in axis.get_lines()]
+    assert len(styles) == 8 and len(set(styles)) == len(styles)
+    legend = axis.get_legend().get_window_extent(renderer)
+    assert not legend.overlaps(axis.get_window_extent(renderer))
+    compare = subprocess.run(
+        [odc_cli, "compare", *arguments[:2], "--ranks", "4", "--format", "json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    figure, renderer = _captured_figure(monkeypatch, draw_compare, json.loads(compare.stdout))
+    legends = [axis.get_legend() for axis in figure.axes] + figure.legends
+    boxes = [legend.get_window_extent(renderer) for legend in legends if legend is not None]
+    assert boxes
+    for box in boxes:
+        assert not any(box.overlaps(axis.get_window_extent(renderer)) for axis in figure.axes)
