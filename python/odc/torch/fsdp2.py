@@ -716,9 +716,9 @@ class OdcFSDP:
         self.state = EngineState.READY
 
     def scale_loss(self, loss_sum: torch.Tensor, global_tokens: int) -> torch.Tensor:
-        """odc.torch.scale_loss for this engine's model: loss_sum * gradient_divide_factor /
-        global_tokens, so that the gradients after minibatch_end are those of the minibatch's
-        token-mean loss over all ranks."""
+        """odc.torch.scale_loss for this engine's model: the value loss_sum / global_tokens,
+        its gradient gradient_divide_factor times that, so that the gradients after
+        minibatch_end are those of the minibatch's token-mean loss over all ranks."""
         if global_tokens <= 0:
             raise ValueError(f"global_tokens must be positive, got {global_tokens}")
         return _scaled(loss_sum, global_tokens, self.gradient_divide_factor)
@@ -958,10 +958,12 @@ def scale_loss(loss_sum: torch.Tensor, global_tokens: int) -> torch.Tensor:
     minibatch on all ranks: the gradients after minibatch_end then equal the single-process
     gradient of the minibatch's token-mean loss, whatever the microbatch counts per rank.
 
-    Inside an OdcFSDP minibatch it also undoes the engine's FSDP2 division (by the world size,
-    or the factor set with set_gradient_divide_factor): loss_sum * factor / global_tokens.
-    Elsewhere (plain FSDP2 made to sum with sum_gradients, or no engine): loss_sum /
-    global_tokens. With several engines in minibatches at once, use engine.scale_loss."""
+    The value is loss_sum / global_tokens (sum it over a minibatch's microbatches and ranks to
+    log the token-mean loss). Inside an OdcFSDP minibatch its gradient is also multiplied by the
+    engine's gradient divide factor (FSDP2's: the world size, or what set_gradient_divide_factor
+    set), which the engine's division at minibatch_end undoes. Elsewhere (plain FSDP2 made to
+    sum with sum_gradients, or no engine) it is plain division. With several engines in
+    minibatches at once, use engine.scale_loss."""
     if global_tokens <= 0:
         raise ValueError(f"global_tokens must be positive, got {global_tokens}")
     factors = {engine.gradient_divide_factor for engine in list(_engines_in_minibatch)}
@@ -977,7 +979,23 @@ def scale_loss(loss_sum: torch.Tensor, global_tokens: int) -> torch.Tensor:
 def _scaled(loss_sum: torch.Tensor, global_tokens: int, factor: float) -> torch.Tensor:
     if factor == 1.0:
         return loss_sum / float(global_tokens)
-    return loss_sum * factor / float(global_tokens)
+    return _LossScale.apply(loss_sum, float(global_tokens), factor)
+
+
+class _LossScale(torch.autograd.Function):
+    """loss_sum / tokens as a value (what a user logs: the minibatch's token-mean loss share),
+    with a gradient `factor` times that of the value, which the engine's division of the sums
+    by the same factor at minibatch_end undoes. Backward divides first, then multiplies, so a
+    power-of-two factor (the usual world size) changes no bit of the gradients."""
+
+    @staticmethod
+    def forward(ctx, loss_sum, tokens, factor):
+        ctx.tokens, ctx.factor = tokens, factor
+        return loss_sum / tokens
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / ctx.tokens * ctx.factor, None, None
 
 
 def global_count(count: int, group: Optional[dist.ProcessGroup] = None) -> int:
