@@ -24,7 +24,7 @@ mkdir -p "$run_dir"
 cost_7b="0.00027401178,0.0000000042464424,0"
 for dataset in longalign_like swe_smith_like aime_rl_like; do
   phase "planner, data/$dataset.txt: 8 ranks, 32 samples per minibatch, max 65536 tokens, 7B cost"
-  .venv/bin/odc compare --lengths "data/$dataset.txt" --ranks 8 --minibatch-size 32 \
+  .venv/bin/odc compare --lengths "data/$dataset.txt" --ranks 8 --samples-per-rank 4 \
     --max-tokens 65536 --cost "$cost_7b" --plot "$run_dir/planner_$dataset.png"
 done
 echo
