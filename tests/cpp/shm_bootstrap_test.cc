@@ -1,7 +1,8 @@
 // The shared-memory bootstrap on its own: ranks are forked processes (as launchers start them).
 // allgather of records larger than a control-block slot, named barriers that detect a mismatch,
-// and a key that stays reserved while its job lives.
+// and a key whose rank slots stay claimed while its job lives (a second claimant fails both jobs).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -65,13 +66,21 @@ TEST(ShmBootstrap, KeyStaysReservedAfterInitAndIsFreedOnClose) {
   const std::string key = testing::unique_key("reserved");
   auto first = shm::ShmBootstrap::create(0, 1, key, std::chrono::seconds(5));
   ASSERT_TRUE(first.ok()) << first.status().message();
-  // Past init, a second job with the key is refused at once, every time.
+  // Past init nothing of the key is named in /dev/shm, yet a second job with the key is refused
+  // at once, every time (the claim outlives the names), and the first job fails at its next
+  // collective: it cannot tell whether its own ranks paired with the second job's.
+  EXPECT_NE(::access(("/dev/shm/odc." + key + ".r0").c_str(), F_OK), 0);
   for (int attempt = 0; attempt < 3; ++attempt) {
     auto second = shm::ShmBootstrap::create(0, 1, key, std::chrono::seconds(5));
     ASSERT_FALSE(second.ok());
     EXPECT_NE(second.status().message().find("is in use"), std::string::npos)
         << second.status().message();
+    EXPECT_NE(second.status().message().find("another job is using key '" + key + "'"),
+              std::string::npos)
+        << second.status().message();
   }
+  EXPECT_EQ(expect_text(first.value()->barrier("after"), "another job is using key '" + key + "'"),
+            "");
   first.value().reset();
   auto again = shm::ShmBootstrap::create(0, 1, key, std::chrono::seconds(5));
   EXPECT_TRUE(again.ok()) << again.status().message();
