@@ -164,4 +164,3 @@ def test_job_whose_rank_fails_and_survivor_gets_sigterm_leaves_nothing():
         leaked = _odc_names(key)
         _remove(leaked)
     assert leaked == []
-
