@@ -23,7 +23,6 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 #include <vector>
 
