@@ -40,6 +40,22 @@ def _norm(grads):
     return float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads.values())))
 
 
+def _own_shared_memory(key, rank):
+    """(bytes, count) of this rank's own odc shared-memory segments mapped into this process
+    (/proc/self/maps: odc unlinks the names once every rank mapped them), the 1 KB control block
+    (one page) left out."""
+    total = count = 0
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) < 6 or f"/odc.{key}.r{rank}.a" not in fields[5]:
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            total += end - start
+            count += 1
+    return total, count
+
+
 def _migration_rank(rank, world, key, store_path):
     import torch.distributed as dist
 
@@ -124,6 +140,8 @@ def _migration_rank(rank, world, key, store_path):
                 dist.all_reduce(total)
         except odc.torch.CollectiveInMinibatchError as error:
             found["collective"] = str(error)
+        found["memory"] = engine.memory_bytes()
+        found["mapped"] = _own_shared_memory(comm.key, rank)
         comm.close()
         return found
     finally:
@@ -154,3 +172,7 @@ def test_an_fsdp2_trainer_moves_without_silent_surprises():
             "collectives ran inside this minibatch (1 on the default group" in found["collective"]
         ), found["collective"]
         assert "ODC_DEBUG_COLLECTIVES=0" in found["collective"]
+        # memory_bytes() counts every byte of shared memory odc maps for this rank (to the page).
+        memory, (mapped, segments) = found["memory"], found["mapped"]
+        assert segments > 0
+        assert 0 <= mapped - memory["total"] < segments * 4096, (memory, mapped, segments)

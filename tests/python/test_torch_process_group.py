@@ -157,6 +157,7 @@ def _debug_rank(rank, world_size, key, store_path):
     from tiny_lm import loss_sum, make_model, minibatch_samples
 
     import odc.torch
+    from odc.torch._sums_pending import SumsPending
 
     dist.init_process_group(
         "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
@@ -175,8 +176,13 @@ def _debug_rank(rank, world_size, key, store_path):
         with engine.minibatch():
             for sample in samples[: 1 + rank]:
                 odc.torch.scale_loss(loss_sum(model, [sample]), 100).backward()
-            # No per-microbatch gradient is kept (R5): the sums exist after minibatch_end.
-            grads_kept = [name for name, p in model.named_parameters() if p.grad is not None]
+            # No per-microbatch gradient is kept (R5): the sums exist after minibatch_end; .grad
+            # is a placeholder without storage until then.
+            grads_kept = [
+                name
+                for name, p in model.named_parameters()
+                if p.grad is not None and not isinstance(p.grad.to_local(), SumsPending)
+            ]
         clean = engine.collectives_seen
         memory = engine.memory_bytes()
         optimizer.zero_grad(set_to_none=True)  # no step: the next minibatch may drop the sums
@@ -192,6 +198,10 @@ def _debug_rank(rank, world_size, key, store_path):
         comm = odc.torch.comm_from_process_group(timeout=60)
         engine.reset(comm)
         os.environ["ODC_DEBUG_COLLECTIVES"] = "warn"
+        model = make_model()  # one engine per model: a second model for the second mode
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
         warn_engine = odc.torch.OdcFSDP(model, comm)
         with pytest.warns(RuntimeWarning, match="inside an ODC minibatch"):
             with warn_engine.minibatch():
@@ -223,6 +233,7 @@ def test_debug_collectives_names_calls_inside_a_minibatch_and_no_grads_kept_insi
             "accumulators",
             "scheme",
             "node_cache",
+            "total",
         }
         assert 0 < memory["published"] and 0 < memory["accumulators"]
         # The host transport streams: its staging rings, at most the default budget (256 MiB).

@@ -113,6 +113,11 @@ class CollectiveGuard:
         self._recorder: Optional[_Recorder] = None
         self._warned = set()
         self._numbers: Optional[Dict[int, Tuple[object, int]]] = None
+        self._allowed: Dict[int, object] = {}  # groups the check leaves out (allow())
+
+    def allow(self, group) -> None:
+        """Leaves `group` out of the check (its collectives are matched by design)."""
+        self._allowed[id(group)] = group
 
     def start(self) -> None:
         if self.mode == "check":
@@ -131,7 +136,7 @@ class CollectiveGuard:
             return
         ran = []
         for key, (group, number) in _sequence_numbers().items():
-            if key in before and number > before[key][1]:
+            if key in before and number > before[key][1] and key not in self._allowed:
                 ran.append(f"{number - before[key][1]} on {_group_name(group)}")
         if ran:
             raise CollectiveInMinibatchError(

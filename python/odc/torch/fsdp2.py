@@ -723,6 +723,12 @@ class OdcFSDP:
             raise ValueError(f"global_tokens must be positive, got {global_tokens}")
         return _scaled(loss_sum, global_tokens, self.gradient_divide_factor)
 
+    def allow_collectives(self, group: dist.ProcessGroup) -> None:
+        """Collectives on `group` inside minibatches are matched by the caller's own design
+        (e.g. the members of a split sample exchanging K/V, who all run its chunks): the default
+        check at minibatch_end leaves them out. Every other group stays checked."""
+        self._collective_guard.allow(group)
+
     @property
     def collectives_seen(self) -> List[str]:
         """torch.distributed ops issued inside minibatches (recorded with ODC_DEBUG_COLLECTIVES)."""
@@ -733,10 +739,7 @@ class OdcFSDP:
         """Bytes of odc symmetric memory this model uses per rank (published shards,
         accumulators and what the accumulation scheme adds; allocated by libodc, so torch's memory
         statistics do not include them)."""
-        memory = self.memory_bytes()
-        return (
-            memory["published"] + memory["accumulators"] + memory["scheme"] + memory["node_cache"]
-        )
+        return self.memory_bytes()["total"]
 
     def memory_bytes(self) -> dict:
         """Per-rank bytes of odc.torch's buffers, by kind: `published` (this rank's shards,
@@ -750,7 +753,11 @@ class OdcFSDP:
         streamed scheme's staging rings (host transports and NVSHMEM), at most the staging budget;
         pending sums in deterministic mode; 0 with CUDA's remote adds), `node_cache` (with more
         than one node: other nodes' published shards fetched once per node and minibatch, at
-        most the node cache's budget, also shared by every engine on the communicator)."""
+        most the node cache's budget, also shared by every engine on the communicator), and
+        `total`: every byte of symmetric memory odc holds for this engine on this rank (the kinds
+        above, in-place shards included, since they live in odc's memory now; a 1 KB control
+        block per communicator aside). A host communicator's total is what this rank maps from
+        /dev/shm (tests/python/test_torch_migration.py checks it against /proc/self/maps)."""
         published = in_place = accumulators = 0
         for group in self._groups:
             size = group.layout.shard_numel * (4 if group.published.dtype == "float32" else 2)
@@ -759,13 +766,13 @@ class OdcFSDP:
             accumulators += group.grad_numel * 4
         accumulators += self._reduced_flags.count * 4
         communicator = self.comm.memory_bytes()
-        return {
+        kinds = {
             "published": published,
-            "published_in_place": in_place,
             "accumulators": accumulators,
             "scheme": communicator["scheme"],
             "node_cache": communicator["node_cache"],
         }
+        return {**kinds, "published_in_place": in_place, "total": sum(kinds.values())}
 
     def hsdp_zero_output(self, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
         """HSDP: a view of the zero buffer every group's reduce-scatter output shares (see

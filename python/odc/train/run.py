@@ -350,6 +350,8 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         for members, group in split_groups.items():
             if rank in members:
                 dist.all_reduce(torch.zeros(1, device=device), group=group)
+                if engine is not None:  # a split's members meet inside minibatches by design
+                    engine.allow_collectives(group)
         # The odc exchange's symmetric buffers, one set per group, sized for its longest chunk:
         # allocated by every rank in the same (plan) order, as odc's alloc is collective.
         exchanges = {}
