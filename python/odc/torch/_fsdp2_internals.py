@@ -23,14 +23,16 @@ Reliances (R1-R11):
   param_dtype / orig_dtype, _sharded_local_tensor, all_gather_inputs: which bytes FSDP2 would
   all-gather, at which offsets (the same offsets for the reduce-scatter input rows).
 - R5 the .grad of a reduce: when a sharded parameter has no .grad, FSDP2's foreach_reduce sets
-  it to a view of the reduce-scatter output, then calls the parameter's post-accumulate-grad
-  hooks (outside compiled autograd), keeping no other reference to the output. odc.torch clears
-  every .grad at minibatch begin and its hook drops the new one at once, so FSDP2 keeps no
-  per-microbatch gradient (the sums are in the ODC accumulators) and each output is freed when
-  its reduce returns. Where the hook did not run (compiled autograd, or an upstream change),
-  FSDP2 would keep one output per group and add later ones' zeros into it: the same sums, more
-  memory; a .grad must never view an accumulator during a minibatch (FSDP2 would add into it
-  while peers push), hence the clearing at minibatch begin.
+  it to a view of the reduce-scatter output; when it has one, it adds the output into
+  .grad._local_tensor; then it calls the parameter's post-accumulate-grad hooks (outside
+  compiled autograd), keeping no other reference to the output. odc.torch sets every trainable
+  .grad to a storage-less placeholder at minibatch begin (_sums_pending: it absorbs that add and
+  raises at any other use) and its hook puts the placeholder back where FSDP2 assigned a view, so
+  FSDP2 keeps no per-microbatch gradient (the sums are in the ODC accumulators) and each output
+  is freed when its reduce returns. Where the hook did not run (compiled autograd, or an upstream
+  change) after a zero_grad inside a minibatch, FSDP2 would keep one output per group and add
+  later ones' zeros into it: the same sums, more memory; a .grad must never view an accumulator
+  during a minibatch (FSDP2 would add into it while peers push), hence the placeholder.
 - R6 world size 1: FSDP2 bypasses the custom all-gather on one rank (2.11 also the custom
   reduce-scatter; 2.9 still calls that one), so odc.torch refuses N=1.
 - R7 sharded storage in symmetric memory (the one write): FSDPParam._sharded_param_data is the
