@@ -139,6 +139,18 @@ def _migration_rank(rank, world, key, store_path, device="cpu"):
         with engine.minibatch():
             odc.torch.scale_loss(loss_sum(model, second), tokens).backward()
         found["after_zero_grad"] = _max_diff(_grads(model), alone)
+        optimizer.zero_grad()
+        # Clipped between blocks: the next block adds to the clipped sums, as into FSDP2's .grad.
+        with engine.minibatch():
+            odc.torch.scale_loss(loss_sum(model, first), tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+        clipped = _grads(model)
+        with engine.minibatch():
+            odc.torch.scale_loss(loss_sum(model, second), tokens).backward()
+        added = _grads(model)
+        found["clipped_then_added"] = max(
+            float((added[k] - clipped[k] - alone[k]).abs().max()) for k in added
+        )
         optimizer.step()
         optimizer.zero_grad()
 
@@ -157,6 +169,30 @@ def _migration_rank(rank, world, key, store_path, device="cpu"):
                 dist.all_reduce(total)
         except odc.torch.CollectiveInMinibatchError as error:
             found["collective"] = str(error)
+        # bfloat16 parameters: .grad is a bfloat16 copy of the sums, not a view; what it holds
+        # (here halved in place) is what the next block adds to.
+        model16 = _shard(make_model().to(device=device, dtype=torch.bfloat16))
+        comm16 = odc.Comm(rank, world, key + "-bf16", timeout=30, device=0 if on_gpu else None)
+        engine16 = odc.torch.OdcFSDP(model16, comm16)
+        with engine16.minibatch():
+            engine16.scale_loss(loss_sum(model16, first).float(), tokens).backward()
+        first16 = _grads(model16)
+        for p in model16.parameters():
+            p.grad.mul_(0.5)
+        with engine16.minibatch():
+            engine16.scale_loss(loss_sum(model16, second).float(), tokens).backward()
+        both16 = _grads(model16)
+        for p in model16.parameters():
+            p.grad = None
+        with engine16.minibatch():
+            engine16.scale_loss(loss_sum(model16, second).float(), tokens).backward()
+        alone16 = _grads(model16)
+        found["bf16_halved_then_added"] = max(
+            float((both16[k].float() - 0.5 * first16[k].float() - alone16[k].float()).abs().max())
+            / max(float(alone16[k].float().abs().max()), 1e-6)
+            for k in both16
+        )
+        comm16.close()
         found["device"] = device
         found["memory"] = engine.memory_bytes()
         found["mapped"] = _own_shared_memory(comm.key, rank)
@@ -181,6 +217,8 @@ def check_migration(results, tolerance=1e-6):
         assert found["repr"].startswith("DTensor(") or "SumsPending" in found["repr"]
         assert found["two_blocks_vs_one"] < tolerance
         assert found["after_zero_grad"] < tolerance
+        assert found["clipped_then_added"] < tolerance
+        assert found["bf16_halved_then_added"] < 0.02, found["bf16_halved_then_added"]
         outside, inside = found["eval"]
         assert outside == pytest.approx(inside, rel=1e-6)
         assert (

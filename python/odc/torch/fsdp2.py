@@ -316,12 +316,21 @@ class _Group:
             # every rank passed that barrier (ordered on the current stream on GPUs).
             flat = self.accumulator.tensor()
             for index, start in self.grad_offsets.items():
-                numel = self.layout.slots[index].padded_numel
+                slot = self.layout.slots[index]
+                sums = flat[start : start + slot.padded_numel]
                 if index not in self.kept:
-                    flat[start : start + numel].zero_()
-                elif carry_scale != 1.0:
-                    flat[start : start + numel].mul_(carry_scale)
-            del flat
+                    sums.zero_()
+                    continue
+                grad = slot.param.grad
+                cached = self._sum_grads.get(id(slot.param))
+                if cached is None or cached[1] is not grad:
+                    # Not the view of these sums (a copy for a non-float32 parameter, or a
+                    # .grad the user replaced): what .grad holds is what the next sums add to.
+                    sums.zero_()
+                    sums[: slot.local_numel].copy_(grad.to_local().reshape(-1))
+                if carry_scale != 1.0:
+                    sums.mul_(carry_scale)
+            del flat, sums
             self.accumulator.keep_sums()
         for slot in self.layout.slots:
             param = slot.param
