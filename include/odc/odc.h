@@ -137,6 +137,17 @@ ODC_API odcResult_t odcPlanDestroy(odcPlan_t plan);
 ODC_API odcResult_t odcLengthsRead(const char* path, int64_t** lengths, size_t* num_samples);
 ODC_API odcResult_t odcLengthsFree(int64_t* lengths);
 
+/* Simulator (docs/simulate.md): step time, bubble and memory per GPU of training configurations,
+ * the document `odc simulate --format json` prints. `args` holds `num_args` of that command's
+ * options (no program or subcommand name), e.g. {"--ranks", "8", "--policies", "lb-mini"}; with
+ * `lengths` (num_samples values, positive) they replace --lengths, which must then be absent.
+ * Local, CPU only, thread-safe. On success *json (release with odcSimulateFree) is the document;
+ * on failure *json is untouched and odcGetLastError() holds the message `odc simulate` prints.
+ * odcSimulateFree takes NULL (ignored) or a live document (else odcInvalidArgument). */
+ODC_API odcResult_t odcSimulate(const char* const* args, size_t num_args, const int64_t* lengths,
+                                size_t num_samples, char** json);
+ODC_API odcResult_t odcSimulateFree(char* json);
+
 /* ---------------------------------------------------------------------------------------------
  * Communicator: ranks, symmetric buffers and the ODC operations (design.md, "Semantics").
  * One process per rank. A communicator is used by one thread at a time (odcCommDestroy may come

@@ -155,6 +155,14 @@ def _load() -> ctypes.CDLL:
         ctypes.POINTER(ctypes.c_size_t),
     ]
     lib.odcLengthsFree.argtypes = [ctypes.POINTER(ctypes.c_int64)]
+    lib.odcSimulate.argtypes = [
+        ctypes.POINTER(ctypes.c_char_p),
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_void_p),  # char**: freed by odcSimulateFree, so kept as void*
+    ]
+    lib.odcSimulateFree.argtypes = [ctypes.c_void_p]
     handle = ctypes.c_void_p
     size = ctypes.c_size_t
     lib.odcCommInit.argtypes = [

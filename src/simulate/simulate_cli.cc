@@ -316,10 +316,15 @@ Result<Samples> read_samples(const SampleArgs& args) {
     return Status::InvalidArgument("--max-length must be >= 1, got " +
                                    std::to_string(*args.max_length));
   }
-  auto read = planner::read_lengths_file(args.lengths_path);
-  if (!read.ok()) return read.status();
+  std::vector<int64_t> all;
+  if (args.given_lengths) {
+    all = *args.given_lengths;
+  } else {
+    auto read = planner::read_lengths_file(args.lengths_path);
+    if (!read.ok()) return read.status();
+    all = std::move(read).value();
+  }
   Samples samples;
-  const std::vector<int64_t>& all = read.value();
   for (size_t i = 0; i < all.size(); ++i) {
     if (args.max_length && all[i] > *args.max_length) continue;
     samples.lengths.push_back(all[i]);

@@ -22,6 +22,8 @@ struct SampleArgs {
   std::optional<int64_t> minibatch_size;  // deprecated (plan, compare): samples per minibatch
   std::optional<int64_t> max_tokens;      // token cap per microbatch; default: the longest sample
   std::optional<int64_t> max_length;      // drop samples longer than this
+  // Lengths given in place of a file (the C API's odcSimulate): read_samples uses them when set.
+  std::optional<std::vector<int64_t>> given_lengths;
 };
 
 // `deprecated_minibatch_size`: also accept --minibatch-size (plan and compare had it).

@@ -1,17 +1,15 @@
-"""`odc simulate`: its output, its errors, the PNG, and its validation against every training run
-recorded in docs/results (predicted against measured step time, mean absolute error <= 5%)."""
+"""`odc simulate`: its output, its errors, the PNG, and the same simulator through the C API
+(odc.simulate.simulate). Its validation against the recorded runs: test_validate_runs.py."""
 
+import ctypes
 import json
+import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from odc.simulate import parse_odc_bench, validate_recorded, write_plot
-
-REPO = Path(__file__).resolve().parents[2]
-MEAN_ABSOLUTE_ERROR_BOUND = 0.05  # issue #15
+from odc.simulate import parse_odc_bench, simulate as simulate_in_process, write_plot
 
 
 def simulate(odc_cli, *arguments):
@@ -20,34 +18,37 @@ def simulate(odc_cli, *arguments):
     )
 
 
-def test_validation_against_recorded_runs(odc_cli, monkeypatch):
-    monkeypatch.setenv("ODC_CLI", odc_cli)
-    all_rows = validate_recorded(REPO / "docs" / "results")
-    # Every recorded run (1.5b and 7b, all policies run, HSDP meshes) is simulated, except runs
-    # with split samples, which are listed as not simulated (never dropped silently).
-    skipped = [r for r in all_rows if "skipped" in r]
-    rows = [r for r in all_rows if "skipped" not in r]
-    assert skipped and all(r["policy"].endswith("+split") for r in skipped)
-    assert len(rows) >= 19  # the 19 runs of issue #15's validation, plus any recorded since
-    assert {(r["comm"], r["policy"]) for r in rows} == {
-        ("collective", "local-sort"), ("collective", "lb-micro"),
-        ("odc", "local-sort"), ("odc", "lb-micro"), ("odc", "lb-mini"),
-    }  # fmt: skip
-    errors = [abs(r["error"]) for r in rows]
-    mean = sum(errors) / len(errors)
-    worst = max(rows, key=lambda r: abs(r["error"]))
-    print(f"mean absolute error {mean:.2%}, worst {worst['error']:+.2%} ({worst['file']})")
-    assert mean <= MEAN_ABSOLUTE_ERROR_BOUND, rows
+def test_the_c_api_gives_the_command_s_document(odc_cli, data_dir):
+    # odcSimulate parses the command's options and returns its JSON document, in this process.
+    lengths_file = data_dir / "aime_rl_like.txt"
+    arguments = ["--ranks", "8", "--minibatches", "2", "--policies", "lb-micro,lb-mini"]
+    command = simulate(odc_cli, "--lengths", str(lengths_file), *arguments, "--format", "json")
+    assert command.returncode == 0, command.stderr
+    expected = json.loads(command.stdout)
+    assert simulate_in_process(["--lengths", str(lengths_file), *arguments]) == expected
+    # The lengths may come from the caller instead of a file: the same document.
+    lines = [line.strip() for line in lengths_file.read_text().splitlines()]
+    lengths = [int(line) for line in lines if line and not line.startswith("#")]
+    assert simulate_in_process(arguments, lengths) == expected
+    # Refusals are ValueErrors carrying the command's message.
+    cases = [
+        (["--ranks", "8,x"], lengths, "'x' is not a positive integer"),
+        (["--lengths", str(lengths_file)], lengths, "pass lengths or --lengths, not both"),
+        (["--format", "table"], lengths, "the document is always JSON"),
+        (["--ranks", "8"], [4096, 0], "lengths[1] is 0"),
+        (["--ranks", "8"], None, "--lengths is required"),
+    ]
+    for case_arguments, case_lengths, message in cases:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            simulate_in_process(case_arguments, case_lengths)
+    # A pointer the library did not hand out is refused, never freed.
+    from odc import _capi
 
-
-def test_validation_with_measured_transport_curves(odc_cli, monkeypatch):
-    monkeypatch.setenv("ODC_CLI", odc_cli)
-    curves = str(REPO / "data" / "transport" / "h200x4_odc_bench.json")
-    rows = validate_recorded(REPO / "docs" / "results", transport=curves)
-    rows = [r for r in rows if "skipped" not in r]
-    assert len(rows) >= 19
-    mean = sum(abs(r["error"]) for r in rows) / len(rows)
-    assert mean <= MEAN_ABSOLUTE_ERROR_BOUND, rows
+    foreign = ctypes.create_string_buffer(b"{}")
+    assert (
+        _capi.lib.odcSimulateFree(ctypes.cast(foreign, ctypes.c_void_p)) == _capi.INVALID_ARGUMENT
+    )
+    assert _capi.lib.odcSimulateFree(None) == _capi.SUCCESS
 
 
 ODC_BENCH_SAMPLE = """odc-bench: 2 GPUs, NCCL 22809

@@ -605,7 +605,7 @@ def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
         "bubble_measured": config.comm == "odc",
         **comparison,
         # The measured minibatches' sample lengths, in plan order: with the cost model, enough to
-        # re-plan and re-simulate exactly these minibatches (python -m odc.simulate --validate).
+        # re-plan and re-simulate exactly these minibatches (dev/analysis/validate_runs.py).
         "warmup_steps": config.warmup_steps,
         "measured_lengths": [
             config.lengths[i]
