@@ -203,7 +203,7 @@ def _migration_rank(rank, world, key, store_path, device="cpu"):
 
 
 def check_migration(results, tolerance=1e-6):
-    """The assertions, shared with the one-GPU run (dev/gpu/torch_migration_one_gpu.py)."""
+    """The assertions, shared with the one-GPU run (dev/gpu/torch_migration_check.py)."""
     for found in results:
         assert found["factor"] == 2.0
         assert "already has an OdcFSDP engine" in found["second"]

@@ -2,7 +2,7 @@
 odc's CUDA transport the gathers and pushes): the FSDP2-migration checks of
 tests/python/test_torch_migration.py and the failure/recovery run of test_torch_fsdp2_frozen.py
 with CUDA models, then the cost of the default collectives check on NCCL process groups.
-Run from the repository root with tests/python on sys.path (torch_migration_one_gpu.sh)."""
+Run from the repository root with tests/python on sys.path (dev/gpu/run.sh torch-migration)."""
 
 import os
 import statistics

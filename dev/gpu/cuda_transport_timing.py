@@ -2,7 +2,7 @@
 same-basis ratio (both builds share the GPU the same way), not a bandwidth figure (the two ranks
 contend for one GPU's SMs and memory; odc_bench needs one GPU per rank). The libraries come from
 the environment (ODC_LIBRARY, PYTHONPATH), so the driver runs the same program on each build.
-  python3 cuda_transport_timing_one_gpu.py LABEL   prints one line per operation and size:
+  python3 dev/gpu/cuda_transport_timing.py LABEL   prints one line per operation and size:
   label, operation, MiB per rank, median and min microseconds over 30 calls (slowest rank)
 """
 

@@ -2,7 +2,7 @@
 + odc symmetric memory (published shards + accumulators), and the torch peak split into what was
 held when its phase began and what the phase added. `publ` is the published buffers, `inpl` the
 part of them that is FSDP2's own sharded parameters moved there (odc.torch R7: not held by torch
-any more, so not extra). Usage: issue17_memory_table.py FILE.json..."""
+any more, so not extra). Usage: python3 dev/analysis/memory_table.py FILE.json..."""
 
 import json
 import sys

@@ -2,7 +2,7 @@
 there are (one is enough: correctness, memory per process and bytes, no timings). Each check is a
 subcommand; the transport and libraries come from the environment (ODC_TRANSPORT,
 ODC_LIBRARY, ODC_NVSHMEM_PLUGIN, ODC_LOCAL_WORLD_SIZE, ODC_STAGING_BYTES), so the shell script
-that drives it (dev/gpu/streamed_one_gpu.sh) runs the same check on old and new libraries.
+that drives it (dev/gpu/run.sh streamed) runs the same check on old and new libraries.
   memory WORLD SHARD_MIB   GPU memory per process (nvidia-smi) with a bf16 tensor to push, and
                            after one accumulator and one minibatch that pushes it (NVSHMEM maps
                            its heap in large steps: compare old and new libraries at the same

@@ -4,7 +4,7 @@ gathers (float32, bfloat16, narrowed) inside minibatches from the fetchers' rows
 each rank fetched from other nodes (NVSHMEM's ODC_NVSHMEM_STATS line) equal to one fetch per
 node and minibatch; memory per process with and without the cache. Correctness, bytes and memory
 only: with ranks sharing a GPU, no timings. The transport, libraries and knobs come from the
-environment (dev/gpu/node_cache_one_gpu.sh drives it).
+environment (dev/gpu/run.sh node-schemes drives it).
   windows WORLD RANKS_PER_NODE MINIBATCHES AT_ONCE   the GPU suite's rank body
                            (tests/gpu/test_nvshmem_comm.py::_windows_rank) with every rank on GPU
                            0; AT_ONCE 0: no host synchronization inside minibatches. NVSHMEM:
@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 import odc
-from streamed_one_gpu import _used_mib  # this folder: nvidia-smi's memory of one process
+from streamed_check import _used_mib  # this folder: nvidia-smi's memory of one process
 
 
 def _windows(world, ranks_per_node, minibatches, at_once):

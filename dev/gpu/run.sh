@@ -1,0 +1,373 @@
+#!/usr/bin/env bash
+# GPU runs of odc, as named stages (dev/gpu/README.md lists them: what each measures, how long it
+# takes, on which machine, where its recorded results are). Run from the repository root on the
+# GPU machine; every stage runs under a time limit, logs to $OUT/<stage>.log (or its folder), and
+# a failed stage never stops the next one: the exit status is 1 when any failed.
+#
+#   dev/gpu/run.sh STAGE... [--snapshot DIR] [--old DIR]
+#
+# --snapshot DIR  the tree under test: libodc.so (a CUDA build), libodc_nvshmem.so, odc,
+#                 odc_bench, python/ and tests/ in DIR. Default: this tree's python/ and tests/
+#                 with the libraries carried in .device/.
+# --old DIR       the same for the "before" build of the before/after stages (streamed,
+#                 cuda-timing, bench-before-after).
+# Stage knobs come from the environment: BENCH_ROUNDS, BENCH_MIN_MIB, BENCH_MAX_MIB, BENCH_ORDER
+# (bench-before-after), SKIP_FIT=1 (torch-migration without fit), SM_BUDGET_SECONDS (sm-budget).
+set -uo pipefail
+
+usage() {
+  sed -n '/^#   dev/,/SM_BUDGET_SECONDS/p' "$0" | sed 's/^# \{0,1\}//' >&2
+  echo "stages: ${stages[*]}" >&2
+  exit 2
+}
+
+here=$(cd "$(dirname "$0")" && pwd)
+stages=(node-schemes streamed deterministic deterministic-memory cuda-timing bench-before-after
+  fit torch-migration torch-frozen gpu-suite balanced-tail small-microbatch sm-budget)
+snapshot="" old="" chosen=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --snapshot) snapshot=${2:?--snapshot needs a folder}; shift 2 ;;
+    --old) old=${2:?--old needs a folder}; shift 2 ;;
+    -h | --help) usage ;;
+    -*) echo "run.sh: unknown option $1" >&2; usage ;;
+    *) chosen+=("$1"); shift ;;
+  esac
+done
+[ ${#chosen[@]} -gt 0 ] || usage
+for name in "${chosen[@]}"; do
+  [[ " ${stages[*]} " == *" $name "* ]] || { echo "run.sh: unknown stage '$name'" >&2; usage; }
+done
+
+out=${OUT:-/tmp/odc_gpu}
+mkdir -p "$out"
+# NVLink multicast off: it can take the shared host down (NCCL, torch's symmetric memory, NVSHMEM).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+nccl_lib=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null || true)
+nvshmem_dir=$(python3 -c 'import nvidia.nvshmem as m; print(list(m.__path__)[0])' 2>/dev/null || true)
+export LD_LIBRARY_PATH=${nccl_lib:+$nccl_lib:}${nvshmem_dir:+$nvshmem_dir/lib:}${LD_LIBRARY_PATH:-}
+
+# A build: its libraries (lib_dir) and its Python and tests (src_dir).
+build_dirs() {  # build_dirs DIR: sets lib_dir and src_dir
+  if [ -n "$1" ]; then
+    lib_dir=$(cd "$1" && pwd) src_dir=$lib_dir
+  else
+    lib_dir=$PWD/.device src_dir=$PWD
+  fi
+}
+libs() {  # libs DIR: the environment that selects that build (DIR empty: this tree)
+  build_dirs "$1"
+  echo "PYTHONPATH=$src_dir/python:$src_dir/tests/gpu:$src_dir/tests/python" \
+    "ODC_LIBRARY=$lib_dir/libodc.so ODC_NVSHMEM_PLUGIN=$lib_dir/libodc_nvshmem.so" \
+    "ODC_CLI=$lib_dir/odc"
+}
+need_old() {
+  [ -n "$old" ] || { echo "run.sh: stage $1 compares two builds: give --old DIR" >&2; return 1; }
+}
+
+status=0
+log=/dev/null
+# stage NAME LIMIT COMMAND...: runs a command under a time limit, appends its output to $log,
+# says how it ended, and on failure sets status=1 and goes on.
+stage() {
+  local name=$1 limit=$2 rc=0 begin=$SECONDS
+  shift 2
+  echo "=== $name ($(date -u +%H:%M:%S)): $*" | tee -a "$log"
+  # timeout signals its whole process group, so torchrun's and odc.launch's ranks go too.
+  timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "=== $name FAILED (exit $rc) after $((SECONDS - begin)) s" | tee -a "$log"
+    status=1
+  else
+    echo "=== $name done in $((SECONDS - begin)) s" | tee -a "$log"
+  fi
+}
+header() {  # the device, date and commit at the top of a log
+  { date -u; nvidia-smi -L; git rev-parse --short HEAD 2>/dev/null
+    python3 -c 'import torch; print("torch", torch.__version__)' 2>/dev/null; } >>"$log" 2>&1
+}
+
+frozen_check() {  # frozen_check RANKS [MESH]: the CPU test's body with CUDA models
+  local mesh=${2:+, mesh=($2)}
+  echo "
+from test_torch_fsdp2_frozen import check_frozen_unused_and_adapter_parameters as check
+check($1, 'cuda', tolerance=1e-4$mesh)
+print('odc.torch: frozen, unused and adapter parameters ok on $1 ranks ${2:+(mesh $2)}')"
+}
+
+# The core's node schemes on one GPU, ranks sharing it, pretended nodes (ODC_LOCAL_WORLD_SIZE):
+# node-cached gathers and node-aggregated pushes over NVSHMEM and the CUDA transport, memory
+# with and without the cache, odc.torch served from the cache, the streamed sums unchanged.
+stage_node_schemes() {
+  local env_new check="$here/node_schemes_check.py" streamed="$here/streamed_check.py"
+  local nv="ODC_TRANSPORT=nvshmem"
+  env_new=$(libs "$snapshot")
+  for direct in 1 0; do
+    stage "nvshmem-nodes2-direct$direct" 400 env $env_new $nv ODC_NVSHMEM_DIRECT=$direct \
+      ODC_LOCAL_WORLD_SIZE=2 python3 "$check" windows 4 2 12 1
+  done
+  for world in 2 4; do
+    stage "nvshmem-nodes1-$world" 400 env $env_new $nv ODC_LOCAL_WORLD_SIZE=1 \
+      python3 "$check" windows "$world" 1 12 1
+  done
+  stage nvshmem-one-node 400 env $env_new $nv ODC_LOCAL_WORLD_SIZE=4 \
+    python3 "$check" windows 4 4 8 1
+  stage nvshmem-nodes2-cache-off 400 env $env_new $nv ODC_LOCAL_WORLD_SIZE=2 \
+    ODC_NODE_CACHE_BYTES=0 python3 "$check" windows 4 2 8 1
+  stage nvshmem-nodes2-late-fetch 400 env $env_new $nv ODC_LOCAL_WORLD_SIZE=2 \
+    ODC_NVSHMEM_TEST_FETCH_DELAY_US=20000 python3 "$check" windows 4 2 8 0
+  stage cuda-nodes2 400 env $env_new ODC_TRANSPORT=cuda ODC_LOCAL_WORLD_SIZE=2 \
+    python3 "$check" windows 4 2 12 1
+  stage cuda-nodes2-late 400 env $env_new ODC_TRANSPORT=cuda ODC_LOCAL_WORLD_SIZE=2 \
+    python3 "$check" windows 4 2 8 0
+  for shape in "4 2" "4 1" "2 1"; do
+    stage "nvshmem-aggregation-${shape// /x}" 400 env $env_new $nv \
+      ODC_LOCAL_WORLD_SIZE=${shape#* } python3 "$check" aggregation $shape
+  done
+  stage nvshmem-aggregation-tiny-staging 400 env $env_new $nv ODC_LOCAL_WORLD_SIZE=2 \
+    ODC_STAGING_BYTES=256K python3 "$check" aggregation 4 2
+  stage nvshmem-aggregation-relayed-and-direct 400 env $env_new $nv ODC_LOCAL_WORLD_SIZE=2 \
+    ODC_STAGING_BYTES=256K ODC_NODE_AGGREGATION_BYTES=300000 python3 "$check" aggregation-mixed 4
+  stage memory-cuda-nodes2-cache-default 300 env $env_new ODC_TRANSPORT=cuda \
+    ODC_LOCAL_WORLD_SIZE=2 python3 "$check" memory 4 64
+  stage memory-cuda-nodes2-cache-0 300 env $env_new ODC_TRANSPORT=cuda ODC_LOCAL_WORLD_SIZE=2 \
+    ODC_NODE_CACHE_BYTES=0 python3 "$check" memory 4 64
+  for ranks in 2 4; do
+    stage "torch-nvshmem-nodes1-$ranks" 400 env $env_new $nv ODC_LOCAL_WORLD_SIZE=1 \
+      OMP_NUM_THREADS=2 python3 -c "$(frozen_check "$ranks")"
+  done
+  stage streamed-sums-nvshmem 300 env $env_new $nv ODC_LOCAL_WORLD_SIZE=1 \
+    python3 "$streamed" sums 4 bfloat16 6
+  stage streamed-dies 200 env $env_new $nv ODC_LOCAL_WORLD_SIZE=1 python3 "$streamed" dies
+  stage cuda-sums 300 env $env_new ODC_TRANSPORT=cuda python3 "$streamed" sums 2 bfloat16 6
+}
+
+# The streamed scheme over NVSHMEM, several ranks per GPU: memory per process before (--old) and
+# after, exact sums with delays (fp32, bf16, default and tiny staging), 1,000 minibatches, a rank
+# killed mid-minibatch, the deterministic scheme, odc.torch over NVSHMEM, the CUDA sums unchanged.
+stage_streamed() {
+  need_old streamed || { status=1; return; }
+  local env_new env_old check="$here/streamed_check.py"
+  local nodes1="ODC_TRANSPORT=nvshmem ODC_LOCAL_WORLD_SIZE=1"  # every rank its own node
+  env_new=$(libs "$snapshot") env_old=$(libs "$old")
+  for world in 2 4; do
+    stage "memory-old-$world" 300 env $env_old $nodes1 python3 "$check" memory "$world" 256
+    stage "memory-new-$world" 300 env $env_new $nodes1 python3 "$check" memory "$world" 256
+  done
+  for direct in 0 1; do
+    for world in 2 4; do
+      for dtype in float32 bfloat16; do
+        stage "sums-direct$direct-$world-$dtype" 300 env $env_new $nodes1 \
+          ODC_NVSHMEM_DIRECT=$direct python3 "$check" sums "$world" "$dtype" 6
+        stage "sums-tiny-direct$direct-$world-$dtype" 300 env $env_new $nodes1 \
+          ODC_NVSHMEM_DIRECT=$direct ODC_STAGING_BYTES=256K python3 "$check" sums "$world" "$dtype" 6
+      done
+    done
+  done
+  stage thousand 500 env $env_new $nodes1 ODC_STAGING_BYTES=64K \
+    python3 "$check" sums 2 float32 1000 1024
+  for world in 2 4; do
+    stage "inside-$world" 300 env $env_new $nodes1 python3 "$check" inside "$world"
+  done
+  stage dies 200 env $env_new $nodes1 python3 "$check" dies
+  stage deterministic 300 env $env_new $nodes1 python3 "$check" deterministic
+  for ranks in 2 4; do
+    stage "torch-nvshmem-$ranks" 300 env $env_new $nodes1 OMP_NUM_THREADS=2 \
+      python3 -c "$(frozen_check "$ranks")"
+  done
+  stage cuda-sums 300 env $env_new ODC_TRANSPORT=cuda python3 "$check" sums 2 bfloat16 6
+}
+
+# Deterministic mode (the pulled scheme) and the default scheme, two ranks on one GPU, over the
+# CUDA transport and over NVSHMEM (two pretended one-rank nodes): exact integer sums with random
+# delays, and bitwise-identical non-integer sums across two runs with different delays.
+stage_deterministic() {
+  local env_new
+  env_new=$(libs "$snapshot")
+  local check='
+import odc, test_cuda_comm as suite
+for deterministic in (True, False):
+    done = odc.launch(suite._minibatch_rank, 2, 12, 65537, "bfloat16", True, deterministic,
+                      timeout=300)
+    assert done == [12, 12], done
+    print("exact sums, deterministic" if deterministic else "exact sums, default scheme", done)
+first = odc.launch(suite._deterministic_rank, 2, 1, 65537, timeout=300)
+second = odc.launch(suite._deterministic_rank, 2, 2, 65537, timeout=300)
+assert first == second, "deterministic sums differ between runs"
+print("deterministic: bitwise identical across runs with different delays")
+'
+  stage cuda 300 env $env_new python3 -c "$check"
+  stage nvshmem-two-nodes 300 env $env_new ODC_TRANSPORT=nvshmem ODC_NVSHMEM_DIRECT=0 \
+    ODC_LOCAL_WORLD_SIZE=1 ODC_NVSHMEM_HIERARCHICAL=1 python3 -c "$check"
+}
+
+# GPU memory per process (as the driver counts it) of one deterministic accumulator.
+stage_deterministic_memory() {
+  local env_new
+  env_new=$(libs "$snapshot")
+  stage memory 300 env $env_new python3 "$here/deterministic_memory.py" 256
+}
+
+# The CUDA transport's data paths, --old against the snapshot, two ranks sharing one GPU,
+# alternated three times each: a same-basis ratio, not a bandwidth figure.
+stage_cuda_timing() {
+  need_old cuda-timing || { status=1; return; }
+  local round build env_build
+  for round in 1 2 3; do
+    for build in old new; do
+      if [ "$build" = old ]; then env_build=$(libs "$old"); else env_build=$(libs "$snapshot"); fi
+      stage "$build-$round" 300 env $env_build python3 "$here/cuda_transport_timing.py" "$build"
+    done
+  done
+}
+
+# odc_bench on the CUDA transport, --old and the snapshot alternated BENCH_ROUNDS times (one
+# process per GPU), sizes BENCH_MIN_MIB..BENCH_MAX_MIB, BENCH_ORDER "old new" or "new old".
+stage_bench_before_after() {
+  need_old bench-before-after || { status=1; return; }
+  local round build dir
+  for round in $(seq "${BENCH_ROUNDS:-2}"); do
+    for build in ${BENCH_ORDER:-old new}; do
+      if [ "$build" = old ]; then build_dirs "$old"; else build_dirs "$snapshot"; fi
+      dir=$lib_dir
+      stage "$build-$round" 280 bash -c "LD_LIBRARY_PATH=$dir:\$LD_LIBRARY_PATH $dir/odc_bench \
+        ${BENCH_MIN_MIB:-1} ${BENCH_MAX_MIB:-256} > $out/bench_${build}_${round}.txt 2>&1"
+    done
+  done
+}
+
+# python -m odc.fit on a Qwen2-1.5B-shaped model (random weights) up to 32K-token microbatches,
+# with and without gradient checkpointing; each --cost through the planner and beside
+# docs/planner.md's 1.5b row.
+stage_fit() {
+  local env_new config=data/configs/qwen2_1_5b.json
+  env_new=$(libs "$snapshot")
+  local fit=(python3 -m odc.fit "$config" --max-tokens 32768 --dtype bfloat16 --device cuda
+    --repeats 3)
+  stage fit-1.5b-gc 300 env $env_new "${fit[@]}" --gradient-checkpointing \
+    --json "$out/fit_1_5b_gc.json"
+  stage fit-1.5b-no-gc 300 env $env_new "${fit[@]}" --no-gradient-checkpointing \
+    --json "$out/fit_1_5b_no_gc.json"
+  stage plan-and-compare 120 env $env_new python3 "$here/summarize_runs.py" fit "$out"
+}
+
+# odc.torch's FSDP2-migration behaviour with CUDA models (2 ranks sharing a GPU), failure and
+# recovery, the default collectives check's cost on NCCL; then the fit stage (SKIP_FIT=1: not).
+stage_torch_migration() {
+  local env_new name
+  env_new=$(libs "$snapshot")
+  for name in migration failure check-cost; do
+    stage "$name" 240 env $env_new python3 "$here/torch_migration_check.py" "$name"
+  done
+  [ "${SKIP_FIT:-0}" = 1 ] || stage_fit
+}
+
+# odc.torch with frozen, unused and adapter parameters (2 and 4 ranks, an HSDP mesh 2 x 2) and a
+# failing minibatch, several ranks per GPU (gloo for FSDP2's few collectives); an aborting rank.
+stage_torch_frozen() {
+  local env_new ranks
+  env_new=$(libs "$snapshot")
+  for ranks in 2 4; do
+    stage "frozen-$ranks-ranks" 240 env $env_new OMP_NUM_THREADS=2 \
+      python3 -c "$(frozen_check "$ranks")"
+  done
+  stage frozen-hsdp-2x2 240 env $env_new OMP_NUM_THREADS=2 python3 -c "$(frozen_check 4 "2, 2")"
+  stage failure-on-gpu 240 env $env_new OMP_NUM_THREADS=2 python3 -c "
+import os, tempfile, odc
+from test_torch_fsdp2_frozen import _failure_rank
+with tempfile.TemporaryDirectory() as d:
+    results = odc.launch(_failure_rank, 2, os.path.join(d, 'store'), 'cuda', 20, timeout=200)
+for rank, (seen, _) in enumerate(results):
+    print('rank', rank, {k: v for k, v in seen.items()})"
+  stage abort-cuda 200 env $env_new python3 -c "
+import time, odc, test_cuda_comm as suite
+start = time.monotonic()
+suite.test_aborting_rank_ends_peers_device_waits_at_once()
+print(f'aborting rank named by its peer\'s device barrier in {time.monotonic() - start:.1f} s')"
+}
+
+# The GPU test suite (tests/gpu, 2+ GPUs; tests/gpu/README.md), then the C++ CUDA smoke test.
+stage_gpu_suite() {
+  local env_new
+  env_new=$(libs "$snapshot")
+  stage pytest-gpu 900 env $env_new python3 -m pytest -rs -q "$src_dir/tests/gpu"
+  [ -x "$lib_dir/odc_cuda_smoke" ] && stage cuda-smoke 120 "$lib_dir/odc_cuda_smoke"
+}
+
+# train: odc.train on 4 GPUs under torchrun, 1.5b preset, 4 samples per rank, the 1.5b cost fit
+# given (docs/benchmarks.md, issue #7), no timeline file; each stage adds its data and runs.
+train_1_5b() {
+  train=(python3 -m torch.distributed.run --standalone --nproc_per_node 4 -m odc.train
+    --preset 1.5b --samples-per-rank 4 --cost "3.123e-05,1.187e-09,0.07082"
+    --lengths data/longalign_like.txt --timeline "" "$@")
+}
+
+# Where ODC's minibatch tail goes on balanced data: collective + lb-micro, odc + lb-mini with
+# all SMs and with ODC_CUDA_SMS=32, each run's tail phases printed.
+stage_balanced_tail() {
+  local env_new dest="$out/balanced_tail"
+  env_new=$(libs "$snapshot")
+  mkdir -p "$dest"
+  local train
+  train_1_5b --constant-length 8192 --steps 4
+  stage collective 120 env $env_new "${train[@]}" --comm collective --policy lb-micro \
+    --output "$dest/collective.json"
+  stage odc-all-sms 120 env $env_new "${train[@]}" --comm odc --policy lb-mini \
+    --output "$dest/odc_all.json"
+  stage odc-32-sms 120 env $env_new ODC_CUDA_SMS=32 "${train[@]}" --comm odc --policy lb-mini \
+    --output "$dest/odc_32.json"
+  stage tails 60 python3 "$here/summarize_runs.py" tails "$dest"
+}
+
+# Why a short microbatch costs ODC more: one 1,024-token sample per rank per minibatch,
+# collective against ODC (--compare), then ODC with all SMs against odc.train's 32.
+stage_small_microbatch() {
+  local env_new dest="$out/small"
+  env_new=$(libs "$snapshot")
+  mkdir -p "$dest"
+  local train
+  train_1_5b --constant-length 1024 --steps 6  # the later --samples-per-rank 1 wins
+  stage compare 150 env $env_new OMP_NUM_THREADS=4 "${train[@]}" --samples-per-rank 1 --compare \
+    --output "$dest/compare.json"
+  stage odc-all-sms 100 env $env_new OMP_NUM_THREADS=4 ODC_CUDA_SMS=132 "${train[@]}" \
+    --samples-per-rank 1 --comm odc --policy lb-mini --output "$dest/odc_all_sms.json"
+  stage spans 60 python3 "$here/summarize_runs.py" spans "$dest"
+}
+
+# Does the SM budget of odc's data kernels (ODC_CUDA_SMS) cost or win training speed: odc_bench
+# 16..256 MiB with all SMs, 32 and 16; odc.train balanced, collective and odc at each budget,
+# twice each, interleaved (drift shows as the two collective runs differing).
+stage_sm_budget() {
+  local env_new dest="$out/sm_budget" round sms begin=$SECONDS
+  local budget=${SM_BUDGET_SECONDS:-540}
+  env_new=$(libs "$snapshot")
+  mkdir -p "$dest"
+  stage "odc_bench sms=all" 45 env $env_new "$lib_dir/odc_bench" --transport cuda 16 256 4
+  for sms in 32 16; do
+    stage "odc_bench sms=$sms" 45 env $env_new ODC_CUDA_SMS=$sms "$lib_dir/odc_bench" \
+      --transport cuda 16 256 4
+  done
+  local train
+  train_1_5b --constant-length 8192 --steps 4
+  for round in 1 2; do
+    [ $((SECONDS - begin)) -lt "$budget" ] || { echo "sm-budget: time budget spent" >>"$log"; break; }
+    stage "collective-$round" 60 env $env_new "${train[@]}" --comm collective --policy lb-micro \
+      --output "$dest/collective_$round.json"
+    for sms in all 32 16; do
+      local knob=""
+      [ "$sms" = all ] || knob="ODC_CUDA_SMS=$sms"
+      stage "odc-sms-$sms-$round" 60 env $env_new $knob "${train[@]}" --comm odc \
+        --policy lb-mini --output "$dest/odc_${sms}_$round.json"
+    done
+  done
+  stage table 60 python3 "$here/summarize_runs.py" sm-budget "$dest"
+}
+
+for name in "${chosen[@]}"; do
+  log="$out/$name.log"
+  header
+  echo "##### stage $name -> $log"
+  "stage_${name//-/_}"
+done
+exit $status
