@@ -29,7 +29,7 @@
 
 namespace {
 
-constexpr double kNvlinkGBs = 478.0;  // per direction per GPU, design.md
+constexpr double kNvlinkGBs = 478.0;  // per direction per GPU, docs/design.md "Measuring"
 
 #define BENCH_CUDA(call)                                                         \
   do {                                                                           \

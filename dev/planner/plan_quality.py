@@ -3,8 +3,9 @@
 
 Usage: plan_quality.py OLD_ODC NEW_ODC [--quick]
 Plans every data/*.txt file with every policy, several rank counts, minibatch sizes and both cost
-models (linear tokens; the H200 fit of design.md), and prints one row per case with both builds'
-bubbles and microbatch counts, plus how many cases got better, worse or stayed equal.
+models (linear tokens; the H200 fit of docs/design.md, "Measuring"), and prints one row per case
+with both builds' bubbles and microbatch counts, plus how many cases got better, worse or stayed
+equal.
 """
 
 import json

@@ -51,7 +51,8 @@ ODC_API const char* odcGetLastError(void);
 ODC_API int odcGetVersion(void);
 
 /* ---------------------------------------------------------------------------------------------
- * Planner: load-balancing plans and predicted bubbles (design.md, "Load balancing").
+ * Planner: load-balancing plans and predicted bubbles (docs/design.md, "Load balancing: exact
+ * definitions").
  * Pure CPU; thread-safe for distinct plan handles.
  * ------------------------------------------------------------------------------------------- */
 
@@ -61,9 +62,9 @@ typedef enum {
   odcPolicyLbMini = 2     /* cost-balanced ranks, independent microbatch counts (ODC only) */
 } odcPolicy_t;
 
-/* Splitting outliers (design.md): a sample costing more than its minibatch's ideal per-rank share
- * may run as context-parallel chunks on a group of ranks; the plan JSON lists such samples under
- * "splits" (docs/planner.md). */
+/* Splitting outliers (docs/design.md, "Splitting outliers"): a sample costing more than its
+ * minibatch's ideal per-rank share may run as context-parallel chunks on a group of ranks; the
+ * plan JSON lists such samples under "splits" (docs/planner.md). */
 typedef enum {
   odcSplitOff = 0, /* every sample runs whole on one rank */
   odcSplitAuto = 1 /* split where the predicted span of the minibatch drops */
@@ -149,7 +150,8 @@ ODC_API odcResult_t odcSimulate(const char* const* args, size_t num_args, const 
 ODC_API odcResult_t odcSimulateFree(char* json);
 
 /* ---------------------------------------------------------------------------------------------
- * Communicator: ranks, symmetric buffers and the ODC operations (design.md, "Semantics").
+ * Communicator: ranks, symmetric buffers and the ODC operations (docs/design.md, "Semantics of
+ * the operations").
  * One process per rank. A communicator is used by one thread at a time (odcCommDestroy may come
  * from another thread while a call is in flight: that call ends with odcInterrupted). Calls marked
  * "collective" must be made by every rank, in the same order. Errors name the rank and the

@@ -53,7 +53,8 @@ def plan(
     split_exchange: Optional[float] = None,
     microbatch_memory: str = "lb-micro",
 ) -> dict:
-    """Plans microbatches for every rank and predicts the bubble (design.md, "Load balancing").
+    """Plans microbatches for every rank and predicts the bubble (docs/design.md, "Load
+    balancing: exact definitions").
 
     lengths: tokens per sample, in order; consecutive groups of `minibatch_size` form the
         minibatches (default: all samples in one).

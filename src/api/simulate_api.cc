@@ -29,8 +29,8 @@ Status invalid(const std::string& message) {
 
 }  // namespace
 
-extern "C" odcResult_t odcSimulate(const char* const* args, size_t num_args,
-                                   const int64_t* lengths, size_t num_samples, char** json) {
+extern "C" odcResult_t odcSimulate(const char* const* args, size_t num_args, const int64_t* lengths,
+                                   size_t num_samples, char** json) {
   return guarded([&]() -> odcResult_t {
     if (json == nullptr) return report(invalid("json is NULL"));
     if (args == nullptr && num_args != 0) return report(invalid("args is NULL"));

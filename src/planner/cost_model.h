@@ -1,5 +1,6 @@
-// The cost model of design.md: a microbatch costs max(floor, c + sum over its samples of
-// (a*L + b*L^2)). Costs are in arbitrary units (seconds when a, b, c come from a timing fit).
+// The cost model of docs/design.md ("Load balancing: exact definitions"): a microbatch costs
+// max(floor, c + sum over its samples of (a*L + b*L^2)). Costs are in arbitrary units (seconds
+// when a, b, c come from a timing fit).
 // The floor is the least time any microbatch takes: launching a training step's kernels from
 // the host (framework hooks, autograd, per-layer communication calls) takes a fixed time however
 // few tokens it carries, and a short microbatch runs at the host's pace (4 H200s, 1.5b preset:

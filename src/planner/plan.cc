@@ -257,9 +257,10 @@ int64_t lb_micro_bound(const std::vector<LocalBins>& micro, const MinibatchInput
   return std::min(options.max_tokens, largest_microbatch(micro, input.tokens));
 }
 
-// LB-Mini (design.md): cost-balanced ranks, each packed independently. Under kLbMicro the packing
-// is redone under lb_micro_bound where it exceeds it; LB-Micro is planned only when a microbatch
-// holds more than the minibatch's longest sample (the bound's floor), and the partition is kept.
+// LB-Mini (docs/design.md, "Load balancing: exact definitions"): cost-balanced ranks, each
+// packed independently. Under kLbMicro the packing is redone under lb_micro_bound where it
+// exceeds it; LB-Micro is planned only when a microbatch holds more than the minibatch's longest
+// sample (the bound's floor), and the partition is kept.
 std::vector<LocalBins> plan_lb_mini(const MinibatchInput& input, const PlanOptions& options) {
   const int num_ranks = static_cast<int>(options.num_ranks);
   const bool uniform_speed = options.rank_speed.empty() ||

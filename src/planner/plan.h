@@ -1,6 +1,6 @@
 // Load-balancing plans for one or more minibatches: which rank runs which samples, in which
 // microbatches, and the bubble each plan is predicted to leave under collective and ODC execution.
-// Definitions follow design.md ("Load balancing: exact definitions") to the letter.
+// Definitions follow docs/design.md ("Load balancing: exact definitions") to the letter.
 #pragma once
 
 #include <cstdint>
@@ -79,8 +79,9 @@ struct RankPlan {
   std::vector<Microbatch> microbatches;
 };
 
-// Predicted time accounting of one minibatch (design.md): busy = sum of all microbatch times,
-// collective = sum over steps of the slowest rank, odc = the slowest rank's total.
+// Predicted time accounting of one minibatch (docs/design.md, "Load balancing: exact
+// definitions"): busy = sum of all microbatch times, collective = sum over steps of the slowest
+// rank, odc = the slowest rank's total.
 struct MinibatchTimes {
   double busy = 0.0;
   double collective = 0.0;

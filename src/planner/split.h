@@ -1,4 +1,4 @@
-// Splitting outliers (design.md, "Splitting outliers"): a sample that costs more than a rank's
+// Splitting outliers (docs/design.md, "Splitting outliers"): a sample that costs more than a rank's
 // share of its minibatch runs as context-parallel chunks on a transient group of k ranks, and the
 // other samples are balanced around the groups. Invariant: every token of a split sample belongs to
 // exactly one chunk, and each group member's chunk is a zigzag pair of pieces (i, 2k-1-i), so every

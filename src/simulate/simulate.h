@@ -67,8 +67,8 @@ struct TransportCurves {
 
 struct Topology {
   int64_t gpus_per_node = 8;
-  // Measured on 4 H200s (design.md): ODC pulls/pushes ~290 GB/s when every GPU moves data at
-  // once, NCCL all-gather / reduce-scatter ~300 GB/s bus bandwidth at 64-512 MiB.
+  // Measured on 4 H200s (docs/design.md, "Measuring"): ODC pulls/pushes ~290 GB/s when every GPU
+  // moves data at once, NCCL all-gather / reduce-scatter ~300 GB/s bus bandwidth at 64-512 MiB.
   Link nvlink{290e9, 10e-6};
   Link nvlink_collective{300e9, 15e-6};
   Link network{50e9, 10e-6};  // a 400 Gb/s NIC per GPU

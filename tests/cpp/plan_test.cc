@@ -1,4 +1,5 @@
-// Policies and bubble predictions, against design.md's definitions and hand-computed cases.
+// Policies and bubble predictions, against docs/design.md's definitions ("Load balancing: exact
+// definitions") and hand-computed cases.
 #include "planner/plan.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // The simulator against the planner's own accounting (free communication), hand-computed small
-// cases with communication, and its invariants (design.md; docs/simulate.md).
+// cases with communication, and its invariants (docs/design.md; docs/simulate.md).
 #include "simulate/simulate.h"
 
 #include <gtest/gtest.h>

@@ -91,7 +91,8 @@ def test_measured_bubble_and_summary():
 
 
 def test_prediction_is_time_weighted_like_the_measurement():
-    # design.md: over several minibatches bubble = 1 - sum(busy) / (N * sum(T)) on both sides.
+    # docs/design.md ("Measuring"): over several minibatches bubble = 1 - sum(busy) / (N * sum(T))
+    # on both sides.
     # Cost a=1 per token: minibatch 1 is rank 0 = 9, rank 1 = 1 (ODC span 9, bubble 4/9);
     # minibatch 2 is 1 and 1 (span 1, bubble 0). Time-weighted: 1 - 12 / (2 * 10) = 0.4; the
     # plain mean of per-minibatch bubbles would be 2/9 = 0.222.

@@ -1,6 +1,6 @@
 """Fitting the planner's cost model to measured microbatch times.
 
-The planner balances cost(microbatch) = max(floor, c + sum(a*L + b*L^2)) (design.md). Its
+The planner balances cost(microbatch) = max(floor, c + sum(a*L + b*L^2)) (docs/design.md). Its
 plans, and the bubble it predicts, are only as good as a, b, c and the floor: attention kernels,
 masks, activation checkpointing and the loss all change them. `odc train` therefore times
 single-sample microbatches of a ladder of lengths on the model it is about to train, plus one

@@ -1,5 +1,6 @@
 """Measured metrics of a training run: per-rank busy and idle time, the measured bubble (the same
-definition as the planner's prediction, design.md, with measured times), throughput.
+definition as the planner's prediction, docs/design.md, "Measuring", with measured times),
+throughput.
 
 busy[r]  = time rank r spent computing its microbatches (forward + backward, timed on the device)
 span     = wall time of the minibatch on the slowest rank (begin to the end of the optimizer step)
@@ -57,9 +58,9 @@ def summarize(timings: Sequence[MinibatchTiming]) -> dict:
     }
 
 
-# Prediction on the same basis as the measurement (design.md, "Measuring"): the planner's cost
-# model gives each rank's busy time and the minibatch's span under the run's communication mode,
-# and the bubble over several minibatches is weighted by time on both sides.
+# Prediction on the same basis as the measurement (docs/design.md, "Measuring"): the planner's
+# cost model gives each rank's busy time and the minibatch's span under the run's communication
+# mode, and the bubble over several minibatches is weighted by time on both sides.
 
 
 @dataclass
@@ -84,7 +85,7 @@ def describe_cost(cost: Sequence[float]) -> str:
 
 def microbatch_cost(samples: Sequence[int], lengths: Sequence[int], cost: Sequence[float]) -> float:
     """max(floor, c + sum over the microbatch's samples of (a*L + b*L^2)); cost is (a, b, c) or
-    (a, b, c, floor), as the planner's (design.md, "Load balancing")."""
+    (a, b, c, floor), as the planner's (docs/design.md, "Load balancing: exact definitions")."""
     a, b, c, floor = cost_terms(cost)
     return max(floor, c + sum(a * lengths[i] + b * lengths[i] * lengths[i] for i in samples))
 

@@ -80,7 +80,7 @@ def varlen_available(device: torch.device) -> bool:
 
 
 class SplitChunk:
-    """This rank's part of a sample split over a group of ranks (design.md, "Splitting
+    """This rank's part of a sample split over a group of ranks (docs/design.md, "Splitting
     outliers"; the planner's "splits" entry): the chunk's token ranges of the sample, every
     member's ranges (in group order) and the group's process group. The chunk's tokens are the
     concatenation of `pieces` in order, as data.pack_chunk lays them out.

@@ -399,8 +399,9 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             step_loss = torch.zeros((), device=device)
             probe.enter("minibatch_begin")
             trainer.begin()
-            # Split chunks first (design.md): the members meet at the start of the minibatch and
-            # no member waits for another's unrelated work; groups are disjoint.
+            # Split chunks first (docs/design.md, "Splitting outliers"): the members meet at the
+            # start of the minibatch and no member waits for another's unrelated work; groups are
+            # disjoint.
             for split in minibatch.get("splits", []):
                 if rank not in split["ranks"]:
                     continue
