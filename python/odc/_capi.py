@@ -254,6 +254,7 @@ def _load() -> ctypes.CDLL:
         "odcCommConfigInit",
         "odcCommInitConfig",
         "odcCommDestroy",
+    lib.odcCommSplit.argtypes = [handle, ctypes.c_int, ctypes.c_int, ctypes.POINTER(handle)]
         "odcCommRank",
         "odcCommWorldSize",
         "odcCommGetTopology",
@@ -272,6 +273,7 @@ def _load() -> ctypes.CDLL:
         "odcGatherAs",
         "odcScatterAccumulate",
         "odcMinibatchBegin",
+        "odcCommSplit",
         "odcMinibatchEnd",
         "odcBarrier",
         "odcPlanOptionsInit",

@@ -630,6 +630,55 @@ class Comm:
         self._call(_capi.lib.odcMinibatchEnd, _stream_handle(stream, self.device))
 
     def barrier(self, stream: Any = None) -> None:
+    def split(self, color: Optional[int], key: Optional[int] = None) -> Optional["Comm"]:
+        """Collective over this communicator (odcCommSplit; every rank, same order; between
+        minibatches or inside one): the ranks passing the same `color` (an int >= 0) form a
+        sub-communicator, returned to each of them as a new `odc.Comm` of those ranks only, ranked
+        by `key` (default: this rank), then by rank here; `color=None` (or negative) joins none
+        and returns None. A sub-communicator is used and closed like any `Comm`: its buffers exist
+        on its members only (a gather reads k shards for k members), its minibatches and barriers
+        meet only its members and run independently of this communicator's (e.g. inside one of
+        its minibatches), with this communicator's transport, device, scheme, budgets and timeout.
+        Either may be closed first (device communicators: close sub-communicators in the same
+        order on their members). Errors start "split colour C, parent ranks a, b, ...: rank R"
+        (R counts members from 0); a member that dies or fails fails its peers naming it; a
+        failure of this communicator on this rank (a fault, abort()) fails its sub-communicators
+        here too, whose peers then name this rank. shm and cuda transports; nvshmem raises
+        (not supported). docs/runtime.md, "Sub-communicators"."""
+        color = -1 if color is None else _checked_int(color, "color", -_INT_MAX - 1, _INT_MAX)
+        key = self.rank if key is None else _checked_int(key, "key", -_INT_MAX - 1, _INT_MAX)
+        handle = ctypes.c_void_p()
+        self._call(_capi.lib.odcCommSplit, color, key, ctypes.byref(handle))
+        if not handle.value:
+            return None
+        return Comm._adopt(handle, self)
+
+    @classmethod
+    def _adopt(cls, handle: ctypes.c_void_p, parent: "Comm") -> "Comm":
+        """A Comm owning `handle`, a sub-communicator split from `parent` (no __init__: nothing
+        to meet through; its transport met its members)."""
+        comm = cls.__new__(cls)
+        comm._handle = None
+        comm._deferred_handle = None
+        comm._num_views = 0
+        comm._bootstrap = None
+        comm._pid = os.getpid()
+        comm._close_lock = threading.Lock()
+        rank, world_size = ctypes.c_int(), ctypes.c_int()
+        try:
+            _capi.check_comm(_capi.lib.odcCommRank(handle, ctypes.byref(rank)))
+            _capi.check_comm(_capi.lib.odcCommWorldSize(handle, ctypes.byref(world_size)))
+        except BaseException:
+            _capi.lib.odcCommDestroy(handle)
+            raise
+        comm._handle = handle
+        comm.deterministic = parent.deterministic
+        comm.device = parent.device
+        comm.rank = rank.value
+        comm.world_size = world_size.value
+        comm.key = None
+        return comm
+
         """Collective: completes when every rank has called it."""
         self._call(_capi.lib.odcBarrier, _stream_handle(stream, self.device))
 

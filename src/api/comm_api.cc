@@ -638,3 +638,26 @@ extern "C" odcResult_t odcSetInterruptCheck(int (*check)(void* ctx), void* ctx) 
 extern "C" int odcHasCuda(void) {
   return odc::find_transport("cuda").ok() ? 1 : 0;
 }
+extern "C" odcResult_t odcCommSplit(odcComm_t comm, int color, int key, odcComm_t* child) {
+  odcComm* created = nullptr;
+  const odcResult_t result = with_comm(comm, "odcCommSplit", [&](odc::Communicator& c) -> Status {
+    if (child == nullptr) {
+      return Status::InvalidArgument("rank " + std::to_string(c.rank()) + ": split: child is NULL");
+    }
+    auto made = c.split(color, key);
+    if (!made.ok()) return made.status();
+    if (made.value() != nullptr) {
+      created = new odcComm();
+      created->communicator = std::move(made).value();
+    }
+    return Status::Ok();
+  });
+  if (result != odcSuccess) return result;
+  if (created != nullptr) {
+    std::lock_guard<std::mutex> lock(registry_mutex);
+    live_comms.insert(created);
+  }
+  *child = created;
+  return result;
+}
+

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <random>
 #include <string>
 
 #include "common/env.h"
@@ -156,6 +158,40 @@ Status agree_on_budget(Transport& transport, const Result<size_t>& mine, const c
   return Status::Ok();
 }
 
+// A split's exchange record: colour and key, rank 0's random name for the split, and a mark that
+// tells a split from another collective's exchange (alloc's records compare every word).
+constexpr int kSplitColorWord = 0;
+constexpr int kSplitKeyWord = 1;
+constexpr int kSplitNameWord = 2;  // and the next
+constexpr int kSplitMarkWord = 15;
+constexpr uint64_t kSplitMark = 0x74696c7073636f64ull;  // "odcsplit"
+
+// The node layout of `members` (ranks of `parent`, in the group's order) as the group sees it:
+// each member on its node there, nodes renumbered in order of their lowest member.
+Topology topology_of_members(const Topology& parent, const std::vector<int>& members) {
+  Topology topology;
+  std::map<int, int> renumbered;
+  for (int member : members) {
+    auto found = renumbered.emplace(parent.node(member), static_cast<int>(renumbered.size()));
+    topology.node_of.push_back(found.first->second);
+    topology.direct.push_back(parent.direct[static_cast<size_t>(member)]);
+  }
+  topology.num_nodes = static_cast<int>(renumbered.size());
+  topology.source = "the parent communicator's (" + parent.source + ")";
+  return topology;
+}
+
+// "split colour 1, parent ranks 0, 3, 5" (the first 16 members, then how many in all).
+std::string split_label(int color, const std::vector<int>& members) {
+  std::string text = "split colour " + std::to_string(color) + ", parent ranks ";
+  constexpr size_t kShown = 16;
+  for (size_t i = 0; i < members.size() && i < kShown; ++i) {
+    text += (i == 0 ? "" : ", ") + std::to_string(members[i]);
+  }
+  if (members.size() > kShown) text += ", ... (" + std::to_string(members.size()) + " ranks)";
+  return text;
+}
+
 }  // namespace
 
 const char* scheme_name(AccumulationScheme scheme) {
@@ -187,6 +223,16 @@ Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opt
       }) {}
 
 Communicator::~Communicator() {
+  // Unlinked first: from here on a failure of the parent no longer reaches this one.
+  if (siblings_ != nullptr) {
+    std::lock_guard<std::mutex> lock(siblings_->mutex);
+    auto& live = siblings_->live;
+    live.erase(std::remove(live.begin(), live.end(), this), live.end());
+  }
+  {
+    std::lock_guard<std::mutex> lock(children_->mutex);
+    children_->live.clear();  // sub-communicators outlive this one, on their own
+  }
   // Stream-ordered transports: a peer's queued gathers and pushes may still reach this rank's
   // buffers after that peer's calls returned. So meet every peer in a final host barrier first
   // (it completes this rank's queued work, then waits, bounded by the timeout and ended early by
@@ -224,14 +270,24 @@ bool Communicator::owns(const Buffer* buffer) const {
 
 Status Communicator::finish(const char* operation, Status status) {
   if (status.ok()) return status;
-  Status named = status.with_context("rank " + std::to_string(rank()) + ": " + operation);
+  Status named = status.with_context((label_.empty() ? "" : label_ + ": ") + "rank " +
+                                     std::to_string(rank()) + ": " + operation);
   if (is_fault(status) && state_ != CommState::kFailed) {
     state_ = CommState::kFailed;
     failure_ = named.message();
     transport_->mark_failed(failure_);
     if (bootstrap_) bootstrap_->mark_failed(failure_);
+    fail_children();
   }
   return named;
+}
+
+void Communicator::fail_children() {
+  std::lock_guard<std::mutex> lock(children_->mutex);
+  for (Communicator* child : children_->live) {
+    // Its peers, waiting on this rank in the sub-communicator, end naming it and why.
+    (void)child->finish("the communicator it was split from failed", Status::RemoteError(failure_));
+  }
 }
 
 void Communicator::abort(const std::string& reason) {
@@ -778,6 +834,72 @@ Status Communicator::meet_inside_minibatch(const char* operation, StreamHandle s
   // Every peer has put all its chunks by now: fold them, so that a buffer freed next has none
   // left in the rings.
   return staging_->fold_arrived(stream);
+}
+
+Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
+  const char* op = "split";
+  ODC_RETURN_IF_ERROR(usable(op));
+  if (color < 0) color = kSplitNoColor;
+  ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));
+  // Inside a minibatch every rank meets first (streamed: nobody is pushing past it), as alloc.
+  ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op, nullptr)));
+  // The sub-communicators take their members' node layout from this one.
+  ODC_RETURN_IF_ERROR(agree_on_topology());
+  ExchangeRecord mine;
+  mine.words[kSplitColorWord] = static_cast<uint64_t>(static_cast<int64_t>(color));
+  mine.words[kSplitKeyWord] = static_cast<uint64_t>(static_cast<int64_t>(key));
+  if (rank() == 0) {
+    // Names this split's groups (their transports' shared memory) apart from every other.
+    std::random_device entropy;  // /dev/urandom on Linux
+    for (int w = kSplitNameWord; w < kSplitNameWord + 2; ++w) {
+      mine.words[w] = (static_cast<uint64_t>(entropy()) << 32) | entropy();
+    }
+  }
+  mine.words[kSplitMarkWord] = kSplitMark;
+  auto all = transport_->exchange(mine);
+  if (!all.ok()) return finish(op, all.status());
+  std::vector<std::pair<int64_t, int>> ordered;  // (key, rank) of this colour's ranks
+  for (int r = 0; r < world_size(); ++r) {
+    const ExchangeRecord& theirs = all.value()[r];
+    if (theirs.words[kSplitMarkWord] != kSplitMark) {
+      return finish(op, Status::RemoteError("collective mismatch: rank " + std::to_string(r) +
+                                            " exchanged records for another collective (alloc?) "
+                                            "where this rank called split"));
+    }
+    if (color >= 0 && static_cast<int64_t>(theirs.words[kSplitColorWord]) == color) {
+      ordered.emplace_back(static_cast<int64_t>(theirs.words[kSplitKeyWord]), r);
+    }
+  }
+  std::sort(ordered.begin(), ordered.end());
+  SplitGroup group;
+  for (const auto& [their_key, r] : ordered) {
+    if (r == rank()) group.rank = static_cast<int>(group.members.size());
+    group.members.push_back(r);
+  }
+  if (color >= 0) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "s%016llx%016llxc%d",
+                  static_cast<unsigned long long>(all.value()[0].words[kSplitNameWord]),
+                  static_cast<unsigned long long>(all.value()[0].words[kSplitNameWord + 1]), color);
+    group.name = name;
+  }
+  auto made = transport_->split(group);
+  if (!made.ok()) return finish(op, made.status());
+  if (made.value() == nullptr) return std::unique_ptr<Communicator>();
+  CommOptions options;
+  options.deterministic = scheme_ == AccumulationScheme::kPulled;
+  options.staging_bytes = staging_bytes_;
+  options.node_cache_bytes = node_cache_bytes_;
+  options.node_aggregation_bytes = node_aggregation_bytes_;
+  auto child = std::make_unique<Communicator>(std::move(made).value(), options);
+  child->topology_ = std::make_unique<Topology>(topology_of_members(*topology_, group.members));
+  child->label_ = split_label(color, group.members);
+  child->siblings_ = children_;
+  {
+    std::lock_guard<std::mutex> lock(children_->mutex);
+    children_->live.push_back(child.get());
+  }
+  return child;
 }
 
 Status Communicator::barrier(StreamHandle stream) {

@@ -12,12 +12,16 @@
 //     rank entered minibatch_begin; pulled: the pull assigns, inside the next minibatch_end);
 //   - a failed call that is the caller's mistake changes nothing; a failure of another rank or a
 //     timeout leaves the communicator failed (every later call reports the original error) and
-//     silent, so that its peers fail too: no partial sum is ever reported as success.
+//     silent, so that its peers fail too: no partial sum is ever reported as success;
+//   - a sub-communicator (split) is a communicator of its own over a transport of its members
+//     only: its buffers exist on its members, its minibatches and barriers meet only them; a
+//     failure of the communicator it was split from fails it too, never the other way round.
 #pragma once
 
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,6 +39,10 @@ class Communicator;
 
 // Longest buffer name allocate() takes.
 inline constexpr size_t kMaxBufferNameBytes = 256;
+
+// The colour of a rank that joins no sub-communicator in split() (NCCL's NCCL_SPLIT_NOCOLOR); any
+// negative colour means the same.
+inline constexpr int kSplitNoColor = -1;
 
 // How pushes reach their owners.
 enum class AccumulationScheme {
@@ -176,6 +184,18 @@ class Communicator {
   // valid for every rank until the next minibatch starts filling them.
   Status minibatch_end(StreamHandle stream);
   Status barrier(StreamHandle stream);  // collective
+  // Collective over this communicator (every rank, same order; between minibatches or inside
+  // one, where every rank meets first, as for alloc): the ranks that pass the same `color` (>= 0)
+  // form a sub-communicator, ranked by `key`, then by their rank here; a negative colour
+  // (kSplitNoColor) joins none and gets null. The sub-communicator has its own buffers (on its
+  // members only), minibatches and barriers, this one's scheme, budgets and timeout, and its
+  // members' node layout here; members meet only each other after the colours are exchanged.
+  // Either may be destroyed first; a failure of this communicator (a fault, abort) fails the
+  // sub-communicators alive on this rank, whose peers then name this rank.
+  Result<std::unique_ptr<Communicator>> split(int color, int key);
+  // "" for a communicator that was not split from another; else what its errors start with
+  // ("split colour 1, parent ranks 0, 3, 5"), so that its rank numbers can be read as the parent's.
+  const std::string& label() const { return label_; }
   // Local, never blocks: a failure the transport detected asynchronously (stream-ordered: a device
   // wait that expired or met another collective) fails the communicator and is returned; else the
   // earlier failure, or Ok.
@@ -227,8 +247,20 @@ class Communicator {
   std::vector<Buffer*> buffers_in_order() const;
   std::vector<Buffer*> accumulators() const;
 
+  // The sub-communicators split from a communicator and alive on this rank: its failure fails
+  // them. Shared with them, so that either side may be destroyed first.
+  struct SplitChildren {
+    std::mutex mutex;
+    std::vector<Communicator*> live;
+  };
+  // Fails every live sub-communicator split from this one (after this one failed).
+  void fail_children();
+
   std::unique_ptr<Transport> transport_;
   std::shared_ptr<Bootstrap> bootstrap_;
+  std::string label_;  // label()
+  std::shared_ptr<SplitChildren> children_ = std::make_shared<SplitChildren>();
+  std::shared_ptr<SplitChildren> siblings_;  // the parent's children_ (null: not split)
   AccumulationScheme scheme_;
   uint64_t minibatch_ = 0;  // minibatches opened so far: the value staged signals carry
   CommState state_ = CommState::kReady;

@@ -34,6 +34,13 @@ const char* collective_op_name(CollectiveOp op) {
   return "unknown collective";
 }
 
+Result<std::unique_ptr<Transport>> Transport::split(const SplitGroup& group) {
+  (void)group;
+  return Status::InvalidUsage(
+      "this transport cannot split into sub-communicators (not supported: shm, cuda and the "
+      "in-memory transport can)");
+}
+
 Status Transport::put_signal(const void* src, const SymmetricRegion& region, int peer,
                              size_t offset, size_t bytes, const SymmetricRegion& signals,
                              uint64_t value, StreamHandle stream) {

@@ -59,6 +59,17 @@ struct ExchangeRecord {
   uint64_t words[16] = {};
 };
 
+// One group of a split (Communicator::split): which of a transport's ranks form it.
+struct SplitGroup {
+  // The transport's ranks in the group, in the group's rank order; empty where this rank is not
+  // a member.
+  std::vector<int> members;
+  int rank = -1;  // this rank's place in `members` (-1: not a member)
+  // Names the group: equal on its members, different for every other group of this job or any
+  // other (random, agreed by the core); letters, digits and dots (a key for local shared memory).
+  std::string name;
+};
+
 // Where stream-ordered transports enqueue work (a cudaStream_t); host transports ignore it.
 using StreamHandle = void*;
 
@@ -120,6 +131,14 @@ class Transport {
   // As barrier(), but host-blocking, and all of this rank's queued work is complete before it
   // (for collectives that change memory: free).
   virtual Status host_barrier(CollectiveOp op) = 0;
+
+  // Collective (every rank, same order; non-members too, with empty `group.members`): a transport
+  // of the group's members only (rank group.rank of members.size()) on the same devices, with the
+  // same capabilities and timeout, and its own collectives, regions, signals and failure flags
+  // among the members; null on a non-member, which returns at once (members meet only each
+  // other). A member that dies later is seen dead by the group's peers as by this transport's.
+  // Default: InvalidUsage naming the transport as one that cannot split.
+  virtual Result<std::unique_ptr<Transport>> split(const SplitGroup& group);
 
   // ---- local ---------------------------------------------------------------------------------
   // Host-blocking: every operation this rank has queued is complete, so its regions may be freed.

@@ -681,3 +681,68 @@ def test_torch_store_wait_names_the_missing_rank():
     message = str(raised.value)
     assert message.startswith("rank 0: init: bootstrap allgather (agree on key) failed"), message
     assert "timed out after 0.5 s: rank 0 waited for ranks 1, 2" in message
+
+
+def _split_rank(rank, world_size, key):
+    with odc.Comm(rank, world_size, key, timeout=20) as comm:
+        acc = comm.alloc(8, accumulator=True)
+        comm.minibatch_begin()
+        comm.scatter_accumulate(np.ones(world_size * 8, dtype=np.float32), acc)
+        # Inside the parent's minibatch: ranks 0-2 form a group ranked by a descending key, rank 3
+        # joins none.
+        group = comm.split(None if rank == 3 else 0, key=-rank)
+        seen = None
+        if group is not None:
+            with group:
+                kv = group.alloc(5, name="kv")
+                kv.array[:] = rank * 100 + np.arange(5)
+                group.barrier()
+                shards = np.empty(group.world_size * 5, dtype=np.float32)
+                group.gather(shards, kv)
+                grads = group.alloc(4, accumulator=True)
+                group.minibatch_begin()
+                group.scatter_accumulate(
+                    np.full(group.world_size * 4, rank + 1, dtype=np.float32), grads
+                )
+                group.minibatch_end()
+                sums = np.empty(group.world_size * 4, dtype=np.float32)
+                group.gather(sums, grads)
+                memory = group.memory_bytes()["buffers"]
+                seen = (group.rank, group.world_size, shards.tolist(), sums.tolist(), memory)
+        comm.minibatch_end()
+        total = np.empty(world_size * 8, dtype=np.float32)
+        comm.gather(total, acc)
+        return seen, total.tolist(), comm.memory_bytes()["buffers"]
+
+
+def test_split_groups_gather_their_members_shards_inside_a_minibatch():
+    results = odc.launch(_split_rank, 4, timeout=120)
+    order = [2, 1, 0]  # key = -rank
+    shards = [float(r * 100 + j) for r in order for j in range(5)]
+    for rank, (seen, total, parent_memory) in enumerate(results):
+        assert total == [4.0] * 32
+        assert parent_memory == 8 * 4  # the group's buffers are not the parent's
+        if rank == 3:
+            assert seen is None
+            continue
+        assert seen == (order.index(rank), 3, shards, [6.0] * 12, (5 + 4) * 4)
+
+
+def _split_failure_rank(rank, world_size, key):
+    with odc.Comm(rank, world_size, key, timeout=20) as comm:
+        group = comm.split(0)
+        if rank == 0:
+            comm.abort("boom in the step")
+        try:
+            group.barrier()
+        except odc.Error as error:
+            return str(error)
+        finally:
+            group.close()
+        return "no error"
+
+
+def test_split_fails_with_its_parent_naming_the_rank():
+    own, peer = odc.launch(_split_failure_rank, 2, timeout=120)
+    assert "split from failed" in own and "boom in the step" in own
+    assert "rank 0 failed" in peer and "boom in the step" in peer

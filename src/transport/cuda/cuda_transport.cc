@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bootstrap/shm_bootstrap.h"
 #include "common/deadline.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/device_local.h"
@@ -233,6 +234,26 @@ Status CudaTransport::drain() {
   DeviceGuard guard(device_);
   ODC_CUDA_CHECK(cudaDeviceSynchronize());
   return Status::Ok();
+}
+
+Result<std::unique_ptr<Transport>> CudaTransport::split(const SplitGroup& group) {
+  if (group.rank < 0) return std::unique_ptr<Transport>();
+  auto bootstrap = shm::ShmBootstrap::create(group.rank, static_cast<int>(group.members.size()),
+                                             group.name, timeout());
+  if (!bootstrap.ok()) return bootstrap.status();
+  std::shared_ptr<shm::ShmBootstrap> members = std::move(bootstrap).value();
+  auto made = create(members, timeout(), device_);
+  if (!made.ok()) {
+    members->mark_failed("split: " + made.status().message());
+    return made.status();
+  }
+  // Every member's transport exists before any member uses it (as at init; a member whose
+  // creation failed marked itself failed, so this ends with an error naming it).
+  if (Status status = members->barrier("split transport"); !status.ok()) {
+    made.value()->mark_failed("split: " + status.message());
+    return status;
+  }
+  return std::unique_ptr<Transport>(std::move(made).value());
 }
 
 Status CudaTransport::host_barrier(CollectiveOp op) {

@@ -47,6 +47,9 @@ class CudaTransport final : public Transport {
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
   Status host_barrier(CollectiveOp op) override;
+  // Members meet in a shared-memory bootstrap of their own under the group's name (they share
+  // this host) and map each other's memory anew, on the same device.
+  Result<std::unique_ptr<Transport>> split(const SplitGroup& group) override;
   Status drain() override;
   Status poll_error() override;
   // Also tells peers' device barriers (kernels::kBarrierPeerFailed), so they end at once.

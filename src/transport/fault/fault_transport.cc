@@ -50,6 +50,18 @@ Result<std::vector<ExchangeRecord>> FaultTransport::exchange(const ExchangeRecor
   return inner_->exchange(mine);
 }
 
+Result<std::unique_ptr<Transport>> FaultTransport::split(const SplitGroup& group) {
+  ODC_RETURN_IF_ERROR(enter("split"));
+  ODC_RETURN_IF_ERROR(release_held());
+  auto inner = inner_->split(group);
+  if (!inner.ok() || inner.value() == nullptr) return inner;
+  FaultPlan plan;
+  plan.max_delay_us = plan_.max_delay_us;
+  plan.reorder = plan_.reorder;
+  plan.seed = plan_.seed * 7919 + static_cast<uint32_t>(group.rank);
+  return std::unique_ptr<Transport>(new FaultTransport(std::move(inner).value(), plan));
+}
+
 Result<std::unique_ptr<SymmetricRegion>> FaultTransport::allocate(size_t bytes) {
   ODC_RETURN_IF_ERROR(enter("allocate"));
   ODC_RETURN_IF_ERROR(release_held());

@@ -65,6 +65,10 @@ class FaultTransport final : public Transport {
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
   Status host_barrier(CollectiveOp op) override;
+  // Counted as a call (a fault may land on it); a member's group transport is a FaultTransport
+  // too, with this rank's delays and reordering and no fault of its own (so tests count its
+  // bytes). Deaths reach it through the inner transport.
+  Result<std::unique_ptr<Transport>> split(const SplitGroup& group) override;
   Status drain() override { return inner_->drain(); }
   Status poll_error() override;
   void mark_failed(const std::string& reason) override;

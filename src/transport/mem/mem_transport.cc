@@ -43,10 +43,7 @@ class MemTransport final : public Transport {
     return caps;
   }
   std::chrono::duration<double> timeout() const override { return world_->options().timeout; }
-  uint64_t node_key() const override {
-    const int per_node = world_->options().ranks_per_node;
-    return per_node > 0 ? static_cast<uint64_t>(rank_ / per_node) : 0;
-  }
+  uint64_t node_key() const override { return world_->node_key(rank_); }
   bool maps_directly(int) const override { return true; }
 
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override {
@@ -77,6 +74,10 @@ class MemTransport final : public Transport {
 
   Status barrier(CollectiveOp op, StreamHandle) override {
     return world_->collective(rank_, op, nullptr, nullptr);
+  }
+  Result<std::unique_ptr<Transport>> split(const SplitGroup& group) override {
+    if (group.rank < 0) return std::unique_ptr<Transport>();
+    return world_->split_world(group)->join(group.rank);
   }
   Status host_barrier(CollectiveOp op) override {
     return world_->collective(rank_, op, nullptr, nullptr);
@@ -420,6 +421,54 @@ std::unique_ptr<Transport> MemWorld::join(int rank) {
 
 void MemWorld::kill(int rank) {
   set_status(rank, RankStatus::kDead, "");
+  std::vector<std::pair<std::shared_ptr<MemWorld>, int>> groups;  // killed outside mutex_
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [name, split] : split_worlds_) {
+      auto found = std::find(split.members.begin(), split.members.end(), rank);
+      std::shared_ptr<MemWorld> world = split.world.lock();
+      if (found != split.members.end() && world != nullptr) {
+        groups.emplace_back(std::move(world), static_cast<int>(found - split.members.begin()));
+      }
+    }
+  }
+  for (auto& [world, member] : groups) world->kill(member);
+}
+
+uint64_t MemWorld::node_key(int rank) const {
+  if (!node_keys_.empty()) return node_keys_[static_cast<size_t>(rank)];
+  const int per_node = options_.ranks_per_node;
+  return per_node > 0 ? static_cast<uint64_t>(rank / per_node) : 0;
+}
+
+std::shared_ptr<MemWorld> MemWorld::split_world(const SplitGroup& group) {
+  std::shared_ptr<MemWorld> world;
+  std::vector<int> dead;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = split_worlds_.begin(); it != split_worlds_.end();) {  // forget ended groups
+      it = it->second.world.expired() ? split_worlds_.erase(it) : std::next(it);
+    }
+    SplitWorld& split = split_worlds_[group.name];
+    if (split.joining == nullptr && split.num_joined == 0) {
+      MemOptions options = options_;
+      options.ranks_per_node = 0;  // node keys below instead
+      split.joining =
+          std::shared_ptr<MemWorld>(new MemWorld(static_cast<int>(group.members.size()), options));
+      split.world = split.joining;
+      split.members = group.members;
+      for (size_t i = 0; i < group.members.size(); ++i) {
+        split.joining->node_keys_.push_back(node_key(group.members[i]));
+        if (status_[static_cast<size_t>(group.members[i])] == RankStatus::kDead) {
+          dead.push_back(static_cast<int>(i));
+        }
+      }
+    }
+    world = split.world.lock();
+    if (++split.num_joined == split.members.size()) split.joining.reset();
+  }
+  for (int member : dead) world->kill(member);
+  return world;
 }
 
 void* MemWorld::allocate_bytes(size_t bytes) {

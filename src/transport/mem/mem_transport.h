@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -39,8 +40,15 @@ class MemWorld : public std::enable_shared_from_this<MemWorld> {
   const MemOptions& options() const { return options_; }
   // The transport of `rank`; each rank joins once.
   std::unique_ptr<Transport> join(int rank);
-  // Simulates the death of `rank`: its peers' waits end with "rank R died".
+  // Simulates the death of `rank`: its peers' waits end with "rank R died", in this world and in
+  // every split world it is a member of (as a dead process is dead in every group).
   void kill(int rank);
+  // The world of a split group (Transport::split): made by the first member to ask, found by the
+  // others under the group's name; its own memory, collectives and mailboxes, this world's
+  // options and node keys. Members already dead here are dead there.
+  std::shared_ptr<MemWorld> split_world(const SplitGroup& group);
+  // The node key the transport reports for `rank`.
+  uint64_t node_key(int rank) const;
 
  private:
   friend class MemTransport;
@@ -69,6 +77,18 @@ class MemWorld : public std::enable_shared_from_this<MemWorld> {
   Status peer_failure_locked(int peer) const;
   Status peer_failure(int peer);
   void* allocate_bytes(size_t bytes);
+  // Split worlds: every rank's node key (its node key in the world it was split from).
+  std::vector<uint64_t> node_keys_;
+  // Split worlds by group name: held until every member has joined (a member that is quick to
+  // destroy its transport must not end the world before a slow one finds it), then followed
+  // only to pass deaths on.
+  struct SplitWorld {
+    std::shared_ptr<MemWorld> joining;
+    std::weak_ptr<MemWorld> world;
+    std::vector<int> members;
+    size_t num_joined = 0;
+  };
+  std::map<std::string, SplitWorld> split_worlds_;  // under mutex_
 
   const int world_size_;
   const MemOptions options_;

@@ -40,6 +40,13 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(int rank, int world_s
   return std::make_unique<ShmTransport>(std::move(bootstrap).value());
 }
 
+Result<std::unique_ptr<Transport>> ShmTransport::split(const SplitGroup& group) {
+  if (group.rank < 0) return std::unique_ptr<Transport>();
+  auto made = create(group.rank, static_cast<int>(group.members.size()), group.name, timeout());
+  if (!made.ok()) return made.status();
+  return std::unique_ptr<Transport>(std::move(made).value());
+}
+
 Result<std::vector<ExchangeRecord>> ShmTransport::exchange(const ExchangeRecord& mine) {
   std::vector<ExchangeRecord> all(static_cast<size_t>(world_size()));
   ODC_RETURN_IF_ERROR(bootstrap_->allgather(&mine, all.data(), sizeof(ExchangeRecord),

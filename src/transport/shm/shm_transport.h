@@ -39,6 +39,8 @@ class ShmTransport final : public Transport {
   Status host_barrier(CollectiveOp op) override {
     return bootstrap_->barrier(collective_op_name(op));
   }
+  // Members meet under the group's name in a shared-memory bootstrap of their own.
+  Result<std::unique_ptr<Transport>> split(const SplitGroup& group) override;
   Status poll_error() override { return Status::Ok(); }
   void mark_failed(const std::string& reason) override { bootstrap_->mark_failed(reason); }
   Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
