@@ -82,9 +82,42 @@ typedef enum {
 /* Minibatch size meaning "all samples form one minibatch". */
 #define ODC_PLAN_ALL_SAMPLES INT64_MAX
 
+#define ODC_PLAN_OPTIONS_MAGIC 0x0dc09a4eu
+#define ODC_PLAN_OPTIONS_VERSION 1
+
+/* Planner options, sized and versioned (as odcCommConfig_t and NCCL's ncclConfig_t): declare them
+ * with ODC_PLAN_OPTIONS_INIT, which sets the header (size, magic, version) and the defaults, then
+ * change the fields you need:
+ *
+ *   odcPlanOptions_t options = ODC_PLAN_OPTIONS_INIT;
+ *   options.num_ranks = 8;
+ *   options.max_tokens = 65536;
+ *
+ * The library reads only the fields the header's version covers, and refuses (odcInvalidArgument,
+ * naming what it found and what it reads) a header it does not know: a size that is not the size
+ * of that version, a version it does not know, a wrong magic.
+ *
+ * Compatibility (issue #29). Before version 1 the struct had no header: it began with num_ranks
+ * and max_tokens, and odcPlanOptionsInit wrote the library's whole struct into the caller's.
+ * A caller built against such a header and run with this library gets an error, never memory
+ * written or read past its struct, because:
+ *   - odcPlanOptionsInit writes nothing before it has checked the header (the first 16 bytes,
+ *     which every version of the struct has): in an old caller's struct they hold num_ranks and
+ *     max_tokens, or stack garbage, and are accepted only if they spell exactly size 120, the
+ *     magic and version 1 (2^-128 for random bytes);
+ *   - odcPlanCreate checks the same header before it reads any other field: in an old caller's
+ *     struct `version` is the high half of max_tokens, 0 for every max_tokens below 2^32, and
+ *     version 0 is never valid, so the old layout is refused deterministically.
+ * Callers built against this header and run with an older library (no header) are not protected:
+ * that library reads num_ranks from `size`; rebuild them together. Later versions append fields
+ * only, keep accepting every earlier version's header (reading defaults for the fields it lacks),
+ * and bump ODC_PLAN_OPTIONS_VERSION. */
 typedef struct {
-  int64_t num_ranks;  /* >= 1 */
-  int64_t max_tokens; /* token cap per microbatch, >= 1; every sample must fit */
+  size_t size;          /* sizeof(odcPlanOptions_t) as the caller was compiled: 120 in version 1 */
+  unsigned int magic;   /* ODC_PLAN_OPTIONS_MAGIC: catches a struct that was never initialized */
+  unsigned int version; /* ODC_PLAN_OPTIONS_VERSION */
+  int64_t num_ranks;    /* >= 1 */
+  int64_t max_tokens;   /* token cap per microbatch, >= 1; every sample must fit */
   odcPolicy_t policy;
   int64_t minibatch_size; /* consecutive samples per minibatch, >= 1, or ODC_PLAN_ALL_SAMPLES */
   double cost_a; /* microbatch cost = max(cost_floor, cost_c + sum(cost_a*L + cost_b*L^2)); >= 0 */
@@ -92,23 +125,29 @@ typedef struct {
   double cost_c;
   const double* rank_speed; /* NULL (all 1.0) or positive relative speeds, one per rank; copied */
   size_t num_rank_speeds;   /* entries in rank_speed; must equal num_ranks when it is not NULL */
-  /* Appended in 0.x for issue #14 (fields only ever go at the end; callers that set options through
-   * odcPlanOptionsInit get the defaults after recompiling). */
   odcSplit_t split;      /* odcSplitOff (default) or odcSplitAuto; auto needs LB-Mini or LB-Micro */
   double split_exchange; /* K/V exchange cost per token a chunk receives, as a fraction of cost_a;
                             >= 0, default 0.05 (docs/planner.md, "Splitting outliers") */
-  /* Appended in 0.x for issue #17. */
   odcMicrobatchMemory_t microbatch_memory; /* default odcMicrobatchMemoryLbMicro */
-  /* Appended in 0.x (issue #14, seventh round). */
   double cost_floor; /* least cost of any microbatch: cost = max(cost_floor, cost_c + sum(...));
                         >= 0, default 0 (none; docs/planner.md, "Cost model") */
 } odcPlanOptions_t;
 
+/* The header and the defaults: 1 rank, max_tokens 0 (must be set), LB-Mini, all samples in one
+ * minibatch, cost 1,0,0 with no floor, uniform speed, no splitting (exchange 0.05), LB-Mini's
+ * microbatches within LB-Micro's largest. */
+#define ODC_PLAN_OPTIONS_INIT                                                             \
+  {                                                                                       \
+    sizeof(odcPlanOptions_t), ODC_PLAN_OPTIONS_MAGIC, ODC_PLAN_OPTIONS_VERSION, 1, 0,     \
+        odcPolicyLbMini, ODC_PLAN_ALL_SAMPLES, 1.0, 0.0, 0.0, NULL, 0, odcSplitOff, 0.05, \
+        odcMicrobatchMemoryLbMicro, 0.0                                                   \
+  }
+
 typedef struct odcPlan* odcPlan_t;
 
-/* Fills `options` with the defaults: 1 rank, max_tokens 0 (must be set), LB-Mini, all samples
- * in one minibatch, cost 1,0,0, uniform speed, no splitting (exchange 0.05), LB-Mini's
- * microbatches within LB-Micro's largest. */
+/* Local: resets `options` to the library's defaults (those of ODC_PLAN_OPTIONS_INIT), writing only
+ * the fields its header's version covers. The caller sets the header first (ODC_PLAN_OPTIONS_INIT,
+ * or size, magic and version by hand); an unknown header is refused and nothing is written. */
 ODC_API odcResult_t odcPlanOptionsInit(odcPlanOptions_t* options);
 
 /* Parses "local-sort", "lb-micro" or "lb-mini". */
@@ -116,7 +155,8 @@ ODC_API odcResult_t odcPolicyFromName(const char* name, odcPolicy_t* policy);
 
 /* Plans `num_samples` samples with the given lengths (tokens). On success *plan owns the result;
  * release it with odcPlanDestroy. On failure *plan is untouched and odcGetLastError() names the
- * offending input (e.g. "sample 12 has length 70000, above max_tokens 65536"). */
+ * offending input (e.g. "sample 12 has length 70000, above max_tokens 65536"). `options` must
+ * carry a header this library knows (ODC_PLAN_OPTIONS_INIT), else odcInvalidArgument. */
 ODC_API odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
                                   const odcPlanOptions_t* options, odcPlan_t* plan);
 
@@ -225,12 +265,28 @@ typedef struct {
   void (*mark_failed)(void* ctx, const char* reason);
 } odcBootstrap_t;
 
-/* Versioned communicator configuration (NCCL style): fill it with odcCommConfigInit, change the
- * fields you need, pass it to odcCommInitConfig. `size` and `version` let later library versions
- * add fields without breaking callers compiled against this header. */
+/* Versioned communicator configuration (NCCL style): declare it with ODC_COMM_CONFIG_INIT (the
+ * header and the defaults), change the fields you need, pass it to odcCommInitConfig:
+ *
+ *   odcCommConfig_t config = ODC_COMM_CONFIG_INIT;
+ *   config.key = "job-42";
+ *
+ * `size` and `version` let later library versions add fields without breaking callers compiled
+ * against this header: the library reads and writes only the fields the caller's version has.
+ *
+ * Compatibility (issue #29). Before, odcCommConfigInit set `size` and `version` itself and wrote
+ * the library's whole struct, so a caller built against an older header (a smaller struct) got
+ * memory written past its struct. Now odcCommConfigInit writes only after it has checked the
+ * caller's header, which must be exactly one that a version of this header declared: (size 40,
+ * version 1), (48, 2), (64, 3) or (80, 4). A caller built against an earlier header calls it on
+ * a struct it never initialized: the check refuses it (an error, nothing written) unless the 12
+ * bytes of garbage spell exactly such a pair; a caller that ignores the error and sets fields
+ * itself is then refused by odcCommInitConfig for the same reason, which only ever reads. For a
+ * caller of the header just before this one (the same 80-byte layout, version 4) even such a pair
+ * names no more than its own struct; a caller of an older header relies on the check alone. */
 typedef struct {
-  size_t size;          /* sizeof(odcCommConfig_t), set by odcCommConfigInit */
-  unsigned int version; /* ODC_COMM_CONFIG_VERSION, set by odcCommConfigInit */
+  size_t size; /* sizeof(odcCommConfig_t) as the caller was compiled (ODC_COMM_CONFIG_INIT) */
+  unsigned int version; /* ODC_COMM_CONFIG_VERSION (ODC_COMM_CONFIG_INIT) */
   odcTransport_t transport;
   const char* key;        /* rendezvous of local ranks (as odcCommInit); copied */
   double timeout_seconds; /* bounds every wait on another rank; <= 0: $ODC_TIMEOUT, else 60 s */
@@ -268,8 +324,19 @@ typedef struct {
   size_t node_aggregation_bytes;
 } odcCommConfig_t;
 
-/* Local: fills `config` with the defaults (auto transport, no key, default timeout, no device,
- * not deterministic, no bootstrap, default staging budget, node budgets from the environment). */
+/* The header and the defaults: auto transport, no key, default timeout, no device, not
+ * deterministic, no bootstrap, default staging budget and ranks per node, node budgets from the
+ * environment. */
+#define ODC_COMM_CONFIG_INIT                                                                       \
+  {                                                                                                \
+    sizeof(odcCommConfig_t), ODC_COMM_CONFIG_VERSION, odcTransportAuto, NULL, 0.0, -1, 0, NULL, 0, \
+        0, ODC_BYTES_FROM_ENVIRONMENT, ODC_BYTES_FROM_ENVIRONMENT                                  \
+  }
+
+/* Local: resets `config` to the defaults (those of ODC_COMM_CONFIG_INIT), writing only the fields
+ * of its header's version and leaving the header as it is. The caller sets the header first
+ * (ODC_COMM_CONFIG_INIT, or size and version by hand); a header that is not one of the pairs
+ * above is refused (odcInvalidArgument, naming it) and nothing is written. */
 ODC_API odcResult_t odcCommConfigInit(odcCommConfig_t* config);
 
 /* Local: the topology the ranks agreed on at init: *num_nodes (may be NULL) and, when node_of is

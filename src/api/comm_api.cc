@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -306,24 +307,42 @@ extern "C" odcResult_t odcCommInitCuda(odcComm_t* comm, int rank, int world_size
   return init_comm(comm, rank, world_size, "cuda", key, timeout_seconds, cuda_device, false);
 }
 
+// The size of each version of odcCommConfig_t, as its header declared the struct: version v
+// ended where version v+1's first field begins (odc.h, "Compatibility").
+constexpr size_t kConfigSizes[] = {
+    offsetof(odcCommConfig_t, bootstrap),         // version 1
+    offsetof(odcCommConfig_t, staging_bytes),     // version 2
+    offsetof(odcCommConfig_t, node_cache_bytes),  // version 3
+    sizeof(odcCommConfig_t),                      // version 4
+};
+static_assert(std::size(kConfigSizes) == ODC_COMM_CONFIG_VERSION);
+static_assert(sizeof(odcCommConfig_t) == 80, "odc.h documents version 4 as 80 bytes");
+// The defaults live in the public header (ODC_COMM_CONFIG_INIT) only; odcCommConfigInit copies
+// them.
+constexpr odcCommConfig_t kDefaultConfig = ODC_COMM_CONFIG_INIT;
+
 extern "C" odcResult_t odcCommConfigInit(odcCommConfig_t* config) {
   return guarded([&]() -> odcResult_t {
     if (config == nullptr) {
       return report(Status::InvalidArgument("odcCommConfigInit: config is NULL"));
     }
-    *config = odcCommConfig_t{};
-    config->size = sizeof(odcCommConfig_t);
-    config->version = ODC_COMM_CONFIG_VERSION;
-    config->transport = odcTransportAuto;
-    config->key = nullptr;
-    config->timeout_seconds = 0.0;
-    config->device = -1;
-    config->deterministic = 0;
-    config->bootstrap = nullptr;
-    config->staging_bytes = 0;
-    config->ranks_per_node = 0;
-    config->node_cache_bytes = ODC_BYTES_FROM_ENVIRONMENT;
-    config->node_aggregation_bytes = ODC_BYTES_FROM_ENVIRONMENT;
+    // The header (16 bytes every version has) is checked before anything is written: only an
+    // exact (size, version) pair of a known version says how large the caller's struct is.
+    const unsigned int version = config->version;
+    if (version < 1 || version > ODC_COMM_CONFIG_VERSION ||
+        config->size != kConfigSizes[version - 1]) {
+      return report(Status::InvalidArgument(
+          "odcCommConfigInit: config has size " + std::to_string(config->size) + " and version " +
+          std::to_string(version) + ", not the header of a version this library knows (version " +
+          std::to_string(ODC_COMM_CONFIG_VERSION) + ": size " +
+          std::to_string(sizeof(odcCommConfig_t)) +
+          "): declare it with ODC_COMM_CONFIG_INIT (a caller built against an odc header without "
+          "it must be rebuilt)"));
+    }
+    constexpr size_t header_bytes = offsetof(odcCommConfig_t, transport);
+    std::memcpy(reinterpret_cast<char*>(config) + header_bytes,
+                reinterpret_cast<const char*>(&kDefaultConfig) + header_bytes,
+                config->size - header_bytes);
     return success();
   });
 }
@@ -347,7 +366,7 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
           where + "config has version " + std::to_string(config->version) + " and size " +
           std::to_string(config->size) + "; this library expects version " +
           std::to_string(ODC_COMM_CONFIG_VERSION) + " and size " +
-          std::to_string(sizeof(odcCommConfig_t)) + " (fill it with odcCommConfigInit)"));
+          std::to_string(sizeof(odcCommConfig_t)) + " (declare it with ODC_COMM_CONFIG_INIT)"));
     }
     const char* name = nullptr;
     switch (static_cast<int>(odc::api::raw_enum_value(config->transport))) {

@@ -100,6 +100,10 @@ def _migration_rank(rank, world, key, store_path, device="cpu"):
             odc.torch.OdcFSDP(model, comm)
         except RuntimeError as error:
             found["second"] = str(error)
+        try:  # an engine on a part of the model is the same mistake
+            odc.torch.OdcFSDP(model.blocks[0], comm)
+        except RuntimeError as error:
+            found["part"] = str(error)
 
         with engine.minibatch():  # the FSDP2 normalization, unchanged
             (loss_sum(model, mine) * world / tokens).backward()
@@ -152,6 +156,29 @@ def _migration_rank(rank, world, key, store_path, device="cpu"):
             float((added[k] - clipped[k] - alone[k]).abs().max()) for k in added
         )
         optimizer.step()
+        # No zero_grad after the step, then zero_grad inside the next minibatch: the carried sums
+        # cannot be taken out any more; that raises, naming the fix, instead of adding them in.
+        try:
+            with engine.minibatch():
+                optimizer.zero_grad()
+                odc.torch.scale_loss(loss_sum(model, second), tokens).backward()
+        except RuntimeError as error:
+            found["zeroed_inside"] = str(error)
+        engine.reset(odc.Comm(rank, world, key + "-2", timeout=30, device=0 if on_gpu else None))
+        comm.close()
+        comm = engine.comm
+        optimizer.zero_grad()
+        # zero_grad inside a minibatch with nothing carried over, and a loss computed outside
+        # the minibatch whose backward runs inside it: both the plain gradients.
+        with engine.minibatch():
+            odc.torch.scale_loss(loss_sum(model, second), tokens).backward()
+        reference = _grads(model)
+        optimizer.zero_grad()
+        loss = odc.torch.scale_loss(loss_sum(model, second), tokens)
+        with engine.minibatch():
+            optimizer.zero_grad()
+            loss.backward()
+        found["outside_loss_vs_inside"] = _max_diff(_grads(model), reference)
         optimizer.zero_grad()
 
         # Evaluation after the step: outside a minibatch and inside a forward-only one.
@@ -207,6 +234,10 @@ def check_migration(results, tolerance=1e-6):
     for found in results:
         assert found["factor"] == 2.0
         assert "already has an OdcFSDP engine" in found["second"]
+        assert "already has an OdcFSDP engine" in found["part"]
+        assert "zero_grad() (or .grad = None) inside a minibatch" in found["zeroed_inside"]
+        assert "before `with engine.minibatch():`" in found["zeroed_inside"]
+        assert found["outside_loss_vs_inside"] < tolerance
         assert found["vs_fsdp2"] < tolerance, found
         assert abs(found["odc_norm"] - found["fsdp2_norm"]) < tolerance * found["fsdp2_norm"]
         assert found["scale_loss_vs_fsdp2"] < tolerance

@@ -32,7 +32,12 @@ from typing import Dict, List, Optional, Tuple
 from torch.utils._python_dispatch import TorchDispatchMode
 
 ENV = "ODC_DEBUG_COLLECTIVES"
-_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
+_NAMESPACES = (
+    "c10d",
+    "_c10d_functional",
+    "c10d_functional",
+    "_c10d_functional_autograd",
+)
 # Not communication: waiting on a functional collective's result, autograd plumbing.
 _NOT_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
 
@@ -136,16 +141,20 @@ class CollectiveGuard:
             return
         ran = []
         for key, (group, number) in _sequence_numbers().items():
-            if key in before and number > before[key][1] and key not in self._allowed:
-                ran.append(f"{number - before[key][1]} on {_group_name(group)}")
+            # A group created inside the minibatch counts from zero.
+            start = before[key][1] if key in before else 0
+            if number > start and key not in self._allowed:
+                ran.append(f"{number - start} on {_group_name(group)}")
         if ran:
             raise CollectiveInMinibatchError(
                 f"odc.torch: torch.distributed collectives ran inside this minibatch ("
                 f"{'; '.join(ran)}). Ranks may run different numbers of microbatches, so a rank "
                 "can wait forever for peers that never issue them: move them before "
                 "minibatch_begin (e.g. odc.torch.global_count for token counts) or after "
-                f"minibatch_end (clipping, metrics). {ENV}=1 names each as it is issued; "
-                f"{ENV}=0 turns this check off"
+                f"minibatch_end (clipping, metrics). {ENV}=1 names each as it is issued. "
+                "Collectives that another thread issues by design (e.g. an asynchronous "
+                "checkpoint): give them a process group of their own and call "
+                f"engine.allow_collectives(group); {ENV}=0 turns this check off"
             )
 
     def stop(self) -> None:

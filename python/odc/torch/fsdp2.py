@@ -42,7 +42,12 @@ from ..comm import Comm
 from . import _fsdp2_internals as internals
 from . import hybrid
 from ._sums_pending import GradientsNotReadyError, pending_like
-from .debug import TIMEOUT_HINT, CollectiveGuard, CollectiveInMinibatchError, mode_from_environment
+from .debug import (
+    TIMEOUT_HINT,
+    CollectiveGuard,
+    CollectiveInMinibatchError,
+    mode_from_environment,
+)
 
 _ODC_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 # The model's engine (a weak reference): one OdcFSDP per model.
@@ -156,6 +161,10 @@ class _Group:
         # Trainable slots whose sums this minibatch adds to (their .grad was not zeroed since
         # the last minibatch_end, as FSDP2 accumulates into .grad until zero_grad).
         self.kept: Set[int] = set()
+        # Kept slots whose .grad was set to None inside the minibatch (a zero_grad there): their
+        # carried sums can no longer be taken out (check_carried raises).
+        self.zeroed_inside: Set[int] = set()
+        self._index_of: Dict[int, int] = {}  # id(sharded param) -> slot index
         # The DTensor wrappers that set_grads assigns to .grad, made once per parameter and
         # reused: DTensor.from_local costs tens of microseconds of host time, a 1.5B model has
         # ~340 parameters, and it runs every minibatch while the GPUs wait at its edges (issue
@@ -177,7 +186,10 @@ class _Group:
             published=True,
         )
         self.drop_grads()
-        self.accumulator, self.trainable = None, None  # a failed communicator's: not freed
+        self.accumulator, self.trainable = (
+            None,
+            None,
+        )  # a failed communicator's: not freed
         self.refresh_trainable()
         if self.in_place is not None:
             self.publish()  # moves the shards now: their old storage is freed at once
@@ -311,6 +323,8 @@ class _Group:
         self.marked.clear()
         self.pushed.clear()
         self.kept = set(kept)
+        self.zeroed_inside.clear()
+        self._index_of = {id(slot.param): i for i, slot in enumerate(self.layout.slots)}
         if self.kept:
             # This rank's own shard, before its minibatch_begin: no peer pushes into it before
             # every rank passed that barrier (ordered on the current stream on GPUs).
@@ -339,6 +353,32 @@ class _Group:
             if param.requires_grad and (hooked is None or hooked[0] is not param):
                 handle = param.register_post_accumulate_grad_hook(_grad_replacer(self))
                 self._hooked[id(param)] = (param, handle)
+
+    def grad_replaced(self, param: nn.Parameter) -> None:
+        """The hook saw FSDP2 assign a new .grad (it found none: zero_grad inside the minibatch)."""
+        index = self._index_of.get(id(param))
+        if index in self.kept:
+            self.zeroed_inside.add(index)
+
+    def check_carried(self) -> None:
+        """Raises when a slot whose sums carried over from the last minibatch had its .grad
+        zeroed inside this one: the carried part is inside the sums and cannot be taken out
+        (FSDP2 would have started that gradient from zero)."""
+        zeroed = set(self.zeroed_inside)
+        for index in self.kept:
+            param = self.layout.slots[index].param
+            cached = self._pending.get(id(param))
+            if cached is None or param.grad is not cached[1]:
+                zeroed.add(index)
+        if zeroed:
+            raise RuntimeError(
+                "odc.torch: optimizer.zero_grad() (or .grad = None) inside a minibatch whose "
+                f"gradient sums carried over from the last one ({self._names(sorted(zeroed))}: "
+                ".grad was not zeroed after the last optimizer.step()); odc adds every rank's "
+                "pushes into those sums as they arrive and cannot take the carried part out. "
+                "Call optimizer.zero_grad() before `with engine.minibatch():` (or right after "
+                "optimizer.step())"
+            )
 
     def pending_grad(self, param: nn.Parameter):
         """The placeholder .grad of `param` during a minibatch (made once per parameter)."""
@@ -411,7 +451,10 @@ def _grad_replacer(group: _Group):
     def replace(param: nn.Parameter) -> None:
         alive = reference()
         if alive is not None and alive.owner.in_minibatch:
-            param.grad = alive.pending_grad(param)
+            pending = alive.pending_grad(param)
+            if param.grad is not pending:
+                alive.grad_replaced(param)
+            param.grad = pending
 
     return replace
 
@@ -507,6 +550,8 @@ class OdcReduceScatter(internals.ReduceScatter):
         self.group.check_group(group)
         if op != dist.ReduceOp.SUM:
             raise RuntimeError(f"odc.torch pushes sums; FSDP2 asked for {op}")
+        if self.group.kept:
+            self.group.check_carried()
         source = self.group.push_source(input_tensor)
         owner.comm.scatter_accumulate(
             _comm_view(source, owner.comm),
@@ -558,7 +603,10 @@ class OdcFSDP:
     """
 
     def __init__(
-        self, model: nn.Module, comm: Comm, optimizer: Optional[torch.optim.Optimizer] = None
+        self,
+        model: nn.Module,
+        comm: Comm,
+        optimizer: Optional[torch.optim.Optimizer] = None,
     ):
         internals.check_fsdp2_support(FSDPModule)
         if not isinstance(model, FSDPModule):
@@ -567,14 +615,17 @@ class OdcFSDP:
                 f"fully_shard(layer) for each, then fully_shard(model)); got {type(model).__name__}"
             )
         _check_comm(comm)
-        existing = getattr(model, _ENGINE_ATTRIBUTE, None)
-        if existing is not None and existing() is not None:
-            raise RuntimeError(
-                "odc.torch: this model already has an OdcFSDP engine: FSDP2's communication "
-                "hooks and odc's buffers belong to that one (a second would replace its hooks "
-                "and gather other buffers). Keep using it; engine.reset(comm) moves it to a new "
-                "communicator"
-            )
+        for module in model.modules():
+            existing = getattr(module, _ENGINE_ATTRIBUTE, None)
+            if existing is not None and existing() is not None:
+                where = "this model" if module is model else "a module of this model"
+                raise RuntimeError(
+                    f"odc.torch: {where} already has an OdcFSDP engine: FSDP2's communication "
+                    "hooks and odc's buffers belong to that one (a second would replace its "
+                    "hooks and gather other buffers). Keep using it (it stays attached to the "
+                    "model for the model's lifetime); engine.reset(comm) moves it to a new "
+                    "communicator"
+                )
         self.model = model
         self.comm = comm
         self.state = EngineState.READY
@@ -593,7 +644,10 @@ class OdcFSDP:
         self.gradient_divide_factor = _divide_factor(layouts)
         self._hsdp_zero_outputs = {}  # (dtype, device) -> zeros; see OdcReduceScatter.allocate
         module_names = {id(module): name for name, module in model.named_modules()}
-        for module, layout in layouts:  # the same order on every rank: alloc is collective
+        for (
+            module,
+            layout,
+        ) in layouts:  # the same order on every rank: alloc is collective
             param = layout.slots[0].param
             name = _buffer_name(module_names.get(id(module), ""))
             group = _Group(self, layout, param.device, name)
@@ -613,12 +667,15 @@ class OdcFSDP:
         sum_gradients(model)  # plain sums reach the accumulators; minibatch_end divides them
         if optimizer is not None:
             optimizer.register_step_pre_hook(self._before_step)
-        setattr(model, _ENGINE_ATTRIBUTE, weakref.ref(self))
+        for module in self._modules:  # every FSDP2 unit, so an engine on a part is refused too
+            setattr(module, _ENGINE_ATTRIBUTE, weakref.ref(self))
 
     def _bind_reduced_flags(self) -> None:
         per_rank = -(-self._num_slots // self.comm.world_size)
         self._reduced_flags = self.comm.alloc(
-            per_rank, accumulator=True, name="odc.torch/<parameters reduced in the minibatch>"
+            per_rank,
+            accumulator=True,
+            name="odc.torch/<parameters reduced in the minibatch>",
         )
 
     def _check_placement(self, layout: internals.GroupLayout) -> None:
@@ -730,7 +787,7 @@ class OdcFSDP:
         minibatch_end are those of the minibatch's token-mean loss over all ranks."""
         if global_tokens <= 0:
             raise ValueError(f"global_tokens must be positive, got {global_tokens}")
-        return _scaled(loss_sum, global_tokens, self.gradient_divide_factor)
+        return _LossScale.apply(loss_sum, float(global_tokens), self.gradient_divide_factor)
 
     def allow_collectives(self, group: dist.ProcessGroup) -> None:
         """Collectives on `group` inside minibatches are matched by the caller's own design
@@ -862,7 +919,10 @@ class OdcFSDP:
         _engines_in_minibatch.discard(self)
         try:
             self._collective_guard.check()  # collectives inside the minibatch (debug.py)
-        except CollectiveInMinibatchError as error:
+            for group in self._groups:
+                if group.kept:
+                    group.check_carried()
+        except (CollectiveInMinibatchError, RuntimeError) as error:
             self.abort(str(error))
             raise
         try:
@@ -975,13 +1035,19 @@ def scale_loss(loss_sum: torch.Tensor, global_tokens: int) -> torch.Tensor:
     gradient of the minibatch's token-mean loss, whatever the microbatch counts per rank.
 
     The value is loss_sum / global_tokens (sum it over a minibatch's microbatches and ranks to
-    log the token-mean loss). Inside an OdcFSDP minibatch its gradient is also multiplied by the
+    log the token-mean loss). When its backward runs inside an OdcFSDP minibatch its gradient is
+    also multiplied by the
     engine's gradient divide factor (FSDP2's: the world size, or what set_gradient_divide_factor
     set), which the engine's division at minibatch_end undoes. Elsewhere (plain FSDP2 made to
     sum with sum_gradients, or no engine) it is plain division. With several engines in
     minibatches at once, use engine.scale_loss."""
     if global_tokens <= 0:
         raise ValueError(f"global_tokens must be positive, got {global_tokens}")
+    return _LossScale.apply(loss_sum, float(global_tokens), None)
+
+
+def _minibatch_factor() -> float:
+    """The gradient divide factor of the engine inside a minibatch now (1 without one)."""
     factors = {engine.gradient_divide_factor for engine in list(_engines_in_minibatch)}
     if len(factors) > 1:
         raise ValueError(
@@ -989,20 +1055,16 @@ def scale_loss(loss_sum: torch.Tensor, global_tokens: int) -> torch.Tensor:
             f"factors ({sorted(factors)}) are inside minibatches: call engine.scale_loss(...) "
             "on the engine whose model computed the loss"
         )
-    return _scaled(loss_sum, global_tokens, factors.pop() if factors else 1.0)
-
-
-def _scaled(loss_sum: torch.Tensor, global_tokens: int, factor: float) -> torch.Tensor:
-    if factor == 1.0:
-        return loss_sum / float(global_tokens)
-    return _LossScale.apply(loss_sum, float(global_tokens), factor)
+    return factors.pop() if factors else 1.0
 
 
 class _LossScale(torch.autograd.Function):
     """loss_sum / tokens as a value (what a user logs: the minibatch's token-mean loss share),
     with a gradient `factor` times that of the value, which the engine's division of the sums
-    by the same factor at minibatch_end undoes. Backward divides first, then multiplies, so a
-    power-of-two factor (the usual world size) changes no bit of the gradients."""
+    by the same factor at minibatch_end undoes. `factor` None: the factor of the engine inside a
+    minibatch when backward runs (the forward may have run outside one). Backward divides
+    first, then multiplies, so a power-of-two factor (the usual world size) changes no bit of
+    the gradients, and a factor of 1 gives plain division's."""
 
     @staticmethod
     def forward(ctx, loss_sum, tokens, factor):
@@ -1011,7 +1073,9 @@ class _LossScale(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return grad / ctx.tokens * ctx.factor, None, None
+        factor = _minibatch_factor() if ctx.factor is None else ctx.factor
+        scaled = grad / ctx.tokens
+        return (scaled if factor == 1.0 else scaled * factor), None, None
 
 
 def global_count(count: int, group: Optional[dist.ProcessGroup] = None) -> int:
