@@ -95,7 +95,7 @@ void run_rank(int rank, int world, const std::string& key, odcTransport_t transp
               Measurement* scatter_table, Measurement* push_table) {
   BENCH_CUDA(cudaSetDevice(rank));
   odcComm_t comm;
-  odcCommConfig_t config;
+  odcCommConfig_t config = ODC_COMM_CONFIG_INIT;
   BENCH_ODC(odcCommConfigInit(&config));
   config.transport = transport;
   config.key = key.c_str();

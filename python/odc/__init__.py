@@ -3,7 +3,17 @@
 The core package needs numpy but not torch: it binds the C library (libodc.so) with ctypes.
 """
 
-from ._capi import Error, has_cuda, version
+from ._capi import has_cuda, version
+from .errors import (
+    Error,
+    InternalError,
+    Interrupted,
+    InvalidArgument,
+    InvalidUsage,
+    RemoteError,
+    SystemFailure,
+    Timeout,
+)
 from .comm import Buffer, Comm
 from .launch import LaunchError, launch
 from .planner import plan, read_lengths
@@ -13,10 +23,17 @@ __all__ = [
     "Buffer",
     "Comm",
     "Error",
+    "InternalError",
+    "Interrupted",
+    "InvalidArgument",
+    "InvalidUsage",
     "LaunchError",
     "has_cuda",
     "launch",
     "plan",
     "read_lengths",
+    "RemoteError",
+    "SystemFailure",
+    "Timeout",
     "__version__",
 ]

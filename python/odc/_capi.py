@@ -14,33 +14,39 @@ import threading
 from pathlib import Path
 
 
-class Error(Exception):
-    """A failure reported by the odc library. `code` is the odcResult_t value."""
-
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
-
-
-# odcResult_t
-SUCCESS = 0
-INVALID_ARGUMENT = 1
-SYSTEM_ERROR = 2
-INTERNAL_ERROR = 3
-INVALID_USAGE = 4
-TIMEOUT = 5
-REMOTE_ERROR = 6
-INTERRUPTED = 7
+# odcResult_t and its exceptions live in odc.errors; `odc._capi.Error` stays importable (an alias
+# of odc.Error) for code written before they moved.
+from .errors import (  # noqa: F401 - re-exported
+    INTERNAL_ERROR,
+    INTERRUPTED,
+    INVALID_ARGUMENT,
+    INVALID_USAGE,
+    REMOTE_ERROR,
+    SUCCESS,
+    SYSTEM_ERROR,
+    TIMEOUT,
+    Error,
+    InvalidArgument,
+    error_class,
+)
 
 # odcDataType_t
 FLOAT32 = 0
 BFLOAT16 = 1
 
 ODC_PLAN_ALL_SAMPLES = 2**63 - 1
+PLAN_OPTIONS_MAGIC = 0x0DC09A4E
+PLAN_OPTIONS_VERSION = 1
 
 
 class PlanOptions(ctypes.Structure):
+    """odcPlanOptions_t (make it with new_plan_options()). Every mirror here is checked against
+    the C layout by tests/python/test_capi_layout.py."""
+
     _fields_ = [
+        ("size", ctypes.c_size_t),  # the header (issue #29): what the library may read and write
+        ("magic", ctypes.c_uint),
+        ("version", ctypes.c_uint),
         ("num_ranks", ctypes.c_int64),
         ("max_tokens", ctypes.c_int64),
         ("policy", ctypes.c_int),
@@ -50,10 +56,10 @@ class PlanOptions(ctypes.Structure):
         ("cost_c", ctypes.c_double),
         ("rank_speed", ctypes.POINTER(ctypes.c_double)),
         ("num_rank_speeds", ctypes.c_size_t),
-        ("split", ctypes.c_int),  # odcSplit_t (appended for issue #14)
+        ("split", ctypes.c_int),  # odcSplit_t
         ("split_exchange", ctypes.c_double),
-        ("microbatch_memory", ctypes.c_int),  # odcMicrobatchMemory_t (appended for issue #17)
-        ("cost_floor", ctypes.c_double),  # appended for issue #14, seventh round
+        ("microbatch_memory", ctypes.c_int),  # odcMicrobatchMemory_t
+        ("cost_floor", ctypes.c_double),
     ]
 
 
@@ -62,7 +68,7 @@ TRANSPORT_AUTO = 0
 TRANSPORT_SHM = 1
 TRANSPORT_CUDA = 2
 TRANSPORT_NVSHMEM = 3
-COMM_CONFIG_VERSION = 2
+COMM_CONFIG_VERSION = 4
 BOOTSTRAP_VERSION = 1
 
 # odcBootstrap_t callbacks: 0 on success, nonzero on failure (see include/odc/odc.h).
@@ -88,7 +94,7 @@ class Bootstrap(ctypes.Structure):
 
 
 class CommConfig(ctypes.Structure):
-    """odcCommConfig_t (fill with lib.odcCommConfigInit)."""
+    """odcCommConfig_t (make it with new_comm_config())."""
 
     _fields_ = [
         ("size", ctypes.c_size_t),
@@ -365,18 +371,19 @@ atexit.register(lambda: lib.odcSetInterruptCheck(INTERRUPT_CHECK(), None))
 
 
 def check(result: int) -> None:
-    """Raises for a failed call: ValueError for invalid arguments, Error otherwise."""
+    """Raises for a failed call: InvalidArgument (a ValueError) with the library's message for
+    invalid arguments, else the code's class of odc.Error, its message led by the code's name."""
     if result == SUCCESS:
         return
     message = lib.odcGetLastError().decode("utf-8", "replace")
     if result == INVALID_ARGUMENT:
-        raise ValueError(message)
+        raise InvalidArgument(message)
     name = lib.odcGetErrorString(result).decode()
-    raise Error(f"{name}: {message}", result)
+    raise error_class(result)(f"{name}: {message}", result)
 
 
 def check_comm(result: int) -> None:
-    """Raises Error (with .code) for any failed communicator call; first, whatever a signal handler
+    """Raises the code's class of odc.Error for any failed communicator call; first, whatever a signal handler
     raised while the call waited (KeyboardInterrupt), with odc's message as a note."""
     interrupt = take_interrupt()
     if interrupt is not None:
@@ -384,7 +391,23 @@ def check_comm(result: int) -> None:
             interrupt.add_note("odc: " + lib.odcGetLastError().decode("utf-8", "replace"))
         raise interrupt
     if result != SUCCESS:
-        raise Error(lib.odcGetLastError().decode("utf-8", "replace"), result)
+        raise error_class(result)(lib.odcGetLastError().decode("utf-8", "replace"), result)
+
+
+def new_plan_options() -> PlanOptions:
+    """odcPlanOptions_t with its header (as ODC_PLAN_OPTIONS_INIT) and the library's defaults."""
+    options = PlanOptions(
+        size=ctypes.sizeof(PlanOptions), magic=PLAN_OPTIONS_MAGIC, version=PLAN_OPTIONS_VERSION
+    )
+    check(lib.odcPlanOptionsInit(ctypes.byref(options)))
+    return options
+
+
+def new_comm_config() -> CommConfig:
+    """odcCommConfig_t with its header (as ODC_COMM_CONFIG_INIT) and the library's defaults."""
+    config = CommConfig(size=ctypes.sizeof(CommConfig), version=COMM_CONFIG_VERSION)
+    check_comm(lib.odcCommConfigInit(ctypes.byref(config)))
+    return config
 
 
 def has_cuda() -> bool:

@@ -18,6 +18,7 @@ import time
 from typing import Any, List, Optional
 
 from . import _capi
+from .errors import InvalidArgument
 
 
 # A timeout names at most this many missing ranks, found with at most this many store look-ups.
@@ -46,10 +47,9 @@ class StoreBootstrap:
     def __init__(self, store: Any, rank: int, world_size: int, timeout: float):
         for method in ("set", "get", "add"):
             if not callable(getattr(store, method, None)):
-                raise _capi.Error(
+                raise InvalidArgument(
                     f"rank {rank}: init: store has no {method}(): odc needs a "
-                    "torch.distributed-style store with set/get/add",
-                    _capi.INVALID_ARGUMENT,
+                    "torch.distributed-style store with set/get/add"
                 )
         self.store = store
         self.rank = rank

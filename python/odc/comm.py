@@ -29,6 +29,7 @@ from typing import Any, List, Optional, Tuple
 import numpy as np
 
 from . import _capi
+from .errors import InvalidArgument, InvalidUsage
 
 try:  # real bfloat16 arrays where ml_dtypes is installed; otherwise raw uint16 bits
     import ml_dtypes
@@ -61,8 +62,8 @@ def _default_timeout() -> float:
     return value
 
 
-def _invalid(message: str) -> _capi.Error:
-    return _capi.Error(message, _capi.INVALID_ARGUMENT)
+def _invalid(message: str) -> InvalidArgument:
+    return InvalidArgument(message)
 
 
 def _array_dtype(dtype: str) -> np.dtype:
@@ -239,10 +240,9 @@ class Buffer:
         Raises (before any communication) while views of it (`array`, `tensor()`) are alive."""
         self._require_live()
         if self._num_views > 0:
-            raise _capi.Error(
+            raise InvalidUsage(
                 f"rank {self._comm.rank}: free: {self._num_views} view(s) of this buffer "
-                "(buffer.array / buffer.tensor()) are still alive; delete them first",
-                _capi.INVALID_USAGE,
+                "(buffer.array / buffer.tensor()) are still alive; delete them first"
             )
         self._comm._call(_capi.lib.odcBufferFree, self._handle)
         self._handle = None
@@ -255,7 +255,7 @@ class Buffer:
 
     def _require_live(self) -> None:
         if self._handle is None or self._comm._handle is None:
-            raise _capi.Error("buffer used after free() or Comm.close()", _capi.INVALID_USAGE)
+            raise InvalidUsage("buffer used after free() or Comm.close()")
 
 
 class Comm:
@@ -368,8 +368,7 @@ class Comm:
         else:
             _default_timeout()  # a bad $ODC_TIMEOUT is refused here, naming it
         handle = ctypes.c_void_p()
-        config = _capi.CommConfig()
-        _capi.check_comm(_capi.lib.odcCommConfigInit(ctypes.byref(config)))
+        config = _capi.new_comm_config()
         # Kept alive as long as the communicator: the library calls back into it on failure.
         self._bootstrap = None
         if store is not None:
@@ -413,7 +412,7 @@ class Comm:
             reason = f"rank {rank}: init: {CONCURRENT_INIT}"
             _capi.lib.odcCommAbort(handle, reason.encode()[:200])
             _capi.lib.odcCommDestroy(handle)
-            raise _capi.Error(reason, _capi.INVALID_USAGE)
+            raise InvalidUsage(reason)
         if result != _capi.SUCCESS and _capi.take_interrupt_pending():
             _capi.check_comm(result)  # raises what a signal handler raised (KeyboardInterrupt)
         if result != _capi.SUCCESS and self._bootstrap is not None and self._bootstrap.error:
@@ -472,9 +471,7 @@ class Comm:
 
     def _call(self, function, *args) -> None:
         if self._handle is None:
-            raise _capi.Error(
-                f"rank {self.rank}: communicator used after close()", _capi.INVALID_USAGE
-            )
+            raise InvalidUsage(f"rank {self.rank}: communicator used after close()")
         _capi.check_comm(function(self._handle, *args))
 
     # -- buffers ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from .errors import InvalidArgument
 from .train.calibrate import (
     MIN_FIT_TOKENS,
     fit_cost_with_floor,
@@ -41,9 +43,9 @@ NOISY_SPREAD = 0.1  # (max - min) / median of the repeats above this: say the ti
 LOSS_CHUNK_TOKENS = 4096  # logits of this many tokens at a time (as odc.train's model)
 
 
-class FitError(ValueError):
+class FitError(InvalidArgument):
     """Input the fit cannot use (config, device, lengths) or a ladder too short to fit; the
-    message is one line, meant for the user."""
+    message is one line, meant for the user. An odc.InvalidArgument, so a ValueError."""
 
 
 @dataclass
@@ -503,8 +505,27 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_output_path(path: str) -> Optional[str]:
+    """Why `--json PATH` cannot be written, or None: checked before the fit, which takes minutes,
+    so that a typo fails at once (its parent must be a writable directory; PATH not one)."""
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        return f"cannot write --json '{path}': a directory"
+    if not parent.is_dir():
+        return f"cannot write --json '{path}': no directory '{parent}'"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot write --json '{path}': directory '{parent}' is not writable"
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if args.json is not None:
+        problem = check_output_path(args.json)
+        if problem:
+            print(f"{PROG}: error: {problem}", file=sys.stderr)
+            return USAGE_ERROR
     try:
         import torch  # noqa: F401
     except ImportError:

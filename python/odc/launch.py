@@ -18,6 +18,7 @@ import uuid
 from typing import Any, Callable, Dict, Optional
 
 from . import _capi
+from .errors import InvalidArgument
 
 
 # How long a rank that has returned its result may take to exit before it is killed.
@@ -93,7 +94,7 @@ def launch(fn: Callable, world_size: int, *args, timeout: Optional[float] = None
     timeout: seconds the whole launch may take; ranks still running then are killed and reported.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+        raise InvalidArgument(f"world_size must be a positive integer, got {world_size!r}")
     context = multiprocessing.get_context("spawn")
     key = f"launch-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     processes, receivers = [], []

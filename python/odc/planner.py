@@ -11,6 +11,7 @@ import numbers
 from typing import Any, List, Optional, Sequence
 
 from . import _capi
+from .errors import InvalidArgument
 
 _COST_MESSAGE = (
     "expected three comma-separated non-negative numbers A,B,C (and optionally a floor F: "
@@ -26,18 +27,18 @@ def _lengths_array(lengths: Sequence[int]) -> "ctypes.Array[ctypes.c_int64]":
     values = []
     for index, length in enumerate(lengths):
         if isinstance(length, bool) or not isinstance(length, numbers.Integral):
-            raise ValueError(f"sample {index}: length must be an integer, got {length!r}")
+            raise InvalidArgument(f"sample {index}: length must be an integer, got {length!r}")
         if not _INT64_MIN <= int(length) <= _INT64_MAX:
-            raise ValueError(f"sample {index}: length {int(length)} does not fit in 64 bits")
+            raise InvalidArgument(f"sample {index}: length {int(length)} does not fit in 64 bits")
         values.append(int(length))
     return (ctypes.c_int64 * len(values))(*values)
 
 
 def _integer(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise InvalidArgument(f"{name} must be an integer, got {value!r}")
     if not _INT64_MIN <= int(value) <= _INT64_MAX:
-        raise ValueError(f"{name} must fit in 64 bits, got {int(value)}")
+        raise InvalidArgument(f"{name} must fit in 64 bits, got {int(value)}")
     return int(value)
 
 
@@ -77,16 +78,16 @@ def plan(
         Other policies ignore it (docs/planner.md, "Microbatch memory").
 
     Returns {"policy", "ranks", "max_tokens", "cost", "minibatches", "bubble"} as dicts and lists.
-    Raises ValueError, with the same message as the CLI, for bad arguments.
+    Raises odc.InvalidArgument (a ValueError), with the same message as the CLI, for bad
+    arguments.
     """
-    options = _capi.PlanOptions()
-    _capi.check(_capi.lib.odcPlanOptionsInit(ctypes.byref(options)))
+    options = _capi.new_plan_options()
     options.num_ranks = _integer("ranks", ranks)
     options.max_tokens = _integer("max_tokens", max_tokens)
     if minibatch_size is not None:
         options.minibatch_size = _integer("minibatch_size", minibatch_size)
     if not isinstance(policy, str):
-        raise ValueError(f"policy must be a string, got {policy!r}")
+        raise InvalidArgument(f"policy must be a string, got {policy!r}")
     policy_value = ctypes.c_int()
     _capi.check(_capi.lib.odcPolicyFromName(policy.encode(), ctypes.byref(policy_value)))
     options.policy = policy_value.value
@@ -97,14 +98,14 @@ def plan(
         or len(cost_values) not in (3, 4)
         or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in cost_values)
     ):
-        raise ValueError(f"malformed cost {cost!r}: {_COST_MESSAGE}")
+        raise InvalidArgument(f"malformed cost {cost!r}: {_COST_MESSAGE}")
     options.cost_a, options.cost_b, options.cost_c = (float(v) for v in cost_values[:3])
     options.cost_floor = float(cost_values[3]) if len(cost_values) == 4 else 0.0
 
     speeds = None
     if rank_speed is not None:
         if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in rank_speed):
-            raise ValueError(
+            raise InvalidArgument(
                 f"malformed rank_speed {rank_speed!r}: expected comma-separated positive numbers "
                 "S0,S1,..."
             )
@@ -113,15 +114,15 @@ def plan(
         options.num_rank_speeds = len(rank_speed)
 
     if split not in ("off", "auto"):
-        raise ValueError(f"unknown split mode {split!r}: expected auto or off")
+        raise InvalidArgument(f"unknown split mode {split!r}: expected auto or off")
     options.split = 1 if split == "auto" else 0
     if split_exchange is not None:
         if isinstance(split_exchange, bool) or not isinstance(split_exchange, numbers.Real):
-            raise ValueError(f"split_exchange must be a number, got {split_exchange!r}")
+            raise InvalidArgument(f"split_exchange must be a number, got {split_exchange!r}")
         options.split_exchange = float(split_exchange)
 
     if microbatch_memory not in ("lb-micro", "cap"):
-        raise ValueError(
+        raise InvalidArgument(
             f"unknown microbatch memory {microbatch_memory!r}: expected lb-micro or cap"
         )
     options.microbatch_memory = 1 if microbatch_memory == "cap" else 0

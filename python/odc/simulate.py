@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from .errors import InvalidArgument
+
 
 def cli_path() -> str:
     """The `odc` binary: $ODC_CLI, then beside this Python (a virtual environment), then PATH."""
@@ -91,14 +93,16 @@ def parse_odc_bench(text: str) -> dict:
             size = float(fields[0][:-3]) * _UNITS[unit]
             odc, nccl = float(fields[2]), float(fields[4])
         except ValueError:
-            raise ValueError(f"odc_bench output line {number}: cannot read '{stripped}'") from None
+            raise InvalidArgument(
+                f"odc_bench output line {number}: cannot read '{stripped}'"
+            ) from None
         curves[current[1]].append([size, odc])
         curves[current[2]].append([size, nccl])
     missing = [
         k for k in ("gather", "scatter", "all_gather", "reduce_scatter") if not curves.get(k)
     ]
     if missing:
-        raise ValueError(f"odc_bench output has no table for: {', '.join(missing)}")
+        raise InvalidArgument(f"odc_bench output has no table for: {', '.join(missing)}")
     return {"source": "odc_bench", "ranks": ranks, "curves": curves}
 
 

@@ -2,6 +2,9 @@
 // lengths arrays it hands out are recorded, so a garbage, destroyed or foreign pointer is refused
 // before anything reads or frees it.
 #include <algorithm>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <span>
@@ -52,24 +55,44 @@ Status check_live(std::set<const void*>& live, const void* pointer, const char* 
   return Status::Ok();
 }
 
+// The defaults live in the public header (ODC_PLAN_OPTIONS_INIT) only; odcPlanOptionsInit copies
+// them. The header documents the size of version 1 and the planner's split exchange default.
+constexpr odcPlanOptions_t kDefaultOptions = ODC_PLAN_OPTIONS_INIT;
+static_assert(sizeof(odcPlanOptions_t) == 120, "odc.h documents version 1 as 120 bytes");
+static_assert(kDefaultOptions.split_exchange == odc::planner::kDefaultSplitExchange);
+
+// The caller's options header: Ok when it is one this library reads (odc.h, "Compatibility").
+// Reads the first 16 bytes only, which every layout of odcPlanOptions_t has (the unversioned one
+// held num_ranks and max_tokens there): nothing else is read or written before this passes.
+Status check_header(const odcPlanOptions_t* options, const char* function) {
+  if (options->magic == ODC_PLAN_OPTIONS_MAGIC && options->version == ODC_PLAN_OPTIONS_VERSION &&
+      options->size == sizeof(odcPlanOptions_t)) {
+    return Status::Ok();
+  }
+  char magic[16];
+  std::snprintf(magic, sizeof(magic), "0x%08x", options->magic);
+  return Status::InvalidArgument(
+      std::string(function) + ": options have size " + std::to_string(options->size) + ", magic " +
+      magic + " and version " + std::to_string(options->version) + "; this library reads version " +
+      std::to_string(ODC_PLAN_OPTIONS_VERSION) + " (size " +
+      std::to_string(sizeof(odcPlanOptions_t)) +
+      "): declare them with ODC_PLAN_OPTIONS_INIT (a caller built against an odc header without "
+      "it must be rebuilt)");
+}
+
 }  // namespace
 
 extern "C" odcResult_t odcPlanOptionsInit(odcPlanOptions_t* options) {
   if (options == nullptr) return report(null_argument("odcPlanOptionsInit", "options"));
-  *options = odcPlanOptions_t{};
-  options->num_ranks = 1;
-  options->max_tokens = 0;
-  options->policy = odcPolicyLbMini;
-  options->minibatch_size = ODC_PLAN_ALL_SAMPLES;
-  options->cost_a = 1.0;
-  options->cost_b = 0.0;
-  options->cost_c = 0.0;
-  options->rank_speed = nullptr;
-  options->num_rank_speeds = 0;
-  options->split = odcSplitOff;
-  options->split_exchange = odc::planner::kDefaultSplitExchange;
-  options->microbatch_memory = odcMicrobatchMemoryLbMicro;
-  options->cost_floor = 0.0;
+  if (Status header = check_header(options, "odcPlanOptionsInit"); !header.ok()) {
+    return report(header);
+  }
+  // The header's defaults, past the header, up to the caller's size (version 1 is the only
+  // layout so far: the whole struct; a later version copies its own fields only).
+  constexpr size_t header_bytes = offsetof(odcPlanOptions_t, num_ranks);
+  std::memcpy(reinterpret_cast<char*>(options) + header_bytes,
+              reinterpret_cast<const char*>(&kDefaultOptions) + header_bytes,
+              options->size - header_bytes);
   return success();
 }
 
@@ -90,6 +113,7 @@ extern "C" odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
     }
     if (options == nullptr) return report(null_argument("odcPlanCreate", "options"));
     if (plan == nullptr) return report(null_argument("odcPlanCreate", "plan"));
+    if (Status header = check_header(options, "odcPlanCreate"); !header.ok()) return report(header);
     const int policy = odc::api::raw_enum_value(options->policy);
     if (policy < odcPolicyLocalSort || policy > odcPolicyLbMini) {
       return report(

@@ -104,7 +104,7 @@ odcBootstrap_t bootstrap_of(RankContext* context) {
 std::string run_rank(Rendezvous& rendezvous, int rank, int world, int fail_allgather = 0) {
   RankContext context{&rendezvous, rank, fail_allgather};
   const odcBootstrap_t bootstrap = bootstrap_of(&context);
-  odcCommConfig_t config;
+  odcCommConfig_t config = ODC_COMM_CONFIG_INIT;
   if (odcCommConfigInit(&config) != odcSuccess) return "config init failed";
   config.bootstrap = &bootstrap;
   config.timeout_seconds = 20.0;
@@ -196,7 +196,7 @@ TEST(ExternalBootstrap, BadConfigsAreRefusedByName) {
   Rendezvous rendezvous(1);
   RankContext context{&rendezvous, 0};
   odcBootstrap_t bootstrap = bootstrap_of(&context);
-  odcCommConfig_t config;
+  odcCommConfig_t config = ODC_COMM_CONFIG_INIT;
   ASSERT_EQ(odcCommConfigInit(&config), odcSuccess);
   EXPECT_EQ(config.bootstrap, nullptr);
   config.bootstrap = &bootstrap;
@@ -213,7 +213,7 @@ TEST(ExternalBootstrap, BadConfigsAreRefusedByName) {
   EXPECT_EQ(odcCommInitConfig(&comm, 0, 1, &config), odcInvalidArgument);
   EXPECT_NE(std::string(odcGetLastError()).find("bootstrap has version 99"), std::string::npos);
   // A version-1 config (no bootstrap field) still works with a key.
-  odcCommConfig_t version1;
+  odcCommConfig_t version1 = ODC_COMM_CONFIG_INIT;
   ASSERT_EQ(odcCommConfigInit(&version1), odcSuccess);
   version1.version = 1;
   version1.size = offsetof(odcCommConfig_t, bootstrap);
@@ -223,7 +223,7 @@ TEST(ExternalBootstrap, BadConfigsAreRefusedByName) {
   ASSERT_EQ(odcCommInitConfig(&comm, 0, 1, &version1), odcSuccess) << odcGetLastError();
   EXPECT_EQ(odcCommDestroy(comm), odcSuccess);
   // A version-2 config (no staging_bytes) too: what lies beyond its size is never read.
-  odcCommConfig_t version2;
+  odcCommConfig_t version2 = ODC_COMM_CONFIG_INIT;
   ASSERT_EQ(odcCommConfigInit(&version2), odcSuccess);
   EXPECT_EQ(version2.staging_bytes, 0u);
   version2.version = 2;
@@ -239,7 +239,7 @@ TEST(ExternalBootstrap, BadConfigsAreRefusedByName) {
   EXPECT_EQ(odcCommDestroy(comm), odcSuccess);
   // Version 3: the budget is the caller's; too small for the world is refused at the first
   // accumulator, naming what it needs.
-  odcCommConfig_t version3;
+  odcCommConfig_t version3 = ODC_COMM_CONFIG_INIT;
   ASSERT_EQ(odcCommConfigInit(&version3), odcSuccess);
   version3.staging_bytes = 64;
   const std::string key3 = "bootstrap-v3-" + std::to_string(::getpid());
@@ -252,7 +252,7 @@ TEST(ExternalBootstrap, BadConfigsAreRefusedByName) {
   EXPECT_EQ(odcCommDestroy(comm), odcSuccess);
   // A version-3 config (no node budgets) is accepted; version 4's defaults take them from the
   // environment.
-  odcCommConfig_t version3_layout;
+  odcCommConfig_t version3_layout = ODC_COMM_CONFIG_INIT;
   ASSERT_EQ(odcCommConfigInit(&version3_layout), odcSuccess);
   EXPECT_EQ(version3_layout.node_cache_bytes, ODC_BYTES_FROM_ENVIRONMENT);
   EXPECT_EQ(version3_layout.node_aggregation_bytes, ODC_BYTES_FROM_ENVIRONMENT);

@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "odc/odc.h"
@@ -12,7 +14,7 @@
 namespace {
 
 odcPlanOptions_t default_options() {
-  odcPlanOptions_t options;
+  odcPlanOptions_t options = ODC_PLAN_OPTIONS_INIT;
   EXPECT_EQ(odcPlanOptionsInit(&options), odcSuccess);
   options.num_ranks = 2;
   options.max_tokens = 100;
@@ -118,6 +120,102 @@ TEST(CApi, LengthsRead) {
   EXPECT_NE(std::string(odcGetLastError()).find("cannot read lengths file"), std::string::npos);
   EXPECT_EQ(odcLengthsRead(nullptr, &lengths, &count), odcInvalidArgument);
   std::remove(path.c_str());
+}
+
+}  // namespace
+
+namespace {
+
+// odcPlanOptions_t as headers before issue #29 declared it (no size, magic or version).
+struct UnversionedPlanOptions {
+  int64_t num_ranks;
+  int64_t max_tokens;
+  odcPolicy_t policy;
+  int64_t minibatch_size;
+  double cost_a, cost_b, cost_c;
+  const double* rank_speed;
+  size_t num_rank_speeds;
+  odcSplit_t split;
+  double split_exchange;
+  odcMicrobatchMemory_t microbatch_memory;
+  double cost_floor;
+};
+
+TEST(CApi, PlanOptionsInitKeepsToTheDeclaredHeader) {
+  // The initializer and odcPlanOptionsInit give the same defaults, byte for byte.
+  odcPlanOptions_t declared = ODC_PLAN_OPTIONS_INIT;
+  odcPlanOptions_t reset = ODC_PLAN_OPTIONS_INIT;
+  reset.num_ranks = 7;
+  reset.split_exchange = 3.0;
+  ASSERT_EQ(odcPlanOptionsInit(&reset), odcSuccess) << odcGetLastError();
+  EXPECT_EQ(reset.size, declared.size);
+  EXPECT_EQ(reset.magic, declared.magic);
+  EXPECT_EQ(reset.version, declared.version);
+  EXPECT_EQ(reset.num_ranks, 1);
+  EXPECT_EQ(reset.max_tokens, 0);
+  EXPECT_EQ(reset.policy, declared.policy);
+  EXPECT_EQ(reset.minibatch_size, declared.minibatch_size);
+  EXPECT_EQ(reset.cost_a, declared.cost_a);
+  EXPECT_EQ(reset.cost_b, declared.cost_b);
+  EXPECT_EQ(reset.cost_c, declared.cost_c);
+  EXPECT_EQ(reset.rank_speed, declared.rank_speed);
+  EXPECT_EQ(reset.num_rank_speeds, declared.num_rank_speeds);
+  EXPECT_EQ(reset.split, declared.split);
+  EXPECT_EQ(reset.split_exchange, 0.05);
+  EXPECT_EQ(reset.microbatch_memory, declared.microbatch_memory);
+  EXPECT_EQ(reset.cost_floor, declared.cost_floor);
+
+  // A header never set (garbage or zeros) or of another size is refused and nothing is written.
+  for (const auto& [size, magic, version] :
+       {std::tuple<size_t, unsigned, unsigned>{0, 0, 0},
+        {sizeof(odcPlanOptions_t), 0, ODC_PLAN_OPTIONS_VERSION},
+        {sizeof(odcPlanOptions_t), ODC_PLAN_OPTIONS_MAGIC, 2},
+        {sizeof(odcPlanOptions_t) + 8, ODC_PLAN_OPTIONS_MAGIC, ODC_PLAN_OPTIONS_VERSION},
+        {0xa5a5a5a5a5a5a5a5ull, 0xa5a5a5a5u, 0xa5a5a5a5u}}) {
+    odcPlanOptions_t options;
+    std::memset(&options, 0xa5, sizeof(options));
+    options.size = size;
+    options.magic = magic;
+    options.version = version;
+    odcPlanOptions_t before;
+    std::memcpy(&before, &options, sizeof(options));
+    EXPECT_EQ(odcPlanOptionsInit(&options), odcInvalidArgument) << size << " " << version;
+    EXPECT_NE(std::string(odcGetLastError()).find("declare them with ODC_PLAN_OPTIONS_INIT"),
+              std::string::npos)
+        << odcGetLastError();
+    EXPECT_EQ(std::memcmp(&before, &options, sizeof(options)), 0);
+    const int64_t lengths[] = {10};
+    odcPlan_t plan = nullptr;
+    EXPECT_EQ(odcPlanCreate(lengths, 1, &options, &plan), odcInvalidArgument);
+    EXPECT_EQ(plan, nullptr);
+  }
+}
+
+TEST(CApi, PlanCreateRefusesTheUnversionedLayout) {
+  // A caller built against the old header: its num_ranks and max_tokens fill the new header's
+  // place; the version word is max_tokens' high half (0), never a valid version.
+  for (const int64_t num_ranks : {int64_t{1}, int64_t{120}}) {
+    UnversionedPlanOptions old{num_ranks,
+                               65536,
+                               odcPolicyLbMini,
+                               ODC_PLAN_ALL_SAMPLES,
+                               1.0,
+                               0.0,
+                               0.0,
+                               nullptr,
+                               0,
+                               odcSplitOff,
+                               0.05,
+                               odcMicrobatchMemoryLbMicro,
+                               0.0};
+    const int64_t lengths[] = {10, 20};
+    odcPlan_t plan = nullptr;
+    EXPECT_EQ(odcPlanCreate(lengths, 2, reinterpret_cast<const odcPlanOptions_t*>(&old), &plan),
+              odcInvalidArgument);
+    EXPECT_NE(std::string(odcGetLastError()).find("version 0"), std::string::npos)
+        << odcGetLastError();
+    EXPECT_EQ(plan, nullptr);
+  }
 }
 
 }  // namespace

@@ -334,7 +334,7 @@ TEST(Hardening, PlanHandlesAreCheckedBeforeUse) {
   EXPECT_TRUE(contains(odcGetLastError(), "not a live plan")) << odcGetLastError();
   EXPECT_EQ(odcPlanToJson(garbage, &json), odcInvalidArgument);
   EXPECT_EQ(odcPlanDestroy(garbage), odcInvalidArgument);
-  odcPlanOptions_t options;
+  odcPlanOptions_t options = ODC_PLAN_OPTIONS_INIT;
   ASSERT_EQ(odcPlanOptionsInit(&options), odcSuccess);
   options.max_tokens = 100;
   const int64_t lengths[] = {10, 20, 30};

@@ -7,10 +7,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "core/dtype.h"
 #include "multiprocess.h"
@@ -305,8 +307,58 @@ TEST(InvalidUse, BadInitArguments) {
   EXPECT_EQ(comm, nullptr);
 }
 
+// odcCommConfigInit writes only the fields of the caller's declared version, and nothing at all
+// for a header it does not know (a caller built against an older header, an uninitialized struct).
+TEST(Config, InitWritesOnlyWhatTheHeaderDeclares) {
+  const size_t sizes[] = {offsetof(odcCommConfig_t, bootstrap),
+                          offsetof(odcCommConfig_t, staging_bytes),
+                          offsetof(odcCommConfig_t, node_cache_bytes), sizeof(odcCommConfig_t)};
+  EXPECT_EQ(sizes[0], 40u);  // the sizes odc.h names
+  EXPECT_EQ(sizes[3], 80u);
+  for (unsigned version = 1; version <= ODC_COMM_CONFIG_VERSION; ++version) {
+    unsigned char bytes[sizeof(odcCommConfig_t) + 16];
+    std::memset(bytes, 0xa5, sizeof(bytes));
+    odcCommConfig_t header{};
+    header.size = sizes[version - 1];
+    header.version = version;
+    std::memcpy(bytes, &header, offsetof(odcCommConfig_t, transport));
+    auto* config = reinterpret_cast<odcCommConfig_t*>(bytes);
+    ASSERT_EQ(odcCommConfigInit(config), odcSuccess) << odcGetLastError();
+    EXPECT_EQ(config->size, sizes[version - 1]);
+    EXPECT_EQ(config->version, version);
+    EXPECT_EQ(config->device, -1);
+    EXPECT_EQ(config->key, nullptr);
+    for (size_t i = sizes[version - 1]; i < sizeof(bytes); ++i) {
+      ASSERT_EQ(bytes[i], 0xa5) << "version " << version << " wrote byte " << i;
+    }
+  }
+  const std::pair<size_t, unsigned> unknown[] = {{0, 0},
+                                                 {80, 0},
+                                                 {80, 3},
+                                                 {40, 4},
+                                                 {88, 5},
+                                                 {sizeof(odcCommConfig_t) + 8, 4},
+                                                 {0xa5a5a5a5a5a5a5a5ull, 0xa5a5a5a5u}};
+  for (const auto& [size, version] : unknown) {
+    unsigned char bytes[sizeof(odcCommConfig_t)];
+    std::memset(bytes, 0xa5, sizeof(bytes));
+    odcCommConfig_t header{};
+    header.size = size;
+    header.version = version;
+    std::memcpy(bytes, &header, offsetof(odcCommConfig_t, transport));
+    unsigned char before[sizeof(bytes)];
+    std::memcpy(before, bytes, sizeof(bytes));
+    EXPECT_EQ(odcCommConfigInit(reinterpret_cast<odcCommConfig_t*>(bytes)), odcInvalidArgument)
+        << size << " " << version;
+    EXPECT_NE(std::string(odcGetLastError()).find("declare it with ODC_COMM_CONFIG_INIT"),
+              std::string::npos)
+        << odcGetLastError();
+    EXPECT_EQ(std::memcmp(before, bytes, sizeof(bytes)), 0) << size << " " << version;
+  }
+}
+
 TEST(Config, VersionedConfigIsCheckedAndDeterministicModeSums) {
-  odcCommConfig_t config;
+  odcCommConfig_t config = ODC_COMM_CONFIG_INIT;
   ASSERT_EQ(odcCommConfigInit(&config), odcSuccess);
   EXPECT_EQ(config.size, sizeof(odcCommConfig_t));
   EXPECT_EQ(config.version, static_cast<unsigned>(ODC_COMM_CONFIG_VERSION));
@@ -318,7 +370,7 @@ TEST(Config, VersionedConfigIsCheckedAndDeterministicModeSums) {
   odcCommConfig_t old = config;
   old.version = 0;
   EXPECT_EQ(odcCommInitConfig(&comm, 0, 1, &old), odcInvalidArgument);
-  EXPECT_NE(std::string(odcGetLastError()).find("fill it with odcCommConfigInit"),
+  EXPECT_NE(std::string(odcGetLastError()).find("declare it with ODC_COMM_CONFIG_INIT"),
             std::string::npos)
       << odcGetLastError();
   odcCommConfig_t host_with_device = config;
@@ -340,7 +392,7 @@ TEST(Config, VersionedConfigIsCheckedAndDeterministicModeSums) {
   EXPECT_EQ(comm, nullptr);
 
   expect_all_ok(run_ranks(3, [](int rank, int world, const std::string& key) {
-    odcCommConfig_t deterministic;
+    odcCommConfig_t deterministic = ODC_COMM_CONFIG_INIT;
     RANK_CHECK(odcCommConfigInit(&deterministic));
     deterministic.key = key.c_str();
     deterministic.timeout_seconds = 20.0;

@@ -235,7 +235,7 @@ TEST(SplitPlan, BadOptionsAreNamed) {
 }
 
 TEST(SplitCApi, OptionsDefaultToOffAndAutoSplits) {
-  odcPlanOptions_t options;
+  odcPlanOptions_t options = ODC_PLAN_OPTIONS_INIT;
   ASSERT_EQ(odcPlanOptionsInit(&options), odcSuccess);
   EXPECT_EQ(options.split, odcSplitOff);
   EXPECT_DOUBLE_EQ(options.split_exchange, kDefaultSplitExchange);

@@ -31,13 +31,10 @@ from typing import Dict, List, Optional, Tuple
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..errors import InvalidArgument
+
 ENV = "ODC_DEBUG_COLLECTIVES"
-_NAMESPACES = (
-    "c10d",
-    "_c10d_functional",
-    "c10d_functional",
-    "_c10d_functional_autograd",
-)
+_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd")
 # Not communication: waiting on a functional collective's result, autograd plumbing.
 _NOT_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")
 
@@ -66,7 +63,9 @@ def mode_from_environment() -> Optional[str]:
         return "raise"
     if value == "warn":
         return "warn"
-    raise ValueError(f"{ENV}={value!r}: expected 0 (off), check (the default), 1 (raise) or warn")
+    raise InvalidArgument(
+        f"{ENV}={value!r}: expected 0 (off), check (the default), 1 (raise) or warn"
+    )
 
 
 def _sequence_numbers() -> Dict[int, Tuple[object, int]]:

@@ -39,15 +39,11 @@ from .._capi import INVALID_USAGE as _INVALID_USAGE
 from .._capi import TIMEOUT as _TIMEOUT
 from .._capi import Error
 from ..comm import Comm
+from ..errors import InvalidArgument
 from . import _fsdp2_internals as internals
 from . import hybrid
 from ._sums_pending import GradientsNotReadyError, pending_like
-from .debug import (
-    TIMEOUT_HINT,
-    CollectiveGuard,
-    CollectiveInMinibatchError,
-    mode_from_environment,
-)
+from .debug import TIMEOUT_HINT, CollectiveGuard, CollectiveInMinibatchError, mode_from_environment
 
 _ODC_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 # The model's engine (a weak reference): one OdcFSDP per model.
@@ -71,7 +67,7 @@ def _divide_factor(layouts) -> float:
         mesh = layouts[0][1].slots[0].param.device_mesh if layouts else None
         return float(mesh.size()) if mesh is not None else 1.0
     if not factor > 0:
-        raise ValueError(f"odc.torch: gradient divide factor must be positive, got {factor}")
+        raise InvalidArgument(f"odc.torch: gradient divide factor must be positive, got {factor}")
     return float(factor)
 
 
@@ -186,10 +182,7 @@ class _Group:
             published=True,
         )
         self.drop_grads()
-        self.accumulator, self.trainable = (
-            None,
-            None,
-        )  # a failed communicator's: not freed
+        self.accumulator, self.trainable = None, None  # a failed communicator's: not freed
         self.refresh_trainable()
         if self.in_place is not None:
             self.publish()  # moves the shards now: their old storage is freed at once
@@ -603,15 +596,12 @@ class OdcFSDP:
     """
 
     def __init__(
-        self,
-        model: nn.Module,
-        comm: Comm,
-        optimizer: Optional[torch.optim.Optimizer] = None,
+        self, model: nn.Module, comm: Comm, optimizer: Optional[torch.optim.Optimizer] = None
     ):
         internals.check_fsdp2_support(FSDPModule)
         if not isinstance(model, FSDPModule):
-            raise TypeError(
-                "odc.torch needs the root module wrapped with fully_shard (and its layers: "
+            raise _NotFullyShardError(
+                "model: odc.torch needs the root module wrapped with fully_shard (and its layers: "
                 f"fully_shard(layer) for each, then fully_shard(model)); got {type(model).__name__}"
             )
         _check_comm(comm)
@@ -644,10 +634,7 @@ class OdcFSDP:
         self.gradient_divide_factor = _divide_factor(layouts)
         self._hsdp_zero_outputs = {}  # (dtype, device) -> zeros; see OdcReduceScatter.allocate
         module_names = {id(module): name for name, module in model.named_modules()}
-        for (
-            module,
-            layout,
-        ) in layouts:  # the same order on every rank: alloc is collective
+        for module, layout in layouts:  # the same order on every rank: alloc is collective
             param = layout.slots[0].param
             name = _buffer_name(module_names.get(id(module), ""))
             group = _Group(self, layout, param.device, name)
@@ -673,9 +660,7 @@ class OdcFSDP:
     def _bind_reduced_flags(self) -> None:
         per_rank = -(-self._num_slots // self.comm.world_size)
         self._reduced_flags = self.comm.alloc(
-            per_rank,
-            accumulator=True,
-            name="odc.torch/<parameters reduced in the minibatch>",
+            per_rank, accumulator=True, name="odc.torch/<parameters reduced in the minibatch>"
         )
 
     def _check_placement(self, layout: internals.GroupLayout) -> None:
@@ -683,13 +668,13 @@ class OdcFSDP:
         hybrid.is_hybrid(param)  # 1-D or HSDP (replicate, shard); raises for the rest
         on_gpu = param.device.type == "cuda"
         if on_gpu != (self.comm.device is not None):
-            raise ValueError(
+            raise InvalidArgument(
                 f"parameters are on {param.device} but the odc communicator is "
                 f"{'on CUDA device ' + str(self.comm.device) if self.comm.device is not None else 'a host one'}: "
                 "use odc.Comm(..., device=<GPU index>) for CUDA models and a host Comm for CPU"
             )
         if on_gpu and param.device.index != self.comm.device:
-            raise ValueError(
+            raise InvalidArgument(
                 f"parameters are on {param.device}, the odc communicator on cuda:{self.comm.device}"
             )
 
@@ -767,7 +752,7 @@ class OdcFSDP:
             raise RuntimeError("reset() inside a minibatch: end or abort it first")
         _check_comm(comm)
         if comm.world_size != self.comm.world_size or comm.device != self.comm.device:
-            raise ValueError(
+            raise InvalidArgument(
                 f"reset: the new communicator (rank {comm.rank} of {comm.world_size}, device "
                 f"{comm.device}) must span the same ranks and device as the old one (rank "
                 f"{self.comm.rank} of {self.comm.world_size}, device {self.comm.device})"
@@ -786,7 +771,7 @@ class OdcFSDP:
         its gradient gradient_divide_factor times that, so that the gradients after
         minibatch_end are those of the minibatch's token-mean loss over all ranks."""
         if global_tokens <= 0:
-            raise ValueError(f"global_tokens must be positive, got {global_tokens}")
+            raise InvalidArgument(f"global_tokens must be positive, got {global_tokens}")
         return _LossScale.apply(loss_sum, float(global_tokens), self.gradient_divide_factor)
 
     def allow_collectives(self, group: dist.ProcessGroup) -> None:
@@ -1012,10 +997,16 @@ class OdcFSDP:
         self.minibatch_end()
 
 
+class _NotFullyShardError(InvalidArgument, TypeError):
+    """A model not wrapped with fully_shard: odc.InvalidArgument (so a ValueError), and the
+    TypeError this raised before the one error policy (docs/errors.md)."""
+
+
 def _check_comm(comm: Comm) -> None:
     if comm.world_size < 2:
-        raise ValueError(
-            "odc.torch needs at least 2 ranks (FSDP2 skips its communication hooks on one)"
+        raise InvalidArgument(
+            "comm: odc.torch needs at least 2 ranks (FSDP2 skips its communication hooks on "
+            f"one), got a communicator of {comm.world_size}"
         )
 
 
@@ -1042,7 +1033,7 @@ def scale_loss(loss_sum: torch.Tensor, global_tokens: int) -> torch.Tensor:
     sum with sum_gradients, or no engine) it is plain division. With several engines in
     minibatches at once, use engine.scale_loss."""
     if global_tokens <= 0:
-        raise ValueError(f"global_tokens must be positive, got {global_tokens}")
+        raise InvalidArgument(f"global_tokens must be positive, got {global_tokens}")
     return _LossScale.apply(loss_sum, float(global_tokens), None)
 
 
@@ -1050,7 +1041,7 @@ def _minibatch_factor() -> float:
     """The gradient divide factor of the engine inside a minibatch now (1 without one)."""
     factors = {engine.gradient_divide_factor for engine in list(_engines_in_minibatch)}
     if len(factors) > 1:
-        raise ValueError(
+        raise InvalidArgument(
             "odc.torch.scale_loss: several OdcFSDP engines with different gradient divide "
             f"factors ({sorted(factors)}) are inside minibatches: call engine.scale_loss(...) "
             "on the engine whose model computed the loss"

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import Replicate, Shard
 
 from ..comm import Comm
+from ..errors import InvalidArgument
 from .process_group import comm_from_process_group
 
 # FSDP2 builds HSDP meshes as (replicate, shard): _fsdp_init._get_mesh_info uses
@@ -62,7 +63,9 @@ def node_comm(
     communicator); timeout: seconds any wait on another rank may take."""
     del key  # a user's key is not unique per job (docs/torch.md): the store's is
     if mesh.ndim != 2:
-        raise ValueError(f"node_comm needs a 2-D HSDP mesh (replicate, shard), got {mesh.ndim}-D")
+        raise InvalidArgument(
+            f"node_comm needs a 2-D HSDP mesh (replicate, shard), got {mesh.ndim}-D"
+        )
     return comm_from_process_group(mesh.get_group(SHARD_DIM), device=device, timeout=timeout)
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm import Comm
+from ..errors import InvalidArgument
 
 # Store entries live under this prefix of the group's store (already prefixed per group by c10d).
 STORE_PREFIX = "odc/comm_from_process_group"
@@ -86,7 +87,7 @@ def comm_from_process_group(
         )
     group = group if group is not None else dist.group.WORLD
     if group.rank() < 0:
-        raise ValueError("comm_from_process_group: this rank is not a member of the group")
+        raise InvalidArgument("comm_from_process_group: this rank is not a member of the group")
     if device is None and "nccl" in str(dist.get_backend(group)).lower():
         device = torch.cuda.current_device()
     options = {}

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import InvalidArgument
+
 PROG = "python -m odc.train"
 USAGE_ERROR = 2
 
@@ -29,7 +31,7 @@ USAGE_ERROR = 2
 CPU_MAX_TOKENS = 4096
 
 
-class UsageError(Exception):
+class UsageError(InvalidArgument):
     """A mistake in the command line or its inputs: one line on stderr, exit status 2."""
 
 

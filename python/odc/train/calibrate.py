@@ -21,6 +21,7 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import InvalidArgument
 
 MIN_FIT_TOKENS = 8  # below this there are too few distinct lengths to fit three terms
 FLOOR_TOKENS = 256  # the floor's microbatch: short enough that no GPU work shows
@@ -33,7 +34,7 @@ def ladder(max_tokens: int, rungs: int = 7) -> List[int]:
     """Lengths to time: geometric from max_tokens/32 (but at least min(16, max_tokens/4)) up to
     max_tokens; at least three distinct lengths."""
     if max_tokens < MIN_FIT_TOKENS:
-        raise ValueError(f"max_tokens must be at least {MIN_FIT_TOKENS} to fit a cost model")
+        raise InvalidArgument(f"max_tokens must be at least {MIN_FIT_TOKENS} to fit a cost model")
     start = max(max_tokens / 32, min(16, max_tokens / 4))
     lengths = np.geomspace(start, max_tokens, rungs)
     return sorted({min(max_tokens, max(2, int(round(n)))) for n in lengths})
@@ -52,7 +53,7 @@ def fit_cost_with_floor(
     fitted (fit_cost) on the rungs at least FLOOR_BOUND_RATIO x the floor, or on every rung
     when fewer than three are."""
     if not floor_seconds >= 0 or floor_seconds == float("inf"):
-        raise ValueError(f"the floor must be a finite non-negative time, got {floor_seconds}")
+        raise InvalidArgument(f"the floor must be a finite non-negative time, got {floor_seconds}")
     chosen = [(lengths[i], seconds[i]) for i in fitted_rungs(seconds, floor_seconds)]
     a, b, c = fit_cost([n for n, _ in chosen], [s for _, s in chosen])
     return a, b, c, float(floor_seconds)
@@ -72,9 +73,11 @@ def fit_cost(lengths: Sequence[float], seconds: Sequence[float]) -> Tuple[float,
     x = np.asarray(lengths, dtype=np.float64)
     y = np.asarray(seconds, dtype=np.float64)
     if x.shape != y.shape or x.size < 3:
-        raise ValueError("fit_cost needs at least three (length, seconds) pairs of equal count")
+        raise InvalidArgument(
+            "fit_cost needs at least three (length, seconds) pairs of equal count"
+        )
     if np.any(y < 0) or np.any(x <= 0):
-        raise ValueError("fit_cost needs positive lengths and non-negative times")
+        raise InvalidArgument("fit_cost needs positive lengths and non-negative times")
     # Columns scaled to unit size so that L^2 (up to ~4e9) does not swamp the solve.
     columns = [x, x * x, np.ones_like(x)]
     scales = [float(np.max(np.abs(c))) or 1.0 for c in columns]

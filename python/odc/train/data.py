@@ -15,6 +15,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
+from ..errors import InvalidArgument
 from ..planner import plan
 
 IGNORE_INDEX = -100
@@ -36,17 +37,17 @@ def load_token_ids(path: str, vocab_size: Optional[int] = None) -> List[np.ndarr
         try:
             record = json.loads(line)
         except RecursionError:  # the decoder recurses once per level of nesting
-            raise ValueError(f"{where}: not a list of token ids (nested too deeply)") from None
+            raise InvalidArgument(f"{where}: not a list of token ids (nested too deeply)") from None
         except ValueError as error:  # JSONDecodeError, or an integer of over 4,300 digits
             message = getattr(error, "msg", None) or str(error)
-            raise ValueError(f"{where}: not JSON ({message})") from None
+            raise InvalidArgument(f"{where}: not JSON ({message})") from None
         ids = record.get("input_ids") if isinstance(record, dict) else record
         if (
             not isinstance(ids, list)
             or len(ids) < 2
             or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
         ):
-            raise ValueError(
+            raise InvalidArgument(
                 f"{where}: expected at least 2 non-negative integer "
                 'token ids (a list, or an object with "input_ids")'
             )
@@ -57,10 +58,10 @@ def load_token_ids(path: str, vocab_size: Optional[int] = None) -> List[np.ndarr
                 if vocab_size is not None
                 else f"the largest int64, {INT64_MAX}"
             )
-            raise ValueError(f"{where}: token id {beyond} is beyond {limit}")
+            raise InvalidArgument(f"{where}: token id {beyond} is beyond {limit}")
         samples.append(np.asarray(ids, dtype=np.int64))
     if not samples:
-        raise ValueError(f"'{path}': no samples")
+        raise InvalidArgument(f"'{path}': no samples")
     return samples
 
 
@@ -147,7 +148,7 @@ def pack_chunk(sample: np.ndarray, pieces: Sequence[Sequence[int]]) -> PackedMic
     labels_all = np.append(sample[1:], IGNORE_INDEX).astype(np.int64)
     ranges = [(int(b), int(e)) for b, e in pieces]
     if not ranges or any(not 0 <= b < e <= len(sample) for b, e in ranges):
-        raise ValueError(f"bad chunk {ranges} of a {len(sample)}-token sample")
+        raise InvalidArgument(f"bad chunk {ranges} of a {len(sample)}-token sample")
     input_ids = np.concatenate([sample[b:e] for b, e in ranges]).astype(np.int64)
     positions = np.concatenate([np.arange(b, e, dtype=np.int64) for b, e in ranges])
     labels = np.concatenate([labels_all[b:e] for b, e in ranges])

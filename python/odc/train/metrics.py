@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Sequence
 
+from ..errors import InvalidArgument
+
 
 @dataclass
 class MinibatchTiming:
@@ -38,10 +40,10 @@ class MinibatchTiming:
 def summarize(timings: Sequence[MinibatchTiming]) -> dict:
     """Totals over minibatches: throughput, measured bubble, idle seconds per rank."""
     if not timings:
-        raise ValueError("no minibatches were timed")
+        raise InvalidArgument("no minibatches were timed")
     ranks = len(timings[0].busy_seconds)
     if any(len(t.busy_seconds) != ranks for t in timings):
-        raise ValueError("every minibatch needs one busy time per rank")
+        raise InvalidArgument("every minibatch needs one busy time per rank")
     span = sum(t.span_seconds for t in timings)
     busy = [sum(t.busy_seconds[r] for t in timings) for r in range(ranks)]
     samples = sum(t.samples for t in timings)
@@ -72,7 +74,7 @@ class PredictedTiming:
 def cost_terms(cost: Sequence[float]) -> tuple:
     """(a, b, c, floor) of a cost model given as (a, b, c) or (a, b, c, floor)."""
     if len(cost) not in (3, 4):
-        raise ValueError(f"a cost model is (a, b, c) or (a, b, c, floor), got {tuple(cost)!r}")
+        raise InvalidArgument(f"a cost model is (a, b, c) or (a, b, c, floor), got {tuple(cost)!r}")
     return (*cost, 0.0) if len(cost) == 3 else tuple(cost)
 
 
@@ -104,7 +106,7 @@ def predict_minibatch(
     in the planner, a member's first step is its group's chunk, which lasts as long as the
     slowest member's (`chunk_costs`), while its busy time counts its own chunk's cost."""
     if mode not in ("collective", "odc"):
-        raise ValueError(f"mode must be 'collective' or 'odc', got {mode!r}")
+        raise InvalidArgument(f"mode must be 'collective' or 'odc', got {mode!r}")
     steps = [[] for _ in ranks]
     busy = [0.0 for _ in ranks]
     for split in splits:
@@ -134,10 +136,10 @@ def compare_prediction(
     """Predicted against measured, minibatch by minibatch and in total, both weighted by time:
     bubble = 1 - sum(busy) / (N * sum(span)). relative_error = predicted / measured - 1."""
     if len(measured) != len(predicted) or not measured:
-        raise ValueError("need one prediction per measured minibatch, and at least one")
+        raise InvalidArgument("need one prediction per measured minibatch, and at least one")
     ranks = len(measured[0].busy_seconds)
     if any(len(p.busy_seconds) != ranks for p in predicted):
-        raise ValueError("every prediction needs one busy time per rank")
+        raise InvalidArgument("every prediction needs one busy time per rank")
     rows = []
     for m, p in zip(measured, predicted):
         p_bubble = 1.0 - sum(p.busy_seconds) / (ranks * p.span_seconds) if p.span_seconds else 0.0

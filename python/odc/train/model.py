@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from ..errors import InvalidArgument
 from .data import IGNORE_INDEX
 
 # Shapes of the public Qwen2 checkpoints of these sizes (config.json of Qwen2-0.5B/1.5B/7B);
@@ -216,9 +217,11 @@ class OdcKVExchange:
 
     def __init__(self, comm, group, ranks: Sequence[int], rows: int, width: int, dtype):
         if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"odc K/V exchange moves float32 or bfloat16, not {dtype}")
+            raise InvalidArgument(f"odc K/V exchange moves float32 or bfloat16, not {dtype}")
         if rows < 1 or width < 1:
-            raise ValueError(f"odc K/V exchange needs rows and width >= 1, got {rows}, {width}")
+            raise InvalidArgument(
+                f"odc K/V exchange needs rows and width >= 1, got {rows}, {width}"
+            )
         self.comm, self.group = comm, group
         self.ranks = [int(r) for r in ranks]
         self.rows, self.width, self.dtype = rows, width, dtype
@@ -246,7 +249,7 @@ class OdcKVExchange:
         import torch.distributed as dist
 
         if flat.dtype != self.dtype or flat.device != self.device:
-            raise ValueError(
+            raise InvalidArgument(
                 f"odc K/V exchange was built for {self.dtype} on {self.device}, got "
                 f"{flat.dtype} on {flat.device}"
             )
@@ -255,7 +258,7 @@ class OdcKVExchange:
         buffer = self._buffers[direction][use % 2]
         shard = self._shards[direction][use % 2]
         if flat.numel() > shard.numel():
-            raise ValueError(
+            raise InvalidArgument(
                 f"odc K/V exchange: {flat.numel()} elements do not fit the {shard.numel()} of "
                 "its buffer (built for a shorter chunk)"
             )
@@ -364,15 +367,19 @@ def packed_attention(
     With `odc_split` (a SplitChunk), the sequence is this rank's chunk of one split sample: K/V
     are gathered from the group and attention follows the sample's global causal mask."""
     if attention_mask is not None:
-        raise ValueError("odc packed attention takes document boundaries, not an attention mask")
+        raise InvalidArgument(
+            "odc packed attention takes document boundaries, not an attention mask"
+        )
     split = kwargs.get("odc_split")
     if split is not None:
         if query.shape[0] != 1:
-            raise ValueError("odc split attention needs one chunk of one sample")
+            raise InvalidArgument("odc split attention needs one chunk of one sample")
         return _split_attention(query, key, value, scaling, split), None
     boundaries = kwargs.get("cu_seq_lens_q")
     if boundaries is None or query.shape[0] != 1:
-        raise ValueError("odc packed attention needs one packed sequence and its cu_seq_lens_q")
+        raise InvalidArgument(
+            "odc packed attention needs one packed sequence and its cu_seq_lens_q"
+        )
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, head_dim]
     if varlen_available(q.device) and q.dtype in (torch.bfloat16, torch.float16):
         longest = int(kwargs["max_length_q"])
@@ -407,7 +414,7 @@ def build_model(preset: str, seed: int = 0) -> "PackedCausalLM":
     """A randomly initialized Qwen2 model of `preset` (fp32, on the current default device),
     wrapped for packed microbatches."""
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset '{preset}': expected one of {', '.join(PRESETS)}")
+        raise InvalidArgument(f"unknown preset '{preset}': expected one of {', '.join(PRESETS)}")
     try:
         from transformers import Qwen2Config, Qwen2ForCausalLM
     except ImportError:

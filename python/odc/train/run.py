@@ -20,6 +20,8 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..errors import InvalidArgument
+
 
 @dataclass
 class RunConfig:
@@ -204,7 +206,7 @@ def _device_mesh(config: RunConfig, world_size: int, device):
 
     replicas, shards = config.mesh
     if replicas * shards != world_size:
-        raise ValueError(f"mesh {replicas}x{shards} does not cover the {world_size} ranks")
+        raise InvalidArgument(f"mesh {replicas}x{shards} does not cover the {world_size} ranks")
     return init_device_mesh(device.type, (replicas, shards), mesh_dim_names=("replicate", "shard"))
 
 
@@ -227,11 +229,11 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
 
     on_gpu = config.device == "cuda"
     if config.kv_exchange not in ("nccl", "odc"):
-        raise ValueError(f"kv_exchange must be 'nccl' or 'odc', got {config.kv_exchange!r}")
+        raise InvalidArgument(f"kv_exchange must be 'nccl' or 'odc', got {config.kv_exchange!r}")
     if config.kv_exchange == "odc" and config.comm != "odc":
-        raise ValueError("the odc K/V exchange (kv_exchange 'odc') needs comm 'odc'")
+        raise InvalidArgument("the odc K/V exchange (kv_exchange 'odc') needs comm 'odc'")
     if config.kv_exchange == "odc" and config.mesh is not None:
-        raise ValueError("the odc K/V exchange (kv_exchange 'odc') needs a flat mesh")
+        raise InvalidArgument("the odc K/V exchange (kv_exchange 'odc') needs a flat mesh")
     external_group = dist.is_initialized()  # torchrun: the caller owns the process group
     local_rank = int(os.environ.get("LOCAL_RANK", rank)) if external_group else rank
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
@@ -291,7 +293,7 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             samples = load_token_ids(config.token_ids_path)
             largest = max(int(s.max()) for s in samples)
             if largest >= vocab_size:
-                raise ValueError(
+                raise InvalidArgument(
                     f"'{config.token_ids_path}' holds token id {largest}, beyond the "
                     f"{config.preset} preset's vocabulary of {vocab_size}"
                 )
