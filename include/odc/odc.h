@@ -492,6 +492,28 @@ ODC_API odcResult_t odcMinibatchEnd(odcComm_t comm, odcStream_t stream);
 /* Collective: returns when every rank has called it. */
 ODC_API odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream);
 
+/* The colour of a rank that joins no sub-communicator in odcCommSplit (as NCCL_SPLIT_NOCOLOR);
+ * any negative colour means the same. */
+#define ODC_SPLIT_NOCOLOR (-1)
+
+/* Collective over `comm` (every rank, same order), host-blocking; between minibatches or inside
+ * one (every rank meets first, as for odcBufferAlloc). The ranks that pass the same `color` (>= 0)
+ * form a sub-communicator, ranked by `key` (then by their rank in `comm`): on them *child receives
+ * a new communicator of those ranks only (destroy it with odcCommDestroy); a rank passing
+ * ODC_SPLIT_NOCOLOR receives NULL. After the colours are exchanged, members meet only each other.
+ * The sub-communicator is used like any communicator: its buffers exist on its members only (a
+ * gather reads k shards for k members), its minibatches and barriers meet its members only and
+ * run independently of `comm`'s (e.g. inside one of `comm`'s minibatches), with `comm`'s
+ * transport and device, accumulation scheme (deterministic too), budgets and timeout, and its
+ * members' node layout in `comm`. Either may be destroyed first. Errors: as any communicator's,
+ * prefixed "split colour C, parent ranks a, b, ...: rank R" (R counts members from 0); a member
+ * that dies or fails fails its peers naming it; a failure of `comm` on this rank (a fault,
+ * odcCommAbort) fails the sub-communicators split from it on this rank too, and their peers then
+ * name this rank; a sub-communicator's failure leaves `comm` as it is. Transports: shm and cuda
+ * (members meet in local shared memory under a random name); nvshmem returns odcInvalidUsage
+ * (not supported). On failure *child is untouched; a fault fails `comm` as any collective's. */
+ODC_API odcResult_t odcCommSplit(odcComm_t comm, int color, int key, odcComm_t* child);
+
 /* Local; never blocks and makes no CUDA call (reads a host-mapped flag). Reports a failure of
  * this communicator's device work found on the device: a wait on another rank that timed out
  * (odcTimeout) or ranks that met in different collectives (odcRemoteError); the communicator is
@@ -520,25 +542,3 @@ ODC_API odcResult_t odcCommAbort(odcComm_t comm, const char* reason);
 #endif
 
 #endif /* ODC_ODC_H_ */
-/* The colour of a rank that joins no sub-communicator in odcCommSplit (as NCCL_SPLIT_NOCOLOR);
- * any negative colour means the same. */
-#define ODC_SPLIT_NOCOLOR (-1)
-
-/* Collective over `comm` (every rank, same order), host-blocking; between minibatches or inside
- * one (every rank meets first, as for odcBufferAlloc). The ranks that pass the same `color` (>= 0)
- * form a sub-communicator, ranked by `key` (then by their rank in `comm`): on them *child receives
- * a new communicator of those ranks only (destroy it with odcCommDestroy); a rank passing
- * ODC_SPLIT_NOCOLOR receives NULL. After the colours are exchanged, members meet only each other.
- * The sub-communicator is used like any communicator: its buffers exist on its members only (a
- * gather reads k shards for k members), its minibatches and barriers meet its members only and
- * run independently of `comm`'s (e.g. inside one of `comm`'s minibatches), with `comm`'s
- * transport and device, accumulation scheme (deterministic too), budgets and timeout, and its
- * members' node layout in `comm`. Either may be destroyed first. Errors: as any communicator's,
- * prefixed "split colour C, parent ranks a, b, ...: rank R" (R counts members from 0); a member
- * that dies or fails fails its peers naming it; a failure of `comm` on this rank (a fault,
- * odcCommAbort) fails the sub-communicators split from it on this rank too, and their peers then
- * name this rank; a sub-communicator's failure leaves `comm` as it is. Transports: shm and cuda
- * (members meet in local shared memory under a random name); nvshmem returns odcInvalidUsage
- * (not supported). On failure *child is untouched; a fault fails `comm` as any collective's. */
-ODC_API odcResult_t odcCommSplit(odcComm_t comm, int color, int key, odcComm_t* child);
-

@@ -254,13 +254,13 @@ def _load() -> ctypes.CDLL:
     lib.odcCommPollError.argtypes = [handle]
     lib.odcSetInterruptCheck.argtypes = [INTERRUPT_CHECK, ctypes.c_void_p]
     lib.odcCommAbort.argtypes = [handle, ctypes.c_char_p]
+    lib.odcCommSplit.argtypes = [handle, ctypes.c_int, ctypes.c_int, ctypes.POINTER(handle)]
     for name in (
         "odcCommInit",
         "odcCommInitCuda",
         "odcCommConfigInit",
         "odcCommInitConfig",
         "odcCommDestroy",
-    lib.odcCommSplit.argtypes = [handle, ctypes.c_int, ctypes.c_int, ctypes.POINTER(handle)]
         "odcCommRank",
         "odcCommWorldSize",
         "odcCommGetTopology",
@@ -273,13 +273,13 @@ def _load() -> ctypes.CDLL:
         "odcCommPollError",
         "odcSetInterruptCheck",
         "odcCommAbort",
+        "odcCommSplit",
         "odcBufferFree",
         "odcAccumulatorKeepSums",
         "odcGather",
         "odcGatherAs",
         "odcScatterAccumulate",
         "odcMinibatchBegin",
-        "odcCommSplit",
         "odcMinibatchEnd",
         "odcBarrier",
         "odcPlanOptionsInit",

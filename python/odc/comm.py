@@ -627,6 +627,9 @@ class Comm:
         self._call(_capi.lib.odcMinibatchEnd, _stream_handle(stream, self.device))
 
     def barrier(self, stream: Any = None) -> None:
+        """Collective: completes when every rank has called it."""
+        self._call(_capi.lib.odcBarrier, _stream_handle(stream, self.device))
+
     def split(self, color: Optional[int], key: Optional[int] = None) -> Optional["Comm"]:
         """Collective over this communicator (odcCommSplit; every rank, same order; between
         minibatches or inside one): the ranks passing the same `color` (an int >= 0) form a
@@ -675,9 +678,6 @@ class Comm:
         comm.world_size = world_size.value
         comm.key = None
         return comm
-
-        """Collective: completes when every rank has called it."""
-        self._call(_capi.lib.odcBarrier, _stream_handle(stream, self.device))
 
     def memory_bytes(self) -> dict:
         """Symmetric memory this communicator holds on this rank now, in bytes: `buffers` (the

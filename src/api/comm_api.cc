@@ -638,25 +638,6 @@ extern "C" odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream) {
   return with_comm(comm, "odcBarrier", [&](odc::Communicator& c) { return c.barrier(stream); });
 }
 
-extern "C" odcResult_t odcCommPollError(odcComm_t comm) {
-  return with_comm(comm, "odcCommPollError", [&](odc::Communicator& c) { return c.poll_error(); });
-}
-
-extern "C" odcResult_t odcCommAbort(odcComm_t comm, const char* reason) {
-  return with_comm(comm, "odcCommAbort", [&](odc::Communicator& c) {
-    c.abort(reason != nullptr ? std::string(reason, strnlen(reason, 200)) : std::string());
-    return odc::Status::Ok();
-  });
-}
-
-extern "C" odcResult_t odcSetInterruptCheck(int (*check)(void* ctx), void* ctx) {
-  odc::set_interrupt_check(check, ctx);
-  return success();
-}
-
-extern "C" int odcHasCuda(void) {
-  return odc::find_transport("cuda").ok() ? 1 : 0;
-}
 extern "C" odcResult_t odcCommSplit(odcComm_t comm, int color, int key, odcComm_t* child) {
   odcComm* created = nullptr;
   const odcResult_t result = with_comm(comm, "odcCommSplit", [&](odc::Communicator& c) -> Status {
@@ -680,3 +661,22 @@ extern "C" odcResult_t odcCommSplit(odcComm_t comm, int color, int key, odcComm_
   return result;
 }
 
+extern "C" odcResult_t odcCommPollError(odcComm_t comm) {
+  return with_comm(comm, "odcCommPollError", [&](odc::Communicator& c) { return c.poll_error(); });
+}
+
+extern "C" odcResult_t odcCommAbort(odcComm_t comm, const char* reason) {
+  return with_comm(comm, "odcCommAbort", [&](odc::Communicator& c) {
+    c.abort(reason != nullptr ? std::string(reason, strnlen(reason, 200)) : std::string());
+    return odc::Status::Ok();
+  });
+}
+
+extern "C" odcResult_t odcSetInterruptCheck(int (*check)(void* ctx), void* ctx) {
+  odc::set_interrupt_check(check, ctx);
+  return success();
+}
+
+extern "C" int odcHasCuda(void) {
+  return odc::find_transport("cuda").ok() ? 1 : 0;
+}
