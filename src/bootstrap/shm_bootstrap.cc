@@ -123,11 +123,12 @@ Clock::duration until(Clock::time_point deadline, Clock::duration at_most) {
 
 // The launch this process belongs to, from the variables its launcher sets identically in every
 // rank of one job and differently in two jobs (torchrun: the rendezvous store's address and the
-// run id; Slurm: job and step). "" when none is set (ranks started by hand, odc.launch).
+// run id; Slurm: job and step; ODC_JOB_ID: the user's own, for ranks started by hand). "" when
+// none is set (ranks started by hand without it, odc.launch).
 std::string launch_identity() {
   std::string identity;
-  for (const char* name :
-       {"TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_STEP_ID"}) {
+  for (const char* name : {"ODC_JOB_ID", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
+                           "SLURM_JOB_ID", "SLURM_STEP_ID"}) {
     const char* value = std::getenv(name);
     if (value == nullptr || *value == '\0') continue;
     identity += (identity.empty() ? "" : " ") + std::string(name) + "=" + value;
