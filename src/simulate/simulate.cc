@@ -17,16 +17,29 @@
 namespace odc::simulate {
 namespace {
 
-constexpr double kParamBytes = 2.0;  // bf16 parameters are gathered
-constexpr double kGradBytes = 4.0;   // fp32 gradients are reduced
+double rank_speed(const planner::PlanOptions& options, size_t rank) {
+  return options.rank_speed.empty() ? 1.0 : options.rank_speed[rank];
+}
 
-// Per-microbatch, per-rank costs of one minibatch (seconds).
+// Per-microbatch, per-rank costs of one minibatch (seconds), as the planner's predict_times steps
+// them: a split sample's group members first run their chunk, each taking the group's time (the
+// slowest member's chunk: the chunks exchange K/V, so the group moves together), then their own
+// microbatches. A chunk is a forward and backward over every layer like a microbatch, so it
+// gathers and pushes the same units.
 std::vector<std::vector<double>> microbatch_costs(const planner::MinibatchPlan& minibatch,
                                                   std::span<const int64_t> lengths,
                                                   const planner::PlanOptions& options) {
   std::vector<std::vector<double>> costs(minibatch.ranks.size());
+  for (const planner::SplitSample& split : minibatch.splits) {
+    double slowest = 0.0;
+    for (size_t m = 0; m < split.ranks.size(); ++m) {
+      slowest = std::max(
+          slowest, split.chunk_costs[m] / rank_speed(options, static_cast<size_t>(split.ranks[m])));
+    }
+    for (int64_t rank : split.ranks) costs[static_cast<size_t>(rank)].push_back(slowest);
+  }
   for (size_t r = 0; r < minibatch.ranks.size(); ++r) {
-    const double speed = options.rank_speed.empty() ? 1.0 : options.rank_speed[r];
+    const double speed = rank_speed(options, r);
     for (const auto& microbatch : minibatch.ranks[r].microbatches) {
       double samples = 0.0;
       for (int64_t sample : microbatch) samples += options.cost.sample_cost(lengths[sample]);
@@ -160,9 +173,9 @@ class Simulator {
     const int64_t layers = o_.model.num_layers;
     const TransportCurves& curves = o_.topology.curves;
     const double ag_layer =
-        collective_seconds(kParamBytes * o_.model.layer_params, curves.all_gather);
+        collective_seconds(kAllGatherBytes * o_.model.layer_params, curves.all_gather);
     const double ag_root =
-        collective_seconds(kParamBytes * o_.model.other_params, curves.all_gather);
+        collective_seconds(kAllGatherBytes * o_.model.other_params, curves.all_gather);
     const double rs_layer =
         collective_seconds(kGradBytes * o_.model.layer_params, curves.reduce_scatter);
     const double rs_root =
@@ -207,9 +220,9 @@ class Simulator {
     // Transfer times and link use are the same for every rank (uniform shards).
     LinkUse pull_layer_use, pull_root_use, push_layer_use, push_root_use;
     const double pull_layer =
-        transfer_seconds(kParamBytes * o_.model.layer_params, true, shares, pull_layer_use);
+        transfer_seconds(kPullBytes * o_.model.layer_params, true, shares, pull_layer_use);
     const double pull_root =
-        transfer_seconds(kParamBytes * o_.model.other_params, true, shares, pull_root_use);
+        transfer_seconds(kPullBytes * o_.model.other_params, true, shares, pull_root_use);
     const double push_layer =
         transfer_seconds(kGradBytes * o_.model.layer_params, false, shares, push_layer_use);
     const double push_root =
@@ -361,6 +374,8 @@ Result<ModelShape> model_preset(std::string_view name) {
 
 MemoryPerGpu memory_per_gpu(const ModelShape& model, Mode mode, int64_t num_ranks,
                             int64_t gpus_per_node) {
+  // fp32 weights 4 + AdamW 8 + gradient (FSDP2) or accumulator (ODC) 4.
+  constexpr double kStateBytes = 16.0;
   const double params = model.other_params + model.layer_params * model.num_layers;
   const int64_t ranks = std::max<int64_t>(1, num_ranks);
   const int64_t local = std::max<int64_t>(1, std::min(gpus_per_node, ranks));
@@ -368,21 +383,22 @@ MemoryPerGpu memory_per_gpu(const ModelShape& model, Mode mode, int64_t num_rank
   MemoryPerGpu memory;
   switch (mode) {
     case Mode::kCollective:
-      memory.state_bytes = 16.0 * params / static_cast<double>(ranks);
+      memory.state_bytes = kStateBytes * params / static_cast<double>(ranks);
       break;
     case Mode::kOdcFlat:
-      memory.state_bytes = 18.0 * params / static_cast<double>(ranks);
+      memory.state_bytes = kStateBytes * params / static_cast<double>(ranks);
       if (nodes > 1) {
         const double cache =
-            static_cast<double>(nodes - 1) * kParamBytes * params / static_cast<double>(ranks);
+            static_cast<double>(nodes - 1) * kPullBytes * params / static_cast<double>(ranks);
         memory.odc_bytes = kStagingBudgetBytes + std::min(kNodeCacheBudgetBytes, cache);
       }
       break;
     case Mode::kOdcHybrid:
-      memory.state_bytes = 18.0 * params / static_cast<double>(local);
+      memory.state_bytes = kStateBytes * params / static_cast<double>(local);
       break;
   }
-  memory.gathered_bytes = kParamBytes * (2.0 * model.layer_params + model.other_params) +
+  // Gathered into FSDP2's own bf16 buffers in every layout (ODC narrows as it pulls).
+  memory.gathered_bytes = kAllGatherBytes * (2.0 * model.layer_params + model.other_params) +
                           kGradBytes * std::max(model.layer_params, model.other_params);
   return memory;
 }

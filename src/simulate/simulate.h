@@ -26,8 +26,15 @@ enum class Mode {
 std::string_view mode_name(Mode mode);
 Result<Mode> parse_mode(std::string_view name);
 
-// Parameter counts of the model (elements). Transfers are bf16 parameters (2 bytes) gathered and
-// fp32 gradients (4 bytes) pushed or reduce-scattered, as odc.train runs them.
+// Bytes per parameter element moved, as odc.torch runs bf16 mixed precision with fp32 master
+// weights (docs/torch.md "What happens", "Memory"): FSDP2's all-gather moves the bf16 cast; ODC
+// publishes FSDP2's fp32 shards in place and its gathers pull fp32, narrowing to bf16 on arrival
+// (odcGatherAs), so a pull moves 4 bytes; gradients are pushed or reduce-scattered in fp32.
+inline constexpr double kAllGatherBytes = 2.0;  // collective: bf16 parameters
+inline constexpr double kPullBytes = 4.0;       // ODC: the published fp32 shards
+inline constexpr double kGradBytes = 4.0;       // both: fp32 gradients
+
+// Parameter counts of the model (elements).
 struct ModelShape {
   int64_t num_layers = 0;
   double layer_params = 0.0;  // per transformer layer
@@ -116,9 +123,9 @@ Status validate_simulate_options(const SimulateOptions& options);
 // docs/multinode.md. Activations are not in it: they follow a microbatch's tokens, the model and
 // activation checkpointing, which the simulator does not model.
 struct MemoryPerGpu {
-  // Sharded state. FSDP2: 16 B per parameter over N (fp32 parameter 4, gradient 4, AdamW 8).
-  // ODC flat: 18 B over N (odc.torch adds a 2 B bf16 published copy; its fp32 accumulator is the
-  // gradient). Hybrid: 18 B over the node's G GPUs (replicated across nodes).
+  // Sharded state, 16 B per parameter in every layout: FSDP2 over N (fp32 parameter 4, gradient 4,
+  // AdamW 8); ODC flat over N (odc.torch publishes FSDP2's fp32 shards in place, no copy, and its
+  // fp32 accumulator is the gradient); hybrid over the node's G GPUs (replicated across nodes).
   double state_bytes = 0.0;
   // Full units in flight, the same in every layout (odc.torch gathers into FSDP2's buffers): bf16
   // parameters of two layers (one-layer prefetch) and of the root unit, and the fp32 gradient of
@@ -126,7 +133,7 @@ struct MemoryPerGpu {
   double gathered_bytes = 0.0;
   // ODC's own buffers beyond the shards: none within a node (CUDA's remote adds); flat across
   // nodes (NVSHMEM) the streamed staging budget and the node cache of remote parameter shards
-  // ((nodes - 1) x the bf16 shard, at most its budget); the runtime's defaults, 256 MiB each.
+  // ((nodes - 1) x the fp32 shard, at most its budget); the runtime's defaults, 256 MiB each.
   double odc_bytes = 0.0;
   double total_bytes() const { return state_bytes + gathered_bytes + odc_bytes; }
 };

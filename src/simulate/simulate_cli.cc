@@ -1,5 +1,6 @@
-// `odc simulate`: for each rank count, every requested policy x mode is planned on the same
-// lengths and simulated; speedup is against collective + lb-micro at the same rank count.
+// `odc simulate`: for each rank count, every requested policy (and, with --split auto, its split
+// variant) x mode is planned on the same lengths and simulated; speedup is against collective +
+// lb-micro at the same rank count. Without --split auto a split check names where it would pay.
 #include "simulate/simulate_cli.h"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "planner/plan_io.h"
@@ -65,6 +67,43 @@ struct Row {
   double planner_speedup = 0.0;
 };
 
+// The split check of a sweep run without --split auto: at each rank count the fastest ODC arm
+// with lb-mini is simulated again on lb-mini+split; the rank count where that gains most is kept.
+// The hint and the verdict name it where it is at least kSplitHintGain faster (odc compare's
+// threshold for its own hint).
+constexpr double kSplitHintGain = 1.05;
+// The check plans lb-mini+split, whose search tries every group size for every outlier: on the
+// development VM 2 s at 64 ranks x 20 minibatches of longalign_like.txt, 150 s at 256. So it runs
+// at rank counts up to this one only (--split auto simulates any count, at that cost).
+constexpr int64_t kSplitCheckMaxRanks = 64;
+
+struct SplitCheck {
+  int64_t ranks = 0;
+  std::string mode;
+  double without_seconds = 0.0, with_seconds = 0.0;  // per sweep (sums over minibatches)
+  double baseline_seconds = 0.0;                     // 0: the baseline was not simulated
+  double gain() const { return with_seconds > 0 ? without_seconds / with_seconds : 0.0; }
+};
+
+// "hint: --split auto predicts 2.01x instead of 1.05x here (...)", as odc compare words it, or ""
+// when splitting does not pay by kSplitHintGain.
+std::string split_hint(const SplitCheck& check) {
+  if (!(check.gain() >= kSplitHintGain)) return "";
+  char line[400];
+  if (check.baseline_seconds > 0) {
+    std::snprintf(line, sizeof(line), "hint: --split auto predicts %.2fx instead of %.2fx",
+                  check.baseline_seconds / check.with_seconds,
+                  check.baseline_seconds / check.without_seconds);
+  } else {
+    std::snprintf(line, sizeof(line), "hint: --split auto predicts a %.2fx faster step",
+                  check.gain());
+  }
+  return std::string(line) + " here (simulated, " + check.mode + " + lb-mini at " +
+         std::to_string(check.ranks) +
+         " GPUs; samples above a rank's share run as context-parallel chunks on a few ranks; "
+         "docs/planner.md)";
+}
+
 struct MemoryRow {
   int64_t ranks = 0;
   Mode mode = Mode::kCollective;
@@ -87,7 +126,7 @@ std::string range(double low, double high, const char* format) {
 // the baseline, the compute-only speedup of the same arms (odc compare's basis, so the two tools'
 // figures are told apart), and what else is in the simulated time with its assumptions.
 std::string verdict_line(const std::vector<Row>& rows, const SimulateOptions& base,
-                         const CliArgs& args) {
+                         const CliArgs& args, const SplitCheck& split_check) {
   std::vector<std::string> fastest_labels;  // distinct, in rank order
   std::vector<int64_t> label_ranks_first, label_ranks_last;
   double low = 0, high = 0, compute_low = 0, compute_high = 0;
@@ -133,12 +172,25 @@ std::string verdict_line(const std::vector<Row>& rows, const SimulateOptions& ba
           " GPUs";
     }
   }
+  // The compute-only figure is the planner's on the minibatches simulated here, not on the whole
+  // file as odc compare plans it: said so, so that the two are not read as one number.
+  const std::string sample =
+      std::to_string(args.minibatches) + " minibatch" + (args.minibatches == 1 ? "" : "es");
   if (any_speedup) {
     line += ", simulated speedup " + range(low, high, "%.2fx") +
-            " over the baseline collective + lb-micro (compute only, odc compare's basis: " +
-            range(compute_low, compute_high, "%.2fx") + ")";
+            " over the baseline collective + lb-micro (compute only on the same " + sample +
+            ", odc compare's basis: " + range(compute_low, compute_high, "%.2fx") +
+            "; compare plans the whole file)";
   } else {
     line += " (no speedup: the baseline, collective + lb-micro, was not simulated)";
+  }
+  if (split_check.gain() >= kSplitHintGain) {
+    line += split_check.baseline_seconds > 0
+                ? fixed("; --split auto would give %.2fx",
+                        split_check.baseline_seconds / split_check.with_seconds)
+                : fixed("; --split auto would be %.2fx faster", split_check.gain());
+    line += " (" + split_check.mode + " + lb-mini+split at " + std::to_string(split_check.ranks) +
+            " GPUs: see the hint)";
   }
   const Topology& t = base.topology;
   line += "; includes modelled communication (";
@@ -150,6 +202,30 @@ std::string verdict_line(const std::vector<Row>& rows, const SimulateOptions& ba
           fixed(", network %.0f Gb/s per GPU", t.network.bytes_per_second * 8 / 1e9) +
           "; validated against runs on one node only) and the optimizer";
   return line;
+}
+
+// --split, --split-exchange and --rank-speed, checked before the lengths are read. Rank speeds
+// name each rank, so they fit exactly one rank count.
+Status build_split_and_speed(const CliArgs& args, const std::vector<int64_t>& ranks,
+                             SimulateOptions& base) {
+  auto split = planner::parse_split_mode(args.split);
+  if (!split.ok()) return split.status();
+  base.plan.split = split.value();
+  if (!(args.split_exchange >= 0) || !std::isfinite(args.split_exchange)) {
+    return Status::InvalidArgument("--split-exchange must be a finite number >= 0");
+  }
+  base.plan.split_exchange = args.split_exchange;
+  if (args.rank_speed.empty()) return Status::Ok();
+  auto speeds = planner::parse_rank_speed(args.rank_speed);
+  if (!speeds.ok()) return speeds.status();
+  const auto count = static_cast<int64_t>(speeds.value().size());
+  if (ranks.size() != 1 || ranks.front() != count) {
+    return Status::InvalidArgument("--rank-speed gives " + std::to_string(count) +
+                                   " speeds, one per rank: simulate one rank count with --ranks " +
+                                   std::to_string(count));
+  }
+  base.plan.rank_speed = std::move(speeds).value();
+  return Status::Ok();
 }
 
 Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& source,
@@ -198,6 +274,7 @@ Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& s
   if (policies.empty() || modes.empty()) {
     return Status::InvalidArgument("--policies and --modes need at least one entry each");
   }
+  ODC_RETURN_IF_ERROR(build_split_and_speed(args, ranks, base));
   if (args.samples.samples_per_rank < 1 || args.minibatches < 1) {
     return Status::InvalidArgument("--samples-per-rank and --minibatches must be >= 1");
   }
@@ -368,6 +445,18 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
       ->capture_default_str();
   command.add_option("--modes", args.modes, "collective, odc, odc-hybrid, comma-separated")
       ->capture_default_str();
+  command
+      .add_option("--split", args.split,
+                  "auto: also simulate lb-micro+split and lb-mini+split (a sample above the "
+                  "minibatch's per-rank share runs on a group of ranks); off")
+      ->capture_default_str();
+  command
+      .add_option("--split-exchange", args.split_exchange,
+                  "K/V exchange cost of a split chunk per token received, as a fraction of A")
+      ->capture_default_str();
+  command.add_option("--rank-speed", args.rank_speed,
+                     "relative speed of each rank, S0,S1,... (default: all equal; one rank count "
+                     "in --ranks, with as many ranks)");
   command.add_option("--gpus-per-node", args.gpus_per_node)->capture_default_str();
   command
       .add_option("--nvlink-gbytes", args.nvlink_gbytes,
@@ -410,23 +499,37 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
     error = status.message();
     return 2;
   }
+  // The arms: every policy unsplit, then, with --split auto, the policies that can split
+  // (lb-micro, lb-mini) split, in odc compare's order.
+  const bool split_auto = base.plan.split == planner::SplitMode::kAuto;
+  std::vector<std::pair<planner::Policy, planner::SplitMode>> arms;
+  for (auto policy : policies) arms.emplace_back(policy, planner::SplitMode::kOff);
+  if (split_auto) {
+    for (auto policy : policies) {
+      if (policy != planner::Policy::kLocalSort) arms.emplace_back(policy, base.plan.split);
+    }
+  }
   std::vector<Row> rows;
+  SplitCheck split_check;
   for (int64_t num_ranks : ranks) {
     const int64_t per_minibatch = num_ranks * args.samples.samples_per_rank;
     const auto lengths = resample_lengths(source, per_minibatch * args.minibatches, 0);
     double baseline = 0.0;
     size_t baseline_row = 0;
     const size_t first = rows.size();
-    for (auto policy : policies) {
-      SimulateOptions options = base;
-      options.plan.num_ranks = num_ranks;
+    SimulateOptions options = base;
+    options.plan.num_ranks = num_ranks;
+    options.plan.minibatch_size = per_minibatch;
+    for (const auto& [policy, split_mode] : arms) {
       options.plan.policy = policy;
-      options.plan.minibatch_size = per_minibatch;
+      options.plan.split = split_mode;
       auto plan = planner::make_plan(lengths, options.plan);
       if (!plan.ok()) {
         error = plan.status().message();
         return 2;
       }
+      const std::string label = std::string(planner::policy_name(policy)) +
+                                (split_mode == planner::SplitMode::kAuto ? "+split" : "");
       for (auto mode : modes) {
         if (mode == Mode::kCollective && policy == planner::Policy::kLbMini) continue;
         options.mode = mode;
@@ -435,11 +538,37 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
           error = result.status().message();
           return 2;
         }
-        rows.push_back(Row{num_ranks, std::string(planner::policy_name(policy)),
-                           std::string(mode_name(mode)), result.value()});
-        if (mode == Mode::kCollective && policy == planner::Policy::kLbMicro) {
+        rows.push_back(Row{num_ranks, label, std::string(mode_name(mode)), result.value()});
+        if (mode == Mode::kCollective && policy == planner::Policy::kLbMicro &&
+            split_mode == planner::SplitMode::kOff) {
           baseline = result.value().seconds;
           baseline_row = rows.size() - 1;
+        }
+      }
+    }
+    // The split check (odc compare's hint, simulated): the fastest ODC + lb-mini row again on
+    // lb-mini+split, where some minibatch splits at all.
+    const Row* lb_mini = nullptr;
+    for (size_t i = first; i < rows.size(); ++i) {
+      if (rows[i].policy == "lb-mini" && rows[i].mode != mode_name(Mode::kCollective) &&
+          (!lb_mini || rows[i].result.seconds < lb_mini->result.seconds)) {
+        lb_mini = &rows[i];
+      }
+    }
+    if (!split_auto && lb_mini != nullptr && num_ranks <= kSplitCheckMaxRanks) {
+      options.plan.policy = planner::Policy::kLbMini;
+      options.plan.split = planner::SplitMode::kAuto;
+      auto plan = planner::make_plan(lengths, options.plan);
+      const bool splits =
+          plan.ok() && std::any_of(plan.value().minibatches.begin(), plan.value().minibatches.end(),
+                                   [](const auto& minibatch) { return !minibatch.splits.empty(); });
+      if (splits) {
+        options.mode = parse_mode(lb_mini->mode).value();
+        auto result = simulate_plan(plan.value(), lengths, options);
+        if (result.ok()) {
+          SplitCheck check{num_ranks, lb_mini->mode, lb_mini->result.seconds,
+                           result.value().seconds, baseline};
+          if (check.gain() > split_check.gain()) split_check = check;
         }
       }
     }
@@ -452,7 +581,8 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
     }
   }
 
-  const std::string verdict = verdict_line(rows, base, args);
+  const std::string verdict = verdict_line(rows, base, args, split_check);
+  const std::string hint = split_hint(split_check);
   std::vector<MemoryRow> memory;
   for (int64_t num_ranks : ranks) {
     for (Mode mode : modes) {
@@ -482,8 +612,13 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
         {"nvlink_collective_bytes_per_second", base.topology.nvlink_collective.bytes_per_second},
         {"network_bytes_per_second", base.topology.network.bytes_per_second}};
     root["topology"]["transport_curves"] = args.transport_path;
+    root["split"] = std::string(planner::split_mode_name(base.plan.split));
+    root["split_exchange"] = base.plan.split_exchange;
+    if (!base.plan.rank_speed.empty()) root["rank_speed"] = base.plan.rank_speed;
     root["baseline"] = "collective + lb-micro at the same rank count";
     root["verdict"] = verdict;
+    root["split_hint"] =
+        hint.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(hint);
     nlohmann::ordered_json results = nlohmann::ordered_json::array();
     for (const Row& row : rows) {
       const double m = static_cast<double>(row.result.num_minibatches);
@@ -519,19 +654,23 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
       return 0;
     }
   }
+  // The policy column fits "lb-mini+split" where --split auto adds such rows.
+  int policy_width = 10;
+  for (const Row& row : rows)
+    policy_width = std::max(policy_width, static_cast<int>(row.policy.size()));
   char line[200];
-  std::snprintf(line, sizeof(line), "%6s %-10s %-11s %8s %7s %8s %9s %9s %9s %9s\n", "ranks",
-                "policy", "mode", "step s", "bubble", "speedup", "compute", "exp.comm", "idle",
-                "optim");
+  std::snprintf(line, sizeof(line), "%6s %-*s %-11s %8s %7s %8s %9s %9s %9s %9s\n", "ranks",
+                policy_width, "policy", "mode", "step s", "bubble", "speedup", "compute",
+                "exp.comm", "idle", "optim");
   out << line;
   for (const Row& row : rows) {
     const double m = static_cast<double>(row.result.num_minibatches);
     char speedup[16] = "-";
     if (row.speedup > 0) std::snprintf(speedup, sizeof(speedup), "%.2fx", row.speedup);
-    std::snprintf(line, sizeof(line), "%6lld %-10s %-11s %8.3f %7s %8s %9.3f %9.3f %9.3f %9.4f\n",
-                  static_cast<long long>(row.ranks), row.policy.c_str(), row.mode.c_str(),
-                  row.result.seconds / m, percent(row.result.bubble).c_str(), speedup,
-                  row.result.compute_seconds / m, row.result.exposed_comm_seconds / m,
+    std::snprintf(line, sizeof(line), "%6lld %-*s %-11s %8.3f %7s %8s %9.3f %9.3f %9.3f %9.4f\n",
+                  static_cast<long long>(row.ranks), policy_width, row.policy.c_str(),
+                  row.mode.c_str(), row.result.seconds / m, percent(row.result.bubble).c_str(),
+                  speedup, row.result.compute_seconds / m, row.result.exposed_comm_seconds / m,
                   row.result.idle_seconds / m, row.result.optimizer_seconds / m);
     out << line;
   }
@@ -556,12 +695,12 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
                   row.memory.odc_bytes / 1e9, total / 1e9, fits);
     out << line;
   }
-  std::snprintf(line, sizeof(line),
-                "on a %.0f GB GPU (--gpu-memory-gbytes); \"left\" is what activations may use. "
-                "state: FSDP2 16 B per parameter / N, odc 18 B / N (+ its bf16 copy), "
-                "odc-hybrid 18 B / GPUs per node\n",
-                args.gpu_memory_gbytes);
-  out << line << verdict << "\n";
+  out << fixed("on a %.0f GB GPU", args.gpu_memory_gbytes)
+      << " (--gpu-memory-gbytes); \"left\" is what activations may use. state: 16 B per parameter "
+         "(fp32 weights, AdamW, gradient or odc's accumulator; odc publishes the fp32 shards in "
+         "place) / N, odc-hybrid / GPUs per node\n";
+  out << verdict << "\n";
+  if (!hint.empty()) out << hint << "\n";
   return 0;
 }
 

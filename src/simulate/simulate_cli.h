@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "planner/plan.h"
 
 namespace odc::simulate {
 
@@ -50,6 +51,11 @@ struct CliArgs {
   int64_t minibatches = 20;
   std::string policies = "local-sort,lb-micro,lb-mini";
   std::string microbatch_memory = "lb-micro";  // LB-Mini's microbatch bound (planner/plan.h)
+  // As in plan and compare: auto adds lb-micro+split and lb-mini+split arms (of the policies
+  // given); off runs the split check and prints compare's hint where splitting would pay.
+  std::string split = "off";
+  double split_exchange = planner::kDefaultSplitExchange;
+  std::string rank_speed;  // S0,S1,...: one speed per rank, so one rank count in --ranks
   std::string modes = "collective,odc,odc-hybrid";
   int64_t gpus_per_node = 8;
   double nvlink_gbytes = 290;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <csignal>
@@ -329,6 +330,21 @@ std::string check_plot_path(const std::string& path) {
   }
   if (access(folder.c_str(), W_OK) != 0) {
     return "cannot write the plot to " + quoted + ": directory '" + folder + "' is not writable";
+  }
+  // matplotlib picks the format from the extension and refuses others only once the figure is
+  // drawn: a usage error like the rest, caught here. No extension: matplotlib's default, PNG.
+  static const char* const kFormats[] = {"png",  "pdf", "svg",  "svgz", "eps", "ps",  "jpg",
+                                         "jpeg", "tif", "tiff", "webp", "pgf", "raw", "rgba"};
+  std::string extension = fs::path(path).extension().string();
+  if (!extension.empty()) {
+    extension = extension.substr(1);
+    for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    bool known = false;
+    for (const char* format : kFormats) known = known || extension == format;
+    if (!known) {
+      return "cannot write the plot to " + quoted + ": unsupported format '" + extension +
+             "' (use .png, .pdf or .svg)";
+    }
   }
   return "";
 }

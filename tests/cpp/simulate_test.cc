@@ -44,6 +44,35 @@ TEST(Simulate, FreeCommunicationGivesThePlannersTimes) {
   }
 }
 
+TEST(Simulate, SplitSamplesRunAsThePlannerStepsThem) {
+  // A heavy tail: every minibatch has a sample far above a rank's share, which --split auto runs
+  // as chunks on a group. With free communication the simulated time is still exactly the
+  // planner's (chunk first on each member, at the group's slowest chunk), under both policies
+  // that split and under collective too (lb-micro+split), with unequal rank speeds.
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < 200; ++i) lengths.push_back(i % 20 == 0 ? 60 : 1 + i % 8);
+  size_t splits = 0;
+  for (auto policy : {planner::Policy::kLbMicro, planner::Policy::kLbMini}) {
+    for (Mode mode : {Mode::kCollective, Mode::kOdcFlat, Mode::kOdcHybrid}) {
+      if (mode == Mode::kCollective && policy == planner::Policy::kLbMini) continue;
+      auto options = small_options(mode, policy, 4);
+      options.plan.minibatch_size = 20;
+      options.plan.split = planner::SplitMode::kAuto;
+      options.plan.rank_speed = {1.0, 0.5, 1.0, 2.0};
+      options.free_communication = true;
+      auto plan = planner::make_plan(lengths, options.plan);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      for (const auto& minibatch : plan.value().minibatches) splits += minibatch.splits.size();
+      auto result = simulate_plan(plan.value(), lengths, options);
+      ASSERT_TRUE(result.ok()) << result.status().message();
+      EXPECT_NEAR(result.value().seconds, result.value().planner_seconds,
+                  1e-9 * result.value().seconds)
+          << mode_name(mode) << " " << planner::policy_name(policy);
+    }
+  }
+  EXPECT_GT(splits, 0u);  // the case splits, or it tests nothing
+}
+
 TEST(Simulate, CollectiveIsNeverFasterThanOdcOnTheSamePlanWhenCommunicationIsFree) {
   for (uint64_t seed = 1; seed <= 5; ++seed) {
     const auto lengths = planner::testing::random_lengths(240, 64, seed);
@@ -95,13 +124,16 @@ TEST(Simulate, CollectiveByHand) {
 }
 
 TEST(Simulate, OdcByHandWithContention) {
-  // Without contention rank 0 pulls 1 s, computes 1.5 s, pulls 1 s, computes 1.5 s, pushes 2 s:
-  // 7 s. Each rank pulls 2 s and pushes 2 s: inbound traffic of others is 4 / (2 x 7) = 2/7 of
-  // the link time, so the second pass runs every flow at 1 / (1 + 2/7) = 7/9 of the bandwidth:
-  // pull 9/7 s, push 18/7 s, and rank 0 ends at 9/7 + 1.5 + 9/7 + 1.5 + 18/7 = 36/7 + 3.
+  // ODC pulls the published fp32 shards (4 B per parameter, narrowed to bf16 on arrival), not
+  // the bf16 cast FSDP2's all-gather moves: half of 4e9 bytes at 1 GB/s = 2 s per pull, and the
+  // fp32 push 2 s. Without contention rank 0 pulls 2 s, computes 1.5 s, pulls 2 s, computes
+  // 1.5 s, pushes 2 s: 9 s. Over both ranks the links carry 8 s of pulls and 4 s of pushes in
+  // 2 x 9 s: pulls get 1 / (1 + 4/18) = 9/11 of the bandwidth, pushes 1 / (1 + 8/18) = 9/13, so
+  // pull 22/9 s, push 26/9 s, and rank 0 ends at 22/9 + 1.5 + 22/9 + 1.5 + 26/9 = 70/9 + 3.
+  // (With 2-byte pulls it was 36/7 + 3.)
   const std::vector<int64_t> lengths = {3, 1};
   const SimulateResult result = run(lengths, hand_options(Mode::kOdcFlat));
-  EXPECT_NEAR(result.seconds, 36.0 / 7.0 + 3.0, 1e-12);
+  EXPECT_NEAR(result.seconds, 70.0 / 9.0 + 3.0, 1e-12);
   // Hybrid on one node is flat ODC.
   EXPECT_NEAR(run(lengths, hand_options(Mode::kOdcHybrid)).seconds, result.seconds, 1e-12);
 }
@@ -154,14 +186,15 @@ TEST(Simulate, MemoryPerGpuFollowsTheRuntimesFormulas) {
   EXPECT_DOUBLE_EQ(fsdp.state_bytes, 16.0 * 2500 / 16);
   EXPECT_DOUBLE_EQ(fsdp.gathered_bytes, gathered);
   EXPECT_DOUBLE_EQ(fsdp.odc_bytes, 0.0);
+  // odc.torch publishes FSDP2's fp32 shards in place: the same 16 B as FSDP2, no bf16 copy.
   const MemoryPerGpu flat = memory_per_gpu(model, Mode::kOdcFlat, 16, 8);
-  EXPECT_DOUBLE_EQ(flat.state_bytes, 18.0 * 2500 / 16);
-  // Across nodes: the staging budget and one other node's bf16 shards in the node cache.
-  EXPECT_DOUBLE_EQ(flat.odc_bytes, kStagingBudgetBytes + 2.0 * 2500 / 16);
+  EXPECT_DOUBLE_EQ(flat.state_bytes, 16.0 * 2500 / 16);
+  // Across nodes: the staging budget and one other node's fp32 shards in the node cache.
+  EXPECT_DOUBLE_EQ(flat.odc_bytes, kStagingBudgetBytes + 4.0 * 2500 / 16);
   EXPECT_DOUBLE_EQ(flat.total_bytes(), flat.state_bytes + gathered + flat.odc_bytes);
   EXPECT_DOUBLE_EQ(memory_per_gpu(model, Mode::kOdcFlat, 8, 8).odc_bytes, 0.0);  // one node
   const MemoryPerGpu hybrid = memory_per_gpu(model, Mode::kOdcHybrid, 16, 8);
-  EXPECT_DOUBLE_EQ(hybrid.state_bytes, 18.0 * 2500 / 8);
+  EXPECT_DOUBLE_EQ(hybrid.state_bytes, 16.0 * 2500 / 8);
   EXPECT_DOUBLE_EQ(hybrid.odc_bytes, 0.0);
   // A node cache larger than its budget is held to it.
   const ModelShape large{10, 1e9, 0};

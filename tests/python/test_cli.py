@@ -83,6 +83,22 @@ def test_compare_plot_writes_a_png(odc_cli, data_dir, tmp_path):
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_unsupported_plot_format_is_a_usage_error(odc_cli, data_dir, tmp_path):
+    # matplotlib refuses .txt only after drawing (status 1, its ValueError): checked up front,
+    # one line, status 2 as every usage error, before any planning or simulation.
+    bad = tmp_path / "out.txt"
+    lengths = ["--lengths", str(data_dir / "aime_rl_like.txt")]
+    for command in (
+        [odc_cli, "compare", *lengths, *COMMON, "--plot", str(bad)],
+        [odc_cli, "simulate", *lengths, "--ranks", "8", "--minibatches", "1", "--plot", str(bad)],
+    ):
+        result = run(command)
+        assert result.returncode == 2, (command, result.stderr)
+        (line,) = result.stderr.splitlines()
+        assert f"cannot write the plot to '{bad}': unsupported format 'txt'" in line, line
+        assert not bad.exists()
+
+
 def test_compare_plot_failure_is_an_error(odc_cli, data_dir, tmp_path):
     env = dict(os.environ, ODC_PYTHON=str(tmp_path / "no-such-python"))
     result = run([odc_cli, "compare", "--lengths", str(data_dir / "aime_rl_like.txt"), *COMMON,
@@ -225,6 +241,7 @@ def test_odc_alone_lists_its_subcommands(odc_cli):
 
 SHARED_OPTIONS = ["--lengths", "--ranks", "--samples-per-rank", "--max-tokens", "--max-length"]
 SHARED_OPTIONS += ["--cost", "--microbatch-memory", "--format"]
+SHARED_OPTIONS += ["--rank-speed", "--split", "--split-exchange"]
 
 
 def test_one_vocabulary_for_plan_compare_and_simulate(odc_cli, data_dir, tmp_path):

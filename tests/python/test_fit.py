@@ -4,6 +4,7 @@ of memory ends the ladder there. Times are never asserted, only their shape."""
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -90,6 +91,23 @@ def test_bad_input_is_one_line(config_path, capsys, tmp_path, monkeypatch):
     assert "model_type" in _error(capsys, str(not_a_config), "--max-tokens", "64", *cpu)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "sees no GPU" in _error(capsys, str(config_path), "--max-tokens", "64")
+
+
+def test_unwritable_json_fails_before_the_fit(config_path, capsys, tmp_path, monkeypatch):
+    # The fit takes minutes on a real model: a --json path that cannot be written is refused
+    # first, in one line with status 2, and the fit never starts.
+    def no_fit(*args, **kwargs):
+        raise AssertionError("the fit ran although --json cannot be written")
+
+    monkeypatch.setattr(fit, "fit_cost", no_fit)
+    cpu = [str(config_path), "--max-tokens", "64", "--device", "cpu"]
+    missing = tmp_path / "no" / "such" / "dir" / "x.json"
+    assert "no directory" in _error(capsys, *cpu, "--json", str(missing))
+    assert "a directory" in _error(capsys, *cpu, "--json", str(tmp_path))
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if not os.access(locked, os.W_OK):  # root writes anywhere
+        assert "not writable" in _error(capsys, *cpu, "--json", str(locked / "x.json"))
 
 
 class _RunsOutOfMemory(torch.nn.Module):

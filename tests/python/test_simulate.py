@@ -190,7 +190,12 @@ def test_verdict_and_memory(odc_cli, data_dir):
     table = simulate(odc_cli, *common)
     assert table.returncode == 0, table.stderr
     (verdict,) = [line for line in table.stdout.splitlines() if line.startswith("verdict:")]
-    assert "over the baseline collective + lb-micro (compute only, odc compare's basis: " in verdict
+    # The compute-only figure covers the simulated minibatches only, and says so.
+    assert (
+        "over the baseline collective + lb-micro (compute only on the same 2 minibatches, "
+        "odc compare's basis: " in verdict
+    )
+    assert "compare plans the whole file)" in verdict
     assert "includes modelled communication (NVLink 290 GB/s" in verdict
     document = json.loads(simulate(odc_cli, *common, "--format", "json").stdout)
     assert document["verdict"] == verdict
@@ -206,6 +211,48 @@ def test_verdict_and_memory(odc_cli, data_dir):
     )
     assert memory[(8, "odc")]["odc_bytes"] == 0 < memory[(16, "odc")]["odc_bytes"]
     assert "memory per GPU" in table.stdout and "fits?" in table.stdout
+    # odc.torch publishes FSDP2's fp32 shards in place: ODC's state is FSDP2's 16 B per
+    # parameter, not 18 (no bf16 copy); the node cache holds fp32 shards (4 B per parameter).
+    model = document["model"]
+    params = model["other_params"] + model["layers"] * model["layer_params"]
+    for n in (8, 16):
+        assert memory[(n, "odc")]["state_bytes"] == pytest.approx(16 * params / n)
+        assert memory[(n, "odc")]["state_bytes"] == memory[(n, "collective")]["state_bytes"]
+    staging = cache_budget = 256 * 2**20
+    assert memory[(16, "odc")]["odc_bytes"] == pytest.approx(
+        staging + min(cache_budget, 4 * params / 16)
+    )
+    assert "18 B" not in table.stdout and "bf16 copy" not in table.stdout
+
+
+def test_split_auto_and_the_split_hint(odc_cli, data_dir):
+    # Issue 28: simulate takes --split auto (the split plans, simulated) and, without it, names
+    # where splitting would pay, as compare does: heavy_tailed.txt gets compare's hint line and
+    # a mention in the verdict; the split rows are lb-micro+split and lb-mini+split.
+    common = ["--lengths", str(data_dir / "heavy_tailed.txt"), "--ranks", "8"]
+    common += ["--minibatches", "4", "--policies", "lb-micro,lb-mini"]
+    table = simulate(odc_cli, *common)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    (verdict,) = [line for line in lines if line.startswith("verdict:")]
+    (hint,) = [line for line in lines if line.startswith("hint: --split auto predicts ")]
+    assert "--split auto would give " in verdict and "odc + lb-mini+split at 8 GPUs" in verdict
+    with_split, without = (float(x) for x in re.findall(r"([0-9.]+)x", hint)[:2])
+    assert with_split >= 1.05 * without
+    split = json.loads(simulate(odc_cli, *common, "--split", "auto", "--format", "json").stdout)
+    assert split["split"] == "auto" and split["split_hint"] is None
+    rows = {(r["policy"], r["mode"]): r for r in split["results"]}
+    assert ("lb-mini+split", "odc") in rows and ("lb-micro+split", "collective") in rows
+    assert ("lb-mini+split", "collective") not in rows
+    # The hint's figure is the simulated speedup of the split arm.
+    assert rows[("lb-mini+split", "odc")]["speedup"] == pytest.approx(with_split, abs=0.006)
+    # --rank-speed names every rank, so it takes one rank count of that many ranks.
+    slow = simulate(odc_cli, *common, "--rank-speed", "1,1,1,1,1,1,1,0.5", "--format", "json")
+    assert slow.returncode == 0, slow.stderr
+    assert json.loads(slow.stdout)["rank_speed"][-1] == 0.5
+    wrong = simulate(odc_cli, *common, "--rank-speed", "1,1")
+    assert wrong.returncode == 2
+    assert wrong.stderr.strip().endswith("simulate one rank count with --ranks 2")
 
 
 def test_plot(odc_cli, data_dir, tmp_path, monkeypatch):
