@@ -88,6 +88,9 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 1
+    except ValueError as error:  # matplotlib: a format it does not know, e.g. out.txt
+        print(f"odc.compare_plot: error: cannot write {argv[0]}: {error}", file=sys.stderr)
+        return 2
     except OSError as error:
         print(
             f"odc.compare_plot: error: cannot write {argv[0]}: {error.strerror or error}",

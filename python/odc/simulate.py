@@ -189,6 +189,9 @@ def _draw_main(argv: List[str]) -> int:
             file=sys.stderr,
         )
         return 1
+    except ValueError as error:  # matplotlib: a format it does not know, e.g. out.txt
+        print(f"odc.simulate: error: cannot write {argv[0]}: {error}", file=sys.stderr)
+        return 2
     except OSError as error:
         print(
             f"odc.simulate: error: cannot write {argv[0]}: {error.strerror or error}",

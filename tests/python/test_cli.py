@@ -97,6 +97,18 @@ def test_unsupported_plot_format_is_a_usage_error(odc_cli, data_dir, tmp_path):
         (line,) = result.stderr.splitlines()
         assert f"cannot write the plot to '{bad}': unsupported format 'txt'" in line, line
         assert not bad.exists()
+    # The drawers run directly say so in one line with status 2 too.
+    pytest.importorskip("matplotlib")
+    for module, document in (("odc.simulate", '{"results": []}'), ("odc.compare_plot", "{}")):
+        command = [sys.executable, "-m", module, *(["--draw"] if module == "odc.simulate" else [])]
+        if module == "odc.compare_plot":
+            document = json.dumps(json.loads(run([odc_cli, "compare", *lengths, *COMMON,
+                                                  "--format", "json"]).stdout))  # fmt: skip
+        result = subprocess.run([*command, str(bad)], input=document, capture_output=True,
+                                text=True, timeout=120)  # fmt: skip
+        assert result.returncode == 2, (module, result.stderr)
+        (line,) = result.stderr.splitlines()
+        assert line.startswith(f"{module}: error: cannot write {bad}: "), line
 
 
 def test_compare_plot_failure_is_an_error(odc_cli, data_dir, tmp_path):
