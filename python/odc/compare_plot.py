@@ -8,8 +8,9 @@ and under ODC, and the predicted speedup over collective + LB-Micro. Reads the J
 
 from __future__ import annotations
 
-import json
 import sys
+
+from ._plot_cli import draw_from_stdin
 
 
 def draw(comparison: dict, path: str, title: str = "") -> None:
@@ -67,37 +68,8 @@ def draw(comparison: dict, path: str, title: str = "") -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not 1 <= len(argv) <= 2:
-        print("usage: python -m odc.compare_plot FILE.png [TITLE] < compare.json", file=sys.stderr)
-        return 2
-    try:
-        comparison = json.load(sys.stdin)
-        comparison["policies"]
-    except (ValueError, KeyError, TypeError) as error:
-        print(
-            f"odc.compare_plot: error: stdin is not `odc compare --format json`: {error}",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        draw(comparison, argv[0], argv[1] if len(argv) > 1 else "")
-    except ImportError:
-        print(
-            "odc.compare_plot: error: drawing needs matplotlib: pip install matplotlib "
-            "(or the extra: pip install 'odc[plot]')",
-            file=sys.stderr,
-        )
-        return 1
-    except ValueError as error:  # matplotlib: a format it does not know, e.g. out.txt
-        print(f"odc.compare_plot: error: cannot write {argv[0]}: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        print(
-            f"odc.compare_plot: error: cannot write {argv[0]}: {error.strerror or error}",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    usage = "python -m odc.compare_plot FILE.png [TITLE] < compare.json"
+    return draw_from_stdin("odc.compare_plot", usage, "compare", "policies", draw, argv)
 
 
 if __name__ == "__main__":

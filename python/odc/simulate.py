@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from ._plot_cli import draw_from_stdin
 from .errors import InvalidArgument
 
 
@@ -166,39 +167,8 @@ def write_plot(document: dict, path: str) -> Optional[str]:
 def _draw_main(argv: List[str]) -> int:
     """`python -m odc.simulate --draw FILE.png [TITLE] < simulate.json`: what `odc simulate
     --plot` runs. Every failure is one line on stderr."""
-    if not 1 <= len(argv) <= 2:
-        print(
-            "usage: python -m odc.simulate --draw FILE.png [TITLE] < simulate.json", file=sys.stderr
-        )
-        return 2
-    try:
-        document = json.load(sys.stdin)
-        document["results"]
-    except (ValueError, KeyError, TypeError) as error:
-        print(
-            f"odc.simulate: error: stdin is not `odc simulate --format json`: {error}",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        draw(document, argv[0], argv[1] if len(argv) > 1 else "")
-    except ImportError:
-        print(
-            "odc.simulate: error: drawing needs matplotlib: pip install matplotlib "
-            "(or the extra: pip install 'odc[plot]')",
-            file=sys.stderr,
-        )
-        return 1
-    except ValueError as error:  # matplotlib: a format it does not know, e.g. out.txt
-        print(f"odc.simulate: error: cannot write {argv[0]}: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        print(
-            f"odc.simulate: error: cannot write {argv[0]}: {error.strerror or error}",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    usage = "python -m odc.simulate --draw FILE.png [TITLE] < simulate.json"
+    return draw_from_stdin("odc.simulate", usage, "simulate", "results", draw, argv)
 
 
 def main(argv=None) -> int:
