@@ -131,167 +131,111 @@ def _find_library() -> str:
     )
 
 
+# The C API's signatures, one (name, restype, argtypes) row per function, by area; _load applies
+# them. Every function returns odcResult_t unless its row says otherwise.
+_P = ctypes.POINTER
+_RESULT = ctypes.c_int
+_HANDLE = ctypes.c_void_p  # odcComm_t, odcBuffer_t, odcPlan_t
+_STREAM = ctypes.c_void_p  # cudaStream_t
+_SIZE = ctypes.c_size_t
+
+_ERROR_AND_VERSION_FUNCTIONS = [
+    ("odcGetErrorString", ctypes.c_char_p, [_RESULT]),
+    ("odcGetLastError", ctypes.c_char_p, []),
+    ("odcGetVersion", ctypes.c_int, []),
+    ("odcHasCuda", ctypes.c_int, []),
+]
+
+_PLAN_FUNCTIONS = [
+    ("odcPlanOptionsInit", _RESULT, [_P(PlanOptions)]),
+    ("odcPolicyFromName", _RESULT, [ctypes.c_char_p, _P(ctypes.c_int)]),
+    ("odcPlanCreate", _RESULT, [_P(ctypes.c_int64), _SIZE, _P(PlanOptions), _P(_HANDLE)]),
+    ("odcPlanGetBubble", _RESULT, [_HANDLE, _P(ctypes.c_double), _P(ctypes.c_double)]),
+    ("odcPlanToJson", _RESULT, [_HANDLE, _P(ctypes.c_char_p)]),
+    ("odcPlanDestroy", _RESULT, [_HANDLE]),
+    ("odcLengthsRead", _RESULT, [ctypes.c_char_p, _P(_P(ctypes.c_int64)), _P(_SIZE)]),
+    ("odcLengthsFree", _RESULT, [_P(ctypes.c_int64)]),
+    # The document (char**) is freed by odcSimulateFree, so kept as void*.
+    ("odcSimulate", _RESULT, [_P(ctypes.c_char_p), _SIZE, _P(ctypes.c_int64), _SIZE, _P(_HANDLE)]),
+    ("odcSimulateFree", _RESULT, [ctypes.c_void_p]),
+]
+
+_COMM_FUNCTIONS = [
+    (
+        "odcCommInit",
+        _RESULT,
+        [_P(_HANDLE), ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_double],
+    ),
+    (
+        "odcCommInitCuda",
+        _RESULT,
+        [_P(_HANDLE), ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_double, ctypes.c_int],
+    ),
+    ("odcCommConfigInit", _RESULT, [_P(CommConfig)]),
+    ("odcCommInitConfig", _RESULT, [_P(_HANDLE), ctypes.c_int, ctypes.c_int, _P(CommConfig)]),
+    ("odcCommSplit", _RESULT, [_HANDLE, ctypes.c_int, ctypes.c_int, _P(_HANDLE)]),
+    ("odcCommDestroy", _RESULT, [_HANDLE]),
+    ("odcCommAbort", _RESULT, [_HANDLE, ctypes.c_char_p]),
+    ("odcCommRank", _RESULT, [_HANDLE, _P(ctypes.c_int)]),
+    ("odcCommWorldSize", _RESULT, [_HANDLE, _P(ctypes.c_int)]),
+    ("odcCommGetMemory", _RESULT, [_HANDLE, _P(_SIZE), _P(_SIZE)]),
+    ("odcCommGetNodeCacheBytes", _RESULT, [_HANDLE, _P(_SIZE)]),
+    ("odcCommGetStreamStats", _RESULT, [_HANDLE, _P(ctypes.c_uint64), _P(ctypes.c_uint64)]),
+    ("odcCommGetTopology", _RESULT, [_HANDLE, _P(ctypes.c_int), _P(ctypes.c_int)]),
+    ("odcCommGetLastError", ctypes.c_char_p, [_HANDLE]),
+    ("odcCommPollError", _RESULT, [_HANDLE]),
+    ("odcSetInterruptCheck", _RESULT, [INTERRUPT_CHECK, ctypes.c_void_p]),
+]
+
+# odcBufferAllocNamed's; odcBufferAllocKind's too (the kind, an enum, is an int like the flag).
+_BUFFER_ALLOC_NAMED_ARGS = [
+    _HANDLE,
+    _SIZE,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_char_p,
+    _P(_HANDLE),
+    _P(ctypes.c_void_p),
+]
+_BUFFER_FUNCTIONS = [
+    (
+        "odcBufferAlloc",
+        _RESULT,
+        [_HANDLE, _SIZE, ctypes.c_int, ctypes.c_int, _P(_HANDLE), _P(ctypes.c_void_p)],
+    ),
+    ("odcBufferAllocNamed", _RESULT, _BUFFER_ALLOC_NAMED_ARGS),
+    ("odcBufferAllocKind", _RESULT, _BUFFER_ALLOC_NAMED_ARGS),
+    ("odcBufferFree", _RESULT, [_HANDLE, _HANDLE]),
+    ("odcAccumulatorKeepSums", _RESULT, [_HANDLE, _HANDLE]),
+]
+
+_COLLECTIVE_FUNCTIONS = [
+    ("odcGather", _RESULT, [_HANDLE, ctypes.c_void_p, _SIZE, _HANDLE, _STREAM]),
+    ("odcGatherAs", _RESULT, [_HANDLE, ctypes.c_void_p, _SIZE, ctypes.c_int, _HANDLE, _STREAM]),
+    (
+        "odcScatterAccumulate",
+        _RESULT,
+        [_HANDLE, ctypes.c_void_p, _SIZE, ctypes.c_int, _HANDLE, _STREAM],
+    ),
+    ("odcMinibatchBegin", _RESULT, [_HANDLE, _STREAM]),
+    ("odcMinibatchEnd", _RESULT, [_HANDLE, _STREAM]),
+    ("odcBarrier", _RESULT, [_HANDLE, _STREAM]),
+]
+
+
 def _load() -> ctypes.CDLL:
     lib = ctypes.CDLL(_find_library())
-    result = ctypes.c_int
-    lib.odcGetErrorString.argtypes = [result]
-    lib.odcGetErrorString.restype = ctypes.c_char_p
-    lib.odcGetLastError.argtypes = []
-    lib.odcGetLastError.restype = ctypes.c_char_p
-    lib.odcGetVersion.argtypes = []
-    lib.odcGetVersion.restype = ctypes.c_int
-    lib.odcPlanOptionsInit.argtypes = [ctypes.POINTER(PlanOptions)]
-    lib.odcPolicyFromName.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]
-    lib.odcPlanCreate.argtypes = [
-        ctypes.POINTER(ctypes.c_int64),
-        ctypes.c_size_t,
-        ctypes.POINTER(PlanOptions),
-        ctypes.POINTER(ctypes.c_void_p),
-    ]
-    lib.odcPlanGetBubble.argtypes = [
-        ctypes.c_void_p,
-        ctypes.POINTER(ctypes.c_double),
-        ctypes.POINTER(ctypes.c_double),
-    ]
-    lib.odcPlanToJson.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p)]
-    lib.odcPlanDestroy.argtypes = [ctypes.c_void_p]
-    lib.odcLengthsRead.argtypes = [
-        ctypes.c_char_p,
-        ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)),
-        ctypes.POINTER(ctypes.c_size_t),
-    ]
-    lib.odcLengthsFree.argtypes = [ctypes.POINTER(ctypes.c_int64)]
-    lib.odcSimulate.argtypes = [
-        ctypes.POINTER(ctypes.c_char_p),
-        ctypes.c_size_t,
-        ctypes.POINTER(ctypes.c_int64),
-        ctypes.c_size_t,
-        ctypes.POINTER(ctypes.c_void_p),  # char**: freed by odcSimulateFree, so kept as void*
-    ]
-    lib.odcSimulateFree.argtypes = [ctypes.c_void_p]
-    handle = ctypes.c_void_p
-    size = ctypes.c_size_t
-    lib.odcCommInit.argtypes = [
-        ctypes.POINTER(handle),
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_double,
-    ]
-    lib.odcCommInitCuda.argtypes = [
-        ctypes.POINTER(handle),
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_double,
-        ctypes.c_int,
-    ]
-    lib.odcCommConfigInit.argtypes = [ctypes.POINTER(CommConfig)]
-    lib.odcCommInitConfig.argtypes = [
-        ctypes.POINTER(handle),
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.POINTER(CommConfig),
-    ]
-    lib.odcHasCuda.argtypes = []
-    lib.odcHasCuda.restype = ctypes.c_int
-    lib.odcCommDestroy.argtypes = [handle]
-    lib.odcCommRank.argtypes = [handle, ctypes.POINTER(ctypes.c_int)]
-    lib.odcCommWorldSize.argtypes = [handle, ctypes.POINTER(ctypes.c_int)]
-    lib.odcCommGetMemory.argtypes = [
-        handle,
-        ctypes.POINTER(ctypes.c_size_t),
-        ctypes.POINTER(ctypes.c_size_t),
-    ]
-    lib.odcCommGetNodeCacheBytes.argtypes = [handle, ctypes.POINTER(ctypes.c_size_t)]
-    lib.odcCommGetStreamStats.argtypes = [
-        handle,
-        ctypes.POINTER(ctypes.c_uint64),
-        ctypes.POINTER(ctypes.c_uint64),
-    ]
-    lib.odcCommGetTopology.argtypes = [
-        handle,
-        ctypes.POINTER(ctypes.c_int),
-        ctypes.POINTER(ctypes.c_int),
-    ]
-    lib.odcCommGetLastError.argtypes = [handle]
-    lib.odcCommGetLastError.restype = ctypes.c_char_p
-    lib.odcBufferAlloc.argtypes = [
-        handle,
-        size,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.POINTER(handle),
-        ctypes.POINTER(ctypes.c_void_p),
-    ]
-    lib.odcBufferAllocNamed.argtypes = [
-        handle,
-        size,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.POINTER(handle),
-        ctypes.POINTER(ctypes.c_void_p),
-    ]
-    # odcBufferAllocKind: the same C types, with the kind (an enum, an int) for the flag.
-    lib.odcBufferAllocKind.argtypes = lib.odcBufferAllocNamed.argtypes
-    lib.odcBufferFree.argtypes = [handle, handle]
-    lib.odcAccumulatorKeepSums.argtypes = [handle, handle]
-    stream = ctypes.c_void_p
-    lib.odcGather.argtypes = [handle, ctypes.c_void_p, size, handle, stream]
-    lib.odcGatherAs.argtypes = [handle, ctypes.c_void_p, size, ctypes.c_int, handle, stream]
-    lib.odcScatterAccumulate.argtypes = [
-        handle,
-        ctypes.c_void_p,
-        size,
-        ctypes.c_int,
-        handle,
-        stream,
-    ]
-    lib.odcMinibatchBegin.argtypes = [handle, stream]
-    lib.odcMinibatchEnd.argtypes = [handle, stream]
-    lib.odcBarrier.argtypes = [handle, stream]
-    lib.odcCommPollError.argtypes = [handle]
-    lib.odcSetInterruptCheck.argtypes = [INTERRUPT_CHECK, ctypes.c_void_p]
-    lib.odcCommAbort.argtypes = [handle, ctypes.c_char_p]
-    lib.odcCommSplit.argtypes = [handle, ctypes.c_int, ctypes.c_int, ctypes.POINTER(handle)]
-    for name in (
-        "odcCommInit",
-        "odcCommInitCuda",
-        "odcCommConfigInit",
-        "odcCommInitConfig",
-        "odcCommDestroy",
-        "odcCommRank",
-        "odcCommWorldSize",
-        "odcCommGetTopology",
-        "odcCommGetMemory",
-        "odcCommGetStreamStats",
-        "odcCommGetNodeCacheBytes",
-        "odcBufferAlloc",
-        "odcBufferAllocNamed",
-        "odcBufferAllocKind",
-        "odcCommPollError",
-        "odcSetInterruptCheck",
-        "odcCommAbort",
-        "odcCommSplit",
-        "odcBufferFree",
-        "odcAccumulatorKeepSums",
-        "odcGather",
-        "odcGatherAs",
-        "odcScatterAccumulate",
-        "odcMinibatchBegin",
-        "odcMinibatchEnd",
-        "odcBarrier",
-        "odcPlanOptionsInit",
-        "odcPolicyFromName",
-        "odcPlanCreate",
-        "odcPlanGetBubble",
-        "odcPlanToJson",
-        "odcPlanDestroy",
-        "odcLengthsRead",
-        "odcLengthsFree",
+    for table in (
+        _ERROR_AND_VERSION_FUNCTIONS,
+        _PLAN_FUNCTIONS,
+        _COMM_FUNCTIONS,
+        _BUFFER_FUNCTIONS,
+        _COLLECTIVE_FUNCTIONS,
     ):
-        getattr(lib, name).restype = result
+        for name, restype, argtypes in table:
+            function = getattr(lib, name)
+            function.restype = restype
+            function.argtypes = argtypes
     return lib
 
 

@@ -136,6 +136,61 @@ def _checked_int(value: Any, what: str, low: int, high: int) -> int:
     return int(value)
 
 
+def _optional_int(value: Any, what: str, low: int, high: int) -> Optional[int]:
+    """None, or `value` checked as _checked_int does."""
+    return None if value is None else _checked_int(value, what, low, high)
+
+
+def _bytes_or_environment(value: Optional[int]) -> int:
+    """A CommConfig budget: the given bytes, or None for its environment variable's."""
+    return _capi.BYTES_FROM_ENVIRONMENT if value is None else int(value)
+
+
+_TRANSPORTS = {
+    "shm": _capi.TRANSPORT_SHM,
+    "cuda": _capi.TRANSPORT_CUDA,
+    "nvshmem": _capi.TRANSPORT_NVSHMEM,
+}
+
+
+def _check_transport(transport: Optional[str], device: Optional[int]) -> None:
+    if transport is not None and transport not in _TRANSPORTS:
+        raise _invalid(f"transport must be one of {sorted(_TRANSPORTS)} or None, got {transport!r}")
+    if transport is not None and (transport == "shm") != (device is None):
+        raise _invalid(
+            f"transport {transport!r} "
+            + ("takes no device" if transport == "shm" else "needs a CUDA device (device=...)")
+        )
+
+
+def _check_rendezvous(key: Any, store: Any) -> None:
+    if key is None and store is None:
+        raise _invalid("give a rendezvous key, or a store to meet through (store=...)")
+    if key is not None and store is not None:
+        raise _invalid("give a rendezvous key or a store, not both")
+    if key is not None and not isinstance(key, str):
+        raise _invalid(f"key must be a string, got {key!r}")
+    if key is not None and "\0" in key:
+        raise _invalid(f"key must not contain a NUL character, got {key!r}")
+
+
+def _check_timeout(timeout: Any) -> None:
+    """Refuses a timeout that is not a positive number of seconds (inf included) or None; with
+    None, a bad $ODC_TIMEOUT, naming it."""
+    if timeout is None:
+        _default_timeout()
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
+        raise _invalid(f"timeout must be a number of seconds, got {timeout!r}")
+    if math.isnan(float(timeout)):
+        raise _invalid("timeout must be a number of seconds, got nan")
+    if not float(timeout) > 0:
+        raise _invalid(
+            f"timeout must be a positive number of seconds, float('inf') (no timeout), or "
+            f"None (the default: $ODC_TIMEOUT, else 60 s); got {timeout!r}"
+        )
+
+
 class _View:
     """Owner of one view of a buffer: numpy keeps it as the array's base (torch holds it for the
     tensor's life), so the view keeps the buffer and its communicator alive, and the buffer
@@ -310,6 +365,47 @@ class Comm:
         node_cache_bytes: Optional[int] = None,
         node_aggregation_bytes: Optional[int] = None,
     ):
+        self._init_state()
+        # Validate before calling C: ctypes truncates wide integers and C strings end at a NUL.
+        world_size = _checked_int(world_size, "world_size", 1, _INT_MAX)
+        rank = _checked_int(rank, "rank", -_INT_MAX - 1, _INT_MAX)  # C names a rank out of range
+        device = _optional_int(device, "device", 0, _INT_MAX)
+        staging_bytes = _optional_int(staging_bytes, "staging_bytes", 1, _COUNT_MAX)
+        ranks_per_node = _optional_int(ranks_per_node, "ranks_per_node", 1, _INT_MAX)
+        node_cache_bytes = _optional_int(node_cache_bytes, "node_cache_bytes", 0, _COUNT_MAX)
+        node_aggregation_bytes = _optional_int(
+            node_aggregation_bytes, "node_aggregation_bytes", 0, _COUNT_MAX
+        )
+        _check_transport(transport, device)
+        _check_rendezvous(key, store)
+        _check_timeout(timeout)
+        config = _capi.new_comm_config()
+        if store is not None:
+            from ._store_bootstrap import StoreBootstrap
+
+            # Kept alive as long as the communicator: the library calls back into it on failure.
+            bootstrap_timeout = float(timeout) if timeout is not None else _default_timeout()
+            self._bootstrap = StoreBootstrap(store, int(rank), int(world_size), bootstrap_timeout)
+            config.bootstrap = ctypes.pointer(self._bootstrap.struct)
+        config.key = None if key is None else key.encode()  # the library copies it
+        config.timeout_seconds = float(timeout) if timeout is not None else 0.0
+        # Without a transport the library picks: shm without a device, else $ODC_TRANSPORT or cuda.
+        config.transport = _TRANSPORTS[transport] if transport is not None else _capi.TRANSPORT_AUTO
+        config.device = -1 if device is None else int(device)
+        config.deterministic = int(bool(deterministic))
+        config.staging_bytes = 0 if staging_bytes is None else int(staging_bytes)
+        config.ranks_per_node = 0 if ranks_per_node is None else int(ranks_per_node)
+        config.node_cache_bytes = _bytes_or_environment(node_cache_bytes)
+        config.node_aggregation_bytes = _bytes_or_environment(node_aggregation_bytes)
+        self._handle = self._init_handle(rank, world_size, config)
+        self.deterministic = bool(deterministic)
+        self.device = None if device is None else int(device)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.key = key
+
+    def _init_state(self) -> None:
+        """The state every Comm starts with, before it owns a handle (__init__ and _adopt)."""
         self._handle = None
         self._deferred_handle = None
         self._num_views = 0
@@ -318,84 +414,11 @@ class Comm:
         # finalizer would close the parent's rank in the shared control block).
         self._pid = os.getpid()
         self._close_lock = threading.Lock()
-        # Validate before calling C: ctypes truncates wide integers and C strings end at a NUL.
-        world_size = _checked_int(world_size, "world_size", 1, _INT_MAX)
-        rank = _checked_int(rank, "rank", -_INT_MAX - 1, _INT_MAX)  # C names a rank out of range
-        if device is not None:
-            device = _checked_int(device, "device", 0, _INT_MAX)
-        if staging_bytes is not None:
-            staging_bytes = _checked_int(staging_bytes, "staging_bytes", 1, 2**63 - 1)
-        if ranks_per_node is not None:
-            ranks_per_node = _checked_int(ranks_per_node, "ranks_per_node", 1, _INT_MAX)
-        if node_cache_bytes is not None:
-            node_cache_bytes = _checked_int(node_cache_bytes, "node_cache_bytes", 0, 2**63 - 1)
-        if node_aggregation_bytes is not None:
-            node_aggregation_bytes = _checked_int(
-                node_aggregation_bytes, "node_aggregation_bytes", 0, 2**63 - 1
-            )
-        transports = {
-            "shm": _capi.TRANSPORT_SHM,
-            "cuda": _capi.TRANSPORT_CUDA,
-            "nvshmem": _capi.TRANSPORT_NVSHMEM,
-        }
-        if transport is not None and transport not in transports:
-            raise _invalid(
-                f"transport must be one of {sorted(transports)} or None, got {transport!r}"
-            )
-        if transport is not None and (transport == "shm") != (device is None):
-            raise _invalid(
-                f"transport {transport!r} "
-                + ("takes no device" if transport == "shm" else "needs a CUDA device (device=...)")
-            )
-        if key is None and store is None:
-            raise _invalid("give a rendezvous key, or a store to meet through (store=...)")
-        if key is not None and store is not None:
-            raise _invalid("give a rendezvous key or a store, not both")
-        if key is not None and not isinstance(key, str):
-            raise _invalid(f"key must be a string, got {key!r}")
-        if key is not None and "\0" in key:
-            raise _invalid(f"key must not contain a NUL character, got {key!r}")
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
-                raise _invalid(f"timeout must be a number of seconds, got {timeout!r}")
-            if math.isnan(float(timeout)):
-                raise _invalid("timeout must be a number of seconds, got nan")
-            if not float(timeout) > 0:
-                raise _invalid(
-                    f"timeout must be a positive number of seconds, float('inf') (no timeout), or "
-                    f"None (the default: $ODC_TIMEOUT, else 60 s); got {timeout!r}"
-                )
-        else:
-            _default_timeout()  # a bad $ODC_TIMEOUT is refused here, naming it
-        handle = ctypes.c_void_p()
-        config = _capi.new_comm_config()
-        # Kept alive as long as the communicator: the library calls back into it on failure.
-        self._bootstrap = None
-        if store is not None:
-            from ._store_bootstrap import StoreBootstrap
 
-            bootstrap_timeout = float(timeout) if timeout is not None else _default_timeout()
-            self._bootstrap = StoreBootstrap(store, int(rank), int(world_size), bootstrap_timeout)
-            config.bootstrap = ctypes.pointer(self._bootstrap.struct)
-        encoded_key = None if key is None else key.encode()  # the library copies it
-        config.key = encoded_key
-        config.timeout_seconds = float(timeout) if timeout is not None else 0.0
-        if transport is not None:
-            config.transport = transports[transport]
-        else:  # the library picks: shm without a device, else $ODC_TRANSPORT or cuda
-            config.transport = _capi.TRANSPORT_AUTO
-        config.device = -1 if device is None else int(device)
-        config.deterministic = int(bool(deterministic))
-        config.staging_bytes = 0 if staging_bytes is None else int(staging_bytes)
-        config.ranks_per_node = 0 if ranks_per_node is None else int(ranks_per_node)
-        config.node_cache_bytes = (
-            _capi.BYTES_FROM_ENVIRONMENT if node_cache_bytes is None else int(node_cache_bytes)
-        )
-        config.node_aggregation_bytes = (
-            _capi.BYTES_FROM_ENVIRONMENT
-            if node_aggregation_bytes is None
-            else int(node_aggregation_bytes)
-        )
+    def _init_handle(self, rank: int, world_size: int, config) -> ctypes.c_void_p:
+        """odcCommInitConfig: the new communicator's handle, or the error that says why not (what
+        a signal handler raised, what the store said, else the library's message)."""
+        handle = ctypes.c_void_p()
         try:
             result = _capi.lib.odcCommInitConfig(
                 ctypes.byref(handle), rank, world_size, ctypes.byref(config)
@@ -420,12 +443,7 @@ class Comm:
             message = _capi.lib.odcGetLastError().decode("utf-8", "replace")
             raise _capi.Error(f"{message}: {self._bootstrap.error}", result)
         _capi.check_comm(result)
-        self._handle = handle
-        self.deterministic = bool(deterministic)
-        self.device = None if device is None else int(device)
-        self.rank = int(rank)
-        self.world_size = int(world_size)
-        self.key = key
+        return handle
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -658,12 +676,7 @@ class Comm:
         """A Comm owning `handle`, a sub-communicator split from `parent` (no __init__: nothing
         to meet through; its transport met its members)."""
         comm = cls.__new__(cls)
-        comm._handle = None
-        comm._deferred_handle = None
-        comm._num_views = 0
-        comm._bootstrap = None
-        comm._pid = os.getpid()
-        comm._close_lock = threading.Lock()
+        comm._init_state()
         rank, world_size = ctypes.c_int(), ctypes.c_int()
         try:
             _capi.check_comm(_capi.lib.odcCommRank(handle, ctypes.byref(rank)))

@@ -323,108 +323,25 @@ def fit_cost(
     three lengths measured that raises FitError. Weights are never updated (no optimizer):
     gradients accumulate across the runs and are dropped at the end.
     """
-    import torch
+    import torch  # noqa: F401 - without torch, ImportError before any argument is checked
 
     if not isinstance(max_tokens, int) or max_tokens < MIN_FIT_TOKENS:
         raise FitError(f"max_tokens must be at least {MIN_FIT_TOKENS}, got {max_tokens}")
     if repeats < 1 or warmup < 0:
         raise FitError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     say = progress or (lambda text: None)
-    if isinstance(model_or_config, torch.nn.Module):
-        model = model_or_config
-        first = next(model.parameters(), None)
-        own = first.device if first is not None else torch.device("cpu")
-        if device is not None and torch.device(device) != own:
-            raise FitError(f"the model is on {own}, not {device}: move it there first")
-        device = _resolve_device(own)
-        vocab = _sizes_for(getattr(model, "config", None), max_tokens, vocab_size)
-        description = type(model).__name__
-    else:
-        config = model_or_config
-        source = "config"
-        if not hasattr(config, "to_dict"):  # a path or a name
-            source = str(config)
-            config = load_config(config)
-        device = _resolve_device(device or "cuda")
-        dtype = _resolve_dtype(dtype)
-        vocab = _sizes_for(config, max_tokens, vocab_size)
-        say(f"building {getattr(config, 'model_type', '?')} from {source} on {device}")
-        model = build_model(config, device, dtype, attn_implementation, seed)
-        description = f"{type(model).__name__} from {source}"
+    model, device, vocab, description = _take_model(
+        model_or_config, max_tokens, device, dtype, attn_implementation, vocab_size, seed, say
+    )
     if gradient_checkpointing:
         _enable_checkpointing(model)
     if hasattr(getattr(model, "config", None), "use_cache"):
         model.config.use_cache = False  # training: no KV cache
     model.train()
-    loss_fn = loss_fn or _default_loss
-    parameters = sum(p.numel() for p in model.parameters())
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
-    on_gpu = device.type == "cuda"
-    where = torch.cuda.get_device_name(device) if on_gpu else "cpu"
-    size = f"{parameters / 1e9:.3g}B" if parameters >= 1e9 else f"{parameters / 1e6:.3g}M"
-    description += f", {size} parameters, {'/'.join(dtypes)} on {where}"
-    description += f", gradient checkpointing {'on' if gradient_checkpointing else 'off'}"
-    generator = torch.Generator().manual_seed(seed)
-
-    def sync():
-        if on_gpu:
-            torch.cuda.synchronize(device)
-
-    def once(input_ids) -> float:
-        sync()
-        begin = time.perf_counter()
-        loss_fn(model, input_ids).backward()
-        sync()  # backward's kernels run after the host returns
-        return time.perf_counter() - begin
-
-    def measure(tokens: int) -> Rung:
-        input_ids = torch.randint(0, vocab, (1, tokens), generator=generator).to(device)
-        for _ in range(warmup):  # allocator growth, kernel autotuning, lazy initialization
-            once(input_ids)
-        rung = Rung(tokens, [once(input_ids) for _ in range(repeats)])
-        say(f"{tokens} tokens: {rung.seconds:.4g} s (spread {100 * rung.spread:.1f}%)")
-        return rung
-
-    def released() -> None:
-        model.zero_grad(set_to_none=True)
-        gc.collect()
-        if on_gpu:
-            torch.cuda.empty_cache()
-
-    def attempt(tokens: int) -> Optional[Rung]:
-        """measure(tokens), or None when it ran out of memory."""
-        try:
-            return measure(tokens)
-        except (torch.OutOfMemoryError, RuntimeError) as error:
-            if not _is_out_of_memory(error):
-                raise
-        # Out of the except block: the error and its traceback, which holds the failed
-        # microbatch's activations, are gone; their memory goes back to the device.
-        released()
-        return None
-
-    rungs: List[Rung] = []
-    stopped = None
-    try:
-        for tokens in ladder(max_tokens):
-            rung = attempt(tokens)
-            if rung is None:  # longer rungs would not fit either
-                stopped = f"out of memory at {tokens} tokens: the ladder stops there"
-                say(stopped)
-                break
-            rungs.append(rung)
-        if len(rungs) < MIN_RUNGS:
-            fix = "" if gradient_checkpointing else "--gradient-checkpointing, "
-            raise FitError(
-                f"{stopped}, after {len(rungs)} measured lengths; the fit needs {MIN_RUNGS}: "
-                f"try {fix}a smaller --max-tokens or a larger device"
-            )
-        # The floor last, every kernel warm by now: its time is the host's pace, not first calls.
-        floor_rung = attempt(floor_length(max_tokens))
-        if floor_rung is None:
-            raise FitError(f"out of memory at {floor_length(max_tokens)} tokens (the floor's)")
-    finally:
-        released()
+    description += _describe(model, device, dtypes, gradient_checkpointing)
+    bench = _Bench(model, loss_fn or _default_loss, device, vocab, warmup, repeats, seed, say)
+    rungs, floor_rung, stopped = _measure_ladder(bench, max_tokens, gradient_checkpointing, say)
     seconds = [r.seconds for r in rungs]
     a, b, c, floor = fit_cost_with_floor([r.tokens for r in rungs], seconds, floor_rung.seconds)
     chosen = set(fitted_rungs(seconds, floor_rung.seconds))
@@ -448,6 +365,136 @@ def fit_cost(
         description,
         settings,
     )
+
+
+def _take_model(
+    model_or_config, max_tokens, device, dtype, attn_implementation, vocab_size, seed, say
+):
+    """(model, device, vocabulary size, description) for fit_cost: a torch module as it is (on
+    its own device, which `device` may only repeat), else a model built from the config."""
+    import torch
+
+    if isinstance(model_or_config, torch.nn.Module):
+        model = model_or_config
+        first = next(model.parameters(), None)
+        own = first.device if first is not None else torch.device("cpu")
+        if device is not None and torch.device(device) != own:
+            raise FitError(f"the model is on {own}, not {device}: move it there first")
+        device = _resolve_device(own)
+        vocab = _sizes_for(getattr(model, "config", None), max_tokens, vocab_size)
+        return model, device, vocab, type(model).__name__
+    config = model_or_config
+    source = "config"
+    if not hasattr(config, "to_dict"):  # a path or a name
+        source = str(config)
+        config = load_config(config)
+    device = _resolve_device(device or "cuda")
+    dtype = _resolve_dtype(dtype)
+    vocab = _sizes_for(config, max_tokens, vocab_size)
+    say(f"building {getattr(config, 'model_type', '?')} from {source} on {device}")
+    model = build_model(config, device, dtype, attn_implementation, seed)
+    return model, device, vocab, f"{type(model).__name__} from {source}"
+
+
+def _describe(model, device, dtypes: List[str], gradient_checkpointing: bool) -> str:
+    """What the description adds after the model's name: size, dtypes, device, checkpointing."""
+    import torch
+
+    parameters = sum(p.numel() for p in model.parameters())
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    size = f"{parameters / 1e9:.3g}B" if parameters >= 1e9 else f"{parameters / 1e6:.3g}M"
+    return (
+        f", {size} parameters, {'/'.join(dtypes)} on {where}"
+        f", gradient checkpointing {'on' if gradient_checkpointing else 'off'}"
+    )
+
+
+class _Bench:
+    """Times forward + backward of one-sample microbatches of a model (fit_cost's rungs)."""
+
+    def __init__(self, model, loss_fn, device, vocab: int, warmup: int, repeats: int, seed, say):
+        import torch
+
+        self.model, self.loss_fn, self.device, self.vocab = model, loss_fn, device, vocab
+        self.warmup, self.repeats, self.say = warmup, repeats, say
+        self.on_gpu = device.type == "cuda"
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def sync(self) -> None:
+        import torch
+
+        if self.on_gpu:
+            torch.cuda.synchronize(self.device)
+
+    def once(self, input_ids) -> float:
+        self.sync()
+        begin = time.perf_counter()
+        self.loss_fn(self.model, input_ids).backward()
+        self.sync()  # backward's kernels run after the host returns
+        return time.perf_counter() - begin
+
+    def measure(self, tokens: int) -> Rung:
+        import torch
+
+        input_ids = torch.randint(0, self.vocab, (1, tokens), generator=self.generator)
+        input_ids = input_ids.to(self.device)
+        for _ in range(self.warmup):  # allocator growth, kernel autotuning, lazy initialization
+            self.once(input_ids)
+        rung = Rung(tokens, [self.once(input_ids) for _ in range(self.repeats)])
+        self.say(f"{tokens} tokens: {rung.seconds:.4g} s (spread {100 * rung.spread:.1f}%)")
+        return rung
+
+    def released(self) -> None:
+        import torch
+
+        self.model.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.on_gpu:
+            torch.cuda.empty_cache()
+
+    def attempt(self, tokens: int) -> Optional[Rung]:
+        """measure(tokens), or None when it ran out of memory."""
+        import torch
+
+        try:
+            return self.measure(tokens)
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not _is_out_of_memory(error):
+                raise
+        # Out of the except block: the error and its traceback, which holds the failed
+        # microbatch's activations, are gone; their memory goes back to the device.
+        self.released()
+        return None
+
+
+def _measure_ladder(
+    bench: _Bench, max_tokens: int, gradient_checkpointing: bool, say
+) -> Tuple[List[Rung], Rung, Optional[str]]:
+    """(rungs, floor rung, why the ladder stopped early or None): the ladder up to the first
+    length that runs out of memory, then the floor; gradients dropped at the end."""
+    rungs: List[Rung] = []
+    stopped = None
+    try:
+        for tokens in ladder(max_tokens):
+            rung = bench.attempt(tokens)
+            if rung is None:  # longer rungs would not fit either
+                stopped = f"out of memory at {tokens} tokens: the ladder stops there"
+                say(stopped)
+                break
+            rungs.append(rung)
+        if len(rungs) < MIN_RUNGS:
+            fix = "" if gradient_checkpointing else "--gradient-checkpointing, "
+            raise FitError(
+                f"{stopped}, after {len(rungs)} measured lengths; the fit needs {MIN_RUNGS}: "
+                f"try {fix}a smaller --max-tokens or a larger device"
+            )
+        # The floor last, every kernel warm by now: its time is the host's pace, not first calls.
+        floor_rung = bench.attempt(floor_length(max_tokens))
+        if floor_rung is None:
+            raise FitError(f"out of memory at {floor_length(max_tokens)} tokens (the floor's)")
+    finally:
+        bench.released()
+    return rungs, floor_rung, stopped
 
 
 def format_table(fit: CostFit) -> str:
