@@ -1,6 +1,6 @@
 """Splitting outliers on GPUs (issue #14): a sample split into zigzag chunks over a group of GPUs
-(K/V exchanged through an NCCL subgroup all-gather, or pulled from odc symmetric buffers over the
-CUDA transport; varlen flash attention with the global causal mask) gives the loss and gradients
+(K/V through odc.torch.split: an odc sub-communicator over the CUDA transport, or an NCCL
+subgroup; varlen flash attention with the global causal mask) gives the loss and gradients
 of the same sample run whole on one GPU, within bf16 tolerance, with either exchange.
 
 Tolerance: both sides run in bf16 with fp32 loss accumulation; they differ in summation order
@@ -29,16 +29,23 @@ def _inputs(packed, device):
     )  # fmt: skip
 
 
-def _split_rank(rank, world_size, key, store, preset, length):
+def _split_rank(rank, world_size, key, store, preset, length, exchanges):
+    """Each rank computes the whole sample alone, then the planner's group runs it split with each
+    exchange in turn; gradients are summed over ranks on the host (gloo: ranks may share a GPU,
+    where NCCL refuses to run)."""
     import torch.distributed as dist
 
-    from odc.train.model import OdcKVExchange, SplitChunk, build_model, varlen_available
+    from odc.torch.split import SplitGroups
+    from odc.train.model import build_model, varlen_available
 
-    device = torch.device("cuda", rank)
+    device = torch.device("cuda", rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
+    backend = "nccl" if "process-group" in exchanges else "gloo"
     dist.init_process_group(
-        "nccl", init_method=f"file://{store}", rank=rank, world_size=world_size, device_id=device
-    )
+        backend, init_method=f"file://{store}", rank=rank, world_size=world_size,
+        device_id=device if backend == "nccl" else None,
+    )  # fmt: skip
+    host = dist.new_group(backend="gloo")  # for the sums checked below, on the host
     try:
         assert varlen_available(device), "torch's varlen attention is missing on this GPU machine"
         with device:
@@ -47,7 +54,6 @@ def _split_rank(rank, world_size, key, store, preset, length):
         whole = model(*_inputs(pack([sample]), device))
         whole.backward()
         reference = [p.grad.float().cpu().numpy() for p in model.parameters()]
-        model.zero_grad(set_to_none=True)
 
         splits = odc.plan(
             [length] + [1] * (world_size - 1),
@@ -58,58 +64,54 @@ def _split_rank(rank, world_size, key, store, preset, length):
             split="auto",
         )["minibatches"][0]["splits"]
         assert len(splits) == 1, splits
-        split = splits[0]
-        group = dist.new_group(split["ranks"])
-        comm = odc.Comm(rank, world_size, key, timeout=60, device=rank)
+        comm = odc.Comm(rank, world_size, key, timeout=60, device=device.index)
         config = model.config
-        width = 2 * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads)
-        rows = max(sum(e - b for b, e in c) for c in split["chunks"])
-        exchanges = {
-            "nccl": None,  # every rank allocates the odc buffers (collective), members use them
-            "odc": OdcKVExchange(comm, group, split["ranks"], rows, width, torch.bfloat16),
-        }
-        results, chunk = {}, None
-        for name, exchange in exchanges.items():
+        kv_width = (
+            2 * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads)
+        )
+        results = {}
+        for exchange in exchanges:
+            if exchange == "odc":
+                groups = SplitGroups(comm, kv_width=kv_width, dtype=torch.bfloat16)
+            else:
+                groups = SplitGroups(exchange="process-group")
+            groups.prepare(splits)
             model.zero_grad(set_to_none=True)
             loss = torch.zeros((), device=device)
-            if rank in split["ranks"]:
-                member = split["ranks"].index(rank)
-                chunk = SplitChunk(group, member, split["chunks"], length, exchange)
-                packed = pack_chunk(sample, split["chunks"][member])
-                loss = model(*_inputs(packed, device), split=chunk)
+            chunk = groups.chunk(splits[0])
+            if chunk is not None:
+                loss = model(*_inputs(pack_chunk(sample, chunk.pieces), device), split=chunk)
                 loss.backward()
-                if exchange is not None:  # really through odc: one exchange per layer each way
-                    layers = config.num_hidden_layers
-                    assert exchange._uses == {"forward": layers, "backward": layers}
-            total = loss.detach().float().clone()
-            dist.all_reduce(total)
+                layers = config.num_hidden_layers  # really exchanged: once per layer each way
+                assert chunk.exchange.uses == {"forward": layers, "backward": layers}
+            torch.cuda.synchronize()
+            total = loss.detach().float().cpu()
+            dist.all_reduce(total, group=host)
             grads = []
             for p in model.parameters():
-                g = (
-                    p.grad.float()
-                    if p.grad is not None
-                    else torch.zeros_like(p, dtype=torch.float32)
-                )
-                dist.all_reduce(g)
-                grads.append(g.cpu().numpy())
-            results[name] = (float(total), grads)
-        torch.cuda.synchronize()
-        dist.barrier()  # nobody frees the odc buffers while a member may still pull
-        del exchanges, chunk
+                g = p.grad.float().cpu() if p.grad is not None else torch.zeros(p.shape)
+                dist.all_reduce(g, group=host)
+                grads.append(g.numpy())
+            results[exchange] = (float(total), grads)
+            groups.close()
         comm.close()
-        return float(whole.detach()), reference, results, split["ranks"]
+        return float(whole.detach()), reference, results, splits[0]["ranks"]
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("preset,length", [("tiny", 1001), ("0.5b", 8191)])
 def test_split_sample_on_gpus_equals_the_whole_sample(preset, length):
-    world_size = min(torch.cuda.device_count(), 4)
+    """2 ranks sharing one GPU (odc exchange only: NCCL needs a GPU per rank), else up to 4 GPUs
+    with both exchanges."""
+    gpus = torch.cuda.device_count()
+    world_size = max(2, min(gpus, 4))
+    exchanges = ("odc", "process-group") if gpus >= world_size else ("odc",)
     with tempfile.TemporaryDirectory() as directory:
         whole, reference, results, group = odc.launch(
-            _split_rank, world_size, os.path.join(directory, "store"), preset, length
+            _split_rank, world_size, os.path.join(directory, "store"), preset, length, exchanges
         )[0]
-    assert len(group) >= 2
+    assert len(group) >= 2 and set(results) == set(exchanges)
     for exchange, (split, grads) in results.items():
         assert split == pytest.approx(whole, rel=1e-2), exchange
         for index, (ours, theirs) in enumerate(zip(grads, reference)):

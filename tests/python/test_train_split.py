@@ -32,7 +32,8 @@ def _split_rank(rank, world_size, key, store, length, exchange="nccl"):
     gloo subgroup (exchange "nccl") or odc pulls over the shared-memory transport ("odc")."""
     import torch.distributed as dist
 
-    from odc.train.model import OdcKVExchange, SplitChunk, build_model
+    from odc.torch.split import SplitGroups
+    from odc.train.model import build_model
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     try:
@@ -44,7 +45,7 @@ def _split_rank(rank, world_size, key, store, length, exchange="nccl"):
         reference = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
         model.zero_grad(set_to_none=True)
 
-        chunks = odc.plan(
+        splits = odc.plan(
             [length, 1, 1],
             ranks=world_size,
             max_tokens=length,
@@ -52,31 +53,29 @@ def _split_rank(rank, world_size, key, store, length, exchange="nccl"):
             cost=(1.0, 1.0, 0.0),
             split="auto",
         )["minibatches"][0]["splits"]
-        assert len(chunks) == 1, chunks
-        split = chunks[0]
-        group_ranks = split["ranks"]
-        group = dist.new_group(group_ranks)
-        comm = kv = chunk = None
-        if exchange == "odc":  # every rank allocates (collective), members only use it
+        assert len(splits) == 1, splits
+        split = splits[0]
+        comm = None
+        if exchange == "odc":
             comm = odc.Comm(rank, world_size, key, timeout=60)
             config = model.config
-            width = (
-                2 * config.num_key_value_heads * (config.hidden_size // config.num_attention_heads)
+            head_dim = config.hidden_size // config.num_attention_heads
+            groups = SplitGroups(
+                comm, kv_width=2 * config.num_key_value_heads * head_dim, dtype=torch.float32
             )
-            rows = max(sum(e - b for b, e in c) for c in split["chunks"])
-            kv = OdcKVExchange(comm, group, group_ranks, rows, width, torch.float32)
+        else:
+            groups = SplitGroups(exchange="process-group")
+        groups.prepare(splits)
         loss = torch.zeros(())
-        if rank in group_ranks:
-            member = group_ranks.index(rank)
-            chunk = SplitChunk(group, member, split["chunks"], length, kv)
-            packed = pack_chunk(sample, split["chunks"][member])
+        chunk = groups.chunk(split)
+        if chunk is not None:
+            packed = pack_chunk(sample, chunk.pieces)
             loss = model(*_inputs(packed), split=chunk)
             loss.backward()
-            if kv is not None:  # forward + backward: one exchange each way per layer
-                assert kv._uses == {"forward": 2, "backward": 2}, kv._uses
+            # forward + backward: one exchange each way per layer (2 layers)
+            assert chunk.exchange.uses == {"forward": 2, "backward": 2}, chunk.exchange.uses
+        groups.close()
         if comm is not None:
-            dist.barrier()  # nobody frees the buffers while a member may still pull
-            del kv, chunk
             comm.close()
         total = loss.detach().clone()
         dist.all_reduce(total)
@@ -85,7 +84,7 @@ def _split_rank(rank, world_size, key, store, length, exchange="nccl"):
             g = p.grad.clone() if p.grad is not None else torch.zeros_like(p)
             dist.all_reduce(g)
             grads[name] = g.numpy()
-        return float(whole.detach()), float(total), reference, grads, group_ranks
+        return float(whole.detach()), float(total), reference, grads, split["ranks"]
     finally:
         dist.destroy_process_group()
 
@@ -201,7 +200,7 @@ def test_split_chunk_reaches_layers_unchanged_through_fsdp2_mixed_precision():
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from odc.train.model import SplitChunk
+    from odc.torch.split import SplitChunk
 
     class Recorder(torch.nn.Module):
         def __init__(self):
@@ -220,7 +219,7 @@ def test_split_chunk_reaches_layers_unchanged_through_fsdp2_mixed_precision():
         try:
             module = Recorder()
             fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float64))
-            chunk = SplitChunk(None, 0, [[(0, 2)], [(2, 4)]], 4)
+            chunk = SplitChunk(None, 0, [[(0, 2)], [(2, 4)]])
             chunk.gather_index(torch.device("cpu"))  # cached before the forward, as run.py does
             module(torch.ones(2), odc_split=chunk)
             assert module.seen == [chunk] and module.seen[0] is chunk

@@ -32,6 +32,7 @@ from .fsdp2 import (  # noqa: E402
 )
 from .hybrid import node_comm  # noqa: E402
 from .process_group import comm_from_process_group  # noqa: E402
+from . import split  # noqa: E402  (odc.torch.split: the planner's split samples in a loop)
 
 __all__ = [
     "EngineState",
@@ -42,5 +43,6 @@ __all__ = [
     "global_count",
     "node_comm",
     "scale_loss",
+    "split",
     "sum_gradients",
 ]

@@ -49,8 +49,8 @@ class RunConfig:
     # their chunk first in the minibatch, exchanging K/V per layer within the group.
     split: str = "off"
     # How split groups exchange K/V: "nccl", an all-gather in a torch.distributed subgroup (NCCL
-    # on GPUs, gloo on the CPU); "odc", pulls from odc symmetric buffers (model.OdcKVExchange;
-    # needs comm "odc", whose communicator it shares).
+    # on GPUs, gloo on the CPU); "odc", an odc sub-communicator per group (odc.torch.split;
+    # needs comm "odc", whose communicator it is split from).
     kv_exchange: str = "nccl"
     # How large LB-Mini may make a microbatch: "lb-micro" (no larger than LB-Micro's largest in
     # the same minibatch: no more activation memory) or "cap" (up to max_tokens; odc.plan).
@@ -224,7 +224,7 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
     from .data import load_token_ids, pack, pack_chunk, schedule, synthetic_tokens
     from .memory import MemoryProbe
     from .metrics import describe_cost
-    from .model import OdcKVExchange, SplitChunk, build_model
+    from .model import build_model
     from .progress import Progress
 
     on_gpu = config.device == "cuda"
@@ -332,46 +332,7 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             microbatch_memory=config.microbatch_memory,
         )
         num_steps = min(config.steps + config.warmup_steps, len(plan["minibatches"]))
-        # One subgroup per distinct split group of the minibatches we run: every rank creates
-        # every group, in the same (plan) order, as new_group requires; members only use them.
-        split_groups, split_rows = {}, {}
-        for minibatch in plan["minibatches"][:num_steps]:
-            for split in minibatch.get("splits", []):
-                members = tuple(split["ranks"])
-                if members not in split_groups:
-                    split_groups[members] = dist.new_group(list(members))
-                longest = max(sum(e - b for b, e in c) for c in split["chunks"])
-                split_rows[members] = max(split_rows.get(members, 0), longest)
-        # A group's first collective is slow (NCCL sets up its communicator or its connections
-        # lazily; ~0.25 s on 4 H200s): inside the first minibatch that split over a new group, a
-        # chunk of a 12,257-token sample took 0.60 s where the group's next chunk, of a longer
-        # sample, took 0.39 s (docs/benchmarks.md, seventh round). A training
-        # job pays that once per group; meet in every group here, before any timing, so that no
-        # measured minibatch carries it. Every rank walks the groups in the same (plan) order and
-        # joins those it belongs to, so these blocking meetings cannot wait on each other.
-        for members, group in split_groups.items():
-            if rank in members:
-                dist.all_reduce(torch.zeros(1, device=device), group=group)
-                if engine is not None:  # a split's members meet inside minibatches by design
-                    engine.allow_collectives(group)
-        # The odc exchange's symmetric buffers, one set per group, sized for its longest chunk:
-        # allocated by every rank in the same (plan) order, as odc's alloc is collective.
-        exchanges = {}
-        if config.kv_exchange == "odc":
-            text = model.config
-            head_dim = getattr(text, "head_dim", None) or (
-                text.hidden_size // text.num_attention_heads
-            )
-            width = 2 * text.num_key_value_heads * head_dim  # K and V of one token
-            for members, group in split_groups.items():
-                exchanges[members] = OdcKVExchange(
-                    comm,
-                    group,
-                    members,
-                    split_rows[members],
-                    width,
-                    torch.bfloat16 if on_gpu else torch.float32,
-                )
+        splits = _split_groups(config, plan["minibatches"][:num_steps], model, engine, on_gpu)
         records, losses = [], []
         # Everything built so far lives until the end: keep it out of the collector's scans, or a
         # full collection (timed by allocation counts, so at the same minibatch every run) lands
@@ -405,22 +366,12 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
             # start of the minibatch and no member waits for another's unrelated work; groups are
             # disjoint.
             for split in minibatch.get("splits", []):
-                if rank not in split["ranks"]:
+                chunk = splits.chunk(split)
+                if chunk is None:  # not a member
                     continue
-                member = split["ranks"].index(rank)
                 sample = samples[split["sample"]]
-                chunk = SplitChunk(
-                    split_groups[tuple(split["ranks"])],
-                    member,
-                    split["chunks"],
-                    len(sample),
-                    exchanges.get(tuple(split["ranks"])),
-                )
-                packed = pack_chunk(sample, split["chunks"][member])
-                # The chunk's index tensors, made before its clock starts as a microbatch's
-                # packing is (on GPUs: pinned, non-blocking copies).
-                chunk.gather_index(device)
-                chunk.varlen_offsets(device)
+                packed = pack_chunk(sample, chunk.pieces)
+                chunk.prefetch(device)  # its index tensors, before its clock starts (as packing)
                 begin, host = clock.mark(), time.perf_counter()
                 step_loss += trainer.microbatch(packed, global_tokens, split=chunk)
                 host = time.perf_counter() - host
@@ -429,8 +380,8 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
                     {
                         "split": {
                             "length": len(sample),
-                            "pieces": [list(p) for p in split["chunks"][member]],
-                            "members": len(split["ranks"]),
+                            "pieces": [list(p) for p in chunk.pieces],
+                            "members": chunk.members,
                         },
                         "host_seconds": host,
                     }
@@ -484,7 +435,8 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         if engine is not None:
             memory.update({f"odc_{k}_bytes": v for k, v in engine.memory_bytes().items()})
             peak += engine.symmetric_bytes
-        exchange_bytes = sum(e.bytes for e in exchanges.values())
+        exchange_bytes = splits.memory_bytes()
+        splits.close()
         if exchange_bytes:  # the odc K/V exchange's symmetric buffers (not in torch's peak)
             memory["odc_kv_exchange_bytes"] = exchange_bytes
             peak += exchange_bytes
@@ -516,6 +468,29 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
         gc.collect()
         if not external_group:
             dist.destroy_process_group()
+
+
+def _split_groups(config: RunConfig, minibatches, model, engine, on_gpu: bool):
+    """The groups of the split samples of `minibatches` (odc.torch.split.SplitGroups), made on
+    every rank before any timing: K/V through odc sub-communicators of the engine's comm
+    ("odc"), or through torch.distributed subgroups ("nccl": NCCL on GPUs, gloo on the CPU)."""
+    import torch
+
+    from ..torch.split import SplitGroups
+
+    text = model.config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if config.kv_exchange == "odc":
+        groups = SplitGroups(
+            engine.comm,
+            exchange="odc",
+            kv_width=2 * text.num_key_value_heads * head_dim,  # K and V of one token
+            dtype=torch.bfloat16 if on_gpu else torch.float32,
+        )
+    else:
+        groups = SplitGroups(exchange="process-group", engines=[engine] if engine else [])
+    groups.prepare([s for m in minibatches for s in m.get("splits", [])])
+    return groups
 
 
 def _start_profiler(torch, on_gpu: bool):

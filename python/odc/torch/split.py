@@ -1,0 +1,609 @@
+"""odc.torch.split: run the planner's split samples in your own FSDP2 loop.
+
+The planner (`odc.plan(..., split="auto")`) may split an outlier sample over a group of ranks
+(docs/design.md, "Splitting outliers"): its "splits" entries name the sample, the members
+(`ranks`) and every member's token ranges (`chunks`, zigzag pieces). Each member runs its chunk
+as a microbatch; in every attention layer the members exchange their chunks' keys and values so
+that each query token sees the whole sample before it (the global causal mask), and backward
+returns each member the gradient of its own keys and values, summed over the members. Losses and
+gradients are then those of the whole sample on one rank (tests/python/test_torch_split.py).
+
+    groups = odc.torch.split.SplitGroups(comm, kv_width=2 * kv_heads * head_dim, dtype=dtype)
+    groups.prepare(all_splits_of_the_run)            # collective: every rank, same order
+    for entry in minibatch["splits"]:                # before the rank's own microbatches
+        chunk = groups.chunk(entry)                  # None where this rank is not a member
+        if chunk is not None:
+            tokens, positions = chunk.take(sample_tokens), chunk.positions(device)
+            loss = model(tokens, positions, ..., split=chunk)  # attention: split.attention(...)
+
+Two ways to exchange K/V, each a `SplitGroups`:
+  - `exchange="odc"` (default): one odc sub-communicator per group (`Comm.split`): forward, each
+    member writes its rows into its shard of a symmetric buffer, the group meets on its own
+    barrier and every member pulls the k members' shards; backward, each member pushes every
+    member's rows' gradient to that member's accumulator (fp32), and reads its own sums. A group
+    of k moves k shards and holds buffers on its k members only; nothing waits on the CPU.
+  - `exchange="process-group"`: a torch.distributed subgroup of the default group (NCCL on GPUs,
+    gloo on the CPU): all-gather forward, reduce-scatter backward (gloo: all-reduce and slice).
+
+Memory (odc exchange, per member of a group whose longest chunk has R tokens, K/V width W
+elements per token, element size E): forward, two buffers of R x W x E (used alternately, so one
+meeting per exchange suffices); backward, an fp32 accumulator of R x W x 4. `memory_bytes()`
+reports it (libodc allocates it: torch's statistics do not count it).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import Error, InvalidArgument, InvalidUsage
+
+__all__ = ["SplitChunk", "SplitGroups", "attention"]
+
+_EXCHANGES = ("odc", "process-group")
+
+
+class _ProcessGroupExchange:
+    """K/V rows through a torch.distributed subgroup: all-gather forward; backward, each member
+    gets its rows' gradient summed over the members (reduce-scatter under NCCL; all-reduce and
+    slice under gloo, which has no reduce-scatter). A subgroup ranks its members by global rank,
+    the split by member order (the planner's): rows are reordered where the two differ."""
+
+    def __init__(self, group, members: Sequence[int]) -> None:
+        self.group, self.members = group, len(members)
+        by_rank = sorted(members)
+        # Group rank g holds member _member_of[g]; member m is group rank _group_rank_of[m].
+        self._member_of = [list(members).index(r) for r in by_rank]
+        self._group_rank_of = [by_rank.index(r) for r in members]
+        self._in_order = by_rank == list(members)
+        self.uses = {"forward": 0, "backward": 0}  # exchanges made (tests count them)
+
+    def _nccl(self) -> bool:
+        import torch.distributed as dist
+
+        return dist.get_backend(self.group) == "nccl"
+
+    def all_gather(self, rows: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        self.uses["forward"] += 1
+        rows = rows.contiguous()
+        out = rows.new_empty((self.members * rows.shape[0], *rows.shape[1:]))
+        if not self._nccl():  # gloo: one output tensor per group rank, placed in member order
+            parts = out.chunk(self.members)
+            dist.all_gather([parts[m] for m in self._member_of], rows, group=self.group)
+            return out
+        dist.all_gather_into_tensor(out, rows, group=self.group)
+        if self._in_order:
+            return out
+        index = torch.tensor(self._group_rank_of, device=out.device)
+        return out.view(self.members, -1).index_select(0, index).view(out.shape)
+
+    def reduce_scatter(self, grad: torch.Tensor, member: int) -> torch.Tensor:
+        import torch.distributed as dist
+
+        self.uses["backward"] += 1
+        grad = grad.contiguous()
+        rows = grad.shape[0] // self.members
+        if not self._nccl():  # gloo: sums in member order, keep this member's rows
+            grad = grad.clone()
+            dist.all_reduce(grad, group=self.group)
+            return grad[member * rows : (member + 1) * rows].contiguous()
+        if not self._in_order:
+            index = torch.tensor(self._member_of, device=grad.device)
+            grad = grad.view(self.members, -1).index_select(0, index).view(grad.shape)
+        mine = grad.new_empty((rows, *grad.shape[1:]))
+        dist.reduce_scatter_tensor(mine, grad, group=self.group)
+        return mine
+
+
+class _OdcExchange:
+    """K/V rows through an odc sub-communicator of the group's k members (module docstring).
+
+    Why two forward buffers and one meeting: a member rewrites a buffer only after the barrier of
+    the next exchange, which every member reaches only after its pulls from that buffer (stream
+    order). Backward: minibatch_begin zeroes this member's accumulator after its previous read
+    (stream order) and meets the members, so no push lands before that read; minibatch_end makes
+    every push visible. Every member makes the same sequence of exchanges (same layers, forward,
+    recomputation, backward), which keeps the uses paired."""
+
+    def __init__(self, comm, rows: int, width: int, dtype: torch.dtype) -> None:
+        self.comm, self.rows, self.width, self.dtype = comm, rows, width, dtype
+        self.members = comm.world_size
+        self.device = (
+            torch.device("cpu") if comm.device is None else torch.device("cuda", comm.device)
+        )
+        name = "bfloat16" if dtype == torch.bfloat16 else "float32"
+        self._forward = [
+            comm.alloc(rows * width, dtype=name, name=f"odc.split.kv{i}") for i in (0, 1)
+        ]
+        self._forward_shards = [b.tensor() for b in self._forward]
+        self._sums = comm.alloc(rows * width, accumulator=True, name="odc.split.dkv")
+        self._sums_shard = self._sums.tensor()
+        self.uses = {"forward": 0, "backward": 0}  # exchanges made (tests count them)
+        self.elements_pulled = 0  # elements this member gathered, all exchanges
+        self.elements_pushed = 0  # elements this member pushed, all exchanges
+
+    def _check(self, flat: torch.Tensor, capacity: int, what: str) -> None:
+        if flat.dtype != self.dtype or flat.device != self.device:
+            raise InvalidArgument(
+                f"odc.torch.split: the group's K/V exchange was prepared for {self.dtype} on "
+                f"{self.device}, got {flat.dtype} on {flat.device} ({what})"
+            )
+        if flat.numel() > capacity:
+            raise InvalidArgument(
+                f"odc.torch.split: {what}: {flat.numel()} elements exceed the {capacity} the "
+                "group was prepared for (pass every split of the run to prepare(), or a "
+                "kv_width that matches the model's 2 x key/value heads x head dim)"
+            )
+
+    def _host_view(self, tensor: torch.Tensor):
+        """What odc's host calls take: numpy, bfloat16 as its uint16 bits."""
+        if tensor.dtype == torch.bfloat16:
+            return tensor.view(torch.uint16).numpy()
+        return tensor.numpy()
+
+    def all_gather(self, rows: torch.Tensor) -> torch.Tensor:
+        flat = rows.contiguous().view(-1)
+        self._check(flat, self.rows * self.width, "forward")
+        use = self.uses["forward"]
+        self.uses["forward"] += 1
+        shard = self._forward_shards[use % 2]
+        shard[: flat.numel()].copy_(flat)
+        self.comm.barrier()  # every member has written its rows
+        pulled = torch.empty((self.members, shard.numel()), dtype=self.dtype, device=self.device)
+        out = pulled.view(-1)
+        self.comm.gather(
+            out if self.comm.device is not None else self._host_view(out), self._forward[use % 2]
+        )
+        self.elements_pulled += pulled.numel()
+        return pulled[:, : flat.numel()].reshape(self.members * rows.shape[0], *rows.shape[1:])
+
+    def reduce_scatter(self, grad: torch.Tensor, member: int) -> torch.Tensor:
+        rows = grad.shape[0] // self.members
+        flat = grad.contiguous().view(self.members, -1)
+        per_member = flat.shape[1]
+        self._check(flat[0], self.rows * self.width, "backward")
+        self.uses["backward"] += 1
+        if per_member < self.rows * self.width:  # each owner's slice is a whole accumulator shard
+            flat = F.pad(flat, (0, self.rows * self.width - per_member))
+        src = flat.reshape(-1)
+        self.comm.minibatch_begin()  # zeroes this member's sums, meets the members
+        if self.comm.device is None:
+            self.comm.scatter_accumulate(
+                self._host_view(src),
+                self._sums,
+                src_dtype="bfloat16" if src.dtype == torch.bfloat16 else None,
+            )
+        else:
+            self.comm.scatter_accumulate(src, self._sums)
+        self.comm.minibatch_end()  # every member's pushes are in the sums
+        self.elements_pushed += src.numel()
+        mine = self._sums_shard[:per_member].to(grad.dtype, copy=True)
+        return mine.view(rows, *grad.shape[1:])
+
+    def memory_bytes(self) -> int:
+        held = self.comm.memory_bytes()
+        return held["buffers"] + held["scheme"]
+
+    def release_buffers(self) -> None:
+        """Frees the buffers (collective over the members); the sub-communicator stays."""
+        self._forward_shards = self._sums_shard = None  # views first: free() refuses otherwise
+        for buffer in (*self._forward, self._sums):
+            buffer.free()
+
+    def close(self) -> None:
+        self._forward_shards = self._sums_shard = None
+        self.comm.close()
+
+
+class _GatherRows(torch.autograd.Function):
+    """The members' rows gathered along dim 0, differentiable: the gradient returns to each
+    member its rows' gradient summed over the members."""
+
+    @staticmethod
+    def forward(ctx, rows, exchange, member):
+        ctx.exchange, ctx.member = exchange, member
+        return exchange.all_gather(rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.exchange.reduce_scatter(grad, ctx.member), None, None
+
+
+def _to_device(tensor: torch.Tensor, device) -> torch.Tensor:
+    """`tensor` on `device` without making the host wait: a copy from pageable memory would
+    synchronize with the stream (and a chunk's index tensors are made once per chunk)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+class SplitChunk:
+    """This rank's part of one split sample: `member` (its index in the group), every member's
+    [begin, end) token ranges of the sample (`chunks`, in member order) and the group's K/V
+    exchange. This rank's tokens are the concatenation of `pieces` in order (`take`), at the
+    sample's global positions (`positions`). Made by `SplitGroups.chunk`.
+
+    Deliberately not a dataclass: it reaches every layer's attention as a forward argument, and
+    FSDP2's mixed precision rebuilds every dataclass among forward inputs (dataclasses.replace,
+    twice per module call); a rebuilt chunk loses its cached index tensors and rebuilds them on
+    the host per layer (29,565 tokens: ~3 ms per layer and pass; docs/benchmarks.md, seventh
+    round)."""
+
+    def __init__(self, exchange, member: int, chunks: Sequence[Sequence[Tuple[int, int]]]):
+        self.exchange = exchange
+        self.member = member
+        self.chunks = [[(int(b), int(e)) for b, e in c] for c in chunks]
+        self.length = sum(e - b for c in self.chunks for b, e in c)  # tokens of the sample
+        pieces = sorted(p for c in self.chunks for p in c)
+        tiled = bool(pieces) and pieces[0][0] == 0 and all(b < e for b, e in pieces)
+        tiled = tiled and all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+        if not tiled or not 0 <= member < len(self.chunks):
+            raise InvalidArgument(
+                f"odc.torch.split: member {member} of chunks {self.chunks}: the chunks must tile "
+                "a sample from token 0 (a planner 'splits' entry's chunks do)"
+            )
+
+    @property
+    def members(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def pieces(self) -> List[Tuple[int, int]]:
+        return self.chunks[self.member]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e - b for b, e in self.pieces)
+
+    @property
+    def padded_tokens(self) -> int:
+        """Rows each member contributes to an exchange (the group's longest chunk here)."""
+        return max(sum(e - b for b, e in c) for c in self.chunks)
+
+    def take(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's tokens of a per-token tensor of the whole sample (dim 0): input ids, or
+        labels computed on the whole sample (so a piece's last token predicts the first token of
+        the next piece, whoever holds it)."""
+        if tensor.shape[0] != self.length:
+            raise InvalidArgument(
+                f"odc.torch.split: take: dim 0 holds {tensor.shape[0]} tokens, the sample "
+                f"{self.length}"
+            )
+        return torch.cat([tensor[b:e] for b, e in self.pieces])
+
+    def positions(self, device=None) -> torch.Tensor:
+        """int64 [chunk tokens]: the sample's positions of this rank's tokens (for RoPE)."""
+        device = device or torch.device("cpu")
+        return torch.cat([torch.arange(b, e, device=device) for b, e in self.pieces])
+
+    @functools.cached_property
+    def _gather_index_list(self) -> List[int]:
+        """For every token of the sample, in order, its row in the gathered buffer."""
+        index = [0] * self.length
+        rows = self.padded_tokens
+        for member, chunk in enumerate(self.chunks):
+            row = member * rows
+            for begin, end in chunk:
+                index[begin:end] = range(row, row + end - begin)
+                row += end - begin
+        return index
+
+    def gather_index(self, device) -> torch.Tensor:
+        """The sample's token order in the gathered rows, on `device`; made once per chunk."""
+        cached = getattr(self, "_index_tensor", None)
+        if cached is None or cached.device != torch.device(device):
+            cached = _to_device(torch.tensor(self._gather_index_list, dtype=torch.long), device)
+            self._index_tensor = cached
+        return cached
+
+    def varlen_offsets(self, device):
+        """(cu_seqlens_q, cu_seqlens_k, max q, max k) of the pieces as varlen "documents",
+        queries [b, e) against keys [0, e); made once per chunk, not once per layer."""
+        cached = getattr(self, "_offsets", None)
+        if cached is None or cached[0].device != torch.device(device):
+            q_lens = [end - begin for begin, end in self.pieces]
+            k_lens = [end for _, end in self.pieces]
+            cu_q = _to_device(torch.tensor([0, *np.cumsum(q_lens)], dtype=torch.int32), device)
+            cu_k = _to_device(torch.tensor([0, *np.cumsum(k_lens)], dtype=torch.int32), device)
+            cached = (cu_q, cu_k, max(q_lens), max(k_lens))
+            self._offsets = cached
+        return cached
+
+    def prefetch(self, device) -> None:
+        """Makes the index tensors on `device` now (before a microbatch's clock starts, say)."""
+        self.gather_index(device)
+        self.varlen_offsets(device)
+
+    def gather_sample(self, local: torch.Tensor) -> torch.Tensor:
+        """[heads, chunk tokens, dim] of this member -> [heads, sample tokens, dim] of the whole
+        sample in token order, differentiable. Every member must call it at the same point."""
+        rows = local.transpose(0, 1)  # [chunk tokens, heads, dim]
+        padding = self.padded_tokens - rows.shape[0]
+        if padding:
+            rows = F.pad(rows, (0, 0, 0, 0, 0, padding))
+        gathered = _GatherRows.apply(rows, self.exchange, self.member)
+        ordered = gathered.index_select(0, self.gather_index(gathered.device))
+        return ordered.transpose(0, 1)
+
+
+@functools.lru_cache(maxsize=1)
+def _varlen_attn():
+    """torch's varlen_attn (torch >= 2.10), or None; looked up once, not per attention call."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def attention(query, key, value, chunk: SplitChunk, scale: Optional[float] = None):
+    """Causal attention of this member's query tokens against the keys and values of the whole
+    sample, gathered from the group, with the sample's global causal mask (token t sees 0..t).
+
+    query [heads, chunk tokens, dim], key and value [kv heads, chunk tokens, dim] (grouped-query
+    attention when kv heads divide heads); returns [heads, chunk tokens, dim]. Every member must
+    call it at the same layers in the same order (forward and backward meet in the group). bf16
+    or fp16 on CUDA with torch >= 2.10: torch's varlen flash attention; elsewhere SDPA with a
+    mask (exact, slower). K and V travel together: one exchange per layer and direction."""
+    if query.dim() != 3 or key.shape != value.shape or key.shape[1] != query.shape[1]:
+        raise InvalidArgument(
+            "odc.torch.split.attention: query [heads, tokens, dim] and key, value [kv heads, "
+            f"tokens, dim] of the same tokens, got {tuple(query.shape)}, {tuple(key.shape)}, "
+            f"{tuple(value.shape)}"
+        )
+    if query.shape[1] != chunk.num_tokens:
+        raise InvalidArgument(
+            f"odc.torch.split.attention: {query.shape[1]} query tokens, the chunk holds "
+            f"{chunk.num_tokens}"
+        )
+    kv_heads = key.shape[0]
+    kv_all = chunk.gather_sample(torch.cat([key, value], dim=0))
+    k_all, v_all = kv_all[:kv_heads], kv_all[kv_heads:]  # [kv heads, L, dim] each
+    if (
+        query.device.type == "cuda"
+        and _varlen_attn() is not None
+        and query.dtype
+        in (
+            torch.bfloat16,
+            torch.float16,
+        )
+    ):
+        # One varlen "document" per piece: queries [b, e) against keys [0, e). Flash attention
+        # aligns its causal mask to the bottom right when there are more keys than queries, so
+        # query b + i sees keys 0..b + i: exactly the global causal mask.
+        ends = [end for _, end in chunk.pieces]
+        keys = torch.cat([k_all[:, :end] for end in ends], dim=1).transpose(0, 1)
+        values = torch.cat([v_all[:, :end] for end in ends], dim=1).transpose(0, 1)
+        cu_q, cu_k, max_q, max_k = chunk.varlen_offsets(query.device)
+        out = _varlen_attn()(
+            query.transpose(0, 1), keys, values, cu_q, cu_k, max_q, max_k,
+            scale=scale, window_size=(-1, 0),
+        )  # fmt: skip
+        return out.transpose(0, 1)
+    positions = chunk.positions(query.device)
+    visible = torch.arange(chunk.length, device=query.device)[None, :] <= positions[:, None]
+    return F.scaled_dot_product_attention(
+        query, k_all, v_all, attn_mask=visible, scale=scale, enable_gqa=True
+    )
+
+
+def _disjoint_rounds(groups: Sequence[Tuple[int, ...]]) -> List[List[Tuple[int, ...]]]:
+    """`groups` in rounds of pairwise disjoint member sets, greedily in order: one Comm.split
+    makes a whole round (each rank has one colour per split)."""
+    rounds: List[Tuple[set, List[Tuple[int, ...]]]] = []
+    for members in groups:
+        for used, round_groups in rounds:
+            if used.isdisjoint(members):
+                used.update(members)
+                round_groups.append(members)
+                break
+        else:
+            rounds.append((set(members), [members]))
+    return [round_groups for _, round_groups in rounds]
+
+
+class SplitGroups:
+    """The groups of a run's split samples, made once per distinct set of members, and their K/V
+    exchanges (module docstring).
+
+    exchange="odc": `comm` is the job's odc communicator over the planner's ranks (rank r of the
+    plan is rank r of comm: a flat mesh, comm_from_process_group() or odc.Comm); `kv_width` is
+    the elements per token of K and V together (2 x key/value heads x head dim) and `dtype` the
+    dtype attention computes in. Sub-communicators need the shm or cuda transport (one host).
+    exchange="process-group": torch.distributed subgroups of the default group, whose rank r is
+    rank r of the plan; `engines` (OdcFSDP engines) are told that the groups meet inside their
+    minibatches by design (allow_collectives), so their collectives check leaves them out.
+
+    Close it (or use it as a context manager) after the last split ran, on every rank."""
+
+    def __init__(
+        self,
+        comm=None,
+        *,
+        exchange: str = "odc",
+        kv_width: Optional[int] = None,
+        dtype: Optional[torch.dtype] = None,
+        engines: Sequence = (),
+    ) -> None:
+        import torch.distributed as dist
+
+        if exchange not in _EXCHANGES:
+            raise InvalidArgument(
+                f"odc.torch.split: exchange must be one of {', '.join(_EXCHANGES)}, got "
+                f"{exchange!r}"
+            )
+        if exchange == "odc":
+            if comm is None:
+                raise InvalidArgument("odc.torch.split: exchange 'odc' needs the job's odc comm")
+            if isinstance(kv_width, bool) or not isinstance(kv_width, int) or kv_width < 1:
+                raise InvalidArgument(
+                    "odc.torch.split: exchange 'odc' needs kv_width, the elements per token of "
+                    f"K and V together (2 x key/value heads x head dim), got {kv_width!r}"
+                )
+            if dtype not in (torch.float32, torch.bfloat16):
+                raise InvalidArgument(
+                    f"odc.torch.split: exchange 'odc' moves float32 or bfloat16, not {dtype}"
+                )
+            self.rank, self.world_size = comm.rank, comm.world_size
+        else:
+            if not dist.is_initialized():
+                raise InvalidUsage(
+                    "odc.torch.split: exchange 'process-group' needs torch.distributed "
+                    "initialized (init_process_group)"
+                )
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.exchange, self.comm, self.kv_width, self.dtype = exchange, comm, kv_width, dtype
+        self.engines = list(engines)
+        self._groups: Dict[Tuple[int, ...], object] = {}  # members -> this rank's exchange
+        self._rows: Dict[Tuple[int, ...], int] = {}  # members -> rows prepared
+        self._closed = False
+
+    def __enter__(self) -> "SplitGroups":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def prepare(self, splits: Sequence[dict]) -> None:
+        """Collective over every rank (same `splits`, same order): makes the group of each
+        distinct member set among `splits` (planner "splits" entries, e.g. every minibatch's of
+        the run) that has none yet, sized for its longest chunk; a group prepared before grows
+        when a longer chunk comes. Meets in every new group once, so that no minibatch pays a
+        group's first meeting (NCCL: ~0.25 s on 4 H200s; docs/benchmarks.md, seventh round)."""
+        if self._closed:
+            raise InvalidUsage("odc.torch.split: prepare after close")
+        needs: Dict[Tuple[int, ...], int] = {}
+        for entry in splits:
+            members, rows = self._check_entry(entry)
+            needs[members] = max(needs.get(members, 0), rows)
+        new = [m for m in needs if m not in self._rows]
+        grown = [m for m in needs if m in self._rows and needs[m] > self._rows[m]]
+        if self.exchange == "odc":
+            self._make_odc_groups(new, needs)
+            for members in grown:  # every member grows its buffers, same order everywhere
+                if members in self._groups:
+                    self._groups[members] = self._regrow(self._groups[members], needs[members])
+        else:
+            self._make_process_groups(new)
+        for members in new + grown:
+            self._rows[members] = needs[members]
+
+    def _check_entry(self, entry: dict) -> Tuple[Tuple[int, ...], int]:
+        try:
+            members = tuple(int(r) for r in entry["ranks"])
+            chunks = entry["chunks"]
+            rows = max(sum(int(e) - int(b) for b, e in c) for c in chunks)
+        except (KeyError, TypeError, ValueError) as error:
+            raise InvalidArgument(
+                f"odc.torch.split: a split entry holds 'ranks' and 'chunks' (the planner's "
+                f"'splits'), got {entry!r} ({error})"
+            ) from None
+        if len(members) < 2 or len(set(members)) != len(members) or len(chunks) != len(members):
+            raise InvalidArgument(
+                f"odc.torch.split: a split needs 2 or more distinct ranks and one chunk each, got "
+                f"ranks {list(members)} and {len(chunks)} chunks"
+            )
+        if not all(0 <= r < self.world_size for r in members):
+            raise InvalidArgument(
+                f"odc.torch.split: ranks {list(members)} outside the job's {self.world_size}"
+            )
+        return members, rows
+
+    def _make_odc_groups(self, new: List[Tuple[int, ...]], needs) -> None:
+        for round_groups in _disjoint_rounds(new):
+            colour = next((i for i, m in enumerate(round_groups) if self.rank in m), None)
+            members = round_groups[colour] if colour is not None else None
+            key = members.index(self.rank) if members else None
+            try:
+                sub = self.comm.split(colour, key=key)
+            except Error as error:
+                raise type(error)(
+                    f"{error} (odc.torch.split: the 'odc' K/V exchange needs sub-communicators; "
+                    "use exchange='process-group' on this transport)",
+                    error.code,
+                ) from None
+            if sub is None:
+                continue
+            if sub.world_size != len(members):
+                sub.close()
+                raise InvalidUsage(
+                    f"odc.torch.split: rank {self.rank}: the group of ranks {list(members)} "
+                    f"formed with {sub.world_size} members: ranks passed different splits to "
+                    "prepare()"
+                )
+            self._groups[members] = _OdcExchange(sub, needs[members], self.kv_width, self.dtype)
+
+    def _regrow(self, exchange: "_OdcExchange", rows: int) -> "_OdcExchange":
+        """The same sub-communicator with buffers for `rows` (collective over its members)."""
+        if exchange.device.type == "cuda":
+            torch.cuda.current_stream(exchange.device).synchronize()  # no pull still reading
+        sub = exchange.comm
+        exchange.release_buffers()
+        return _OdcExchange(sub, rows, self.kv_width, self.dtype)
+
+    def _make_process_groups(self, new: List[Tuple[int, ...]]) -> None:
+        import torch.distributed as dist
+
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend() == "nccl"
+            else torch.device("cpu")
+        )
+        for members in new:  # every rank makes every group, in order (new_group requires it)
+            group = dist.new_group(list(members))
+            if self.rank not in members:
+                continue
+            dist.all_reduce(torch.zeros(1, device=device), group=group)  # its first meeting
+            for engine in self.engines:
+                engine.allow_collectives(group)
+            self._groups[members] = _ProcessGroupExchange(group, members)
+
+    def chunk(self, entry: dict) -> Optional[SplitChunk]:
+        """This rank's chunk of the split `entry` (a planner "splits" entry passed to prepare()),
+        or None where this rank is not one of its members."""
+        members, rows = self._check_entry(entry)
+        if self.rank not in members:
+            return None
+        if self._closed or members not in self._groups or rows > self._rows[members]:
+            raise InvalidUsage(
+                f"odc.torch.split: the split over ranks {list(members)} ({rows} rows) was not "
+                "prepared: pass every split of the run to prepare() first, on every rank"
+            )
+        return SplitChunk(self._groups[members], members.index(self.rank), entry["chunks"])
+
+    def memory_bytes(self) -> int:
+        """Bytes of odc symmetric memory the K/V exchanges hold on this rank (0: process
+        groups; NCCL's own buffers are not counted)."""
+        return sum(g.memory_bytes() for g in self._groups.values() if isinstance(g, _OdcExchange))
+
+    def stats(self) -> Dict[Tuple[int, ...], dict]:
+        """Per group this rank belongs to: members, exchanges made ("forward", "backward") and,
+        for the odc exchange, the elements this rank gathered and pushed so far."""
+        out = {}
+        for members, group in self._groups.items():
+            record = {"members": len(members), **group.uses}
+            if isinstance(group, _OdcExchange):
+                record.update(
+                    elements_pulled=group.elements_pulled, elements_pushed=group.elements_pushed
+                )
+            out[members] = record
+        return out
+
+    def close(self) -> None:
+        """Releases the odc groups (their members close them in the same order); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for group in self._groups.values():
+            if isinstance(group, _OdcExchange):
+                if group.device.type == "cuda":
+                    torch.cuda.current_stream(group.device).synchronize()
+                group.close()
+        self._groups.clear()
