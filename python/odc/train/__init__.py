@@ -4,7 +4,7 @@ data: JSONL token ids, synthetic tokens, per-minibatch plans, packing into micro
 per-document positions and labels. metrics: busy/idle per rank, the measured bubble beside the
 planner's prediction, throughput. model: Qwen2 presets on packed microbatches (varlen attention,
 chunked loss). calibrate: the planner's cost model fitted to measured times. run: one rank of a
-run. __main__: the CLI.
+run. matrix: the runs one command makes. __main__: the CLI.
 """
 
 from .data import PackedMicrobatch, load_token_ids, pack, schedule, synthetic_tokens

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import InvalidArgument
+from .matrix import RunSpec, UsageError, run_matrix, usage_error
 
 PROG = "python -m odc.train"
 USAGE_ERROR = 2
@@ -31,27 +31,23 @@ USAGE_ERROR = 2
 CPU_MAX_TOKENS = 4096
 
 
-class UsageError(InvalidArgument):
-    """A mistake in the command line or its inputs: one line on stderr, exit status 2."""
-
-
-def usage_error(message: str):
-    raise UsageError(message)
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's default prints the whole usage block
         raise UsageError(f"{message} (see --help)")
 
 
-COMBINATIONS = {
-    "collective": ("local-sort", "lb-micro"),
-    "odc": ("local-sort", "lb-micro", "lb-mini"),
-}
-
-
 def parse_args(argv):
+    """The options, added in the order --help lists them."""
     parser = _Parser(prog=PROG, description=__doc__.split("\n")[0])
+    _add_data_and_machine(parser)
+    _add_run_choice(parser)
+    _add_workload(parser)
+    _add_layout(parser)
+    _add_training_and_outputs(parser)
+    return parser.parse_args(argv)
+
+
+def _add_data_and_machine(parser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--lengths", help="sample lengths file (odc plan format): synthetic tokens")
     source.add_argument(
@@ -60,6 +56,10 @@ def parse_args(argv):
     parser.add_argument("--preset", choices=["tiny", "0.5b", "1.5b", "7b"])
     parser.add_argument("--device", choices=["cpu", "cuda"])
     parser.add_argument("--ranks", type=int, help="processes (default: all GPUs, or 4 on CPU)")
+
+
+def _add_run_choice(parser) -> None:
+    """Which runs: one comm x policy, or --compare / --all (matrix.run_matrix)."""
     parser.add_argument("--comm", choices=["collective", "odc"], default="odc")
     parser.add_argument(
         "--policy", choices=["local-sort", "lb-micro", "lb-mini"], default="lb-mini"
@@ -72,6 +72,10 @@ def parse_args(argv):
     parser.add_argument(
         "--all", action="store_true", help="run all five comm x policy combinations"
     )
+
+
+def _add_workload(parser) -> None:
+    """How many minibatches of which samples, and the planner's cost model."""
     parser.add_argument(
         "--steps", type=int, default=4, help="measured minibatches (after 1 warm-up)"
     )
@@ -97,6 +101,10 @@ def parse_args(argv):
         "included; later runs of --compare/--all reuse the first run's fit, so their plans "
         "share one cost model",
     )
+
+
+def _add_layout(parser) -> None:
+    """How the ranks are arranged and share work: mesh, split samples, microbatch memory."""
     parser.add_argument(
         "--mesh",
         help="R,S: FSDP2 HSDP mesh of R replicas x S ranks (ODC inside each replica, one "
@@ -128,6 +136,9 @@ def parse_args(argv):
         "lb-micro builds for the same minibatch, so no more activation memory than collective + "
         "lb-micro) or cap (up to --max-tokens: the fastest predicted plan, more memory)",
     )
+
+
+def _add_training_and_outputs(parser) -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument(
         "--optimizer",
@@ -152,7 +163,6 @@ def parse_args(argv):
     parser.add_argument(
         "--timeline", help="timeline PNG (default: RUN_DIR/timeline.png; '' for none)"
     )
-    return parser.parse_args(argv)
 
 
 def output_paths(args):
@@ -261,6 +271,47 @@ def _check_cpu_sized(preset: str, lengths, max_tokens: int) -> None:
 def _main(argv) -> int:
     args = parse_args(argv)
     cost = parse_cost(args.cost)
+    mesh = _check_options(args)
+    # The runs, and the combinations refused, before torch is imported or a rank starts.
+    runs = run_matrix(
+        comm=args.comm,
+        policy=args.policy,
+        compare=args.compare,
+        all_runs=args.all,
+        split=args.split,
+        kv_exchange=args.kv_exchange,
+        mesh=mesh,
+    )
+    try:
+        import torch
+    except ImportError:
+        print(f"{PROG}: error: needs PyTorch: pip install 'odc[train]'", file=sys.stderr)
+        return 1
+
+    from .launching import Launcher
+
+    device = _choose_device(args, torch)
+    launcher = Launcher(device)
+    ranks, preset = _ranks_and_preset(args, launcher, device, torch)
+    from .model import PRESETS
+
+    lengths = load_lengths(args, PRESETS[preset]["vocab_size"])
+    max_tokens = args.max_tokens or max(lengths)
+    if device == "cpu":
+        _check_cpu_sized(preset, lengths, max_tokens)
+    output, timeline = output_paths(args)
+    if args.profile and any(Path(args.profile).glob("*_rank*.json.gz")):
+        usage_error(f"{args.profile} already holds profiles: choose another --profile directory")
+    setup = dict(preset=preset, device=device, lengths=lengths, max_tokens=max_tokens)
+    results = _run_all(args, runs, launcher, ranks, cost, setup)
+    if launcher.reports:
+        _report(results, output, timeline)
+    return 0
+
+
+def _check_options(args):
+    """Checks the options that need no torch; returns the HSDP mesh (replicas, shards), or None
+    for a flat one (no --mesh, or one replica). --mesh without --ranks sets args.ranks."""
     mesh = parse_mesh(args.mesh)
     if mesh is not None:
         if args.ranks is None:
@@ -271,30 +322,25 @@ def _main(argv) -> int:
             mesh = None  # one replica: the flat 1-D mesh
     if args.ranks is not None and args.ranks < 2:
         usage_error(f"needs at least 2 ranks, got {args.ranks}")
-    if args.comm == "collective" and args.policy == "lb-mini" and not (args.compare or args.all):
-        usage_error(
-            "lb-mini gives ranks different microbatch counts, which collective FSDP2 "
-            "cannot run: use --comm odc, or --policy lb-micro / local-sort"
-        )
     for name in ("steps", "samples_per_rank", "max_tokens", "max_length", "constant_length"):
         value = getattr(args, name)
         if value is not None and value < 1:
             usage_error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if not args.length_scale > 0:
         usage_error(f"--length-scale must be positive, got {args.length_scale}")
-    try:
-        import torch
-    except ImportError:
-        print(f"{PROG}: error: needs PyTorch: pip install 'odc[train]'", file=sys.stderr)
-        return 1
+    return mesh
 
-    from .launching import Launcher
-    from .run import RunConfig
 
+def _choose_device(args, torch) -> str:
+    """--device, or cuda where torch sees a GPU and the CPU otherwise."""
     if args.device == "cuda" and not torch.cuda.is_available():
         usage_error("--device cuda, but torch sees no GPU")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    launcher = Launcher(device)
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _ranks_and_preset(args, launcher, device: str, torch):
+    """(ranks, preset): torchrun's world, --ranks, or every GPU (4 processes on the CPU); the
+    preset sized for the device unless --preset names one. Says which device a default chose."""
     if launcher.torchrun and args.ranks not in (None, launcher.world_size):
         usage_error(f"--ranks {args.ranks}, but torchrun started {launcher.world_size}")
     if args.device is None and launcher.reports:
@@ -313,106 +359,61 @@ def _main(argv) -> int:
     preset = args.preset or ("1.5b" if device == "cuda" else "tiny")
     if ranks < 2:
         usage_error(f"needs at least 2 ranks, and torch sees {ranks} GPU(s): add --device cpu")
-    if args.split == "auto" and args.policy == "local-sort" and not (args.compare or args.all):
-        usage_error("--split auto needs --policy lb-mini or lb-micro")
-    explicit_exchange = args.kv_exchange not in ("auto", "nccl")
-    if explicit_exchange and args.split != "auto":
-        usage_error(f"--kv-exchange {args.kv_exchange} needs --split auto")
-    if explicit_exchange and args.comm == "collective" and not (args.compare or args.all):
-        usage_error(
-            f"--kv-exchange {args.kv_exchange} is for ODC runs (collective runs exchange "
-            "K/V through NCCL): use --comm odc"
-        )
-    if explicit_exchange and mesh is not None:
-        usage_error("--kv-exchange odc runs on a flat mesh only (no --mesh)")
-    from .model import PRESETS
+    return ranks, preset
 
-    lengths = load_lengths(args, PRESETS[preset]["vocab_size"])
-    max_tokens = args.max_tokens or max(lengths)
-    if device == "cpu":
-        _check_cpu_sized(preset, lengths, max_tokens)
-    output, timeline = output_paths(args)
-    if args.profile and any(Path(args.profile).glob("*_rank*.json.gz")):
-        usage_error(f"{args.profile} already holds profiles: choose another --profile directory")
-    if args.all:
-        runs = [(c, p) for c, policies in COMBINATIONS.items() for p in policies]
-    elif args.compare:
-        runs = [("collective", "lb-micro"), ("odc", "lb-mini")]
-    else:
-        runs = [(args.comm, args.policy)]
-    # (comm, policy, split): with --split auto, lb-micro and lb-mini split (issue #14), and
-    # --compare adds the strongest collective baseline, collective + lb-micro + split.
-    runs = [(c, p, args.split if p != "local-sort" else "off") for c, p in runs]
-    if args.compare and args.split == "auto":
-        runs = [("collective", "lb-micro", "off"), ("collective", "lb-micro", "auto")] + [
-            ("odc", "lb-mini", "auto")
-        ]
-    meshes = [mesh] * len(runs)
-    if mesh is not None and args.compare:  # hybrid against flat ODC on the same ranks
-        runs.append(("odc", "lb-mini", args.split))
-        meshes.append(None)
-    # (comm, policy, split, K/V exchange): ODC runs that split take --kv-exchange (both: one
-    # run with each, nccl first); every other run exchanges through NCCL (or splits nothing).
-    expanded, expanded_meshes = [], []
-    for (comm, policy, split), run_mesh in zip(runs, meshes):
-        exchanges = ["nccl"]
-        if comm == "odc" and split == "auto":
-            if args.kv_exchange == "both":
-                exchanges = ["nccl", "odc"]
-            elif args.kv_exchange == "auto":
-                # docs/benchmarks.md: heavy-tailed, 4 H200s, odc ahead of nccl in both rounds
-                # that measured the two (1.41x vs 1.38x, 1.391x vs 1.351x).
-                exchanges = ["odc" if run_mesh is None else "nccl"]
-            else:
-                exchanges = [args.kv_exchange]
-        for exchange in exchanges:
-            expanded.append((comm, policy, split, exchange))
-            expanded_meshes.append(run_mesh)
-    runs, meshes = expanded, expanded_meshes
 
+def _run_all(args, runs, launcher, ranks: int, cost, setup: dict) -> list:
+    """Rank 0's summary of each run, in order. `cost` (None: fit) plans the first run; its cost
+    model, fitted or given, plans every later one, so their plans share one model."""
     results = []
     launcher.start()
-    for index, ((comm, policy, split, exchange), run_mesh) in enumerate(zip(runs, meshes)):
-        label = f"{comm} + {policy}" + (" + split" if split == "auto" else "")
-        if split == "auto" and comm == "odc":
-            label += f" (K/V through {exchange})"
+    for index, spec in enumerate(runs):
         if launcher.reports:
             print(
-                f"{PROG}: run {index + 1}/{len(runs)}: {label}, {ranks} ranks on "
-                f"{device}, {preset} preset; starting the ranks and building the model",
+                f"{PROG}: run {index + 1}/{len(runs)}: {spec.label}, {ranks} ranks on "
+                f"{setup['device']}, {setup['preset']} preset; starting the ranks and building "
+                "the model",
                 file=sys.stderr,
                 flush=True,
             )
-        config = RunConfig(
-            preset=preset,
-            comm=comm,
-            policy=policy,
-            lengths=lengths,
-            device=device,
-            steps=args.steps,
-            samples_per_rank=args.samples_per_rank,
-            max_tokens=max_tokens,
-            store_path="",  # set by the launcher when it starts the ranks itself
-            lr=args.lr,
-            activation_checkpointing=device == "cuda",
-            cost=cost,
-            token_ids_path=args.jsonl,
-            mesh=run_mesh,
-            split=split,
-            kv_exchange=exchange,
-            microbatch_memory=args.microbatch_memory,
-            optimizer=args.optimizer,
-            profile_dir=args.profile,
-        )
-        results.append(launcher.run(config, ranks))
+        results.append(launcher.run(_run_config(args, spec, cost, **setup), ranks))
         if len(results) > 1 and args.cost == "fit":
-            first = f"{runs[0][0]} + {runs[0][1]}"
+            first = f"{runs[0].comm} + {runs[0].policy}"
             results[-1]["cost_source"] = f"from the {first} run ({results[0]['cost_source']})"
         cost = tuple(results[-1]["cost"])  # one cost model for every run of this command
     launcher.close()
-    if not launcher.reports:
-        return 0
+    return results
 
+
+def _run_config(args, spec: RunSpec, cost, *, preset, device, lengths, max_tokens):
+    """The RunConfig of one run of the matrix: its spec, and what every run of the command shares."""
+    from .run import RunConfig
+
+    return RunConfig(
+        preset=preset,
+        comm=spec.comm,
+        policy=spec.policy,
+        lengths=lengths,
+        device=device,
+        steps=args.steps,
+        samples_per_rank=args.samples_per_rank,
+        max_tokens=max_tokens,
+        store_path="",  # set by the launcher when it starts the ranks itself
+        lr=args.lr,
+        activation_checkpointing=device == "cuda",
+        cost=cost,
+        token_ids_path=args.jsonl,
+        mesh=spec.mesh,
+        split=spec.split,
+        kv_exchange=spec.kv_exchange,
+        microbatch_memory=args.microbatch_memory,
+        optimizer=args.optimizer,
+        profile_dir=args.profile,
+    )
+
+
+def _report(results, output: Path, timeline) -> None:
+    """Rank 0's report: the tables, the results JSON and the timeline PNG (None: none)."""
     print_table(results)
     print_mesh_table(results)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -422,7 +423,6 @@ def _main(argv) -> int:
         timeline.parent.mkdir(parents=True, exist_ok=True)
         written = write_timeline(results, str(timeline))
         print(f"timeline: {written}" if written else "timeline: skipped (matplotlib missing)")
-    return 0
 
 
 def _spread(values) -> str:
@@ -464,6 +464,8 @@ def _run_label(result) -> str:
 
 
 def print_table(results) -> None:
+    """The comparison table of the runs, the first one the baseline, then the loss and speedup
+    verdicts, a legend and every run's predicted / measured span per minibatch."""
     from .metrics import describe_cost
 
     base = results[0]
@@ -471,6 +473,18 @@ def print_table(results) -> None:
         f"\nplanner cost model ({base['cost_source']}): {describe_cost(base['cost'])} per "
         "microbatch"
     )
+    verdicts = _print_runs(results)
+    print()
+    print(_loss_verdict(results))
+    for verdict in verdicts:
+        print(f"speedup: {verdict}")
+    _print_legend(base)
+    _print_per_minibatch(results)
+
+
+def _print_runs(results) -> list:
+    """One row per run; returns the speedup verdicts (runs within the machine's noise)."""
+    base = results[0]
     spans_known = all(r.get("minibatch_seconds") for r in results)
     step_header = "step s min / median / max" if spans_known else "step s"
     print(
@@ -485,31 +499,37 @@ def print_table(results) -> None:
         steps = _spread(r["minibatch_seconds"]) if spans_known else f"{r['step_seconds']:.3f}"
         # The CPU has no peak-memory counter that means the same as the GPU's: not measured.
         peak = "n/a" if r["device"] == "cpu" else f"{r['peak_memory_bytes'] / 2**30:.2f}"
-        ratio = r["samples_per_second"] / base["samples_per_second"]
-        if r is base:
-            speedup = "1.00x (baseline)"
-        elif spans_known and len(r["minibatch_seconds"]) == len(base["minibatch_seconds"]):
-            # The same minibatches (same samples) ran in both: per-minibatch ratios give a spread.
-            each = [x / y for x, y in zip(base["minibatch_seconds"], r["minibatch_seconds"])]
-            speedup = f"{ratio:.2f}x (per minibatch {min(each):.2f}-{max(each):.2f}x)"
-            if min(each) <= 1.0 <= max(each):
-                verdicts.append(
-                    f"{r['comm']} + {r['policy']}: the per-minibatch speedups straddle 1.00x, so "
-                    f"{ratio:.2f}x is within this machine's noise"
-                )
-        else:
-            speedup = f"{ratio:.2f}x"
-        label = _run_label(r)
+        speedup, verdict = _speedup(r, base, spans_known)
+        if verdict:
+            verdicts.append(verdict)
         print(
-            f"{r['comm']:10} {label:17} {r['samples_per_second']:10.2f} "
+            f"{r['comm']:10} {_run_label(r):17} {r['samples_per_second']:10.2f} "
             f"{r['tokens_per_second']:10.0f} {steps:>25} {predicted_step:7.3f} "
             f"{100 * r['span_error']:+5.1f}% {measured} "
             f"{100 * r['predicted_bubble']:8.1f}% {peak:>8}  {speedup}"
         )
-    print()
-    print(_loss_verdict(results))
-    for verdict in verdicts:
-        print(f"speedup: {verdict}")
+    return verdicts
+
+
+def _speedup(r, base, spans_known: bool):
+    """(the speedup column against the baseline, a verdict when it is within the noise or None)."""
+    ratio = r["samples_per_second"] / base["samples_per_second"]
+    if r is base:
+        return "1.00x (baseline)", None
+    if not (spans_known and len(r["minibatch_seconds"]) == len(base["minibatch_seconds"])):
+        return f"{ratio:.2f}x", None
+    # The same minibatches (same samples) ran in both: per-minibatch ratios give a spread.
+    each = [x / y for x, y in zip(base["minibatch_seconds"], r["minibatch_seconds"])]
+    speedup = f"{ratio:.2f}x (per minibatch {min(each):.2f}-{max(each):.2f}x)"
+    if min(each) <= 1.0 <= max(each):
+        return speedup, (
+            f"{r['comm']} + {r['policy']}: the per-minibatch speedups straddle 1.00x, so "
+            f"{ratio:.2f}x is within this machine's noise"
+        )
+    return speedup, None
+
+
+def _print_legend(base) -> None:
     measured = len(base.get("minibatch_seconds") or []) or base.get("steps_measured", 0)
     print(
         f"""
@@ -534,6 +554,10 @@ legend: step s      wall time of one minibatch on the slowest rank, over the {me
         are not what GPUs (one device per rank) show. They check the mechanics and that both
         modes train alike; GPU numbers: docs/benchmarks.md."""
         )
+
+
+def _print_per_minibatch(results) -> None:
+    """Each run's predicted / measured span per minibatch, one column per run."""
     print("\nper minibatch, predicted / measured span in seconds (error):")
     print("  mb  " + "".join(f"{r['comm'] + ' ' + _run_label(r):>28}" for r in results))
     for index in range(max(len(r["per_minibatch"]) for r in results)):

@@ -1,0 +1,199 @@
+"""The run matrix of `python -m odc.train` (odc.train.matrix.run_matrix): which runs each command
+line makes, in which order, with which labels, and the combinations it refuses. Pure: nothing is
+launched, so every case takes microseconds; no torch needed."""
+
+import dataclasses
+
+import pytest
+
+import odc
+from odc.train.__main__ import main
+from odc.train.matrix import RunSpec, UsageError, run_matrix
+
+MESH = (2, 2)
+
+
+def runs(**options):
+    """The matrix as (comm, policy, split, kv_exchange, mesh) tuples, for compact expectations."""
+    return [(r.comm, r.policy, r.split, r.kv_exchange, r.mesh) for r in run_matrix(**options)]
+
+
+def labels(**options):
+    return [r.label for r in run_matrix(**options)]
+
+
+def test_default_is_one_odc_lb_mini_run():
+    assert run_matrix() == [RunSpec("odc", "lb-mini", "off", "nccl", None)]
+    assert labels() == ["odc + lb-mini"]
+
+
+def test_one_run_takes_comm_and_policy():
+    assert runs(comm="collective", policy="local-sort") == [
+        ("collective", "local-sort", "off", "nccl", None)
+    ]
+
+
+def test_compare_runs_the_collective_baseline_first():
+    assert runs(compare=True) == [
+        ("collective", "lb-micro", "off", "nccl", None),
+        ("odc", "lb-mini", "off", "nccl", None),
+    ]
+    # --compare chooses comm and policy itself: what --comm/--policy say does not matter.
+    assert runs(compare=True, comm="collective", policy="local-sort") == runs(compare=True)
+
+
+def test_all_runs_the_five_combinations_in_order():
+    assert runs(all_runs=True) == [
+        ("collective", "local-sort", "off", "nccl", None),
+        ("collective", "lb-micro", "off", "nccl", None),
+        ("odc", "local-sort", "off", "nccl", None),
+        ("odc", "lb-micro", "off", "nccl", None),
+        ("odc", "lb-mini", "off", "nccl", None),
+    ]
+    assert labels(all_runs=True)[1] == "collective + lb-micro"
+
+
+def test_all_with_split_splits_every_policy_but_local_sort():
+    assert runs(all_runs=True, split="auto") == [
+        ("collective", "local-sort", "off", "nccl", None),
+        ("collective", "lb-micro", "auto", "nccl", None),
+        ("odc", "local-sort", "off", "nccl", None),
+        ("odc", "lb-micro", "auto", "odc", None),
+        ("odc", "lb-mini", "auto", "odc", None),
+    ]
+
+
+@pytest.mark.parametrize(
+    "kv_exchange, exchanges",
+    [("auto", ["odc"]), ("odc", ["odc"]), ("nccl", ["nccl"]), ("both", ["nccl", "odc"])],
+)
+def test_split_odc_run_takes_the_kv_exchange(kv_exchange, exchanges):
+    assert runs(split="auto", kv_exchange=kv_exchange) == [
+        ("odc", "lb-mini", "auto", exchange, None) for exchange in exchanges
+    ]
+    assert labels(split="auto", kv_exchange=kv_exchange) == [
+        f"odc + lb-mini + split (K/V through {exchange})" for exchange in exchanges
+    ]
+
+
+@pytest.mark.parametrize(
+    "kv_exchange, exchanges",
+    [("auto", ["odc"]), ("odc", ["odc"]), ("nccl", ["nccl"]), ("both", ["nccl", "odc"])],
+)
+def test_compare_with_split_adds_the_split_collective_baseline(kv_exchange, exchanges):
+    # Collective runs always exchange through NCCL; only the ODC run follows --kv-exchange.
+    assert runs(compare=True, split="auto", kv_exchange=kv_exchange) == [
+        ("collective", "lb-micro", "off", "nccl", None),
+        ("collective", "lb-micro", "auto", "nccl", None),
+        *[("odc", "lb-mini", "auto", exchange, None) for exchange in exchanges],
+    ]
+    assert labels(compare=True, split="auto", kv_exchange=kv_exchange)[:2] == [
+        "collective + lb-micro",
+        "collective + lb-micro + split",
+    ]
+
+
+def test_compare_with_split_replaces_the_pairs_of_all():
+    # --compare --split auto decides the runs even beside --all (as the CLI always has).
+    assert runs(compare=True, all_runs=True, split="auto") == runs(compare=True, split="auto")
+
+
+def test_split_collective_lb_micro_exchanges_through_nccl():
+    assert labels(comm="collective", policy="lb-micro", split="auto") == [
+        "collective + lb-micro + split"
+    ]
+    assert runs(comm="collective", policy="lb-micro", split="auto")[0][3] == "nccl"
+
+
+def test_mesh_run_keeps_its_mesh():
+    assert runs(mesh=MESH) == [("odc", "lb-mini", "off", "nccl", MESH)]
+
+
+def test_compare_on_a_mesh_adds_flat_odc():
+    assert runs(compare=True, mesh=MESH) == [
+        ("collective", "lb-micro", "off", "nccl", MESH),
+        ("odc", "lb-mini", "off", "nccl", MESH),
+        ("odc", "lb-mini", "off", "nccl", None),
+    ]
+
+
+def test_auto_exchange_is_nccl_on_a_mesh_and_odc_on_the_flat_run():
+    assert runs(compare=True, split="auto", mesh=MESH) == [
+        ("collective", "lb-micro", "off", "nccl", MESH),
+        ("collective", "lb-micro", "auto", "nccl", MESH),
+        ("odc", "lb-mini", "auto", "nccl", MESH),
+        ("odc", "lb-mini", "auto", "odc", None),
+    ]
+
+
+def test_all_on_a_mesh_adds_no_flat_run():
+    assert all(r.mesh == MESH for r in run_matrix(all_runs=True, mesh=MESH))
+
+
+def test_run_spec_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run_matrix()[0].comm = "collective"
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            dict(comm="collective"),
+            "lb-mini gives ranks different microbatch counts, which collective FSDP2 cannot "
+            "run: use --comm odc, or --policy lb-micro / local-sort",
+        ),
+        (
+            dict(policy="local-sort", split="auto"),
+            "--split auto needs --policy lb-mini or lb-micro",
+        ),
+        (dict(kv_exchange="odc"), "--kv-exchange odc needs --split auto"),
+        (dict(kv_exchange="both"), "--kv-exchange both needs --split auto"),
+        (
+            dict(comm="collective", policy="lb-micro", split="auto", kv_exchange="both"),
+            "--kv-exchange both is for ODC runs (collective runs exchange K/V through NCCL): "
+            "use --comm odc",
+        ),
+        (
+            dict(split="auto", kv_exchange="odc", mesh=MESH),
+            "--kv-exchange odc runs on a flat mesh only (no --mesh)",
+        ),
+        (
+            dict(compare=True, split="auto", kv_exchange="both", mesh=MESH),
+            "--kv-exchange odc runs on a flat mesh only (no --mesh)",
+        ),
+        # The first mistake found is the one named: comm and policy before split and exchange.
+        (
+            dict(comm="collective", split="auto", kv_exchange="odc", mesh=MESH),
+            "lb-mini gives ranks different microbatch counts",
+        ),
+    ],
+)
+def test_refused_combinations(options, message):
+    with pytest.raises(UsageError) as raised:
+        run_matrix(**options)
+    assert str(raised.value).startswith(message)
+    assert isinstance(raised.value, odc.InvalidArgument) and isinstance(raised.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(compare=True, comm="collective"),  # --compare/--all choose comm and policy
+        dict(all_runs=True, policy="local-sort", split="auto"),
+        dict(all_runs=True, comm="collective", split="auto", kv_exchange="odc"),
+        dict(split="auto", kv_exchange="nccl", mesh=MESH),  # nccl is allowed on a mesh
+        dict(kv_exchange="nccl"),  # and needs no split
+    ],
+)
+def test_accepted_combinations(options):
+    assert run_matrix(**options)
+
+
+def test_cli_refuses_through_the_matrix_with_one_line(capsys):
+    # Checked before torch is imported or any rank starts, so this needs neither.
+    status = main(["--lengths", "x.txt", "--split", "auto", "--policy", "local-sort"])
+    assert status == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "python -m odc.train: error: --split auto needs --policy lb-mini or lb-micro"
+    ]
