@@ -19,16 +19,19 @@ gradients are then those of the whole sample on one rank (tests/python/test_torc
 Two ways to exchange K/V, each a `SplitGroups`:
   - `exchange="odc"` (default): one odc sub-communicator per group (`Comm.split`): forward, each
     member writes its rows into its shard of a symmetric buffer, the group meets on its own
-    barrier and every member pulls the k members' shards; backward, each member pushes every
-    member's rows' gradient to that member's accumulator (fp32), and reads its own sums. A group
-    of k moves k shards and holds buffers on its k members only; nothing waits on the CPU.
+    barrier and every member pulls the k members' shards; backward, each member writes its part
+    of every member's rows' gradient, the group meets, and each member pulls the k parts of its
+    own rows and sums them in fp32 in member order (deterministic). Every exchange pulls k
+    shards for a group of k, buffers exist on the k members only, the host never waits.
   - `exchange="process-group"`: a torch.distributed subgroup of the default group (NCCL on GPUs,
     gloo on the CPU): all-gather forward, reduce-scatter backward (gloo: all-reduce and slice).
 
-Memory (odc exchange, per member of a group whose longest chunk has R tokens, K/V width W
-elements per token, element size E): forward, two buffers of R x W x E (used alternately, so one
-meeting per exchange suffices); backward, an fp32 accumulator of R x W x 4. `memory_bytes()`
-reports it (libodc allocates it: torch's statistics do not count it).
+Memory (odc exchange, per member of a group of k whose longest chunk has R tokens, K/V width W
+elements per token, element size E): 2 x (1 + k) x R x W x E (forward one buffer, backward k,
+each twice, used alternately so that one meeting per exchange suffices), e.g. 1.5b (W = 512,
+bf16), R = 16,384, k = 4: 160 MiB per member for the group's life. `memory_bytes()` reports it
+(libodc allocates it: torch's statistics do not count it). Process groups hold no buffers of
+odc's (NCCL's own are not counted).
 """
 
 from __future__ import annotations
@@ -104,12 +107,17 @@ class _ProcessGroupExchange:
 class _OdcExchange:
     """K/V rows through an odc sub-communicator of the group's k members (module docstring).
 
-    Why two forward buffers and one meeting: a member rewrites a buffer only after the barrier of
-    the next exchange, which every member reaches only after its pulls from that buffer (stream
-    order). Backward: minibatch_begin zeroes this member's accumulator after its previous read
-    (stream order) and meets the members, so no push lands before that read; minibatch_end makes
-    every push visible. Every member makes the same sequence of exchanges (same layers, forward,
-    recomputation, backward), which keeps the uses paired."""
+    Forward: each member writes its rows into its shard of a buffer, the members meet on the
+    group's barrier, and each pulls the k shards. Backward: buffer j holds, on every member, that
+    member's part of member j's rows' gradient; each member writes its k parts, the members meet,
+    and member j pulls buffer j (k shards, nothing else) and sums it in fp32 in member order:
+    the same sum on every run, with no accumulator and no accumulation scheme (whose staging
+    would cost each group the communicator's whole staging budget).
+
+    Why two sets of buffers and one meeting per exchange: a member rewrites a buffer only after
+    the barrier of the next exchange, which every member reaches only after its pulls from that
+    buffer (stream order). Every member makes the same sequence of exchanges (same layers,
+    forward, recomputation, backward), which keeps the barriers paired."""
 
     def __init__(self, comm, rows: int, width: int, dtype: torch.dtype) -> None:
         self.comm, self.rows, self.width, self.dtype = comm, rows, width, dtype
@@ -118,86 +126,84 @@ class _OdcExchange:
             torch.device("cpu") if comm.device is None else torch.device("cuda", comm.device)
         )
         name = "bfloat16" if dtype == torch.bfloat16 else "float32"
-        self._forward = [
-            comm.alloc(rows * width, dtype=name, name=f"odc.split.kv{i}") for i in (0, 1)
+        count = rows * width
+        self._forward = [comm.alloc(count, dtype=name, name=f"odc.split.kv.{i}") for i in (0, 1)]
+        self._backward = [
+            [
+                comm.alloc(count, dtype=name, name=f"odc.split.dkv.{i}.{j}")
+                for j in range(self.members)
+            ]
+            for i in (0, 1)
         ]
         self._forward_shards = [b.tensor() for b in self._forward]
-        self._sums = comm.alloc(rows * width, accumulator=True, name="odc.split.dkv")
-        self._sums_shard = self._sums.tensor()
+        self._backward_shards = [[b.tensor() for b in parity] for parity in self._backward]
         self.uses = {"forward": 0, "backward": 0}  # exchanges made (tests count them)
         self.elements_pulled = 0  # elements this member gathered, all exchanges
-        self.elements_pushed = 0  # elements this member pushed, all exchanges
 
-    def _check(self, flat: torch.Tensor, capacity: int, what: str) -> None:
+    def _check(self, flat: torch.Tensor, what: str) -> None:
         if flat.dtype != self.dtype or flat.device != self.device:
             raise InvalidArgument(
                 f"odc.torch.split: the group's K/V exchange was prepared for {self.dtype} on "
                 f"{self.device}, got {flat.dtype} on {flat.device} ({what})"
             )
-        if flat.numel() > capacity:
+        if flat.numel() > self.rows * self.width:
             raise InvalidArgument(
-                f"odc.torch.split: {what}: {flat.numel()} elements exceed the {capacity} the "
-                "group was prepared for (pass every split of the run to prepare(), or a "
-                "kv_width that matches the model's 2 x key/value heads x head dim)"
+                f"odc.torch.split: {what}: {flat.numel()} elements exceed the "
+                f"{self.rows * self.width} the group was prepared for (pass every split of the "
+                "run to prepare(), and a kv_width of 2 x key/value heads x head dim)"
             )
 
-    def _host_view(self, tensor: torch.Tensor):
-        """What odc's host calls take: numpy, bfloat16 as its uint16 bits."""
-        if tensor.dtype == torch.bfloat16:
-            return tensor.view(torch.uint16).numpy()
-        return tensor.numpy()
+    def _pull(self, buffer) -> torch.Tensor:
+        """[members, shard] of `buffer`'s k shards."""
+        pulled = torch.empty(
+            (self.members, self.rows * self.width), dtype=self.dtype, device=self.device
+        )
+        out = pulled.view(-1)
+        if self.comm.device is None:  # host calls take numpy; bfloat16 as its uint16 bits
+            out = out.view(torch.uint16).numpy() if self.dtype == torch.bfloat16 else out.numpy()
+        self.comm.gather(out, buffer)
+        self.elements_pulled += pulled.numel()
+        return pulled
 
     def all_gather(self, rows: torch.Tensor) -> torch.Tensor:
         flat = rows.contiguous().view(-1)
-        self._check(flat, self.rows * self.width, "forward")
-        use = self.uses["forward"]
+        self._check(flat, "forward")
+        parity = self.uses["forward"] % 2
         self.uses["forward"] += 1
-        shard = self._forward_shards[use % 2]
-        shard[: flat.numel()].copy_(flat)
+        self._forward_shards[parity][: flat.numel()].copy_(flat)
         self.comm.barrier()  # every member has written its rows
-        pulled = torch.empty((self.members, shard.numel()), dtype=self.dtype, device=self.device)
-        out = pulled.view(-1)
-        self.comm.gather(
-            out if self.comm.device is not None else self._host_view(out), self._forward[use % 2]
-        )
-        self.elements_pulled += pulled.numel()
+        pulled = self._pull(self._forward[parity])
         return pulled[:, : flat.numel()].reshape(self.members * rows.shape[0], *rows.shape[1:])
 
     def reduce_scatter(self, grad: torch.Tensor, member: int) -> torch.Tensor:
         rows = grad.shape[0] // self.members
-        flat = grad.contiguous().view(self.members, -1)
-        per_member = flat.shape[1]
-        self._check(flat[0], self.rows * self.width, "backward")
+        parts = grad.contiguous().view(self.members, -1)  # [owner, this member's part]
+        self._check(parts[0], "backward")
+        parity = self.uses["backward"] % 2
         self.uses["backward"] += 1
-        if per_member < self.rows * self.width:  # each owner's slice is a whole accumulator shard
-            flat = F.pad(flat, (0, self.rows * self.width - per_member))
-        src = flat.reshape(-1)
-        self.comm.minibatch_begin()  # zeroes this member's sums, meets the members
-        if self.comm.device is None:
-            self.comm.scatter_accumulate(
-                self._host_view(src),
-                self._sums,
-                src_dtype="bfloat16" if src.dtype == torch.bfloat16 else None,
-            )
-        else:
-            self.comm.scatter_accumulate(src, self._sums)
-        self.comm.minibatch_end()  # every member's pushes are in the sums
-        self.elements_pushed += src.numel()
-        mine = self._sums_shard[:per_member].to(grad.dtype, copy=True)
-        return mine.view(rows, *grad.shape[1:])
+        size = parts.shape[1]
+        for owner, shard in enumerate(self._backward_shards[parity]):
+            shard[:size].copy_(parts[owner])
+        self.comm.barrier()  # every member has written its parts
+        pulled = self._pull(self._backward[parity][member])[:, :size]
+        mine = pulled.float().sum(0) if pulled.dtype != torch.float32 else pulled.sum(0)
+        return mine.to(grad.dtype).view(rows, *grad.shape[1:])
 
     def memory_bytes(self) -> int:
         held = self.comm.memory_bytes()
         return held["buffers"] + held["scheme"]
 
+    def _buffers(self):
+        return [*self._forward, *(b for parity in self._backward for b in parity)]
+
     def release_buffers(self) -> None:
         """Frees the buffers (collective over the members); the sub-communicator stays."""
-        self._forward_shards = self._sums_shard = None  # views first: free() refuses otherwise
-        for buffer in (*self._forward, self._sums):
+        self._forward_shards = self._backward_shards = None  # views first: free() refuses else
+        for buffer in self._buffers():
             buffer.free()
 
     def close(self) -> None:
-        self._forward_shards = self._sums_shard = None
+        self._forward_shards = self._backward_shards = None
         self.comm.close()
 
 
@@ -585,14 +591,12 @@ class SplitGroups:
 
     def stats(self) -> Dict[Tuple[int, ...], dict]:
         """Per group this rank belongs to: members, exchanges made ("forward", "backward") and,
-        for the odc exchange, the elements this rank gathered and pushed so far."""
+        for the odc exchange, the elements this rank gathered so far (k shards per exchange)."""
         out = {}
         for members, group in self._groups.items():
             record = {"members": len(members), **group.uses}
             if isinstance(group, _OdcExchange):
-                record.update(
-                    elements_pulled=group.elements_pulled, elements_pushed=group.elements_pushed
-                )
+                record["elements_pulled"] = group.elements_pulled
             out[members] = record
         return out
 
