@@ -19,11 +19,21 @@
 #include <vector>
 
 #include "core/communicator.h"
+#include "protocol_harness.h"
 #include "transport/fault/fault_transport.h"
 #include "transport/mem/mem_transport.h"
 
 namespace odc {
 namespace {
+
+using testing::comm_options_for;
+using testing::describe;
+using testing::is_scheme;
+using testing::kAllSchemes;
+using testing::mem_options_for;
+using testing::run_threads;
+using testing::Scheme;
+using testing::scheme_label;
 
 #if defined(__has_feature)
 #if __has_feature(thread_sanitizer)
@@ -93,76 +103,9 @@ Expected expected_sums(uint32_t seed, int world, int num_minibatches) {
   return e;
 }
 
-// Runs `body(rank)` on one thread per rank; returns each rank's verdict ("" = ok).
-std::vector<std::string> run_threads(int world, const std::function<std::string(int)>& body) {
-  std::vector<std::string> outcome(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] { outcome[static_cast<size_t>(rank)] = body(rank); });
-  }
-  for (auto& thread : threads) thread.join();
-  return outcome;
-}
-
-// The accumulation schemes, and the in-memory world and options that make the core pick each:
-// streamed (no remote add) with the host's steps, streamed with the device's steps (reported
-// stream-ordered as device transports are: core/device_streamed_staging.h, its fold emulated by
-// the in-memory transport), remote add, pulled (deterministic).
-enum class Scheme { kStreamed, kStreamedDevice, kRemoteAdd, kPulled };
-
-// The name scheme_name() gives it.
-const char* scheme_name_of(Scheme scheme) {
-  return scheme == Scheme::kStreamedDevice ? "streamed" : nullptr;
-}
-
-const char* scheme_label(Scheme scheme) {
-  switch (scheme) {
-    case Scheme::kStreamed:
-      return "streamed";
-    case Scheme::kStreamedDevice:
-      return "streamed-device";
-    case Scheme::kRemoteAdd:
-      return "remote-add";
-    case Scheme::kPulled:
-      return "pulled";
-  }
-  return "?";
-}
-
-// A small staging budget: rings of six 320-byte slots (and five signal words per peer), so that
-// the rings wrap many times and senders wait for credit, and 256 ranks' rings fit in memory.
-size_t test_staging_bytes(int world) {
-  return static_cast<size_t>(world) * (6 * 320 + 40);
-}
-
-mem::MemOptions mem_options_for(Scheme scheme, double timeout_s, int ranks_per_node = 0) {
-  mem::MemOptions options;
-  options.remote_fp32_add = scheme == Scheme::kRemoteAdd;
-  options.stream_ordered = scheme == Scheme::kStreamedDevice;
-  options.ranks_per_node = ranks_per_node;
-  options.timeout = std::chrono::duration<double>(timeout_s);
-  return options;
-}
-
 // Streamed makes about ten times the transport calls per minibatch (chunks).
 bool is_streamed(Scheme scheme) {
   return scheme == Scheme::kStreamed || scheme == Scheme::kStreamedDevice;
-}
-
-bool is_scheme(const Communicator& comm, Scheme scheme) {
-  const char* want =
-      scheme_name_of(scheme) != nullptr ? scheme_name_of(scheme) : scheme_label(scheme);
-  return std::string(scheme_name(comm.scheme())) == want;
-}
-
-// With pretend nodes: node-aggregated pushes (streamed schemes) with room for every accumulator.
-CommOptions comm_options_for(Scheme scheme, int world, size_t staging_bytes = 0,
-                             bool aggregate = false) {
-  CommOptions options;
-  options.deterministic = scheme == Scheme::kPulled;
-  options.staging_bytes = staging_bytes != 0 ? staging_bytes : test_staging_bytes(world);
-  options.node_aggregation_bytes = aggregate ? size_t{16} << 20 : 0;
-  return options;
 }
 
 struct RunOptions {
@@ -256,14 +199,6 @@ std::string run_rank(Communicator& comm, const RunOptions& o, const Expected& ex
     if (completed != nullptr) *completed = m + 1;
   }
   return "";
-}
-
-std::string describe(const std::vector<std::string>& outcome) {
-  std::string text;
-  for (size_t r = 0; r < outcome.size(); ++r) {
-    if (!outcome[r].empty()) text += "rank " + std::to_string(r) + ": " + outcome[r] + "\n";
-  }
-  return text;
 }
 
 void run_clean(const RunOptions& o, size_t staging_bytes = 0) {
@@ -791,9 +726,6 @@ void expect_named_failure(const FaultResult& r, int faulty, const std::string& w
     EXPECT_GT(r.completed[rank], 0) << "the fault should land mid-run";
   }
 }
-
-const Scheme kAllSchemes[] = {Scheme::kStreamed, Scheme::kStreamedDevice, Scheme::kRemoteAdd,
-                              Scheme::kPulled};
 
 TEST(Faults, RankDiesMidMinibatch) {
   for (Scheme scheme : kAllSchemes) {

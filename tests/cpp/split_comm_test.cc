@@ -6,60 +6,42 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/communicator.h"
+#include "protocol_harness.h"
 #include "transport/fault/fault_transport.h"
 #include "transport/mem/mem_transport.h"
 
 namespace odc {
 namespace {
 
-enum class Scheme { kStreamed, kStreamedDevice, kRemoteAdd, kPulled };
-const Scheme kSchemes[] = {Scheme::kStreamed, Scheme::kStreamedDevice, Scheme::kRemoteAdd,
-                           Scheme::kPulled};
-
-const char* label(Scheme scheme) {
-  switch (scheme) {
-    case Scheme::kStreamed:
-      return "streamed";
-    case Scheme::kStreamedDevice:
-      return "streamed-device";
-    case Scheme::kRemoteAdd:
-      return "remote-add";
-    case Scheme::kPulled:
-      return "pulled";
-  }
-  return "?";
-}
+using testing::comm_options_for;
+using testing::describe;
+using testing::kAllSchemes;
+using testing::mem_options_for;
+using testing::run_threads;
+using testing::Scheme;
+using testing::scheme_label;
 
 std::shared_ptr<mem::MemWorld> make_world(int world, Scheme scheme, double timeout_s = 20) {
-  mem::MemOptions options;
-  options.remote_fp32_add = scheme == Scheme::kRemoteAdd;
-  options.stream_ordered = scheme == Scheme::kStreamedDevice;
-  options.timeout = std::chrono::duration<double>(timeout_s);
-  return mem::MemWorld::create(world, options);
+  return mem::MemWorld::create(world, mem_options_for(scheme, timeout_s));
 }
 
 // A parent communicator of `rank` over a fault transport (delays, no fault) that counts bytes.
+// Its staging rings of a few slots (comm_options_for), kept by the sub-communicators too, make
+// pushes wait for credit.
 std::unique_ptr<Communicator> make_comm(const std::shared_ptr<mem::MemWorld>& world, int rank,
                                         Scheme scheme) {
   fault::FaultPlan plan;
   plan.max_delay_us = 50;
   plan.seed = 11 + static_cast<uint32_t>(rank);
-  CommOptions options;
-  options.deterministic = scheme == Scheme::kPulled;
-  // Rings of a few slots, so that pushes wait for credit (kept for the sub-communicators too).
-  options.staging_bytes = static_cast<size_t>(world->world_size()) * (6 * 320 + 40);
-  options.node_aggregation_bytes = 0;
   return std::make_unique<Communicator>(
       std::make_unique<fault::FaultTransport>(world->join(rank), plan,
                                               [world, rank] { world->kill(rank); }),
-      options);
+      comm_options_for(scheme, world->world_size()));
 }
 
 fault::FaultTransport& counted(Communicator& comm) {
@@ -70,25 +52,6 @@ size_t bytes_read(Communicator& comm) {
   size_t total = 0;
   for (int p = 0; p < comm.world_size(); ++p) total += counted(comm).bytes_read_from(p);
   return total;
-}
-
-// Runs `body(rank)` on one thread per rank; returns each rank's verdict ("" = ok).
-std::vector<std::string> run_threads(int world, const std::function<std::string(int)>& body) {
-  std::vector<std::string> outcome(static_cast<size_t>(world));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] { outcome[static_cast<size_t>(rank)] = body(rank); });
-  }
-  for (auto& thread : threads) thread.join();
-  return outcome;
-}
-
-std::string describe(const std::vector<std::string>& outcome) {
-  std::string text;
-  for (size_t r = 0; r < outcome.size(); ++r) {
-    if (!outcome[r].empty()) text += "rank " + std::to_string(r) + ": " + outcome[r] + "\n";
-  }
-  return text;
 }
 
 constexpr size_t kCount = 300;  // shard elements
@@ -165,8 +128,8 @@ std::string exchange_in_group(Communicator& group, const std::vector<int>& membe
 // their own barriers and minibatches. The two splits are destroyed in different orders.
 TEST(SplitComm, GroupsOfSeveralSizesGatherTheirShardsAndMeetAlone) {
   constexpr int kWorld = 8;
-  for (Scheme scheme : kSchemes) {
-    SCOPED_TRACE(label(scheme));
+  for (Scheme scheme : kAllSchemes) {
+    SCOPED_TRACE(scheme_label(scheme));
     auto world = make_world(kWorld, scheme);
     const auto outcome = run_threads(kWorld, [&](int rank) -> std::string {
       auto parent = make_comm(world, rank, scheme);
@@ -226,8 +189,8 @@ TEST(SplitComm, GroupsOfSeveralSizesGatherTheirShardsAndMeetAlone) {
 // the parent's minibatch goes on and ends with exact sums.
 TEST(SplitComm, UsableInsideAParentMinibatch) {
   constexpr int kWorld = 6;
-  for (Scheme scheme : kSchemes) {
-    SCOPED_TRACE(label(scheme));
+  for (Scheme scheme : kAllSchemes) {
+    SCOPED_TRACE(scheme_label(scheme));
     auto world = make_world(kWorld, scheme);
     const auto outcome = run_threads(kWorld, [&](int rank) -> std::string {
       auto parent = make_comm(world, rank, scheme);
@@ -273,8 +236,8 @@ TEST(SplitComm, UsableInsideAParentMinibatch) {
 TEST(SplitComm, MemberDeathFailsItsGroupNamingIt) {
   constexpr int kWorld = 8;
   constexpr int kDying = 5;  // rank 1 of the group of parent ranks 4, 5, 6, 7
-  for (Scheme scheme : kSchemes) {
-    SCOPED_TRACE(label(scheme));
+  for (Scheme scheme : kAllSchemes) {
+    SCOPED_TRACE(scheme_label(scheme));
     auto world = make_world(kWorld, scheme, 5);
     const auto outcome = run_threads(kWorld, [&](int rank) -> std::string {
       auto parent = make_comm(world, rank, scheme);
@@ -324,8 +287,8 @@ TEST(SplitComm, MemberDeathFailsItsGroupNamingIt) {
 // fail naming that rank and the reason; a sub-communicator's failure leaves the parent as it is.
 TEST(SplitComm, ParentFailureFailsItsSubCommunicators) {
   constexpr int kWorld = 4;
-  for (Scheme scheme : kSchemes) {
-    SCOPED_TRACE(label(scheme));
+  for (Scheme scheme : kAllSchemes) {
+    SCOPED_TRACE(scheme_label(scheme));
     auto world = make_world(kWorld, scheme, 5);
     const auto outcome = run_threads(kWorld, [&](int rank) -> std::string {
       auto parent = make_comm(world, rank, scheme);
