@@ -210,264 +210,354 @@ def _device_mesh(config: RunConfig, world_size: int, device):
     return init_device_mesh(device.type, (replicas, shards), mesh_dim_names=("replicate", "shard"))
 
 
-def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) -> Optional[dict]:
-    """One rank of one run. Self-launched (odc.launch): joins through config.store_path and
-    the odc key given. Under torchrun (the process group already initialized, key None): uses
-    that group, LOCAL_RANK's GPU and a communicator from the group (comm_from_process_group)."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    import odc
-    import odc.torch
-
-    from .data import load_token_ids, pack, pack_chunk, schedule, synthetic_tokens
-    from .memory import MemoryProbe
-    from .metrics import describe_cost
-    from .model import build_model
-    from .progress import Progress
-
-    on_gpu = config.device == "cuda"
+def _check_config(config: RunConfig) -> None:
     if config.kv_exchange not in ("nccl", "odc"):
         raise InvalidArgument(f"kv_exchange must be 'nccl' or 'odc', got {config.kv_exchange!r}")
     if config.kv_exchange == "odc" and config.comm != "odc":
         raise InvalidArgument("the odc K/V exchange (kv_exchange 'odc') needs comm 'odc'")
     if config.kv_exchange == "odc" and config.mesh is not None:
         raise InvalidArgument("the odc K/V exchange (kv_exchange 'odc') needs a flat mesh")
-    external_group = dist.is_initialized()  # torchrun: the caller owns the process group
-    local_rank = int(os.environ.get("LOCAL_RANK", rank)) if external_group else rank
-    device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
-    if on_gpu:
-        torch.cuda.set_device(local_rank)
-    if not external_group:
-        dist.init_process_group(
-            "nccl" if on_gpu else "gloo",
-            init_method=f"file://{config.store_path}",
-            rank=rank,
-            world_size=world_size,
-            device_id=device if on_gpu else None,
-        )
-    probe = MemoryProbe(on_gpu)
-    try:
-        with device:  # initialize on the device: a 7B model initialized on the CPU takes minutes
+
+
+class Run:
+    """One rank of one run, in phases, each readable on its own: `setup` (process group, sharded
+    model, optimizer, ODC engine, samples), `plan` (cost model, schedule, split groups), `step`
+    (one minibatch, timed), `collect` (memory, every rank's records, the summary on rank 0).
+    `run_rank` drives them; `close` always runs.
+
+    Self-launched (odc.launch): joins through config.store_path and the odc key given. Under
+    torchrun (the process group already initialized, key None): uses that group, LOCAL_RANK's
+    GPU and a communicator from the group (comm_from_process_group)."""
+
+    def __init__(self, rank: int, world_size: int, key: Optional[str], config: RunConfig):
+        _check_config(config)
+        self.rank, self.world_size, self.key, self.config = rank, world_size, key, config
+        self.on_gpu = config.device == "cuda"
+        self.engine = self.comm = self.splits = None
+        self.external_group = False
+        self.records: List[RankRecord] = []
+        self.losses: List[float] = []
+
+    # -- setup ---------------------------------------------------------------------------------
+    def setup(self) -> None:
+        from .memory import MemoryProbe
+
+        self._join_process_group()
+        self.probe = MemoryProbe(self.on_gpu)
+        self.model, self.optimizer, self.mesh = self._sharded_model()
+        self.engine = self._odc_engine()
+        self.trainer = _Trainer(self.model, self.optimizer, self.engine, self.device)
+        self.clock = _Clock(self.on_gpu)
+        self.samples = self._samples()
+
+    def _join_process_group(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.external_group = dist.is_initialized()  # torchrun: the caller owns the group
+        env_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+        self.local_rank = env_rank if self.external_group else self.rank
+        self.device = torch.device("cuda", self.local_rank) if self.on_gpu else torch.device("cpu")
+        if self.on_gpu:
+            torch.cuda.set_device(self.local_rank)
+        if not self.external_group:
+            dist.init_process_group(
+                "nccl" if self.on_gpu else "gloo",
+                init_method=f"file://{self.config.store_path}",
+                rank=self.rank,
+                world_size=self.world_size,
+                device_id=self.device if self.on_gpu else None,
+            )
+
+    def _sharded_model(self):
+        import torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from .model import build_model
+
+        config = self.config
+        with self.device:  # initialize on the device: a 7B model on the CPU takes minutes
             model = build_model(config.preset, seed=config.seed)
         if config.activation_checkpointing:
             model.gradient_checkpointing_enable()
         policy = MixedPrecisionPolicy(
-            param_dtype=torch.bfloat16 if on_gpu else None,
-            reduce_dtype=torch.float32 if on_gpu else None,
+            param_dtype=torch.bfloat16 if self.on_gpu else None,
+            reduce_dtype=torch.float32 if self.on_gpu else None,
         )
-        mesh = _device_mesh(config, world_size, device)
+        mesh = _device_mesh(config, self.world_size, self.device)
         for layer in model.layers:
             fully_shard(layer, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
-        optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=config.lr,
-            **({"fused": True} if config.optimizer == "adamw-fused" else {}),
-        )
-        engine = None
-        if config.comm == "odc":
-            device_index = local_rank if on_gpu else None
-            if on_gpu:
-                # odc's gather and push kernels overlap forward/backward here: sized for every SM
-                # they slowed the compute beside them (balanced 8K microbatches on 4 H200s: 0.399
-                # s with all 132 SMs, 0.391 s with 32 or 16; docs/benchmarks.md, SM budget). The
-                # user's own setting wins.
-                os.environ.setdefault("ODC_CUDA_SMS", str(TRAINING_SM_BUDGET))
-            if key is None:  # torchrun: the job's process group (its shard group on HSDP meshes)
-                group = mesh.get_group("shard") if mesh is not None else None
-                comm = odc.torch.comm_from_process_group(group, timeout=600)
-            elif mesh is None:
-                comm = odc.Comm(rank, world_size, key, timeout=600, device=device_index)
-            else:  # one communicator per replica ("node")
-                comm = odc.torch.node_comm(mesh, key, timeout=600, device=device_index)
-            engine = odc.torch.OdcFSDP(model, comm, optimizer)
-        else:
-            odc.torch.sum_gradients(model)  # the same sums as ODC (the loss is pre-scaled)
-        trainer = _Trainer(model, optimizer, engine, device)
-        clock = _Clock(on_gpu)
+        fused = {"fused": True} if config.optimizer == "adamw-fused" else {}
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, **fused)
+        return model, optimizer, mesh
 
-        vocab_size = model.config.vocab_size
-        if config.token_ids_path:
-            samples = load_token_ids(config.token_ids_path)
-            largest = max(int(s.max()) for s in samples)
-            if largest >= vocab_size:
-                raise InvalidArgument(
-                    f"'{config.token_ids_path}' holds token id {largest}, beyond the "
-                    f"{config.preset} preset's vocabulary of {vocab_size}"
-                )
-        else:
-            samples = synthetic_tokens(config.lengths, vocab_size, seed=config.seed)
-        if on_gpu:
-            torch.cuda.reset_peak_memory_stats()
-        probe.enter("setup")
-        cost, calibration = config.cost, []
-        if cost is None:
-            label = f"[{config.comm} {config.policy}] cost fit, one sample per microbatch"
-            cost, calibration = _calibrate(
-                trainer,
-                clock,
-                config.max_tokens,
-                vocab_size,
-                world_size,
-                config.seed,
-                label if rank == 0 else None,
+    def _odc_engine(self):
+        """The OdcFSDP engine over a communicator of the run (None under collective, where the
+        gradients are summed as ODC sums them: the loss is pre-scaled)."""
+        import odc
+        import odc.torch
+
+        if self.config.comm != "odc":
+            odc.torch.sum_gradients(self.model)
+            return None
+        device_index = self.local_rank if self.on_gpu else None
+        if self.on_gpu:
+            # odc's gather and push kernels overlap forward/backward here: sized for every SM
+            # they slowed the compute beside them (balanced 8K microbatches on 4 H200s: 0.399 s
+            # with all 132 SMs, 0.391 s with 32 or 16; docs/benchmarks.md, SM budget). The
+            # user's own setting wins.
+            os.environ.setdefault("ODC_CUDA_SMS", str(TRAINING_SM_BUDGET))
+        mesh = self.mesh
+        if self.key is None:  # torchrun: the job's process group (its shard group on HSDP)
+            group = mesh.get_group("shard") if mesh is not None else None
+            self.comm = odc.torch.comm_from_process_group(group, timeout=600)
+        elif mesh is None:
+            self.comm = odc.Comm(
+                self.rank, self.world_size, self.key, timeout=600, device=device_index
             )
-            if rank == 0:
+        else:  # one communicator per replica ("node")
+            self.comm = odc.torch.node_comm(mesh, self.key, timeout=600, device=device_index)
+        return odc.torch.OdcFSDP(self.model, self.comm, self.optimizer)
+
+    def _samples(self) -> list:
+        from .data import load_token_ids, synthetic_tokens
+
+        config, vocab_size = self.config, self.model.config.vocab_size
+        if not config.token_ids_path:
+            return synthetic_tokens(config.lengths, vocab_size, seed=config.seed)
+        samples = load_token_ids(config.token_ids_path)
+        largest = max(int(s.max()) for s in samples)
+        if largest >= vocab_size:
+            raise InvalidArgument(
+                f"'{config.token_ids_path}' holds token id {largest}, beyond the "
+                f"{config.preset} preset's vocabulary of {vocab_size}"
+            )
+        return samples
+
+    # -- plan ----------------------------------------------------------------------------------
+    def plan(self) -> None:
+        """The cost model (given, or fitted on this model), the plan, the split groups."""
+        import torch
+
+        from .data import schedule
+        from .metrics import describe_cost
+
+        config = self.config
+        if self.on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+        self.probe.enter("setup")
+        self.cost, self.calibration = config.cost, []
+        if self.cost is None:
+            label = f"[{config.comm} {config.policy}] cost fit, one sample per microbatch"
+            self.cost, self.calibration = _calibrate(
+                self.trainer, self.clock, config.max_tokens, self.model.config.vocab_size,
+                self.world_size, config.seed, label if self.rank == 0 else None,
+            )  # fmt: skip
+            if self.rank == 0:
                 print(
-                    f"[{config.comm} {config.policy}] fitted cost: {describe_cost(cost)} per "
-                    "microbatch",
+                    f"[{config.comm} {config.policy}] fitted cost: {describe_cost(self.cost)} "
+                    "per microbatch",
                     file=sys.stderr,
                     flush=True,
                 )
-        plan = schedule(
+        self.schedule = schedule(
             config.lengths,
-            ranks=world_size,
-            samples_per_minibatch=world_size * config.samples_per_rank,
+            ranks=self.world_size,
+            samples_per_minibatch=self.world_size * config.samples_per_rank,
             max_tokens=config.max_tokens,
             policy=config.policy,
-            cost=cost,
+            cost=self.cost,
             split=config.split,
             microbatch_memory=config.microbatch_memory,
         )
-        num_steps = min(config.steps + config.warmup_steps, len(plan["minibatches"]))
-        splits = _split_groups(config, plan["minibatches"][:num_steps], model, engine, on_gpu)
-        records, losses = [], []
-        # Everything built so far lives until the end: keep it out of the collector's scans, or a
-        # full collection (timed by allocation counts, so at the same minibatch every run) lands
-        # inside a measured minibatch.
+        minibatches = self.schedule["minibatches"]
+        self.num_steps = min(config.steps + config.warmup_steps, len(minibatches))
+        self.splits = _split_groups(
+            config, minibatches[: self.num_steps], self.model, self.engine, self.on_gpu
+        )
+
+    # -- steps ---------------------------------------------------------------------------------
+    def run_steps(self) -> None:
+        """Every planned minibatch, timed; with profile_dir, the last measured one once more
+        under the profiler, after the measured ones (its timings are not kept: the profiler
+        slows it)."""
+        from .progress import Progress
+
+        config = self.config
+        # Everything built so far lives until the end: keep it out of the collector's scans, or
+        # a full collection (timed by allocation counts, so at the same minibatch every run)
+        # lands inside a measured minibatch.
         gc.collect()
         gc.freeze()
-        steps_progress = Progress(
-            num_steps,
+        progress = Progress(
+            self.num_steps,
             f"[{config.comm} {config.policy}] minibatches ({config.warmup_steps} warm-up)",
-            enabled=rank == 0,
+            enabled=self.rank == 0,
         ).start()
-        # With profile_dir, the last measured minibatch runs once more under the profiler, after
-        # the measured ones (its timings are not kept: the profiler slows it).
-        profiled_step = num_steps - 1 if config.profile_dir and num_steps > 0 else None
-        runs = list(range(num_steps)) + ([profiled_step] if profiled_step is not None else [])
-        for run_index, step in enumerate(runs):
-            profiling = run_index >= num_steps
-            profiler = _start_profiler(torch, on_gpu) if profiling else None
-            minibatch = plan["minibatches"][step]
-            global_tokens = sum(len(samples[i]) - 1 for i in minibatch["samples"])
-            mine = minibatch["ranks"][rank]["microbatches"]
-            clock.sync()
-            dist.barrier()  # a common start: the span covers everything after it
-            start_wall = time.perf_counter()
-            start = clock.mark()
-            marks, details = [], []
-            step_loss = torch.zeros((), device=device)
-            probe.enter("minibatch_begin")
-            trainer.begin()
-            # Split chunks first (docs/design.md, "Splitting outliers"): the members meet at the
-            # start of the minibatch and no member waits for another's unrelated work; groups are
-            # disjoint.
-            for split in minibatch.get("splits", []):
-                chunk = splits.chunk(split)
-                if chunk is None:  # not a member
-                    continue
-                sample = samples[split["sample"]]
-                packed = pack_chunk(sample, chunk.pieces)
-                chunk.prefetch(device)  # its index tensors, before its clock starts (as packing)
-                begin, host = clock.mark(), time.perf_counter()
-                step_loss += trainer.microbatch(packed, global_tokens, split=chunk)
-                host = time.perf_counter() - host
-                marks.append((begin, clock.mark(), packed.num_tokens))
-                details.append(
-                    {
-                        "split": {
-                            "length": len(sample),
-                            "pieces": [list(p) for p in chunk.pieces],
-                            "members": chunk.members,
-                        },
-                        "host_seconds": host,
-                    }
-                )
-            for microbatch in mine:
-                packed = pack([samples[i] for i in microbatch])
-                probe.enter("microbatch", packed.num_tokens)
-                begin, host = clock.mark(), time.perf_counter()
-                step_loss += trainer.microbatch(packed, global_tokens)
-                host = time.perf_counter() - host
-                marks.append((begin, clock.mark(), packed.num_tokens))
-                details.append(
-                    {"lengths": [len(samples[i]) for i in microbatch], "host_seconds": host}
-                )
-            probe.enter("end_and_step")
-            tail = [time.perf_counter()]
-            trainer.end()
+        for step in range(self.num_steps):
+            record, loss = self.step(step)
+            self.records.append(record)
+            self.losses.append(loss)
+            progress.update(f"{record.span:.3f} s, loss {loss:.4f}")
+        progress.close()
+        if config.profile_dir and self.num_steps > 0:
+            import torch
+
+            profiler = _start_profiler(torch, self.on_gpu)
+            self.step(self.num_steps - 1)
+            _write_profile(profiler, config, self.rank)
+
+    def step(self, step: int):
+        """One minibatch of the plan: its split chunks, this rank's microbatches, then
+        minibatch_end, clipping, the optimizer step; returns (RankRecord, the summed loss)."""
+        import torch
+        import torch.distributed as dist
+
+        minibatch = self.schedule["minibatches"][step]
+        global_tokens = sum(len(self.samples[i]) - 1 for i in minibatch["samples"])
+        self.clock.sync()
+        dist.barrier()  # a common start: the span covers everything after it
+        start_wall, start = time.perf_counter(), self.clock.mark()
+        self._marks, self._details = [], []
+        loss = torch.zeros((), device=self.device)
+        self.probe.enter("minibatch_begin")
+        self.trainer.begin()
+        # Split chunks first (docs/design.md, "Splitting outliers"): the members meet at the
+        # start of the minibatch and no member waits for another's unrelated work.
+        for split in minibatch.get("splits", []):
+            loss += self._split_chunk(split, global_tokens)
+        for microbatch in minibatch["ranks"][self.rank]["microbatches"]:
+            loss += self._microbatch(microbatch, global_tokens)
+        record = self._tail(start_wall)
+        for begin, end, tokens in self._marks:
+            record.microbatches.append(
+                (self.clock.seconds(start, begin), self.clock.seconds(start, end), tokens)
+            )
+            record.busy += self.clock.seconds(begin, end)
+        record.details = self._details
+        dist.all_reduce(loss)  # after the timed span
+        return record, float(loss)
+
+    def _timed(self, packed, global_tokens: int, detail: dict, split=None):
+        begin, host = self.clock.mark(), time.perf_counter()
+        loss = self.trainer.microbatch(packed, global_tokens, split=split)
+        detail["host_seconds"] = time.perf_counter() - host
+        self._marks.append((begin, self.clock.mark(), packed.num_tokens))
+        self._details.append(detail)
+        return loss
+
+    def _split_chunk(self, split: dict, global_tokens: int):
+        from .data import pack_chunk
+
+        chunk = self.splits.chunk(split)
+        if chunk is None:  # not a member
+            return 0.0
+        sample = self.samples[split["sample"]]
+        packed = pack_chunk(sample, chunk.pieces)
+        chunk.prefetch(self.device)  # its index tensors, before its clock starts (as packing)
+        pieces = [list(p) for p in chunk.pieces]
+        detail = {"split": {"length": len(sample), "pieces": pieces, "members": chunk.members}}
+        return self._timed(packed, global_tokens, detail, split=chunk)
+
+    def _microbatch(self, microbatch: list, global_tokens: int):
+        from .data import pack
+
+        packed = pack([self.samples[i] for i in microbatch])
+        self.probe.enter("microbatch", packed.num_tokens)
+        detail = {"lengths": [len(self.samples[i]) for i in microbatch]}
+        return self._timed(packed, global_tokens, detail)
+
+    def _tail(self, start_wall: float) -> RankRecord:
+        """minibatch_end, clipping, the step, zero_grad and the GPU's end, each timed."""
+        import torch
+
+        self.probe.enter("end_and_step")
+        tail = [time.perf_counter()]
+        for call in (
+            self.trainer.end,
+            lambda: torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0),
+            self.optimizer.step,
+            self.optimizer.zero_grad,
+            self.clock.sync,
+        ):
+            call()
             tail.append(time.perf_counter())
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            tail.append(time.perf_counter())
-            optimizer.step()
-            tail.append(time.perf_counter())
-            optimizer.zero_grad()
-            tail.append(time.perf_counter())
-            clock.sync()
-            tail.append(time.perf_counter())
-            record = RankRecord(busy=0.0, span=tail[-1] - start_wall)
-            record.tail_phases = {
-                name: tail[i + 1] - tail[i]
-                for i, name in enumerate(("end", "clip", "step", "zero_grad", "sync"))
-            }
-            if engine is not None and engine.replica_reduction is not None:
-                record.replica_reduce = engine.replica_reduction.seconds
-                record.replica_reduce_bytes = engine.replica_reduction.bytes_per_minibatch
-            for begin, end, tokens in marks:
-                record.microbatches.append(
-                    (clock.seconds(start, begin), clock.seconds(start, end), tokens)
-                )
-                record.busy += clock.seconds(begin, end)
-            record.details = details
-            dist.all_reduce(step_loss)  # after the timed span
-            if profiling:
-                _write_profile(profiler, config, rank)
-                continue
-            losses.append(float(step_loss))
-            records.append(record)
-            steps_progress.update(f"{record.span:.3f} s, loss {losses[-1]:.4f}")
-        steps_progress.close()
-        memory = probe.summary()
+        record = RankRecord(busy=0.0, span=tail[-1] - start_wall)
+        record.tail_phases = {
+            name: tail[i + 1] - tail[i]
+            for i, name in enumerate(("end", "clip", "step", "zero_grad", "sync"))
+        }
+        reduction = self.engine.replica_reduction if self.engine is not None else None
+        if reduction is not None:
+            record.replica_reduce = reduction.seconds
+            record.replica_reduce_bytes = reduction.bytes_per_minibatch
+        return record
+
+    # -- collect -------------------------------------------------------------------------------
+    def collect(self) -> Optional[dict]:
+        """Every rank's records, peak memory and odc's flow-control counters to rank 0, which
+        returns the run's summary (the others None)."""
+        import torch.distributed as dist
+
+        from .summary import summarize_run
+
+        memory = self.probe.summary()
         peak = memory.get("torch_peak_bytes", 0)
-        if engine is not None:
-            memory.update({f"odc_{k}_bytes": v for k, v in engine.memory_bytes().items()})
-            peak += engine.symmetric_bytes
-        exchange_bytes = splits.memory_bytes()
-        splits.close()
+        if self.engine is not None:
+            memory.update({f"odc_{k}_bytes": v for k, v in self.engine.memory_bytes().items()})
+            peak += self.engine.symmetric_bytes
+        exchange_bytes = self.splits.memory_bytes()
+        self.splits.close()
         if exchange_bytes:  # the odc K/V exchange's symmetric buffers (not in torch's peak)
             memory["odc_kv_exchange_bytes"] = exchange_bytes
             peak += exchange_bytes
         # The streamed scheme's flow control (host transports): chunks sent, waits for credit.
-        stream = comm.stream_stats() if engine is not None else None
-        gathered = [None] * world_size
-        dist.all_gather_object(gathered, ([asdict(r) for r in records], peak, memory, stream))
-        if engine is not None:
-            comm.close()
-        if rank != 0:
+        stream = self.comm.stream_stats() if self.engine is not None else None
+        gathered = [None] * self.world_size
+        records = [asdict(r) for r in self.records]
+        dist.all_gather_object(gathered, (records, peak, memory, stream))
+        if self.engine is not None:
+            self.comm.close()
+        if self.rank != 0:
             return None
-        summary = _summary(config, plan, gathered, losses, num_steps, world_size)
-        summary["cost"] = list(cost)
-        if config.cost is not None:
+        summary = summarize_run(
+            self.config, self.schedule, gathered, self.losses, self.num_steps, self.world_size
+        )
+        summary["cost"] = list(self.cost)
+        if self.config.cost is not None:
             summary["cost_source"] = "given"
         else:
-            summary["cost_source"] = "fitted" if calibration else "tokens (too short to fit)"
-        summary["calibration"] = calibration
+            summary["cost_source"] = "fitted" if self.calibration else "tokens (too short to fit)"
+        summary["calibration"] = self.calibration
         # The breakdown of the rank with the largest peak (docs/benchmarks.md, memory).
         summary["memory"] = max((g for g in gathered), key=lambda g: g[1])[2]
-        if engine is not None:
+        if self.engine is not None:
             summary["odc_stream_per_rank"] = [g[3] for g in gathered]
         return summary
-    finally:
-        # What this run froze becomes collectable again: under torchrun the next run of the same
-        # command lives in this process (a frozen model kept 1.44 GiB of the 1.5b preset's
-        # memory into the next run).
+
+    def close(self) -> None:
+        """What this run froze becomes collectable again: under torchrun the next run of the
+        same command lives in this process (a frozen model kept 1.44 GiB of the 1.5b preset's
+        memory into the next run); a self-launched run leaves its process group."""
+        import torch.distributed as dist
+
         gc.unfreeze()
         gc.collect()
-        if not external_group:
+        if not self.external_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) -> Optional[dict]:
+    """One rank of one run (Run): the summary on rank 0, None elsewhere."""
+    run = Run(rank, world_size, key, config)
+    try:
+        run.setup()
+        run.plan()
+        run.run_steps()
+        return run.collect()
+    finally:
+        run.close()
 
 
 def _split_groups(config: RunConfig, minibatches, model, engine, on_gpu: bool):
@@ -523,149 +613,6 @@ def _write_profile(profiler, config: RunConfig, rank: int) -> None:
             except (AttributeError, KeyError, ValueError):
                 continue  # no CUDA column on the CPU
             table.write(f"sorted by {sort}\n{text}\n")
-
-
-def _summary(config, plan, gathered, losses, num_steps, world_size) -> dict:
-    from .metrics import MinibatchTiming, compare_prediction, predict_minibatch, summarize
-
-    timings = []
-    for step in range(config.warmup_steps, num_steps):
-        per_rank = [gathered[r][0][step] for r in range(world_size)]
-        minibatch = plan["minibatches"][step]
-        timings.append(
-            MinibatchTiming(
-                busy_seconds=[p["busy"] for p in per_rank],
-                span_seconds=max(p["span"] for p in per_rank),
-                samples=len(minibatch["samples"]),
-                tokens=sum(config.lengths[i] for i in minibatch["samples"]),
-                microbatches=[len(p["microbatches"]) for p in per_rank],
-            )
-        )
-    measured = summarize(timings)
-    # The planner's prediction for the same minibatches, under this communication mode, on the
-    # measurement's basis: time-weighted over minibatches, span against span (metrics.py).
-    mode = "odc" if config.comm == "odc" else "collective"
-    cost = tuple(plan["cost"][k] for k in ("a", "b", "c")) + (plan["cost"].get("floor", 0.0),)
-    predicted = [
-        predict_minibatch(
-            plan["minibatches"][s]["ranks"],
-            config.lengths,
-            cost,
-            mode,
-            plan["minibatches"][s].get("splits", []),
-        )
-        for s in range(config.warmup_steps, num_steps)
-    ]
-    comparison = compare_prediction(timings, predicted)
-    last = num_steps - 1
-    return {
-        "preset": config.preset,
-        "comm": config.comm,
-        "policy": config.policy,
-        "split": config.split,
-        "kv_exchange": config.kv_exchange if config.split == "auto" else None,
-        "split_samples": sum(
-            len(plan["minibatches"][s].get("splits", []))
-            for s in range(config.warmup_steps, num_steps)
-        ),
-        "ranks": world_size,
-        "device": config.device,
-        "steps_measured": len(timings),
-        "samples_per_rank": config.samples_per_rank,
-        "max_tokens": config.max_tokens,
-        "microbatch_memory": config.microbatch_memory,
-        "optimizer": config.optimizer,
-        "odc_cuda_sms": os.environ.get("ODC_CUDA_SMS") if config.comm == "odc" else None,
-        **measured,
-        # Under collective a rank's busy time includes its waits inside FSDP2's per-layer
-        # collectives, so its measured bubble is near zero by construction, not a measurement of
-        # idle time: compare step time (span) there instead.
-        "bubble_measured": config.comm == "odc",
-        **comparison,
-        # The measured minibatches' sample lengths, in plan order: with the cost model, enough to
-        # re-plan and re-simulate exactly these minibatches (dev/analysis/validate_runs.py).
-        "warmup_steps": config.warmup_steps,
-        "measured_lengths": [
-            config.lengths[i]
-            for s in range(config.warmup_steps, num_steps)
-            for i in plan["minibatches"][s]["samples"]
-        ],
-        # Each measured minibatch's span (slowest rank): the spread the table reports.
-        "minibatch_seconds": [t.span_seconds for t in timings],
-        # Per measured minibatch, the longest host time of each call after the last microbatch
-        # over the ranks (RankRecord.tail_phases).
-        "tail_phase_seconds": [
-            {
-                name: max(
-                    gathered[r][0][s]["tail_phases"].get(name, 0.0) for r in range(world_size)
-                )
-                for name in ("end", "clip", "step", "zero_grad", "sync")
-            }
-            for s in range(config.warmup_steps, num_steps)
-        ],
-        "peak_memory_bytes": max(gathered[r][1] for r in range(world_size)),
-        "losses": losses,
-        "timeline": [gathered[r][0][last]["microbatches"] for r in range(world_size)],
-        # Every measured microbatch: [minibatch][rank] -> [{"start", "end", "tokens",
-        # "host_seconds", "lengths" or "split"}] (RankRecord.details), enough to fit a cost model
-        # to what ran (dev/analysis/microbatch_fit.py) or to find host-bound microbatches.
-        "microbatch_log": [
-            [
-                [
-                    {"start": m[0], "end": m[1], "tokens": m[2], **d}
-                    for m, d in zip(gathered[r][0][s]["microbatches"], gathered[r][0][s]["details"])
-                ]
-                for r in range(world_size)
-            ]
-            for s in range(config.warmup_steps, num_steps)
-        ],
-        **_hybrid_summary(config, gathered, num_steps, world_size),
-        "last_span_seconds": max(gathered[r][0][last]["span"] for r in range(world_size)),
-        **_edges(config, gathered, num_steps, world_size),
-    }
-
-
-def _edges(config, gathered, num_steps, world_size) -> dict:
-    """Where a minibatch's time goes outside forward+backward, mean over the measured ones:
-    lead-in, from the common start to the last rank's first microbatch (minibatch_begin: under
-    ODC, publishing the shards); tail, from the last microbatch's end on any rank to the end of
-    the span (minibatch_end, gradient clipping, optimizer step). Both idle every GPU."""
-    lead_in, tail = [], []
-    for step in range(config.warmup_steps, num_steps):
-        records = [gathered[r][0][step] for r in range(world_size)]
-        firsts = [rec["microbatches"][0][0] for rec in records if rec["microbatches"]]
-        lasts = [rec["microbatches"][-1][1] for rec in records if rec["microbatches"]]
-        if firsts:
-            lead_in.append(max(firsts))
-            tail.append(max(rec["span"] for rec in records) - max(lasts))
-    return {
-        "lead_in_seconds": float(np.mean(lead_in)) if lead_in else 0.0,
-        "tail_seconds": float(np.mean(tail)) if tail else 0.0,
-    }
-
-
-def _hybrid_summary(config, gathered, num_steps, world_size) -> dict:
-    """The mesh, and for ODC on an HSDP mesh the cross-replica reduction: seconds per minibatch
-    and the fp32 bytes each rank all-reduces. A rank's time runs from its node's sums being final
-    to the reduction's end, so it includes waiting for slower nodes: the least over ranks (the
-    last node to arrive) is the reduction itself; mean over the measured minibatches.
-    Collective HSDP all-reduces inside every backward, interleaved with compute: not separable."""
-    replicas, shards = config.mesh or (1, world_size)
-    summary = {
-        "mesh": [replicas, shards],
-        "replica_reduce_seconds": None,
-        "replica_reduce_bytes": 0,
-    }
-    if config.comm == "odc" and config.mesh is not None:
-        steps = range(config.warmup_steps, num_steps)
-        per_step = [
-            min(gathered[r][0][s]["replica_reduce"] for r in range(world_size)) for s in steps
-        ]
-        summary["replica_reduce_seconds"] = float(np.mean(per_step)) if per_step else 0.0
-        summary["replica_reduce_bytes"] = max(
-            gathered[r][0][-1]["replica_reduce_bytes"] for r in range(world_size)
-        )
-    return summary
 
 
 def default_store_path(directory: str) -> str:
