@@ -23,7 +23,7 @@ usage() {
 
 here=$(cd "$(dirname "$0")" && pwd)
 stages=(node-schemes streamed deterministic deterministic-memory cuda-timing bench-before-after
-  fit torch-migration torch-frozen gpu-suite balanced-tail small-microbatch sm-budget)
+  fit torch-migration torch-frozen torch-split gpu-suite balanced-tail small-microbatch sm-budget)
 snapshot="" old="" chosen=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -285,6 +285,20 @@ import time, odc, test_cuda_comm as suite
 start = time.monotonic()
 suite.test_aborting_rank_ends_peers_device_waits_at_once()
 print(f'aborting rank named by its peer\'s device barrier in {time.monotonic() - start:.1f} s')"
+}
+
+# odc.torch.split on GPUs: a sample split over the planner's group gives the whole sample's loss
+# and gradients (tests/gpu/test_train_split_gpu.py, run without the 2-GPU gate: with one GPU its
+# 2 ranks share it and K/V go through odc sub-communicators over the CUDA transport; with 2+ GPUs
+# through NCCL subgroups too), then the CPU suite of odc.torch.split on this machine.
+stage_torch_split() {
+  local env_new
+  env_new=$(libs "$snapshot")
+  build_dirs "$snapshot"  # src_dir here (libs ran in a subshell)
+  stage split-gpu 480 env $env_new python3 -m pytest -q -p no:cacheprovider --noconftest \
+    "$src_dir/tests/gpu/test_train_split_gpu.py"
+  stage split-cpu 300 env $env_new python3 -m pytest -q -p no:cacheprovider \
+    "$src_dir/tests/python/test_torch_split.py"
 }
 
 # The GPU test suite (tests/gpu, 2+ GPUs; tests/gpu/README.md), then the C++ CUDA smoke test.
