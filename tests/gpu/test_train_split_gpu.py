@@ -83,7 +83,8 @@ def _split_rank(rank, world_size, key, store, preset, length, exchanges):
                 loss = model(*_inputs(pack_chunk(sample, chunk.pieces), device), split=chunk)
                 loss.backward()
                 layers = config.num_hidden_layers  # really exchanged: once per layer each way
-                assert chunk.exchange.uses == {"forward": layers, "backward": layers}
+                uses = {k: chunk.exchange.uses[k] for k in ("forward", "backward")}
+                assert uses == {"forward": layers, "backward": layers}, uses
             torch.cuda.synchronize()
             total = loss.detach().float().cpu()
             dist.all_reduce(total, group=host)

@@ -70,7 +70,7 @@ def _sample(index):
     return tokens, labels
 
 
-def _rank(rank, world_size, key, store, exchange):
+def _rank(rank, world_size, key, store, exchange, prepare_each=False):
     import torch.distributed as dist
 
     from odc.torch.split import SplitGroups
@@ -83,9 +83,13 @@ def _rank(rank, world_size, key, store, exchange):
             groups = SplitGroups(comm, kv_width=KV_WIDTH, dtype=torch.float32)
         else:
             groups = SplitGroups(exchange="process-group")
-        groups.prepare([entry for minibatch in SPLITS for entry in minibatch])
-        results = {}
+        if not prepare_each:
+            groups.prepare([entry for minibatch in SPLITS for entry in minibatch])
+        results, held = {}, []
         for minibatch in SPLITS:
+            if prepare_each:  # buffers for this minibatch's groups only
+                groups.prepare(minibatch)
+            held.append(groups.memory_bytes())
             for entry in minibatch:
                 chunk = groups.chunk(entry)
                 if chunk is None:
@@ -97,23 +101,22 @@ def _rank(rank, world_size, key, store, exchange):
                 grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
                 results[entry["sample"]] = (float(loss.detach()), grads)
         stats = groups.stats()
-        memory = groups.memory_bytes()
         groups.close()
-        return results, stats, memory
+        return results, stats, held
     finally:
         comm.close()
         dist.destroy_process_group()
 
 
-@functools.lru_cache(maxsize=None)  # one launch per exchange for the tests below
-def _launch(exchange):
+@functools.lru_cache(maxsize=None)  # one launch per arrangement for the tests below
+def _launch(exchange, prepare_each=False):
     with tempfile.TemporaryDirectory() as directory:
-        return odc.launch(_rank, 4, os.path.join(directory, "store"), exchange)
+        return odc.launch(_rank, 4, os.path.join(directory, "store"), exchange, prepare_each)
 
 
-@pytest.mark.parametrize("exchange", ["odc", "process-group"])
-def test_split_groups_give_the_whole_samples_loss_and_gradients(exchange):
-    per_rank = _launch(exchange)
+@pytest.mark.parametrize("exchange,prepare_each", [("odc", True), ("process-group", False)])
+def test_split_groups_give_the_whole_samples_loss_and_gradients(exchange, prepare_each):
+    per_rank = _launch(exchange, prepare_each)
     model = AttentionStack()
     for minibatch in SPLITS:
         for entry in minibatch:
@@ -132,26 +135,30 @@ def test_split_groups_give_the_whole_samples_loss_and_gradients(exchange):
                 )
 
 
-def test_odc_exchange_moves_k_shards_per_group():
+def test_odc_exchange_moves_k_shards_and_holds_the_current_groups_buffers():
     """Each exchange, forward and backward, gathers k shards for a group of k out of 4 ranks (the
-    benchmark's former exchange pulled all 4 forward and 4 x k backward); buffers exist on the
-    members only."""
-    per_rank = _launch("odc")
-    for rank, (_, stats, memory) in enumerate(per_rank):
-        prepared = {}
-        for entry in (e for minibatch in SPLITS for e in minibatch):
-            rows = max(sum(e - b for b, e in c) for c in entry["chunks"])
-            prepared[tuple(entry["ranks"])] = rows
-        mine = {m: rows for m, rows in prepared.items() if rank in m}
+    benchmark's former exchange pulled all 4 forward and 4 x k backward). Prepared per
+    minibatch, a rank holds buffers for the group it is in now only, 2 x (1 + k) shards of the
+    group's longest chunk (fp32 here), and nothing outside its groups."""
+    per_rank = _launch("odc", True)
+    for rank, (_, stats, held) in enumerate(per_rank):
+        rows_of = {}
+        for minibatch in SPLITS:
+            for entry in minibatch:
+                rows_of[tuple(entry["ranks"])] = max(
+                    sum(e - b for b, e in c) for c in entry["chunks"]
+                )
+        mine = {m: rows for m, rows in rows_of.items() if rank in m}
         assert set(stats) == set(mine)
         for members, rows in mine.items():
             record, k = stats[members], len(members)
             assert record["members"] == k < 4
             assert record["forward"] == record["backward"] == LAYERS
-            shard = rows * KV_WIDTH
-            assert record["elements_pulled"] == 2 * LAYERS * k * shard  # forward + backward
-        # 2 x (1 + k) buffers of a shard per group, on its members only (fp32), nothing else.
-        assert memory == sum(2 * (1 + len(m)) * rows * KV_WIDTH * 4 for m, rows in mine.items())
+            assert record["elements_pulled"] == 2 * LAYERS * k * rows * KV_WIDTH  # fwd + bwd
+        for minibatch, memory in zip(SPLITS, held):
+            current = [tuple(e["ranks"]) for e in minibatch if rank in e["ranks"]]
+            expected = sum(2 * (1 + len(m)) * rows_of[m] * KV_WIDTH * 4 for m in current)
+            assert memory == expected, (rank, memory, expected)
 
 
 def _errors_rank(rank, world_size, key, store):
@@ -174,6 +181,8 @@ def _errors_rank(rank, world_size, key, store):
             {"ranks": [0], "chunks": [[[0, 3]]]},
             {"ranks": [0, 5], "chunks": [[[0, 2]], [[2, 4]]]},
             {"ranks": [0, 1]},
+            {"ranks": [0, 1], "chunks": [[[0, 4]], []]},
+            {"ranks": [0, 1], "chunks": [[[0, 2]], [[3, 4]]]},
         ):
             try:
                 groups.prepare([entry])
@@ -187,7 +196,20 @@ def _errors_rank(rank, world_size, key, store):
             SplitChunk(None, 0, [[(0, 2)], [(3, 4)]])
         except InvalidArgument as error:
             found.append(str(error))
+        # A chunk whose group got new buffers (a longer chunk came) refuses to exchange.
+        entry = {"ranks": [0, 1], "chunks": [[[0, 2]], [[2, 4]]]}
+        groups.prepare([entry])
+        stale = groups.chunk(entry)
+        groups.prepare([{"ranks": [0, 1], "chunks": [[[0, 6]], [[6, 12]]]}])
+        try:
+            stale.gather_sample(torch.zeros(1, 2, 8))
+        except InvalidUsage as error:
+            found.append(str(error))
         groups.close()
+        try:
+            groups.chunk(entry)
+        except InvalidUsage as error:
+            found.append(str(error))
         return found
     finally:
         comm.close()
@@ -196,9 +218,36 @@ def _errors_rank(rank, world_size, key, store):
 def test_bad_input_is_named():
     with tempfile.TemporaryDirectory() as directory:
         found = odc.launch(_errors_rank, 2, os.path.join(directory, "store"))[0]
-    assert len(found) == 8, found
+    assert len(found) == 12, found
     assert "kv_width" in found[0] and "float32 or bfloat16" in found[1]
     assert "exchange must be one of" in found[2]
     assert "2 or more distinct ranks" in found[3] and "outside the job's 2" in found[4]
     assert "'ranks' and 'chunks'" in found[5]
-    assert "was not prepared" in found[6] and "tile" in found[7]
+    assert "member 1" in found[6] and "no tokens" in found[6]
+    assert "do not tile" in found[7]
+    assert "not among the last prepare()'s splits" in found[8] and "tile" in found[9]
+    assert "released its buffers in a later prepare()" in found[10]
+    assert "chunk() after close()" in found[11]
+
+
+def _mismatch_rank(rank, world_size, key, store):
+    from odc.torch.split import SplitGroups
+
+    comm = odc.Comm(rank, world_size, key, timeout=20)
+    try:
+        groups = SplitGroups(comm, kv_width=8, dtype=torch.float32)
+        mine = [{"ranks": [0, 1], "chunks": [[[0, 2]], [[2, 4]]]}] if rank == 0 else []
+        try:
+            groups.prepare(mine)  # rank 1 passes other splits: named, not a transport fault
+        except odc.Error as error:
+            return str(error)
+        return None
+    finally:
+        comm.close()
+
+
+def test_ranks_preparing_different_splits_fail_without_blaming_the_transport():
+    with tempfile.TemporaryDirectory() as directory:
+        messages = odc.launch(_mismatch_rank, 2, os.path.join(directory, "store"))
+    assert messages[0] is not None, messages
+    assert all("--kv-exchange nccl" not in (m or "") for m in messages), messages

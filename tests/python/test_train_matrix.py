@@ -197,3 +197,15 @@ def test_cli_refuses_through_the_matrix_with_one_line(capsys):
     assert capsys.readouterr().err.splitlines() == [
         "python -m odc.train: error: --split auto needs --policy lb-mini or lb-micro"
     ]
+
+
+def test_nvshmem_runs_exchange_kv_through_nccl():
+    """NVSHMEM cannot split a communicator: auto picks nccl there, and odc or both is refused
+    naming the flag that works."""
+    (run,) = run_matrix(split="auto", transport="nvshmem")
+    assert run.kv_exchange == "nccl"
+    (run,) = run_matrix(split="auto", transport="cuda")
+    assert run.kv_exchange == "odc"
+    for exchange in ("odc", "both"):
+        with pytest.raises(UsageError, match="--kv-exchange nccl"):
+            run_matrix(split="auto", kv_exchange=exchange, transport="nvshmem")

@@ -9,7 +9,7 @@ returns each member the gradient of its own keys and values, summed over the mem
 gradients are then those of the whole sample on one rank (tests/python/test_torch_split.py).
 
     groups = odc.torch.split.SplitGroups(comm, kv_width=2 * kv_heads * head_dim, dtype=dtype)
-    groups.prepare(all_splits_of_the_run)            # collective: every rank, same order
+    groups.prepare(minibatch["splits"])              # collective: every rank, same entries
     for entry in minibatch["splits"]:                # before the rank's own microbatches
         chunk = groups.chunk(entry)                  # None where this rank is not a member
         if chunk is not None:
@@ -22,16 +22,21 @@ Two ways to exchange K/V, each a `SplitGroups`:
     barrier and every member pulls the k members' shards; backward, each member writes its part
     of every member's rows' gradient, the group meets, and each member pulls the k parts of its
     own rows and sums them in fp32 in member order (deterministic). Every exchange pulls k
-    shards for a group of k, buffers exist on the k members only, the host never waits.
+    shards for a group of k, buffers exist on the k members only; on GPUs the meetings and pulls
+    are queued on the stream (the host does not wait), on the CPU they block.
   - `exchange="process-group"`: a torch.distributed subgroup of the default group (NCCL on GPUs,
     gloo on the CPU): all-gather forward, reduce-scatter backward (gloo: all-reduce and slice).
 
-Memory (odc exchange, per member of a group of k whose longest chunk has R tokens, K/V width W
-elements per token, element size E): 2 x (1 + k) x R x W x E (forward one buffer, backward k,
-each twice, used alternately so that one meeting per exchange suffices), e.g. 1.5b (W = 512,
-bf16), R = 16,384, k = 4: 160 MiB per member for the group's life. `memory_bytes()` reports it
+Memory (odc exchange): a group of k whose longest chunk has R tokens, K/V width W elements per
+token, element size E, holds 2 x (1 + k) x R x W x E on each member (forward one buffer,
+backward k, each twice, used alternately so that one meeting per exchange suffices), e.g. 1.5b
+(W = 512, bf16), R = 16,384, k = 4: 160 MiB. Buffers are held for the groups of the last
+`prepare()` only: prepare each minibatch's splits before it runs, and a rank holds the buffers of
+the one group it is in (the planner's groups of a minibatch are disjoint); prepare every split of
+the run at once, and it holds every group's it belongs to (up to 1.5 GiB per rank for heavy-
+tailed data on 8 ranks) but allocates nothing later. `memory_bytes()` reports what is held
 (libodc allocates it: torch's statistics do not count it). Process groups hold no buffers of
-odc's (NCCL's own are not counted).
+odc's (NCCL's own, per subgroup, are not counted).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import Error, InvalidArgument, InvalidUsage
+from ..errors import InvalidArgument, InvalidUsage
 
 __all__ = ["SplitChunk", "SplitGroups", "attention"]
 
@@ -119,7 +124,7 @@ class _OdcExchange:
     buffer (stream order). Every member makes the same sequence of exchanges (same layers,
     forward, recomputation, backward), which keeps the barriers paired."""
 
-    def __init__(self, comm, rows: int, width: int, dtype: torch.dtype) -> None:
+    def __init__(self, comm, rows: int, width: int, dtype: torch.dtype, counters: dict) -> None:
         self.comm, self.rows, self.width, self.dtype = comm, rows, width, dtype
         self.members = comm.world_size
         self.device = (
@@ -137,10 +142,17 @@ class _OdcExchange:
         ]
         self._forward_shards = [b.tensor() for b in self._forward]
         self._backward_shards = [[b.tensor() for b in parity] for parity in self._backward]
-        self.uses = {"forward": 0, "backward": 0}  # exchanges made (tests count them)
-        self.elements_pulled = 0  # elements this member gathered, all exchanges
+        # The group's counts over every set of buffers it held (SplitGroups.stats): exchanges made
+        # ("forward", "backward"; their parity picks the buffer) and elements gathered.
+        self.uses = counters
+        self.released = False
 
     def _check(self, flat: torch.Tensor, what: str) -> None:
+        if self.released:
+            raise InvalidUsage(
+                "odc.torch.split: this chunk's group released its buffers in a later prepare(); "
+                "take the chunk from SplitGroups.chunk() after the prepare() of its minibatch"
+            )
         if flat.dtype != self.dtype or flat.device != self.device:
             raise InvalidArgument(
                 f"odc.torch.split: the group's K/V exchange was prepared for {self.dtype} on "
@@ -162,7 +174,7 @@ class _OdcExchange:
         if self.comm.device is None:  # host calls take numpy; bfloat16 as its uint16 bits
             out = out.view(torch.uint16).numpy() if self.dtype == torch.bfloat16 else out.numpy()
         self.comm.gather(out, buffer)
-        self.elements_pulled += pulled.numel()
+        self.uses["elements_pulled"] += pulled.numel()
         return pulled
 
     def all_gather(self, rows: torch.Tensor) -> torch.Tensor:
@@ -196,15 +208,15 @@ class _OdcExchange:
     def _buffers(self):
         return [*self._forward, *(b for parity in self._backward for b in parity)]
 
-    def release_buffers(self) -> None:
-        """Frees the buffers (collective over the members); the sub-communicator stays."""
+    def release(self) -> None:
+        """Frees the buffers (collective over the members, after this rank's queued pulls);
+        the sub-communicator stays."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.released = True
         self._forward_shards = self._backward_shards = None  # views first: free() refuses else
         for buffer in self._buffers():
             buffer.free()
-
-    def close(self) -> None:
-        self._forward_shards = self._backward_shards = None
-        self.comm.close()
 
 
 class _GatherRows(torch.autograd.Function):
@@ -219,6 +231,24 @@ class _GatherRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return ctx.exchange.reduce_scatter(grad, ctx.member), None, None
+
+
+def _check_tiling(chunks: Sequence[Sequence[Tuple[int, int]]]) -> int:
+    """The sample's length, if every member has tokens and the chunks tile the sample from
+    token 0 (as a planner "splits" entry's do); else InvalidArgument naming the fault."""
+    for member, chunk in enumerate(chunks):
+        if not chunk or any(b >= e for b, e in chunk):
+            raise InvalidArgument(
+                f"odc.torch.split: member {member} of chunks {chunks} has no tokens or an empty "
+                "piece: every member runs a non-empty chunk"
+            )
+    pieces = sorted(p for c in chunks for p in c)
+    if pieces[0][0] != 0 or any(a[1] != b[0] for a, b in zip(pieces, pieces[1:])):
+        raise InvalidArgument(
+            f"odc.torch.split: the chunks {chunks} do not tile a sample from token 0 (a planner "
+            "'splits' entry's chunks do)"
+        )
+    return pieces[-1][1]
 
 
 def _to_device(tensor: torch.Tensor, device) -> torch.Tensor:
@@ -246,14 +276,10 @@ class SplitChunk:
         self.exchange = exchange
         self.member = member
         self.chunks = [[(int(b), int(e)) for b, e in c] for c in chunks]
-        self.length = sum(e - b for c in self.chunks for b, e in c)  # tokens of the sample
-        pieces = sorted(p for c in self.chunks for p in c)
-        tiled = bool(pieces) and pieces[0][0] == 0 and all(b < e for b, e in pieces)
-        tiled = tiled and all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
-        if not tiled or not 0 <= member < len(self.chunks):
+        self.length = _check_tiling(self.chunks)  # tokens of the sample
+        if not 0 <= member < len(self.chunks):
             raise InvalidArgument(
-                f"odc.torch.split: member {member} of chunks {self.chunks}: the chunks must tile "
-                "a sample from token 0 (a planner 'splits' entry's chunks do)"
+                f"odc.torch.split: member {member} of a split with {len(self.chunks)} members"
             )
 
     @property
@@ -467,8 +493,13 @@ class SplitGroups:
             self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.exchange, self.comm, self.kv_width, self.dtype = exchange, comm, kv_width, dtype
         self.engines = list(engines)
-        self._groups: Dict[Tuple[int, ...], object] = {}  # members -> this rank's exchange
-        self._rows: Dict[Tuple[int, ...], int] = {}  # members -> rows prepared
+        # members -> this rank's group, in creation order (the same on every rank): an odc
+        # sub-communicator or a torch.distributed subgroup exchange
+        self._members: Dict[Tuple[int, ...], object] = {}
+        self._held: Dict[Tuple[int, ...], "_OdcExchange"] = {}  # odc groups holding buffers
+        self._counters: Dict[Tuple[int, ...], dict] = {}  # members -> counts over all buffers
+        self._prepared: Dict[Tuple[int, ...], int] = {}  # members -> rows of the last prepare()
+        self.peak_bytes = 0  # the most memory_bytes() after any prepare()
         self._closed = False
 
     def __enter__(self) -> "SplitGroups":
@@ -478,34 +509,44 @@ class SplitGroups:
         self.close()
 
     def prepare(self, splits: Sequence[dict]) -> None:
-        """Collective over every rank (same `splits`, same order): makes the group of each
-        distinct member set among `splits` (planner "splits" entries, e.g. every minibatch's of
-        the run) that has none yet, sized for its longest chunk; a group prepared before grows
-        when a longer chunk comes. Meets in every new group once, so that no minibatch pays a
-        group's first meeting (NCCL: ~0.25 s on 4 H200s; docs/benchmarks.md, seventh round)."""
+        """Collective over every rank (the same `splits`, in the same order): readies the
+        groups of `splits` (planner "splits" entries) for their chunks. A distinct member set
+        gets its group once (an odc sub-communicator, or a torch.distributed subgroup that meets
+        once here, so that no minibatch pays its first meeting: NCCL ~0.25 s on 4 H200s,
+        docs/benchmarks.md, seventh round). With the odc exchange, buffers are held for these
+        splits' groups only, sized for their longest chunks: other groups' are freed, a group
+        whose chunks grew (or shrank below half) gets new ones. Call it before each minibatch
+        with its splits (least memory), or once with every split of the run (no later cost)."""
+        needs = self.connect(splits)
+        if self.exchange == "odc":
+            self._hold_buffers(needs)
+            self.peak_bytes = max(self.peak_bytes, self.memory_bytes())
+        self._prepared = needs
+
+    def connect(self, splits: Sequence[dict]) -> Dict[Tuple[int, ...], int]:
+        """Collective over every rank (the same `splits`, in the same order): makes the groups
+        of `splits` that do not exist yet, without buffers (prepare() does this too). Connect
+        every split of a run up front to keep the groups' making out of its minibatches.
+        Returns {members: the longest chunk's tokens}."""
         if self._closed:
-            raise InvalidUsage("odc.torch.split: prepare after close")
+            raise InvalidUsage("odc.torch.split: prepare() or connect() after close()")
         needs: Dict[Tuple[int, ...], int] = {}
         for entry in splits:
             members, rows = self._check_entry(entry)
             needs[members] = max(needs.get(members, 0), rows)
-        new = [m for m in needs if m not in self._rows]
-        grown = [m for m in needs if m in self._rows and needs[m] > self._rows[m]]
+        new = [m for m in needs if m not in self._members]
+        for members in new:  # creation order, the same on every rank (members or not)
+            self._members[members] = None
         if self.exchange == "odc":
-            self._make_odc_groups(new, needs)
-            for members in grown:  # every member grows its buffers, same order everywhere
-                if members in self._groups:
-                    self._groups[members] = self._regrow(self._groups[members], needs[members])
+            self._make_sub_communicators(new)
         else:
             self._make_process_groups(new)
-        for members in new + grown:
-            self._rows[members] = needs[members]
+        return needs
 
     def _check_entry(self, entry: dict) -> Tuple[Tuple[int, ...], int]:
         try:
             members = tuple(int(r) for r in entry["ranks"])
-            chunks = entry["chunks"]
-            rows = max(sum(int(e) - int(b) for b, e in c) for c in chunks)
+            chunks = [[(int(b), int(e)) for b, e in c] for c in entry["chunks"]]
         except (KeyError, TypeError, ValueError) as error:
             raise InvalidArgument(
                 f"odc.torch.split: a split entry holds 'ranks' and 'chunks' (the planner's "
@@ -520,20 +561,20 @@ class SplitGroups:
             raise InvalidArgument(
                 f"odc.torch.split: ranks {list(members)} outside the job's {self.world_size}"
             )
-        return members, rows
+        _check_tiling(chunks)  # on every rank, so that all refuse together
+        return members, max(sum(e - b for b, e in c) for c in chunks)
 
-    def _make_odc_groups(self, new: List[Tuple[int, ...]], needs) -> None:
+    def _make_sub_communicators(self, new: List[Tuple[int, ...]]) -> None:
         for round_groups in _disjoint_rounds(new):
             colour = next((i for i, m in enumerate(round_groups) if self.rank in m), None)
             members = round_groups[colour] if colour is not None else None
             key = members.index(self.rank) if members else None
             try:
                 sub = self.comm.split(colour, key=key)
-            except Error as error:
-                raise type(error)(
+            except InvalidUsage as error:  # the transport cannot split (NVSHMEM)
+                raise InvalidUsage(
                     f"{error} (odc.torch.split: the 'odc' K/V exchange needs sub-communicators; "
-                    "use exchange='process-group' on this transport)",
-                    error.code,
+                    "use exchange='process-group', odc.train's --kv-exchange nccl)"
                 ) from None
             if sub is None:
                 continue
@@ -544,15 +585,24 @@ class SplitGroups:
                     f"formed with {sub.world_size} members: ranks passed different splits to "
                     "prepare()"
                 )
-            self._groups[members] = _OdcExchange(sub, needs[members], self.kv_width, self.dtype)
+            self._members[members] = sub
 
-    def _regrow(self, exchange: "_OdcExchange", rows: int) -> "_OdcExchange":
-        """The same sub-communicator with buffers for `rows` (collective over its members)."""
-        if exchange.device.type == "cuda":
-            torch.cuda.current_stream(exchange.device).synchronize()  # no pull still reading
-        sub = exchange.comm
-        exchange.release_buffers()
-        return _OdcExchange(sub, rows, self.kv_width, self.dtype)
+    def _hold_buffers(self, needs: Dict[Tuple[int, ...], int]) -> None:
+        """Frees the buffers of groups not in `needs` (or sized far from it), then allocates for
+        the groups in `needs` lacking them; each collective over a group's members, walked in
+        creation order on every rank, so no two groups wait on each other."""
+        for members in [m for m in self._members if m in self._held]:
+            rows = self._held[members].rows
+            if members not in needs or not needs[members] <= rows <= 2 * needs[members]:
+                self._held.pop(members).release()
+        for members, sub in self._members.items():
+            if members in needs and sub is not None and members not in self._held:
+                counters = self._counters.setdefault(
+                    members, {"forward": 0, "backward": 0, "elements_pulled": 0}
+                )
+                self._held[members] = _OdcExchange(
+                    sub, needs[members], self.kv_width, self.dtype, counters
+                )
 
     def _make_process_groups(self, new: List[Tuple[int, ...]]) -> None:
         import torch.distributed as dist
@@ -569,45 +619,53 @@ class SplitGroups:
             dist.all_reduce(torch.zeros(1, device=device), group=group)  # its first meeting
             for engine in self.engines:
                 engine.allow_collectives(group)
-            self._groups[members] = _ProcessGroupExchange(group, members)
+            self._members[members] = _ProcessGroupExchange(group, members)
 
     def chunk(self, entry: dict) -> Optional[SplitChunk]:
-        """This rank's chunk of the split `entry` (a planner "splits" entry passed to prepare()),
-        or None where this rank is not one of its members."""
+        """This rank's chunk of the split `entry` (one of the last prepare()'s entries), or
+        None where this rank is not one of its members."""
+        if self._closed:
+            raise InvalidUsage("odc.torch.split: chunk() after close()")
         members, rows = self._check_entry(entry)
         if self.rank not in members:
             return None
-        if self._closed or members not in self._groups or rows > self._rows[members]:
+        if rows > self._prepared.get(members, 0):
             raise InvalidUsage(
-                f"odc.torch.split: the split over ranks {list(members)} ({rows} rows) was not "
-                "prepared: pass every split of the run to prepare() first, on every rank"
+                f"odc.torch.split: the split over ranks {list(members)} ({rows} rows) is not "
+                "among the last prepare()'s splits: prepare() each minibatch's splits (or all "
+                "of the run's) first, on every rank"
             )
-        return SplitChunk(self._groups[members], members.index(self.rank), entry["chunks"])
+        group = self._held[members] if self.exchange == "odc" else self._members[members]
+        return SplitChunk(group, members.index(self.rank), entry["chunks"])
 
     def memory_bytes(self) -> int:
-        """Bytes of odc symmetric memory the K/V exchanges hold on this rank (0: process
-        groups; NCCL's own buffers are not counted)."""
-        return sum(g.memory_bytes() for g in self._groups.values() if isinstance(g, _OdcExchange))
+        """Bytes of odc symmetric memory the K/V exchanges hold on this rank now (0 with
+        process groups: NCCL's own buffers are not counted)."""
+        return sum(group.memory_bytes() for group in self._held.values())
 
     def stats(self) -> Dict[Tuple[int, ...], dict]:
         """Per group this rank belongs to: members, exchanges made ("forward", "backward") and,
-        for the odc exchange, the elements this rank gathered so far (k shards per exchange)."""
+        for the odc exchange, the elements this rank gathered (k shards per exchange), over
+        every prepare() so far."""
         out = {}
-        for members, group in self._groups.items():
-            record = {"members": len(members), **group.uses}
-            if isinstance(group, _OdcExchange):
-                record["elements_pulled"] = group.elements_pulled
-            out[members] = record
+        for members, group in self._members.items():
+            if isinstance(group, _ProcessGroupExchange):
+                out[members] = {"members": len(members), **group.uses}
+            elif group is not None:  # an odc sub-communicator
+                counts = self._counters.get(members, {"forward": 0, "backward": 0})
+                out[members] = {"members": len(members), **counts}
         return out
 
     def close(self) -> None:
-        """Releases the odc groups (their members close them in the same order); idempotent."""
+        """Frees the odc buffers and closes the sub-communicators (collective over each group's
+        members, in creation order); idempotent. torch.distributed subgroups stay (torch
+        destroys them with the default group)."""
         if self._closed:
             return
         self._closed = True
-        for group in self._groups.values():
-            if isinstance(group, _OdcExchange):
-                if group.device.type == "cuda":
-                    torch.cuda.current_stream(group.device).synchronize()
+        for members in [m for m in self._members if m in self._held]:
+            self._held.pop(members).release()
+        for group in self._members.values():
+            if group is not None and not isinstance(group, _ProcessGroupExchange):
                 group.close()
-        self._groups.clear()
+        self._members.clear()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -281,6 +282,7 @@ def _main(argv) -> int:
         split=args.split,
         kv_exchange=args.kv_exchange,
         mesh=mesh,
+        transport=os.environ.get("ODC_TRANSPORT"),
     )
     try:
         import torch

@@ -56,12 +56,19 @@ def run_matrix(
     split: str = "off",
     kv_exchange: str = "auto",
     mesh: Optional[Tuple[int, int]] = None,
+    transport: Optional[str] = None,
 ) -> list:
     """The runs, in the order they run, for the command-line options of the same names (defaults
     as on the command line; `all_runs` is --all). `mesh` is the parsed --mesh with more than one
-    replica, or None (flat: no --mesh, or one replica). Raises UsageError for a combination that
-    cannot run, with the command line's message."""
+    replica, or None (flat: no --mesh, or one replica). `transport` is $ODC_TRANSPORT (None:
+    unset): NVSHMEM cannot split a communicator, so its runs exchange K/V through NCCL. Raises
+    UsageError for a combination that cannot run, with the command line's message."""
     _check(comm, policy, compare or all_runs, split, kv_exchange, mesh)
+    if kv_exchange in ("odc", "both") and transport == "nvshmem":
+        usage_error(
+            f"--kv-exchange {kv_exchange} needs odc sub-communicators, which the NVSHMEM "
+            "transport cannot make: use --kv-exchange nccl (or auto)"
+        )
     if all_runs:
         pairs = [(c, p) for c, policies in COMBINATIONS.items() for p in policies]
     elif compare:
@@ -83,11 +90,11 @@ def run_matrix(
     return [
         RunSpec(c, p, s, exchange, m)
         for c, p, s, m in runs
-        for exchange in _exchanges(c, s, kv_exchange, m)
+        for exchange in _exchanges(c, s, kv_exchange, m, transport)
     ]
 
 
-def _exchanges(comm: str, split: str, kv_exchange: str, mesh) -> tuple:
+def _exchanges(comm: str, split: str, kv_exchange: str, mesh, transport=None) -> tuple:
     """The K/V exchanges one (comm, policy, split) runs with: ODC runs that split take
     --kv-exchange (both: one run with each, nccl first); every other run says nccl."""
     if comm != "odc" or split != "auto":
@@ -97,7 +104,8 @@ def _exchanges(comm: str, split: str, kv_exchange: str, mesh) -> tuple:
     if kv_exchange == "auto":
         # docs/benchmarks.md: heavy-tailed, 4 H200s, odc ahead of nccl in both rounds that
         # measured the two (1.41x vs 1.38x, 1.391x vs 1.351x).
-        return ("odc" if mesh is None else "nccl",)
+        # odc needs a flat mesh (the plan's ranks are the communicator's) and sub-communicators.
+        return ("odc" if mesh is None and transport != "nvshmem" else "nccl",)
     return (kv_exchange,)
 
 

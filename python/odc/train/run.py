@@ -81,6 +81,7 @@ class RankRecord:
     # the host: kernel launches, not compute). {"lengths": [...]} for a packed microbatch,
     # {"split": {"length", "pieces", "members"}} for a split sample's chunk.
     details: List[dict] = field(default_factory=list)
+    split_prepare: float = 0.0  # host seconds of SplitGroups.prepare (inside the span)
     replica_reduce: float = 0.0  # ODC on an HSDP mesh: the cross-replica all-reduce's seconds
     replica_reduce_bytes: int = 0  # ... and the fp32 gradient bytes this rank all-reduced
     # Host seconds of each call after the last microbatch (where a minibatch's tail goes; the
@@ -421,6 +422,9 @@ class Run:
         start_wall, start = time.perf_counter(), self.clock.mark()
         self._marks, self._details = [], []
         loss = torch.zeros((), device=self.device)
+        prepare = time.perf_counter()
+        self.splits.prepare(minibatch.get("splits", []))  # odc: this minibatch's K/V buffers
+        prepare = time.perf_counter() - prepare
         self.probe.enter("minibatch_begin")
         self.trainer.begin()
         # Split chunks first (docs/design.md, "Splitting outliers"): the members meet at the
@@ -430,6 +434,7 @@ class Run:
         for microbatch in minibatch["ranks"][self.rank]["microbatches"]:
             loss += self._microbatch(microbatch, global_tokens)
         record = self._tail(start_wall)
+        record.split_prepare = prepare
         for begin, end, tokens in self._marks:
             record.microbatches.append(
                 (self.clock.seconds(start, begin), self.clock.seconds(start, end), tokens)
@@ -507,7 +512,7 @@ class Run:
         if self.engine is not None:
             memory.update({f"odc_{k}_bytes": v for k, v in self.engine.memory_bytes().items()})
             peak += self.engine.symmetric_bytes
-        exchange_bytes = self.splits.memory_bytes()
+        exchange_bytes = self.splits.peak_bytes
         self.splits.close()
         if exchange_bytes:  # the odc K/V exchange's symmetric buffers (not in torch's peak)
             memory["odc_kv_exchange_bytes"] = exchange_bytes
@@ -563,7 +568,9 @@ def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) 
 def _split_groups(config: RunConfig, minibatches, model, engine, on_gpu: bool):
     """The groups of the split samples of `minibatches` (odc.torch.split.SplitGroups), made on
     every rank before any timing: K/V through odc sub-communicators of the engine's comm
-    ("odc"), or through torch.distributed subgroups ("nccl": NCCL on GPUs, gloo on the CPU)."""
+    ("odc"), or through torch.distributed subgroups ("nccl": NCCL on GPUs, gloo on the CPU).
+    The odc buffers are held per minibatch (Run.step prepares its splits): a rank holds the
+    buffers of the one group it is in, not of every group of the run."""
     import torch
 
     from ..torch.split import SplitGroups
@@ -579,7 +586,8 @@ def _split_groups(config: RunConfig, minibatches, model, engine, on_gpu: bool):
         )
     else:
         groups = SplitGroups(exchange="process-group", engines=[engine] if engine else [])
-    groups.prepare([s for m in minibatches for s in m.get("splits", [])])
+    # Every group made now, before any timing; each minibatch prepares its own groups' buffers.
+    groups.connect([s for m in minibatches for s in m.get("splits", [])])
     return groups
 
 

@@ -109,6 +109,11 @@ def _per_minibatch_logs(config, plan, gathered, measured, world_size) -> dict:
             }
             for s in measured
         ],
+        # Per measured minibatch, the longest host time over the ranks of preparing its split
+        # groups' K/V buffers (odc.torch.split, inside the span; 0 without splits).
+        "split_prepare_seconds": [
+            max(gathered[r][0][s].get("split_prepare", 0.0) for r in ranks) for s in measured
+        ],
         # Every measured microbatch: [minibatch][rank] -> [{"start", "end", "tokens",
         # "host_seconds", "lengths" or "split"}] (RankRecord.details), enough to fit a cost
         # model to what ran (dev/analysis/microbatch_fit.py) or to find host-bound microbatches.
