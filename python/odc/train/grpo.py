@@ -1,0 +1,113 @@
+"""The arithmetic of GRPO's training phase (issue #30), kept apart from the run that schedules it:
+rollouts shaped like math RL (data/grpo_math_like.tsv), group-normalized advantages, token
+log-probabilities and entropy, the PPO clipped objective with asymmetric clipping, and the KL to a
+reference policy. Every loss here is a SUM over response tokens: the caller divides by the
+minibatch's response tokens over all ranks (odc.torch.scale_loss(loss_sum, global_tokens)), which
+is the "token-mean over the whole minibatch" normalization, the same whatever the microbatch
+counts per rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Sequence
+
+import numpy as np
+
+from ..errors import InvalidArgument
+
+CLIP_LOW, CLIP_HIGH = 0.2, 0.28  # PPO ratio clipped to [1 - 0.2, 1 + 0.28] ("clip-higher")
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One response of a GRPO group: its prompt's and its own token counts."""
+
+    group: int
+    prompt_tokens: int
+    response_tokens: int
+
+    @property
+    def length(self) -> int:
+        return self.prompt_tokens + self.response_tokens
+
+
+def read_rollouts(path: str) -> List[Rollout]:
+    """Rows `group prompt_tokens response_tokens` ('#' lines are comments), every group's rows
+    consecutive and sharing one prompt length, as data/generate_lengths.py writes them."""
+    rollouts, seen = [], set()
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            group, prompt, response = (int(v) for v in text.split())
+        except ValueError:
+            raise InvalidArgument(
+                f"{path}:{number}: expected 'group prompt_tokens response_tokens', got {line!r}"
+            ) from None
+        if prompt < 1 or response < 1:
+            raise InvalidArgument(f"{path}:{number}: token counts must be >= 1, got {line!r}")
+        previous = rollouts[-1] if rollouts else None
+        if previous is not None and previous.group == group and previous.prompt_tokens != prompt:
+            raise InvalidArgument(
+                f"{path}:{number}: group {group} has prompts of {previous.prompt_tokens} and "
+                f"{prompt} tokens (a group shares one prompt)"
+            )
+        if (previous is None or group != previous.group) and group in seen:
+            raise InvalidArgument(f"{path}:{number}: group {group}'s rows are not consecutive")
+        seen.add(group)
+        rollouts.append(Rollout(group, prompt, response))
+    if not rollouts:
+        raise InvalidArgument(f"{path}: no rollouts")
+    return rollouts
+
+
+def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float = 1e-6):
+    """GRPO's advantage of each response: its reward minus its group's mean, over the group's
+    standard deviation (+ eps); 0 for every response of a group whose rewards are all equal."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    groups = np.asarray(groups)
+    if rewards.shape != groups.shape:
+        raise InvalidArgument(f"{rewards.shape[0]} rewards for {groups.shape[0]} group ids")
+    advantages = np.zeros_like(rewards)
+    for group in np.unique(groups):
+        members = groups == group
+        values = rewards[members]
+        advantages[members] = (values - values.mean()) / (values.std() + eps)
+    return advantages
+
+
+def token_logprobs(logits, labels, ignore_index: int = -100):
+    """(log-probability of each label, the entropy of each position's distribution), fp32, 0
+    where the label is `ignore_index`; logits [T, vocab], labels [T]."""
+    import torch
+
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    valid = labels != ignore_index
+    picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    zero = torch.zeros_like(picked)
+    return torch.where(valid, picked, zero), torch.where(valid, entropy, zero)
+
+
+def ppo_clip_loss_sum(logprobs, old_logprobs, advantages, mask, low=CLIP_LOW, high=CLIP_HIGH):
+    """Sum over masked (response) tokens of the PPO clipped objective's loss,
+    -min(r * A, clip(r, 1 - low, 1 + high) * A) with r = exp(logprobs - old_logprobs); per-token
+    `advantages` (a response's advantage on each of its tokens)."""
+    import torch
+
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - low, 1.0 + high) * advantages
+    return -(torch.minimum(unclipped, clipped) * mask).sum()
+
+
+def kl_sum(logprobs, ref_logprobs, mask):
+    """Sum over masked tokens of the KL estimate to the reference policy ("k3": exp(d) - d - 1,
+    d = ref - policy log-probability; >= 0, unbiased, low variance)."""
+    import torch
+
+    delta = ref_logprobs - logprobs
+    return ((torch.exp(delta) - delta - 1.0) * mask).sum()
