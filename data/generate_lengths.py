@@ -20,11 +20,11 @@ reproducible with the Python standard library alone (`python3 data/generate_leng
 
 Draws outside the range are redrawn (not clipped), so there is no spike at the maximum; except
 grpo_math_like, where a response that reaches the maximum response length is truncated there, as a
-generation cap truncates it (about 3% of responses). Its columns are `group prompt_tokens
+generation cap truncates it (3.6% of responses). Its columns are `group prompt_tokens
 response_tokens` (G consecutive rows per group); grpo_math_like.txt holds the same samples' total
 lengths (prompt + response), one per line, for the planner and simulator.
 Resulting means: about 16.4K, 35.0K and 9.1K tokens; grpo_math_like's responses: mean about
-9.6K, standard deviation about 5.8K (published math-RL traces: mean ~9.6K, sd ~5.9K). heavy_tailed (issue #14, outliers that no
+9.7K, standard deviation about 5.7K (published math-RL traces: mean ~9.6K, sd ~5.9K). heavy_tailed (issue #14, outliers that no
 balancer can hide) has its 90th percentile at about 14K (sigma = ln(14000/2500) / 1.2816) and a few
 percent of samples above 32K.
 """
