@@ -24,8 +24,8 @@ generation cap truncates it (3.6% of responses). Its columns are `group prompt_t
 response_tokens` (G consecutive rows per group); grpo_math_like.txt holds the same samples' total
 lengths (prompt + response), one per line, for the planner and simulator.
 Resulting means: about 16.4K, 35.0K and 9.1K tokens; grpo_math_like's responses: mean about
-9.7K, standard deviation about 5.7K (published math-RL traces: mean ~9.6K, sd ~5.9K). heavy_tailed (issue #14, outliers that no
-balancer can hide) has its 90th percentile at about 14K (sigma = ln(14000/2500) / 1.2816) and a few
+9.7K, standard deviation about 5.7K (published math-RL traces: mean ~9.6K, sd ~5.9K).
+heavy_tailed (issue #14, outliers that no balancer can hide) has its 90th percentile at about 14K (sigma = ln(14000/2500) / 1.2816) and a few
 percent of samples above 32K.
 """
 
