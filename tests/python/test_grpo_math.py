@@ -80,3 +80,30 @@ def test_kl_sum_is_zero_at_the_reference_and_positive_elsewhere():
     value = float(grpo.kl_sum(logp, logp + d, mask))
     assert value == pytest.approx(sum(math.exp(x) - x - 1 for x in d.tolist()))
     assert value > 0
+
+
+def test_response_labels_put_the_loss_on_response_tokens_only():
+    tokens = torch.arange(10, 16)  # prompt 10, 11, 12; response 13, 14, 15
+    labels = grpo.response_labels(tokens, 3)
+    assert labels.tolist() == [-100, -100, 13, 14, 15, -100]
+    with pytest.raises(InvalidArgument, match="at least one token"):
+        grpo.response_labels(tokens, 6)
+
+
+def test_synthetic_rewards_are_deterministic_and_give_mixed_and_uniform_groups():
+    rollouts = grpo.read_rollouts(str(DATA / "grpo_math_like.tsv"))[:800]  # 100 groups of 8
+    rewards = grpo.synthetic_rewards(rollouts, seed=3)
+    assert set(rewards.tolist()) <= {0.0, 1.0}
+    assert (rewards == grpo.synthetic_rewards(rollouts, seed=3)).all()
+    by_group = rewards.reshape(100, 8).sum(1)
+    assert ((by_group == 0) | (by_group == 8)).any() and ((by_group > 0) & (by_group < 8)).any()
+
+
+def test_rl_steps_keep_groups_whole_and_in_order():
+    rollouts = grpo.read_rollouts(str(DATA / "grpo_math_like.tsv"))[: 8 * 10]  # 10 groups of 8
+    steps = grpo.rl_steps(rollouts, prompts_per_step=4, minibatches_per_step=2)
+    assert len(steps) == 2  # 10 groups: two steps of 4, the last 2 groups dropped
+    assert [len(mb) for step in steps for mb in step] == [16, 16, 16, 16]
+    assert steps[0][0] == list(range(16)) and steps[1][1] == list(range(48, 64))
+    with pytest.raises(InvalidArgument, match="evenly"):
+        grpo.rl_steps(rollouts, prompts_per_step=3, minibatches_per_step=2)

@@ -111,3 +111,57 @@ def kl_sum(logprobs, ref_logprobs, mask):
 
     delta = ref_logprobs - logprobs
     return ((torch.exp(delta) - delta - 1.0) * mask).sum()
+
+
+def response_labels(tokens, prompt_tokens: int, ignore_index: int = -100):
+    """Next-token labels of one rollout (prompt then response, `tokens` [L] int64) that carry a
+    loss only on the response: position t predicts token t + 1, kept where t + 1 is a response
+    token (t >= prompt_tokens - 1); every other position, and the last, is `ignore_index`."""
+    import torch
+
+    if not 1 <= prompt_tokens < len(tokens):
+        raise InvalidArgument(
+            f"a rollout of {len(tokens)} tokens cannot have a prompt of {prompt_tokens} (the "
+            "response needs at least one token)"
+        )
+    labels = torch.full_like(tokens, ignore_index)
+    labels[prompt_tokens - 1 : -1] = tokens[prompt_tokens:]
+    return labels
+
+
+def synthetic_rewards(rollouts: Sequence[Rollout], seed: int = 0) -> np.ndarray:
+    """A 0/1 reward per response, for runs without a verifier: each group draws a success rate
+    (uniform), each response succeeds with it, so some groups are all 0 or all 1 (no advantage,
+    as in real GRPO batches) and others are mixed. Deterministic in `seed`."""
+    rng = np.random.default_rng(seed)
+    rates = {g: rng.uniform() for g in sorted({r.group for r in rollouts})}
+    return np.array([float(rng.uniform() < rates[r.group]) for r in rollouts])
+
+
+def rl_steps(rollouts: Sequence[Rollout], prompts_per_step: int, minibatches_per_step: int):
+    """The RL steps over `rollouts`: each a list of `minibatches_per_step` minibatches (lists of
+    rollout indices), `prompts_per_step` whole groups per step split evenly over its minibatches
+    in order (a group is never split across minibatches). A trailing partial step is dropped."""
+    if prompts_per_step < 1 or minibatches_per_step < 1:
+        raise InvalidArgument("prompts_per_step and minibatches_per_step must be >= 1")
+    if prompts_per_step % minibatches_per_step:
+        raise InvalidArgument(
+            f"{prompts_per_step} prompts per step do not split evenly into "
+            f"{minibatches_per_step} minibatches"
+        )
+    groups: List[List[int]] = []
+    for index, rollout in enumerate(rollouts):
+        if not groups or rollouts[groups[-1][0]].group != rollout.group:
+            groups.append([])
+        groups[-1].append(index)
+    per_minibatch = prompts_per_step // minibatches_per_step
+    steps = []
+    for start in range(0, len(groups) - prompts_per_step + 1, prompts_per_step):
+        step_groups = groups[start : start + prompts_per_step]
+        steps.append(
+            [
+                [i for g in step_groups[m : m + per_minibatch] for i in g]
+                for m in range(0, prompts_per_step, per_minibatch)
+            ]
+        )
+    return steps
