@@ -107,3 +107,46 @@ def test_rl_steps_keep_groups_whole_and_in_order():
     assert steps[0][0] == list(range(16)) and steps[1][1] == list(range(48, 64))
     with pytest.raises(InvalidArgument, match="evenly"):
         grpo.rl_steps(rollouts, prompts_per_step=3, minibatches_per_step=2)
+
+
+def test_model_objective_equals_the_loss_on_whole_logits():
+    """PackedCausalLM.forward(objective=ppo_objective(...)) sums the clipped loss over logits
+    chunks; it equals the same loss on the whole microbatch's logits, value and gradients."""
+    pytest.importorskip("transformers", reason="the packed model needs transformers")
+    from odc.train import model as model_module
+    from odc.train.data import pack
+
+    model = model_module.build_model("tiny", seed=1)
+    tokens = np.random.default_rng(2).integers(0, 1024, 37)
+    packed = pack([tokens])
+    t = torch.from_numpy
+    inputs = (t(packed.input_ids), t(packed.position_ids))
+    labels = grpo.response_labels(t(packed.input_ids), 9)
+    rest = (t(packed.boundaries), packed.longest)
+    old, _ = model.token_logprobs(*inputs, labels, *rest)
+    generator = torch.Generator().manual_seed(4)
+    old = old + 0.3 * torch.randn(old.shape, generator=generator)  # ratios clip and do not
+    advantages = torch.randn(old.shape, generator=generator)
+    ref = old - 0.1
+    saved = model_module.LOSS_CHUNK_TOKENS
+    model_module.LOSS_CHUNK_TOKENS = 8  # several chunks
+    try:
+        chunked = model(
+            *inputs, labels, *rest, objective=grpo.ppo_objective(old, advantages, ref, 0.05)
+        )
+    finally:
+        model_module.LOSS_CHUNK_TOKENS = saved
+    chunked.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    hidden = model.hidden_states(*inputs, *rest)
+    logits = torch.nn.functional.linear(hidden, model.lm.lm_head.weight).float()
+    mask = (labels != -100).float()
+    logp, _ = grpo.token_logprobs(logits, labels)
+    whole = grpo.ppo_clip_loss_sum(logp, old, advantages, mask) + 0.05 * grpo.kl_sum(
+        logp, ref, mask
+    )
+    whole.backward()
+    assert float(chunked.detach()) == pytest.approx(float(whole.detach()), rel=1e-5)
+    for ours, theirs in zip(grads, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)

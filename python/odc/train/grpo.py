@@ -165,3 +165,26 @@ def rl_steps(rollouts: Sequence[Rollout], prompts_per_step: int, minibatches_per
             ]
         )
     return steps
+
+
+def ppo_objective(old_logprobs, token_advantages, ref_logprobs=None, kl_coef: float = 0.0):
+    """The actor's loss for PackedCausalLM.forward(objective=...): per chunk of logits, the
+    clipped PPO loss plus kl_coef x the KL to the reference, summed over the response tokens
+    (those whose label is not ignored). old_logprobs, token_advantages, ref_logprobs: fp32 [T]
+    of the whole microbatch (the chunk picks its rows by `begin`)."""
+    import torch
+
+    if kl_coef and ref_logprobs is None:
+        raise InvalidArgument("a KL coefficient needs the reference log-probabilities")
+
+    def objective(logits, labels, begin):
+        end = begin + logits.shape[0]
+        mask = (labels != -100).float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, labels.clamp(min=0)[:, None])[:, 0]
+        logp = logp * mask
+        loss = ppo_clip_loss_sum(logp, old_logprobs[begin:end], token_advantages[begin:end], mask)
+        if kl_coef:
+            loss = loss + kl_coef * kl_sum(logp, ref_logprobs[begin:end], mask)
+        return loss
+
+    return objective

@@ -149,9 +149,13 @@ def build_model(preset: str, seed: int = 0) -> "PackedCausalLM":
     return PackedCausalLM(Qwen2ForCausalLM._from_config(config, attn_implementation=ATTENTION_NAME))
 
 
-def _lm_head_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor):
+def _lm_head_objective(hidden, weight, labels, objective, begin: int):
+    """One chunk's logits (fp32) and their objective: the summed token cross entropy, or
+    `objective(logits, labels, begin)` (begin: the chunk's first token in the microbatch)."""
     logits = F.linear(hidden, weight).float()
-    return F.cross_entropy(logits, labels, reduction="sum", ignore_index=IGNORE_INDEX)
+    if objective is None:
+        return F.cross_entropy(logits, labels, reduction="sum", ignore_index=IGNORE_INDEX)
+    return objective(logits, labels, begin)
 
 
 class PackedCausalLM(torch.nn.Module):
@@ -175,21 +179,10 @@ class PackedCausalLM(torch.nn.Module):
             gradient_checkpointing_kwargs={"use_reentrant": False}
         )
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        labels: torch.Tensor,
-        boundaries: torch.Tensor,
-        longest: int,
-        split: Optional[split_execution.SplitChunk] = None,
-    ) -> torch.Tensor:
-        """input_ids, position_ids, labels: [T]; boundaries: int32 [documents + 1] cumulative
-        document lengths; longest: the longest document. Returns the loss summed over tokens.
-        With `split`, the inputs are this rank's chunk of a split sample (data.pack_chunk, global
-        positions and labels) and every member of its group must run it at the same time."""
+    def hidden_states(self, input_ids, position_ids, boundaries, longest, split=None):
+        """[T, hidden] of one packed microbatch (or split chunk, see forward)."""
         extra = {} if split is None else {"odc_split": split}
-        hidden = self.lm.model(
+        return self.lm.model(
             input_ids=input_ids.view(1, -1),
             position_ids=position_ids.view(1, -1),
             cu_seq_lens_q=boundaries,
@@ -198,12 +191,49 @@ class PackedCausalLM(torch.nn.Module):
             max_length_k=longest,
             **extra,
         ).last_hidden_state[0]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        labels: torch.Tensor,
+        boundaries: torch.Tensor,
+        longest: int,
+        split: Optional[split_execution.SplitChunk] = None,
+        objective=None,
+    ) -> torch.Tensor:
+        """input_ids, position_ids, labels: [T]; boundaries: int32 [documents + 1] cumulative
+        document lengths; longest: the longest document. Returns the loss summed over tokens:
+        cross entropy, or `objective(logits, labels, begin)` summed over chunks of
+        LOSS_CHUNK_TOKENS tokens (logits fp32 [chunk, vocab]; begin: the chunk's first token;
+        e.g. GRPO's clipped objective, odc.train.grpo). With `split`, the inputs are this rank's
+        chunk of a split sample (data.pack_chunk, global positions and labels) and every member
+        of its group must run it at the same time."""
+        hidden = self.hidden_states(input_ids, position_ids, boundaries, longest, split)
         weight = self.lm.lm_head.weight
         total = hidden.new_zeros((), dtype=torch.float32)
         for begin in range(0, hidden.shape[0], LOSS_CHUNK_TOKENS):
             end = begin + LOSS_CHUNK_TOKENS
             # Recomputed in backward: only one chunk's logits exist at a time.
             total = total + checkpoint(
-                _lm_head_loss_sum, hidden[begin:end], weight, labels[begin:end], use_reentrant=False
-            )
+                _lm_head_objective, hidden[begin:end], weight, labels[begin:end], objective,
+                begin, use_reentrant=False,
+            )  # fmt: skip
         return total
+
+    @torch.no_grad()
+    def token_logprobs(self, input_ids, position_ids, labels, boundaries, longest):
+        """(log-probability of each label, entropy of each position), fp32 [T], 0 where the
+        label is ignored; forward only, LOSS_CHUNK_TOKENS logits at a time."""
+        from .grpo import token_logprobs
+
+        hidden = self.hidden_states(input_ids, position_ids, boundaries, longest)
+        weight = self.lm.lm_head.weight
+        parts = [
+            token_logprobs(
+                F.linear(hidden[b : b + LOSS_CHUNK_TOKENS], weight),
+                labels[b : b + LOSS_CHUNK_TOKENS],
+            )
+            for b in range(0, hidden.shape[0], LOSS_CHUNK_TOKENS)
+        ]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
