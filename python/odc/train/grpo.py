@@ -16,6 +16,7 @@ from typing import List, Sequence
 import numpy as np
 
 from ..errors import InvalidArgument
+from .data import IGNORE_INDEX
 
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28  # PPO ratio clipped to [1 - 0.2, 1 + 0.28] ("clip-higher")
 
@@ -79,7 +80,7 @@ def group_advantages(rewards: Sequence[float], groups: Sequence[int], eps: float
     return advantages
 
 
-def token_logprobs(logits, labels, ignore_index: int = -100):
+def token_logprobs(logits, labels, ignore_index: int = IGNORE_INDEX):
     """(log-probability of each label, the entropy of each position's distribution), fp32, 0
     where the label is `ignore_index`; logits [T, vocab], labels [T]."""
     import torch
@@ -113,7 +114,7 @@ def kl_sum(logprobs, ref_logprobs, mask):
     return ((torch.exp(delta) - delta - 1.0) * mask).sum()
 
 
-def response_labels(tokens, prompt_tokens: int, ignore_index: int = -100):
+def response_labels(tokens, prompt_tokens: int, ignore_index: int = IGNORE_INDEX):
     """Next-token labels of one rollout (prompt then response, `tokens` [L] int64) that carry a
     loss only on the response: position t predicts token t + 1, kept where t + 1 is a response
     token (t >= prompt_tokens - 1); every other position, and the last, is `ignore_index`."""
@@ -179,7 +180,7 @@ def ppo_objective(old_logprobs, token_advantages, ref_logprobs=None, kl_coef: fl
 
     def objective(logits, labels, begin):
         end = begin + logits.shape[0]
-        mask = (labels != -100).float()
+        mask = (labels != IGNORE_INDEX).float()
         logp = torch.log_softmax(logits, dim=-1).gather(-1, labels.clamp(min=0)[:, None])[:, 0]
         logp = logp * mask
         loss = ppo_clip_loss_sum(logp, old_logprobs[begin:end], token_advantages[begin:end], mask)

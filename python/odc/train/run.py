@@ -1,9 +1,11 @@
-"""One rank of an `odc train` run: FSDP2 over a Qwen2 model, collective (plain FSDP2) or ODC,
-microbatches from the planner, timed per microbatch and per minibatch.
+"""One rank of an `odc train` run: FSDP2 over a Qwen2 model, one of the arms of arms.py (plain
+FSDP2, FSDP2 with deferred sync, FSDP2 unsharded, ODC), microbatches from the planner, timed per
+microbatch and per minibatch.
 
-Invariant: every rank runs the same minibatches in the same order; under `collective` every rank
-also runs the same number of microbatches (LB-Micro pads with empty ones, which still join FSDP2's
-collectives through a zero-weighted 1-token forward), under `odc` the counts may differ.
+Invariant: every rank runs the same minibatches in the same order; under `collective` and
+`fsdp2-deferred` every rank also runs the same number of microbatches (LB-Micro and lb-mini-padded
+pad with empty ones, which still join FSDP2's collectives through a zero-weighted 1-token forward),
+under `fsdp2-unsharded` and `odc` the counts may differ.
 
 Timing: on GPUs, CUDA events around every microbatch, read once per minibatch, so the host never
 waits inside a minibatch and queues work ahead as in real training; on the CPU, the wall clock.
@@ -26,8 +28,8 @@ from ..errors import InvalidArgument
 @dataclass
 class RunConfig:
     preset: str
-    comm: str  # "collective" | "odc"
-    policy: str  # "local-sort" | "lb-micro" | "lb-mini"
+    comm: str  # arms.COMMS: "collective" | "fsdp2-deferred" | "fsdp2-unsharded" | "odc"
+    policy: str  # arms.POLICIES: "local-sort" | "lb-micro" | "lb-mini" | "lb-mini-padded"
     lengths: List[int]
     device: str  # "cpu" | "cuda"
     steps: int
@@ -87,6 +89,9 @@ class RankRecord:
     # Host seconds of each call after the last microbatch (where a minibatch's tail goes; the
     # host blocks in "step" while check_minibatch waits for the GPU, in "sync" for the rest).
     tail_phases: dict = field(default_factory=dict)
+    # FSDP2 arms: the all-gathers and reduce-scatters this rank issued in the minibatch (one per
+    # FSDP2 unit each; arms.CollectiveCounter); empty under odc.
+    collectives: dict = field(default_factory=dict)
 
 
 class _Clock:
@@ -129,18 +134,21 @@ class _Trainer:
             return tensor.pin_memory().to(self.device, non_blocking=True)
         return tensor
 
-    def microbatch(self, packed, global_tokens: int, split=None):
+    def microbatch(self, packed, global_tokens: int, split=None, objective=None, labels=None):
         """Forward and backward of one packed microbatch (or, with `split`, this rank's chunk of a
-        split sample, run together with the other members); returns the detached scaled loss."""
+        split sample, run together with the other members); returns the detached scaled loss.
+        `objective` and `labels` (a device tensor) replace the cross entropy on packed.labels
+        (PackedCausalLM.forward; GRPO's clipped objective on response tokens)."""
         import odc.torch
 
         loss_sum = self.model(
             self._to_device(packed.input_ids),
             self._to_device(packed.position_ids),
-            self._to_device(packed.labels),
+            self._to_device(packed.labels) if labels is None else labels,
             self._to_device(packed.boundaries),
             packed.longest,
             split=split,
+            **({} if objective is None else {"objective": objective}),
         )
         loss = odc.torch.scale_loss(loss_sum, global_tokens)
         loss.backward()  # an empty (padding) microbatch has no labels: loss 0
@@ -212,6 +220,11 @@ def _device_mesh(config: RunConfig, world_size: int, device):
 
 
 def _check_config(config: RunConfig) -> None:
+    from .arms import check_arm
+
+    check_arm(config.comm, config.policy)
+    if config.comm in ("fsdp2-deferred", "fsdp2-unsharded") and config.split != "off":
+        raise InvalidArgument(f"comm {config.comm!r} runs without split samples (split 'off')")
     if config.kv_exchange not in ("nccl", "odc"):
         raise InvalidArgument(f"kv_exchange must be 'nccl' or 'odc', got {config.kv_exchange!r}")
     if config.kv_exchange == "odc" and config.comm != "odc":
@@ -241,12 +254,15 @@ class Run:
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
+        from .arms import CollectiveCounter, GradientSync
         from .memory import MemoryProbe
 
         self._join_process_group()
         self.probe = MemoryProbe(self.on_gpu)
         self.model, self.optimizer, self.mesh = self._sharded_model()
         self.engine = self._odc_engine()
+        self.sync = GradientSync(self.model, self.config.comm)
+        self.counter = CollectiveCounter(self.model) if self.engine is None else None
         self.trainer = _Trainer(self.model, self.optimizer, self.engine, self.device)
         self.clock = _Clock(self.on_gpu)
         self.samples = self._samples()
@@ -286,16 +302,19 @@ class Run:
             reduce_dtype=torch.float32 if self.on_gpu else None,
         )
         mesh = _device_mesh(config, self.world_size, self.device)
+        # fsdp2-unsharded keeps every layer's parameters gathered from the minibatch's start to
+        # its last backward (arms.GradientSync); the root never reshards after forward anyway.
+        reshard = config.comm != "fsdp2-unsharded"
         for layer in model.layers:
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
+            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         fused = {"fused": True} if config.optimizer == "adamw-fused" else {}
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, **fused)
         return model, optimizer, mesh
 
     def _odc_engine(self):
-        """The OdcFSDP engine over a communicator of the run (None under collective, where the
-        gradients are summed as ODC sums them: the loss is pre-scaled)."""
+        """The OdcFSDP engine over a communicator of the run (None under the FSDP2 arms, where
+        the gradients are summed as ODC sums them: the loss is pre-scaled)."""
         import odc
         import odc.torch
 
@@ -341,6 +360,7 @@ class Run:
         """The cost model (given, or fitted on this model), the plan, the split groups."""
         import torch
 
+        from .arms import adapt_plan, planner_policy
         from .data import schedule
         from .metrics import describe_cost
 
@@ -362,16 +382,19 @@ class Run:
                     file=sys.stderr,
                     flush=True,
                 )
-        self.schedule = schedule(
+        planned = schedule(
             config.lengths,
             ranks=self.world_size,
             samples_per_minibatch=self.world_size * config.samples_per_rank,
             max_tokens=config.max_tokens,
-            policy=config.policy,
+            policy=planner_policy(config.policy),
             cost=self.cost,
             split=config.split,
             microbatch_memory=config.microbatch_memory,
         )
+        # lb-mini-padded and fsdp2-unsharded pad with empty microbatches (arms.adapt_plan): the
+        # plan that runs is the plan the prediction and the logs see.
+        self.schedule = adapt_plan(planned, config.comm, config.policy)
         minibatches = self.schedule["minibatches"]
         self.num_steps = min(config.steps + config.warmup_steps, len(minibatches))
         self.splits = _split_groups(
@@ -416,7 +439,9 @@ class Run:
         import torch.distributed as dist
 
         minibatch = self.schedule["minibatches"][step]
-        global_tokens = sum(len(self.samples[i]) - 1 for i in minibatch["samples"])
+        global_tokens = self._global_tokens(minibatch)
+        if self.counter is not None:
+            self.counter.take()  # count this minibatch's collectives only (not the cost fit's)
         self.clock.sync()
         dist.barrier()  # a common start: the span covers everything after it
         start_wall, start = time.perf_counter(), self.clock.mark()
@@ -427,13 +452,18 @@ class Run:
         prepare = time.perf_counter() - prepare
         self.probe.enter("minibatch_begin")
         self.trainer.begin()
+        self.sync.begin()  # fsdp2-unsharded: every unit all-gathers here
         # Split chunks first (docs/design.md, "Splitting outliers"): the members meet at the
         # start of the minibatch and no member waits for another's unrelated work.
         for split in minibatch.get("splits", []):
             loss += self._split_chunk(split, global_tokens)
-        for microbatch in minibatch["ranks"][self.rank]["microbatches"]:
+        microbatches = minibatch["ranks"][self.rank]["microbatches"]
+        for index, microbatch in enumerate(microbatches):
+            self.sync.before_microbatch(last=index == len(microbatches) - 1)
             loss += self._microbatch(microbatch, global_tokens)
         record = self._tail(start_wall)
+        if self.counter is not None:
+            record.collectives = self.counter.take()
         record.split_prepare = prepare
         for begin, end, tokens in self._marks:
             record.microbatches.append(
@@ -444,9 +474,13 @@ class Run:
         dist.all_reduce(loss)  # after the timed span
         return record, float(loss)
 
-    def _timed(self, packed, global_tokens: int, detail: dict, split=None):
+    def _global_tokens(self, minibatch: dict) -> int:
+        """The loss normalization: the minibatch's predicted tokens on all ranks."""
+        return sum(len(self.samples[i]) - 1 for i in minibatch["samples"])
+
+    def _timed(self, packed, global_tokens: int, detail: dict, **microbatch_options):
         begin, host = self.clock.mark(), time.perf_counter()
-        loss = self.trainer.microbatch(packed, global_tokens, split=split)
+        loss = self.trainer.microbatch(packed, global_tokens, **microbatch_options)
         detail["host_seconds"] = time.perf_counter() - host
         self._marks.append((begin, self.clock.mark(), packed.num_tokens))
         self._details.append(detail)
@@ -555,7 +589,11 @@ class Run:
 
 def run_rank(rank: int, world_size: int, key: Optional[str], config: RunConfig) -> Optional[dict]:
     """One rank of one run (Run): the summary on rank 0, None elsewhere."""
-    run = Run(rank, world_size, key, config)
+    return drive(Run(rank, world_size, key, config))
+
+
+def drive(run: Run) -> Optional[dict]:
+    """A run's phases in order (its summary on rank 0); close() whatever happens."""
     try:
         run.setup()
         run.plan()
