@@ -55,7 +55,10 @@ def test_grpo_runs_under_odc_and_collectives_with_the_same_losses(runs):
         assert len(run["losses"]) == 4  # 2 RL steps x K = 2 update minibatches
         (first, second) = run["rl"]["phase_seconds"]
         assert first["old_logprobs"] > 0 and first["ref_logprobs"] > 0
+        # A random tiny model: entropy near ln(vocab) = ln(1024) = 6.93 nats per token.
+        assert all(6.0 < e < 7.0 for e in run["rl"]["entropy"])
     assert odc_run["losses"] == pytest.approx(collective["losses"], rel=1e-4, abs=1e-6)
+    assert odc_run["rl"]["entropy"] == pytest.approx(collective["rl"]["entropy"], rel=1e-5)
     assert all(len({len(r) for r in mb}) == 1 for mb in collective["microbatch_log"])  # padded
 
 

@@ -143,6 +143,9 @@ class GrpoRun(Run):
             begin = time.perf_counter()
             store.update(_all_ranks(found))  # every rank's samples, for the update's assignment
             seconds[name + "_exchange"] = time.perf_counter() - begin
+        # The policy's mean entropy over the step's response tokens (what RL runs log).
+        responses = sum(self.rollouts[i].response_tokens for i in indices)
+        seconds["entropy"] = float(sum(self.old[i][1].sum() for i in indices) / responses)
         rewards = grpo.synthetic_rewards([self.rollouts[i] for i in indices], self.rl.reward_seed)
         groups = [self.rollouts[i].group for i in indices]
         self.advantages = dict(zip(indices, grpo.group_advantages(rewards, groups)))
@@ -213,9 +216,10 @@ class GrpoRun(Run):
             "kl_coef": self.rl.kl_coef,
             # Per RL step, each forward-only phase's seconds on the slowest rank.
             "phase_seconds": [
-                {k: max(p[s][k] for p in phases) for k in phases[0][s]}
+                {k: max(p[s][k] for p in phases) for k in phases[0][s] if k != "entropy"}
                 for s in range(len(phases[0]))
             ],
+            "entropy": [p["entropy"] for p in phases[0]],  # the same on every rank
         }
         return summary
 
