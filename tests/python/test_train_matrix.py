@@ -42,10 +42,13 @@ def test_compare_runs_the_collective_baseline_first():
     assert runs(compare=True, comm="collective", policy="local-sort") == runs(compare=True)
 
 
-def test_all_runs_the_five_combinations_in_order():
+def test_all_runs_the_eight_combinations_in_order():
     assert runs(all_runs=True) == [
         ("collective", "local-sort", "off", "nccl", None),
         ("collective", "lb-micro", "off", "nccl", None),
+        ("collective", "lb-mini-padded", "off", "nccl", None),
+        ("fsdp2-deferred", "lb-micro", "off", "nccl", None),
+        ("fsdp2-unsharded", "lb-mini", "off", "nccl", None),
         ("odc", "local-sort", "off", "nccl", None),
         ("odc", "lb-micro", "off", "nccl", None),
         ("odc", "lb-mini", "off", "nccl", None),
@@ -53,14 +56,48 @@ def test_all_runs_the_five_combinations_in_order():
     assert labels(all_runs=True)[1] == "collective + lb-micro"
 
 
-def test_all_with_split_splits_every_policy_but_local_sort():
+def test_all_with_split_splits_lb_micro_and_lb_mini_under_collective_and_odc():
+    # local-sort keeps its fixed assignment; lb-mini-padded and the deferred-sync FSDP2 arms run
+    # without split samples.
     assert runs(all_runs=True, split="auto") == [
         ("collective", "local-sort", "off", "nccl", None),
         ("collective", "lb-micro", "auto", "nccl", None),
+        ("collective", "lb-mini-padded", "off", "nccl", None),
+        ("fsdp2-deferred", "lb-micro", "off", "nccl", None),
+        ("fsdp2-unsharded", "lb-mini", "off", "nccl", None),
         ("odc", "local-sort", "off", "nccl", None),
         ("odc", "lb-micro", "auto", "odc", None),
         ("odc", "lb-mini", "auto", "odc", None),
     ]
+
+
+def test_baselines_run_odc_against_the_four_fsdp2_baselines():
+    assert runs(baselines=True) == [
+        ("collective", "lb-micro", "off", "nccl", None),
+        ("fsdp2-deferred", "lb-micro", "off", "nccl", None),
+        ("fsdp2-unsharded", "lb-mini", "off", "nccl", None),
+        ("collective", "lb-mini-padded", "off", "nccl", None),
+        ("odc", "lb-mini", "off", "nccl", None),
+    ]
+    assert labels(baselines=True)[2] == "fsdp2-unsharded + lb-mini"
+    # Like --compare, --baselines chooses comm and policy itself.
+    assert runs(baselines=True, comm="collective") == runs(baselines=True)
+    assert all(r.mesh == MESH for r in run_matrix(baselines=True, mesh=MESH))
+
+
+@pytest.mark.parametrize(
+    "comm, policy",
+    [
+        ("fsdp2-deferred", "lb-micro"),
+        ("fsdp2-deferred", "lb-mini-padded"),
+        ("fsdp2-unsharded", "lb-mini"),
+        ("fsdp2-unsharded", "lb-micro"),  # equal counts are legal too
+        ("collective", "lb-mini-padded"),
+        ("odc", "lb-mini-padded"),
+    ],
+)
+def test_each_arm_is_selectable(comm, policy):
+    assert runs(comm=comm, policy=policy) == [(comm, policy, "off", "nccl", None)]
 
 
 @pytest.mark.parametrize(
@@ -141,8 +178,24 @@ def test_run_spec_is_frozen():
         (
             dict(comm="collective"),
             "lb-mini gives ranks different microbatch counts, which collective FSDP2 cannot "
-            "run: use --comm odc, or --policy lb-micro / local-sort",
+            "run (it all-gathers per layer in every microbatch): use --comm odc or "
+            "fsdp2-unsharded, or --policy lb-mini-padded / lb-micro / local-sort",
         ),
+        (
+            dict(comm="fsdp2-deferred"),
+            "lb-mini gives ranks different microbatch counts, which " "fsdp2-deferred cannot run",
+        ),
+        (
+            dict(comm="fsdp2-unsharded", split="auto"),
+            "--split auto is not supported with --comm fsdp2-unsharded",
+        ),
+        (
+            dict(comm="collective", policy="lb-mini-padded", split="auto"),
+            "--split auto needs --policy lb-mini or lb-micro",
+        ),
+        (dict(baselines=True, compare=True), "--baselines runs its own five arms"),
+        (dict(baselines=True, all_runs=True), "--baselines runs its own five arms"),
+        (dict(baselines=True, split="auto"), "--baselines runs without split samples"),
         (
             dict(policy="local-sort", split="auto"),
             "--split auto needs --policy lb-mini or lb-micro",

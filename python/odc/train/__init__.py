@@ -5,7 +5,8 @@ per-document positions and labels. metrics: busy/idle per rank, the measured bub
 planner's prediction, throughput. model: Qwen2 presets on packed microbatches (varlen attention,
 chunked loss; a split sample's chunk through odc.torch.split). calibrate: the planner's cost model
 fitted to measured times. run: one rank of a run (Run: setup, plan, steps, collect). summary: a
-run's results from every rank's records. matrix: the runs one command makes. __main__: the CLI.
+run's results from every rank's records. matrix: the runs one command makes. arms: the FSDP2
+baselines (deferred sync, unsharded) and the plans they run. __main__: the CLI.
 """
 
 from .data import PackedMicrobatch, load_token_ids, pack, schedule, synthetic_tokens

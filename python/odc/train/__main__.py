@@ -7,6 +7,7 @@ microbatches in one minibatch.
   torchrun --nproc_per_node 4 -m odc.train --lengths data/longalign_like.txt --compare
   python -m odc.train --device cpu --ranks 4 --preset tiny --length-scale 0.0078125 --compare
   python -m odc.train --lengths data/longalign_like.txt --mesh 2,2 --compare   # hybrid (HSDP)
+  python -m odc.train --lengths data/longalign_like.txt --baselines   # ODC vs 4 FSDP2 baselines
 
 Results go into a new run directory (default runs/<UTC time>/: results.json, timeline.png); an
 existing file is never overwritten. Usage errors exit with status 2 and one line, like `odc`.
@@ -60,10 +61,22 @@ def _add_data_and_machine(parser) -> None:
 
 
 def _add_run_choice(parser) -> None:
-    """Which runs: one comm x policy, or --compare / --all (matrix.run_matrix)."""
-    parser.add_argument("--comm", choices=["collective", "odc"], default="odc")
+    """Which runs: one comm x policy (an arm: docs/train.md "Arms"), or --compare / --baselines
+    / --all (matrix.run_matrix)."""
     parser.add_argument(
-        "--policy", choices=["local-sort", "lb-micro", "lb-mini"], default="lb-mini"
+        "--comm",
+        choices=["collective", "fsdp2-deferred", "fsdp2-unsharded", "odc"],
+        default="odc",
+        help="collective (FSDP2), fsdp2-deferred (FSDP2, gradient sync deferred to the last "
+        "microbatch), fsdp2-unsharded (FSDP2, resharding off and sync deferred: unequal "
+        "microbatch counts, unsharded parameters and gradients) or odc (default)",
+    )
+    parser.add_argument(
+        "--policy",
+        choices=["local-sort", "lb-micro", "lb-mini", "lb-mini-padded"],
+        default="lb-mini",
+        help="the planner's policy; lb-mini-padded: LB-Mini's plan, every rank padded to the "
+        "largest microbatch count with empty microbatches (runs under any --comm)",
     )
     parser.add_argument(
         "--compare",
@@ -71,7 +84,13 @@ def _add_run_choice(parser) -> None:
         help="run collective + lb-micro and odc + lb-mini and compare them",
     )
     parser.add_argument(
-        "--all", action="store_true", help="run all five comm x policy combinations"
+        "--baselines",
+        action="store_true",
+        help="run odc + lb-mini against the four FSDP2 baselines: collective + lb-micro, "
+        "fsdp2-deferred + lb-micro, fsdp2-unsharded + lb-mini, collective + lb-mini-padded",
+    )
+    parser.add_argument(
+        "--all", action="store_true", help="run all eight comm x policy combinations"
     )
 
 
@@ -279,6 +298,7 @@ def _main(argv) -> int:
         policy=args.policy,
         compare=args.compare,
         all_runs=args.all,
+        baselines=args.baselines,
         split=args.split,
         kv_exchange=args.kv_exchange,
         mesh=mesh,
@@ -449,7 +469,7 @@ def _loss_verdict(results) -> str:
     if worst <= tolerance:
         return (
             f"losses: AGREE across the {len(results)} runs (max relative difference {worst:.1e} "
-            f"over {steps} minibatches, tolerance {tolerance:g}): both modes train the same model"
+            f"over {steps} minibatches, tolerance {tolerance:g}): all runs train the same model"
         )
     return (
         f"losses: DIFFER across runs (max relative difference {worst:.1e} over {steps} "
@@ -490,7 +510,7 @@ def _print_runs(results) -> list:
     spans_known = all(r.get("minibatch_seconds") for r in results)
     step_header = "step s min / median / max" if spans_known else "step s"
     print(
-        f"\n{'comm':10} {'policy':17} {'samples/s':>10} {'tokens/s':>10} {step_header:>25} "
+        f"\n{'comm':15} {'policy':17} {'samples/s':>10} {'tokens/s':>10} {step_header:>25} "
         f"{'pred s':>7} {'err':>6} {'bubble':>7} {'predicted':>9} {'peak GiB':>8}  speedup"
     )
     verdicts = []
@@ -505,7 +525,7 @@ def _print_runs(results) -> list:
         if verdict:
             verdicts.append(verdict)
         print(
-            f"{r['comm']:10} {_run_label(r):17} {r['samples_per_second']:10.2f} "
+            f"{r['comm']:15} {_run_label(r):17} {r['samples_per_second']:10.2f} "
             f"{r['tokens_per_second']:10.0f} {steps:>25} {predicted_step:7.3f} "
             f"{100 * r['span_error']:+5.1f}% {measured} "
             f"{100 * r['predicted_bubble']:8.1f}% {peak:>8}  {speedup}"
@@ -540,10 +560,11 @@ legend: step s      wall time of one minibatch on the slowest rank, over the {me
         pred s, err the planner's predicted seconds per minibatch; err = predicted / measured - 1
         bubble      measured share of the ranks' time spent idle, 1 - sum(busy) / (ranks x
                     sum(span)) over the measured minibatches, busy = time inside forward+backward;
-                    n/a under collective: waits inside FSDP2's collectives count as busy there, so
-                    idle time is not measured (compare step times instead)
+                    n/a under the FSDP2 arms: waits inside FSDP2's collectives count as busy
+                    there, so idle time is not measured (compare step times instead)
         predicted   the planner's bubble for the same minibatches, from its cost model above,
-                    weighted by time like the measured one
+                    weighted by time like the measured one (ranks meeting per microbatch under
+                    collective and fsdp2-deferred, at the minibatch's edges otherwise)
         peak GiB    peak GPU memory per rank incl. odc's buffers; n/a = not measured (CPU)
         speedup     samples/s against the first row; in brackets the range over the minibatches
                     (same samples in both runs); a range that straddles 1.00x means no
@@ -583,7 +604,7 @@ def print_mesh_table(results) -> None:
     if all(r.get("mesh", [1])[0] == 1 for r in results):
         return
     print(
-        f"\n{'comm':10} {'policy':10} {'mesh RxS':>8} {'cross-replica s':>15} "
+        f"\n{'comm':15} {'policy':14} {'mesh RxS':>8} {'cross-replica s':>15} "
         f"{'MiB/rank':>9} {'peak GiB':>9}"
     )
     for r in results:
@@ -593,7 +614,7 @@ def print_mesh_table(results) -> None:
         if replicas == 1:
             reduce = f"{'-':>15}"
         print(
-            f"{r['comm']:10} {r['policy']:10} {f'{replicas}x{shards}':>8} {reduce} "
+            f"{r['comm']:15} {r['policy']:14} {f'{replicas}x{shards}':>8} {reduce} "
             f"{r.get('replica_reduce_bytes', 0) / 2**20:9.1f} {r['peak_memory_bytes'] / 2**30:9.2f}"
         )
 

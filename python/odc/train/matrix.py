@@ -1,5 +1,5 @@
-"""The runs one `python -m odc.train` command makes: --comm/--policy, --compare or --all, each with
---split, --kv-exchange and --mesh. A pure function of those options (no printing, launching or
+"""The runs one `python -m odc.train` command makes: --comm/--policy, --compare, --baselines or
+--all, each with --split, --kv-exchange and --mesh. A pure function of those options (no printing, launching or
 files), so the matrix is tested without training. Invariant: a run exchanges K/V through odc only
 if it is an ODC run that splits; every other run says "nccl" (or splits nothing).
 """
@@ -11,12 +11,26 @@ from typing import Optional, Tuple
 
 from ..errors import InvalidArgument
 
-# The comm x policy pairs of --all, in its order. Collective FSDP2 cannot run lb-mini: it gives
-# ranks different microbatch counts, and every rank must enter each collective.
+# The comm x policy pairs of --all, in its order (the arms: arms.py, docs/train.md "Arms").
+# Collective FSDP2 and fsdp2-deferred cannot run lb-mini: it gives ranks different microbatch
+# counts, and they all-gather per layer in every microbatch, which every rank must enter.
 COMBINATIONS = {
-    "collective": ("local-sort", "lb-micro"),
+    "collective": ("local-sort", "lb-micro", "lb-mini-padded"),
+    "fsdp2-deferred": ("lb-micro",),
+    "fsdp2-unsharded": ("lb-mini",),
     "odc": ("local-sort", "lb-micro", "lb-mini"),
 }
+# --baselines: ODC + LB-Mini against the strongest FSDP2 arms on the same plan inputs (issue #30,
+# docs/design.md "Baselines"), the plain FSDP2 baseline first (the table's reference row).
+BASELINES = (
+    ("collective", "lb-micro"),
+    ("fsdp2-deferred", "lb-micro"),
+    ("fsdp2-unsharded", "lb-mini"),
+    ("collective", "lb-mini-padded"),
+    ("odc", "lb-mini"),
+)
+# The FSDP2 arms that do not split samples (yet): their runs have split "off".
+NO_SPLIT = ("fsdp2-deferred", "fsdp2-unsharded")
 
 
 class UsageError(InvalidArgument):
@@ -32,8 +46,8 @@ def usage_error(message: str):
 class RunSpec:
     """One run of the command: what `RunConfig` takes from the matrix."""
 
-    comm: str  # "collective" | "odc"
-    policy: str  # "local-sort" | "lb-micro" | "lb-mini"
+    comm: str  # "collective" | "fsdp2-deferred" | "fsdp2-unsharded" | "odc" (arms.COMMS)
+    policy: str  # "local-sort" | "lb-micro" | "lb-mini" | "lb-mini-padded" (arms.POLICIES)
     split: str  # "off" | "auto"
     kv_exchange: str  # "nccl" | "odc": how a split group exchanges K/V
     mesh: Optional[Tuple[int, int]]  # (replicas, shards) of an HSDP mesh; None: flat (1-D)
@@ -53,6 +67,7 @@ def run_matrix(
     policy: str = "lb-mini",
     compare: bool = False,
     all_runs: bool = False,
+    baselines: bool = False,
     split: str = "off",
     kv_exchange: str = "auto",
     mesh: Optional[Tuple[int, int]] = None,
@@ -63,7 +78,11 @@ def run_matrix(
     replica, or None (flat: no --mesh, or one replica). `transport` is $ODC_TRANSPORT (None:
     unset): NVSHMEM cannot split a communicator, so its runs exchange K/V through NCCL. Raises
     UsageError for a combination that cannot run, with the command line's message."""
-    _check(comm, policy, compare or all_runs, split, kv_exchange, mesh)
+    _check(comm, policy, compare or all_runs or baselines, split, kv_exchange, mesh)
+    if baselines and (compare or all_runs):
+        usage_error("--baselines runs its own five arms: drop --compare/--all")
+    if baselines and split == "auto":
+        usage_error("--baselines runs without split samples (the FSDP2 arms cannot split yet)")
     if kv_exchange in ("odc", "both") and transport == "nvshmem":
         usage_error(
             f"--kv-exchange {kv_exchange} needs odc sub-communicators, which the NVSHMEM "
@@ -71,6 +90,8 @@ def run_matrix(
         )
     if all_runs:
         pairs = [(c, p) for c, policies in COMBINATIONS.items() for p in policies]
+    elif baselines:
+        pairs = list(BASELINES)
     elif compare:
         pairs = [("collective", "lb-micro"), ("odc", "lb-mini")]
     else:
@@ -78,7 +99,7 @@ def run_matrix(
     # (comm, policy, split, mesh): with --split auto, lb-micro and lb-mini split (issue #14), and
     # --compare adds the strongest collective baseline, collective + lb-micro + split (this
     # replaces the pairs even with --all).
-    runs = [(c, p, split if p != "local-sort" else "off", mesh) for c, p in pairs]
+    runs = [(c, p, _split_of(c, p, split), mesh) for c, p in pairs]
     if compare and split == "auto":
         runs = [
             ("collective", "lb-micro", "off", mesh),
@@ -92,6 +113,14 @@ def run_matrix(
         for c, p, s, m in runs
         for exchange in _exchanges(c, s, kv_exchange, m, transport)
     ]
+
+
+def _split_of(comm: str, policy: str, split: str) -> str:
+    """A run's split: --split, except for local-sort (a fixed assignment), lb-mini-padded and the
+    arms of NO_SPLIT, which run without split samples."""
+    if policy in ("local-sort", "lb-mini-padded") or comm in NO_SPLIT:
+        return "off"
+    return split
 
 
 def _exchanges(comm: str, split: str, kv_exchange: str, mesh, transport=None) -> tuple:
@@ -112,13 +141,17 @@ def _exchanges(comm: str, split: str, kv_exchange: str, mesh, transport=None) ->
 def _check(comm, policy, several: bool, split, kv_exchange, mesh) -> None:
     """Refuses what cannot run. --compare and --all (`several`) choose comm and policy
     themselves, so --comm/--policy are not checked against them."""
-    if comm == "collective" and policy == "lb-mini" and not several:
+    if comm in ("collective", "fsdp2-deferred") and policy == "lb-mini" and not several:
+        name = "collective FSDP2" if comm == "collective" else "fsdp2-deferred"
         usage_error(
-            "lb-mini gives ranks different microbatch counts, which collective FSDP2 "
-            "cannot run: use --comm odc, or --policy lb-micro / local-sort"
+            f"lb-mini gives ranks different microbatch counts, which {name} cannot run "
+            "(it all-gathers per layer in every microbatch): use --comm odc or "
+            "fsdp2-unsharded, or --policy lb-mini-padded / lb-micro / local-sort"
         )
-    if split == "auto" and policy == "local-sort" and not several:
+    if split == "auto" and policy in ("local-sort", "lb-mini-padded") and not several:
         usage_error("--split auto needs --policy lb-mini or lb-micro")
+    if split == "auto" and comm in NO_SPLIT and not several:
+        usage_error(f"--split auto is not supported with --comm {comm}: use collective or odc")
     if kv_exchange in ("auto", "nccl"):
         return
     if split != "auto":

@@ -48,6 +48,9 @@ def _what_ran(config, plan, measured, world_size) -> dict:
         # Under collective a rank's busy time includes its waits inside FSDP2's per-layer
         # collectives, so its measured bubble is near zero by construction, not a measurement of
         # idle time: compare step time (span) there instead.
+        # The FSDP2 arms wait inside collectives that run within microbatches (fsdp2-unsharded:
+        # the last backward's reduce-scatters, where a rank that finished early waits for the
+        # rest), so the same holds there.
         "bubble_measured": config.comm == "odc",
         "warmup_steps": config.warmup_steps,
     }
@@ -72,7 +75,9 @@ def _measured_and_predicted(config, plan, gathered, measured, world_size) -> dic
                 microbatches=[len(p["microbatches"]) for p in per_rank],
             )
         )
-    mode = "odc" if config.comm == "odc" else "collective"
+    from .arms import prediction_mode
+
+    mode = prediction_mode(config.comm)
     cost = tuple(plan["cost"][k] for k in ("a", "b", "c")) + (plan["cost"].get("floor", 0.0),)
     predicted = [
         predict_minibatch(
@@ -113,6 +118,12 @@ def _per_minibatch_logs(config, plan, gathered, measured, world_size) -> dict:
         # groups' K/V buffers (odc.torch.split, inside the span; 0 without splits).
         "split_prepare_seconds": [
             max(gathered[r][0][s].get("split_prepare", 0.0) for r in ranks) for s in measured
+        ],
+        # FSDP2 arms: per measured minibatch and rank, the all-gathers and reduce-scatters it
+        # issued ({"all_gather", "reduce_scatter"}, one per FSDP2 unit each time; None under odc):
+        # what the arm did, e.g. fsdp2-deferred's one reduce-scatter per unit per minibatch.
+        "fsdp2_collectives": [
+            [gathered[r][0][s].get("collectives") or None for r in ranks] for s in measured
         ],
         # Every measured microbatch: [minibatch][rank] -> [{"start", "end", "tokens",
         # "host_seconds", "lengths" or "split"}] (RankRecord.details), enough to fit a cost
