@@ -55,6 +55,26 @@ def _add_data_and_machine(parser) -> None:
     source.add_argument(
         "--jsonl", help='token ids, one JSON list (or {"input_ids": [...]}) per line'
     )
+    source.add_argument(
+        "--rollouts",
+        help="GRPO rollouts, 'group prompt_tokens response_tokens' per line "
+        "(data/grpo_math_like.tsv): --task grpo, synthetic tokens",
+    )
+    parser.add_argument(
+        "--task",
+        choices=["sft", "grpo"],
+        default="sft",
+        help="sft (default): next-token loss on every token; grpo: GRPO's training phase per RL "
+        "step (old and reference log-probs forward only, then the actor update over "
+        "--minibatches-per-step minibatches; docs/train.md)",
+    )
+    parser.add_argument("--prompts-per-step", type=int, default=8, help="grpo: groups per RL step")
+    parser.add_argument(
+        "--minibatches-per-step", type=int, default=2, help="grpo: actor-update minibatches (K)"
+    )
+    parser.add_argument(
+        "--kl-coef", type=float, default=0.0, help="grpo: weight of the KL to the reference"
+    )
     parser.add_argument("--preset", choices=["tiny", "0.5b", "1.5b", "7b"])
     parser.add_argument("--device", choices=["cpu", "cuda"])
     parser.add_argument("--ranks", type=int, help="processes (default: all GPUs, or 4 on CPU)")
@@ -215,6 +235,8 @@ def load_lengths(args, vocab_size=None) -> list:
 
     from .data import load_token_ids
 
+    if args.rollouts:
+        return [r.length for r in load_rollouts(args)]
     try:
         if args.jsonl:
             lengths = [len(ids) for ids in load_token_ids(args.jsonl, vocab_size)]
@@ -232,6 +254,27 @@ def load_lengths(args, vocab_size=None) -> list:
     if args.jsonl and (args.length_scale != 1.0 or args.max_length or args.constant_length):
         usage_error("--length-scale, --max-length and --constant-length apply to --lengths")
     return lengths
+
+
+def load_rollouts(args) -> list:
+    """--rollouts, each prompt and response scaled by --length-scale (at least 1 token each)."""
+    from .grpo import Rollout, read_rollouts
+
+    try:
+        rollouts = read_rollouts(args.rollouts)
+    except (OSError, ValueError) as error:
+        usage_error(str(error))
+    if args.max_length or args.constant_length:
+        usage_error("--max-length and --constant-length apply to --lengths (groups stay whole)")
+    scale = args.length_scale
+    return [
+        Rollout(
+            r.group,
+            max(1, int(round(r.prompt_tokens * scale))),
+            max(1, int(round(r.response_tokens * scale))),
+        )
+        for r in rollouts
+    ]
 
 
 def parse_cost(text: str):
@@ -350,7 +393,32 @@ def _check_options(args):
             usage_error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if not args.length_scale > 0:
         usage_error(f"--length-scale must be positive, got {args.length_scale}")
+    _check_task(args)
     return mesh
+
+
+def _check_task(args) -> None:
+    """--task grpo takes --rollouts (and --rollouts takes --task grpo) and its own options."""
+    if (args.task == "grpo") != bool(args.rollouts):
+        usage_error("--task grpo reads --rollouts (and --rollouts is for --task grpo)")
+    if args.task != "grpo":
+        return
+    if args.split != "off":
+        usage_error("--task grpo does not split samples yet: drop --split")
+    if args.comm == "fsdp2-unsharded" or args.baselines or args.all:
+        # fsdp2-unsharded's forward-only phases need every unit gathered and resharded around
+        # them on every rank (not built yet); --baselines and --all include that arm.
+        usage_error(
+            "--task grpo runs --comm collective, fsdp2-deferred or odc (and --compare); "
+            "fsdp2-unsharded (in --baselines and --all) is not built for its forward-only phases"
+        )
+    for name in ("prompts_per_step", "minibatches_per_step"):
+        if getattr(args, name) < 1:
+            usage_error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.prompts_per_step % args.minibatches_per_step:
+        usage_error("--prompts-per-step must be a multiple of --minibatches-per-step")
+    if args.kl_coef < 0:
+        usage_error(f"--kl-coef must be >= 0, got {args.kl_coef}")
 
 
 def _choose_device(args, torch) -> str:
@@ -398,13 +466,27 @@ def _run_all(args, runs, launcher, ranks: int, cost, setup: dict) -> list:
                 file=sys.stderr,
                 flush=True,
             )
-        results.append(launcher.run(_run_config(args, spec, cost, **setup), ranks))
+        results.append(launcher.run(_run_config(args, spec, cost, **setup), ranks, _rl(args)))
         if len(results) > 1 and args.cost == "fit":
             first = f"{runs[0].comm} + {runs[0].policy}"
             results[-1]["cost_source"] = f"from the {first} run ({results[0]['cost_source']})"
         cost = tuple(results[-1]["cost"])  # one cost model for every run of this command
     launcher.close()
     return results
+
+
+def _rl(args):
+    """GRPO's settings for --task grpo (None for SFT)."""
+    if args.task != "grpo":
+        return None
+    from .grpo_run import RlConfig
+
+    return RlConfig(
+        load_rollouts(args),
+        prompts_per_step=args.prompts_per_step,
+        minibatches_per_step=args.minibatches_per_step,
+        kl_coef=args.kl_coef,
+    )
 
 
 def _run_config(args, spec: RunSpec, cost, *, preset, device, lengths, max_tokens):
@@ -438,6 +520,7 @@ def _report(results, output: Path, timeline) -> None:
     """Rank 0's report: the tables, the results JSON and the timeline PNG (None: none)."""
     print_table(results)
     print_mesh_table(results)
+    print_rl_phases(results)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=1))
     print(f"results: {output}")
@@ -445,6 +528,24 @@ def _report(results, output: Path, timeline) -> None:
         timeline.parent.mkdir(parents=True, exist_ok=True)
         written = write_timeline(results, str(timeline))
         print(f"timeline: {written}" if written else "timeline: skipped (matplotlib missing)")
+
+
+def print_rl_phases(results) -> None:
+    """GRPO runs: the forward-only phases per RL step (slowest rank, mean over the RL steps
+    after the first), which the table's step times (update minibatches) leave out."""
+    rl_runs = [r for r in results if r.get("task") == "grpo"]
+    if not rl_runs:
+        return
+    print("\nGRPO forward-only phases per RL step, slowest rank, s (mean over measured steps):")
+    print(f"  {'run':34} {'old logprobs':>13} {'reference':>10} {'exchanges':>10} {'entropy':>8}")
+    for result in rl_runs:
+        phases = result["rl"]["phase_seconds"][1:] or result["rl"]["phase_seconds"]
+        mean = lambda key: sum(p[key] for p in phases) / len(phases)  # noqa: E731
+        exchanges = mean("old_logprobs_exchange") + mean("ref_logprobs_exchange")
+        print(
+            f"  {result['comm'] + ' + ' + _run_label(result):34} {mean('old_logprobs'):13.3f} "
+            f"{mean('ref_logprobs'):10.3f} {exchanges:10.3f} {result['rl']['entropy'][-1]:8.3f}"
+        )
 
 
 def _spread(values) -> str:

@@ -15,6 +15,7 @@ The update minibatches are Run.step's, timed and summarized as SFT's are.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import List, Optional
@@ -32,7 +33,7 @@ FORWARD_FRACTION = {False: 1 / 3, True: 1 / 4}
 
 @dataclass
 class RlConfig:
-    rollouts_path: str  # data/grpo_math_like.tsv's format (grpo.read_rollouts)
+    rollouts: List[grpo.Rollout]  # e.g. grpo.read_rollouts("data/grpo_math_like.tsv")
     prompts_per_step: int = 8  # groups per RL step
     minibatches_per_step: int = 2  # K actor-update minibatches per RL step
     kl_coef: float = 0.0  # the KL-to-reference term's weight (0: none; the reference still runs)
@@ -47,7 +48,7 @@ class GrpoRun(Run):
             raise InvalidArgument("--task grpo does not split samples yet: drop --split")
         super().__init__(rank, world_size, key, config)
         self.rl = rl
-        self.rollouts = grpo.read_rollouts(rl.rollouts_path)
+        self.rollouts = rl.rollouts
         if [r.length for r in self.rollouts] != list(config.lengths):
             raise InvalidArgument("RunConfig.lengths must be the rollouts' lengths")
         self.phase_seconds: List[dict] = []
@@ -84,7 +85,12 @@ class GrpoRun(Run):
             raise InvalidArgument(
                 f"{len(self.rollouts)} rollouts hold no RL step of {self.rl.prompts_per_step} prompts"
             )
+        # --steps counts RL steps, the first warmup_steps of them unmeasured: in update
+        # minibatches (what Run.step and the summary count), K per RL step.
         steps = steps[: self.config.steps + self.config.warmup_steps]
+        self.config = dataclasses.replace(
+            self.config, warmup_steps=self.config.warmup_steps * self.rl.minibatches_per_step
+        )
         a, b, c, *floor = self.cost
         scale = FORWARD_FRACTION[self.config.activation_checkpointing]
         forward_cost = (a * scale, b * scale, c * scale, *(f * scale for f in floor))

@@ -56,20 +56,22 @@ class Launcher:
         dist.init_process_group("nccl" if self.device == "cuda" else "gloo", "env://", **options)
         self._initialized_here = True
 
-    def run(self, config, ranks: int) -> dict:
-        """Rank 0's summary of one run, on every rank."""
+    def run(self, config, ranks: int, rl=None) -> dict:
+        """Rank 0's summary of one run, on every rank (with `rl`, a GRPO run: grpo_run)."""
         import odc
 
+        from .grpo_run import run_grpo_rank
         from .run import default_store_path, run_rank
 
+        fn, extra = (run_rank, ()) if rl is None else (run_grpo_rank, (rl,))
         if not self.torchrun:
             with tempfile.TemporaryDirectory() as directory:
                 config.store_path = default_store_path(directory)
-                return odc.launch(run_rank, ranks, config)[0]
+                return odc.launch(fn, ranks, config, *extra)[0]
         import torch
         import torch.distributed as dist
 
-        summary = run_rank(dist.get_rank(), dist.get_world_size(), None, config)
+        summary = fn(dist.get_rank(), dist.get_world_size(), None, config, *extra)
         box = [summary]
         dist.broadcast_object_list(box, src=0)
         # The next run starts from a clean device, as a self-launched one does (a fresh process).
