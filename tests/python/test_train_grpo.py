@@ -48,6 +48,19 @@ def test_cli_task_grpo_compares_and_refuses_what_it_cannot_run(tmp_path):
         ("odc", "lb-mini", "grpo"),
     ]
     _check_runs(runs, path)
+    # Collective + LB-Mini padded with empty microbatches, on 3 ranks: the padding runs (one
+    # token, no loss term) and the losses stay those of the runs above.
+    padded = tmp_path / "padded.json"
+    command = base[:-4] + ["--ranks", "3", "--cost", "1,0.01,0", "--task", "grpo", "--rollouts", str(path),
+                           "--prompts-per-step", "4", "--steps", "1", "--comm", "collective",
+                           "--policy", "lb-mini-padded", "--kl-coef", "0.05", "--output",
+                           str(padded), "--timeline", ""]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = json.loads(padded.read_text())
+    log = run["microbatch_log"]
+    assert any(m.get("lengths") == [] for mb in log for rank in mb for m in rank)
+    assert run["losses"] == pytest.approx(runs[0]["losses"], rel=1e-4, abs=1e-6)
 
 
 def _check_runs(runs, path):

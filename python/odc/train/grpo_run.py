@@ -77,8 +77,6 @@ class GrpoRun(Run):
     def plan(self) -> None:
         """The cost model, then per RL step: one forward-only plan over the step's rollouts
         (forward cost) and the update plan of its K minibatches (full cost)."""
-        from .data import schedule
-
         super().plan()  # the fitted cost (and the SFT plan of the lengths, unused here)
         steps = grpo.rl_steps(self.rollouts, self.rl.prompts_per_step, self.rl.minibatches_per_step)
         if not steps:
@@ -91,20 +89,15 @@ class GrpoRun(Run):
         self.config = dataclasses.replace(
             self.config, warmup_steps=self.config.warmup_steps * self.rl.minibatches_per_step
         )
-        a, b, c, *floor = self.cost
-        scale = FORWARD_FRACTION[self.config.activation_checkpointing]
-        forward_cost = (a * scale, b * scale, c * scale, *(f * scale for f in floor))
         self.rl_steps = []
         for minibatches in steps:
+            if len({len(mb) for mb in minibatches}) != 1:
+                raise InvalidArgument(
+                    "an RL step's minibatches hold different numbers of rollouts (groups of "
+                    "different sizes): every group needs the same number of responses"
+                )
             indices = [i for mb in minibatches for i in mb]
-            lengths = [self.rollouts[i].length for i in indices]
-            common = dict(ranks=self.world_size, max_tokens=self.config.max_tokens)
-            forward = schedule(lengths, samples_per_minibatch=len(indices),
-                               policy=self.config.policy, cost=forward_cost, **common)  # fmt: skip
-            update = schedule(lengths, samples_per_minibatch=len(minibatches[0]),
-                              policy=self.config.policy, cost=self.cost, **common)  # fmt: skip
-            self.rl_steps.append((indices, forward, update))
-        self.num_steps = len(self.rl_steps) * self.rl.minibatches_per_step
+            self.rl_steps.append((indices, *self._step_plans(indices, len(minibatches[0]))))
         # The update minibatches as Run.step runs them: one plan over every step's minibatches,
         # its sample indices the rollouts' (global).
         minibatches = []
@@ -114,6 +107,26 @@ class GrpoRun(Run):
         self.schedule = {"minibatches": minibatches, "cost": self.rl_steps[0][2]["cost"]}
         self.num_steps = len(minibatches)
         self.old, self.ref, self.advantages = {}, {}, {}
+
+    def _step_plans(self, indices: List[int], per_minibatch: int):
+        """(forward-only plan of the whole step, update plan of its minibatches), as the arm
+        runs them (arms.adapt_plan: padding for lb-mini-padded and fsdp2-unsharded)."""
+        from .arms import adapt_plan, planner_policy
+        from .data import schedule
+
+        config = self.config
+        a, b, c, *floor = self.cost
+        scale = FORWARD_FRACTION[config.activation_checkpointing]
+        forward_cost = (a * scale, b * scale, c * scale, *(f * scale for f in floor))
+        lengths = [self.rollouts[i].length for i in indices]
+        plans = []
+        for size, cost in ((len(indices), forward_cost), (per_minibatch, self.cost)):
+            planned = schedule(
+                lengths, ranks=self.world_size, samples_per_minibatch=size,
+                max_tokens=config.max_tokens, policy=planner_policy(config.policy), cost=cost,
+            )  # fmt: skip
+            plans.append(adapt_plan(planned, config.comm, config.policy))
+        return plans
 
     # -- steps ---------------------------------------------------------------------------------
     def step(self, step: int):
@@ -186,7 +199,10 @@ class GrpoRun(Run):
         return packed, self.trainer._to_device(labels)
 
     def _microbatch(self, microbatch: list, global_tokens: int):
-        """One update microbatch: the clipped objective on the response tokens (Run._timed)."""
+        """One update microbatch: the clipped objective on the response tokens (Run._timed).
+        An empty (padding) microbatch runs as Run's: one token, no loss term."""
+        if not microbatch:
+            return super()._microbatch(microbatch, global_tokens)
 
         packed, labels = self._packed(microbatch)
         self.probe.enter("microbatch", packed.num_tokens)
