@@ -126,7 +126,7 @@ def train(*args, cwd):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--device", "cpu"], "one of the arguments --lengths --jsonl is required"),
+        (["--device", "cpu"], "one of the arguments --lengths --jsonl --rollouts is required"),
         (["--lengths", "x.txt", "--bogus"], "unrecognized arguments: --bogus"),
         (["--lengths", "x.txt", "--ranks", "1"], "needs at least 2 ranks, got 1"),
         (["--lengths", "x.txt", "--steps", "0"], "--steps must be at least 1, got 0"),
