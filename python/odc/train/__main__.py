@@ -405,13 +405,6 @@ def _check_task(args) -> None:
         return
     if args.split != "off":
         usage_error("--task grpo does not split samples yet: drop --split")
-    if args.comm == "fsdp2-unsharded" or args.baselines or args.all:
-        # fsdp2-unsharded's forward-only phases need every unit gathered and resharded around
-        # them on every rank (not built yet); --baselines and --all include that arm.
-        usage_error(
-            "--task grpo runs --comm collective, fsdp2-deferred or odc (and --compare); "
-            "fsdp2-unsharded (in --baselines and --all) is not built for its forward-only phases"
-        )
     for name in ("prompts_per_step", "minibatches_per_step"):
         if getattr(args, name) < 1:
             usage_error(f"--{name.replace('_', '-')} must be at least 1")
@@ -556,25 +549,31 @@ def _spread(values) -> str:
 
 
 def _loss_verdict(results) -> str:
-    """One line: do the runs' per-minibatch losses agree? They should: the same data and initial
-    weights, and gradients summed the same way whatever the communication or the plan."""
+    """One line: do the runs' per-minibatch losses and gradient norms (before clipping) agree?
+    They should: the same data and initial weights, and gradients summed the same way whatever
+    the communication or the plan."""
     first = results[0]
     tolerance = 1e-4 if first["device"] == "cpu" else 2e-2  # fp32 on the CPU; bf16 on GPUs
-    worst = 0.0
-    for r in results[1:]:
-        for a, b in zip(first["losses"], r["losses"]):
-            worst = max(worst, abs(a - b) / max(abs(a), 1e-12))
+    worst = {"losses": 0.0, "grad_norms": 0.0}
+    for key in worst:
+        for r in results[1:]:
+            for a, b in zip(first.get(key, []), r.get(key, [])):
+                worst[key] = max(worst[key], abs(a - b) / max(abs(a), 1e-12))
     steps = len(first["losses"])
     if len(results) < 2:
         return f"losses: {steps} minibatches, last {first['losses'][-1]:.4f} (one run, nothing to compare)"
-    if worst <= tolerance:
+    differences = (
+        f"max relative difference {worst['losses']:.1e} in losses, {worst['grad_norms']:.1e} in "
+        f"gradient norms over {steps} minibatches, tolerance {tolerance:g}"
+    )
+    if max(worst.values()) <= tolerance:
         return (
-            f"losses: AGREE across the {len(results)} runs (max relative difference {worst:.1e} "
-            f"over {steps} minibatches, tolerance {tolerance:g}): all runs train the same model"
+            f"losses: AGREE across the {len(results)} runs ({differences}): all runs train the "
+            "same model"
         )
     return (
-        f"losses: DIFFER across runs (max relative difference {worst:.1e} over {steps} "
-        f"minibatches, tolerance {tolerance:g}): the modes did not compute the same gradients"
+        f"losses: DIFFER across runs ({differences}): the modes did not compute the same "
+        "gradients"
     )
 
 

@@ -19,6 +19,7 @@ every minibatch, whatever its microbatch count (checked by tests/python/test_tra
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 from ..errors import InvalidArgument
@@ -106,6 +107,31 @@ class GradientSync:
         internals.lazy_init(self.model)  # the root's streams, before its first forward
         for module in fsdp_modules(self.model):
             module.unshard(async_op=True)
+
+    @contextlib.contextmanager
+    def forward_only(self, model):
+        """Around a forward-only minibatch of `model` (GRPO's log-probability passes, under
+        no_grad). fsdp2-unsharded: every unit all-gathers once on entry (every rank, forward
+        order) and stays gathered through this rank's forwards, however many (no collective in
+        between, so counts may differ); every unit reshards on exit, freeing the full model
+        before the next one gathers. Without backward nothing reshards it otherwise: FSDP2
+        reshards a reshard_after_forward=False unit in post-backward only. Other arms: as is
+        (collective and fsdp2-deferred all-gather per layer per forward; odc pulls)."""
+        if self.comm != "fsdp2-unsharded":
+            yield
+            return
+        from ..torch import _fsdp2_internals as internals
+
+        internals.lazy_init(model)
+        modules = fsdp_modules(model)
+        handles = [module.unshard(async_op=True) for module in modules]
+        for handle in handles:  # the copy-out of each all-gather, before any reshard can run
+            handle.wait()
+        try:
+            yield
+        finally:
+            for module in modules:
+                module.reshard()
 
     def before_microbatch(self, last: bool) -> None:
         """fsdp2-deferred and fsdp2-unsharded reduce-scatter in the last microbatch's backward

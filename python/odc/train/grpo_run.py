@@ -14,7 +14,6 @@ The update minibatches are Run.step's, timed and summarized as SFT's are.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -175,7 +174,9 @@ class GrpoRun(Run):
         import torch
 
         found = {}
-        scope = engine.minibatch() if engine is not None else contextlib.nullcontext()
+        # odc: a forward-only minibatch (gathers, no pushes); fsdp2-unsharded: every unit
+        # gathered once around it (arms.GradientSync.forward_only); else FSDP2 as is.
+        scope = engine.minibatch() if engine is not None else self.sync.forward_only(model)
         with scope, torch.no_grad():
             for microbatch in microbatches:
                 packed, labels = self._packed(microbatch)

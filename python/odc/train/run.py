@@ -251,6 +251,9 @@ class Run:
         self.external_group = False
         self.records: List[RankRecord] = []
         self.losses: List[float] = []
+        # Per minibatch, the total gradient norm clip_grad_norm_ saw (before clipping): equal in
+        # every arm that sums the same gradients (the summary's agreement check).
+        self.grad_norms: List[float] = []
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -423,6 +426,7 @@ class Run:
             record, loss = self.step(step)
             self.records.append(record)
             self.losses.append(loss)
+            self.grad_norms.append(float(self._grad_norm))  # after the span (a host wait)
             progress.update(f"{record.span:.3f} s, loss {loss:.4f}")
         progress.close()
         if config.profile_dir and self.num_steps > 0:
@@ -513,9 +517,13 @@ class Run:
 
         self.probe.enter("end_and_step")
         tail = [time.perf_counter()]
+
+        def clip():  # the norm stays on the device until the span is over
+            self._grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+
         for call in (
             self.trainer.end,
-            lambda: torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0),
+            clip,
             self.optimizer.step,
             self.optimizer.zero_grad,
             self.clock.sync,
@@ -563,6 +571,7 @@ class Run:
         summary = summarize_run(
             self.config, self.schedule, gathered, self.losses, self.num_steps, self.world_size
         )
+        summary["grad_norms"] = self.grad_norms  # the global norm: the same on every rank
         summary["cost"] = list(self.cost)
         if self.config.cost is not None:
             summary["cost_source"] = "given"
