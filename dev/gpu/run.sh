@@ -12,18 +12,20 @@
 # --old DIR       the same for the "before" build of the before/after stages (streamed,
 #                 cuda-timing, bench-before-after).
 # Stage knobs come from the environment: BENCH_ROUNDS, BENCH_MIN_MIB, BENCH_MAX_MIB, BENCH_ORDER
-# (bench-before-after), SKIP_FIT=1 (torch-migration without fit), SM_BUDGET_SECONDS (sm-budget).
+# (bench-before-after), SKIP_FIT=1 (torch-migration without fit), SM_BUDGET_SECONDS (sm-budget),
+# BASELINE_STEPS (rl-baselines, sft-baselines).
 set -uo pipefail
 
 usage() {
-  sed -n '/^#   dev/,/SM_BUDGET_SECONDS/p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '/^#   dev/,/BASELINE_STEPS/p' "$0" | sed 's/^# \{0,1\}//' >&2
   echo "stages: ${stages[*]}" >&2
   exit 2
 }
 
 here=$(cd "$(dirname "$0")" && pwd)
 stages=(node-schemes streamed deterministic deterministic-memory cuda-timing bench-before-after
-  fit torch-migration torch-frozen torch-split gpu-suite balanced-tail small-microbatch sm-budget)
+  fit torch-migration torch-frozen torch-split gpu-suite balanced-tail small-microbatch sm-budget
+  rl-baselines sft-baselines)
 snapshot="" old="" chosen=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -376,6 +378,41 @@ stage_sm_budget() {
     done
   done
   stage table 60 python3 "$here/summarize_runs.py" sm-budget "$dest"
+}
+
+# torchrun over every GPU of the machine, odc.train; each stage adds its data and arms.
+train_all_gpus() {
+  train=(python3 -m torch.distributed.run --standalone --nproc_per_node "$(nvidia-smi -L | wc -l)"
+    -m odc.train --timeline "" "$@")
+}
+
+# Issue #30: GRPO's training phase, ODC + LB-Mini against the four FSDP2 baselines (--baselines)
+# on every GPU, the cost model fitted on this machine. First a tiny-preset smoke run of the same
+# arms (short rollouts: every arm's forward-only and update paths on CUDA), then the 1.5b preset
+# on the shipped RL lengths: 4 prompts x 8 responses per RL step, K = 2 update minibatches (4
+# rollouts per rank per update on 4 GPUs), microbatches up to 20,480 tokens (the longest rollout).
+stage_rl_baselines() {
+  local env_new dest="$out/rl_baselines" train
+  env_new=$(libs "$snapshot")
+  mkdir -p "$dest"
+  train_all_gpus --task grpo --rollouts data/grpo_math_like.tsv --baselines
+  stage grpo-smoke-tiny 120 env $env_new "${train[@]}" --preset tiny --length-scale 0.05 \
+    --prompts-per-step 4 --steps 1 --cost 1,0.01,0 --output "$dest/grpo_tiny.json"
+  stage grpo-1.5b 450 env $env_new "${train[@]}" --preset 1.5b --prompts-per-step 4 \
+    --minibatches-per-step 2 --max-tokens 20480 --steps "${BASELINE_STEPS:-4}" \
+    --output "$dest/grpo_1.5b.json"
+}
+
+# Issue #30: the same five arms for SFT on LongAlign-like lengths (up to 64K tokens), 1.5b, 4
+# samples per rank per minibatch, the cost model fitted on this machine.
+stage_sft_baselines() {
+  local env_new dest="$out/sft_baselines" train
+  env_new=$(libs "$snapshot")
+  mkdir -p "$dest"
+  train_all_gpus --preset 1.5b --lengths data/longalign_like.txt --max-length 65536 \
+    --samples-per-rank 4 --baselines
+  stage sft-1.5b 540 env $env_new "${train[@]}" --steps "${BASELINE_STEPS:-4}" \
+    --output "$dest/sft_1.5b.json"
 }
 
 for name in "${chosen[@]}"; do

@@ -556,9 +556,13 @@ def _loss_verdict(results) -> str:
     tolerance = 1e-4 if first["device"] == "cpu" else 2e-2  # fp32 on the CPU; bf16 on GPUs
     worst = {"losses": 0.0, "grad_norms": 0.0}
     for key in worst:
+        # Relative to the run's typical magnitude where a value is near zero: GRPO's losses
+        # (advantage-weighted sums) cross zero, where a plain relative difference is noise.
+        values = first.get(key, [])
+        scale = sum(abs(v) for v in values) / max(len(values), 1)
         for r in results[1:]:
-            for a, b in zip(first.get(key, []), r.get(key, [])):
-                worst[key] = max(worst[key], abs(a - b) / max(abs(a), 1e-12))
+            for a, b in zip(values, r.get(key, [])):
+                worst[key] = max(worst[key], abs(a - b) / max(abs(a), scale, 1e-12))
     steps = len(first["losses"])
     if len(results) < 2:
         return f"losses: {steps} minibatches, last {first['losses'][-1]:.4f} (one run, nothing to compare)"
