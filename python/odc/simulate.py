@@ -108,7 +108,8 @@ def parse_odc_bench(text: str) -> dict:
 
 
 # Line styles and markers cycled so that lines which coincide (e.g. odc and odc-hybrid on one
-# node, where they are the same thing) stay distinguishable: each line gets its own pair.
+# node, where they are the same thing) stay distinguishable: each line gets its own pair, the
+# marker changing fastest, so 32 lines (5 modes x 4 policies, and split arms) never share one.
 _STYLES = ["-", "--", ":", "-."]
 _MARKERS = ["o", "s", "^", "v", "D", "x", "+", "*"]
 
@@ -135,7 +136,7 @@ def draw(document: dict, path: str, title: str = "") -> None:
         axis.plot(
             [p[0] for p in points],
             [p[1] for p in points],
-            linestyle=_STYLES[index % len(_STYLES)],
+            linestyle=_STYLES[(index // len(_MARKERS)) % len(_STYLES)],
             marker=_MARKERS[index % len(_MARKERS)],
             markerfacecolor="none",
             label=label,

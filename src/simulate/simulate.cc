@@ -1,5 +1,6 @@
-// Event simulation of collective FSDP2 and ODC on the planner's plans. Each microbatch's cost
-// (the planner's cost model, seconds) is spread evenly over the layers, forward then backward;
+// Event simulation of the FSDP2 arms (collective, deferred sync, resharding off) and ODC on the
+// planner's plans. Each microbatch's cost (the planner's cost model, seconds) is spread evenly over
+// the layers, forward then backward (a forward-only microbatch: its whole cost in the forward);
 // transfers run on their own channel and overlap compute as FSDP2's one-layer prefetch allows.
 // Contention between a rank's pulls and the pushes landing on it (and between serving others'
 // pulls and its own pushes) is mean-field: a second pass runs with each flow's bandwidth divided by
@@ -13,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+
+#include "planner/plan_io.h"
 
 namespace odc::simulate {
 namespace {
@@ -70,9 +73,15 @@ class Simulator {
   // Minibatch time with everything included; adds busy seconds and link use.
   double minibatch(const std::vector<std::vector<double>>& costs, double& busy) {
     for (const auto& rank : costs) busy += std::accumulate(rank.begin(), rank.end(), 0.0);
+    // A forward-only minibatch has no optimizer step (and nothing to reduce across nodes).
+    const double optimizer = o_.forward_only ? 0.0 : optimizer_seconds(n_);
     switch (o_.mode) {
       case Mode::kCollective:
-        return collective(costs) + optimizer_seconds(n_);
+        return collective(costs, ReduceScatters::kEveryMicrobatch) + optimizer;
+      case Mode::kFsdp2Deferred:
+        return collective(costs, ReduceScatters::kLastMicrobatch) + optimizer;
+      case Mode::kFsdp2Unsharded:
+        return unsharded(costs) + optimizer;
       case Mode::kOdcFlat:
       case Mode::kOdcHybrid: {
         LinkUse use;
@@ -88,6 +97,7 @@ class Simulator {
         shares.network_out = 1.0 / (1.0 + use.network_in / span);
         LinkUse unused;
         const double span_seconds = odc(costs, shares, unused);
+        if (o_.forward_only) return span_seconds;
         const int64_t shard_ranks = o_.mode == Mode::kOdcHybrid ? local_ : n_;
         return span_seconds + cross_node_reduction() + optimizer_seconds(shard_ranks);
       }
@@ -116,6 +126,20 @@ class Simulator {
     return static_cast<double>(local_ - 1) * t.nvlink_collective.latency_seconds +
            static_cast<double>(nodes_ - 1) * t.network.latency_seconds +
            moved / std::min(t.network.bytes_per_second, t.nvlink_collective.bytes_per_second);
+  }
+
+  // One FSDP2 unit's collectives: bf16 parameters gathered, fp32 gradients reduce-scattered.
+  struct UnitSeconds {
+    double all_gather_layer = 0.0, all_gather_root = 0.0;
+    double reduce_scatter_layer = 0.0, reduce_scatter_root = 0.0;
+  };
+  UnitSeconds collective_unit_seconds() const {
+    const TransportCurves& curves = o_.topology.curves;
+    const ModelShape& m = o_.model;
+    return UnitSeconds{collective_seconds(kAllGatherBytes * m.layer_params, curves.all_gather),
+                       collective_seconds(kAllGatherBytes * m.other_params, curves.all_gather),
+                       collective_seconds(kGradBytes * m.layer_params, curves.reduce_scatter),
+                       collective_seconds(kGradBytes * m.other_params, curves.reduce_scatter)};
   }
 
   // One rank pulling (inbound) or pushing (outbound) its 1/N-slices of `bytes` to or from every
@@ -166,31 +190,32 @@ class Simulator {
     return rounds * latency;
   }
 
+  // Where an FSDP2 arm reduce-scatters a layer's gradient: after its backward in every
+  // microbatch (collective), only in the last microbatch's (fsdp2-deferred), or never
+  // (forward-only).
+  enum class ReduceScatters { kEveryMicrobatch, kLastMicrobatch };
+
   // Lockstep FSDP2: a collective completes when every rank has issued it; a rank computes a layer
   // once its all-gather is done. One comm channel carries all-gathers and reduce-scatters in issue
   // order; the next layer's all-gather is issued when every rank has started the current one.
-  double collective(const std::vector<std::vector<double>>& costs) {
+  // Deferred sync keeps every all-gather (resharding stays on), so the ranks still meet at every
+  // layer of every microbatch; only the reduce-scatters move to the last microbatch.
+  double collective(const std::vector<std::vector<double>>& costs, ReduceScatters reduce) {
     const int64_t layers = o_.model.num_layers;
-    const TransportCurves& curves = o_.topology.curves;
-    const double ag_layer =
-        collective_seconds(kAllGatherBytes * o_.model.layer_params, curves.all_gather);
-    const double ag_root =
-        collective_seconds(kAllGatherBytes * o_.model.other_params, curves.all_gather);
-    const double rs_layer =
-        collective_seconds(kGradBytes * o_.model.layer_params, curves.reduce_scatter);
-    const double rs_root =
-        collective_seconds(kGradBytes * o_.model.other_params, curves.reduce_scatter);
+    const UnitSeconds unit = collective_unit_seconds();
     size_t steps = 0;
     for (const auto& rank : costs) steps = std::max(steps, rank.size());
     std::vector<double> ready(n_, 0.0), start(n_, 0.0);
     double channel = 0.0;
     auto all_ready = [&] { return *std::max_element(ready.begin(), ready.end()); };
+    // A forward-only microbatch's cost is its forward's (forward_cost), all of it in the forward.
+    const double forward_share = o_.forward_only ? 1.0 : o_.forward_fraction;
     for (size_t k = 0; k < steps; ++k) {
       double issue = all_ready();  // every rank enters the microbatch (root all-gather)
-      channel = std::max(channel, issue) + ag_root;
+      channel = std::max(channel, issue) + unit.all_gather_root;
       issue = channel;
       auto run_layer = [&](double fraction) {
-        const double gathered = std::max(channel, issue) + ag_layer;
+        const double gathered = std::max(channel, issue) + unit.all_gather_layer;
         channel = gathered;
         double latest_start = 0.0;
         for (int64_t r = 0; r < n_; ++r) {
@@ -201,15 +226,65 @@ class Simulator {
         }
         issue = latest_start;  // prefetch of the next layer, issued by every rank
       };
-      for (int64_t l = 0; l < layers; ++l) run_layer(o_.forward_fraction);
+      for (int64_t l = 0; l < layers; ++l) run_layer(forward_share);
+      if (o_.forward_only) continue;
+      const bool reduces = reduce == ReduceScatters::kEveryMicrobatch || k + 1 == steps;
       issue = all_ready();  // backward starts after the loss on every rank
       for (int64_t l = 0; l < layers; ++l) {
         run_layer(1.0 - o_.forward_fraction);
-        channel = std::max(channel, all_ready()) + rs_layer;  // gradients of the layer
+        // gradients of the layer
+        if (reduces) channel = std::max(channel, all_ready()) + unit.reduce_scatter_layer;
       }
-      channel = std::max(channel, all_ready()) + rs_root;
+      if (reduces) channel = std::max(channel, all_ready()) + unit.reduce_scatter_root;
     }
     return std::max(all_ready(), channel);
+  }
+
+  // FSDP2 with resharding off and sync deferred (arms.GradientSync): at the minibatch's start
+  // every rank issues every unit's all-gather, root first then the layers in forward order, on
+  // its one channel; they complete in that order, every rank issuing at once. A rank's first
+  // forward waits for each unit there; after that no collective until its last microbatch's
+  // backward, which reduce-scatters each layer after its backward: the reduce-scatter completes
+  // once every rank has finished that layer's backward in its own last microbatch, so the ranks
+  // meet there layer by layer (a rank does not wait for it: reduce-scatters run on their own
+  // stream). Forward-only: the gathers and the forwards only.
+  double unsharded(const std::vector<std::vector<double>>& costs) {
+    const int64_t layers = o_.model.num_layers;
+    const UnitSeconds unit = collective_unit_seconds();
+    std::vector<double> layer_gathered(static_cast<size_t>(layers));
+    double channel = unit.all_gather_root;
+    const double root_gathered = channel;
+    for (int64_t l = 0; l < layers; ++l) layer_gathered[l] = channel += unit.all_gather_layer;
+    const double forward_share = o_.forward_only ? 1.0 : o_.forward_fraction;
+    // Per rank, when its last microbatch's backward finished each layer (backward order).
+    std::vector<std::vector<double>> layer_done(n_, std::vector<double>(layers, 0.0));
+    std::vector<double> end(n_, 0.0);
+    for (int64_t r = 0; r < n_; ++r) {
+      double compute = 0.0;
+      for (size_t k = 0; k < costs[r].size(); ++k) {
+        const double cost = costs[r][k];
+        if (k == 0) compute = std::max(compute, root_gathered);
+        for (int64_t l = 0; l < layers; ++l) {
+          if (k == 0) compute = std::max(compute, layer_gathered[l]);
+          compute += cost * forward_share / static_cast<double>(layers);
+        }
+        if (o_.forward_only) continue;
+        for (int64_t l = 0; l < layers; ++l) {
+          compute += cost * (1.0 - o_.forward_fraction) / static_cast<double>(layers);
+          layer_done[r][l] = compute;
+        }
+      }
+      end[r] = compute;
+    }
+    double slowest = *std::max_element(end.begin(), end.end());
+    if (o_.forward_only) return std::max(slowest, channel);
+    for (int64_t l = 0; l < layers; ++l) {
+      double all_done = 0.0;
+      for (int64_t r = 0; r < n_; ++r) all_done = std::max(all_done, layer_done[r][l]);
+      channel = std::max(channel, all_done) + unit.reduce_scatter_layer;
+    }
+    channel = std::max(channel, slowest) + unit.reduce_scatter_root;
+    return std::max(slowest, channel);
   }
 
   // ODC: every rank on its own; pulls one layer ahead of compute, pushes after each layer's
@@ -239,6 +314,10 @@ class Simulator {
           compute = begin + cost * fraction / static_cast<double>(layers);
           issue = begin;
         };
+        if (o_.forward_only) {  // gathers only: the cost is the forward's, nothing pushed
+          for (int64_t l = 0; l < layers; ++l) run_layer(1.0);
+          continue;
+        }
         for (int64_t l = 0; l < layers; ++l) run_layer(o_.forward_fraction);
         issue = compute;
         for (int64_t l = 0; l < layers; ++l) {
@@ -250,16 +329,19 @@ class Simulator {
       slowest = std::max(slowest, std::max(compute, push));
       num_microbatches += static_cast<double>(costs[r].size());
     }
-    // Per microbatch: 2 pulls and 1 push of every layer, 1 pull and 1 push of the root unit.
+    // Per microbatch: 2 pulls and 1 push of every layer, 1 pull and 1 push of the root unit;
+    // forward-only: 1 pull of every unit, no push.
     const double layer_count = static_cast<double>(layers) * num_microbatches;
-    total.nvlink_in +=
-        2 * layer_count * pull_layer_use.nvlink_in + num_microbatches * pull_root_use.nvlink_in;
-    total.network_in +=
-        2 * layer_count * pull_layer_use.network_in + num_microbatches * pull_root_use.network_in;
-    total.nvlink_out +=
-        layer_count * push_layer_use.nvlink_out + num_microbatches * push_root_use.nvlink_out;
-    total.network_out +=
-        layer_count * push_layer_use.network_out + num_microbatches * push_root_use.network_out;
+    const double pulls_per_layer = o_.forward_only ? 1.0 : 2.0;
+    const double pushes = o_.forward_only ? 0.0 : 1.0;
+    total.nvlink_in += pulls_per_layer * layer_count * pull_layer_use.nvlink_in +
+                       num_microbatches * pull_root_use.nvlink_in;
+    total.network_in += pulls_per_layer * layer_count * pull_layer_use.network_in +
+                        num_microbatches * pull_root_use.network_in;
+    total.nvlink_out += pushes * (layer_count * push_layer_use.nvlink_out +
+                                  num_microbatches * push_root_use.nvlink_out);
+    total.network_out += pushes * (layer_count * push_layer_use.network_out +
+                                   num_microbatches * push_root_use.network_out);
     return slowest + barrier_seconds();
   }
 
@@ -340,6 +422,10 @@ std::string_view mode_name(Mode mode) {
   switch (mode) {
     case Mode::kCollective:
       return "collective";
+    case Mode::kFsdp2Deferred:
+      return "fsdp2-deferred";
+    case Mode::kFsdp2Unsharded:
+      return "fsdp2-unsharded";
     case Mode::kOdcFlat:
       return "odc";
     case Mode::kOdcHybrid:
@@ -350,10 +436,35 @@ std::string_view mode_name(Mode mode) {
 
 Result<Mode> parse_mode(std::string_view name) {
   if (name == "collective") return Mode::kCollective;
+  if (name == "fsdp2-deferred") return Mode::kFsdp2Deferred;
+  if (name == "fsdp2-unsharded") return Mode::kFsdp2Unsharded;
   if (name == "odc") return Mode::kOdcFlat;
   if (name == "odc-hybrid") return Mode::kOdcHybrid;
-  return Status::InvalidArgument("unknown mode '" + std::string(name) +
-                                 "': expected collective, odc or odc-hybrid");
+  return Status::InvalidArgument(
+      "unknown mode '" + std::string(name) +
+      "': expected collective, fsdp2-deferred, fsdp2-unsharded, odc or odc-hybrid");
+}
+
+bool lockstep(Mode mode) {
+  return mode == Mode::kCollective || mode == Mode::kFsdp2Deferred;
+}
+
+bool is_odc(Mode mode) {
+  return mode == Mode::kOdcFlat || mode == Mode::kOdcHybrid;
+}
+
+std::string policy_label(const PolicyChoice& choice) {
+  return choice.padded ? "lb-mini-padded" : std::string(planner::policy_name(choice.policy));
+}
+
+Result<PolicyChoice> parse_policy_choice(std::string_view name) {
+  if (name == "lb-mini-padded") return PolicyChoice{planner::Policy::kLbMini, true};
+  auto policy = planner::parse_policy(name);
+  if (!policy.ok()) {
+    return Status::InvalidArgument("unknown policy " + planner::quote_text(name) +
+                                   ": expected local-sort, lb-micro, lb-mini or lb-mini-padded");
+  }
+  return PolicyChoice{policy.value(), false};
 }
 
 Result<ModelShape> model_preset(std::string_view name) {
@@ -381,9 +492,28 @@ MemoryPerGpu memory_per_gpu(const ModelShape& model, Mode mode, int64_t num_rank
   const int64_t local = std::max<int64_t>(1, std::min(gpus_per_node, ranks));
   const int64_t nodes = (ranks + local - 1) / local;
   MemoryPerGpu memory;
+  // Gathered into FSDP2's own bf16 buffers in every layout (ODC narrows as it pulls).
+  memory.gathered_bytes = kAllGatherBytes * (2.0 * model.layer_params + model.other_params) +
+                          kGradBytes * std::max(model.layer_params, model.other_params);
   switch (mode) {
     case Mode::kCollective:
       memory.state_bytes = kStateBytes * params / static_cast<double>(ranks);
+      break;
+    case Mode::kFsdp2Deferred:
+      // FSDP2's layout, and with sync off every parameter's unsharded fp32 gradient stays on the
+      // GPU between microbatches (accumulated until the last microbatch's reduce-scatter): 4 B
+      // per parameter of the whole model. The per-layer gathers stay (resharding is on).
+      memory.state_bytes = kStateBytes * params / static_cast<double>(ranks);
+      memory.unsharded_bytes = kGradBytes * params;
+      break;
+    case Mode::kFsdp2Unsharded:
+      // Resharding off: every unit's bf16 parameters stay gathered from the minibatch's start to
+      // its last backward, and its unsharded fp32 gradient accumulates beside them: 2 + 4 B per
+      // parameter of the whole model on top of the sharded state. Those are the gathered units
+      // and the reduce-scatters' inputs, so no per-layer buffers are counted beside them.
+      memory.state_bytes = kStateBytes * params / static_cast<double>(ranks);
+      memory.unsharded_bytes = (kAllGatherBytes + kGradBytes) * params;
+      memory.gathered_bytes = 0.0;
       break;
     case Mode::kOdcFlat:
       memory.state_bytes = kStateBytes * params / static_cast<double>(ranks);
@@ -397,9 +527,6 @@ MemoryPerGpu memory_per_gpu(const ModelShape& model, Mode mode, int64_t num_rank
       memory.state_bytes = kStateBytes * params / static_cast<double>(local);
       break;
   }
-  // Gathered into FSDP2's own bf16 buffers in every layout (ODC narrows as it pulls).
-  memory.gathered_bytes = kAllGatherBytes * (2.0 * model.layer_params + model.other_params) +
-                          kGradBytes * std::max(model.layer_params, model.other_params);
   return memory;
 }
 
@@ -440,10 +567,17 @@ Status validate_simulate_options(const SimulateOptions& options) {
   if (!(options.optimizer_bytes_per_param >= 0) || !(options.hbm_bytes_per_second > 0)) {
     return Status::InvalidArgument("optimizer bytes must be >= 0 and HBM bandwidth > 0");
   }
-  if (options.mode == Mode::kCollective && options.plan.policy == planner::Policy::kLbMini) {
+  if (options.pad_to_equal_counts && options.plan.policy != planner::Policy::kLbMini) {
     return Status::InvalidArgument(
-        "lb-mini gives ranks different microbatch counts, which collectives cannot run: use "
-        "lb-micro or local-sort with collective");
+        "padding to equal microbatch counts is lb-mini-padded's: "
+        "the policy must be lb-mini");
+  }
+  if (lockstep(options.mode) && options.plan.policy == planner::Policy::kLbMini &&
+      !options.pad_to_equal_counts) {
+    const std::string mode(mode_name(options.mode));
+    return Status::InvalidArgument("lb-mini gives ranks different microbatch counts, which " +
+                                   mode + " cannot run: use lb-mini-padded, lb-micro or " +
+                                   "local-sort with " + mode);
   }
   return Status::Ok();
 }
@@ -454,26 +588,35 @@ Result<SimulateResult> simulate_plan(const planner::Plan& plan, std::span<const 
   if (plan.options.num_ranks != options.plan.num_ranks) {
     return Status::InvalidArgument("the plan was made for a different number of ranks");
   }
+  const planner::Plan adapted = adapt_plan(plan, lengths, options);
   SimulateOptions free_options = options;
   free_options.free_communication = true;
   Simulator full(options), free(free_options);
-  // The calibration run: collective, one node of cost_calibration_ranks GPUs, equal microbatches.
+  // The calibration run: collective, one node of cost_calibration_ranks GPUs, equal microbatches
+  // of forward and backward (the cost model was fitted on such).
   SimulateOptions calibration_options = options;
   calibration_options.mode = Mode::kCollective;
+  calibration_options.forward_only = false;
+  calibration_options.pad_to_equal_counts = false;
   calibration_options.plan.num_ranks = std::max<int64_t>(1, options.cost_calibration_ranks);
   calibration_options.plan.rank_speed.clear();
   calibration_options.topology.gpus_per_node = calibration_options.plan.num_ranks;
   Simulator calibration(calibration_options);
+  // A forward-only microbatch's cost is the forward share of a full one (forward_cost): the
+  // calibration's communication is removed from the full cost, and the share taken of the rest.
+  const double cost_scale = options.forward_only ? options.forward_fraction : 1.0;
   auto compute_only = [&](std::vector<std::vector<double>> costs) {
     if (options.cost_calibration_ranks <= 0) return costs;
     for (auto& rank : costs) {
       for (double& cost : rank) {
-        const std::vector<std::vector<double>> lockstep(
-            static_cast<size_t>(calibration_options.plan.num_ranks), std::vector<double>{cost});
+        const double full_cost = cost / cost_scale;
+        const std::vector<std::vector<double>> lockstep_run(
+            static_cast<size_t>(calibration_options.plan.num_ranks),
+            std::vector<double>{full_cost});
         double unused = 0.0;
-        const double measured = calibration.minibatch(lockstep, unused) -
+        const double measured = calibration.minibatch(lockstep_run, unused) -
                                 calibration.optimizer_seconds(calibration_options.plan.num_ranks);
-        cost = std::max(0.0, cost - (measured - cost));
+        cost = cost_scale * std::max(0.0, full_cost - (measured - full_cost));
       }
     }
     return costs;
@@ -481,20 +624,21 @@ Result<SimulateResult> simulate_plan(const planner::Plan& plan, std::span<const 
   SimulateResult result;
   double busy = 0.0, busy_free = 0.0, free_seconds = 0.0;
   const double n = static_cast<double>(options.plan.num_ranks);
-  for (const auto& minibatch : plan.minibatches) {
-    const auto costs = compute_only(microbatch_costs(minibatch, lengths, plan.options));
+  for (const auto& minibatch : adapted.minibatches) {
+    const auto costs = compute_only(microbatch_costs(minibatch, lengths, adapted.options));
     const double seconds = full.minibatch(costs, busy);
     free_seconds += free.minibatch(costs, busy_free);
     result.minibatch_seconds.push_back(seconds);
     result.seconds += seconds;
     result.planner_seconds +=
-        options.mode == Mode::kCollective ? minibatch.times.collective : minibatch.times.odc;
+        lockstep(options.mode) ? minibatch.times.collective : minibatch.times.odc;
   }
-  result.num_minibatches = static_cast<int64_t>(plan.minibatches.size());
+  result.num_minibatches = static_cast<int64_t>(adapted.minibatches.size());
   const int64_t shard_ranks = options.mode == Mode::kOdcHybrid
                                   ? std::min(options.topology.gpus_per_node, options.plan.num_ranks)
                                   : options.plan.num_ranks;
-  result.optimizer_seconds = full.optimizer_seconds(shard_ranks) * result.num_minibatches;
+  result.optimizer_seconds =
+      options.forward_only ? 0.0 : full.optimizer_seconds(shard_ranks) * result.num_minibatches;
   result.compute_seconds = busy / n;
   result.exposed_comm_seconds = std::max(0.0, result.seconds - free_seconds);
   result.idle_seconds = std::max(0.0, free_seconds - result.optimizer_seconds - busy / n);
@@ -507,6 +651,129 @@ Result<SimulateResult> simulate(std::span<const int64_t> lengths, const Simulate
   auto plan = planner::make_plan(lengths, options.plan);
   if (!plan.ok()) return plan.status();
   return simulate_plan(plan.value(), lengths, options);
+}
+
+planner::Plan adapt_plan(const planner::Plan& plan, std::span<const int64_t> lengths,
+                         const SimulateOptions& options) {
+  const bool unsharded = options.mode == Mode::kFsdp2Unsharded;
+  if (!options.pad_to_equal_counts && !unsharded) return plan;
+  planner::Plan adapted = plan;
+  double busy = 0.0, collective = 0.0, odc = 0.0;
+  for (planner::MinibatchPlan& minibatch : adapted.minibatches) {
+    size_t count = 1;  // fsdp2-unsharded: at least one microbatch on every rank
+    if (options.pad_to_equal_counts) {
+      for (const planner::RankPlan& rank : minibatch.ranks) {
+        count = std::max(count, rank.microbatches.size());
+      }
+    }
+    for (planner::RankPlan& rank : minibatch.ranks) {
+      if (rank.microbatches.size() < count) rank.microbatches.resize(count);  // empty ones
+    }
+    minibatch.times =
+        planner::predict_times(minibatch.ranks, minibatch.splits, lengths, adapted.options);
+    const int64_t n = adapted.options.num_ranks;
+    minibatch.bubble = {planner::bubble_rate(minibatch.times.busy, n, minibatch.times.collective),
+                        planner::bubble_rate(minibatch.times.busy, n, minibatch.times.odc)};
+    busy += minibatch.times.busy;
+    collective += minibatch.times.collective;
+    odc += minibatch.times.odc;
+  }
+  adapted.bubble = {planner::bubble_rate(busy, adapted.options.num_ranks, collective),
+                    planner::bubble_rate(busy, adapted.options.num_ranks, odc)};
+  return adapted;
+}
+
+planner::CostModel forward_cost(const planner::CostModel& cost, double forward_fraction) {
+  planner::CostModel forward = cost;
+  forward.a *= forward_fraction;
+  forward.b *= forward_fraction;
+  forward.c *= forward_fraction;
+  forward.floor *= forward_fraction;
+  return forward;
+}
+
+Result<GrpoPlans> make_grpo_plans(std::span<const int64_t> lengths, const SimulateOptions& options,
+                                  int64_t minibatches_per_step) {
+  ODC_RETURN_IF_ERROR(validate_simulate_options(options));
+  const int64_t step_samples = options.plan.minibatch_size;
+  if (minibatches_per_step < 1) {
+    return Status::InvalidArgument("minibatches per RL step must be >= 1, got " +
+                                   std::to_string(minibatches_per_step));
+  }
+  if (step_samples == planner::kAllSamples || step_samples % minibatches_per_step != 0) {
+    return Status::InvalidArgument("an RL step's " + std::to_string(step_samples) +
+                                   " rollouts do not split evenly into " +
+                                   std::to_string(minibatches_per_step) + " update minibatches");
+  }
+  const auto num_samples = static_cast<int64_t>(lengths.size());
+  if (num_samples == 0 || num_samples % step_samples != 0) {
+    return Status::InvalidArgument(std::to_string(num_samples) +
+                                   " lengths are not whole RL steps of " +
+                                   std::to_string(step_samples) + " rollouts");
+  }
+  // grpo_run._step_plans plans each RL step on its own: the forward-only plan one minibatch of
+  // the step, the update plan K consecutive minibatches of it. The planner plans consecutive
+  // minibatches independently, so one plan over every step gives the same minibatches.
+  planner::PlanOptions forward = options.plan;
+  forward.cost = forward_cost(options.plan.cost, options.forward_fraction);
+  planner::PlanOptions update = options.plan;
+  update.minibatch_size = step_samples / minibatches_per_step;
+  auto forward_plan = planner::make_plan(lengths, forward);
+  if (!forward_plan.ok()) return forward_plan.status();
+  auto update_plan = planner::make_plan(lengths, update);
+  if (!update_plan.ok()) return update_plan.status();
+  return GrpoPlans{std::move(forward_plan).value(), std::move(update_plan).value()};
+}
+
+Result<GrpoResult> simulate_grpo_plans(const GrpoPlans& plans, std::span<const int64_t> lengths,
+                                       const SimulateOptions& options,
+                                       int64_t minibatches_per_step) {
+  const auto steps = static_cast<int64_t>(plans.forward_only.minibatches.size());
+  if (minibatches_per_step < 1 ||
+      static_cast<int64_t>(plans.update.minibatches.size()) != steps * minibatches_per_step) {
+    return Status::InvalidArgument("the update plan needs " + std::to_string(minibatches_per_step) +
+                                   " minibatches per RL step of the forward-only plan");
+  }
+  SimulateOptions forward_options = options;
+  forward_options.forward_only = true;
+  auto forward = simulate_plan(plans.forward_only, lengths, forward_options);
+  if (!forward.ok()) return forward.status();
+  SimulateOptions update_options = options;
+  update_options.forward_only = false;
+  auto update = simulate_plan(plans.update, lengths, update_options);
+  if (!update.ok()) return update.status();
+  GrpoResult result;
+  result.num_rl_steps = steps;
+  result.forward_phase = std::move(forward).value();
+  result.update = std::move(update).value();
+  // Two forward-only phases (old and reference log-probs), then the K updates.
+  const SimulateResult& f = result.forward_phase;
+  const SimulateResult& u = result.update;
+  SimulateResult& total = result.rl_step;
+  total.num_minibatches = steps;
+  total.seconds = 2 * f.seconds + u.seconds;
+  total.compute_seconds = 2 * f.compute_seconds + u.compute_seconds;
+  total.exposed_comm_seconds = 2 * f.exposed_comm_seconds + u.exposed_comm_seconds;
+  total.idle_seconds = 2 * f.idle_seconds + u.idle_seconds;
+  total.optimizer_seconds = u.optimizer_seconds;
+  total.planner_seconds = 2 * f.planner_seconds + u.planner_seconds;
+  // compute_seconds is busy / N, so this is 1 - sum(busy) / (N x sum(T)) over both phases.
+  total.bubble = total.seconds > 0 ? 1.0 - total.compute_seconds / total.seconds : 0.0;
+  for (int64_t s = 0; s < steps; ++s) {
+    double seconds = 2 * f.minibatch_seconds[s];
+    for (int64_t k = 0; k < minibatches_per_step; ++k) {
+      seconds += u.minibatch_seconds[s * minibatches_per_step + k];
+    }
+    total.minibatch_seconds.push_back(seconds);
+  }
+  return result;
+}
+
+Result<GrpoResult> simulate_grpo(std::span<const int64_t> lengths, const SimulateOptions& options,
+                                 int64_t minibatches_per_step) {
+  auto plans = make_grpo_plans(lengths, options, minibatches_per_step);
+  if (!plans.ok()) return plans.status();
+  return simulate_grpo_plans(plans.value(), lengths, options, minibatches_per_step);
 }
 
 std::vector<int64_t> resample_lengths(std::span<const int64_t> source, int64_t num_samples,

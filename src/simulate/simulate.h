@@ -1,8 +1,10 @@
 // `odc simulate`: per-layer event simulation of one training configuration (ranks, policy,
-// communication mode) on the planner's own plans and cost model, no CUDA. Key invariant: with
-// free communication and no optimizer time, a simulated minibatch takes exactly the planner's
-// predicted time (collective: sum_k max_r C[r][k]; odc: max_r sum_k C[r][k]); everything else
-// (exposed transfers, contention, barrier, cross-node reduction, optimizer) only adds to it.
+// communication mode, SFT or GRPO's training phase) on the planner's own plans and cost model, no
+// CUDA. Key invariant: with free communication and no optimizer time, a simulated minibatch takes
+// exactly the planner's predicted time (collective, fsdp2-deferred: sum_k max_r C[r][k]; odc,
+// odc-hybrid, fsdp2-unsharded: max_r sum_k C[r][k]; a forward-only minibatch the same on its
+// forward-scaled costs); everything else (exposed transfers, contention, barrier, cross-node
+// reduction, optimizer) only adds to it.
 #pragma once
 
 #include <cstdint>
@@ -17,14 +19,39 @@
 
 namespace odc::simulate {
 
+// The arms odc.train runs (python/odc/train/arms.py), named as it names them.
 enum class Mode {
   kCollective,  // FSDP2: per-layer all-gather / reduce-scatter, every rank waits for the slowest
+  // FSDP2 with gradient sync deferred to the last microbatch (verl's default): the per-layer
+  // all-gathers of every microbatch stay (lockstep), one reduce-scatter per layer per minibatch.
+  kFsdp2Deferred,
+  // FSDP2 with resharding off and sync deferred: every unit all-gathered once at the minibatch's
+  // start, nothing in between, one reduce-scatter per layer in the last microbatch's backward.
+  // Ranks may run different microbatch counts; they meet at the start and in that backward.
+  kFsdp2Unsharded,
   kOdcFlat,    // ODC: every rank owns 1/N of the state; pulls and pushes, one barrier per minibatch
   kOdcHybrid,  // ODC within a node, replicated across nodes, one cross-node reduction per minibatch
 };
 
 std::string_view mode_name(Mode mode);
-Result<Mode> parse_mode(std::string_view name);
+Result<Mode> parse_mode(std::string_view name);  // the message names every mode
+
+// Whether ranks meet at every microbatch (collective, fsdp2-deferred: every rank must run the
+// same microbatch count, and the planner's collective time applies) or only at the minibatch's
+// edges (the others: counts may differ, the planner's odc time applies).
+bool lockstep(Mode mode);
+bool is_odc(Mode mode);  // odc or odc-hybrid; the other modes are the FSDP2 baselines
+
+// The policies odc.train runs (arms.POLICIES): the planner's three, and lb-mini-padded, LB-Mini's
+// plan with every rank padded to the minibatch's largest microbatch count with empty microbatches
+// (cost c each, appended: LB-Mini sorts a rank's microbatches by cost, descending), which lockstep
+// modes can run (arms.adapt_plan).
+struct PolicyChoice {
+  planner::Policy policy = planner::Policy::kLbMini;
+  bool padded = false;
+};
+std::string policy_label(const PolicyChoice& choice);
+Result<PolicyChoice> parse_policy_choice(std::string_view name);  // the message names every one
 
 // Bytes per parameter element moved, as odc.torch runs bf16 mixed precision with fp32 master
 // weights (docs/torch.md "What happens", "Memory"): FSDP2's all-gather moves the bf16 cast; ODC
@@ -88,8 +115,17 @@ struct SimulateOptions {
   ModelShape model;
   Topology topology;
   // Share of a microbatch's cost spent in the forward pass; with activation checkpointing the
-  // backward recomputes the forward, so forward : backward = 1 : 3.
+  // backward recomputes the forward, so forward : backward = 1 : 3 (without it 1 : 2, 1/3:
+  // odc.train's grpo_run.FORWARD_FRACTION). Also what a forward-only microbatch costs:
+  // forward_cost().
   double forward_fraction = 0.25;
+  // lb-mini-padded (PolicyChoice): plan.policy is kLbMini and every rank's microbatches are padded
+  // to the minibatch's largest count before simulating.
+  bool pad_to_equal_counts = false;
+  // A forward-only minibatch (GRPO's old and reference log-probabilities): gathers only, no
+  // backward, no gradient pushes or reduce-scatters, no optimizer step. The plan was made with
+  // forward_cost(cost, forward_fraction), so each microbatch's cost is already its forward's.
+  bool forward_only = false;
   // Optimizer step (AdamW + gradient clipping) on a rank's shard: bytes of HBM traffic per
   // parameter element over this bandwidth.
   double optimizer_bytes_per_param = 32.0;
@@ -131,11 +167,15 @@ struct MemoryPerGpu {
   // parameters of two layers (one-layer prefetch) and of the root unit, and the fp32 gradient of
   // the larger unit before it is pushed or reduce-scattered.
   double gathered_bytes = 0.0;
+  // Held unsharded on every GPU by the FSDP2 baselines that keep them between microbatches:
+  // fsdp2-deferred the fp32 gradients of the whole model (4 B per parameter), accumulated until
+  // the last microbatch's reduce-scatter; fsdp2-unsharded also the bf16 parameters (2 + 4 B).
+  double unsharded_bytes = 0.0;
   // ODC's own buffers beyond the shards: none within a node (CUDA's remote adds); flat across
   // nodes (NVSHMEM) the streamed staging budget and the node cache of remote parameter shards
   // ((nodes - 1) x the fp32 shard, at most its budget); the runtime's defaults, 256 MiB each.
   double odc_bytes = 0.0;
-  double total_bytes() const { return state_bytes + gathered_bytes + odc_bytes; }
+  double total_bytes() const { return state_bytes + gathered_bytes + unsharded_bytes + odc_bytes; }
 };
 
 inline constexpr double kStagingBudgetBytes = 256.0 * 1024 * 1024;    // ODC_STAGING_BYTES
@@ -148,9 +188,49 @@ MemoryPerGpu memory_per_gpu(const ModelShape& model, Mode mode, int64_t num_rank
 Result<SimulateResult> simulate_plan(const planner::Plan& plan, std::span<const int64_t> lengths,
                                      const SimulateOptions& options);
 
-// Plans `lengths` with options.plan, then simulates. Collective cannot run LB-Mini (unequal
-// microbatch counts): that is an error naming the combination.
+// Plans `lengths` with options.plan, then simulates. Lockstep modes (collective, fsdp2-deferred)
+// cannot run LB-Mini unpadded (unequal microbatch counts): that is an error naming the combination.
 Result<SimulateResult> simulate(std::span<const int64_t> lengths, const SimulateOptions& options);
+
+// The plan as the mode and policy run it (odc.train's arms.adapt_plan): lb-mini-padded pads every
+// rank to the minibatch's largest microbatch count; fsdp2-unsharded gives a rank without
+// microbatches one empty microbatch (its backward carries the rank's part of the minibatch's
+// reduce-scatter). Predicted times are recomputed. simulate_plan applies it itself.
+planner::Plan adapt_plan(const planner::Plan& plan, std::span<const int64_t> lengths,
+                         const SimulateOptions& options);
+
+// The cost model of a forward-only microbatch: every term (a, b, c and the floor) times
+// `forward_fraction`, as odc.train's grpo_run._step_plans scales it.
+planner::CostModel forward_cost(const planner::CostModel& cost, double forward_fraction);
+
+// GRPO's training phase (odc.train --task grpo, docs/design.md "RL workload"): per RL step of S =
+// options.plan.minibatch_size rollouts, two forward-only minibatches over all S (old log-probs on
+// the policy, reference log-probs on a frozen model of the same shape), then K update minibatches
+// of S / K rollouts. Planned as grpo_run._step_plans plans them: one forward-only plan per step
+// with forward_cost(), one update plan of K minibatches with the full cost.
+struct GrpoPlans {
+  planner::Plan forward_only;  // one minibatch per RL step
+  planner::Plan update;        // K minibatches per RL step
+};
+Result<GrpoPlans> make_grpo_plans(std::span<const int64_t> lengths, const SimulateOptions& options,
+                                  int64_t minibatches_per_step);
+
+struct GrpoResult {
+  int64_t num_rl_steps = 0;
+  // One forward-only phase over every RL step (the reference's phase runs the same plan on a
+  // model of the same shape, so it takes the same simulated time; an RL step holds two).
+  SimulateResult forward_phase;
+  SimulateResult update;  // every update minibatch
+  // Per RL step, everything: seconds = 2 x forward phase + K updates; minibatch_seconds holds one
+  // entry per RL step and num_minibatches counts RL steps; bubble over all of it.
+  SimulateResult rl_step;
+};
+Result<GrpoResult> simulate_grpo_plans(const GrpoPlans& plans, std::span<const int64_t> lengths,
+                                       const SimulateOptions& options,
+                                       int64_t minibatches_per_step);
+// `lengths` hold whole RL steps (a multiple of options.plan.minibatch_size).
+Result<GrpoResult> simulate_grpo(std::span<const int64_t> lengths, const SimulateOptions& options,
+                                 int64_t minibatches_per_step);
 
 // `num_samples` lengths: `source` in order, repeated as often as needed, each further pass in a
 // fixed pseudo-random order (seeded by `seed`), so that large rank counts get enough minibatches.

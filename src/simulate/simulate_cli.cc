@@ -61,11 +61,50 @@ std::vector<std::string> split(const std::string& text) {
 struct Row {
   int64_t ranks = 0;
   std::string policy, mode;
-  SimulateResult result;
+  SimulateResult result;  // --task grpo: per RL step (GrpoResult::rl_step)
+  // --task grpo: one forward-only phase and the update minibatches (GrpoResult).
+  SimulateResult forward_phase, update;
   double speedup = 0.0;  // baseline step time / this step time; 0 when there is no baseline
   // The same from the planner's times alone (compute only: odc compare's basis).
   double planner_speedup = 0.0;
+  std::string label() const { return mode + " + " + policy; }
 };
+
+// At one rank count, the strongest baseline arm (the fastest FSDP2 arm: collective,
+// fsdp2-deferred, fsdp2-unsharded, any policy) and ODC's fastest arm (odc, odc-hybrid); indices
+// into the rows, kNone where no such arm was simulated.
+constexpr size_t kNone = static_cast<size_t>(-1);
+struct Strongest {
+  int64_t ranks = 0;
+  size_t baseline = kNone, odc = kNone;
+  double odc_speedup(const std::vector<Row>& rows) const {
+    return rows[baseline].result.seconds / rows[odc].result.seconds;
+  }
+};
+
+std::vector<Strongest> strongest_arms(const std::vector<Row>& rows) {
+  std::vector<Strongest> found;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (found.empty() || found.back().ranks != rows[i].ranks) found.push_back({rows[i].ranks});
+    const bool odc = is_odc(parse_mode(rows[i].mode).value());
+    size_t& best = odc ? found.back().odc : found.back().baseline;
+    if (best == kNone || rows[i].result.seconds < rows[best].result.seconds) best = i;
+  }
+  return found;
+}
+
+// "a at 8-16 GPUs, b at 64 GPUs": labels per rank count (ascending), runs of one label merged.
+std::string labels_by_ranks(const std::vector<std::pair<int64_t, std::string>>& labels) {
+  std::string text;
+  for (size_t i = 0; i < labels.size();) {
+    size_t j = i;
+    while (j + 1 < labels.size() && labels[j + 1].second == labels[i].second) ++j;
+    text += (i ? ", " : "") + labels[i].second + " at " + std::to_string(labels[i].first) +
+            (j != i ? "-" + std::to_string(labels[j].first) : std::string()) + " GPUs";
+    i = j + 1;
+  }
+  return text;
+}
 
 // The split check of a sweep run without --split auto: at each rank count the fastest ODC arm
 // with lb-mini is simulated again on lb-mini+split; the rank count where that gains most is kept.
@@ -127,26 +166,16 @@ std::string range(double low, double high, const char* format) {
 // figures are told apart), and what else is in the simulated time with its assumptions.
 std::string verdict_line(const std::vector<Row>& rows, const SimulateOptions& base,
                          const CliArgs& args, const SplitCheck& split_check) {
-  std::vector<std::string> fastest_labels;  // distinct, in rank order
-  std::vector<int64_t> label_ranks_first, label_ranks_last;
+  std::vector<std::pair<int64_t, std::string>> fastest;  // per rank count, in rank order
   double low = 0, high = 0, compute_low = 0, compute_high = 0;
   bool any_speedup = false;
-  int64_t min_ranks = 0, max_ranks = 0;
   for (size_t i = 0; i < rows.size();) {
     size_t j = i, best = i;
     for (; j < rows.size() && rows[j].ranks == rows[i].ranks; ++j) {
       if (rows[j].result.seconds < rows[best].result.seconds) best = j;
     }
     const Row& row = rows[best];
-    const std::string label = row.mode + " + " + row.policy;
-    if (fastest_labels.empty() || fastest_labels.back() != label) {
-      fastest_labels.push_back(label);
-      label_ranks_first.push_back(row.ranks);
-      label_ranks_last.push_back(row.ranks);
-    }
-    label_ranks_last.back() = row.ranks;
-    if (min_ranks == 0) min_ranks = row.ranks;
-    max_ranks = row.ranks;
+    fastest.emplace_back(row.ranks, row.label());
     if (row.speedup > 0) {
       low = any_speedup ? std::min(low, row.speedup) : row.speedup;
       high = any_speedup ? std::max(high, row.speedup) : row.speedup;
@@ -157,25 +186,25 @@ std::string verdict_line(const std::vector<Row>& rows, const SimulateOptions& ba
     }
     i = j;
   }
-  std::string gpus = std::to_string(min_ranks);
-  if (max_ranks != min_ranks) gpus += "-" + std::to_string(max_ranks);
   std::string line = "verdict: ";
-  if (fastest_labels.size() == 1) {
-    line += fastest_labels.front() + " is fastest at " + gpus + " GPUs";
-  } else {
-    line += "fastest:";
-    for (size_t k = 0; k < fastest_labels.size(); ++k) {
-      line +=
-          (k ? ", " : " ") + fastest_labels[k] + " at " + std::to_string(label_ranks_first[k]) +
-          (label_ranks_last[k] != label_ranks_first[k] ? "-" + std::to_string(label_ranks_last[k])
-                                                       : std::string()) +
-          " GPUs";
+  const bool one_label = std::all_of(fastest.begin(), fastest.end(), [&](const auto& entry) {
+    return entry.second == fastest.front().second;
+  });
+  if (one_label) {
+    std::string gpus = std::to_string(fastest.front().first);
+    if (fastest.back().first != fastest.front().first) {
+      gpus += "-" + std::to_string(fastest.back().first);
     }
+    line += fastest.front().second + " is fastest at " + gpus + " GPUs";
+  } else {
+    line += "fastest: " + labels_by_ranks(fastest);
   }
   // The compute-only figure is the planner's on the minibatches simulated here, not on the whole
   // file as odc compare plans it: said so, so that the two are not read as one number.
-  const std::string sample =
-      std::to_string(args.minibatches) + " minibatch" + (args.minibatches == 1 ? "" : "es");
+  const bool grpo = args.task == "grpo";
+  const std::string sample = std::to_string(args.minibatches) +
+                             (grpo ? (args.minibatches == 1 ? " RL step" : " RL steps")
+                                   : (args.minibatches == 1 ? " minibatch" : " minibatches"));
   if (any_speedup) {
     line += ", simulated speedup " + range(low, high, "%.2fx") +
             " over the baseline collective + lb-micro (compute only on the same " + sample +
@@ -183,6 +212,26 @@ std::string verdict_line(const std::vector<Row>& rows, const SimulateOptions& ba
             "; compare plans the whole file)";
   } else {
     line += " (no speedup: the baseline, collective + lb-micro, was not simulated)";
+  }
+  // Against the strongest arm a user could pick instead of ODC (docs/design.md, "Baselines").
+  std::vector<std::pair<int64_t, std::string>> baselines, odc_arms;
+  double odc_low = 0, odc_high = 0;
+  for (const Strongest& s : strongest_arms(rows)) {
+    if (s.baseline == kNone || s.odc == kNone) continue;
+    const double speedup = s.odc_speedup(rows);
+    odc_low = baselines.empty() ? speedup : std::min(odc_low, speedup);
+    odc_high = baselines.empty() ? speedup : std::max(odc_high, speedup);
+    baselines.emplace_back(s.ranks, rows[s.baseline].label());
+    odc_arms.emplace_back(s.ranks, rows[s.odc].label());
+  }
+  if (!baselines.empty()) {
+    line += "; strongest baseline arm (the fastest FSDP2 arm): " + labels_by_ranks(baselines) +
+            ", ODC's speedup over it " + range(odc_low, odc_high, "%.2fx") + " (" +
+            labels_by_ranks(odc_arms) + ")";
+  }
+  if (grpo) {
+    line += "; per RL step: 2 forward-only phases and " +
+            std::to_string(args.minibatches_per_step) + " update minibatches";
   }
   if (split_check.gain() >= kSplitHintGain) {
     line += split_check.baseline_seconds > 0
@@ -229,10 +278,23 @@ Status build_split_and_speed(const CliArgs& args, const std::vector<int64_t>& ra
 }
 
 Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& source,
-             std::vector<int64_t>& ranks, std::vector<planner::Policy>& policies,
+             std::vector<int64_t>& ranks, std::vector<PolicyChoice>& policies,
              std::vector<Mode>& modes) {
   if (args.format != "table" && args.format != "json") {
     return Status::InvalidArgument("unknown format '" + args.format + "': expected table or json");
+  }
+  if (args.task != "sft" && args.task != "grpo") {
+    return Status::InvalidArgument("unknown task '" + args.task + "': expected sft or grpo");
+  }
+  if (args.task == "grpo") {
+    // As odc.train --task grpo refuses them.
+    if (args.split != "off") {
+      return Status::InvalidArgument("--task grpo does not split samples yet: drop --split");
+    }
+    if (args.minibatches_per_step < 1) {
+      return Status::InvalidArgument("--minibatches-per-step must be >= 1, got " +
+                                     std::to_string(args.minibatches_per_step));
+    }
   }
   const bool custom = args.layers || args.layer_params || args.other_params;
   if (custom) {
@@ -262,7 +324,7 @@ Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& s
   if (!rank_list.ok()) return rank_list.status();
   ranks = rank_list.value();
   for (const auto& name : split(args.policies)) {
-    auto policy = planner::parse_policy(name);
+    auto policy = parse_policy_choice(name);
     if (!policy.ok()) return policy.status();
     policies.push_back(policy.value());
   }
@@ -277,6 +339,20 @@ Status build(const CliArgs& args, SimulateOptions& base, std::vector<int64_t>& s
   ODC_RETURN_IF_ERROR(build_split_and_speed(args, ranks, base));
   if (args.samples.samples_per_rank < 1 || args.minibatches < 1) {
     return Status::InvalidArgument("--samples-per-rank and --minibatches must be >= 1");
+  }
+  if (args.task == "grpo") {
+    for (int64_t num_ranks : ranks) {
+      // Checked for overflow below; an RL step of N x K rollouts splits into equal updates.
+      int64_t step = 0;
+      if (!__builtin_mul_overflow(num_ranks, args.samples.samples_per_rank, &step) &&
+          step % args.minibatches_per_step != 0) {
+        return Status::InvalidArgument(
+            "--task grpo: an RL step of --ranks " + std::to_string(num_ranks) +
+            " x --samples-per-rank " + std::to_string(args.samples.samples_per_rank) + " = " +
+            std::to_string(step) + " rollouts does not split into --minibatches-per-step " +
+            std::to_string(args.minibatches_per_step) + " equal update minibatches");
+      }
+    }
   }
   // Checked before any allocation: N x samples per rank x minibatches samples are drawn and
   // planned per rank count, and an overflowed product would turn into a negative minibatch.
@@ -438,12 +514,28 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
                   "minibatches per configuration (the file is repeated, reshuffled, when it "
                   "has too few samples)")
       ->capture_default_str();
-  command.add_option("--policies", args.policies, "comma-separated")->capture_default_str();
+  command
+      .add_option("--policies", args.policies,
+                  "local-sort, lb-micro, lb-mini, lb-mini-padded (LB-Mini padded to equal "
+                  "microbatch counts with empty microbatches), comma-separated")
+      ->capture_default_str();
   command
       .add_option("--microbatch-memory", args.microbatch_memory,
                   "lb-mini's microbatch bound: lb-micro (no larger than lb-micro's) or cap")
       ->capture_default_str();
-  command.add_option("--modes", args.modes, "collective, odc, odc-hybrid, comma-separated")
+  command
+      .add_option("--modes", args.modes,
+                  "collective, fsdp2-deferred, fsdp2-unsharded, odc, odc-hybrid, comma-separated")
+      ->capture_default_str();
+  command
+      .add_option("--task", args.task,
+                  "sft, or grpo: GRPO's training phase, per RL step of ranks x samples-per-rank "
+                  "rollouts two forward-only minibatches (old and reference log-probs) and "
+                  "--minibatches-per-step updates; --minibatches then counts RL steps")
+      ->capture_default_str();
+  command
+      .add_option("--minibatches-per-step", args.minibatches_per_step,
+                  "--task grpo: update minibatches per RL step")
       ->capture_default_str();
   command
       .add_option("--split", args.split,
@@ -472,7 +564,9 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
   command.add_option("--network-latency-us", args.network_latency_us)->capture_default_str();
   command
       .add_option("--forward-fraction", args.forward_fraction,
-                  "share of a microbatch's cost in the forward pass")
+                  "share of a microbatch's cost in the forward pass, and what a forward-only "
+                  "microbatch costs (--task grpo): 1/4 with activation checkpointing (odc.train "
+                  "on GPUs), 1/3 without")
       ->capture_default_str();
   command.add_option("--transport", args.transport_path,
                      "measured curves within a node (JSON; python -m odc.simulate --curves "
@@ -482,8 +576,8 @@ void add_cli_options(CLI::App& command, CliArgs& args) {
                   "GPU memory, GB: the memory table says whether each layout's state fits")
       ->capture_default_str();
   command.add_option("--format", args.format, "table or json")->capture_default_str();
-  for (const char* name :
-       {"--layers", "--cost-calibrated-on", "--minibatches", "--gpus-per-node"}) {
+  for (const char* name : {"--layers", "--cost-calibrated-on", "--minibatches", "--gpus-per-node",
+                           "--minibatches-per-step"}) {
     command.get_option(name)->check(int64_range());
   }
 }
@@ -493,25 +587,29 @@ namespace {
 int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::string* document) {
   SimulateOptions base;
   std::vector<int64_t> source, ranks;
-  std::vector<planner::Policy> policies;
+  std::vector<PolicyChoice> policies;
   std::vector<Mode> modes;
   if (Status status = build(args, base, source, ranks, policies, modes); !status.ok()) {
     error = status.message();
     return 2;
   }
+  const bool grpo = args.task == "grpo";
   // The arms: every policy unsplit, then, with --split auto, the policies that can split
   // (lb-micro, lb-mini) split, in odc compare's order.
   const bool split_auto = base.plan.split == planner::SplitMode::kAuto;
-  std::vector<std::pair<planner::Policy, planner::SplitMode>> arms;
+  std::vector<std::pair<PolicyChoice, planner::SplitMode>> arms;
   for (auto policy : policies) arms.emplace_back(policy, planner::SplitMode::kOff);
   if (split_auto) {
     for (auto policy : policies) {
-      if (policy != planner::Policy::kLocalSort) arms.emplace_back(policy, base.plan.split);
+      if (policy.policy != planner::Policy::kLocalSort && !policy.padded) {
+        arms.emplace_back(policy, base.plan.split);
+      }
     }
   }
   std::vector<Row> rows;
   SplitCheck split_check;
   for (int64_t num_ranks : ranks) {
+    // SFT: a minibatch of N x K samples; GRPO: an RL step of N x K rollouts.
     const int64_t per_minibatch = num_ranks * args.samples.samples_per_rank;
     const auto lengths = resample_lengths(source, per_minibatch * args.minibatches, 0);
     double baseline = 0.0;
@@ -520,42 +618,85 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
     SimulateOptions options = base;
     options.plan.num_ranks = num_ranks;
     options.plan.minibatch_size = per_minibatch;
-    for (const auto& [policy, split_mode] : arms) {
-      options.plan.policy = policy;
+    // Plans by (planner policy, split): lb-mini-padded pads LB-Mini's plan (simulate_plan does,
+    // per mode), so the two share one plan (LB-Mini's partition dominates the time at 1,024).
+    std::vector<std::pair<std::pair<planner::Policy, planner::SplitMode>, GrpoPlans>> made;
+    for (const auto& [choice, split_mode] : arms) {
+      options.plan.policy = choice.policy;
       options.plan.split = split_mode;
-      auto plan = planner::make_plan(lengths, options.plan);
-      if (!plan.ok()) {
-        error = plan.status().message();
-        return 2;
-      }
-      const std::string label = std::string(planner::policy_name(policy)) +
-                                (split_mode == planner::SplitMode::kAuto ? "+split" : "");
-      for (auto mode : modes) {
-        if (mode == Mode::kCollective && policy == planner::Policy::kLbMini) continue;
-        options.mode = mode;
-        auto result = simulate_plan(plan.value(), lengths, options);
-        if (!result.ok()) {
-          error = result.status().message();
-          return 2;
+      options.pad_to_equal_counts = choice.padded;
+      const std::pair<planner::Policy, planner::SplitMode> key{choice.policy, split_mode};
+      auto cached = std::find_if(made.begin(), made.end(),
+                                 [&](const auto& entry) { return entry.first == key; });
+      if (cached == made.end()) {
+        GrpoPlans plans;
+        if (grpo) {
+          options.mode = Mode::kOdcFlat;  // any mode that can run the policy, for validation
+          auto made_plans = make_grpo_plans(lengths, options, args.minibatches_per_step);
+          if (!made_plans.ok()) {
+            error = made_plans.status().message();
+            return 2;
+          }
+          plans = std::move(made_plans).value();
+        } else {
+          auto plan = planner::make_plan(lengths, options.plan);
+          if (!plan.ok()) {
+            error = plan.status().message();
+            return 2;
+          }
+          plans.update = std::move(plan).value();
         }
-        rows.push_back(Row{num_ranks, label, std::string(mode_name(mode)), result.value()});
-        if (mode == Mode::kCollective && policy == planner::Policy::kLbMicro &&
+        made.emplace_back(key, std::move(plans));
+        cached = made.end() - 1;
+      }
+      const GrpoPlans& plans = cached->second;
+      const std::string label =
+          policy_label(choice) + (split_mode == planner::SplitMode::kAuto ? "+split" : "");
+      for (auto mode : modes) {
+        // Lockstep modes cannot run lb-mini's unequal counts; padding buys the others nothing
+        // (they run unequal counts), so lb-mini-padded is simulated where it is needed only.
+        if (lockstep(mode) ? choice.policy == planner::Policy::kLbMini && !choice.padded
+                           : choice.padded) {
+          continue;
+        }
+        options.mode = mode;
+        Row row{num_ranks, label, std::string(mode_name(mode))};
+        if (grpo) {
+          auto result = simulate_grpo_plans(plans, lengths, options, args.minibatches_per_step);
+          if (!result.ok()) {
+            error = result.status().message();
+            return 2;
+          }
+          row.result = result.value().rl_step;
+          row.forward_phase = result.value().forward_phase;
+          row.update = result.value().update;
+        } else {
+          auto result = simulate_plan(plans.update, lengths, options);
+          if (!result.ok()) {
+            error = result.status().message();
+            return 2;
+          }
+          row.result = std::move(result).value();
+        }
+        rows.push_back(std::move(row));
+        if (mode == Mode::kCollective && choice.policy == planner::Policy::kLbMicro &&
             split_mode == planner::SplitMode::kOff) {
-          baseline = result.value().seconds;
+          baseline = rows.back().result.seconds;
           baseline_row = rows.size() - 1;
         }
       }
     }
+    options.pad_to_equal_counts = false;
     // The split check (odc compare's hint, simulated): the fastest ODC + lb-mini row again on
-    // lb-mini+split, where some minibatch splits at all.
+    // lb-mini+split, where some minibatch splits at all. SFT only: GRPO does not split yet.
     const Row* lb_mini = nullptr;
     for (size_t i = first; i < rows.size(); ++i) {
-      if (rows[i].policy == "lb-mini" && rows[i].mode != mode_name(Mode::kCollective) &&
+      if (rows[i].policy == "lb-mini" && is_odc(parse_mode(rows[i].mode).value()) &&
           (!lb_mini || rows[i].result.seconds < lb_mini->result.seconds)) {
         lb_mini = &rows[i];
       }
     }
-    if (!split_auto && lb_mini != nullptr && num_ranks <= kSplitCheckMaxRanks) {
+    if (!split_auto && !grpo && lb_mini != nullptr && num_ranks <= kSplitCheckMaxRanks) {
       options.plan.policy = planner::Policy::kLbMini;
       options.plan.split = planner::SplitMode::kAuto;
       auto plan = planner::make_plan(lengths, options.plan);
@@ -601,6 +742,12 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
     root["cost"] = {{"a", base.plan.cost.a}, {"b", base.plan.cost.b}, {"c", base.plan.cost.c}};
     if (base.plan.cost.floor > 0.0) root["cost"]["floor"] = base.plan.cost.floor;
     root["cost_calibrated_on"] = base.cost_calibration_ranks;
+    root["task"] = args.task;
+    if (grpo) {
+      // --minibatches counts RL steps; each holds N x samples_per_rank rollouts.
+      root["minibatches_per_step"] = args.minibatches_per_step;
+    }
+    root["forward_fraction"] = base.forward_fraction;
     root["samples_per_rank"] = args.samples.samples_per_rank;
     root["minibatches"] = args.minibatches;
     root["max_tokens"] = base.plan.max_tokens;
@@ -619,9 +766,35 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
     root["verdict"] = verdict;
     root["split_hint"] =
         hint.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(hint);
+    nlohmann::ordered_json strongest = nlohmann::ordered_json::array();
+    for (const Strongest& s : strongest_arms(rows)) {
+      if (s.baseline == kNone || s.odc == kNone) continue;
+      const double baseline_steps = static_cast<double>(rows[s.baseline].result.num_minibatches);
+      const double odc_steps = static_cast<double>(rows[s.odc].result.num_minibatches);
+      strongest.push_back(
+          {{"ranks", s.ranks},
+           {"baseline", rows[s.baseline].label()},
+           {"baseline_step_seconds", rows[s.baseline].result.seconds / baseline_steps},
+           {"odc", rows[s.odc].label()},
+           {"odc_step_seconds", rows[s.odc].result.seconds / odc_steps},
+           {"odc_speedup", s.odc_speedup(rows)}});
+    }
+    // Per rank count: the fastest FSDP2 arm and ODC's fastest arm, ODC's speedup over it.
+    root["strongest_baseline"] = std::move(strongest);
     nlohmann::ordered_json results = nlohmann::ordered_json::array();
     for (const Row& row : rows) {
       const double m = static_cast<double>(row.result.num_minibatches);
+      nlohmann::ordered_json phases = nullptr;
+      if (grpo) {
+        // Per RL step: one forward-only phase (the step holds two) and the K updates.
+        phases = {
+            {"forward_phase_seconds", row.forward_phase.seconds / m},
+            {"update_seconds", row.update.seconds / m},
+            {"planner_forward_phase_seconds", row.forward_phase.planner_seconds / m},
+            {"planner_update_seconds", row.update.planner_seconds / m},
+            {"forward_phase_exposed_comm_seconds", row.forward_phase.exposed_comm_seconds / m},
+            {"update_exposed_comm_seconds", row.update.exposed_comm_seconds / m}};
+      }
       results.push_back({{"ranks", row.ranks},
                          {"policy", row.policy},
                          {"mode", row.mode},
@@ -634,7 +807,8 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
                          {"idle_seconds", row.result.idle_seconds / m},
                          {"optimizer_seconds", row.result.optimizer_seconds / m},
                          {"planner_step_seconds", row.result.planner_seconds / m},
-                         {"minibatch_seconds", row.result.minibatch_seconds}});
+                         {"minibatch_seconds", row.result.minibatch_seconds},
+                         {"phases", phases}});
     }
     root["results"] = std::move(results);
     root["gpu_memory_bytes"] = capacity;
@@ -644,6 +818,7 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
                              {"mode", std::string(mode_name(row.mode))},
                              {"state_bytes", row.memory.state_bytes},
                              {"gathered_bytes", row.memory.gathered_bytes},
+                             {"unsharded_bytes", row.memory.unsharded_bytes},
                              {"odc_bytes", row.memory.odc_bytes},
                              {"total_bytes", row.memory.total_bytes()}});
     }
@@ -658,27 +833,44 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
   int policy_width = 10;
   for (const Row& row : rows)
     policy_width = std::max(policy_width, static_cast<int>(row.policy.size()));
-  char line[200];
-  std::snprintf(line, sizeof(line), "%6s %-*s %-11s %8s %7s %8s %9s %9s %9s %9s\n", "ranks",
-                policy_width, "policy", "mode", "step s", "bubble", "speedup", "compute",
-                "exp.comm", "idle", "optim");
+  char line[240];
+  // GRPO adds the RL step's two parts: one forward-only phase (the step runs two) and the K
+  // update minibatches together.
+  std::snprintf(line, sizeof(line), "%6s %-*s %-15s %8s%s %7s %8s %9s %9s %9s %9s\n", "ranks",
+                policy_width, "policy", "mode", "step s", grpo ? " fwd-only   update" : "",
+                "bubble", "speedup", "compute", "exp.comm", "idle", "optim");
   out << line;
   for (const Row& row : rows) {
     const double m = static_cast<double>(row.result.num_minibatches);
     char speedup[16] = "-";
     if (row.speedup > 0) std::snprintf(speedup, sizeof(speedup), "%.2fx", row.speedup);
-    std::snprintf(line, sizeof(line), "%6lld %-*s %-11s %8.3f %7s %8s %9.3f %9.3f %9.3f %9.4f\n",
+    char phases[40] = "";
+    if (grpo) {
+      std::snprintf(phases, sizeof(phases), " %8.3f %8.3f", row.forward_phase.seconds / m,
+                    row.update.seconds / m);
+    }
+    std::snprintf(line, sizeof(line), "%6lld %-*s %-15s %8.3f%s %7s %8s %9.3f %9.3f %9.3f %9.4f\n",
                   static_cast<long long>(row.ranks), policy_width, row.policy.c_str(),
-                  row.mode.c_str(), row.result.seconds / m, percent(row.result.bubble).c_str(),
-                  speedup, row.result.compute_seconds / m, row.result.exposed_comm_seconds / m,
-                  row.result.idle_seconds / m, row.result.optimizer_seconds / m);
+                  row.mode.c_str(), row.result.seconds / m, phases,
+                  percent(row.result.bubble).c_str(), speedup, row.result.compute_seconds / m,
+                  row.result.exposed_comm_seconds / m, row.result.idle_seconds / m,
+                  row.result.optimizer_seconds / m);
     out << line;
   }
-  out << "seconds per minibatch (step) and its parts per rank: compute, exposed communication, "
-         "idle (waiting for other ranks), optimizer; speedup against collective + lb-micro at "
-         "the same rank count\n\n";
-  std::snprintf(line, sizeof(line), "%6s %-11s %9s %9s %9s %9s %12s\n", "ranks", "mode", "state",
-                "gathered", "odc bufs", "total", "fits?");
+  if (grpo) {
+    out << "seconds per RL step (step: 2 forward-only phases, old and reference log-probs, then "
+        << args.minibatches_per_step
+        << " update minibatches; fwd-only: one of the two phases; update: the updates together) "
+           "and the step's parts per rank: compute, exposed communication, idle (waiting for "
+           "other ranks), optimizer; speedup against collective + lb-micro at the same rank "
+           "count\n\n";
+  } else {
+    out << "seconds per minibatch (step) and its parts per rank: compute, exposed communication, "
+           "idle (waiting for other ranks), optimizer; speedup against collective + lb-micro at "
+           "the same rank count\n\n";
+  }
+  std::snprintf(line, sizeof(line), "%6s %-15s %9s %9s %9s %9s %9s %12s\n", "ranks", "mode",
+                "state", "gathered", "unsharded", "odc bufs", "total", "fits?");
   out << "memory per GPU, GB (state sharded as the runtime does; activations not included)\n"
       << line;
   for (const MemoryRow& row : memory) {
@@ -689,16 +881,18 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
     } else {
       std::snprintf(fits, sizeof(fits), "no");
     }
-    std::snprintf(line, sizeof(line), "%6lld %-11s %9.2f %9.2f %9.2f %9.2f %12s\n",
+    std::snprintf(line, sizeof(line), "%6lld %-15s %9.2f %9.2f %9.2f %9.2f %9.2f %12s\n",
                   static_cast<long long>(row.ranks), std::string(mode_name(row.mode)).c_str(),
                   row.memory.state_bytes / 1e9, row.memory.gathered_bytes / 1e9,
-                  row.memory.odc_bytes / 1e9, total / 1e9, fits);
+                  row.memory.unsharded_bytes / 1e9, row.memory.odc_bytes / 1e9, total / 1e9, fits);
     out << line;
   }
   out << fixed("on a %.0f GB GPU", args.gpu_memory_gbytes)
       << " (--gpu-memory-gbytes); \"left\" is what activations may use. state: 16 B per parameter "
          "(fp32 weights, AdamW, gradient or odc's accumulator; odc publishes the fp32 shards in "
-         "place) / N, odc-hybrid / GPUs per node\n";
+         "place) / N, odc-hybrid / GPUs per node; unsharded: held whole on every GPU, "
+         "fsdp2-deferred's fp32 gradients (4 B per parameter), fsdp2-unsharded's bf16 parameters "
+         "and fp32 gradients (6 B)\n";
   out << verdict << "\n";
   if (!hint.empty()) out << hint << "\n";
   return 0;

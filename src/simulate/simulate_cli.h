@@ -49,14 +49,19 @@ struct CliArgs {
   std::optional<int64_t> cost_calibrated_on;  // GPUs the cost was fitted on under FSDP2
   std::string ranks = "8,16,32,64,128,256,512,1024";
   int64_t minibatches = 20;
-  std::string policies = "local-sort,lb-micro,lb-mini";
+  std::string policies = "local-sort,lb-micro,lb-mini,lb-mini-padded";
   std::string microbatch_memory = "lb-micro";  // LB-Mini's microbatch bound (planner/plan.h)
   // As in plan and compare: auto adds lb-micro+split and lb-mini+split arms (of the policies
   // given); off runs the split check and prints compare's hint where splitting would pay.
   std::string split = "off";
   double split_exchange = planner::kDefaultSplitExchange;
   std::string rank_speed;  // S0,S1,...: one speed per rank, so one rank count in --ranks
-  std::string modes = "collective,odc,odc-hybrid";
+  std::string modes = "collective,fsdp2-deferred,fsdp2-unsharded,odc,odc-hybrid";
+  // sft: every minibatch a training minibatch. grpo: GRPO's training phase (simulate.h,
+  // GrpoPlans): per RL step of ranks x samples_per_rank rollouts two forward-only minibatches and
+  // minibatches_per_step updates; --minibatches then counts RL steps.
+  std::string task = "sft";
+  int64_t minibatches_per_step = 2;
   int64_t gpus_per_node = 8;
   double nvlink_gbytes = 290;
   double nvlink_collective_gbytes = 300;

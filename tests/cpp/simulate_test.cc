@@ -31,15 +31,31 @@ SimulateResult run(std::span<const int64_t> lengths, const SimulateOptions& opti
   return result.ok() ? result.value() : SimulateResult{};
 }
 
+constexpr Mode kEveryMode[] = {Mode::kCollective, Mode::kFsdp2Deferred, Mode::kFsdp2Unsharded,
+                               Mode::kOdcFlat, Mode::kOdcHybrid};
+
 TEST(Simulate, FreeCommunicationGivesThePlannersTimes) {
+  // Every arm: lockstep modes (collective, fsdp2-deferred) take sum_k max_r C[r][k], the others
+  // max_r sum_k C[r][k], on the plan as the arm runs it (lb-mini-padded's and fsdp2-unsharded's
+  // empty microbatches included), in update and forward-only minibatches alike.
   const auto lengths = planner::testing::random_lengths(400, 64, 7);
-  for (auto policy : {planner::Policy::kLocalSort, planner::Policy::kLbMicro}) {
-    for (Mode mode : {Mode::kCollective, Mode::kOdcFlat, Mode::kOdcHybrid}) {
-      auto options = small_options(mode, policy, 5);
-      options.free_communication = true;
-      const SimulateResult result = run(lengths, options);
-      EXPECT_NEAR(result.seconds, result.planner_seconds, 1e-9 * result.seconds) << mode_name(mode);
-      EXPECT_EQ(result.exposed_comm_seconds, 0.0);
+  const PolicyChoice policies[] = {{planner::Policy::kLocalSort},
+                                   {planner::Policy::kLbMicro},
+                                   {planner::Policy::kLbMini},
+                                   {planner::Policy::kLbMini, true}};
+  for (const PolicyChoice& policy : policies) {
+    for (Mode mode : kEveryMode) {
+      if (lockstep(mode) && policy.policy == planner::Policy::kLbMini && !policy.padded) continue;
+      for (bool forward_only : {false, true}) {
+        auto options = small_options(mode, policy.policy, 5);
+        options.pad_to_equal_counts = policy.padded;
+        options.forward_only = forward_only;
+        options.free_communication = true;
+        const SimulateResult result = run(lengths, options);
+        EXPECT_NEAR(result.seconds, result.planner_seconds, 1e-9 * result.seconds)
+            << mode_name(mode) << " " << policy_label(policy) << " forward-only " << forward_only;
+        EXPECT_EQ(result.exposed_comm_seconds, 0.0);
+      }
     }
   }
 }
@@ -162,8 +178,167 @@ TEST(Simulate, RejectsWhatCannotRun) {
   options = hand_options(Mode::kOdcFlat);
   options.topology.network.bytes_per_second = 0;
   EXPECT_FALSE(simulate(lengths, options).ok());
-  EXPECT_FALSE(parse_mode("nccl").ok());
+  // fsdp2-deferred meets at every microbatch as collective does: the error names it.
+  options = hand_options(Mode::kFsdp2Deferred);
+  options.plan.policy = planner::Policy::kLbMini;
+  result = simulate(lengths, options);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("which fsdp2-deferred cannot run"), std::string::npos);
+  options.pad_to_equal_counts = true;  // lb-mini-padded runs
+  EXPECT_TRUE(simulate(lengths, options).ok());
+  options.plan.policy = planner::Policy::kLbMicro;  // padding is lb-mini's only
+  EXPECT_FALSE(simulate(lengths, options).ok());
+  auto mode = parse_mode("nccl");
+  ASSERT_FALSE(mode.ok());
+  EXPECT_NE(mode.status().message().find("fsdp2-deferred, fsdp2-unsharded"), std::string::npos);
+  auto policy = parse_policy_choice("lb-maxi");
+  ASSERT_FALSE(policy.ok());
+  EXPECT_NE(policy.status().message().find("lb-mini-padded"), std::string::npos);
+  ASSERT_TRUE(parse_policy_choice("lb-mini-padded").ok());
+  EXPECT_TRUE(parse_policy_choice("lb-mini-padded").value().padded);
   EXPECT_FALSE(model_preset("70b").ok());
+}
+
+// A plan given by hand: ranks[r] lists rank r's microbatches; times as the planner predicts them.
+planner::Plan hand_plan(const std::vector<std::vector<planner::Microbatch>>& ranks,
+                        std::span<const int64_t> lengths, const planner::PlanOptions& options) {
+  planner::Plan plan;
+  plan.options = options;
+  planner::MinibatchPlan minibatch;
+  for (size_t i = 0; i < lengths.size(); ++i) minibatch.samples.push_back(static_cast<int64_t>(i));
+  for (const auto& microbatches : ranks) minibatch.ranks.push_back({microbatches});
+  minibatch.times = planner::predict_times(minibatch.ranks, lengths, options);
+  plan.minibatches.push_back(minibatch);
+  return plan;
+}
+
+SimulateResult run_plan(const planner::Plan& plan, std::span<const int64_t> lengths,
+                        const SimulateOptions& options) {
+  auto result = simulate_plan(plan, lengths, options);
+  EXPECT_TRUE(result.ok()) << result.status().message();
+  return result.ok() ? result.value() : SimulateResult{};
+}
+
+TEST(Simulate, PaddingAndEmptyMicrobatchesByHandWithFreeCommunication) {
+  // Cost L + 0.5 per microbatch. Rank 0 runs lengths 1 and 1 (1.5 s each), rank 1 one of 4
+  // (4.5 s): LB-Mini's unequal counts.
+  const std::vector<int64_t> lengths = {1, 1, 4};
+  auto options = hand_options(Mode::kCollective);
+  options.plan.policy = planner::Policy::kLbMini;
+  options.plan.cost = planner::CostModel{1.0, 0.0, 0.5};
+  options.free_communication = true;
+  const auto plan = hand_plan({{{0}, {1}}, {{2}}}, lengths, options.plan);
+  // lb-mini-padded under lockstep modes: rank 1 gets an empty microbatch (0.5 s) after its own,
+  // so max(1.5, 4.5) + max(1.5, 0.5) = 6 s, and busy 8 s of 2 x 6: bubble 1/3.
+  options.pad_to_equal_counts = true;
+  for (Mode mode : {Mode::kCollective, Mode::kFsdp2Deferred}) {
+    options.mode = mode;
+    const SimulateResult padded = run_plan(plan, lengths, options);
+    EXPECT_NEAR(padded.seconds, 6.0, 1e-12) << mode_name(mode);
+    EXPECT_NEAR(padded.planner_seconds, 6.0, 1e-12);
+    EXPECT_NEAR(padded.compute_seconds, 4.0, 1e-12);
+    EXPECT_NEAR(padded.bubble, 1.0 / 3.0, 1e-12);
+  }
+  // fsdp2-unsharded runs the counts as they are: max(3, 4.5) = 4.5 s, like odc; a third rank
+  // without microbatches runs one empty one (0.5 s of busy time, no effect on the span).
+  options.pad_to_equal_counts = false;
+  options.mode = Mode::kFsdp2Unsharded;
+  const SimulateResult unsharded = run_plan(plan, lengths, options);
+  EXPECT_NEAR(unsharded.seconds, 4.5, 1e-12);
+  options.plan.num_ranks = 3;
+  const auto idle_rank = hand_plan({{{0}, {1}}, {{2}}, {}}, lengths, options.plan);
+  const SimulateResult three = run_plan(idle_rank, lengths, options);
+  EXPECT_NEAR(three.seconds, 4.5, 1e-12);
+  EXPECT_NEAR(three.compute_seconds, (3.0 + 4.5 + 0.5) / 3.0, 1e-12);
+  options.mode = Mode::kOdcFlat;  // odc leaves the idle rank idle
+  EXPECT_NEAR(run_plan(idle_rank, lengths, options).compute_seconds, 7.5 / 3.0, 1e-12);
+}
+
+TEST(Simulate, DeferredSyncByHand) {
+  // hand_options: one layer, all-gather 1 s, reduce-scatter 2 s, forward half. Both ranks run
+  // two microbatches: rank 0 of 3 s and 1 s, rank 1 of 1 s and 1 s.
+  // collective: AG 1, forward 1 -> 2.5 | 1.5; AG at 2.5 -> 3.5, backward -> 5 | 4; RS 5 -> 7;
+  //   second microbatch: AG waits for the RS, 7 -> 8, forward 8.5, AG 9.5, backward 10, RS 12.
+  // fsdp2-deferred: no RS after the first microbatch, so its second AG runs 5 -> 6, forward 6.5,
+  //   AG 7.5, backward 8, RS 10: the first reduce-scatter's 2 s are saved.
+  const std::vector<int64_t> lengths = {3, 1, 1, 1};
+  auto options = hand_options(Mode::kCollective);
+  const auto plan = hand_plan({{{0}, {1}}, {{2}, {3}}}, lengths, options.plan);
+  EXPECT_NEAR(run_plan(plan, lengths, options).seconds, 12.0, 1e-12);
+  options.mode = Mode::kFsdp2Deferred;
+  const SimulateResult deferred = run_plan(plan, lengths, options);
+  EXPECT_NEAR(deferred.seconds, 10.0, 1e-12);
+  EXPECT_NEAR(deferred.planner_seconds, 4.0, 1e-12);  // max(3, 1) + max(1, 1)
+}
+
+TEST(Simulate, UnshardedExposesItsStartAllGatherOncePerMinibatch) {
+  // hand_options again; rank 0 runs one microbatch of 3 s, rank 1 two of 1 s. The layer's
+  // all-gather (1 s) runs once, at the start: rank 0 forward 1 -> 2.5, backward -> 4; rank 1
+  // 1 -> 1.5 -> 2, then 2.5 -> 3. The reduce-scatter (2 s) waits for both last backwards: 4 -> 6.
+  // Free communication: max(3, 2) = 3 s, so 3 s exposed: the start all-gather and the final
+  // reduce-scatter, once per minibatch however many microbatches a rank runs.
+  const std::vector<int64_t> lengths = {3, 1, 1};
+  auto options = hand_options(Mode::kFsdp2Unsharded);
+  options.plan.policy = planner::Policy::kLbMini;
+  const auto plan = hand_plan({{{0}}, {{1}, {2}}}, lengths, options.plan);
+  const SimulateResult unsharded = run_plan(plan, lengths, options);
+  EXPECT_NEAR(unsharded.seconds, 6.0, 1e-12);
+  EXPECT_NEAR(unsharded.exposed_comm_seconds, 3.0, 1e-12);
+  EXPECT_NEAR(unsharded.idle_seconds, 3.0 - 2.5, 1e-12);  // busy 5 s over 2 ranks in 3 s
+}
+
+TEST(Simulate, ForwardOnlyMinibatchesGatherAndNeverReduce) {
+  // The plan's costs are already the forward's (forward_cost): 3 s and 1 s, one per rank, all of
+  // it in the forward. collective and fsdp2-deferred: AG 1 s, then 3 s: 4 s, no reduce-scatter
+  // and no optimizer; fsdp2-unsharded the same (its one start gather); odc pulls the fp32 shards
+  // (2 s, nothing pushed to contend with): 5 s.
+  const std::vector<int64_t> lengths = {3, 1};
+  auto options = hand_options(Mode::kCollective);
+  options.forward_only = true;
+  options.optimizer_bytes_per_param = 32.0;  // would show if a forward-only minibatch stepped
+  const auto plan = hand_plan({{{0}}, {{1}}}, lengths, options.plan);
+  for (Mode mode : {Mode::kCollective, Mode::kFsdp2Deferred, Mode::kFsdp2Unsharded}) {
+    options.mode = mode;
+    const SimulateResult result = run_plan(plan, lengths, options);
+    EXPECT_NEAR(result.seconds, 4.0, 1e-12) << mode_name(mode);
+    EXPECT_EQ(result.optimizer_seconds, 0.0);
+  }
+  options.mode = Mode::kOdcFlat;
+  EXPECT_NEAR(run_plan(plan, lengths, options).seconds, 5.0, 1e-12);
+  EXPECT_NEAR(forward_cost(planner::CostModel{4.0, 8.0, 2.0, 1.0}, 0.25).b, 2.0, 1e-15);
+  EXPECT_NEAR(forward_cost(planner::CostModel{4.0, 8.0, 2.0, 1.0}, 0.25).floor, 0.25, 1e-15);
+}
+
+TEST(Simulate, GrpoStepByHandWithFreeCommunication) {
+  // One RL step of 4 rollouts on 2 ranks, local-sort, cost L, forward a quarter, K = 2.
+  // Forward-only plan (one minibatch of all 4, costs / 4): rank 0 lengths 1, 4 -> 0.25, 1;
+  // rank 1 lengths 3, 3 -> 0.75, 0.75. Lockstep: 0.75 + 1 = 1.75 s; the others max(1.25, 1.5).
+  // Updates: {1 | 3} -> 3 s, {4 | 3} -> 4 s. RL step: 2 x forward + 7.
+  const std::vector<int64_t> lengths = {1, 3, 4, 3};
+  for (Mode mode : kEveryMode) {
+    auto options = small_options(mode, planner::Policy::kLocalSort, 2);
+    options.plan.cost = planner::CostModel{1.0, 0.0, 0.0};
+    options.plan.minibatch_size = 4;  // the RL step's rollouts
+    options.forward_fraction = 0.25;
+    options.free_communication = true;
+    auto result = simulate_grpo(lengths, options, 2);
+    ASSERT_TRUE(result.ok()) << result.status().message();
+    const GrpoResult& grpo = result.value();
+    const double forward = lockstep(mode) ? 1.75 : 1.5;
+    EXPECT_EQ(grpo.num_rl_steps, 1);
+    EXPECT_NEAR(grpo.forward_phase.seconds, forward, 1e-12) << mode_name(mode);
+    EXPECT_NEAR(grpo.update.seconds, 7.0, 1e-12) << mode_name(mode);
+    EXPECT_NEAR(grpo.rl_step.seconds, 2 * forward + 7.0, 1e-12) << mode_name(mode);
+    EXPECT_NEAR(grpo.rl_step.planner_seconds, grpo.rl_step.seconds, 1e-12);
+    ASSERT_EQ(grpo.rl_step.minibatch_seconds.size(), 1u);
+    EXPECT_NEAR(grpo.rl_step.minibatch_seconds[0], 2 * forward + 7.0, 1e-12);
+    // busy: two forward phases of 2.75 s and 11 s of updates, over 2 ranks.
+    EXPECT_NEAR(grpo.rl_step.compute_seconds, (2 * 2.75 + 11.0) / 2, 1e-12);
+  }
+  auto options = small_options(Mode::kOdcFlat, planner::Policy::kLocalSort, 2);
+  options.plan.minibatch_size = 4;
+  EXPECT_FALSE(simulate_grpo(lengths, options, 3).ok());  // 4 rollouts into 3 minibatches
+  EXPECT_FALSE(simulate_grpo(std::span(lengths).first(3), options, 2).ok());  // no whole step
 }
 
 TEST(Simulate, ResampleKeepsFileOrderFirstThenRepeatsDeterministically) {
@@ -196,6 +371,16 @@ TEST(Simulate, MemoryPerGpuFollowsTheRuntimesFormulas) {
   const MemoryPerGpu hybrid = memory_per_gpu(model, Mode::kOdcHybrid, 16, 8);
   EXPECT_DOUBLE_EQ(hybrid.state_bytes, 16.0 * 2500 / 8);
   EXPECT_DOUBLE_EQ(hybrid.odc_bytes, 0.0);
+  // fsdp2-deferred: FSDP2's, plus every parameter's unsharded fp32 gradient (4 B x 2,500).
+  const MemoryPerGpu deferred = memory_per_gpu(model, Mode::kFsdp2Deferred, 16, 8);
+  EXPECT_DOUBLE_EQ(deferred.state_bytes, 16.0 * 2500 / 16);
+  EXPECT_DOUBLE_EQ(deferred.gathered_bytes, gathered);
+  EXPECT_DOUBLE_EQ(deferred.unsharded_bytes, 4.0 * 2500);
+  // fsdp2-unsharded: bf16 parameters and fp32 gradients of the whole model, which are its
+  // gathered units: (2 + 4) B x 2,500 on top of the sharded state, no per-layer buffers.
+  const MemoryPerGpu unsharded = memory_per_gpu(model, Mode::kFsdp2Unsharded, 16, 8);
+  EXPECT_DOUBLE_EQ(unsharded.total_bytes(), 16.0 * 2500 / 16 + 6.0 * 2500);
+  EXPECT_DOUBLE_EQ(unsharded.gathered_bytes, 0.0);
   // A node cache larger than its budget is held to it.
   const ModelShape large{10, 1e9, 0};
   EXPECT_DOUBLE_EQ(memory_per_gpu(large, Mode::kOdcFlat, 16, 8).odc_bytes,

@@ -102,8 +102,9 @@ def test_table_json_and_speedup(odc_cli, data_dir):
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     rows = document["results"]
-    # collective + lb-mini cannot run: 2 rank counts x (lb-micro x 3 modes + lb-mini x 2 modes).
-    assert len(rows) == 10
+    # Lockstep modes (collective, fsdp2-deferred) cannot run lb-mini: 2 rank counts x (lb-micro x
+    # 5 modes + lb-mini x 3 modes).
+    assert len(rows) == 16
     for row in rows:
         assert row["step_seconds"] > 0 and 0 <= row["bubble"] < 1
         parts = (
@@ -200,9 +201,11 @@ def test_verdict_and_memory(odc_cli, data_dir):
     document = json.loads(simulate(odc_cli, *common, "--format", "json").stdout)
     assert document["verdict"] == verdict
     memory = {(row["ranks"], row["mode"]): row for row in document["memory_per_gpu"]}
-    assert set(memory) == {(n, m) for n in (8, 16) for m in ("collective", "odc", "odc-hybrid")}
+    modes = ("collective", "fsdp2-deferred", "fsdp2-unsharded", "odc", "odc-hybrid")
+    assert set(memory) == {(n, m) for n in (8, 16) for m in modes}
     for row in memory.values():
-        parts = row["state_bytes"] + row["gathered_bytes"] + row["odc_bytes"]
+        parts = row["state_bytes"] + row["gathered_bytes"] + row["unsharded_bytes"]
+        parts += row["odc_bytes"]
         assert row["total_bytes"] == pytest.approx(parts)
     # Flat ODC shards over all GPUs, the hybrid over a node's 8; across nodes flat ODC holds the
     # staging and the node cache.
@@ -325,7 +328,9 @@ def test_plots_keep_lines_apart_and_legends_off_the_data(odc_cli, data_dir, monk
     figure, renderer = _captured_figure(monkeypatch, draw_simulate, document)
     (axis,) = figure.axes
     styles = [(line.get_linestyle(), line.get_marker()) for line in axis.get_lines()]
-    assert len(styles) == 8 and len(set(styles)) == len(styles)
+    # 5 modes x local-sort and lb-micro, lb-mini under the 3 that run it, lb-mini-padded under
+    # the 2 lockstep ones.
+    assert len(styles) == 15 and len(set(styles)) == len(styles)
     legend = axis.get_legend().get_window_extent(renderer)
     assert not legend.overlaps(axis.get_window_extent(renderer))
     compare = subprocess.run(
