@@ -1,8 +1,15 @@
 """The simulator against the training runs recorded in docs/results: each run is simulated on
 the minibatches it measured (the warm-up excluded, as in the measurement), with its own cost
-model, model preset, ranks and policy, on one node, and its simulated step time set beside the
-measured one. The simulator is called in this process through the C API (odc.simulate.simulate,
-odcSimulate), one call per run; tests/python/test_validate_runs.py bounds the mean error.
+model, model preset, ranks, arm (comm + policy, odc.train's names: odc simulate's modes) and
+policy, on one node, and its simulated step time set beside the measured one. The simulator is
+called in this process through the C API (odc.simulate.simulate, odcSimulate), one call per run;
+tests/python/test_validate_runs.py bounds the mean error.
+
+GRPO runs (`task: grpo`, odc.train --task grpo) are compared per RL step: the two forward-only
+phases (rl.phase_seconds' old_logprobs and ref_logprobs, the slowest rank's) plus the step's K
+update minibatches (minibatch_seconds), summed over the measured RL steps and divided by their
+number, against odc simulate --task grpo on the same rollouts. The host exchange of the
+log-probabilities after each phase (*_exchange) is outside both: the simulator does not model it.
 
     python dev/analysis/validate_runs.py [docs/results] [--transport data/transport/h200x4_odc_bench.json]
 """
@@ -52,6 +59,13 @@ RECORDED_INPUTS = {
 # Runs the simulator does not model yet, with the reason: they are listed as skipped (never
 # silently dropped) and the mean error is over the simulated runs only.
 NOT_MODELLED_SPLIT = "not simulated: split samples (issue #14) are not modelled by odc simulate yet"
+# GRPO runs whose RL step is not N x samples-per-rank rollouts: odc simulate cannot lay it out.
+NOT_MODELLED_STEP = (
+    "not simulated: an RL step of {step} rollouts is not a multiple of {ranks} ranks"
+)
+# A forward's share of forward + backward, as odc.train's grpo_run.FORWARD_FRACTION: with
+# activation checkpointing (odc.train turns it on on GPUs) the backward recomputes the forward.
+FORWARD_FRACTION = {True: 1 / 4, False: 1 / 3}
 # The NVLink figures of one H200 node, used as the "network" of HSDP runs whose two "nodes" were
 # GPUs of one host (issue #13): GB/s per GPU, as --nvlink-gbytes' default.
 ONE_HOST_LINK_GBITS = 290 * 8
@@ -99,9 +113,11 @@ def measured_lengths(name: str, run: dict, lengths: Optional[List[int]]) -> List
 
 
 def simulate_arguments(run: dict, transport: Optional[str]) -> List[str]:
-    """`odc simulate`'s options for one recorded run (its lengths are passed beside them)."""
+    """`odc simulate`'s options for one recorded run (its lengths are passed beside them). The
+    arm's comm is the simulator's mode of the same name (collective, fsdp2-deferred,
+    fsdp2-unsharded, odc); its policy too (lb-mini-padded included)."""
     ranks = run["ranks"]
-    mode, node_gpus, link = ("odc" if run["comm"] == "odc" else "collective"), ranks, []
+    mode, node_gpus, link = run["comm"], ranks, []
     replicas, shards = run.get("mesh") or (1, ranks)
     if replicas > 1 and run["comm"] == "odc":
         # ODC hybrid: ODC inside each replica, one all-reduce across replicas, over NVLink here
@@ -123,6 +139,82 @@ def simulate_arguments(run: dict, transport: Optional[str]) -> List[str]:
         "--microbatch-memory", run.get("microbatch_memory", "cap"),
     ]  # fmt: skip
     return arguments + link + (["--transport", transport] if transport else [])
+
+
+def activation_checkpointing(run: dict) -> bool:
+    """Whether the run recomputed activations: odc.train turns checkpointing on on GPUs
+    (__main__: activation_checkpointing=device == "cuda"); a run that records it is believed."""
+    return run.get("activation_checkpointing", run.get("device") == "cuda")
+
+
+def grpo_rl_steps(name: str, run: dict) -> tuple:
+    """(measured RL steps, K, rollouts per RL step, and per RL step the measured seconds, of
+    them the two forward-only phases' and the K updates') of a GRPO run: the warm-up
+    (warmup_steps counts update minibatches, K per RL step) excluded, each part summed over the
+    measured RL steps and divided by their number (time-weighted, docs/design.md "Measuring")."""
+    rl = run["rl"]
+    per_step = rl["minibatches_per_step"]
+    if run["steps_measured"] % per_step or run.get("warmup_steps", 0) % per_step:
+        raise ValueError(f"{name}: update minibatches are not whole RL steps of {per_step}")
+    steps = run["steps_measured"] // per_step
+    phases = rl["phase_seconds"][run.get("warmup_steps", 0) // per_step :]
+    if len(phases) != steps or len(run["minibatch_seconds"]) != run["steps_measured"]:
+        raise ValueError(
+            f"{name}: {steps} measured RL steps, but {len(phases)} forward-phase records and "
+            f"{len(run['minibatch_seconds'])} update minibatch times"
+        )
+    forward = sum(p["old_logprobs"] + p["ref_logprobs"] for p in phases)
+    update = sum(run["minibatch_seconds"])
+    rollouts = len(run["measured_lengths"]) // steps if steps else 0
+    if steps == 0 or rollouts * steps != len(run["measured_lengths"]):
+        raise ValueError(f"{name}: measured_lengths do not hold {steps} whole RL steps")
+    return steps, per_step, rollouts, (forward + update) / steps, forward / steps, update / steps
+
+
+def grpo_arguments(run: dict, steps: int, per_step: int, rollouts: int, transport) -> List[str]:
+    """`odc simulate --task grpo`'s options for a GRPO run of `steps` RL steps."""
+    arguments = simulate_arguments(run, transport)
+    replace = {
+        "--samples-per-rank": str(rollouts // run["ranks"]),
+        "--minibatches": str(steps),
+        # grpo_run._step_plans plans with odc.train.data.schedule's default bound, whatever the
+        # run's --microbatch-memory says.
+        "--microbatch-memory": "lb-micro",
+    }
+    for i in range(0, len(arguments) - 1):
+        if arguments[i] in replace:
+            arguments[i + 1] = replace[arguments[i]]
+    fraction = FORWARD_FRACTION[activation_checkpointing(run)]
+    return arguments + [
+        "--task", "grpo", "--minibatches-per-step", str(per_step),
+        "--forward-fraction", repr(fraction),
+    ]  # fmt: skip
+
+
+def validate_grpo(name: str, run: dict, row: dict, transport: Optional[str]) -> dict:
+    """The row of a GRPO run: seconds per RL step, measured and simulated, and each part."""
+    steps, per_step, rollouts, measured, forward, update = grpo_rl_steps(name, run)
+    row.update(
+        task="grpo",
+        minibatches=steps,
+        measured_step_seconds=measured,
+        measured_forward_seconds=forward,
+        measured_update_seconds=update,
+    )
+    if rollouts % run["ranks"]:
+        row["skipped"] = NOT_MODELLED_STEP.format(step=rollouts, ranks=run["ranks"])
+        return row
+    arguments = grpo_arguments(run, steps, per_step, rollouts, transport)
+    (result,) = simulate(arguments, run["measured_lengths"])["results"]
+    phases = result["phases"]
+    row.update(
+        simulated_step_seconds=result["step_seconds"],
+        planner_step_seconds=result["planner_step_seconds"],
+        simulated_forward_seconds=2 * phases["forward_phase_seconds"],
+        simulated_update_seconds=phases["update_seconds"],
+        error=result["step_seconds"] / measured - 1.0,
+    )
+    return row
 
 
 def validate(
@@ -150,6 +242,9 @@ def validate(
                 row.update(policy=run["policy"] + "+split", skipped=NOT_MODELLED_SPLIT)
                 rows.append(row)
                 continue
+            if run.get("task") == "grpo":
+                rows.append(validate_grpo(path.name, run, row, transport))
+                continue
             measured = measured_lengths(path.name, run, lengths)
             document = simulate(simulate_arguments(run, transport), measured)
             (result,) = document["results"]
@@ -166,7 +261,8 @@ def print_rows(rows: List[dict]) -> None:
     print(f"{'file':38} {'comm + policy':24} {'mb':>3} {'measured':>9} {'simulated':>9} "
           f"{'planner':>8} {'error':>7}")  # fmt: skip
     for r in rows:
-        label = f"{r['file']:38} {r['comm'] + ' + ' + r['policy']:24} {r['minibatches']:3d} "
+        arm = r["comm"] + " + " + r["policy"] + (" (grpo)" if r.get("task") == "grpo" else "")
+        label = f"{r['file']:38} {arm:24} {r['minibatches']:3d} "
         if "skipped" in r:
             print(f"{label}{r['measured_step_seconds']:9.3f}  {r['skipped']}")
             continue
@@ -176,6 +272,11 @@ def print_rows(rows: List[dict]) -> None:
         )
     skipped = [r for r in rows if "skipped" in r]
     simulated = [r for r in rows if "skipped" not in r]
+    if any(r.get("task") == "grpo" for r in rows):
+        print(
+            "grpo rows: mb counts RL steps and seconds are per RL step (2 forward-only phases + "
+            "K updates)"
+        )
     if skipped:
         print(f"{len(skipped)} runs not simulated (listed above)")
     if simulated:

@@ -722,6 +722,14 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
     }
   }
 
+  if (rows.empty()) {
+    error =
+        "no arm to simulate: lockstep modes (collective, fsdp2-deferred) cannot run lb-mini "
+        "(use lb-mini-padded), and lb-mini-padded is simulated under those modes only; "
+        "--modes " +
+        args.modes + " with --policies " + args.policies + " leave nothing";
+    return 2;
+  }
   const std::string verdict = verdict_line(rows, base, args, split_check);
   const std::string hint = split_hint(split_check);
   std::vector<MemoryRow> memory;

@@ -343,3 +343,56 @@ def test_plots_keep_lines_apart_and_legends_off_the_data(odc_cli, data_dir, monk
     assert boxes
     for box in boxes:
         assert not any(box.overlaps(axis.get_window_extent(renderer)) for axis in figure.axes)
+
+
+def test_grpo_phases_and_the_strongest_baseline(odc_cli, data_dir):
+    # Issue 30 item 4: --task grpo per RL step (two forward-only phases, K updates), the FSDP2
+    # arms beside ODC, and the verdict against the fastest of them, through the command and the
+    # C API alike.
+    arguments = ["--lengths", str(data_dir / "grpo_math_like.txt"), "--ranks", "8"]
+    arguments += ["--minibatches", "2", "--task", "grpo", "--minibatches-per-step", "2"]
+    command = simulate(odc_cli, *arguments, "--format", "json")
+    assert command.returncode == 0, command.stderr
+    document = json.loads(command.stdout)
+    assert document == simulate_in_process(arguments)
+    assert document["task"] == "grpo" and document["minibatches_per_step"] == 2
+    rows = {(r["policy"], r["mode"]): r for r in document["results"]}
+    # lb-mini-padded under the lockstep modes only, lb-mini under the others only.
+    assert ("lb-mini-padded", "fsdp2-deferred") in rows and ("lb-mini", "odc") in rows
+    assert ("lb-mini", "collective") not in rows and ("lb-mini-padded", "odc") not in rows
+    for row in rows.values():
+        phases = row["phases"]
+        assert row["step_seconds"] == pytest.approx(
+            2 * phases["forward_phase_seconds"] + phases["update_seconds"]
+        )
+        assert len(row["minibatch_seconds"]) == 2  # one per RL step
+        # A forward is a quarter of a microbatch: the forward phases are far shorter.
+        assert 0 < phases["forward_phase_seconds"] < phases["update_seconds"]
+    # Deferred sync drops reduce-scatters, never adds: never slower than collective.
+    for policy in ("local-sort", "lb-micro"):
+        deferred, collective = rows[(policy, "fsdp2-deferred")], rows[(policy, "collective")]
+        assert deferred["step_seconds"] <= collective["step_seconds"] * (1 + 1e-12)
+    (strongest,) = document["strongest_baseline"]
+    fsdp2 = [r for r in rows.values() if r["mode"] not in ("odc", "odc-hybrid")]
+    fastest = min(fsdp2, key=lambda r: r["step_seconds"])
+    assert strongest["baseline"] == f"{fastest['mode']} + {fastest['policy']}"
+    assert strongest["odc_speedup"] == pytest.approx(
+        fastest["step_seconds"] / strongest["odc_step_seconds"]
+    )
+    assert f"strongest baseline arm (the fastest FSDP2 arm): {strongest['baseline']}" in (
+        document["verdict"]
+    )
+    assert "2 forward-only phases and 2 update minibatches" in document["verdict"]
+    table = simulate(odc_cli, *arguments)
+    assert table.returncode == 0 and "fwd-only" in table.stdout and "unsharded" in table.stdout
+    cases = [
+        (["--task", "rl"], "unknown task 'rl': expected sft or grpo"),
+        (["--task", "grpo", "--split", "auto"], "--task grpo does not split samples yet"),
+        (["--task", "grpo", "--samples-per-rank", "1", "--ranks", "3"], "does not split into"),
+        (["--policies", "lb-maxi"], "expected local-sort, lb-micro, lb-mini or lb-mini-padded"),
+        (["--modes", "collective", "--policies", "lb-mini"], "no arm"),
+    ]
+    lengths = ["--lengths", str(data_dir / "grpo_math_like.txt")]
+    for case, message in cases:
+        result = simulate(odc_cli, *lengths, *case)
+        assert result.returncode == 2 and message in result.stderr, (case, result.stderr)

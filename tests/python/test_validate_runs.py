@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from odc.simulate import simulate as simulate_in_process
+
 REPO = Path(__file__).resolve().parents[2]
 MEAN_ABSOLUTE_ERROR_BOUND = 0.05  # issue #15
 
@@ -62,3 +64,65 @@ def test_a_run_it_cannot_place_is_named(tmp_path):
     (tmp_path / "docs" / "unknown.json").write_text(json.dumps([run]))
     with pytest.raises(ValueError, match="unknown.json: the run records no measured_lengths"):
         validate_runs.validate(tmp_path / "docs", repo=tmp_path)
+
+
+def _sft_run(comm: str, policy: str, lengths: list) -> dict:
+    """A results entry as odc.train writes it (summary.py), cut to what validate_runs reads."""
+    return {
+        "comm": comm, "policy": policy, "preset": "tiny", "cost": [1e-3, 0.0, 0.01],
+        "ranks": 2, "samples_per_rank": 4, "steps_measured": 2, "max_tokens": 512,
+        "microbatch_memory": "lb-micro", "device": "cuda", "split": "off",
+        "step_seconds": 1.0, "measured_lengths": lengths,
+    }  # fmt: skip
+
+
+def test_the_new_arms_and_grpo_runs_are_validated(tmp_path):
+    validate_runs = _validate_runs()
+    lengths = [100, 400, 250, 30, 60, 480, 200, 90, 310, 120, 20, 440, 75, 150, 260, 35]
+    runs = [
+        _sft_run("fsdp2-deferred", "lb-micro", lengths),
+        _sft_run("fsdp2-unsharded", "lb-mini", lengths),
+        _sft_run("collective", "lb-mini-padded", lengths),
+    ]
+    # GRPO: 2 ranks, K = 2 updates per RL step of 8 rollouts, one warm-up RL step (2 update
+    # minibatches), 2 measured RL steps; phase_seconds holds the warm-up's entry first.
+    grpo = _sft_run("odc", "lb-mini", lengths)
+    grpo.update(task="grpo", steps_measured=4, warmup_steps=2)
+    grpo["minibatch_seconds"] = [0.5, 0.25, 0.5, 0.75]
+    grpo["rl"] = {
+        "minibatches_per_step": 2,
+        "phase_seconds": [
+            {"old_logprobs": 9.0, "old_logprobs_exchange": 9.0, "ref_logprobs": 9.0},  # warm-up
+            {"old_logprobs": 0.25, "old_logprobs_exchange": 5.0, "ref_logprobs": 0.25},
+            {"old_logprobs": 0.5, "old_logprobs_exchange": 5.0, "ref_logprobs": 0.25},
+        ],
+    }
+    results = tmp_path / "docs"
+    results.mkdir()
+    (results / "arms.json").write_text(json.dumps(runs + [grpo]))
+    rows = validate_runs.validate(results, repo=tmp_path)
+    assert not [r for r in rows if "skipped" in r]
+    by_arm = {(r["comm"], r["policy"]): r for r in rows}
+    # Each FSDP2 arm is simulated as its own mode: the same figure odc simulate gives for it.
+    for comm, policy in (("fsdp2-deferred", "lb-micro"), ("fsdp2-unsharded", "lb-mini")):
+        arguments = validate_runs.simulate_arguments(_sft_run(comm, policy, lengths), None)
+        (expected,) = simulate_in_process(arguments, lengths)["results"]
+        assert expected["mode"] == comm
+        assert by_arm[(comm, policy)]["simulated_step_seconds"] == expected["step_seconds"]
+    assert by_arm[("collective", "lb-mini-padded")]["simulated_step_seconds"] > 0
+    # GRPO per RL step, the warm-up and the log-prob exchanges left out: forward phases
+    # (0.5 + 0.75) / 2, updates (0.75 + 1.25) / 2.
+    row = by_arm[("odc", "lb-mini")]
+    assert row["task"] == "grpo" and row["minibatches"] == 2
+    assert row["measured_forward_seconds"] == pytest.approx(0.625)
+    assert row["measured_update_seconds"] == pytest.approx(1.0)
+    assert row["measured_step_seconds"] == pytest.approx(1.625)
+    assert row["simulated_step_seconds"] == pytest.approx(
+        row["simulated_forward_seconds"] + row["simulated_update_seconds"]
+    )
+    assert row["error"] == pytest.approx(row["simulated_step_seconds"] / 1.625 - 1)
+    # An RL step that is not N x samples-per-rank rollouts is listed, not dropped.
+    grpo["ranks"] = 3
+    (results / "arms.json").write_text(json.dumps([grpo]))
+    (row,) = validate_runs.validate(results, repo=tmp_path)
+    assert row["skipped"].startswith("not simulated: an RL step of 8 rollouts")
