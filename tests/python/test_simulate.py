@@ -379,9 +379,8 @@ def test_grpo_phases_and_the_strongest_baseline(odc_cli, data_dir):
     assert strongest["odc_speedup"] == pytest.approx(
         fastest["step_seconds"] / strongest["odc_step_seconds"]
     )
-    assert f"strongest baseline arm (the fastest FSDP2 arm): {strongest['baseline']}" in (
-        document["verdict"]
-    )
+    named = f"strongest baseline arm (the fastest FSDP2 arm): {strongest['baseline']}"
+    assert named in document["verdict"]
     assert "2 forward-only phases and 2 update minibatches" in document["verdict"]
     table = simulate(odc_cli, *arguments)
     assert table.returncode == 0 and "fwd-only" in table.stdout and "unsharded" in table.stdout
