@@ -165,7 +165,7 @@ def grpo_rl_steps(name: str, run: dict) -> tuple:
         )
     forward = sum(p["old_logprobs"] + p["ref_logprobs"] for p in phases)
     update = sum(run["minibatch_seconds"])
-    rollouts = len(run["measured_lengths"]) // steps if steps else 0
+    rollouts = rl.get("rollouts_per_step") or (len(run["measured_lengths"]) // steps if steps else 0)
     if steps == 0 or rollouts * steps != len(run["measured_lengths"]):
         raise ValueError(f"{name}: measured_lengths do not hold {steps} whole RL steps")
     return steps, per_step, rollouts, (forward + update) / steps, forward / steps, update / steps
@@ -177,9 +177,6 @@ def grpo_arguments(run: dict, steps: int, per_step: int, rollouts: int, transpor
     replace = {
         "--samples-per-rank": str(rollouts // run["ranks"]),
         "--minibatches": str(steps),
-        # grpo_run._step_plans plans with odc.train.data.schedule's default bound, whatever the
-        # run's --microbatch-memory says.
-        "--microbatch-memory": "lb-micro",
     }
     for i in range(0, len(arguments) - 1):
         if arguments[i] in replace:

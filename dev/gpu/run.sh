@@ -13,11 +13,11 @@
 #                 cuda-timing, bench-before-after).
 # Stage knobs come from the environment: BENCH_ROUNDS, BENCH_MIN_MIB, BENCH_MAX_MIB, BENCH_ORDER
 # (bench-before-after), SKIP_FIT=1 (torch-migration without fit), SM_BUDGET_SECONDS (sm-budget),
-# BASELINE_STEPS (rl-baselines, sft-baselines).
+# BASELINE_STEPS (rl-baselines, sft-baselines), RL_SMOKE=0 (rl-baselines without its tiny run).
 set -uo pipefail
 
 usage() {
-  sed -n '/^#   dev/,/BASELINE_STEPS/p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '/^#   dev/,/RL_SMOKE/p' "$0" | sed 's/^# \{0,1\}//' >&2
   echo "stages: ${stages[*]}" >&2
   exit 2
 }
@@ -396,7 +396,7 @@ stage_rl_baselines() {
   env_new=$(libs "$snapshot")
   mkdir -p "$dest"
   train_all_gpus --task grpo --rollouts data/grpo_math_like.tsv --baselines
-  stage grpo-smoke-tiny 120 env $env_new "${train[@]}" --preset tiny --length-scale 0.05 \
+  [ "${RL_SMOKE:-1}" = 0 ] || stage grpo-smoke-tiny 120 env $env_new "${train[@]}" --preset tiny --length-scale 0.05 \
     --prompts-per-step 4 --steps 1 --cost 1,0.01,0 --output "$dest/grpo_tiny.json"
   stage grpo-1.5b 450 env $env_new "${train[@]}" --preset 1.5b --prompts-per-step 4 \
     --minibatches-per-step 2 --max-tokens 20480 --steps "${BASELINE_STEPS:-4}" \

@@ -123,6 +123,7 @@ class GrpoRun(Run):
             planned = schedule(
                 lengths, ranks=self.world_size, samples_per_minibatch=size,
                 max_tokens=config.max_tokens, policy=planner_policy(config.policy), cost=cost,
+                microbatch_memory=config.microbatch_memory,
             )  # fmt: skip
             plans.append(adapt_plan(planned, config.comm, config.policy))
         return plans
@@ -237,6 +238,7 @@ class GrpoRun(Run):
             "prompts_per_step": self.rl.prompts_per_step,
             "minibatches_per_step": self.rl.minibatches_per_step,
             "kl_coef": self.rl.kl_coef,
+            "rollouts_per_step": len(self.rl_steps[0][0]),  # what the forward-only phases plan
             # Per RL step, each forward-only phase's seconds on the slowest rank.
             "phase_seconds": [
                 {k: max(p[s][k] for p in phases) for k in phases[0][s] if k != "entropy"}
