@@ -74,6 +74,9 @@ def _check_runs(runs, path):
     for run in runs:
         assert len(run["losses"]) == 4  # 2 RL steps (1 warm-up) x K = 2 update minibatches
         (first, second) = run["rl"]["phase_seconds"]
+        # The planner's span of each RL step's forward-only minibatch, with the forward cost.
+        assert len(run["rl"]["predicted_phase_seconds"]) == 2
+        assert all(p > 0 for p in run["rl"]["predicted_phase_seconds"])
         assert first["old_logprobs"] > 0 and first["ref_logprobs"] > 0
         # A random tiny model: entropy near ln(vocab) = ln(1024) = 6.93 nats per token.
         assert all(6.0 < e < 7.0 for e in run["rl"]["entropy"])
@@ -90,3 +93,10 @@ def _check_runs(runs, path):
     expected = -sum(advantages[i] * step[i].response_tokens for i in first) / tokens
     for run in runs:
         assert run["losses"][0] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def test_forward_cost_scales_every_term_by_the_forward_share():
+    from odc.train.grpo_run import FORWARD_FRACTION, _forward_costs
+
+    assert _forward_costs((4.0, 8.0, 12.0, 16.0), True) == (1.0, 2.0, 3.0, 4.0)
+    assert FORWARD_FRACTION[False] == pytest.approx(1 / 3)

@@ -524,20 +524,29 @@ def _report(results, output: Path, timeline) -> None:
 
 
 def print_rl_phases(results) -> None:
-    """GRPO runs: the forward-only phases per RL step (slowest rank, mean over the RL steps
-    after the first), which the table's step times (update minibatches) leave out."""
+    """GRPO runs: the forward-only phases per RL step (slowest rank, mean over the measured RL
+    steps), which the table's step times (update minibatches) leave out, beside the planner's
+    prediction for the same plans (one forward-only minibatch each: policy and reference)."""
     rl_runs = [r for r in results if r.get("task") == "grpo"]
     if not rl_runs:
         return
     print("\nGRPO forward-only phases per RL step, slowest rank, s (mean over measured steps):")
-    print(f"  {'run':34} {'old logprobs':>13} {'reference':>10} {'exchanges':>10} {'entropy':>8}")
+    print(
+        f"  {'run':34} {'old logprobs':>13} {'reference':>10} {'predicted':>10} "
+        f"{'exchanges':>10} {'entropy':>8}"
+    )
     for result in rl_runs:
-        phases = result["rl"]["phase_seconds"][1:] or result["rl"]["phase_seconds"]
+        rl = result["rl"]
+        first = result.get("warmup_steps", 0) // rl["minibatches_per_step"]
+        phases = rl["phase_seconds"][first:] or rl["phase_seconds"]
         mean = lambda key: sum(p[key] for p in phases) / len(phases)  # noqa: E731
         exchanges = mean("old_logprobs_exchange") + mean("ref_logprobs_exchange")
+        predicted = rl.get("predicted_phase_seconds", [])[first:][: len(phases)]
+        forecast = f"{sum(predicted) / len(predicted):10.3f}" if predicted else f"{'n/a':>10}"
         print(
             f"  {result['comm'] + ' + ' + _run_label(result):34} {mean('old_logprobs'):13.3f} "
-            f"{mean('ref_logprobs'):10.3f} {exchanges:10.3f} {result['rl']['entropy'][-1]:8.3f}"
+            f"{mean('ref_logprobs'):10.3f} {forecast} {exchanges:10.3f} "
+            f"{rl['entropy'][-1]:8.3f}"
         )
 
 

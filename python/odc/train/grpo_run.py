@@ -114,9 +114,7 @@ class GrpoRun(Run):
         from .data import schedule
 
         config = self.config
-        a, b, c, *floor = self.cost
-        scale = FORWARD_FRACTION[config.activation_checkpointing]
-        forward_cost = (a * scale, b * scale, c * scale, *(f * scale for f in floor))
+        forward_cost = _forward_costs(self.cost, config.activation_checkpointing)
         lengths = [self.rollouts[i].length for i in indices]
         plans = []
         for size, cost in ((len(indices), forward_cost), (per_minibatch, self.cost)):
@@ -222,6 +220,28 @@ class GrpoRun(Run):
         detail = {"lengths": [self.rollouts[i].length for i in microbatch]}
         return self._timed(packed, global_tokens, detail, objective=objective, labels=labels)
 
+    def _predicted_forward_seconds(self) -> List[float]:
+        """Per planned RL step, the planner's span of its forward-only minibatch (metrics'
+        accounting under the arm's prediction mode, with the forward cost)."""
+        from .arms import prediction_mode
+        from .metrics import predict_minibatch
+
+        cost = _forward_costs(self.cost, self.config.activation_checkpointing)
+        lengths = [r.length for r in self.rollouts]
+        spans = []
+        for indices, forward, _ in self.rl_steps:
+            (plan,) = forward["minibatches"]
+            ranks = [
+                {"microbatches": [[indices[i] for i in mb] for mb in rank["microbatches"]]}
+                for rank in plan["ranks"]
+            ]
+            spans.append(
+                predict_minibatch(
+                    ranks, lengths, cost, prediction_mode(self.config.comm)
+                ).span_seconds
+            )
+        return spans
+
     # -- collect -------------------------------------------------------------------------------
     def collect(self) -> Optional[dict]:
         import torch.distributed as dist
@@ -239,6 +259,9 @@ class GrpoRun(Run):
             "minibatches_per_step": self.rl.minibatches_per_step,
             "kl_coef": self.rl.kl_coef,
             "rollouts_per_step": len(self.rl_steps[0][0]),  # what the forward-only phases plan
+            # Per RL step, the planner's seconds for one forward-only phase (the same plan runs
+            # twice: policy and reference), under the arm's prediction mode, as for updates.
+            "predicted_phase_seconds": self._predicted_forward_seconds(),
             # Per RL step, each forward-only phase's seconds on the slowest rank.
             "phase_seconds": [
                 {k: max(p[s][k] for p in phases) for k in phases[0][s] if k != "entropy"}
@@ -247,6 +270,12 @@ class GrpoRun(Run):
             "entropy": [p["entropy"] for p in phases[0]],  # the same on every rank
         }
         return summary
+
+
+def _forward_costs(cost, activation_checkpointing: bool) -> tuple:
+    """The cost model of a forward alone: every term (floor included) scaled by FORWARD_FRACTION."""
+    scale = FORWARD_FRACTION[activation_checkpointing]
+    return tuple(term * scale for term in cost)
 
 
 def _spans(packed):
