@@ -660,7 +660,10 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
           continue;
         }
         options.mode = mode;
-        Row row{num_ranks, label, std::string(mode_name(mode))};
+        Row row;
+        row.ranks = num_ranks;
+        row.policy = label;
+        row.mode = std::string(mode_name(mode));
         if (grpo) {
           auto result = simulate_grpo_plans(plans, lengths, options, args.minibatches_per_step);
           if (!result.ok()) {
