@@ -244,21 +244,25 @@ class Simulator {
   // every rank issues every unit's all-gather, root first then the layers in forward order, on
   // its one channel; they complete in that order, every rank issuing at once. A rank's first
   // forward waits for each unit there; after that no collective until its last microbatch's
-  // backward, which reduce-scatters each layer after its backward: the reduce-scatter completes
-  // once every rank has finished that layer's backward in its own last microbatch, so the ranks
-  // meet there layer by layer (a rank does not wait for it: reduce-scatters run on their own
-  // stream). Forward-only: the gathers and the forwards only.
+  // backward, which reduce-scatters each layer after its backward. A reduce-scatter completes
+  // once every rank has issued it, and FSDP2 keeps at most one in flight: a unit's post-backward
+  // makes the compute stream wait for the previous unit's reduce-scatter before it issues its
+  // own (torch 2.11, FSDPParamGroup.post_backward, `reduce_scatter_state.event`), so in the
+  // last backward a rank computes layer j + 1 only once every rank has finished layer j - 1 of
+  // its own last backward: the ranks meet there layer by layer, whatever their earlier
+  // microbatches. (Measured on 2 H100s, 8 units: a rank with one 16K-token microbatch against
+  // one with 15K + 1K tokens took 238 ms with sync on in the last microbatch, 165-170 ms with it
+  // off; the coupling gives the 238.) Forward-only: the gathers and the forwards only.
   double unsharded(const std::vector<std::vector<double>>& costs) {
     const int64_t layers = o_.model.num_layers;
     const UnitSeconds unit = collective_unit_seconds();
-    std::vector<double> layer_gathered(static_cast<size_t>(layers));
     double channel = unit.all_gather_root;
     const double root_gathered = channel;
+    std::vector<double> layer_gathered(static_cast<size_t>(layers));
     for (int64_t l = 0; l < layers; ++l) layer_gathered[l] = channel += unit.all_gather_layer;
     const double forward_share = o_.forward_only ? 1.0 : o_.forward_fraction;
-    // Per rank, when its last microbatch's backward finished each layer (backward order).
-    std::vector<std::vector<double>> layer_done(n_, std::vector<double>(layers, 0.0));
-    std::vector<double> end(n_, 0.0);
+    // Per rank: when its last microbatch's backward starts, and its per-layer backward seconds.
+    std::vector<double> now(n_, 0.0), backward_layer(n_, 0.0);
     for (int64_t r = 0; r < n_; ++r) {
       double compute = 0.0;
       for (size_t k = 0; k < costs[r].size(); ++k) {
@@ -269,20 +273,32 @@ class Simulator {
           compute += cost * forward_share / static_cast<double>(layers);
         }
         if (o_.forward_only) continue;
-        for (int64_t l = 0; l < layers; ++l) {
-          compute += cost * (1.0 - o_.forward_fraction) / static_cast<double>(layers);
-          layer_done[r][l] = compute;
+        const double per_layer = cost * (1.0 - o_.forward_fraction) / static_cast<double>(layers);
+        if (k + 1 == costs[r].size()) {
+          backward_layer[r] = per_layer;  // the last backward: coupled below
+        } else {
+          compute += per_layer * static_cast<double>(layers);
         }
       }
-      end[r] = compute;
+      now[r] = compute;
     }
-    double slowest = *std::max_element(end.begin(), end.end());
-    if (o_.forward_only) return std::max(slowest, channel);
+    if (o_.forward_only) return std::max(*std::max_element(now.begin(), now.end()), channel);
+    // The last backwards, layer by layer (backward order), the ranks coupled through the
+    // reduce-scatters: `previous` is when the last reduce-scatter issued completed.
+    double previous = 0.0;
     for (int64_t l = 0; l < layers; ++l) {
-      double all_done = 0.0;
-      for (int64_t r = 0; r < n_; ++r) all_done = std::max(all_done, layer_done[r][l]);
-      channel = std::max(channel, all_done) + unit.reduce_scatter_layer;
+      double issued = 0.0;
+      for (int64_t r = 0; r < n_; ++r) {
+        now[r] += backward_layer[r];                     // this layer's backward
+        if (l > 0) now[r] = std::max(now[r], previous);  // post-backward waits the previous one
+        issued = std::max(issued, now[r]);
+      }
+      channel = std::max(channel, issued) + unit.reduce_scatter_layer;
+      previous = channel;
     }
+    // The root's post-backward: waits for the last layer's reduce-scatter, then its own.
+    double slowest = 0.0;
+    for (int64_t r = 0; r < n_; ++r) slowest = std::max(slowest, std::max(now[r], previous));
     channel = std::max(channel, slowest) + unit.reduce_scatter_root;
     return std::max(slowest, channel);
   }
@@ -484,7 +500,7 @@ Result<ModelShape> model_preset(std::string_view name) {
 }
 
 MemoryPerGpu memory_per_gpu(const ModelShape& model, Mode mode, int64_t num_ranks,
-                            int64_t gpus_per_node) {
+                            int64_t gpus_per_node, bool reference_model) {
   // fp32 weights 4 + AdamW 8 + gradient (FSDP2) or accumulator (ODC) 4.
   constexpr double kStateBytes = 16.0;
   const double params = model.other_params + model.layer_params * model.num_layers;
@@ -509,11 +525,13 @@ MemoryPerGpu memory_per_gpu(const ModelShape& model, Mode mode, int64_t num_rank
     case Mode::kFsdp2Unsharded:
       // Resharding off: every unit's bf16 parameters stay gathered from the minibatch's start to
       // its last backward, and its unsharded fp32 gradient accumulates beside them: 2 + 4 B per
-      // parameter of the whole model on top of the sharded state. Those are the gathered units
-      // and the reduce-scatters' inputs, so no per-layer buffers are counted beside them.
+      // parameter of the whole model on top of the sharded state. The gathered units are those
+      // parameters; but FSDP2's reduce-scatter allocates a fresh fp32 input per unit while that
+      // unit's accumulated gradient is still alive (foreach_reduce), so the largest unit's fp32
+      // gradient is held once more at that moment.
       memory.state_bytes = kStateBytes * params / static_cast<double>(ranks);
       memory.unsharded_bytes = (kAllGatherBytes + kGradBytes) * params;
-      memory.gathered_bytes = 0.0;
+      memory.gathered_bytes = kGradBytes * std::max(model.layer_params, model.other_params);
       break;
     case Mode::kOdcFlat:
       memory.state_bytes = kStateBytes * params / static_cast<double>(ranks);
@@ -526,6 +544,12 @@ MemoryPerGpu memory_per_gpu(const ModelShape& model, Mode mode, int64_t num_rank
     case Mode::kOdcHybrid:
       memory.state_bytes = kStateBytes * params / static_cast<double>(local);
       break;
+  }
+  if (reference_model) {
+    // GRPO's frozen reference, sharded like the policy: its fp32 parameters only (no gradient,
+    // no optimizer state), over the same sharding group (the node's GPUs under hybrid).
+    const double group = static_cast<double>(mode == Mode::kOdcHybrid ? local : ranks);
+    memory.state_bytes += kPullBytes * params / group;
   }
   return memory;
 }

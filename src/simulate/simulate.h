@@ -181,8 +181,10 @@ struct MemoryPerGpu {
 inline constexpr double kStagingBudgetBytes = 256.0 * 1024 * 1024;    // ODC_STAGING_BYTES
 inline constexpr double kNodeCacheBudgetBytes = 256.0 * 1024 * 1024;  // ODC_NODE_CACHE_BYTES
 
+// `reference_model`: GRPO's training phase also holds a frozen reference model, sharded like the
+// policy (its fp32 parameters: 4 B per parameter over the sharding group), in state_bytes.
 MemoryPerGpu memory_per_gpu(const ModelShape& model, Mode mode, int64_t num_ranks,
-                            int64_t gpus_per_node);
+                            int64_t gpus_per_node, bool reference_model = false);
 
 // Simulates every minibatch of `plan` (made with options.plan from `lengths`).
 Result<SimulateResult> simulate_plan(const planner::Plan& plan, std::span<const int64_t> lengths,

@@ -740,7 +740,8 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
     for (Mode mode : modes) {
       memory.push_back(
           MemoryRow{num_ranks, mode,
-                    memory_per_gpu(base.model, mode, num_ranks, base.topology.gpus_per_node)});
+                    memory_per_gpu(base.model, mode, num_ranks, base.topology.gpus_per_node,
+                                   /*reference_model=*/args.task == "grpo")});
     }
   }
   const double capacity = args.gpu_memory_gbytes * 1e9;
@@ -901,9 +902,10 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
   out << fixed("on a %.0f GB GPU", args.gpu_memory_gbytes)
       << " (--gpu-memory-gbytes); \"left\" is what activations may use. state: 16 B per parameter "
          "(fp32 weights, AdamW, gradient or odc's accumulator; odc publishes the fp32 shards in "
-         "place) / N, odc-hybrid / GPUs per node; unsharded: held whole on every GPU, "
-         "fsdp2-deferred's fp32 gradients (4 B per parameter), fsdp2-unsharded's bf16 parameters "
-         "and fp32 gradients (6 B)\n";
+         "place) / N, odc-hybrid / GPUs per node"
+      << (args.task == "grpo" ? ", plus the frozen reference's fp32 parameters (4 B) likewise" : "")
+      << "; unsharded: held whole on every GPU, fsdp2-deferred's fp32 gradients (4 B per "
+         "parameter), fsdp2-unsharded's bf16 parameters and fp32 gradients (6 B)\n";
   out << verdict << "\n";
   if (!hint.empty()) out << hint << "\n";
   return 0;

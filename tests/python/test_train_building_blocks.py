@@ -134,3 +134,21 @@ def test_collective_prediction_waits_for_the_slowest_rank_per_step():
     assert odc.span_seconds == pytest.approx(11.0)
     with pytest.raises(ValueError, match="mode"):
         predict_minibatch(ranks, lengths, (1.0, 0.0, 1.0), "nccl")
+
+
+def test_loss_verdict_names_every_kind_of_disagreement():
+    """The table's agreement line: differences relative to each value, or to the mean magnitude
+    where the values cross zero (GRPO); a non-finite value or a missing one is a difference."""
+    from odc.train.__main__ import _loss_verdict
+
+    sft = {"device": "cpu", "losses": [10.0, 10.0, 10.0, 0.5], "grad_norms": [1.0] * 4}
+    assert "AGREE" in _loss_verdict([sft, dict(sft)])
+    # 10% on a small loss of a run that does not cross zero: no mean-magnitude floor there.
+    assert "DIFFER" in _loss_verdict([sft, {**sft, "losses": [10.0, 10.0, 10.0, 0.55]}])
+    assert "DIFFER" in _loss_verdict([sft, {**sft, "losses": [float("nan")] * 4}])
+    assert "DIFFER" in _loss_verdict([sft, {**sft, "grad_norms": [1.0, 1.0]}])
+    assert "DIFFER" in _loss_verdict([sft, {k: v for k, v in sft.items() if k != "grad_norms"}])
+    # GRPO's losses cross zero: 2e-4 absolute near zero is 2% of -0.0085 but 0.2% of the scale.
+    grpo = {"device": "cuda", "losses": [-0.169, -0.0085, 0.178, 0.0115], "grad_norms": [1.3] * 4}
+    assert "AGREE" in _loss_verdict([grpo, {**grpo, "losses": [-0.169, -0.0087, 0.178, 0.0115]}])
+    assert "DIFFER" in _loss_verdict([grpo, {**grpo, "losses": [-0.169, -0.0085, 0.1, 0.0115]}])

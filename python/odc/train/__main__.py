@@ -560,21 +560,14 @@ def _spread(values) -> str:
 def _loss_verdict(results) -> str:
     """One line: do the runs' per-minibatch losses and gradient norms (before clipping) agree?
     They should: the same data and initial weights, and gradients summed the same way whatever
-    the communication or the plan."""
+    the communication or the plan. A value that is not finite, or a run that recorded fewer
+    values (or none where another did), is a difference."""
     first = results[0]
     tolerance = 1e-4 if first["device"] == "cpu" else 2e-2  # fp32 on the CPU; bf16 on GPUs
-    worst = {"losses": 0.0, "grad_norms": 0.0}
-    for key in worst:
-        # Relative to the run's typical magnitude where a value is near zero: GRPO's losses
-        # (advantage-weighted sums) cross zero, where a plain relative difference is noise.
-        values = first.get(key, [])
-        scale = sum(abs(v) for v in values) / max(len(values), 1)
-        for r in results[1:]:
-            for a, b in zip(values, r.get(key, [])):
-                worst[key] = max(worst[key], abs(a - b) / max(abs(a), scale, 1e-12))
     steps = len(first["losses"])
     if len(results) < 2:
         return f"losses: {steps} minibatches, last {first['losses'][-1]:.4f} (one run, nothing to compare)"
+    worst = {key: _worst_difference(results, key) for key in ("losses", "grad_norms")}
     differences = (
         f"max relative difference {worst['losses']:.1e} in losses, {worst['grad_norms']:.1e} in "
         f"gradient norms over {steps} minibatches, tolerance {tolerance:g}"
@@ -588,6 +581,30 @@ def _loss_verdict(results) -> str:
         f"losses: DIFFER across runs ({differences}): the modes did not compute the same "
         "gradients"
     )
+
+
+def _worst_difference(results, key: str) -> float:
+    """The largest relative difference of `key`'s values between the first run and any other:
+    inf for a value that is not finite or values missing on one side. Where the first run's
+    values cross zero (GRPO's advantage-weighted losses), relative to their mean magnitude near
+    zero, where a plain relative difference is noise."""
+    import math
+
+    runs = [r.get(key) for r in results]
+    if all(values is None for values in runs):
+        return 0.0  # recorded by none of the runs (results of an older odc.train)
+    if any(values is None or len(values) != len(runs[0]) for values in runs):
+        return math.inf
+    if not all(math.isfinite(v) for values in runs for v in values):
+        return math.inf
+    first = runs[0]
+    crosses_zero = min(first, default=0.0) < 0.0 < max(first, default=0.0)
+    scale = sum(abs(v) for v in first) / max(len(first), 1) if crosses_zero else 0.0
+    worst = 0.0
+    for values in runs[1:]:
+        for a, b in zip(first, values):
+            worst = max(worst, abs(a - b) / max(abs(a), scale, 1e-12))
+    return worst
 
 
 def _run_label(result) -> str:

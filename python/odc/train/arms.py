@@ -116,9 +116,18 @@ class GradientSync:
         between, so counts may differ); every unit reshards on exit, freeing the full model
         before the next one gathers. Without backward nothing reshards it otherwise: FSDP2
         reshards a reshard_after_forward=False unit in post-backward only. Other arms: as is
-        (collective and fsdp2-deferred all-gather per layer per forward; odc pulls)."""
-        if self.comm != "fsdp2-unsharded":
+        (collective and fsdp2-deferred all-gather per layer per forward; odc pulls), except that
+        collective and fsdp2-deferred reshard the root on exit: FSDP2 never reshards a root after
+        forward, and without a backward it would hold the frozen reference's gathered root for
+        the whole run (0.47 GB at 1.5b), which the arms' peak memory must not carry."""
+        if self.comm == "odc":
             yield
+            return
+        if self.comm != "fsdp2-unsharded":
+            try:
+                yield
+            finally:
+                model.reshard()  # the root's group only; the layers resharded after forward
             return
         from ..torch import _fsdp2_internals as internals
 

@@ -158,7 +158,9 @@ class GrpoRun(Run):
             store = self.old if name == "old_logprobs" else self.ref
             store.clear()
             begin = time.perf_counter()
-            store.update(_all_ranks(found))  # every rank's samples, for the update's assignment
+            # To the host in one copy, then every rank's samples to every rank (the update's
+            # assignment places rollouts on other ranks): both part of the exchange.
+            store.update(_all_ranks(_to_host(found)))
             seconds[name + "_exchange"] = time.perf_counter() - begin
         # The policy's mean entropy over the step's response tokens (what RL runs log).
         responses = sum(self.rollouts[i].response_tokens for i in indices)
@@ -169,7 +171,9 @@ class GrpoRun(Run):
         self.phase_seconds.append(seconds)
 
     def _forward_only(self, model, engine, microbatches) -> dict:
-        """{rollout: (log-probs, entropy) of its tokens} for this rank's forward microbatches."""
+        """{rollout: (log-probs, entropy) of its tokens, on the device} for this rank's forward
+        microbatches. Nothing is read back here: a copy to the host per rollout would stall the
+        host once per microbatch inside the timed phase (it only enqueues, as in training)."""
         import torch
 
         found = {}
@@ -185,7 +189,7 @@ class GrpoRun(Run):
                     t(packed.boundaries), packed.longest,
                 )  # fmt: skip
                 for i, (begin, end) in zip(microbatch, _spans(packed)):
-                    found[i] = (logp[begin:end].cpu().numpy(), entropy[begin:end].cpu().numpy())
+                    found[i] = (logp[begin:end], entropy[begin:end])
         return found
 
     def _packed(self, microbatch):
@@ -282,6 +286,22 @@ def _spans(packed):
     """[begin, end) of each document of a packed microbatch."""
     bounds = packed.boundaries.tolist()
     return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _to_host(found: dict) -> dict:
+    """{rollout: (log-probs, entropy)} as numpy arrays, through one device-to-host copy."""
+    import torch
+
+    if not found:
+        return {}
+    order = list(found)
+    sizes = [found[i][0].numel() for i in order]
+    host = torch.cat([torch.cat([found[i][0], found[i][1]]) for i in order]).cpu().numpy()
+    arrays, offset = {}, 0
+    for i, size in zip(order, sizes):
+        arrays[i] = (host[offset : offset + size], host[offset + size : offset + 2 * size])
+        offset += 2 * size
+    return arrays
 
 
 def _remap(minibatch: dict, indices: List[int]) -> dict:
