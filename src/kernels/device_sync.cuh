@@ -87,13 +87,6 @@ __device__ __forceinline__ bool wait_barrier_word(const uint64_t* flag, uint64_t
                                                   int64_t timeout_ns, WaitError* error, int rank,
                                                   int peer) {
   if (failed_before(error)) return false;  // fail fast
-  const uint64_t epoch = barrier_epoch(mine);
-  // 1: arrived; 0: not yet; -1: the same epoch in another collective.
-  auto reached = [&](uint64_t word) {
-    if (barrier_epoch(word) > epoch) return 1;
-    if (barrier_epoch(word) < epoch) return 0;
-    return word == mine ? 1 : -1;
-  };
   const uint64_t start = global_timer_ns();
   while (true) {
     const uint64_t seen = ld_acquire_sys(flag);
@@ -101,9 +94,9 @@ __device__ __forceinline__ bool wait_barrier_word(const uint64_t* flag, uint64_t
       record_error(error, kWaitPeerFailed, rank, peer, mine, seen);
       return false;
     }
-    const int state = reached(seen);
-    if (state == 1) return true;
-    if (state == -1) {
+    const BarrierWordState state = barrier_word_state(seen, mine);
+    if (state == BarrierWordState::kArrived) return true;
+    if (state == BarrierWordState::kMismatch) {
       record_error(error, kWaitMismatch, rank, peer, mine, seen);
       return false;
     }

@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/streamed_fold.h"
+#include "kernels/wait_record.h"
 
 namespace odc::kernels {
 
@@ -41,58 +42,6 @@ struct SignalBlock {
   uint32_t push_done[kMaxRanks];  // local: blocks done pushing to owner r (reset by the last)
   uint32_t accumulate_done;       // local: blocks done accumulating (reset by the last)
   uint32_t reserved[7];
-};
-
-enum WaitSite : int32_t {
-  kWaitNone = 0,
-  kWaitBarrier = 1,    // device_barrier: peer has not reached the epoch
-  kWaitSlotFree = 2,   // staged push: owner has not released our slot from the previous push
-  kWaitSlotReady = 3,  // staged accumulate: sender's slot has not landed
-  // 4 was the staged scheme's signal wait (retired): not reused, so old records stay readable.
-  kWaitMismatch = 5,    // device_barrier: a peer announced the same epoch in another collective
-  kWaitFetch = 6,       // node-cached gather: a rank of the node has not fetched its rows yet
-  kWaitPeerFailed = 7,  // device_barrier: the peer marked itself failed (kBarrierPeerFailed)
-  kWaitSelfFailed = 8,  // this rank failed on the host (set by the host: stay silent)
-  kWaitCredit = 9,      // streamed push: the owner has not freed a slot of this rank's ring
-  kWaitStreamEnd = 10,  // streamed minibatch_end: a sender has not ended its pushes here
-  kWaitMeeting = 11,    // streamed collective inside a minibatch: a rank has not reached it
-  kWaitBadChunk = 12,   // streamed fold: a slot holds another chunk than its signal covers
-  kWaitFetchPeerFailed = 13,  // wait_slots: the rank waited for marked itself failed
-};
-
-// What a rank that failed writes into its slot of every peer's barrier words (host side, on a
-// stream of its own), so that a peer waiting for it in a device barrier ends at once naming it
-// (kWaitPeerFailed) instead of at its timeout. No real word reaches it (epochs are counters).
-inline constexpr uint64_t kBarrierPeerFailed = ~uint64_t{0};
-
-// What a rank announces in a device barrier: the epoch in the high bits, the caller's collective
-// (an opaque tag below 256, e.g. odc::CollectiveOp) in the low byte, as the host transport does.
-// Words grow with the epoch, so a peer that has moved on to a later barrier still compares as
-// "arrived"; at the same epoch a different tag is a collective mismatch.
-inline constexpr int kBarrierOpBits = 8;
-__host__ __device__ inline constexpr uint64_t barrier_word(uint64_t epoch, uint32_t op) {
-  return (epoch << kBarrierOpBits) | (op & ((1u << kBarrierOpBits) - 1));
-}
-__host__ __device__ inline constexpr uint64_t barrier_epoch(uint64_t word) {
-  return word >> kBarrierOpBits;
-}
-__host__ __device__ inline constexpr uint32_t barrier_op(uint64_t word) {
-  return static_cast<uint32_t>(word & ((1u << kBarrierOpBits) - 1));
-}
-
-// Written by the first wait that expires (first writer wins); `site` == kWaitNone means no error.
-// Every wait reads it first (fail fast), so keep it in device memory and copy it out once the
-// stream is synchronized; host-mapped memory also works but costs a PCIe read per wait.
-struct WaitError {
-  int32_t site;
-  int32_t rank;  // the rank that waited
-  int32_t peer;  // the rank it waited for
-  int32_t reserved;
-  uint64_t expected;  // the value it waited for (at least)
-  uint64_t seen;      // the last value it read
-  // Optional: a WaitError in host-mapped pinned memory (its device address) that receives a copy
-  // of the record, site written last, so the host can poll for errors without a CUDA call.
-  WaitError* host_mirror;
 };
 
 enum class ElemType : int32_t { kFloat32 = 0, kBfloat16 = 1 };

@@ -6,12 +6,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "bootstrap/shm_bootstrap.h"
-#include "common/deadline.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/cuda/device_local.h"
 
@@ -62,13 +61,30 @@ class CudaRegion final : public SymmetricRegion {
   IpcMapping mapping_;
 };
 
+// ODC_CUDA_SMS: the SMs odc's data kernels size their grids for (0: unset, all of them). Training
+// overlaps gathers and pushes with compute, where a grid over every SM delays the compute kernels
+// beside it; a smaller budget moves the same bytes with fewer blocks in flight.
+Result<int> cuda_sms_budget(int device) {
+  const char* text = std::getenv("ODC_CUDA_SMS");
+  if (text == nullptr || *text == '\0') return 0;
+  int num_sms = 0;
+  ODC_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  char* end = nullptr;
+  const long budget = std::strtol(text, &end, 10);
+  if (*end != '\0' || budget < 1 || end == text) {
+    return Status::InvalidArgument("ODC_CUDA_SMS='" + std::string(text) +
+                                   "': expected a positive integer (SMs; more than the "
+                                   "device's " +
+                                   std::to_string(num_sms) + " means all)");
+  }
+  return static_cast<int>(std::min<long>(budget, num_sms));
+}
+
 }  // namespace
 
 CudaTransport::CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
                              std::chrono::duration<double> timeout)
-    : bootstrap_(std::move(bootstrap)),
-      device_(device),
-      timeout_ns_(timeout_nanoseconds(timeout)) {}
+    : DeviceTransport(std::move(bootstrap), device, timeout) {}
 
 Result<std::unique_ptr<CudaTransport>> CudaTransport::create(std::shared_ptr<Bootstrap> bootstrap,
                                                              std::chrono::duration<double> timeout,
@@ -79,47 +95,21 @@ Result<std::unique_ptr<CudaTransport>> CudaTransport::create(std::shared_ptr<Boo
         "the CUDA transport joins at most " + std::to_string(kernels::kMaxRanks) +
         " GPUs of one node, got world size " + std::to_string(world_size));
   }
-  int num_devices = 0;
-  if (cudaGetDeviceCount(&num_devices) != cudaSuccess) num_devices = 0;
-  if (device < 0 || device >= num_devices) {
-    return Status::InvalidArgument("CUDA device " + std::to_string(device) +
-                                   " does not exist (this process sees " +
-                                   std::to_string(num_devices) + ")");
-  }
+  ODC_RETURN_IF_ERROR(check_device_exists(device));
   std::unique_ptr<CudaTransport> transport(
       new CudaTransport(std::move(bootstrap), device, timeout));
-  if (Status status = transport->init_device_state(); !status.ok()) {
+  if (Status status = transport->init(); !status.ok()) {
     transport->mark_failed("init: " + status.message());
     return status;
   }
   return transport;
 }
 
-Status CudaTransport::init_device_state() {
-  DeviceGuard guard(device_);
-  ODC_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
-  // ODC_CUDA_SMS: the SMs odc's data kernels size their grids for (default: all). Training
-  // overlaps gathers and pushes with compute, where a grid over every SM delays the compute
-  // kernels beside it; a smaller budget moves the same bytes with fewer blocks in flight.
-  if (const char* text = std::getenv("ODC_CUDA_SMS"); text != nullptr && *text != '\0') {
-    char* end = nullptr;
-    const long budget = std::strtol(text, &end, 10);
-    if (*end != '\0' || budget < 1 || end == text) {
-      return Status::InvalidArgument("ODC_CUDA_SMS='" + std::string(text) +
-                                     "': expected a positive integer (SMs; more than the "
-                                     "device's " +
-                                     std::to_string(num_sms_) + " means all)");
-    }
-    num_sms_ = static_cast<int>(std::min<long>(budget, num_sms_));
-  }
-  // The record lives in device memory (every wait reads it first, to fail fast); an expired wait
-  // also copies it into host-mapped memory, so poll_error() needs no CUDA call and no stream op.
-  ODC_CUDA_CHECK(cudaHostAlloc(&host_error_, sizeof(kernels::WaitError), cudaHostAllocMapped));
-  std::memset(host_error_, 0, sizeof(kernels::WaitError));
-  kernels::WaitError initial{};
-  ODC_CUDA_CHECK(cudaHostGetDevicePointer(&initial.host_mirror, host_error_, 0));
-  ODC_CUDA_CHECK(cudaMalloc(&device_error_, sizeof(kernels::WaitError)));
-  ODC_CUDA_CHECK(cudaMemcpy(device_error_, &initial, sizeof(initial), cudaMemcpyHostToDevice));
+Status CudaTransport::init() {
+  auto budget = cuda_sms_budget(device());
+  if (!budget.ok()) return budget.status();
+  ODC_RETURN_IF_ERROR(init_device_state(budget.value()));
+  DeviceGuard guard(device());
   auto signals = allocate(sizeof(kernels::SignalBlock));
   if (!signals.ok()) return signals.status();
   signals_ = std::move(signals).value();
@@ -131,13 +121,13 @@ Status CudaTransport::init_device_state() {
 }
 
 void CudaTransport::mark_failed(const std::string& reason) {
-  bootstrap_->mark_failed(reason);
+  bootstrap().mark_failed(reason);
   if (signals_ == nullptr || failed_words_ == nullptr || failure_stream_ == nullptr) return;
-  DeviceGuard guard(device_);
+  DeviceGuard guard(device());
   // First silence this rank's own kernels (a barrier queued behind the failure announces nothing:
   // its error record is set), then tell every peer's barrier words. Best effort: a broken
   // device leaves the peers to their timeout, as before.
-  (void)cudaMemcpyAsync(&device_error_->site, &failed_words_[1], sizeof(int32_t),
+  (void)cudaMemcpyAsync(&device_error()->site, &failed_words_[1], sizeof(int32_t),
                         cudaMemcpyHostToDevice, failure_stream_);
   for (int peer = 0; peer < world_size(); ++peer) {
     if (peer == rank()) continue;
@@ -149,21 +139,11 @@ void CudaTransport::mark_failed(const std::string& reason) {
 }
 
 CudaTransport::~CudaTransport() {
-  DeviceGuard guard(device_);
+  DeviceGuard guard(device());
   cudaDeviceSynchronize();  // nothing of ours may still run when the memory goes
   signals_.reset();
   if (failure_stream_ != nullptr) cudaStreamDestroy(failure_stream_);
   if (failed_words_ != nullptr) cudaFreeHost(failed_words_);
-  if (device_error_ != nullptr) cudaFree(device_error_);
-  if (host_error_ != nullptr) cudaFreeHost(host_error_);
-}
-
-kernels::RankInfo CudaTransport::rank_info() const {
-  kernels::RankInfo info;
-  info.rank = rank();
-  info.num_ranks = world_size();
-  info.num_sms = num_sms_;
-  return info;
 }
 
 kernels::PeerPointers CudaTransport::peer_pointers(const SymmetricRegion& region) const {
@@ -173,9 +153,9 @@ kernels::PeerPointers CudaTransport::peer_pointers(const SymmetricRegion& region
 }
 
 Result<std::unique_ptr<SymmetricRegion>> CudaTransport::allocate(size_t bytes) {
-  DeviceGuard guard(device_);
+  DeviceGuard guard(device());
   // Released again unless every rank succeeds and it is handed to the region.
-  IpcMapping mapping(device_, rank(), world_size());
+  IpcMapping mapping(device(), rank(), world_size());
   cudaIpcMemHandle_t handle{};
   cudaError_t error = cudaMalloc(&mapping[rank()], bytes);
   if (error == cudaSuccess) error = cudaMemset(mapping[rank()], 0, bytes);
@@ -220,19 +200,13 @@ Result<std::unique_ptr<SymmetricRegion>> CudaTransport::allocate(size_t bytes) {
 }
 
 Status CudaTransport::barrier(CollectiveOp op, StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ++barrier_epoch_;
+  DeviceGuard guard(device());
   // The collective travels with the epoch, so ranks in different collectives fail (poll_error)
   // instead of pairing up.
-  ODC_CUDA_CHECK(kernels::device_barrier(peer_pointers(*signals_), rank_info(), barrier_epoch_,
-                                         static_cast<uint32_t>(op), timeout_ns_, device_error_,
-                                         as_stream(stream)));
-  return Status::Ok();
-}
-
-Status CudaTransport::drain() {
-  DeviceGuard guard(device_);
-  ODC_CUDA_CHECK(cudaDeviceSynchronize());
+  const uint64_t word = next_barrier_word(op);
+  ODC_CUDA_CHECK(kernels::device_barrier(peer_pointers(*signals_), rank_info(),
+                                         kernels::barrier_epoch(word), kernels::barrier_op(word),
+                                         timeout_ns(), device_error(), as_stream(stream)));
   return Status::Ok();
 }
 
@@ -242,7 +216,7 @@ Result<std::unique_ptr<Transport>> CudaTransport::split(const SplitGroup& group)
                                              group.name, timeout());
   if (!bootstrap.ok()) return bootstrap.status();
   std::shared_ptr<shm::ShmBootstrap> members = std::move(bootstrap).value();
-  auto made = create(members, timeout(), device_);
+  auto made = create(members, timeout(), device());
   if (!made.ok()) {
     members->mark_failed("split: " + made.status().message());
     return made.status();
@@ -256,96 +230,21 @@ Result<std::unique_ptr<Transport>> CudaTransport::split(const SplitGroup& group)
   return std::unique_ptr<Transport>(std::move(made).value());
 }
 
-Status CudaTransport::host_barrier(CollectiveOp op) {
-  DeviceGuard guard(device_);
-  // Collectives that change memory (free) must not overtake queued work on any rank.
-  ODC_CUDA_CHECK(cudaDeviceSynchronize());
-  ODC_RETURN_IF_ERROR(poll_error());
-  // Every rank names the collective it is in, so a mismatch is an error naming both, whatever
-  // the bootstrap (the caller's barrier callback cannot compare names).
-  const auto mine = static_cast<uint32_t>(op);
-  std::vector<uint32_t> all(static_cast<size_t>(world_size()));
-  ODC_RETURN_IF_ERROR(bootstrap_->allgather(&mine, all.data(), sizeof(mine), "host barrier"));
-  for (int r = 0; r < world_size(); ++r) {
-    if (all[static_cast<size_t>(r)] != mine) {
-      return Status::RemoteError(
-          std::string("collective mismatch: rank ") + std::to_string(r) + " called " +
-          collective_op_name(static_cast<CollectiveOp>(all[static_cast<size_t>(r)])) +
-          " where this rank called " + collective_op_name(op));
-    }
-  }
-  return Status::Ok();
-}
-
-Result<std::vector<ExchangeRecord>> CudaTransport::exchange(const ExchangeRecord& mine) {
-  std::vector<ExchangeRecord> all(static_cast<size_t>(world_size()));
-  ODC_RETURN_IF_ERROR(bootstrap_->allgather(&mine, all.data(), sizeof(ExchangeRecord),
-                                            collective_op_name(CollectiveOp::kExchange)));
-  return all;
-}
-
-namespace {
-
-// "minibatch_end #3" for a device barrier word (kernels::barrier_word), "none" before the first.
-std::string describe_barrier_word(uint64_t word) {
-  if (word == 0) return "none";
-  return std::string(collective_op_name(static_cast<CollectiveOp>(kernels::barrier_op(word)))) +
-         " #" + std::to_string(kernels::barrier_epoch(word));
-}
-
-}  // namespace
-
-Status CudaTransport::poll_error() {
-  const auto* record = static_cast<volatile kernels::WaitError*>(host_error_);
-  const int32_t site = record->site;
-  if (site == kernels::kWaitMismatch) {
-    const uint64_t mine = record->expected;
-    const uint64_t theirs = record->seen;
-    return Status::RemoteError(
-        "collective mismatch: rank " + std::to_string(record->peer) + " called " +
-        collective_op_name(static_cast<CollectiveOp>(kernels::barrier_op(theirs))) +
-        " where this rank called " +
-        collective_op_name(static_cast<CollectiveOp>(kernels::barrier_op(mine))) +
-        " (device barrier #" + std::to_string(kernels::barrier_epoch(mine)) + ")");
-  }
-  if (site == kernels::kWaitPeerFailed) {
-    return Status::RemoteError("rank " + std::to_string(record->peer) +
-                               " failed (it ended its part of the device barrier in " +
-                               describe_barrier_word(record->expected) +
-                               "; its own error says why)" + bootstrap_->failure_of(record->peer));
-  }
-  if (site == kernels::kWaitFetchPeerFailed) {
-    return Status::RemoteError("rank " + std::to_string(record->peer) +
-                               " failed (seen by a gather waiting for its node fetch; its own "
-                               "error says why)" +
-                               bootstrap_->failure_of(record->peer));
-  }
-  if (site == kernels::kWaitBarrier) {
-    std::ostringstream message;
-    message << "device barrier timed out after " << static_cast<double>(timeout_ns_) / 1e9
-            << " s: rank " << record->rank << " waited for rank " << record->peer << " in "
-            << describe_barrier_word(record->expected) << " (the last it saw of rank "
-            << record->peer << ": " << describe_barrier_word(record->seen) << ")";
-    return Status::Timeout(message.str());
-  }
-  return device_wait_status(record, timeout_ns_, device_);
-}
-
 Status CudaTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes,
                               StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(device_, dst, "destination"));
+  DeviceGuard guard(device());
+  ODC_RETURN_IF_ERROR(check_device_pointer(device(), dst, "destination"));
   ODC_CUDA_CHECK(kernels::gather_sm(dst, peer_pointers(region), bytes, rank_info(),
-                                    /*num_blocks=*/0, as_stream(stream), device_error_));
+                                    /*num_blocks=*/0, as_stream(stream), device_error()));
   return Status::Ok();
 }
 
 Status CudaTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
                                        StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(device_, dst, "destination"));
+  DeviceGuard guard(device());
+  ODC_RETURN_IF_ERROR(check_device_pointer(device(), dst, "destination"));
   ODC_CUDA_CHECK(kernels::gather_sm_narrow(dst, peer_pointers(region), count, rank_info(),
-                                           /*num_blocks=*/0, as_stream(stream), device_error_));
+                                           /*num_blocks=*/0, as_stream(stream), device_error()));
   return Status::Ok();
 }
 
@@ -353,15 +252,15 @@ Status CudaTransport::launch_puts(const kernels::PutSignalJobs& jobs, size_t byt
                                   StreamHandle stream) {
   // The local SignalBlock's push_done counters: one per job, reset by each job's last block.
   auto* done = static_cast<kernels::SignalBlock*>(signals_->local())->push_done;
-  ODC_CUDA_CHECK(
-      kernels::put_signal(jobs, bytes, value, done, rank_info(), device_error_, as_stream(stream)));
+  ODC_CUDA_CHECK(kernels::put_signal(jobs, bytes, value, done, rank_info(), device_error(),
+                                     as_stream(stream)));
   return Status::Ok();
 }
 
 Status CudaTransport::get(void* dst, const SymmetricRegion& region, int peer, size_t offset,
                           size_t bytes, StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(device_, dst, "destination"));
+  DeviceGuard guard(device());
+  ODC_RETURN_IF_ERROR(check_device_pointer(device(), dst, "destination"));
   // The put kernel copies between any mapped pointers; here from the peer's memory (NVLink) into
   // ours, and like every data kernel it moves nothing after a failed device wait.
   kernels::PutSignalJobs jobs;
@@ -373,8 +272,8 @@ Status CudaTransport::get(void* dst, const SymmetricRegion& region, int peer, si
 
 Status CudaTransport::get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
                                DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(device_, dst, "destination"));
+  DeviceGuard guard(device());
+  ODC_RETURN_IF_ERROR(check_device_pointer(device(), dst, "destination"));
   const size_t part_bytes = count * element_bytes(dst_dtype);
   std::vector<void*> to;
   std::vector<const void*> from;
@@ -394,13 +293,13 @@ Status CudaTransport::wait_signals(const SymmetricRegion& signals, const std::ve
   // the wait ends at once naming it.
   const uint64_t* peer_failed = static_cast<kernels::SignalBlock*>(signals_->local())->barrier;
   return local().wait_slots(static_cast<const uint64_t*>(signals.local()), peers, value,
-                            timeout_ns_, peer_failed, stream);
+                            timeout_ns(), peer_failed, stream);
 }
 
 Status CudaTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                           size_t bytes, StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(device_, src, "source"));
+  DeviceGuard guard(device());
+  ODC_RETURN_IF_ERROR(check_device_pointer(device(), src, "source"));
   kernels::PutSignalJobs jobs;
   jobs.dst[0] = static_cast<char*>(region.peer(peer)) + offset;
   jobs.src[0] = src;
@@ -410,7 +309,7 @@ Status CudaTransport::put(const void* src, const SymmetricRegion& region, int pe
 
 Status CudaTransport::signal(const SymmetricRegion& signals, int peer, uint64_t value,
                              StreamHandle stream) {
-  DeviceGuard guard(device_);
+  DeviceGuard guard(device());
   kernels::PutSignalJobs jobs;
   jobs.signal[0] = static_cast<uint64_t*>(signals.peer(peer)) + rank();
   jobs.num_jobs = 1;
@@ -419,18 +318,14 @@ Status CudaTransport::signal(const SymmetricRegion& signals, int peer, uint64_t 
 
 Status CudaTransport::add_all(const void* src, DataType src_type, const SymmetricRegion& region,
                               size_t count, StreamHandle stream) {
-  DeviceGuard guard(device_);
-  ODC_RETURN_IF_ERROR(check_device_pointer(device_, src, "source"));
+  DeviceGuard guard(device());
+  ODC_RETURN_IF_ERROR(check_device_pointer(device(), src, "source"));
   const auto type = elem_type(src_type);
   // After a failed device wait nothing more moves (the kernel checks the error record first).
   ODC_CUDA_CHECK(kernels::scatter_accumulate_reduce(
       src, type, peer_pointers(region), count, rank_info(), /*num_blocks=*/0, as_stream(stream),
-      /*sys_scope=*/true, device_error_));
+      /*sys_scope=*/true, device_error()));
   return Status::Ok();
-}
-
-Status CudaTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
-  return local().zero(dst, bytes, stream);
 }
 
 Status CudaTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count,

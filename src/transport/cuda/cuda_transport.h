@@ -14,18 +14,17 @@
 #pragma once
 
 #include <chrono>
-#include <limits>
 #include <memory>
 #include <string>
 
 #include "bootstrap/bootstrap.h"
 #include "core/transport.h"
 #include "kernels/kernels.h"
-#include "transport/cuda/device_local.h"
+#include "transport/device/device_transport.h"
 
 namespace odc::cuda {
 
-class CudaTransport final : public Transport {
+class CudaTransport final : public device::DeviceTransport {
  public:
   // Collective over `bootstrap`'s ranks; this rank uses GPU `device`. Device-side waits are
   // bounded by `timeout` (infinite: forever).
@@ -34,24 +33,12 @@ class CudaTransport final : public Transport {
                                                        int device);
   ~CudaTransport() override;
 
-  int rank() const override { return bootstrap_->rank(); }
-  int world_size() const override { return bootstrap_->world_size(); }
   TransportCaps caps() const override { return TransportCaps{true, true}; }
-  std::chrono::duration<double> timeout() const override {
-    return std::chrono::duration<double>(timeout_ns_ == INT64_MAX
-                                             ? std::numeric_limits<double>::infinity()
-                                             : static_cast<double>(timeout_ns_) / 1e9);
-  }
-  int device() const { return device_; }
-  Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
-  Status host_barrier(CollectiveOp op) override;
   // Members meet in a shared-memory bootstrap of their own under the group's name (they share
   // this host) and map each other's memory anew, on the same device.
   Result<std::unique_ptr<Transport>> split(const SplitGroup& group) override;
-  Status drain() override;
-  Status poll_error() override;
   // Also tells peers' device barriers (kernels::kBarrierPeerFailed), so they end at once.
   void mark_failed(const std::string& reason) override;
   Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
@@ -67,41 +54,26 @@ class CudaTransport final : public Transport {
              StreamHandle stream) override;
   Status wait_signals(const SymmetricRegion& signals, const std::vector<int>& peers, uint64_t value,
                       const std::string& what, StreamHandle stream) override;
-  Result<StreamHandle> fork_background(StreamHandle stream) override {
-    return background_.fork(stream);
-  }
-  Status join_background(StreamHandle stream) override { return background_.join(stream); }
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
   Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
                  StreamHandle stream) override;
-  Status zero(void* dst, size_t bytes, StreamHandle stream) override;
   Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
                     StreamHandle stream) override;
 
  private:
   CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
                 std::chrono::duration<double> timeout);
-  Status init_device_state();
-  DeviceLocal local() const { return DeviceLocal{device_, rank_info(), device_error_}; }
-  kernels::RankInfo rank_info() const;
+  Status init();
   kernels::PeerPointers peer_pointers(const SymmetricRegion& region) const;
   Status launch_puts(const kernels::PutSignalJobs& jobs, size_t bytes, uint64_t value,
                      StreamHandle stream);
 
-  std::shared_ptr<Bootstrap> bootstrap_;
-  int device_;
-  int num_sms_ = 0;  // the grid budget of the data kernels (ODC_CUDA_SMS, else all SMs)
-  int64_t timeout_ns_;
-  uint64_t barrier_epoch_ = 0;
-  std::unique_ptr<SymmetricRegion> signals_;    // one kernels::SignalBlock per rank
-  kernels::WaitError* device_error_ = nullptr;  // written by expired device waits
-  kernels::WaitError* host_error_ = nullptr;    // pinned copy, refreshed after each barrier
+  std::unique_ptr<SymmetricRegion> signals_;  // one kernels::SignalBlock per rank
   // mark_failed(): the words it writes into peers' memory, on a stream of their own (the
   // caller's streams may be blocked in a device wait).
   uint64_t* failed_words_ = nullptr;  // pinned: kBarrierPeerFailed, and kWaitSelfFailed
   cudaStream_t failure_stream_ = nullptr;
-  BackgroundStream background_{device_};  // after device_ (its initializer)
 };
 
 }  // namespace odc::cuda

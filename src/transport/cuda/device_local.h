@@ -1,14 +1,12 @@
-// What every device transport (CUDA IPC, NVSHMEM) does the same way in its own GPU memory: the
-// local operations of core/transport.h (zero, accumulate, sum_slots) on the caller's stream,
-// the check that a caller's pointer is device memory of the transport's GPU, and the reading of
-// a device-side wait's error record. Header-only, because the NVSHMEM transport is a plugin built
-// apart from libodc.
+// The kernels of every device transport (CUDA IPC, NVSHMEM) on its own GPU: the local operations
+// of core/transport.h on the caller's stream, the check that a caller's pointer is device memory
+// of the transport's GPU, and the background stream. Header-only helpers that
+// transport/device/device_transport.h (the transports' shared base) holds and calls.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -193,59 +191,5 @@ class BackgroundStream {
   cudaEvent_t forked_ = nullptr;
   cudaEvent_t done_ = nullptr;
 };
-
-inline const char* wait_site_name(int32_t site) {
-  switch (site) {
-    case kernels::kWaitBarrier:
-      return "device barrier";
-    case kernels::kWaitSlotFree:
-      return "staging slot release";
-    case kernels::kWaitSlotReady:
-      return "staging slot arrival";
-    case kernels::kWaitFetch:
-      return "gather of a published buffer: the node's fetch of remote shards";
-    case kernels::kWaitPeerFailed:
-      return "device barrier (the peer failed)";
-    case kernels::kWaitCredit:
-      return "credit wait (scatter_accumulate)";
-    case kernels::kWaitStreamEnd:
-      return "push wait (minibatch_end)";
-    case kernels::kWaitFetchPeerFailed:
-      return "gather of a published buffer (the fetching rank failed)";
-    case kernels::kWaitMeeting:
-      return "meeting of every rank before a collective inside a minibatch";
-    default:
-      return "device wait";
-  }
-}
-
-// What a device-side wait recorded (a Timeout naming site, rank, peer and the values), else a
-// sticky CUDA error of `device`, else Ok. Reads host-mapped memory only: no CUDA call, no sync.
-inline Status device_wait_status(const volatile kernels::WaitError* record, int64_t timeout_ns,
-                                 int device) {
-  const int32_t site = record->site;
-  if (site == kernels::kWaitBadChunk) {
-    return Status::InternalError(
-        "streamed fold: rank " + std::to_string(record->rank) + " refused chunk " +
-        std::to_string(record->expected) + " from rank " + std::to_string(record->peer) + ": saw " +
-        std::to_string(record->seen) +
-        " instead (a slot holding another chunk, a signal or end beyond what the ring holds, or "
-        "a chunk for no live accumulator: a lost put, a stray or doubled signal or credit); "
-        "nothing of it was added");
-  }
-  if (site != kernels::kWaitNone) {
-    std::ostringstream message;
-    message << wait_site_name(site) << " timed out after " << static_cast<double>(timeout_ns) / 1e9
-            << " s: rank " << record->rank << " waited for rank " << record->peer << " (expected "
-            << record->expected << ", saw " << record->seen << ")";
-    return Status::Timeout(message.str());
-  }
-  const cudaError_t sticky = cudaPeekAtLastError();
-  if (sticky != cudaSuccess) {
-    return Status::SystemError(std::string("CUDA error on device ") + std::to_string(device) +
-                               ": " + cudaGetErrorString(sticky));
-  }
-  return Status::Ok();
-}
 
 }  // namespace odc::cuda

@@ -1,6 +1,6 @@
-// Bounded signal waits for the NVSHMEM transport (see nvshmem_kernels.h). Invariant: a wait reads
-// the error record first (fail fast, as every kernel wait does), and acquires each signal at
-// system scope, so the data a peer put before its signal is visible once the signal is seen.
+// Bounded barrier waits for the NVSHMEM transport (see nvshmem_kernels.h). Invariant: a wait reads
+// the error record first (fail fast, as every kernel wait does), and acquires each word at system
+// scope, so what a peer completed before announcing its word is visible once the word is seen.
 #include "kernels/device_sync.cuh"
 #include "transport/nvshmem/nvshmem_kernels.h"
 
@@ -9,12 +9,10 @@ namespace {
 
 constexpr int kThreads = 128;
 
-__global__ void wait_all_kernel(const uint64_t* signals, int num_slots, uint64_t value, int rank,
-                                int first_peer, int32_t site, int64_t timeout_ns,
-                                kernels::WaitError* error) {
-  for (int peer = threadIdx.x; peer < num_slots; peer += blockDim.x) {
-    if (!kernels::detail::wait_at_least(signals + peer, value, timeout_ns, error, site, rank,
-                                        first_peer + peer)) {
+__global__ void wait_barrier_words_kernel(const uint64_t* words, int num_ranks, uint64_t mine,
+                                          int rank, int64_t timeout_ns, kernels::WaitError* error) {
+  for (int peer = threadIdx.x; peer < num_ranks; peer += blockDim.x) {
+    if (!kernels::detail::wait_barrier_word(words + peer, mine, timeout_ns, error, rank, peer)) {
       break;  // recorded (or another wait already failed): stop, the stream goes on
     }
   }
@@ -56,12 +54,11 @@ cudaError_t spin_for(int64_t nanoseconds, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t wait_all_at_least(const uint64_t* signals, int num_slots, uint64_t value, int rank,
-                              int first_peer, int32_t site, int64_t timeout_ns,
-                              kernels::WaitError* error, cudaStream_t stream) {
-  if (num_slots < 1 || signals == nullptr || error == nullptr) return cudaErrorInvalidValue;
-  wait_all_kernel<<<1, kThreads, 0, stream>>>(signals, num_slots, value, rank, first_peer, site,
-                                              timeout_ns, error);
+cudaError_t wait_barrier_words(const uint64_t* words, int num_ranks, uint64_t mine, int rank,
+                               int64_t timeout_ns, kernels::WaitError* error, cudaStream_t stream) {
+  if (num_ranks < 1 || words == nullptr || error == nullptr) return cudaErrorInvalidValue;
+  wait_barrier_words_kernel<<<1, kThreads, 0, stream>>>(words, num_ranks, mine, rank, timeout_ns,
+                                                        error);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
 // Device waits of the NVSHMEM transport: NVSHMEM's own signal waits are unbounded, so the
-// transport polls its signal words (symmetric memory, local to this GPU) with a deadline and
-// records an expiry in the same WaitError record as the CUDA transport (kernels.h).
+// transport polls its barrier words (symmetric memory, local to this GPU) with a deadline and
+// records an expiry or a collective mismatch in the same WaitError record as the CUDA transport
+// (kernels/wait_record.h), through the same per-peer wait (kernels/device_sync.cuh).
 #pragma once
 
 #include <cstddef>
@@ -12,12 +13,14 @@
 
 namespace odc::nvshmem {
 
-// Stream-ordered: returns (on the device) when signals[p] >= value for every p < num_slots; on
-// expiry of `timeout_ns` records (site, rank, peer first_peer + p, value, seen) in `error` and lets
-// the stream go on. Any number of slots (not limited to kernels::kMaxRanks).
-cudaError_t wait_all_at_least(const uint64_t* signals, int num_slots, uint64_t value, int rank,
-                              int first_peer, int32_t site, int64_t timeout_ns,
-                              kernels::WaitError* error, cudaStream_t stream);
+// Stream-ordered: the wait half of the device barrier. Returns (on the device) once every
+// words[p] (p < num_ranks; rank p's barrier_word announced here) reached `mine` (this rank's word:
+// the same epoch and collective, or a later epoch). A word of this epoch in another collective
+// records (kWaitMismatch, rank, p, mine, seen) at once; expiry of `timeout_ns` records
+// (kWaitBarrier, rank, p, mine, seen). Either way the stream goes on (poll_error reports it).
+// Any number of ranks (not limited to kernels::kMaxRanks).
+cudaError_t wait_barrier_words(const uint64_t* words, int num_ranks, uint64_t mine, int rank,
+                               int64_t timeout_ns, kernels::WaitError* error, cudaStream_t stream);
 
 // Stream-ordered: *dst = value (device memory), one thread.
 cudaError_t store_u64(uint64_t* dst, uint64_t value, cudaStream_t stream);

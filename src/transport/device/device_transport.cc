@@ -1,0 +1,171 @@
+// The device transports' shared part (see device_transport.h). Built as the static library
+// odc_device_transport, linked into both libodc.so (CUDA transport) and the NVSHMEM plugin with
+// hidden visibility: each library holds a private copy, and the two meet only through Transport
+// pointers (CMakeLists.txt says why).
+#include "transport/device/device_transport.h"
+
+#include <cstring>
+#include <limits>
+
+#include "common/deadline.h"
+#include "transport/cuda/cuda_check.h"
+#include "transport/device/wait_status.h"
+
+namespace odc::device {
+
+using cuda::as_stream;
+using cuda::DeviceGuard;
+
+WaitErrorRecord::~WaitErrorRecord() {
+  if (device_ < 0) return;
+  DeviceGuard guard(device_);
+  if (on_device_ != nullptr) cudaFree(on_device_);
+  if (host_mirror_ != nullptr) cudaFreeHost(host_mirror_);
+}
+
+Status WaitErrorRecord::create(int device) {
+  if (device_ >= 0) return Status::InternalError("the device-wait error record exists already");
+  device_ = device;
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(cudaHostAlloc(&host_mirror_, sizeof(kernels::WaitError), cudaHostAllocMapped));
+  std::memset(host_mirror_, 0, sizeof(kernels::WaitError));
+  kernels::WaitError initial{};
+  ODC_CUDA_CHECK(cudaHostGetDevicePointer(&initial.host_mirror, host_mirror_, 0));
+  ODC_CUDA_CHECK(cudaMalloc(&on_device_, sizeof(kernels::WaitError)));
+  ODC_CUDA_CHECK(cudaMemcpy(on_device_, &initial, sizeof(initial), cudaMemcpyHostToDevice));
+  return Status::Ok();
+}
+
+kernels::WaitError WaitErrorRecord::read_mirror() const {
+  kernels::WaitError record{};
+  if (host_mirror_ == nullptr) return record;
+  const auto* mirror = static_cast<const volatile kernels::WaitError*>(host_mirror_);
+  record.site = mirror->site;
+  if (record.site == kernels::kWaitNone) return record;
+  record.rank = mirror->rank;
+  record.peer = mirror->peer;
+  record.expected = mirror->expected;
+  record.seen = mirror->seen;
+  return record;
+}
+
+DeviceTransport::DeviceTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
+                                 std::chrono::duration<double> timeout)
+    : bootstrap_(std::move(bootstrap)),
+      device_(device),
+      timeout_ns_(timeout_nanoseconds(timeout)),
+      background_(device) {}
+
+DeviceTransport::~DeviceTransport() {
+  DeviceGuard guard(device_);
+  cudaDeviceSynchronize();  // no kernel may still read the error record when it goes
+}
+
+std::chrono::duration<double> DeviceTransport::timeout() const {
+  return std::chrono::duration<double>(timeout_ns_ == INT64_MAX
+                                           ? std::numeric_limits<double>::infinity()
+                                           : static_cast<double>(timeout_ns_) / 1e9);
+}
+
+Status DeviceTransport::check_device_exists(int device) {
+  int num_devices = 0;
+  if (cudaGetDeviceCount(&num_devices) != cudaSuccess) num_devices = 0;  // no driver: none
+  if (device < 0 || device >= num_devices) {
+    return Status::InvalidArgument("CUDA device " + std::to_string(device) +
+                                   " does not exist (this process sees " +
+                                   std::to_string(num_devices) + ")");
+  }
+  return Status::Ok();
+}
+
+Status DeviceTransport::init_device_state(int max_sms) {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_));
+  if (max_sms > 0 && max_sms < num_sms_) num_sms_ = max_sms;
+  return error_.create(device_);
+}
+
+kernels::RankInfo DeviceTransport::rank_info() const {
+  kernels::RankInfo info;
+  info.rank = rank();
+  info.num_ranks = world_size();
+  info.num_sms = num_sms_;
+  return info;
+}
+
+uint64_t DeviceTransport::next_barrier_word(CollectiveOp op) {
+  ++barrier_epoch_;
+  return kernels::barrier_word(barrier_epoch_, static_cast<uint32_t>(op));
+}
+
+Result<std::vector<ExchangeRecord>> DeviceTransport::exchange(const ExchangeRecord& mine) {
+  std::vector<ExchangeRecord> all(static_cast<size_t>(world_size()));
+  ODC_RETURN_IF_ERROR(bootstrap_->allgather(&mine, all.data(), sizeof(ExchangeRecord),
+                                            collective_op_name(CollectiveOp::kExchange)));
+  return all;
+}
+
+Status DeviceTransport::host_barrier(CollectiveOp op) {
+  DeviceGuard guard(device_);
+  // Collectives that change memory (free) must not overtake queued work on any rank.
+  ODC_CUDA_CHECK(cudaDeviceSynchronize());
+  ODC_RETURN_IF_ERROR(poll_error());
+  const auto mine = static_cast<uint32_t>(op);
+  std::vector<uint32_t> all(static_cast<size_t>(world_size()));
+  // Named by the collective, so a bootstrap timeout says which one a rank never reached.
+  ODC_RETURN_IF_ERROR(
+      bootstrap_->allgather(&mine, all.data(), sizeof(mine), collective_op_name(op)));
+  for (int r = 0; r < world_size(); ++r) {
+    if (all[static_cast<size_t>(r)] != mine) {
+      return Status::RemoteError(
+          std::string("collective mismatch: rank ") + std::to_string(r) + " called " +
+          collective_op_name(static_cast<CollectiveOp>(all[static_cast<size_t>(r)])) +
+          " where this rank called " + collective_op_name(op));
+    }
+  }
+  return Status::Ok();
+}
+
+Status DeviceTransport::drain() {
+  DeviceGuard guard(device_);
+  ODC_CUDA_CHECK(cudaDeviceSynchronize());
+  return Status::Ok();
+}
+
+Status DeviceTransport::poll_error() {
+  const kernels::WaitError record = error_.read_mirror();
+  if (record.site != kernels::kWaitNone) {
+    return wait_record_status(record, timeout_ns_,
+                              [this](int peer) { return bootstrap_->failure_of(peer); });
+  }
+  // No wait failed: a sticky CUDA error of this device (a kernel that faulted), if any.
+  const cudaError_t sticky = cudaPeekAtLastError();
+  if (sticky != cudaSuccess) {
+    return Status::SystemError(std::string("CUDA error on device ") + std::to_string(device_) +
+                               ": " + cudaGetErrorString(sticky));
+  }
+  return Status::Ok();
+}
+
+Result<StreamHandle> DeviceTransport::fork_background(StreamHandle stream) {
+  return background_.fork(stream);
+}
+
+Status DeviceTransport::join_background(StreamHandle stream) {
+  return background_.join(stream);
+}
+
+Status DeviceTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
+  return local().zero(dst, bytes, stream);
+}
+
+Status DeviceTransport::pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src,
+                                   size_t bytes, StreamHandle stream) {
+  return local().pack_chunk(dst, header, src, bytes, stream);
+}
+
+Status DeviceTransport::read_local(void* host_dst, const void* src, size_t bytes) {
+  return local().read_local(host_dst, src, bytes);
+}
+
+}  // namespace odc::device

@@ -1,0 +1,110 @@
+// What every device transport (CUDA IPC within a node, NVSHMEM across nodes) does the same way,
+// so that each of them holds only how it moves bytes: the device-wait error record and its
+// host mirror (poll_error reads it with no CUDA call), the host barrier and the record exchange
+// over the job's bootstrap, the local operations on the transport's GPU, the background stream,
+// and the word a device barrier announces, which always carries the collective op.
+// Invariant: ranks that meet in different collectives fail naming both, host barrier or device
+// barrier, on every device transport (docs/runtime.md promises it).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bootstrap/bootstrap.h"
+#include "core/transport.h"
+#include "kernels/kernels.h"
+#include "transport/cuda/device_local.h"
+
+namespace odc::device {
+
+// kernels::WaitError in device memory, where every device wait reads it first (fail fast), and
+// its mirror in host-mapped pinned memory, where an expired wait copies it so that poll_error()
+// needs no CUDA call and no stream operation. Freed on destruction.
+class WaitErrorRecord {
+ public:
+  WaitErrorRecord() = default;
+  WaitErrorRecord(const WaitErrorRecord&) = delete;
+  WaitErrorRecord& operator=(const WaitErrorRecord&) = delete;
+  ~WaitErrorRecord();
+  // Both copies zeroed (no failure) on `device`; once only.
+  Status create(int device);
+  kernels::WaitError* on_device() const { return on_device_; }
+  // What the device recorded so far (site kWaitNone: nothing), read site first: the device
+  // writes the site last.
+  kernels::WaitError read_mirror() const;
+
+ private:
+  int device_ = -1;
+  kernels::WaitError* on_device_ = nullptr;
+  kernels::WaitError* host_mirror_ = nullptr;
+};
+
+class DeviceTransport : public Transport {
+ public:
+  ~DeviceTransport() override;
+
+  int rank() const final { return bootstrap_->rank(); }
+  int world_size() const final { return bootstrap_->world_size(); }
+  std::chrono::duration<double> timeout() const final;
+  int device() const { return device_; }
+
+  // ---- collectives over the bootstrap --------------------------------------------------------
+  Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) final;
+  // This rank's queued work completes, then every rank names its collective, so a mismatch is
+  // an error naming both whatever the bootstrap (the caller's barrier callback cannot compare).
+  Status host_barrier(CollectiveOp op) final;
+  Status drain() final;
+  // What a device wait recorded (device/wait_status.h), else a sticky CUDA error, else Ok.
+  Status poll_error() final;
+
+  // ---- the background stream (the core's node fetches) --------------------------------------
+  Result<StreamHandle> fork_background(StreamHandle stream) override;
+  Status join_background(StreamHandle stream) final;
+
+  // ---- local operations on this GPU, on the caller's stream ---------------------------------
+  Status zero(void* dst, size_t bytes, StreamHandle stream) final;
+  Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
+                    StreamHandle stream) final;
+  Status read_local(void* host_dst, const void* src, size_t bytes) final;
+
+ protected:
+  // Nothing touches the device until init_device_state().
+  DeviceTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
+                  std::chrono::duration<double> timeout);
+  // InvalidArgument unless this process sees CUDA device `device` (before anything uses it).
+  static Status check_device_exists(int device);
+  // The first step of a transport's init: the data kernels' grid budget (`max_sms` SMs, or all
+  // of the device's where fewer or <= 0) and the error record.
+  Status init_device_state(int max_sms);
+
+  // The word this rank announces in its next device barrier: one epoch more than the last, and
+  // `op`, so that a peer in another collective at the same epoch records a mismatch naming both
+  // (kernels/wait_record.h) instead of pairing up.
+  uint64_t next_barrier_word(CollectiveOp op);
+
+  Bootstrap& bootstrap() const { return *bootstrap_; }
+  const std::shared_ptr<Bootstrap>& shared_bootstrap() const { return bootstrap_; }
+  int64_t timeout_ns() const { return timeout_ns_; }
+  int num_sms() const { return num_sms_; }
+  kernels::WaitError* device_error() const { return error_.on_device(); }
+  kernels::RankInfo rank_info() const;
+  cuda::DeviceLocal local() const {
+    return cuda::DeviceLocal{device_, rank_info(), device_error()};
+  }
+  // The background stream, null before the first fork_background().
+  cudaStream_t background_stream() const { return background_.stream(); }
+
+ private:
+  std::shared_ptr<Bootstrap> bootstrap_;
+  int device_;
+  int64_t timeout_ns_;
+  int num_sms_ = 0;
+  uint64_t barrier_epoch_ = 0;
+  WaitErrorRecord error_;
+  cuda::BackgroundStream background_;  // destroyed first: its stream may still read error_
+};
+
+}  // namespace odc::device

@@ -1,0 +1,219 @@
+// NVSHMEM's process-wide setup (see nvshmem_process.h): the unique id agreed, the heap sized, the
+// library initialized, each a step of its own. Serialized by one mutex: communicators may be made
+// from several threads, NVSHMEM is one per process.
+#include "transport/nvshmem/nvshmem_process.h"
+
+#include <cuda_runtime.h>
+#include <nvshmem_host.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "common/check.h"
+#include "common/env.h"
+#include "transport/cuda/cuda_check.h"
+
+namespace odc::nvshmem {
+
+// Heap size odc asks NVSHMEM for when NVSHMEM_SYMMETRIC_SIZE is not set (docs/multinode.md).
+ODC_ENV_DOUBLE(heap_gib_knob, "ODC_NVSHMEM_HEAP_GIB", 4.0)
+// Ranks per node (contiguous ranks share a node). 0: NVSHMEM's node team (or LOCAL_WORLD_SIZE).
+// Smaller than the real node: pretend node boundaries on one host (tests).
+ODC_ENV_DOUBLE(local_world_size_knob, "ODC_LOCAL_WORLD_SIZE", 0.0)
+
+namespace {
+
+// What this process's NVSHMEM was initialized as; later communicators must match it.
+struct ProcessNvshmem {
+  std::mutex mutex;
+  bool initialized = false;
+  int rank = -1;
+  int world_size = 0;
+  int device = -1;
+  nvshmemx_uniqueid_t id;
+  std::string heap_size;  // NVSHMEM_SYMMETRIC_SIZE as NVSHMEM saw it
+};
+
+ProcessNvshmem& process_nvshmem() {
+  static ProcessNvshmem* state = new ProcessNvshmem();  // never destroyed: NVSHMEM outlives us
+  return *state;
+}
+
+// Step 1: every rank gets rank 0's unique id (a fresh one, or the one this process was
+// initialized with), after checking that a process already in NVSHMEM is asked to join the same
+// job again.
+Result<nvshmemx_uniqueid_t> agree_unique_id(ProcessNvshmem& process, Bootstrap& bootstrap,
+                                            int device) {
+  const int rank = bootstrap.rank();
+  const int world_size = bootstrap.world_size();
+  struct IdRecord {
+    uint64_t ok;
+    nvshmemx_uniqueid_t id;
+  };
+  IdRecord mine{};
+  Status made = Status::Ok();
+  if (process.initialized) {
+    if (process.rank != rank || process.world_size != world_size || process.device != device) {
+      made = Status::InvalidUsage(
+          "NVSHMEM is already initialized in this process as rank " + std::to_string(process.rank) +
+          " of " + std::to_string(process.world_size) + " on device " +
+          std::to_string(process.device) + " (it cannot be initialized twice)");
+    } else {
+      mine.id = process.id;
+    }
+  } else if (rank == 0) {
+    nvshmemx_uniqueid_t id = NVSHMEMX_UNIQUEID_INITIALIZER;
+    made = ODC_NVSHMEM_STATUS(nvshmemx_get_uniqueid(&id));
+    mine.id = id;
+  }
+  mine.ok = made.ok() ? 1 : 0;
+  std::vector<IdRecord> all(static_cast<size_t>(world_size));
+  ODC_RETURN_IF_ERROR(
+      bootstrap.allgather(&mine, all.data(), sizeof(IdRecord), "nvshmem unique id"));
+  for (int r = 0; r < world_size; ++r) {
+    if (all[static_cast<size_t>(r)].ok == 0) {
+      return Status::SystemError("rank " + std::to_string(r) + " could not start NVSHMEM" +
+                                 (r == rank ? ": " + made.message() : ""));
+    }
+  }
+  if (process.initialized) {
+    for (int r = 0; r < world_size; ++r) {
+      if (std::memcmp(&all[static_cast<size_t>(r)].id, &all[0].id, sizeof(nvshmemx_uniqueid_t)) !=
+          0) {
+        return Status::InvalidUsage(
+            "ranks 0 and " + std::to_string(r) +
+            " run different NVSHMEM jobs (NVSHMEM stays initialized for the life of a process; "
+            "a later communicator must have the same ranks)");
+      }
+    }
+  }
+  return all[0].id;
+}
+
+// Step 2: the symmetric heap is reserved at init, so its size is set now: the user's
+// NVSHMEM_SYMMETRIC_SIZE where given, else ODC_NVSHMEM_HEAP_GIB (docs/multinode.md).
+Status size_symmetric_heap(ProcessNvshmem& process) {
+  if (const char* given = std::getenv("NVSHMEM_SYMMETRIC_SIZE"); given != nullptr) {
+    process.heap_size = given;
+    return Status::Ok();
+  }
+  const auto bytes = static_cast<uint64_t>(heap_gib_knob() * 1024.0 * 1024.0 * 1024.0);
+  process.heap_size = std::to_string(bytes);
+  ODC_SYSCHECK(setenv("NVSHMEM_SYMMETRIC_SIZE", process.heap_size.c_str(), 1),
+               "setenv(NVSHMEM_SYMMETRIC_SIZE)");
+  return Status::Ok();
+}
+
+// Step 3: NVSHMEM's init from the agreed id on the current device, agreed across ranks.
+Status start_nvshmem(ProcessNvshmem& process, Bootstrap& bootstrap, nvshmemx_uniqueid_t id,
+                     int device) {
+  const int rank = bootstrap.rank();
+  const int world_size = bootstrap.world_size();
+  nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
+  Status started =
+      ODC_NVSHMEM_STATUS(nvshmemx_set_attr_uniqueid_args(rank, world_size, &id, &attr));
+  if (started.ok()) {
+    // What nvshmemx_init_attr() does, but returning an error instead of exiting: the host
+    // library's init, and the device state of this plugin's kernels that call NVSHMEM (the
+    // streamed fold's credits), from NVSHMEM's static device library.
+    nvshmemi_version_t version = {NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION,
+                                  NVSHMEM_VENDOR_PATCH_VERSION};
+    nvshmemx_init_init_attr_ver_only(attr);
+    int provided = 0;
+    started = ODC_NVSHMEM_STATUS(nvshmemi_init_thread(NVSHMEM_THREAD_SERIALIZED, &provided,
+                                                      NVSHMEMX_INIT_WITH_UNIQUEID, &attr, version));
+    if (!started.ok()) {
+      started = Status::SystemError(started.message() +
+                                    "; NVSHMEM_DEBUG=WARN prints why, docs/multinode.md");
+    }
+  }
+  ODC_RETURN_IF_ERROR(
+      agree_on_success(bootstrap, started, "nvshmem init", "could not initialize NVSHMEM"));
+  process.initialized = true;
+  process.rank = rank;
+  process.world_size = world_size;
+  process.device = device;
+  process.id = id;
+  if (nvshmem_my_pe() != rank || nvshmem_n_pes() != world_size) {
+    return Status::InternalError("NVSHMEM made this rank PE " + std::to_string(nvshmem_my_pe()) +
+                                 " of " + std::to_string(nvshmem_n_pes()) + ", expected " +
+                                 std::to_string(rank) + " of " + std::to_string(world_size));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status join_process_nvshmem(Bootstrap& bootstrap, int device) {
+  ProcessNvshmem& process = process_nvshmem();
+  std::lock_guard<std::mutex> lock(process.mutex);
+  // NVSHMEM binds to the device current at init: make it ours for the scope.
+  cuda::DeviceGuard guard(device);
+  ODC_CUDA_CHECK(cudaSetDevice(device));
+  auto id = agree_unique_id(process, bootstrap, device);
+  if (!id.ok()) return id.status();
+  if (process.initialized) return Status::Ok();  // the same job again
+  ODC_RETURN_IF_ERROR(size_symmetric_heap(process));
+  return start_nvshmem(process, bootstrap, id.value(), device);
+}
+
+Result<int> agree_ranks_per_node(Bootstrap& bootstrap) {
+  const int world_size = bootstrap.world_size();
+  int local_size = static_cast<int>(local_world_size_knob());
+  if (local_size <= 0) {
+    if (const char* torchrun = std::getenv("LOCAL_WORLD_SIZE"); torchrun != nullptr) {
+      local_size = std::atoi(torchrun);
+    } else {
+      local_size = nvshmem_team_n_pes(NVSHMEMX_TEAM_NODE);
+    }
+  }
+  if (local_size <= 0 || world_size % local_size != 0) {
+    return Status::InvalidArgument(
+        "ranks per node (ODC_LOCAL_WORLD_SIZE / LOCAL_WORLD_SIZE / NVSHMEM's node team) is " +
+        std::to_string(local_size) + ", which does not divide the world size " +
+        std::to_string(world_size));
+  }
+  const auto mine = static_cast<uint64_t>(local_size);
+  std::vector<uint64_t> sizes(static_cast<size_t>(world_size));
+  ODC_RETURN_IF_ERROR(
+      bootstrap.allgather(&mine, sizes.data(), sizeof(mine), "nvshmem ranks per node"));
+  for (int r = 0; r < world_size; ++r) {
+    if (sizes[static_cast<size_t>(r)] != mine) {
+      return Status::InvalidArgument("rank " + std::to_string(r) + " has " +
+                                     std::to_string(sizes[static_cast<size_t>(r)]) +
+                                     " ranks per node, this rank " + std::to_string(mine) +
+                                     " (ODC_LOCAL_WORLD_SIZE must agree)");
+    }
+  }
+  return local_size;
+}
+
+std::string symmetric_heap_size() {
+  ProcessNvshmem& process = process_nvshmem();
+  std::lock_guard<std::mutex> lock(process.mutex);
+  return process.heap_size;
+}
+
+std::string nvshmem_version_text() {
+  int major = 0, minor = 0, patch = 0;
+  nvshmemx_vendor_get_version_info(&major, &minor, &patch);
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+Status agree_on_success(Bootstrap& bootstrap, const Status& mine, const char* operation,
+                        const std::string& failure) {
+  const uint64_t ok = mine.ok() ? 1 : 0;
+  std::vector<uint64_t> oks(static_cast<size_t>(bootstrap.world_size()));
+  ODC_RETURN_IF_ERROR(bootstrap.allgather(&ok, oks.data(), sizeof(ok), operation));
+  for (int r = 0; r < bootstrap.world_size(); ++r) {
+    if (oks[static_cast<size_t>(r)] != 0) continue;
+    return Status::SystemError("rank " + std::to_string(r) + " " + failure +
+                               (r == bootstrap.rank() ? ": " + mine.message() : ""));
+  }
+  return Status::Ok();
+}
+
+}  // namespace odc::nvshmem
