@@ -183,7 +183,8 @@ stage_streamed() {
 
 # Deterministic mode (the pulled scheme) and the default scheme, two ranks on one GPU, over the
 # CUDA transport and over NVSHMEM (two pretended one-rank nodes): exact integer sums with random
-# delays, and bitwise-identical non-integer sums across two runs with different delays.
+# delays, and bitwise-identical non-integer sums across two runs with different delays. Then a
+# collective mismatch in the device barrier, named on both ranks, on CUDA and NVSHMEM.
 stage_deterministic() {
   local env_new
   env_new=$(libs "$snapshot")
@@ -202,6 +203,18 @@ print("deterministic: bitwise identical across runs with different delays")
   stage cuda 300 env $env_new python3 -c "$check"
   stage nvshmem-two-nodes 300 env $env_new ODC_TRANSPORT=nvshmem ODC_NVSHMEM_DIRECT=0 \
     ODC_LOCAL_WORLD_SIZE=1 ODC_NVSHMEM_HIERARCHICAL=1 python3 -c "$check"
+  # barrier() on one rank, minibatch_begin() on the other: both name the mismatch, on CUDA and
+  # on NVSHMEM's device barrier (through NVSHMEM's puts, and over its NVLink mappings).
+  local mismatch='
+import test_hardening_gpu as t
+t.test_device_barrier_mismatch_names_both_collectives()
+print("collective mismatch named on both ranks")
+'
+  stage mismatch-cuda 120 env $env_new python3 -c "$mismatch"
+  stage mismatch-nvshmem-two-nodes 120 env $env_new ODC_TRANSPORT=nvshmem ODC_NVSHMEM_DIRECT=0 \
+    ODC_LOCAL_WORLD_SIZE=1 python3 -c "$mismatch"
+  stage mismatch-nvshmem-direct 120 env $env_new ODC_TRANSPORT=nvshmem ODC_NVSHMEM_DIRECT=1 \
+    python3 -c "$mismatch"
 }
 
 # GPU memory per process (as the driver counts it) of one deterministic accumulator.

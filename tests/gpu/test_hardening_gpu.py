@@ -5,7 +5,8 @@
 - 14: after a device-side timeout in minibatch_end, odc.torch refuses the optimizer step (no
   partial sum reaches it) and the parameters stay as they were;
 - 15: barrier() on one rank paired with minibatch_begin() on another fails on both with
-  "collective mismatch" naming both operations, as the host transport does.
+  "collective mismatch" naming both operations, as the host transport does (over NVSHMEM too:
+  test_nvshmem_comm.py, issue #31).
 Every wait is bounded (timeouts of a few seconds): a regression fails, it never hangs."""
 
 import gc
@@ -25,8 +26,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 def _mismatch_rank(rank, world_size, key):
     import torch
 
-    torch.cuda.set_device(rank)
-    with odc.Comm(rank, world_size, key, timeout=10, device=rank) as comm:
+    # Ranks share the GPUs there are (one GPU: both on it; dev/gpu/run.sh's deterministic stage).
+    device = rank % torch.cuda.device_count()
+    torch.cuda.set_device(device)
+    with odc.Comm(rank, world_size, key, timeout=10, device=device) as comm:
         comm.barrier()  # both in the same collective: passes
         if rank == 0:
             comm.barrier()
@@ -41,6 +44,8 @@ def _mismatch_rank(rank, world_size, key):
 
 
 def test_device_barrier_mismatch_names_both_collectives():
+    """On the transport the environment selects (ODC_TRANSPORT; default cuda):
+    test_nvshmem_comm.py runs it over NVSHMEM, whose barrier words carry the collective too."""
     results = odc.launch(_mismatch_rank, 2, timeout=120)
     assert results[0] is not None and results[1] is not None, f"no error reported: {results}"
     code, message = results[0]

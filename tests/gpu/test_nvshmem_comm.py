@@ -23,6 +23,7 @@ import pytest
 import odc
 
 import test_cuda_comm as suite
+import test_hardening_gpu as hardening
 
 
 def _plugin_path():
@@ -99,6 +100,13 @@ def test_nvshmem_bad_input(nvshmem):
 
 def test_nvshmem_dead_rank_named(nvshmem):
     suite.test_dead_rank_reports_timeout_naming_it()
+
+
+def test_nvshmem_barrier_mismatch_names_both_collectives(nvshmem):
+    """Issue #31: NVSHMEM's device barrier announces the collective with its epoch, so barrier()
+    on one rank and minibatch_begin() on the other fail on both with "collective mismatch" naming
+    both, worded as on the CUDA transport (it paired them silently before)."""
+    hardening.test_device_barrier_mismatch_names_both_collectives()
 
 
 def _which_transport(rank, world_size, key):
