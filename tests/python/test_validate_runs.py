@@ -46,6 +46,21 @@ def test_validation_against_recorded_runs(capsys):
     assert f"over {len(rows)} runs" in printed and f"{len(skipped)} runs not simulated" in printed
 
 
+def test_validation_of_the_fsdp2_arms_and_grpo_runs():
+    """Issue #30's five arms, RL per RL step and SFT, two runs each on 4 H100s: every run
+    simulated, the same mean bound (docs/benchmarks.md, fifteenth round: 4.36%)."""
+    validate_runs = _validate_runs()
+    rows = validate_runs.validate(REPO / "docs" / "results" / "baselines_4xh100", repo=REPO)
+    assert not [r for r in rows if "skipped" in r]
+    assert {(r["comm"], r["policy"]) for r in rows} == {
+        ("collective", "lb-micro"), ("fsdp2-deferred", "lb-micro"),
+        ("fsdp2-unsharded", "lb-mini"), ("collective", "lb-mini-padded"), ("odc", "lb-mini"),
+    }  # fmt: skip
+    assert sum(r.get("task") == "grpo" for r in rows) == 10
+    mean = sum(abs(r["error"]) for r in rows) / len(rows)
+    assert mean <= MEAN_ABSOLUTE_ERROR_BOUND, rows
+
+
 def test_validation_with_measured_transport_curves():
     validate_runs = _validate_runs()
     curves = str(REPO / "data" / "transport" / "h200x4_odc_bench.json")
