@@ -131,11 +131,143 @@ Status StreamedStaging::push(const void* src, DataType dtype, size_t count, uint
       const int via = routes_.via[o];
       const uint64_t row_first = routes_.row[o] * count;
       const uint64_t target = buffer_id | kRelayTargetBit;
-      ODC_RETURN_IF_ERROR(via == rank_
-                              ? add_local(target, row_first, slice, dtype, count, stream)
-                              : send_slice(via, target, row_first, slice, dtype, count, stream));
+      if (via == rank_) {
+        ODC_RETURN_IF_ERROR(add_local(target, row_first, slice, dtype, count, stream));
+        // Counted per chunk as its peers' slices are (a fold counts one chunk): the same
+        // contributions per piece whoever carries the owner.
+        const size_t per_chunk = geometry_.payload_bytes() / element;
+        for (size_t done = 0; done < count; done += per_chunk) {
+          count_relayed(target, row_first + done, std::min(per_chunk, count - done));
+        }
+      } else {
+        ODC_RETURN_IF_ERROR(send_slice(via, target, row_first, slice, dtype, count, stream));
+      }
     } else {
       ODC_RETURN_IF_ERROR(send_slice(owner, buffer_id, 0, slice, dtype, count, stream));
+    }
+  }
+  // Partial sums whose pieces the node has filled (by this push or the folds before it) leave
+  // now, during the minibatch, after this rank's own slices.
+  return forward_ready(stream);
+}
+
+void StreamedStaging::set_relays(std::vector<Relay> relays) {
+  std::vector<std::vector<uint32_t>> counts;
+  for (const Relay& relay : relays) {
+    const auto kept = std::find_if(relays_.begin(), relays_.end(),
+                                   [&](const Relay& r) { return r.buffer_id == relay.buffer_id; });
+    if (kept != relays_.end()) {
+      counts.push_back(std::move(contributions_[static_cast<size_t>(kept - relays_.begin())]));
+    } else {
+      // A new relay's rows are zero: nothing of it to forward yet.
+      const size_t pieces = forwards_early() ? routes_.my_owners.size() * pieces_per_row(relay) : 0;
+      counts.emplace_back(pieces, 0);
+    }
+  }
+  relays_ = std::move(relays);
+  contributions_ = std::move(counts);
+  // Ready pieces of a relay freed since are skipped when their turn comes (found by id).
+}
+
+void StreamedStaging::reset_relay_counts() {
+  for (auto& counts : contributions_) std::fill(counts.begin(), counts.end(), 0);
+  ready_.clear();
+}
+
+void StreamedStaging::count_relayed(uint64_t target_id, uint64_t first, size_t count) {
+  if (!forwards_early() || (target_id & kRelayTargetBit) == 0 || count == 0) return;
+  const uint64_t buffer_id = target_id & ~kRelayTargetBit;
+  const auto found = std::find_if(relays_.begin(), relays_.end(),
+                                  [&](const Relay& r) { return r.buffer_id == buffer_id; });
+  if (found == relays_.end()) return;
+  const size_t index = static_cast<size_t>(found - relays_.begin());
+  std::vector<uint32_t>& counts = contributions_[index];
+  const Relay& relay = *found;
+  // A chunk lies inside one row (slices are sent row by row); the pieces it touches (one for an
+  // fp32 chunk, two for a bf16 one) each took one more contribution.
+  const size_t row = first / relay.count;
+  const size_t in_row = first - row * relay.count;
+  const size_t last = std::min(in_row + count, relay.count) - 1;
+  const auto ranks = static_cast<uint32_t>(node_last_ - node_first_);
+  for (size_t k = in_row / piece_elements(); k <= last / piece_elements(); ++k) {
+    const size_t piece = row * pieces_per_row(relay) + k;
+    if (piece >= counts.size()) return;
+    // Ready once, when the count reaches the node's ranks; it stays counted (and unqueued) until
+    // the forward that takes it to zero.
+    if (++counts[piece] == ranks) ready_.emplace_back(buffer_id, piece);
+  }
+}
+
+Status StreamedStaging::forward_ready(StreamHandle stream) {
+  if (ready_.empty()) return Status::Ok();
+  // In the order they filled. An entry is copied before its forward: folds while that forward
+  // waits for credit may append more (forwarded in this same loop).
+  for (size_t next = 0; next < ready_.size(); ++next) {
+    const auto [buffer_id, piece] = ready_[next];
+    const auto found = std::find_if(relays_.begin(), relays_.end(),
+                                    [&](const Relay& r) { return r.buffer_id == buffer_id; });
+    if (found == relays_.end()) continue;  // freed since (its sums are gone with it)
+    const auto index = static_cast<size_t>(found - relays_.begin());
+    if (contributions_[index][piece] == 0) continue;  // already out (not queued twice, but cheap)
+    ODC_RETURN_IF_ERROR(forward_piece(index, piece, stream));
+    ++forwarded_early_;
+  }
+  ready_.clear();
+  return Status::Ok();
+}
+
+Status StreamedStaging::forward_piece(size_t index, size_t piece, StreamHandle stream) {
+  const Relay& relay = relays_[index];
+  if (contributions_[index][piece] == 0) return Status::Ok();  // nothing since it last went out
+  const size_t per_row = pieces_per_row(relay);
+  const size_t row = piece / per_row;
+  const size_t first = (piece % per_row) * piece_elements();
+  const size_t count = std::min(piece_elements(), relay.count - first);
+  float* sums = relay.rows + row * relay.count + first;
+  // send_chunk may wait for credit, folding meanwhile: a contribution folded into this piece
+  // then is in the row when the chunk is put (the put follows the wait) and goes out with it.
+  // Nothing folds between the put (which copies the piece out: the transport may reuse src on
+  // return) and the zeroing below, so every contribution is either in this partial sum or added
+  // after the zeroing, into the next one: each goes out exactly once. The owner adds the partial
+  // sum as any chunk, in this carrier's sequence, before it consumes this carrier's end.
+  ODC_RETURN_IF_ERROR(send_chunk(routes_.my_owners[row], relay.buffer_id, first, sums,
+                                 DataType::kFloat32, count, stream));
+  std::fill(sums, sums + count, 0.0f);  // host memory: forwards_early() only on the host
+  contributions_[index][piece] = 0;
+  return Status::Ok();
+}
+
+Status StreamedStaging::forward_rest(StreamHandle stream) {
+  if (!forwards_early()) {
+    // Device: the host never saw what the folds added; each row whole, once, at the end.
+    for (const Relay& relay : relays_) {
+      for (size_t row = 0; row < routes_.my_owners.size(); ++row) {
+        const auto* sums = reinterpret_cast<const char*>(relay.rows + row * relay.count);
+        ODC_RETURN_IF_ERROR(send_slice(routes_.my_owners[row], relay.buffer_id, 0, sums,
+                                       DataType::kFloat32, relay.count, stream));
+      }
+    }
+    return Status::Ok();
+  }
+  // Every piece still holding contributions, whether or not its count reached the node's ranks.
+  ready_.clear();
+  for (size_t index = 0; index < relays_.size(); ++index) {
+    for (size_t piece = 0; piece < contributions_[index].size(); ++piece) {
+      ODC_RETURN_IF_ERROR(forward_piece(index, piece, stream));
+    }
+  }
+  // Folds while these forwards waited for credit came from the other nodes' ranks only (this
+  // node's have ended here, and other nodes route relay slices to their own carriers), so no
+  // piece was added to after it went out. Checked: a contribution left behind would be lost.
+  for (size_t index = 0; index < relays_.size(); ++index) {
+    for (uint32_t left : contributions_[index]) {
+      if (left != 0) {
+        return Status::InternalError("rank " + std::to_string(rank_) +
+                                     ": a contribution to the relay rows of accumulator " +
+                                     std::to_string(relays_[index].buffer_id) +
+                                     " was folded after its node's ranks ended here (minibatch " +
+                                     std::to_string(minibatch_) + ")");
+      }
     }
   }
   return Status::Ok();
@@ -153,14 +285,9 @@ Status StreamedStaging::finish(StreamHandle stream) {
     if (peer != rank_) ODC_RETURN_IF_ERROR(end_at(peer, stream));
   }
   ODC_RETURN_IF_ERROR(wait_ends(node_first_, node_last_, stream));
-  // 2. Each row to its owner, as this rank's own chunks (the sum of the node's slices).
-  for (const Relay& relay : relays_) {
-    for (size_t row = 0; row < routes_.my_owners.size(); ++row) {
-      ODC_RETURN_IF_ERROR(send_slice(routes_.my_owners[row], relay.buffer_id, 0,
-                                     reinterpret_cast<const char*>(relay.rows + row * relay.count),
-                                     DataType::kFloat32, relay.count, stream));
-    }
-  }
+  // 2. What the rows still hold to its owners, as this rank's own chunks (the rest of the node's
+  // slices: on the host the pieces not forwarded during the minibatch, on the device every row).
+  ODC_RETURN_IF_ERROR(forward_rest(stream));
   // 3. The other nodes' ranks end here after everything this rank sends them.
   for (int i = 1; i < world_size_; ++i) {
     const int peer = (rank_ + i) % world_size_;
@@ -202,6 +329,7 @@ size_t HostStreamedStaging::allocated_bytes() const {
 
 void HostStreamedStaging::begin(uint64_t minibatch) {
   minibatch_ = minibatch;
+  reset_relay_counts();  // the communicator zeroed the rows before this
   std::fill(ended_.begin(), ended_.end(), 0);
   ended_[static_cast<size_t>(rank_)] = 1;  // its own pushes are added directly
 }
@@ -360,6 +488,8 @@ Status HostStreamedStaging::fold_from(int sender, uint64_t last) {
     if (!sums.ok()) return sums.status().with_context(from());
     ODC_RETURN_IF_ERROR(transport_.accumulate(sums.value(), slot + kChunkHeaderBytes, dtype,
                                               header.count, nullptr));
+    // A relay piece it completes goes out at this rank's next push (never from inside a fold).
+    count_relayed(header.buffer_id, header.first, header.count);
     // The sender rewrites a slot only after the credit that frees it; a stray credit could let it
     // rewrite this one while it was being added. Look again (the header is written first): the
     // communicator then fails, so the sums it touched are never reported.

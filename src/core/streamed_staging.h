@@ -13,16 +13,26 @@
 // Node-aggregated pushes (with more than one node, for the accumulators the aggregation budget
 // has room for): a push's slice for an owner on another node goes, through the same rings, to the
 // rank of this node that carries that owner (core/topology.h NodeRoutes), which folds it into its
-// relay row for the owner; at minibatch_end every rank first ends its sequence at its own node's
-// ranks and folds until they all ended here (its relay rows are then complete), then forwards
-// each relay row to its owner as ordinary chunks, then ends its sequence at the other nodes' ranks
-// and folds until every sender ended. Each owner then receives, per accumulator and other node,
-// one slice instead of one per rank of that node. Invariants:
+// relay row for the owner. A row is cut into pieces of one fp32 chunk each. Host folds forward
+// early: a piece that has taken as many contributions (chunks folded into it) as its node has
+// ranks is forwarded to its owner, as this carrier's own chunk holding the partial sum, at the
+// carrier's next push, and zeroed; the owner adds partial sums like any chunk. At minibatch_end
+// every rank first ends its sequence at its own node's ranks and folds until they all ended here
+// (what its relay rows still hold is then the rest of the node's slices), then forwards what is
+// left (host: every piece that took a contribution since it last went out; device: every row
+// whole, the only forward: device folds are not seen by the host), then ends its sequence at the
+// other nodes' ranks and folds until every sender ended. Each owner then receives, per
+// accumulator, piece and other node, at most ceil(c / R) partial sums for the c chunks the R ranks
+// of that node pushed for it (one per push round when all push alike; the device: one) instead of
+// c. Invariants:
 //   - a slot is read only after a signal that covers it (an arrival or the end, acquire) and
 //     rewritten only after the credit that frees it; every chunk carries its sequence number and
 //     minibatch: each chunk is folded exactly once, and a lost or stale one is named, never summed;
 //   - an owner's sums are complete once it consumed every sender's end of the minibatch (the end
 //     covers every chunk before it, so a lost arrival signal loses nothing);
+//   - a relay piece's contributions each go out exactly once: in the partial sum of the first
+//     forward of that piece whose put follows their fold (a forward reads the piece when it puts
+//     it and zeroes it before any later fold), and every forward is a chunk folded once;
 //   - every wait is bounded by the transport's timeout and names rank, peer and operation.
 // On transports whose calls complete on return the folds run on the host, inside odc's calls
 // (HostStreamedStaging); on stream-ordered (device) transports a kernel enqueued on the caller's
@@ -35,6 +45,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -147,9 +158,12 @@ class StreamedStaging {
   // Local, before the first relay: who carries which owner, and this rank's node, ranks
   // [node_first, node_last) (nodes of consecutive ranks).
   void set_routes(NodeRoutes routes, int node_first, int node_last);
-  // Local: the relayed accumulators (every rank the same).
-  void set_relays(std::vector<Relay> relays) { relays_ = std::move(relays); }
+  // Local: the relayed accumulators (every rank the same). Early forwarding keeps the counts of
+  // relays that stay and starts new ones from zero (their rows are zero).
+  void set_relays(std::vector<Relay> relays);
   const std::vector<Relay>& relays() const { return relays_; }
+  // Partial sums this rank forwarded to their owners before minibatch_end, so far (chunks).
+  uint64_t relay_pieces_forwarded_early() const { return forwarded_early_; }
 
  protected:
   StreamedStaging(RingGeometry geometry, int rank, int world_size)
@@ -169,6 +183,16 @@ class StreamedStaging {
   // Sends `count` elements of `data` (the owner's shard view) to `owner` in chunks.
   Status send_slice(int owner, uint64_t target_id, uint64_t first, const char* data, DataType dtype,
                     size_t count, StreamHandle stream);
+  // Whether relay pieces go out while the minibatch runs: only where this rank's own calls fold
+  // (the host), so that a piece's contributions are counted when they land in it; a device fold
+  // runs later on the stream, unseen by the host, and keeps every forward for minibatch_end.
+  virtual bool forwards_early() const { return false; }
+  // Early forwarding: `count` elements from element `first` of fold target `target_id` were just
+  // added (a fold, or this rank's own slice); a relay piece they complete becomes ready. Targets
+  // other than relay rows are ignored.
+  void count_relayed(uint64_t target_id, uint64_t first, size_t count);
+  // Clears the counts (minibatch begin: the rows are zero).
+  void reset_relay_counts();
 
   RingGeometry geometry_;
   const int rank_;
@@ -177,10 +201,30 @@ class StreamedStaging {
   uint64_t chunks_sent_ = 0;
 
  private:
+  // Early forwarding: the fp32 elements of a piece (one chunk's payload), and a piece's place.
+  size_t piece_elements() const { return geometry_.payload_bytes() / sizeof(float); }
+  size_t pieces_per_row(const Relay& relay) const {
+    return (relay.count + piece_elements() - 1) / piece_elements();
+  }
+  // Forwards the pieces made ready so far (push()), waiting for credit where a ring is full.
+  Status forward_ready(StreamHandle stream);
+  // Puts piece `piece` of relay `index`'s rows to its owner as one chunk, then zeroes it.
+  Status forward_piece(size_t index, size_t piece, StreamHandle stream);
+  // minibatch_end, after this node's ends: every relay row (device), or every piece that took a
+  // contribution since it last went out (host).
+  Status forward_rest(StreamHandle stream);
+
   NodeRoutes routes_;
   int node_first_ = 0;
   int node_last_ = 0;
   std::vector<Relay> relays_;
+  // Early forwarding, per relay (as relays_): per piece (row by row), the contributions folded
+  // into it since it last went out. Host memory of 4 bytes per piece (a piece is >= 64 fp32
+  // elements of relay row: at most 1/64 of the rows' bytes).
+  std::vector<std::vector<uint32_t>> contributions_;
+  // Pieces whose count reached the node's ranks, in that order: (relay's buffer id, piece).
+  std::vector<std::pair<uint64_t, size_t>> ready_;
+  uint64_t forwarded_early_ = 0;
 };
 
 // The host fold (see the top of this file).
@@ -197,6 +241,7 @@ class HostStreamedStaging final : public StreamedStaging {
   Status meet(const char* operation, StreamHandle stream) override;
 
  protected:
+  bool forwards_early() const override { return true; }
   Status send_chunk(int owner, uint64_t target_id, uint64_t first, const void* data, DataType dtype,
                     size_t count, StreamHandle stream) override;
   Status add_local(uint64_t target_id, uint64_t first, const void* data, DataType dtype,

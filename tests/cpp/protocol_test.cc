@@ -344,8 +344,9 @@ TEST(NodeCache, EachRemoteShardCrossesOncePerNodeAndMinibatch) {
 
 // Node-aggregated pushes on 2 pretend nodes of 4 (host and device steps): every rank pushes a
 // full gradient each minibatch; the bytes put across the node boundary are one slice per other
-// node and accumulator (the rank's relay row, forwarded at minibatch_end) instead of one per
-// remote owner, so 4x fewer; sums exact; the relay rows are the scheme's bytes beyond the rings.
+// node and accumulator (the rank's relay row: on the host each piece as soon as the node's 4
+// slices are in it, on the device at minibatch_end) instead of one per remote owner, so 4x fewer;
+// sums exact; the relay rows are the scheme's bytes beyond the rings.
 TEST(NodeAggregation, EachRankSendsOneSlicePerOtherNode) {
   const int world = 8;
   const int per_node = 4;
@@ -397,6 +398,135 @@ TEST(NodeAggregation, EachRankSendsOneSlicePerOtherNode) {
         const size_t slices = aggregate ? 1 : world - per_node;
         EXPECT_EQ(across[rank], minibatches * slices * chunk_bytes[rank]) << "rank " << rank;
         EXPECT_EQ(relay_bytes[rank], aggregate ? count * sizeof(float) : 0u) << "rank " << rank;
+      }
+    }
+  }
+}
+
+// Several pushes of the same accumulator per minibatch (microbatches), fp32 and bf16, 0 to 3 per
+// rank and minibatch as LB-Mini gives them, under node aggregation on 2 pretend nodes of 4 (host
+// and device steps): sums exact. Bytes across the node boundary, per node and minibatch, with c
+// the node's pushes and a slice one row of the shard in fp32 chunks: the host forwards a piece
+// whenever the node's 4 ranks' worth of contributions are in it, so at most ceil(c / 4) partial
+// sums per piece and at least one when c > 0 (end-only aggregation's count); the device forwards
+// each row once, at minibatch_end. Flat pushes would put c slices per remote owner: fp32 pushes
+// never cross more than flat's bytes, and 1/4 of them when the node pushed whole rounds (c a
+// multiple of 4); bf16 ones, forwarded in fp32, no more than flat's from two pushes on.
+TEST(NodeAggregation, SeveralPushesPerMinibatchExactAndAtMostFlatOverRanksPerNode) {
+  const int world = 8;
+  const int per_node = 4;
+  const size_t count = 1000;
+  const int minibatches = 6;
+  const int remote_owners = world - per_node;  // a row each, carried by one rank of the node
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice}) {
+    for (DataType dtype : {DataType::kFloat32, DataType::kBfloat16}) {
+      SCOPED_TRACE(std::string(scheme_label(scheme)) + " " + std::string(dtype_name(dtype)));
+      auto mem_world = mem::MemWorld::create(world, mem_options_for(scheme, 30, per_node));
+      // Per rank and minibatch: bytes put across the node boundary, and the chunk geometry.
+      std::vector<std::vector<size_t>> across(world, std::vector<size_t>(minibatches));
+      std::vector<size_t> payload(world);
+      std::vector<uint64_t> early(world);
+      const auto outcome = run_threads(world, [&](int rank) -> std::string {
+        auto transport =
+            std::make_unique<fault::FaultTransport>(mem_world->join(rank), fault::FaultPlan{});
+        fault::FaultTransport* counted = transport.get();
+        Communicator comm(std::move(transport), comm_options_for(scheme, world, 0, true));
+        auto acc = comm.allocate(count, DataType::kFloat32, /*accumulator=*/true);
+        if (!acc.ok()) return acc.status().message();
+        if (comm.staging()->relays().size() != 1) return std::string("not aggregated");
+        auto put_across = [&] {
+          size_t bytes = 0;
+          for (int p = 0; p < world; ++p) {
+            if (p / per_node != rank / per_node) bytes += counted->bytes_put_to(p);
+          }
+          return bytes;
+        };
+        std::vector<float> src(world * count), sums(world * count);
+        std::vector<uint16_t> halves(src.size());
+        for (int m = 0; m < minibatches; ++m) {
+          if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+          const size_t before = put_across();
+          for (int call = 0; call < num_pushes(11, m, rank); ++call) {
+            for (size_t j = 0; j < src.size(); ++j) src[j] = value(m, rank, call, j);
+            const bool narrow = dtype == DataType::kBfloat16;
+            if (narrow) {
+              for (size_t j = 0; j < src.size(); ++j) halves[j] = float_to_bf16(src[j]);
+            }
+            Status s = comm.scatter_accumulate(narrow ? static_cast<const void*>(halves.data())
+                                                      : static_cast<const void*>(src.data()),
+                                               src.size(), dtype, acc.value(), nullptr);
+            if (!s.ok()) return s.message();
+          }
+          if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+          across[rank][m] = put_across() - before;
+          if (Status s = comm.gather(sums.data(), sums.size(), acc.value(), nullptr); !s.ok()) {
+            return s.message();
+          }
+          for (size_t j = 0; j < sums.size(); ++j) {
+            double want = 0;
+            for (int r = 0; r < world; ++r) {
+              for (int call = 0; call < num_pushes(11, m, r); ++call) want += value(m, r, call, j);
+            }
+            if (sums[j] != want) {
+              return "wrong sum in minibatch " + std::to_string(m) + " at element " +
+                     std::to_string(j) + ": " + std::to_string(sums[j]) + " vs " +
+                     std::to_string(want);
+            }
+          }
+        }
+        payload[rank] = comm.staging()->geometry().payload_bytes();
+        early[rank] = comm.staging()->relay_pieces_forwarded_early();
+        return "";
+      });
+      ASSERT_EQ(describe(outcome), "");
+      const size_t piece = payload[0] / sizeof(float);  // fp32 elements per forwarded chunk
+      const size_t pieces = (count + piece - 1) / piece;
+      const size_t slice = count * sizeof(float) + pieces * kChunkHeaderBytes;
+      const size_t push_element = dtype == DataType::kFloat32 ? 4 : 2;
+      const size_t push_chunks = (count * push_element + payload[0] - 1) / payload[0];
+      const size_t flat_slice = count * push_element + push_chunks * kChunkHeaderBytes;
+      int rounds_over_c = 0;  // minibatches where some node pushed more than once per rank
+      uint64_t forwarded_early = 0;
+      for (int rank = 0; rank < world; ++rank) forwarded_early += early[rank];
+      for (int m = 0; m < minibatches; ++m) {
+        for (int node = 0; node < world / per_node; ++node) {
+          int c = 0;
+          size_t bytes = 0;
+          for (int r = node * per_node; r < (node + 1) * per_node; ++r) {
+            c += num_pushes(11, m, r);
+            bytes += across[r][m];
+          }
+          SCOPED_TRACE("minibatch " + std::to_string(m) + " node " + std::to_string(node) + ": " +
+                       std::to_string(c) + " pushes");
+          const size_t end_only = c > 0 ? remote_owners * slice : 0;
+          const size_t bound =
+              static_cast<size_t>((c + per_node - 1) / per_node) * remote_owners * slice;
+          const size_t flat = static_cast<size_t>(c) * remote_owners * flat_slice;
+          if (scheme == Scheme::kStreamedDevice) {
+            EXPECT_EQ(bytes, remote_owners * slice);  // every row, pushed into or not
+          } else {
+            EXPECT_GE(bytes, end_only);
+            EXPECT_LE(bytes, bound);
+          }
+          if (dtype == DataType::kFloat32) {
+            // ceil(c / 4) <= c: never more than flat; 1/4 of it when the node pushed whole rounds.
+            EXPECT_LE(bytes, flat);
+            if (c % per_node == 0) {
+              EXPECT_LE(bytes * per_node, flat);
+            }
+          } else if (c >= 2) {
+            // Forwards are fp32: ceil(c / 4) <= c / 2 from two bf16 pushes on (a lone bf16 push
+            // crosses in twice its bytes, as with end-only aggregation).
+            EXPECT_LE(bytes, flat);
+          }
+          rounds_over_c += c > per_node ? 1 : 0;
+        }
+      }
+      EXPECT_GT(rounds_over_c, 0) << "no node pushed more than one round: the case is not covered";
+      if (scheme == Scheme::kStreamed) {
+        EXPECT_GT(forwarded_early, 0u) << "nothing forwarded before minibatch_end";
+      } else {
+        EXPECT_EQ(forwarded_early, 0u);
       }
     }
   }
