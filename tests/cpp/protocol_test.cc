@@ -418,6 +418,10 @@ TEST(NodeAggregation, SeveralPushesPerMinibatchExactAndAtMostFlatOverRanksPerNod
   const size_t count = 1000;
   const int minibatches = 6;
   const int remote_owners = world - per_node;  // a row each, carried by one rank of the node
+  std::vector<std::vector<int>> pushes(minibatches, std::vector<int>(world));
+  for (int m = 0; m < minibatches; ++m) {
+    for (int r = 0; r < world; ++r) pushes[m][r] = num_pushes(11, m, r);
+  }
   for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice}) {
     for (DataType dtype : {DataType::kFloat32, DataType::kBfloat16}) {
       SCOPED_TRACE(std::string(scheme_label(scheme)) + " " + std::string(dtype_name(dtype)));
@@ -446,7 +450,7 @@ TEST(NodeAggregation, SeveralPushesPerMinibatchExactAndAtMostFlatOverRanksPerNod
         for (int m = 0; m < minibatches; ++m) {
           if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
           const size_t before = put_across();
-          for (int call = 0; call < num_pushes(11, m, rank); ++call) {
+          for (int call = 0; call < pushes[m][rank]; ++call) {
             for (size_t j = 0; j < src.size(); ++j) src[j] = value(m, rank, call, j);
             const bool narrow = dtype == DataType::kBfloat16;
             if (narrow) {
@@ -465,7 +469,7 @@ TEST(NodeAggregation, SeveralPushesPerMinibatchExactAndAtMostFlatOverRanksPerNod
           for (size_t j = 0; j < sums.size(); ++j) {
             double want = 0;
             for (int r = 0; r < world; ++r) {
-              for (int call = 0; call < num_pushes(11, m, r); ++call) want += value(m, r, call, j);
+              for (int call = 0; call < pushes[m][r]; ++call) want += value(m, r, call, j);
             }
             if (sums[j] != want) {
               return "wrong sum in minibatch " + std::to_string(m) + " at element " +
@@ -493,7 +497,7 @@ TEST(NodeAggregation, SeveralPushesPerMinibatchExactAndAtMostFlatOverRanksPerNod
           int c = 0;
           size_t bytes = 0;
           for (int r = node * per_node; r < (node + 1) * per_node; ++r) {
-            c += num_pushes(11, m, r);
+            c += pushes[m][r];
             bytes += across[r][m];
           }
           SCOPED_TRACE("minibatch " + std::to_string(m) + " node " + std::to_string(node) + ": " +
