@@ -24,17 +24,21 @@
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "planner/plan.h"
 #include "planner/plan_format.h"
 #include "planner/plan_io.h"
+#include "simulate/simulate.h"
 #include "simulate/simulate_cli.h"
 
 namespace {
 
+using odc::Result;
 using odc::Status;
+using odc::planner::MinibatchPlan;
 using odc::planner::Plan;
 using odc::planner::PlanOptions;
 
@@ -188,9 +192,10 @@ double speedup(double baseline, double time) {
   return time > 0 ? baseline / time : 0.0;
 }
 
-std::string verdict_line(const std::vector<Plan>& plans);
+// `basis`: what one step is, appended to the verdict's basis (GRPO's RL steps); empty for SFT.
+std::string verdict_line(const std::vector<Plan>& plans, const std::string& basis = "");
 
-nlohmann::ordered_json compare_json(const std::vector<Plan>& plans) {
+nlohmann::ordered_json compare_json(const std::vector<Plan>& plans, const std::string& basis = "") {
   const auto rows = compare_rows(plans);
   const double baseline = baseline_time(rows);
   const PlanOptions& options = plans.front().options;
@@ -204,7 +209,7 @@ nlohmann::ordered_json compare_json(const std::vector<Plan>& plans) {
   out["cost"] = {{"a", options.cost.a}, {"b", options.cost.b}, {"c", options.cost.c}};
   if (options.cost.floor > 0.0) out["cost"]["floor"] = options.cost.floor;
   out["baseline"] = "collective + lb-micro";
-  std::string verdict = verdict_line(plans);
+  std::string verdict = verdict_line(plans, basis);
   verdict.pop_back();  // the newline
   out["verdict"] = verdict;
   out["policies"] = nlohmann::ordered_json::array();
@@ -266,17 +271,71 @@ std::string cost_words(const odc::planner::CostModel& cost) {
 // The one verdict line of `odc compare`: the fastest arm it predicts (odc + lb-mini, or
 // lb-mini+split with --split auto: never slower than lb-micro under ODC), over which baseline,
 // and on what basis: the planner's cost model alone, so communication is not in it.
-std::string verdict_line(const std::vector<Plan>& plans) {
+std::string verdict_line(const std::vector<Plan>& plans, const std::string& basis) {
   const auto rows = compare_rows(plans);
   const double baseline = baseline_time(rows);
-  char line[400];
+  char line[600];
   std::snprintf(line, sizeof(line),
                 "verdict: odc + %s, predicted speedup %.2fx over the baseline collective + "
-                "lb-micro; compute only (cost model %s from --cost), no communication or "
+                "lb-micro; compute only (cost model %s from --cost%s), no communication or "
                 "optimizer: odc simulate models them\n",
                 rows.back().policy.c_str(), speedup(baseline, rows.back().time_odc),
-                cost_words(plans.front().options.cost).c_str());
+                cost_words(plans.front().options.cost).c_str(), basis.c_str());
   return line;
+}
+
+// GRPO's training phase as one plan per policy (odc.train --task grpo, docs/planner.md): per RL
+// step of options.minibatch_size rollouts, its forward-only minibatch twice (old log-probs on the
+// policy, reference log-probs on a frozen model of the same shape; planned once with the forward
+// cost, as grpo_run._step_plans plans it) and its K update minibatches (full cost), in that
+// order. The plan's bubble is then over all of it, time-weighted as odc.train measures it.
+// Lengths beyond the last whole RL step are left out.
+Result<Plan> grpo_plan(std::span<const int64_t> lengths, const PlanOptions& options,
+                       int64_t minibatches_per_step, double forward_fraction) {
+  const int64_t step = options.minibatch_size;
+  if (minibatches_per_step < 1 || step == odc::planner::kAllSamples ||
+      step % minibatches_per_step != 0) {
+    return Status::InvalidArgument(
+        "--task grpo: an RL step's rollouts (--ranks x --samples-per-rank) must split evenly "
+        "into --minibatches-per-step " +
+        std::to_string(minibatches_per_step) + " minibatches");
+  }
+  if (!(forward_fraction > 0.0 && forward_fraction < 1.0)) {
+    return Status::InvalidArgument("--forward-fraction must be in (0, 1)");
+  }
+  const size_t whole = lengths.size() / static_cast<size_t>(step) * static_cast<size_t>(step);
+  if (whole == 0) {
+    return Status::InvalidArgument("--task grpo: " + std::to_string(lengths.size()) +
+                                   " rollouts hold no RL step of " + std::to_string(step));
+  }
+  const auto rollouts = lengths.first(whole);
+  PlanOptions forward = options;
+  forward.cost = odc::simulate::forward_cost(options.cost, forward_fraction);
+  PlanOptions update = options;
+  update.minibatch_size = step / minibatches_per_step;
+  auto forward_plan = odc::planner::make_plan(rollouts, forward);
+  if (!forward_plan.ok()) return forward_plan.status();
+  auto update_plan = odc::planner::make_plan(rollouts, update);
+  if (!update_plan.ok()) return update_plan.status();
+  Plan merged;
+  merged.options = options;
+  double busy = 0.0, collective = 0.0, odc_time = 0.0;
+  const size_t steps = forward_plan.value().minibatches.size();
+  for (size_t s = 0; s < steps; ++s) {
+    std::vector<const MinibatchPlan*> parts(2, &forward_plan.value().minibatches[s]);
+    for (int64_t k = 0; k < minibatches_per_step; ++k) {
+      parts.push_back(&update_plan.value().minibatches[s * minibatches_per_step + k]);
+    }
+    for (const MinibatchPlan* part : parts) {
+      merged.minibatches.push_back(*part);
+      busy += part->times.busy;
+      collective += part->times.collective;
+      odc_time += part->times.odc;
+    }
+  }
+  merged.bubble = {odc::planner::bubble_rate(busy, options.num_ranks, collective),
+                   odc::planner::bubble_rate(busy, options.num_ranks, odc_time)};
+  return merged;
 }
 
 // Where splitting outliers would pay and it is off: the hint names the switch and its predicted
@@ -469,6 +528,25 @@ int main(int argc, char** argv) {
   compare_command->add_option("--plot", plot_path,
                               "also draw the bubbles and speedups into this PNG (needs Python "
                               "with matplotlib and the odc package)");
+  std::string compare_task = "sft";
+  int64_t compare_minibatches_per_step = 2;
+  double compare_forward_fraction = 0.25;
+  compare_command
+      ->add_option("--task", compare_task,
+                   "sft, or grpo: GRPO's training phase, per RL step of ranks x samples-per-rank "
+                   "rollouts two forward-only minibatches (old and reference log-probs) and "
+                   "--minibatches-per-step updates, all in the bubble")
+      ->capture_default_str();
+  compare_command
+      ->add_option("--minibatches-per-step", compare_minibatches_per_step,
+                   "--task grpo: update minibatches per RL step")
+      ->capture_default_str()
+      ->check(odc::simulate::int64_range());
+  compare_command
+      ->add_option("--forward-fraction", compare_forward_fraction,
+                   "--task grpo: a forward's share of a microbatch's cost (1/4 with activation "
+                   "checkpointing, as odc.train on GPUs; 1/3 without)")
+      ->capture_default_str();
 
   odc::simulate::CliArgs simulate_args;
   std::string simulate_plot_path;
@@ -561,14 +639,28 @@ int main(int argc, char** argv) {
   const std::vector<int64_t>& lengths = samples.lengths;
   std::vector<Plan> plans;
   const odc::planner::SplitMode split = options.split;
+  const bool grpo = compare_task == "grpo";
+  if (compare_task != "sft" && !grpo) {
+    return fail("compare", "unknown --task '" + compare_task + "': expected sft or grpo");
+  }
+  if (grpo && split == odc::planner::SplitMode::kAuto) {
+    return fail("compare", "--task grpo does not split samples (odc.train refuses it too)");
+  }
   for (auto policy : {odc::planner::Policy::kLocalSort, odc::planner::Policy::kLbMicro,
                       odc::planner::Policy::kLbMini}) {
     options.policy = policy;
     options.split = odc::planner::SplitMode::kOff;
-    auto plan = odc::planner::make_plan(lengths, options);
+    auto plan =
+        grpo ? grpo_plan(lengths, options, compare_minibatches_per_step, compare_forward_fraction)
+             : odc::planner::make_plan(lengths, options);
     if (!plan.ok()) return fail("compare", plan.status().message());
     plans.push_back(std::move(plan).value());
   }
+  const std::string basis =
+      grpo ? "; GRPO: per RL step 2 forward-only minibatches at " +
+                 cost_words(odc::simulate::forward_cost(options.cost, compare_forward_fraction)) +
+                 " and " + std::to_string(compare_minibatches_per_step) + " updates"
+           : "";
   // With --split auto, the two policies that can split, split (issue #14).
   if (split == odc::planner::SplitMode::kAuto) {
     for (auto policy : {odc::planner::Policy::kLbMicro, odc::planner::Policy::kLbMini}) {
@@ -580,12 +672,12 @@ int main(int argc, char** argv) {
     }
   }
   if (compare_format == "json") {
-    std::cout << compare_json(plans).dump(1) << "\n";
+    std::cout << compare_json(plans, basis).dump(1) << "\n";
   } else if (compare_format == "csv") {
     std::cout << compare_csv(plans);
   } else {
-    std::cout << odc::planner::compare_table(plans) << verdict_line(plans);
-    if (split == odc::planner::SplitMode::kOff) {
+    std::cout << odc::planner::compare_table(plans) << verdict_line(plans, basis);
+    if (split == odc::planner::SplitMode::kOff && !grpo) {
       options.policy = odc::planner::Policy::kLbMini;
       options.split = odc::planner::SplitMode::kAuto;
       auto split_plan = odc::planner::make_plan(lengths, options);

@@ -291,3 +291,53 @@ def test_one_vocabulary_for_plan_compare_and_simulate(odc_cli, data_dir, tmp_pat
                     "2", "--format", "json"])  # fmt: skip
     assert simulate.returncode == 0, simulate.stderr
     assert json.loads(simulate.stdout)["max_tokens"] == 1100
+
+
+def test_compare_task_grpo_counts_both_forward_only_passes_and_the_updates(odc_cli, tmp_path):
+    """`odc compare --task grpo`: per RL step its forward-only minibatch twice (forward cost) and
+    its K update minibatches, the bubble time-weighted over all of it; recomputed here from
+    odc.plan's plans of the same steps (linear cost: a microbatch costs a x its tokens)."""
+    import odc
+
+    lengths = [5, 9, 2, 7, 3, 8, 1, 6, 4, 4, 10, 2, 6, 3, 5, 7]
+    path = tmp_path / "rollouts.txt"
+    path.write_text("\n".join(map(str, lengths)) + "\n")
+    common = ["--lengths", str(path), "--ranks", "2", "--samples-per-rank", "4",
+              "--max-tokens", "16", "--cost", "1,0,0"]  # fmt: skip
+    result = subprocess.run([odc_cli, "compare", *common, "--task", "grpo", "--format", "json"],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert (
+        "GRPO: per RL step 2 forward-only minibatches at 0.25,0,0 and 2 updates"
+        in (document["verdict"])
+    )
+
+    def times(plan, a):  # per minibatch: (busy, collective span, odc span)
+        out = []
+        for minibatch in plan["minibatches"]:
+            costs = [[a * sum(lengths[i] for i in mb) for mb in rank["microbatches"]]
+                     for rank in minibatch["ranks"]]  # fmt: skip
+            steps = max(len(c) for c in costs)
+            collective = sum(max(c[k] if k < len(c) else 0.0 for c in costs) for k in range(steps))
+            out.append((sum(map(sum, costs)), collective, max(map(sum, costs))))
+        return out
+
+    for row in document["policies"]:
+        policy = row["policy"]
+        plan = dict(ranks=2, max_tokens=16, policy=policy)
+        forward = times(odc.plan(lengths, minibatch_size=8, cost=(0.25, 0, 0), **plan), 0.25)
+        update = times(odc.plan(lengths, minibatch_size=4, cost=(1, 0, 0), **plan), 1.0)
+        parts = [p for s in range(2) for p in (forward[s], forward[s], *update[2 * s : 2 * s + 2])]
+        busy = sum(p[0] for p in parts)
+        assert row["bubble"]["odc"] == pytest.approx(1 - busy / (2 * sum(p[2] for p in parts)))
+        if policy != "lb-mini":
+            expected = 1 - busy / (2 * sum(p[1] for p in parts))
+            assert row["bubble"]["collective"] == pytest.approx(expected)
+    # K must split an RL step's rollouts; an unknown task is named.
+    for extra, message in ((["--task", "grpo", "--minibatches-per-step", "3"], "split evenly"),
+                           (["--task", "rl"], "unknown --task 'rl'")):  # fmt: skip
+        result = subprocess.run(
+            [odc_cli, "compare", *common, *extra], capture_output=True, text=True
+        )
+        assert result.returncode == 2 and message in result.stderr, result.stderr
