@@ -212,8 +212,11 @@ class Simulator {
     const double forward_share = o_.forward_only ? 1.0 : o_.forward_fraction;
     for (size_t k = 0; k < steps; ++k) {
       double issue = all_ready();  // every rank enters the microbatch (root all-gather)
-      channel = std::max(channel, issue) + unit.all_gather_root;
-      issue = channel;
+      // FSDP2 never reshards the root after forward: with a backward it reshards after it (so
+      // every microbatch gathers it again); a forward-only minibatch gathers it once, and
+      // odc.train reshards it when the phase ends (arms.GradientSync.forward_only).
+      if (!o_.forward_only || k == 0) channel = std::max(channel, issue) + unit.all_gather_root;
+      issue = std::max(issue, channel);
       auto run_layer = [&](double fraction) {
         const double gathered = std::max(channel, issue) + unit.all_gather_layer;
         channel = gathered;

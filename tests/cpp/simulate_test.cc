@@ -316,6 +316,19 @@ TEST(Simulate, UnshardedLastBackwardsMeetLayerByLayer) {
   EXPECT_NEAR(run_plan(plan, lengths, options).seconds, 6.0, 1e-12);
 }
 
+TEST(Simulate, ForwardOnlyMinibatchesGatherTheRootOnce) {
+  // Root and layer all-gathers 1 s each (hand_options' links, 1e9 parameters each); two forward
+  // microbatches of 1 s per rank. collective: root 0 -> 1, layer 1 -> 2, forward -> 3; the root
+  // stays gathered (no backward reshards it), so the second microbatch gathers the layer only,
+  // 3 -> 4, forward -> 5. With a backward every microbatch would gather the root again.
+  const std::vector<int64_t> lengths = {1, 1, 1, 1};
+  auto options = hand_options(Mode::kCollective);
+  options.model = ModelShape{1, 1e9, 1e9};
+  options.forward_only = true;
+  const auto plan = hand_plan({{{0}, {1}}, {{2}, {3}}}, lengths, options.plan);
+  EXPECT_NEAR(run_plan(plan, lengths, options).seconds, 5.0, 1e-12);
+}
+
 TEST(Simulate, ForwardOnlyMinibatchesGatherAndNeverReduce) {
   // The plan's costs are already the forward's (forward_cost): 3 s and 1 s, one per rank, all of
   // it in the forward. collective and fsdp2-deferred: AG 1 s, then 3 s: 4 s, no reduce-scatter

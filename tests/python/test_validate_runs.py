@@ -48,7 +48,7 @@ def test_validation_against_recorded_runs(capsys):
 
 def test_validation_of_the_fsdp2_arms_and_grpo_runs():
     """Issue #30's five arms, RL per RL step and SFT, two runs each on 4 H100s: every run
-    simulated, the same mean bound (docs/benchmarks.md, fifteenth round: 4.36%)."""
+    simulated, the same mean bound (docs/benchmarks.md, fifteenth round: 4.40%)."""
     validate_runs = _validate_runs()
     rows = validate_runs.validate(REPO / "docs" / "results" / "baselines_4xh100", repo=REPO)
     assert not [r for r in rows if "skipped" in r]
