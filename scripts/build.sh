@@ -24,12 +24,23 @@ else
 fi
 echo "build: CUDA $with_cuda ($reason); C++ into $build_dir, then the Python package into .venv"
 
+# NVSHMEM needs CUDA. A build directory configured with CUDA keeps ODC_WITH_NVSHMEM=ON in its
+# cache, which a later CUDA-off configure (`ODC_WITH_CUDA=ON scripts/test.sh`, then
+# scripts/main.sh on a machine without a GPU) would refuse: it follows CUDA here, off with it,
+# else recomputed (on where NVSHMEM is found).
+nvshmem_args=(-UODC_WITH_NVSHMEM)
+nvshmem_define=()
+if [[ "$with_cuda" == OFF ]]; then
+  nvshmem_args=(-DODC_WITH_NVSHMEM=OFF)
+  nvshmem_define=(-Ccmake.define.ODC_WITH_NVSHMEM=OFF)
+fi
+
 # -U SKBUILD*: a previous pip install leaves scikit-build-core's variables in the cache; a plain
 # configure must not inherit its install layout. The configure log is kept; its summary is shown.
 mkdir -p "$build_dir"
 if ! cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DODC_BUILD_TESTS=ON \
   -DODC_BUILD_BENCHMARKS=ON -DODC_WITH_CUDA="$with_cuda" -DODC_PYTHON="$PWD/.venv/bin/python" \
-  -U 'SKBUILD*' ${ODC_CMAKE_ARGS:-} \
+  "${nvshmem_args[@]}" -U 'SKBUILD*' ${ODC_CMAKE_ARGS:-} \
   >"$build_dir/configure.log" 2>&1; then
   cat "$build_dir/configure.log"
   echo "build: error: CMake configure failed (log above, also in $build_dir/configure.log)" >&2
@@ -44,5 +55,5 @@ CMAKE_GENERATOR=Ninja .venv/bin/python -m pip install --no-build-isolation --no-
   --disable-pip-version-check --progress-bar off \
   -Cbuild-dir="$build_dir" -Ccmake.define.ODC_BUILD_TESTS=ON \
   -Ccmake.define.ODC_BUILD_BENCHMARKS=ON -Ccmake.define.ODC_WITH_CUDA="$with_cuda" \
-  "$repo_root"
+  "${nvshmem_define[@]}" "$repo_root"
 .venv/bin/python -c "import odc; print(f'build: odc {odc.__version__} installed, CUDA transport:', odc.has_cuda())"
