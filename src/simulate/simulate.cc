@@ -719,10 +719,9 @@ planner::CostModel forward_cost(const planner::CostModel& cost, double forward_f
   return forward;
 }
 
-Result<GrpoPlans> make_grpo_plans(std::span<const int64_t> lengths, const SimulateOptions& options,
-                                  int64_t minibatches_per_step) {
-  ODC_RETURN_IF_ERROR(validate_simulate_options(options));
-  const int64_t step_samples = options.plan.minibatch_size;
+Result<GrpoPlans> plan_grpo(std::span<const int64_t> lengths, const planner::PlanOptions& options,
+                            double forward_fraction, int64_t minibatches_per_step) {
+  const int64_t step_samples = options.minibatch_size;
   if (minibatches_per_step < 1) {
     return Status::InvalidArgument("minibatches per RL step must be >= 1, got " +
                                    std::to_string(minibatches_per_step));
@@ -741,15 +740,21 @@ Result<GrpoPlans> make_grpo_plans(std::span<const int64_t> lengths, const Simula
   // grpo_run._step_plans plans each RL step on its own: the forward-only plan one minibatch of
   // the step, the update plan K consecutive minibatches of it. The planner plans consecutive
   // minibatches independently, so one plan over every step gives the same minibatches.
-  planner::PlanOptions forward = options.plan;
-  forward.cost = forward_cost(options.plan.cost, options.forward_fraction);
-  planner::PlanOptions update = options.plan;
+  planner::PlanOptions forward = options;
+  forward.cost = forward_cost(options.cost, forward_fraction);
+  planner::PlanOptions update = options;
   update.minibatch_size = step_samples / minibatches_per_step;
   auto forward_plan = planner::make_plan(lengths, forward);
   if (!forward_plan.ok()) return forward_plan.status();
   auto update_plan = planner::make_plan(lengths, update);
   if (!update_plan.ok()) return update_plan.status();
   return GrpoPlans{std::move(forward_plan).value(), std::move(update_plan).value()};
+}
+
+Result<GrpoPlans> make_grpo_plans(std::span<const int64_t> lengths, const SimulateOptions& options,
+                                  int64_t minibatches_per_step) {
+  ODC_RETURN_IF_ERROR(validate_simulate_options(options));
+  return plan_grpo(lengths, options.plan, options.forward_fraction, minibatches_per_step);
 }
 
 Result<GrpoResult> simulate_grpo_plans(const GrpoPlans& plans, std::span<const int64_t> lengths,

@@ -214,6 +214,10 @@ struct GrpoPlans {
   planner::Plan forward_only;  // one minibatch per RL step
   planner::Plan update;        // K minibatches per RL step
 };
+// The planning alone (no model or links needed; `odc compare --task grpo` uses it): `lengths`
+// whole RL steps of options.minibatch_size rollouts.
+Result<GrpoPlans> plan_grpo(std::span<const int64_t> lengths, const planner::PlanOptions& options,
+                            double forward_fraction, int64_t minibatches_per_step);
 Result<GrpoPlans> make_grpo_plans(std::span<const int64_t> lengths, const SimulateOptions& options,
                                   int64_t minibatches_per_step);
 

@@ -293,38 +293,27 @@ std::string verdict_line(const std::vector<Plan>& plans, const std::string& basi
 Result<Plan> grpo_plan(std::span<const int64_t> lengths, const PlanOptions& options,
                        int64_t minibatches_per_step, double forward_fraction) {
   const int64_t step = options.minibatch_size;
-  if (minibatches_per_step < 1 || step == odc::planner::kAllSamples ||
-      step % minibatches_per_step != 0) {
-    return Status::InvalidArgument(
-        "--task grpo: an RL step's rollouts (--ranks x --samples-per-rank) must split evenly "
-        "into --minibatches-per-step " +
-        std::to_string(minibatches_per_step) + " minibatches");
-  }
   if (!(forward_fraction > 0.0 && forward_fraction < 1.0)) {
     return Status::InvalidArgument("--forward-fraction must be in (0, 1)");
   }
-  const size_t whole = lengths.size() / static_cast<size_t>(step) * static_cast<size_t>(step);
-  if (whole == 0) {
+  if (step < 1 || step == odc::planner::kAllSamples || lengths.size() < static_cast<size_t>(step)) {
     return Status::InvalidArgument("--task grpo: " + std::to_string(lengths.size()) +
-                                   " rollouts hold no RL step of " + std::to_string(step));
+                                   " rollouts hold no RL step of --ranks x --samples-per-rank");
   }
-  const auto rollouts = lengths.first(whole);
-  PlanOptions forward = options;
-  forward.cost = odc::simulate::forward_cost(options.cost, forward_fraction);
-  PlanOptions update = options;
-  update.minibatch_size = step / minibatches_per_step;
-  auto forward_plan = odc::planner::make_plan(rollouts, forward);
-  if (!forward_plan.ok()) return forward_plan.status();
-  auto update_plan = odc::planner::make_plan(rollouts, update);
-  if (!update_plan.ok()) return update_plan.status();
+  const size_t whole = lengths.size() / static_cast<size_t>(step) * static_cast<size_t>(step);
+  auto planned = odc::simulate::plan_grpo(lengths.first(whole), options, forward_fraction,
+                                          minibatches_per_step);
+  if (!planned.ok()) return planned.status();
+  const Plan& forward_plan = planned.value().forward_only;
+  const Plan& update_plan = planned.value().update;
   Plan merged;
   merged.options = options;
   double busy = 0.0, collective = 0.0, odc_time = 0.0;
-  const size_t steps = forward_plan.value().minibatches.size();
+  const size_t steps = forward_plan.minibatches.size();
   for (size_t s = 0; s < steps; ++s) {
-    std::vector<const MinibatchPlan*> parts(2, &forward_plan.value().minibatches[s]);
+    std::vector<const MinibatchPlan*> parts(2, &forward_plan.minibatches[s]);
     for (int64_t k = 0; k < minibatches_per_step; ++k) {
-      parts.push_back(&update_plan.value().minibatches[s * minibatches_per_step + k]);
+      parts.push_back(&update_plan.minibatches[s * minibatches_per_step + k]);
     }
     for (const MinibatchPlan* part : parts) {
       merged.minibatches.push_back(*part);

@@ -235,10 +235,7 @@ class GrpoRun(Run):
         spans = []
         for indices, forward, _ in self.rl_steps:
             (plan,) = forward["minibatches"]
-            ranks = [
-                {"microbatches": [[indices[i] for i in mb] for mb in rank["microbatches"]]}
-                for rank in plan["ranks"]
-            ]
+            ranks = _remap(plan, indices)["ranks"]
             spans.append(
                 predict_minibatch(
                     ranks, lengths, cost, prediction_mode(self.config.comm)
