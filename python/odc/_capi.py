@@ -181,6 +181,7 @@ _COMM_FUNCTIONS = [
     ("odcCommGetMemory", _RESULT, [_HANDLE, _P(_SIZE), _P(_SIZE)]),
     ("odcCommGetNodeCacheBytes", _RESULT, [_HANDLE, _P(_SIZE)]),
     ("odcCommGetStreamStats", _RESULT, [_HANDLE, _P(ctypes.c_uint64), _P(ctypes.c_uint64)]),
+    ("odcCommGetNodeTraffic", _RESULT, [_HANDLE, _P(ctypes.c_uint64), _P(ctypes.c_uint64)]),
     ("odcCommGetTopology", _RESULT, [_HANDLE, _P(ctypes.c_int), _P(ctypes.c_int)]),
     ("odcCommGetLastError", ctypes.c_char_p, [_HANDLE]),
     ("odcCommPollError", _RESULT, [_HANDLE]),

@@ -712,6 +712,15 @@ class Comm:
         self._call(_capi.lib.odcCommGetStreamStats, ctypes.byref(sent), ctypes.byref(waits))
         return {"chunks_sent": sent.value, "credit_waits": waits.value}
 
+    def node_traffic(self) -> dict:
+        """Bytes of this rank's streamed chunks put into the rings of ranks on other nodes so far:
+        `during_minibatches` (pushes and early forwards, which overlap backward) and
+        `in_minibatch_end` (what the tail waits for). Both 0 with one node and under the other
+        schemes."""
+        during, at_end = ctypes.c_uint64(), ctypes.c_uint64()
+        self._call(_capi.lib.odcCommGetNodeTraffic, ctypes.byref(during), ctypes.byref(at_end))
+        return {"during_minibatches": during.value, "in_minibatch_end": at_end.value}
+
     @property
     def topology(self) -> List[int]:
         """The node of every rank (a list of world_size ints, nodes numbered from 0 in order of

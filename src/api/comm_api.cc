@@ -487,6 +487,18 @@ extern "C" odcResult_t odcCommGetStreamStats(odcComm_t comm, uint64_t* chunks_se
   });
 }
 
+extern "C" odcResult_t odcCommGetNodeTraffic(odcComm_t comm, uint64_t* during_minibatches,
+                                             uint64_t* in_minibatch_end) {
+  return with_comm(comm, "odcCommGetNodeTraffic", [&](odc::Communicator& c) {
+    const odc::StreamedStaging* staging = c.staging();
+    const odc::StreamedStaging::NodeTraffic traffic =
+        staging != nullptr ? staging->node_traffic() : odc::StreamedStaging::NodeTraffic{};
+    if (during_minibatches != nullptr) *during_minibatches = traffic.during_minibatches;
+    if (in_minibatch_end != nullptr) *in_minibatch_end = traffic.in_minibatch_end;
+    return Status::Ok();
+  });
+}
+
 extern "C" odcResult_t odcCommGetTopology(odcComm_t comm, int* num_nodes, int* node_of) {
   return with_comm(comm, "odcCommGetTopology", [&](odc::Communicator& c) {
     const odc::Topology* topology = c.topology();

@@ -102,6 +102,24 @@ Status check_name(const std::string& name) {
 ODC_ENV_TEXT(staging_bytes_env, "ODC_STAGING_BYTES")
 ODC_ENV_TEXT(node_cache_bytes_env, "ODC_NODE_CACHE_BYTES")
 ODC_ENV_TEXT(node_aggregation_bytes_env, "ODC_NODE_AGGREGATION_BYTES")
+// `1`: each rank prints what its streamed chunks sent to other nodes when the communicator goes
+// (ODC_NVSHMEM_STATS=1 asks for it too, beside the NVSHMEM transport's own totals).
+ODC_ENV_DOUBLE(node_stats_knob, "ODC_NODE_STATS", 0.0)
+ODC_ENV_DOUBLE(nvshmem_stats_knob, "ODC_NVSHMEM_STATS", 0.0)
+
+// One line per rank, written at once so that ranks sharing a terminal do not interleave.
+void print_node_traffic(int rank, const StreamedStaging::NodeTraffic& traffic,
+                        uint64_t minibatches) {
+  char line[256];
+  const int length = std::snprintf(
+      line, sizeof(line),
+      "odc rank %d: streamed chunks to other nodes: %llu bytes during minibatches, %llu bytes in "
+      "minibatch_end (%llu minibatches)\n",
+      rank, static_cast<unsigned long long>(traffic.during_minibatches),
+      static_cast<unsigned long long>(traffic.in_minibatch_end),
+      static_cast<unsigned long long>(minibatches));
+  if (length > 0) std::fwrite(line, 1, std::min(static_cast<size_t>(length), sizeof(line) - 1), stderr);
+}
 
 // The staging budget: the caller's, else $ODC_STAGING_BYTES (bytes, or with a K, M or G suffix
 // for KiB, MiB, GiB), else the default.
@@ -243,6 +261,9 @@ Communicator::~Communicator() {
   }
   // Nothing of this rank may still run on the buffers when they go.
   (void)transport_->drain();
+  if (staging_ != nullptr && (node_stats_knob() != 0.0 || nvshmem_stats_knob() != 0.0)) {
+    print_node_traffic(rank(), staging_->node_traffic(), minibatch_);
+  }
   accumulators_by_id_.clear();
   buffers_.clear();  // unmap buffers before the transport's control segments
   pull_scratch_.reset();
@@ -454,6 +475,7 @@ Status Communicator::create_staging() {
   auto staging = StreamedStaging::create(*transport_, budget.value(), destination_);
   if (!staging.ok()) return staging.status();
   staging_ = std::move(staging).value();
+  staging_->set_node_of(topology_->node_of);
   // Aggregation needs nodes of consecutive ranks (a node's ends are awaited as one range) and
   // pays only with more than one rank per node (with one, every push to another node would just
   // wait for minibatch_end, in fp32).

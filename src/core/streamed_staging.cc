@@ -99,6 +99,19 @@ void StreamedStaging::set_routes(NodeRoutes routes, int node_first, int node_las
   node_last_ = node_last;
 }
 
+Status StreamedStaging::send(int owner, uint64_t target_id, uint64_t first, const void* data,
+                             DataType dtype, size_t count, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(send_chunk(owner, target_id, first, data, dtype, count, stream));
+  const auto o = static_cast<size_t>(owner);
+  const auto me = static_cast<size_t>(rank_);
+  if (o < node_of_.size() && me < node_of_.size() && node_of_[o] != node_of_[me]) {
+    const uint64_t bytes = kChunkHeaderBytes + count * element_bytes(dtype);
+    (in_minibatch_end_ ? node_traffic_.in_minibatch_end : node_traffic_.during_minibatches) +=
+        bytes;
+  }
+  return Status::Ok();
+}
+
 Status StreamedStaging::send_slice(int owner, uint64_t target_id, uint64_t first, const char* data,
                                    DataType dtype, size_t count, StreamHandle stream) {
   const size_t element = element_bytes(dtype);
@@ -106,7 +119,7 @@ Status StreamedStaging::send_slice(int owner, uint64_t target_id, uint64_t first
   for (size_t done = 0; done < count; done += per_chunk) {
     const size_t n = std::min(per_chunk, count - done);
     ODC_RETURN_IF_ERROR(
-        send_chunk(owner, target_id, first + done, data + done * element, dtype, n, stream));
+        send(owner, target_id, first + done, data + done * element, dtype, n, stream));
   }
   return Status::Ok();
 }
@@ -230,8 +243,8 @@ Status StreamedStaging::forward_piece(size_t index, size_t piece, StreamHandle s
   // return) and the zeroing below, so every contribution is either in this partial sum or added
   // after the zeroing, into the next one: each goes out exactly once. The owner adds the partial
   // sum as any chunk, in this carrier's sequence, before it consumes this carrier's end.
-  ODC_RETURN_IF_ERROR(send_chunk(routes_.my_owners[row], relay.buffer_id, first, sums,
-                                 DataType::kFloat32, count, stream));
+  ODC_RETURN_IF_ERROR(send(routes_.my_owners[row], relay.buffer_id, first, sums,
+                           DataType::kFloat32, count, stream));
   std::fill(sums, sums + count, 0.0f);  // host memory: forwards_early() only on the host
   contributions_[index][piece] = 0;
   return Status::Ok();
@@ -274,6 +287,12 @@ Status StreamedStaging::forward_rest(StreamHandle stream) {
 }
 
 Status StreamedStaging::finish(StreamHandle stream) {
+  // What is sent from here on is counted as the tail's (node_traffic()), also when it fails.
+  struct EndPhase {
+    bool& flag;
+    explicit EndPhase(bool& f) : flag(f) { flag = true; }
+    ~EndPhase() { flag = false; }
+  } phase(in_minibatch_end_);
   if (relays_.empty()) {
     for (int i = 1; i < world_size_; ++i) {
       ODC_RETURN_IF_ERROR(end_at((rank_ + i) % world_size_, stream));

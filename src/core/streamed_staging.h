@@ -165,6 +165,20 @@ class StreamedStaging {
   // Partial sums this rank forwarded to their owners before minibatch_end, so far (chunks).
   uint64_t relay_pieces_forwarded_early() const { return forwarded_early_; }
 
+  // ---- what crosses nodes ---------------------------------------------------------------------
+  // Bytes of the chunks (header and payload) this rank put into the rings of ranks on other
+  // nodes, so far: while minibatches ran (pushes and early forwards: they leave during backward)
+  // and inside minibatch_end (what the tail waits for). Stream-ordered transports count a chunk
+  // when it is enqueued (it runs in stream order among the caller's kernels). End signals and
+  // credits are words, not chunks, and not counted.
+  struct NodeTraffic {
+    uint64_t during_minibatches = 0;
+    uint64_t in_minibatch_end = 0;
+  };
+  // Local, once: the node of every rank (Topology::node), for the counts above.
+  void set_node_of(std::vector<int> node_of) { node_of_ = std::move(node_of); }
+  const NodeTraffic& node_traffic() const { return node_traffic_; }
+
  protected:
   StreamedStaging(RingGeometry geometry, int rank, int world_size)
       : geometry_(geometry), rank_(rank), world_size_(world_size) {}
@@ -180,6 +194,9 @@ class StreamedStaging {
   virtual Status end_at(int owner, StreamHandle stream) = 0;
   // folds until the ends of senders [from, to) (this rank aside) of this minibatch are consumed.
   virtual Status wait_ends(int from, int to, StreamHandle stream) = 0;
+  // send_chunk, counted in node_traffic() when `owner` is on another node.
+  Status send(int owner, uint64_t target_id, uint64_t first, const void* data, DataType dtype,
+              size_t count, StreamHandle stream);
   // Sends `count` elements of `data` (the owner's shard view) to `owner` in chunks.
   Status send_slice(int owner, uint64_t target_id, uint64_t first, const char* data, DataType dtype,
                     size_t count, StreamHandle stream);
@@ -225,6 +242,9 @@ class StreamedStaging {
   // Pieces whose count reached the node's ranks, in that order: (relay's buffer id, piece).
   std::vector<std::pair<uint64_t, size_t>> ready_;
   uint64_t forwarded_early_ = 0;
+  std::vector<int> node_of_;  // empty: one node as far as the counts go
+  NodeTraffic node_traffic_;
+  bool in_minibatch_end_ = false;  // inside finish()
 };
 
 // The host fold (see the top of this file).

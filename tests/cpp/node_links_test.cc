@@ -232,7 +232,8 @@ TEST(NodeLinks, PushesLeaveDuringBackwardFlatAndNodeAggregated) {
     SCOPED_TRACE(aggregate ? "aggregated" : "flat");
     auto mem_world = mem::MemWorld::create(world, mem_options_for(Scheme::kStreamed, 30, per_node));
     auto links = links::NodeLinks::create(world, slow_links());
-    std::vector<size_t> put(world), left_before_end(world), payload(world);
+    std::vector<size_t> put(world), left_before_end(world), payload(world), put_before_end(world);
+    std::vector<StreamedStaging::NodeTraffic> counted(world);
     const auto outcome = run_threads(world, [&](int rank) -> std::string {
       auto transport = links->wrap(mem_world->join(rank));
       links::LinkTransport* link = transport.get();
@@ -268,6 +269,7 @@ TEST(NodeLinks, PushesLeaveDuringBackwardFlatAndNodeAggregated) {
           }
         }
         left_before_end[rank] += link->bytes_put_departed() - put_at_begin;
+        put_before_end[rank] += link->bytes_put_over_links() - put_at_begin;
         if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
         put[rank] += link->bytes_put_over_links() - put_at_begin;
         for (int l = 0; l < layers; ++l) {
@@ -285,11 +287,18 @@ TEST(NodeLinks, PushesLeaveDuringBackwardFlatAndNodeAggregated) {
         }
       }
       payload[rank] = comm.staging()->geometry().payload_bytes();
+      counted[rank] = comm.staging()->node_traffic();
       return "";
     });
     ASSERT_EQ(describe(outcome), "");
     for (int rank = 0; rank < world; ++rank) {
       ASSERT_GT(put[rank], 0u) << "rank " << rank << " put nothing across nodes";
+      // The core's own count of what crossed nodes (odcCommGetNodeTraffic) is the link's, split
+      // where minibatch_end began.
+      EXPECT_EQ(counted[rank].during_minibatches, put_before_end[rank]) << "rank " << rank;
+      EXPECT_EQ(counted[rank].in_minibatch_end, put[rank] - put_before_end[rank])
+          << "rank " << rank;
+      if (!aggregate) EXPECT_EQ(counted[rank].in_minibatch_end, 0u) << "rank " << rank;
       const double share = static_cast<double>(left_before_end[rank]) / put[rank];
       EXPECT_GE(share, 0.8) << "rank " << rank << ": " << left_before_end[rank] << " of "
                             << put[rank] << " bytes left before minibatch_end";

@@ -314,7 +314,7 @@ def _aggregation_rank(rank, world_size, key, budget):
                 for push in range(r % 3):
                     want += np.arange(world_size * 1000, dtype=np.float32) % 7 + r + push
             ok.append(bool(np.array_equal(out, want)))
-        return ok, comm.memory_bytes()["scheme"]
+        return ok, comm.memory_bytes()["scheme"], comm.node_traffic()
 
 
 def test_node_aggregated_pushes_on_pretend_nodes():
@@ -322,9 +322,16 @@ def test_node_aggregated_pushes_on_pretend_nodes():
     # row (1,000 fp32 per rank: one remote owner per rank), sums exact; off by default.
     on = odc.launch(_aggregation_rank, 4, 1 << 20, timeout=120)
     off = odc.launch(_aggregation_rank, 4, 0, timeout=120)
-    for (ok_on, scheme_on), (ok_off, scheme_off) in zip(on, off):
+    for rank, ((ok_on, scheme_on, _), (ok_off, scheme_off, flat)) in enumerate(zip(on, off)):
         assert ok_on == [True] * 3 and ok_off == [True] * 3
         assert scheme_on - scheme_off == 1000 * 4, (scheme_on, scheme_off)
+        # Flat: every push's slices for the 2 owners on the other node leave during the
+        # minibatch, one chunk (64 B header + 4,000 B) each; nothing in minibatch_end.
+        want = 3 * (rank % 3) * 2 * (64 + 4000)
+        assert flat == {"during_minibatches": want, "in_minibatch_end": 0}, (rank, flat)
+    # Aggregated: node-summed partial sums instead, fewer bytes across nodes in all.
+    total = [t["during_minibatches"] + t["in_minibatch_end"] for _, _, t in on]
+    assert 0 < sum(total) < sum(t["during_minibatches"] for _, _, t in off), (on, off)
 
 
 def test_deterministic_option():
