@@ -28,7 +28,7 @@ from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
-from . import _capi
+from . import _capi, nvshmem_heap
 from .errors import InvalidArgument, InvalidUsage
 
 try:  # real bfloat16 arrays where ml_dtypes is installed; otherwise raw uint16 bits
@@ -398,6 +398,13 @@ class Comm:
         config.node_cache_bytes = _bytes_or_environment(node_cache_bytes)
         config.node_aggregation_bytes = _bytes_or_environment(node_aggregation_bytes)
         self._handle = self._init_handle(rank, world_size, config)
+        if transport == "nvshmem" or (
+            transport is None
+            and device is not None
+            and os.environ.get("ODC_TRANSPORT") == "nvshmem"
+        ):
+            nvshmem_heap.note_nvshmem_started()  # its heap is reserved now, at its size for good
+            self._nvshmem = True
         self.deterministic = bool(deterministic)
         self.device = None if device is None else int(device)
         self.rank = int(rank)
@@ -408,6 +415,7 @@ class Comm:
         """The state every Comm starts with, before it owns a handle (__init__ and _adopt)."""
         self._handle = None
         self._deferred_handle = None
+        self._nvshmem = False  # over NVSHMEM (odc.torch checks its heap against a model's need)
         self._num_views = 0
         self._bootstrap = None
         # The creating process: a forked child's copy of this object must never destroy it (its
@@ -687,6 +695,7 @@ class Comm:
         comm._handle = handle
         comm.deterministic = parent.deterministic
         comm.device = parent.device
+        comm._nvshmem = parent._nvshmem
         comm.rank = rank.value
         comm.world_size = world_size.value
         comm.key = None

@@ -30,6 +30,7 @@ from .fsdp2 import (  # noqa: E402
     scale_loss,
     sum_gradients,
 )
+from .heap import size_nvshmem_heap  # noqa: E402
 from .hybrid import node_comm  # noqa: E402
 from .process_group import comm_from_process_group  # noqa: E402
 from . import split  # noqa: E402  (odc.torch.split: the planner's split samples in a loop)
@@ -44,5 +45,6 @@ __all__ = [
     "node_comm",
     "scale_loss",
     "split",
+    "size_nvshmem_heap",
     "sum_gradients",
 ]

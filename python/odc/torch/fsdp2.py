@@ -38,10 +38,11 @@ except ImportError:  # pragma: no cover - depends on the torch version
 from .._capi import INVALID_USAGE as _INVALID_USAGE
 from .._capi import TIMEOUT as _TIMEOUT
 from .._capi import Error
+from .. import nvshmem_heap
 from ..comm import Comm
 from ..errors import InvalidArgument
 from . import _fsdp2_internals as internals
-from . import hybrid
+from . import heap, hybrid
 from ._sums_pending import GradientsNotReadyError, pending_like
 from .debug import TIMEOUT_HINT, CollectiveGuard, CollectiveInMinibatchError, mode_from_environment
 
@@ -629,6 +630,18 @@ class OdcFSDP:
         layouts = [(m, layout) for m, layout in layouts if layout is not None]
         for module, layout in layouts:
             self._check_placement(layout)
+        if comm._nvshmem:
+            # NVSHMEM reserved its heap when comm was made and cannot grow it: a model that needs
+            # more fails here, on every rank alike (same model, same heap), naming the size and
+            # the knob, instead of at some allocation later.
+            num_nodes = len(set(comm.topology))
+            need = heap.layouts_need(
+                [layout for _, layout in layouts],
+                comm.world_size,
+                comm.world_size // num_nodes,
+                deterministic=comm.deterministic,
+            )
+            nvshmem_heap.check_reserved(need)
         # HSDP (2-D mesh): the cross-replica sum at minibatch end; None on a 1-D mesh.
         self._replicas = hybrid.replica_reduction([layout for _, layout in layouts], comm)
         self.gradient_divide_factor = _divide_factor(layouts)

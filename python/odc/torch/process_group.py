@@ -10,6 +10,7 @@ same key from the same store entry.
 from __future__ import annotations
 
 import inspect
+import os
 import secrets
 import socket
 from typing import Dict, Optional
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from ..comm import Comm
 from ..errors import InvalidArgument
+from .heap import size_nvshmem_heap
 
 # Store entries live under this prefix of the group's store (already prefixed per group by c10d).
 STORE_PREFIX = "odc/comm_from_process_group"
@@ -71,6 +73,7 @@ def comm_from_process_group(
     device: Optional[int] = None,
     timeout: Optional[float] = None,
     deterministic: bool = False,
+    model: Optional[torch.nn.Module] = None,
 ) -> Comm:
     """Collective over `group` (default: the world group): an odc.Comm over the same ranks.
 
@@ -79,6 +82,10 @@ def comm_from_process_group(
     timeout: seconds any wait on another rank may take (odc.Comm's default when None).
     deterministic: a fixed summation order, where the odc core offers it (odc.Comm's
     `deterministic` argument); raises NotImplementedError naming that where it does not.
+    model: the fully_shard model OdcFSDP will run on this communicator. Where the communicator is
+    over NVSHMEM (the group spans hosts, or $ODC_TRANSPORT=nvshmem), NVSHMEM's heap is sized to
+    what odc will hold for it (size_nvshmem_heap) unless the user set NVSHMEM_SYMMETRIC_SIZE or
+    ODC_NVSHMEM_HEAP_GIB; without it the heap is ODC_NVSHMEM_HEAP_GIB's default, 4 GiB.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
@@ -101,7 +108,13 @@ def comm_from_process_group(
     store = group_store(group)
     key = job_key(group, store)
     hosts = set(_hosts(group, store, key))
-    if len(hosts) > 1:
+    across_hosts = len(hosts) > 1
+    nvshmem = across_hosts or os.environ.get("ODC_TRANSPORT") == "nvshmem"
+    if model is not None and device is not None and nvshmem:
+        # Nodes as the core will see them: $ODC_LOCAL_WORLD_SIZE, else torchrun's
+        # $LOCAL_WORLD_SIZE (else one rank per node: every node scheme counted).
+        size_nvshmem_heap(model, group.size(), deterministic=deterministic)
+    if across_hosts:
         if device is None:
             raise RuntimeError(
                 f"odc.torch: the process group spans {len(hosts)} hosts "

@@ -332,9 +332,11 @@ class Run:
             # user's own setting wins.
             os.environ.setdefault("ODC_CUDA_SMS", str(TRAINING_SM_BUDGET))
         mesh = self.mesh
+        self._size_nvshmem_heap()
         if self.key is None:  # torchrun: the job's process group (its shard group on HSDP)
             group = mesh.get_group("shard") if mesh is not None else None
-            self.comm = odc.torch.comm_from_process_group(group, timeout=600)
+            # model: across hosts (NVSHMEM) the heap is sized to it too.
+            self.comm = odc.torch.comm_from_process_group(group, timeout=600, model=self.model)
         elif mesh is None:
             self.comm = odc.Comm(
                 self.rank, self.world_size, self.key, timeout=600, device=device_index
@@ -342,6 +344,19 @@ class Run:
         else:  # one communicator per replica ("node")
             self.comm = odc.torch.node_comm(mesh, self.key, timeout=600, device=device_index)
         return odc.torch.OdcFSDP(self.model, self.comm, self.optimizer)
+
+    def _size_nvshmem_heap(self) -> None:
+        """Under ODC_TRANSPORT=nvshmem: NVSHMEM's heap sized to what odc will hold for this model
+        (odc.torch.size_nvshmem_heap: shards, accumulators, staging and node budgets, a margin),
+        unless NVSHMEM_SYMMETRIC_SIZE or ODC_NVSHMEM_HEAP_GIB is set; rank 0 says which."""
+        import odc.torch
+
+        if not self.on_gpu or os.environ.get("ODC_TRANSPORT") != "nvshmem":
+            return
+        ranks = self.mesh.get_group("shard").size() if self.mesh is not None else self.world_size
+        sizing = odc.torch.size_nvshmem_heap(self.model, ranks)
+        if self.rank == 0:
+            print(f"odc.train: {sizing.describe()}", file=sys.stderr, flush=True)
 
     def _samples(self) -> list:
         from .data import load_token_ids, synthetic_tokens
