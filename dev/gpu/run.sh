@@ -13,11 +13,12 @@
 #                 cuda-timing, bench-before-after).
 # Stage knobs come from the environment: BENCH_ROUNDS, BENCH_MIN_MIB, BENCH_MAX_MIB, BENCH_ORDER
 # (bench-before-after), SKIP_FIT=1 (torch-migration without fit), SM_BUDGET_SECONDS (sm-budget),
-# BASELINE_STEPS (rl-baselines, sft-baselines), RL_SMOKE=0 (rl-baselines without its tiny run).
+# BASELINE_STEPS (rl-baselines, sft-baselines), RL_SMOKE=0 (rl-baselines without its tiny run),
+# NVTRAIN_7B=1, NVTRAIN_STEPS, NVTRAIN_MAX_LENGTH, NVTRAIN_POLICY (nvshmem-train).
 set -uo pipefail
 
 usage() {
-  sed -n '/^#   dev/,/RL_SMOKE/p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '/^#   dev/,/NVTRAIN_7B/p' "$0" | sed 's/^# \{0,1\}//' >&2
   echo "stages: ${stages[*]}" >&2
   exit 2
 }
@@ -25,7 +26,7 @@ usage() {
 here=$(cd "$(dirname "$0")" && pwd)
 stages=(node-schemes streamed deterministic deterministic-memory cuda-timing bench-before-after
   fit torch-migration torch-frozen torch-split gpu-suite balanced-tail small-microbatch sm-budget
-  rl-baselines sft-baselines)
+  rl-baselines sft-baselines nvshmem-train)
 snapshot="" old="" chosen=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -426,6 +427,26 @@ stage_sft_baselines() {
     --samples-per-rank 4 --baselines
   stage sft-1.5b 540 env $env_new "${train[@]}" --steps "${BASELINE_STEPS:-4}" \
     --output "$dest/sft_1.5b.json"
+}
+
+# Issue #31: odc.train over NVSHMEM on pretended nodes (2 x 2 on 4 GPUs, 2 x 1 on 2), one torchrun
+# per arm so each process's driver memory is that arm's: FSDP2, ODC over the CUDA transport, ODC
+# over NVSHMEM flat and with the node schemes; the same lb-micro plan, 1.5b, LongAlign-like
+# lengths; nvidia-smi per process every 200 ms, odc's byte counters at close (ODC_NVSHMEM_STATS,
+# ODC_NODE_STATS). NVTRAIN_7B=1 adds FSDP2 and both NVSHMEM arms on the 7b preset. Then the table.
+stage_nvshmem_train() {
+  local env_new dest="$out/nvshmem_train" arm script="$here/nvshmem_train.py"
+  env_new=$(libs "$snapshot")
+  mkdir -p "$dest"
+  for arm in fsdp2 cuda nvshmem-flat nvshmem-nodes; do
+    stage "$arm" 240 env $env_new python3 "$script" arm "$arm" "$dest"
+  done
+  if [ "${NVTRAIN_7B:-0}" = 1 ]; then
+    for arm in fsdp2 nvshmem-flat nvshmem-nodes; do
+      stage "$arm-7b" 360 env $env_new python3 "$script" arm "$arm-7b" "$dest"
+    done
+  fi
+  stage table 60 python3 "$script" table "$dest"
 }
 
 for name in "${chosen[@]}"; do
