@@ -14,7 +14,7 @@
 # Stage knobs come from the environment: BENCH_ROUNDS, BENCH_MIN_MIB, BENCH_MAX_MIB, BENCH_ORDER
 # (bench-before-after), SKIP_FIT=1 (torch-migration without fit), SM_BUDGET_SECONDS (sm-budget),
 # BASELINE_STEPS (rl-baselines, sft-baselines), RL_SMOKE=0 (rl-baselines without its tiny run),
-# NVTRAIN_7B=1, NVTRAIN_STEPS, NVTRAIN_MAX_LENGTH, NVTRAIN_POLICY (nvshmem-train).
+# NVTRAIN_7B=1, NVTRAIN_ARMS, NVTRAIN_STEPS, NVTRAIN_MAX_LENGTH, NVTRAIN_POLICY (nvshmem-train).
 set -uo pipefail
 
 usage() {
@@ -438,14 +438,14 @@ stage_nvshmem_train() {
   local env_new dest="$out/nvshmem_train" arm script="$here/nvshmem_train.py"
   env_new=$(libs "$snapshot")
   mkdir -p "$dest"
-  for arm in fsdp2 cuda nvshmem-flat nvshmem-nodes; do
-    stage "$arm" 240 env $env_new python3 "$script" arm "$arm" "$dest"
+  # NVTRAIN_ARMS: the arms to run, in order (default: the four 1.5b arms, with NVTRAIN_7B=1
+  # also fsdp2-7b nvshmem-flat-7b nvshmem-nodes-7b).
+  local arms="fsdp2 cuda nvshmem-flat nvshmem-nodes"
+  [ "${NVTRAIN_7B:-0}" = 1 ] && arms="$arms fsdp2-7b nvshmem-flat-7b nvshmem-nodes-7b"
+  for arm in ${NVTRAIN_ARMS:-$arms}; do
+    stage "$arm" "$([[ $arm == *-7b ]] && echo 360 || echo 240)" \
+      env $env_new python3 "$script" arm "$arm" "$dest"
   done
-  if [ "${NVTRAIN_7B:-0}" = 1 ]; then
-    for arm in fsdp2 nvshmem-flat nvshmem-nodes; do
-      stage "$arm-7b" 360 env $env_new python3 "$script" arm "$arm-7b" "$dest"
-    done
-  fi
   stage table 60 python3 "$script" table "$dest"
 }
 
