@@ -2,9 +2,11 @@
 (docs/planner.md, "Cost model"), fitted to one's own model on one device, printed as the
 `--cost A,B,C,F` that `odc plan`, `odc compare` and `odc simulate` take.
 
-The model is built with random weights from a Hugging Face config (nothing is downloaded), or
-given as an object (fit_cost). Forward + backward of single-sample microbatches is timed on
-odc.train's ladder of lengths and for the floor's short microbatch; the fit itself is
+The model is built with random weights from a Hugging Face config (nothing is downloaded), with
+odc.train's packed attention unless --attn-implementation names another, or given as an object
+(fit_cost). Forward + backward is timed on odc.train's ladder: single-sample microbatches, packed
+ones (the two longest lengths as 4 and 16 documents: they separate a from b) where the model's
+attention keeps documents apart, and the floor's short microbatch; the fit itself is
 odc.train.calibrate's, the one `odc train` applies to its own model. One device, no sharding:
 the times are compute and the host's launches, without FSDP2's communication.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -34,6 +37,7 @@ from .train.calibrate import (
     fitted_rungs,
     floor_length,
     ladder,
+    packed_ladder,
 )
 
 PROG = "python -m odc.fit"
@@ -41,6 +45,10 @@ USAGE_ERROR = 2
 MIN_RUNGS = 3  # a, b and c need three lengths
 NOISY_SPREAD = 0.1  # (max - min) / median of the repeats above this: say the times are noisy
 LOSS_CHUNK_TOKENS = 4096  # logits of this many tokens at a time (as odc.train's model)
+# transformers attention implementations that take packed documents' boundaries (cu_seq_lens_q,
+# as flash attention's varlen kernels): packed rungs are timed only for these. "odc_packed" is
+# odc.train's (odc.train.model.ATTENTION_NAME), the default for a model built here.
+PACKED_ATTENTION = ("odc_packed", "flash_attention_2", "flash_attention_3")
 
 
 class FitError(InvalidArgument):
@@ -50,11 +58,16 @@ class FitError(InvalidArgument):
 
 @dataclass
 class Rung:
-    """One timed length: every repeat's seconds, their median and spread ((max - min) /
-    median)."""
+    """One timed microbatch: every repeat's seconds, their median and spread ((max - min) /
+    median); `documents` the lengths of a packed one's documents (None: one sample)."""
 
     tokens: int
     times: List[float]
+    documents: Optional[List[int]] = None
+
+    @property
+    def lengths(self) -> List[int]:
+        return self.documents if self.documents else [self.tokens]
 
     @property
     def seconds(self) -> float:
@@ -91,14 +104,18 @@ class CostFit:
     def flag(self) -> str:
         return "--cost " + ",".join(f"{v:.4g}" for v in self.cost)
 
-    def predict(self, tokens: int) -> float:
-        """The fitted time of a one-sample microbatch of `tokens` tokens."""
-        return max(self.floor, self.c + self.a * tokens + self.b * tokens * tokens)
+    def predict(self, tokens) -> float:
+        """The fitted time of a microbatch: one sample of `tokens` tokens, or documents of the
+        lengths `tokens` lists packed together."""
+        lengths = [tokens] if isinstance(tokens, int) else list(tokens)
+        return max(self.floor, self.c + sum(self.a * n + self.b * n * n for n in lengths))
 
     def to_json(self) -> dict:
         def row(rung: Rung, fitted: Optional[bool]) -> dict:
             entry = {"tokens": rung.tokens, "seconds": rung.seconds, "times": rung.times}
-            entry["predicted"] = self.predict(rung.tokens)
+            if rung.documents:
+                entry["documents"] = rung.documents
+            entry["predicted"] = self.predict(rung.lengths)
             if fitted is not None:
                 entry["fitted"] = fitted
             return entry
@@ -185,6 +202,10 @@ def build_model(config, device, dtype, attn_implementation: Optional[str] = None
     import torch
     from transformers import AutoModelForCausalLM
 
+    if attn_implementation == PACKED_ATTENTION[0]:
+        from .train.model import _register_attention
+
+        _register_attention()
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     torch.manual_seed(seed)
     default = torch.get_default_dtype()
@@ -206,11 +227,13 @@ def _head_loss_sum(hidden, weight, bias, labels):
     return F.cross_entropy(logits, labels, reduction="sum")
 
 
-def causal_lm_loss(model, input_ids):
+def causal_lm_loss(model, input_ids, documents: Optional[Sequence[int]] = None):
     """Next-token loss of a transformers causal LM on `input_ids` [1, L], its LM head applied
     LOSS_CHUNK_TOKENS tokens at a time (recomputed in backward) as odc.train does, so that a 32K
     microbatch never holds all its logits; a model without a separable Linear head uses its own
-    loss (labels=input_ids)."""
+    loss (labels=input_ids). `documents`: the input is these documents packed (their lengths sum
+    to L): positions restart at each and the attention gets their boundaries (cu_seq_lens_q, as
+    the PACKED_ATTENTION implementations take them)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -218,7 +241,19 @@ def causal_lm_loss(model, input_ids):
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(base, torch.nn.Module) or not isinstance(head, torch.nn.Linear):
         return model(input_ids=input_ids, labels=input_ids).loss
-    hidden = base(input_ids=input_ids).last_hidden_state[0, :-1]
+    extra = {}
+    if documents is not None:
+        device = input_ids.device
+        boundaries = torch.tensor([0, *itertools.accumulate(documents)], dtype=torch.int32)
+        positions = torch.cat([torch.arange(n) for n in documents]).view(1, -1)
+        extra = dict(
+            position_ids=positions.to(device),
+            cu_seq_lens_q=boundaries.to(device),
+            cu_seq_lens_k=boundaries.to(device),
+            max_length_q=max(documents),
+            max_length_k=max(documents),
+        )
+    hidden = base(input_ids=input_ids, **extra).last_hidden_state[0, :-1]
     labels = input_ids[0, 1:]
     total = hidden.new_zeros((), dtype=torch.float32)
     for begin in range(0, hidden.shape[0], LOSS_CHUNK_TOKENS):
@@ -234,11 +269,22 @@ def causal_lm_loss(model, input_ids):
     return total
 
 
-def _default_loss(model, input_ids):
+def _is_causal_lm(model) -> bool:
+    return hasattr(model, "get_output_embeddings") and hasattr(model, "base_model_prefix")
+
+
+def packs_documents(model) -> bool:
+    """Whether fit_cost can time packed microbatches on `model`: a transformers causal LM whose
+    attention is one of PACKED_ATTENTION (others, SDPA or eager, attend across documents)."""
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return _is_causal_lm(model) and attention in PACKED_ATTENTION
+
+
+def _default_loss(model, input_ids, documents=None):
     """causal_lm_loss for transformers models; for another module, its output's `.loss`, or
     the sum of the tensor it returns."""
-    if hasattr(model, "get_output_embeddings") and hasattr(model, "base_model_prefix"):
-        return causal_lm_loss(model, input_ids)
+    if _is_causal_lm(model):
+        return causal_lm_loss(model, input_ids, documents)
     output = model(input_ids)
     loss = getattr(output, "loss", None)
     if loss is None:
@@ -306,13 +352,15 @@ def fit_cost(
     progress: Optional[Callable[[str], None]] = None,
 ) -> CostFit:
     """Fits the planner's cost model to `model_or_config` by timing forward + backward of
-    one-sample microbatches of calibrate.ladder(max_tokens) tokens, then of
-    calibrate.floor_length(max_tokens) tokens for the floor: for each, `warmup` untimed runs,
+    one-sample microbatches of calibrate.ladder(max_tokens) tokens, then the packed ones of
+    calibrate.packed_ladder(max_tokens) where the model packs documents (packs_documents), then
+    of calibrate.floor_length(max_tokens) tokens for the floor: for each, `warmup` untimed runs,
     then the median of `repeats`, each run between two device synchronizations.
 
     model_or_config: a config.json path, a folder holding one, a model name in the local Hugging
         Face cache, or a transformers config: built with random weights on `device` (default
-        cuda) in `dtype` ("bfloat16" or "float32"). Or a torch module, used as it is (its
+        cuda) in `dtype` ("bfloat16" or "float32"), with `attn_implementation` (default
+        odc.train's packed attention, "odc_packed": torch's varlen flash attention on CUDA). Or a torch module, used as it is (its
         device, which `device` may only repeat, and dtype): a transformers causal LM, or any module that `loss_fn(model,
         input_ids)` (default: the module's `.loss`, or the sum of its output) turns into a
         scalar; `vocab_size` when it has no config.vocab_size.
@@ -340,10 +388,12 @@ def fit_cost(
     model.train()
     dtypes = sorted({str(p.dtype).replace("torch.", "") for p in model.parameters()})
     description += _describe(model, device, dtypes, gradient_checkpointing)
+    packs = loss_fn is None and packs_documents(model)
     bench = _Bench(model, loss_fn or _default_loss, device, vocab, warmup, repeats, seed, say)
+    bench.packs = packs
     rungs, floor_rung, stopped = _measure_ladder(bench, max_tokens, gradient_checkpointing, say)
     seconds = [r.seconds for r in rungs]
-    a, b, c, floor = fit_cost_with_floor([r.tokens for r in rungs], seconds, floor_rung.seconds)
+    a, b, c, floor = fit_cost_with_floor([r.lengths for r in rungs], seconds, floor_rung.seconds)
     chosen = set(fitted_rungs(seconds, floor_rung.seconds))
     settings = {
         "max_tokens": max_tokens,
@@ -352,6 +402,7 @@ def fit_cost(
         "warmup": warmup,
         "gradient_checkpointing": gradient_checkpointing,
         "dtype": "/".join(dtypes),
+        "packed_rungs": packs,
     }
     return CostFit(
         a,
@@ -391,6 +442,7 @@ def _take_model(
     device = _resolve_device(device or "cuda")
     dtype = _resolve_dtype(dtype)
     vocab = _sizes_for(config, max_tokens, vocab_size)
+    attn_implementation = attn_implementation or PACKED_ATTENTION[0]
     say(f"building {getattr(config, 'model_type', '?')} from {source} on {device}")
     model = build_model(config, device, dtype, attn_implementation, seed)
     return model, device, vocab, f"{type(model).__name__} from {source}"
@@ -410,7 +462,10 @@ def _describe(model, device, dtypes: List[str], gradient_checkpointing: bool) ->
 
 
 class _Bench:
-    """Times forward + backward of one-sample microbatches of a model (fit_cost's rungs)."""
+    """Times forward + backward of a model's microbatches (fit_cost's rungs): one sample, or
+    packed documents where `packs` (the loss then gets every microbatch's document lengths)."""
+
+    packs = False
 
     def __init__(self, model, loss_fn, device, vocab: int, warmup: int, repeats: int, seed, say):
         import torch
@@ -426,22 +481,27 @@ class _Bench:
         if self.on_gpu:
             torch.cuda.synchronize(self.device)
 
-    def once(self, input_ids) -> float:
+    def once(self, input_ids, documents=None) -> float:
         self.sync()
         begin = time.perf_counter()
-        self.loss_fn(self.model, input_ids).backward()
+        extra = (documents,) if self.packs else ()
+        self.loss_fn(self.model, input_ids, *extra).backward()
         self.sync()  # backward's kernels run after the host returns
         return time.perf_counter() - begin
 
-    def measure(self, tokens: int) -> Rung:
+    def measure(self, tokens: int, documents: Optional[List[int]] = None) -> Rung:
+        """One rung: `tokens` tokens, one sample or the `documents` lengths packed."""
         import torch
 
+        lengths = documents or [tokens]
         input_ids = torch.randint(0, self.vocab, (1, tokens), generator=self.generator)
         input_ids = input_ids.to(self.device)
         for _ in range(self.warmup):  # allocator growth, kernel autotuning, lazy initialization
-            self.once(input_ids)
-        rung = Rung(tokens, [self.once(input_ids) for _ in range(self.repeats)])
-        self.say(f"{tokens} tokens: {rung.seconds:.4g} s (spread {100 * rung.spread:.1f}%)")
+            self.once(input_ids, lengths)
+        times = [self.once(input_ids, lengths) for _ in range(self.repeats)]
+        rung = Rung(tokens, times, list(documents) if documents else None)
+        shape = f"{tokens} tokens" + (f" in {len(documents)} documents" if documents else "")
+        self.say(f"{shape}: {rung.seconds:.4g} s (spread {100 * rung.spread:.1f}%)")
         return rung
 
     def released(self) -> None:
@@ -452,12 +512,12 @@ class _Bench:
         if self.on_gpu:
             torch.cuda.empty_cache()
 
-    def attempt(self, tokens: int) -> Optional[Rung]:
-        """measure(tokens), or None when it ran out of memory."""
+    def attempt(self, tokens: int, documents: Optional[List[int]] = None) -> Optional[Rung]:
+        """measure(tokens, documents), or None when it ran out of memory."""
         import torch
 
         try:
-            return self.measure(tokens)
+            return self.measure(tokens, documents)
         except (torch.OutOfMemoryError, RuntimeError) as error:
             if not _is_out_of_memory(error):
                 raise
@@ -471,7 +531,8 @@ def _measure_ladder(
     bench: _Bench, max_tokens: int, gradient_checkpointing: bool, say
 ) -> Tuple[List[Rung], Rung, Optional[str]]:
     """(rungs, floor rung, why the ladder stopped early or None): the ladder up to the first
-    length that runs out of memory, then the floor; gradients dropped at the end."""
+    length that runs out of memory, then its packed rungs (bench.packs) whose length was
+    measured, then the floor; gradients dropped at the end."""
     rungs: List[Rung] = []
     stopped = None
     try:
@@ -488,6 +549,13 @@ def _measure_ladder(
                 f"{stopped}, after {len(rungs)} measured lengths; the fit needs {MIN_RUNGS}: "
                 f"try {fix}a smaller --max-tokens or a larger device"
             )
+        measured = {r.tokens for r in rungs}
+        for documents in packed_ladder(max_tokens) if bench.packs else []:
+            # No more memory than the single sample of the same tokens, which fitted.
+            if sum(documents) in measured:
+                rung = bench.attempt(sum(documents), documents)
+                if rung is not None:
+                    rungs.append(rung)
         # The floor last, every kernel warm by now: its time is the host's pace, not first calls.
         floor_rung = bench.attempt(floor_length(max_tokens))
         if floor_rung is None:
@@ -502,7 +570,9 @@ def format_table(fit: CostFit) -> str:
     lines = [f"{'tokens':>8} {'measured s':>11} {'spread':>7} {'fitted s':>10} {'error':>7}"]
 
     def row(rung: Rung, note: str) -> str:
-        predicted = fit.predict(rung.tokens)
+        predicted = fit.predict(rung.lengths)
+        if rung.documents:
+            note = f"  packed: {len(rung.documents)} documents" + note
         error = (predicted - rung.seconds) / rung.seconds if rung.seconds > 0 else 0.0
         return (
             f"{rung.tokens:8d} {rung.seconds:11.4g} {100 * rung.spread:6.1f}% "
@@ -545,7 +615,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         help="recompute activations in backward (as odc train does on GPUs; raises B)",
     )
     parser.add_argument(
-        "--attn-implementation", help="transformers' attention (default: its own choice)"
+        "--attn-implementation",
+        help="transformers' attention (default odc_packed: odc.train's, torch's varlen flash "
+        "attention on CUDA); packed rungs are timed with odc_packed, flash_attention_2 or "
+        "flash_attention_3 only",
     )
     parser.add_argument("--seed", type=int, default=0, help="weights and tokens (default 0)")
     parser.add_argument("--json", metavar="PATH", help="also write the fit and its table here")
@@ -601,6 +674,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(format_table(fit))
     if fit.stopped:
         print(f"{fit.stopped}; fitted on the {len(fit.rungs)} lengths measured")
+    if not fit.settings.get("packed_rungs"):
+        print(
+            "no packed rungs (the attention does not keep packed documents apart): a and b "
+            "come from single samples only and may trade one for the other"
+        )
     noisy = [r.tokens for r in [fit.floor_rung, *fit.rungs] if r.spread > NOISY_SPREAD]
     if noisy:
         print(

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from odc import fit  # noqa: E402
-from odc.train.calibrate import fitted_rungs, floor_length, ladder  # noqa: E402
+from odc.train.calibrate import fitted_rungs, floor_length, ladder, packed_ladder  # noqa: E402
 
 MAX_TOKENS = 128  # ladder 16..128 and a 4-token floor: milliseconds per microbatch on a CPU
 TINY = dict(
@@ -50,11 +50,16 @@ def test_fit_prints_a_cost_the_planner_takes(config_path, odc_cli, tmp_path):
     cost = [float(v) for v in value.split(",")]
     assert len(cost) == 4 and all(math.isfinite(v) and v >= 0 for v in cost)
     assert cost[3] > 0  # the floor: a microbatch always takes some time
-    # The table: a header, the floor's row, one row per length of the ladder.
+    # The table: a header, the floor's row, one row per length of the ladder, then the packed
+    # rungs (the model is built with odc.train's packed attention, which keeps documents apart).
+    packed = packed_ladder(MAX_TOKENS)
     table = [line.split()[0] for line in lines if line.split()[0].isdigit()]
-    assert table == [str(n) for n in [floor_length(MAX_TOKENS), *ladder(MAX_TOKENS)]]
+    single = [floor_length(MAX_TOKENS), *ladder(MAX_TOKENS)]
+    assert table == [str(n) for n in single + [sum(p) for p in packed]]
+    assert sum("packed:" in line for line in lines) == len(packed) == 4
     written = json.loads(out.read_text())
-    assert written["flag"] == lines[-1] and len(written["ladder"]) == len(ladder(MAX_TOKENS))
+    assert written["flag"] == lines[-1] and written["settings"]["packed_rungs"] is True
+    assert [r.get("documents") for r in written["ladder"]] == [None] * (len(single) - 1) + packed
     assert all(len(rung["times"]) == 2 for rung in written["ladder"])
 
     lengths = tmp_path / "lengths.txt"

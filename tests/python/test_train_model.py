@@ -8,7 +8,13 @@ import pytest
 torch = pytest.importorskip("torch", reason="the packed model needs torch")
 pytest.importorskip("transformers", reason="the packed model needs transformers")
 
-from odc.train.calibrate import fit_cost, fit_cost_with_floor, floor_length, ladder  # noqa: E402
+from odc.train.calibrate import (  # noqa: E402
+    fit_cost,
+    fit_cost_with_floor,
+    floor_length,
+    ladder,
+    packed_ladder,
+)
 from odc.train.data import pack  # noqa: E402
 from odc.train.model import build_model, packed_attention  # noqa: E402
 
@@ -84,6 +90,42 @@ def test_fit_cost_recovers_coefficients():
     assert a == pytest.approx(1.69e-5, rel=1e-6)
     assert b == pytest.approx(9.75e-10, rel=1e-6)
     assert c == pytest.approx(0.069, rel=1e-6)
+
+
+def test_packed_rungs_separate_linear_from_quadratic():
+    """Rung times of c + sum(a L + b L^2) off by an alternating +-2% (a noisy GPU): on single
+    samples only, L and L^2 rise together and the fit trades a for b, so packed microbatches
+    (sum of L^2 well under T^2) come out 5-10% off; with the packed rungs they stay within 2%.
+    Noise-free, the fit recovers a, b, c exactly (packed documents' lengths as lists)."""
+    # Near the 1.5b preset's on 4 H100s (dev/analysis/packed_rungs.py).
+    a, b, c = 3.2e-5, 1.2e-9, 0.08
+    single = [[n] for n in ladder(65536)]
+    rungs = single + packed_ladder(65536)
+
+    def seconds(rung):
+        return c + sum(a * n + b * n * n for n in rung)
+
+    assert fit_cost(rungs, [seconds(r) for r in rungs]) == pytest.approx((a, b, c), rel=1e-6)
+    probes = [[16384] * 4, [8192] * 6, [4096] * 8, [65536]]  # packed, as LB-Mini makes them
+
+    def worst_error(ladder_rungs, pattern):
+        noisy = [seconds(r) * (1 + 0.02 * pattern[i % 2]) for i, r in enumerate(ladder_rungs)]
+        fa, fb, fc = fit_cost(ladder_rungs, noisy)
+        return max(abs(fc + sum(fa * n + fb * n * n for n in p) - seconds(p)) / seconds(p)
+                   for p in probes)  # fmt: skip
+
+    for pattern in ((1, -1), (-1, 1)):
+        assert worst_error(single, pattern) > 0.05
+        assert worst_error(rungs, pattern) < 0.02
+
+
+def test_packed_ladder():
+    # The two longest rungs as 4 and 16 equal documents: the same tokens, sum of L^2 4x/16x less.
+    assert packed_ladder(65536) == [[9196, 9195, 9195, 9195], [2299] * 13 + [2298] * 3,
+                                    [16384] * 4, [4096] * 16]  # fmt: skip
+    assert [sum(r) for r in packed_ladder(65536)] == [ladder(65536)[-2]] * 2 + [65536] * 2
+    assert packed_ladder(16) == [[4, 3, 3, 3], [4] * 4]  # documents of at least 2 tokens
+    assert all(min(r) >= 2 for n in (8, 40, 1000) for r in packed_ladder(n))
 
 
 def test_fit_cost_stays_non_negative():

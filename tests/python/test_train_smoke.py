@@ -11,6 +11,8 @@ import pytest
 pytest.importorskip("torch", reason="odc train needs torch")
 pytest.importorskip("transformers", reason="odc train needs transformers")
 
+from odc.train.calibrate import packed_ladder  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -57,6 +59,13 @@ def test_train_compare_runs_and_reports(tmp_path):
     assert "n/a" in result.stdout and "per minibatch" in result.stdout
     # One cost model, fitted in the first run and reused by the second.
     assert runs[0]["cost_source"] == "fitted" and len(runs[0]["calibration"]) >= 3
+    # The ladder's packed rungs are recorded as [tokens, seconds, documents], after the single
+    # ones ([tokens, seconds], the floor's first): calibrate.packed_ladder of the same cap.
+    calibration = runs[0]["calibration"]
+    packed = [r for r in calibration if len(r) == 3]
+    expected = packed_ladder(runs[0]["max_tokens"])
+    assert [(r[0], r[2]) for r in packed] == [(sum(p), len(p)) for p in expected]
+    assert len(expected) >= 2 and calibration[-len(packed) :] == packed
     assert runs[1]["cost"] == runs[0]["cost"] and runs[1]["calibration"] == []
     # Same data, same initialization, same summed gradients: the same losses step by step.
     assert runs[0]["losses"] == pytest.approx(runs[1]["losses"], rel=1e-4)

@@ -3,8 +3,15 @@
 The planner balances cost(microbatch) = max(floor, c + sum(a*L + b*L^2)) (docs/design.md). Its
 plans, and the bubble it predicts, are only as good as a, b, c and the floor: attention kernels,
 masks, activation checkpointing and the loss all change them. `odc train` therefore times
-single-sample microbatches of a ladder of lengths on the model it is about to train, plus one
-short one for the floor, and fits the model here.
+single-sample microbatches of a ladder of lengths on the model it is about to train, a few
+packed ones, plus one short one for the floor, and fits the model here.
+
+Why packed rungs: on single samples the a*L and b*L^2 columns rise together, so a noisy ladder
+trades one for the other at no cost to its own fit, and a packed microbatch (T tokens, sum of
+L_i^2 much less than T^2) then comes out too cheap (4 H100s, 1.5b preset: 32K-58K-token packed
+microbatches 5-20% under; docs/benchmarks.md, fifteenth round). The two longest rungs split into
+PACKED_SPLITS equal documents keep T and cut sum L^2 by 4x and 16x, which separates a from b
+(dev/analysis/packed_rungs.py checks it on the measured microbatches).
 
 The floor is the time of a microbatch that carries almost nothing: the host launching a
 training step's kernels (framework hooks, autograd, per-layer communication calls) takes a
@@ -17,7 +24,7 @@ than about a, b and c, so the fit leaves them out.
 from __future__ import annotations
 
 import itertools
-from typing import List, Sequence, Tuple
+from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -28,6 +35,14 @@ FLOOR_TOKENS = 256  # the floor's microbatch: short enough that no GPU work show
 # Rungs faster than this multiple of the floor are mostly host time: left out of the a, b, c fit
 # (when at least three rungs remain).
 FLOOR_BOUND_RATIO = 1.5
+# Packed rungs: each of the PACKED_FROM longest ladder lengths again as PACKED_SPLITS[i] equal
+# documents (a split is left out where its documents would be shorter than MIN_DOCUMENT_TOKENS).
+PACKED_FROM = 2
+PACKED_SPLITS = (4, 16)
+MIN_DOCUMENT_TOKENS = 2
+
+# A rung: one sample's length, or the lengths of the documents packed into one microbatch.
+RungLengths = Union[int, Sequence[int]]
 
 
 def ladder(max_tokens: int, rungs: int = 7) -> List[int]:
@@ -40,6 +55,31 @@ def ladder(max_tokens: int, rungs: int = 7) -> List[int]:
     return sorted({min(max_tokens, max(2, int(round(n)))) for n in lengths})
 
 
+def split_evenly(tokens: int, documents: int) -> List[int]:
+    """`tokens` as `documents` lengths that differ by at most one, longest first."""
+    base, extra = divmod(int(tokens), int(documents))
+    return [base + 1] * extra + [base] * (documents - extra)
+
+
+def packed_ladder(max_tokens: int) -> List[List[int]]:
+    """The packed rungs: each of the PACKED_FROM longest lengths of ladder(max_tokens) split
+    into k equal documents for each k of PACKED_SPLITS (same tokens as the single rung, sum of
+    L^2 k times smaller), those with documents of at least MIN_DOCUMENT_TOKENS."""
+    rungs = []
+    for tokens in ladder(max_tokens)[-PACKED_FROM:]:
+        for documents in PACKED_SPLITS:
+            if tokens // documents >= MIN_DOCUMENT_TOKENS:
+                rungs.append(split_evenly(tokens, documents))
+    return rungs
+
+
+def documents_of(rung: RungLengths) -> List[int]:
+    """A rung's document lengths: [L] for a single sample."""
+    if isinstance(rung, (int, np.integer)):
+        return [int(rung)]
+    return [int(n) for n in rung]
+
+
 def floor_length(max_tokens: int) -> int:
     """Tokens of the microbatch timed for the floor: FLOOR_TOKENS, or a quarter of the ladder's
     shortest rung when that is shorter (small CPU runs)."""
@@ -47,11 +87,11 @@ def floor_length(max_tokens: int) -> int:
 
 
 def fit_cost_with_floor(
-    lengths: Sequence[float], seconds: Sequence[float], floor_seconds: float
+    lengths: Sequence[RungLengths], seconds: Sequence[float], floor_seconds: float
 ) -> Tuple[float, float, float, float]:
     """(a, b, c, floor): the floor as measured (a microbatch of floor_length tokens), a, b, c
-    fitted (fit_cost) on the rungs at least FLOOR_BOUND_RATIO x the floor, or on every rung
-    when fewer than three are."""
+    fitted (fit_cost) on the rungs (single lengths or packed documents' lengths) at least
+    FLOOR_BOUND_RATIO x the floor, or on every rung when fewer than three are."""
     if not floor_seconds >= 0 or floor_seconds == float("inf"):
         raise InvalidArgument(f"the floor must be a finite non-negative time, got {floor_seconds}")
     chosen = [(lengths[i], seconds[i]) for i in fitted_rungs(seconds, floor_seconds)]
@@ -66,20 +106,25 @@ def fitted_rungs(seconds: Sequence[float], floor_seconds: float) -> List[int]:
     return chosen if len(chosen) >= 3 else list(range(len(seconds)))
 
 
-def fit_cost(lengths: Sequence[float], seconds: Sequence[float]) -> Tuple[float, float, float]:
-    """Non-negative least-squares fit of seconds = c + a*L + b*L^2; returns (a, b, c), the
-    order `odc plan --cost A,B,C` takes. Every subset of the three terms is solved and the best
-    fit whose coefficients are all >= 0 wins, so a noisy point cannot make a term negative."""
-    x = np.asarray(lengths, dtype=np.float64)
+def fit_cost(
+    lengths: Sequence[RungLengths], seconds: Sequence[float]
+) -> Tuple[float, float, float]:
+    """Non-negative least-squares fit of seconds = c + sum(a*L + b*L^2) over each rung's
+    documents (a rung: one length, or a packed microbatch's document lengths); returns (a, b, c),
+    the order `odc plan --cost A,B,C` takes. Every subset of the three terms is solved and the
+    best fit whose coefficients are all >= 0 wins, so a noisy point cannot make a term negative."""
+    rungs = [documents_of(r) for r in lengths]
     y = np.asarray(seconds, dtype=np.float64)
-    if x.shape != y.shape or x.size < 3:
+    if y.ndim != 1 or len(rungs) != y.size or y.size < 3:
         raise InvalidArgument(
             "fit_cost needs at least three (length, seconds) pairs of equal count"
         )
-    if np.any(y < 0) or np.any(x <= 0):
+    if np.any(y < 0) or any(not r or min(r) <= 0 for r in rungs):
         raise InvalidArgument("fit_cost needs positive lengths and non-negative times")
+    tokens = np.array([sum(r) for r in rungs], dtype=np.float64)
+    squares = np.array([sum(float(n) * n for n in r) for r in rungs], dtype=np.float64)
     # Columns scaled to unit size so that L^2 (up to ~4e9) does not swamp the solve.
-    columns = [x, x * x, np.ones_like(x)]
+    columns = [tokens, squares, np.ones_like(tokens)]
     scales = [float(np.max(np.abs(c))) or 1.0 for c in columns]
     best, best_residual = (0.0, 0.0, float(np.mean(y))), float("inf")
     for size in (1, 2, 3):

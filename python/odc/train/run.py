@@ -40,7 +40,8 @@ class RunConfig:
     warmup_steps: int = 1
     activation_checkpointing: bool = True
     # The planner's cost model (a, b, c): c + sum(a*L + b*L^2) seconds per microbatch. None: fit
-    # it to single-sample microbatches timed on this model before planning (calibrate.py).
+    # it to single-sample and packed microbatches timed on this model before planning
+    # (calibrate.py).
     cost: Optional[tuple] = None
     seed: int = 0
     token_ids_path: Optional[str] = None  # JSONL token ids instead of synthetic ones
@@ -166,45 +167,59 @@ class _Trainer:
 def _calibrate(
     trainer, clock, max_tokens: int, vocab_size: int, world_size: int, seed: int, label=None
 ):
-    """Times single-sample microbatches of calibrate.ladder(max_tokens), and one of
-    calibrate.floor_length(max_tokens) tokens for the floor, on every rank (one untimed, then the
-    median of two), averages over ranks and fits the cost model; every rank gets the same (a, b,
-    c, floor), so every rank computes the same plan. No optimizer step: the weights stay as
+    """Times one microbatch of calibrate.floor_length(max_tokens) tokens for the floor,
+    single-sample microbatches of calibrate.ladder(max_tokens) and the packed ones of
+    calibrate.packed_ladder(max_tokens), on every rank (one untimed, then the median of two),
+    averages over ranks and fits the cost model; every rank gets the same (a, b, c, floor), so
+    every rank computes the same plan. Returns it and the calibration as recorded: [tokens,
+    seconds] per rung, [tokens, seconds, documents] for a packed one (equal documents,
+    calibrate.split_evenly), the floor's first. No optimizer step: the weights stay as
     initialized."""
     import torch
     import torch.distributed as dist
 
-    from .calibrate import MIN_FIT_TOKENS, fit_cost_with_floor, floor_length, ladder
+    from .calibrate import (
+        MIN_FIT_TOKENS,
+        fit_cost_with_floor,
+        floor_length,
+        ladder,
+        packed_ladder,
+    )
     from .data import pack, synthetic_tokens
     from .progress import Progress
 
     if max_tokens < MIN_FIT_TOKENS:
         return (1.0, 0.0, 0.0, 0.0), []  # nothing to fit: balance tokens
-    lengths = [floor_length(max_tokens)] + ladder(max_tokens)
-    documents = synthetic_tokens(lengths, vocab_size, seed=seed + 1)
+    rungs = [[floor_length(max_tokens)]] + [[n] for n in ladder(max_tokens)]
+    rungs += packed_ladder(max_tokens)
+    documents = iter(synthetic_tokens([n for r in rungs for n in r], vocab_size, seed=seed + 1))
     trainer.begin()
     medians = []
-    progress = Progress(len(lengths), label or "", enabled=label is not None).start()
-    for document, length in zip(documents, lengths):
-        packed = pack([document])
-        trainer.microbatch(packed, world_size * length)  # untimed: allocator growth, autotuning
+    progress = Progress(len(rungs), label or "", enabled=label is not None).start()
+    for rung in rungs:
+        packed = pack([next(documents) for _ in rung])
+        tokens = sum(rung)
+        trainer.microbatch(packed, world_size * tokens)  # untimed: allocator growth, autotuning
         times = []
         for _ in range(2):
             clock.sync()
             begin = clock.mark()
-            trainer.microbatch(packed, world_size * length)
+            trainer.microbatch(packed, world_size * tokens)
             end = clock.mark()
             clock.sync()
             times.append(clock.seconds(begin, end))
         medians.append(float(np.median(times)))
-        progress.update(f"{length} tokens: {medians[-1]:.3g} s")
+        shape = f"{tokens} tokens" + (f" in {len(rung)} documents" if len(rung) > 1 else "")
+        progress.update(f"{shape}: {medians[-1]:.3g} s")
     progress.close()
     trainer.end()
     trainer.optimizer.zero_grad(set_to_none=True)
     seconds = torch.tensor(medians, dtype=torch.float64, device=trainer.device)
     dist.all_reduce(seconds)
     mean = (seconds / world_size).tolist()
-    return fit_cost_with_floor(lengths[1:], mean[1:], mean[0]), list(zip(lengths, mean))
+    cost = fit_cost_with_floor(rungs[1:], mean[1:], mean[0])
+    calibration = [[sum(r), s] + ([len(r)] if len(r) > 1 else []) for r, s in zip(rungs, mean)]
+    return cost, calibration
 
 
 def _device_mesh(config: RunConfig, world_size: int, device):
@@ -388,7 +403,7 @@ class Run:
         self.probe.enter("setup")
         self.cost, self.calibration = config.cost, []
         if self.cost is None:
-            label = f"[{config.comm} {config.policy}] cost fit, one sample per microbatch"
+            label = f"[{config.comm} {config.policy}] cost fit, single and packed samples"
             self.cost, self.calibration = _calibrate(
                 self.trainer, self.clock, config.max_tokens, self.model.config.vocab_size,
                 self.world_size, config.seed, label if self.rank == 0 else None,
