@@ -13,12 +13,17 @@
 #                 cuda-timing, bench-before-after).
 # Stage knobs come from the environment: BENCH_ROUNDS, BENCH_MIN_MIB, BENCH_MAX_MIB, BENCH_ORDER
 # (bench-before-after), SKIP_FIT=1 (torch-migration without fit), SM_BUDGET_SECONDS (sm-budget),
-# BASELINE_STEPS (rl-baselines, sft-baselines), RL_SMOKE=0 (rl-baselines without its tiny run),
-# NVTRAIN_7B=1, NVTRAIN_ARMS, NVTRAIN_STEPS, NVTRAIN_MAX_LENGTH, NVTRAIN_POLICY (nvshmem-train).
+# BASELINE_STEPS (rl-baselines, sft-baselines); for rl-baselines RL_PROMPTS (prompts per RL step,
+# 8 responses each; default 4), RL_K (update minibatches per RL step; default 2), RL_ARMS
+# (baselines: ODC + LB-Mini and the four FSDP2 baselines, the default; compare: collective +
+# LB-Micro and ODC + LB-Mini; all; or one arm as COMM:POLICY, e.g. odc:lb-mini; odc.train takes
+# no other list, and a multi-arm command fits the cost once, in its first arm); and
+# RL_SMOKE=0 (rl-baselines without its tiny run).
+# and for nvshmem-train NVTRAIN_7B=1, NVTRAIN_ARMS, NVTRAIN_STEPS, NVTRAIN_MAX_LENGTH, NVTRAIN_POLICY.
 set -uo pipefail
 
 usage() {
-  sed -n '/^#   dev/,/NVTRAIN_7B/p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '/^#   dev/,/nvshmem-train NVTRAIN_7B/p' "$0" | sed 's/^# \{0,1\}//' >&2
   echo "stages: ${stages[*]}" >&2
   exit 2
 }
@@ -400,20 +405,36 @@ train_all_gpus() {
     -m odc.train --timeline "" "$@")
 }
 
-# Issue #30: GRPO's training phase, ODC + LB-Mini against the four FSDP2 baselines (--baselines)
-# on every GPU, the cost model fitted on this machine. First a tiny-preset smoke run of the same
-# arms (short rollouts: every arm's forward-only and update paths on CUDA), then the 1.5b preset
-# on the shipped RL lengths: 4 prompts x 8 responses per RL step, K = 2 update minibatches (4
-# rollouts per rank per update on 4 GPUs), microbatches up to 20,480 tokens (the longest rollout).
+# odc.train's options for RL_ARMS (see the header), or a message and status 1.
+rl_arms() {
+  local arms=${RL_ARMS:-baselines}
+  case $arms in
+    baselines | compare | all) echo "--$arms" ;;
+    ?*:?*) echo "--comm ${arms%%:*} --policy ${arms#*:}" ;;
+    *) echo "run.sh: RL_ARMS must be baselines, compare, all or COMM:POLICY, not '$arms'" >&2
+      return 1 ;;
+  esac
+}
+
+# Issue #30: GRPO's training phase, ODC + LB-Mini against the four FSDP2 baselines (--baselines;
+# RL_ARMS) on every GPU, the cost model fitted on this machine. First a tiny-preset smoke run of
+# the same arms (short rollouts: every arm's forward-only and update paths on CUDA), then the 1.5b
+# preset on the shipped RL lengths: RL_PROMPTS prompts x 8 responses per RL step (default 4), K =
+# RL_K update minibatches (default 2: 4 rollouts per rank per update on 4 GPUs), microbatches up
+# to 20,480 tokens (the longest rollout).
 stage_rl_baselines() {
-  local env_new dest="$out/rl_baselines" train
+  local env_new dest="$out/rl_baselines" train arms
+  arms=$(rl_arms) || { status=1; return; }
   env_new=$(libs "$snapshot")
   mkdir -p "$dest"
-  train_all_gpus --task grpo --rollouts data/grpo_math_like.tsv --baselines
+  echo "rl-baselines: RL_PROMPTS=${RL_PROMPTS:-4} RL_K=${RL_K:-2} arms: $arms" | tee -a "$log"
+  # shellcheck disable=SC2086  # $arms: one or more options, split on purpose
+  train_all_gpus --task grpo --rollouts data/grpo_math_like.tsv $arms \
+    --prompts-per-step "${RL_PROMPTS:-4}"
   [ "${RL_SMOKE:-1}" = 0 ] || stage grpo-smoke-tiny 120 env $env_new "${train[@]}" --preset tiny --length-scale 0.05 \
-    --prompts-per-step 4 --steps 1 --cost 1,0.01,0 --output "$dest/grpo_tiny.json"
-  stage grpo-1.5b 450 env $env_new "${train[@]}" --preset 1.5b --prompts-per-step 4 \
-    --minibatches-per-step 2 --max-tokens 20480 --steps "${BASELINE_STEPS:-4}" \
+    --steps 1 --cost 1,0.01,0 --output "$dest/grpo_tiny.json"
+  stage grpo-1.5b 450 env $env_new "${train[@]}" --preset 1.5b \
+    --minibatches-per-step "${RL_K:-2}" --max-tokens 20480 --steps "${BASELINE_STEPS:-4}" \
     --output "$dest/grpo_1.5b.json"
 }
 
