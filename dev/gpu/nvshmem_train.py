@@ -125,6 +125,16 @@ def run_arm(name: str, folder: Path) -> int:
     if len(gpus) < 2:
         print("nvshmem_train.py: needs 2+ GPUs (one process per GPU, two pretended nodes)")
         return 2
+    # A process of an earlier arm still on a GPU (a rank hung in a driver call outlives its
+    # torchrun's kill) takes memory and SMs from this one: refuse rather than measure that.
+    left = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if left:
+        print(f"nvshmem_train.py: {name}: processes still on the GPUs (pid, MiB): {left}")
+        return 3
     folder.mkdir(parents=True, exist_ok=True)
     output, stderr_path = folder / f"{name}.json", folder / f"{name}.stderr"
     samples = folder / f"{name}.samples"
@@ -230,6 +240,7 @@ def summarize_arm(name: str, result: Optional[dict], stderr: str, samples: str) 
             seconds_total=sum(seconds),
             seconds_median=statistics.median(seconds),
             torch_peak_gib=memory.get("torch_peak_bytes", 0) / GIB,
+            torch_reserved_gib=memory.get("torch_reserved_bytes", 0) / GIB,
             odc_symmetric_gib=memory.get("odc_total_bytes", 0) / GIB,
             peak_gib=result["peak_memory_bytes"] / GIB,
             ranks=result["ranks"],
@@ -296,13 +307,14 @@ def _spread(values: dict, spec: str) -> str:
 def format_table(summary: dict) -> str:
     rows = summary["arms"]
     head = (
-        f"{'arm':17s} {'med s':>6s} {'sum s':>7s} {'vs cuda':>18s} {'torch':>6s} {'odc':>5s} "
+        f"{'arm':17s} {'med s':>6s} {'sum s':>7s} {'vs cuda':>18s} {'torch':>6s} {'resvd':>6s} {'odc':>5s} "
         f"{'heap':>5s} {'peak':>6s} {'driver':>7s} {'vs fsdp2':>8s} {'driver per rank':>24s}"
     )
     lines = [
         "time: seconds per measured minibatch (median, sum); vs cuda: sum against the CUDA "
         "transport's [per-minibatch range]",
-        "memory GiB per GPU: torch peak, odc symmetric, NVSHMEM heap, peak = torch + odc (odc.train),"
+        "memory GiB per GPU: torch peak, torch reserved (the caching allocator's hold at the end), "
+        "odc symmetric, NVSHMEM heap, peak = torch + odc (odc.train),"
         " driver = nvidia-smi per process (max over ranks), vs fsdp2 = driver against FSDP2's",
         head,
         "-" * len(head),
@@ -320,7 +332,8 @@ def format_table(summary: dict) -> str:
         per_rank = " ".join(f"{v:.1f}" for v in r["driver_peak_gib_per_rank"].values())
         lines.append(
             f"{r['arm']:17s} {r['seconds_median']:6.3f} {r['seconds_total']:7.3f} {versus:>18s} "
-            f"{r['torch_peak_gib']:6.2f} {r['odc_symmetric_gib']:5.2f} {_fmt(r['heap_gib'], '5.2f'):>5s} "
+            f"{r['torch_peak_gib']:6.2f} {r.get('torch_reserved_gib', 0):6.2f} "
+            f"{r['odc_symmetric_gib']:5.2f} {_fmt(r['heap_gib'], '5.2f'):>5s} "
             f"{r['peak_gib']:6.2f} {_fmt(r['driver_peak_gib'], '7.2f'):>7s} "
             f"{_ratio(r.get('driver_vs_fsdp2')):>8s} {per_rank:>24s}"
         )  # fmt: skip

@@ -326,6 +326,7 @@ stage_torch_split() {
 stage_gpu_suite() {
   local env_new
   env_new=$(libs "$snapshot")
+  build_dirs "$snapshot"  # lib_dir and src_dir here too (libs ran in a subshell)
   stage pytest-gpu 900 env $env_new python3 -m pytest -rs -q "$src_dir/tests/gpu"
   [ -x "$lib_dir/odc_cuda_smoke" ] && stage cuda-smoke 120 "$lib_dir/odc_cuda_smoke"
 }
@@ -377,6 +378,7 @@ stage_sm_budget() {
   local env_new dest="$out/sm_budget" round sms begin=$SECONDS
   local budget=${SM_BUDGET_SECONDS:-540}
   env_new=$(libs "$snapshot")
+  build_dirs "$snapshot"  # lib_dir here too (libs ran in a subshell)
   mkdir -p "$dest"
   stage "odc_bench sms=all" 45 env $env_new "$lib_dir/odc_bench" --transport cuda 16 256 4
   for sms in 32 16; do

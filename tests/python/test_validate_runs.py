@@ -61,6 +61,18 @@ def test_validation_of_the_fsdp2_arms_and_grpo_runs():
     assert mean <= MEAN_ABSOLUTE_ERROR_BOUND, rows
 
 
+def test_validation_of_the_packed_rung_calibration_runs():
+    """Issue #30's second GRPO configuration (2 prompts x 8 responses, K = 1) and SFT with the
+    cost fitted with packed rungs, 4 H100s (docs/benchmarks.md, seventeenth round): every run of
+    the five arms within 5% of its measured seconds per step (RL: per RL step)."""
+    validate_runs = _validate_runs()
+    rows = validate_runs.validate(REPO / "docs" / "results" / "grpo_k1_4xh100", repo=REPO)
+    assert not [r for r in rows if "skipped" in r]
+    assert len(rows) == 10 and sum(r.get("task") == "grpo" for r in rows) == 5
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    assert abs(worst["error"]) <= 0.05, worst
+
+
 def test_validation_with_measured_transport_curves():
     validate_runs = _validate_runs()
     curves = str(REPO / "data" / "transport" / "h200x4_odc_bench.json")

@@ -55,6 +55,9 @@ class MemoryProbe:
             "held_before_peak_phase_bytes": top["held"],
             "transient_in_peak_phase_bytes": top["peak"] - top["held"],
             "held_at_last_minibatch_begin_bytes": self.held_at_last_minibatch,
+            # What torch's caching allocator holds from the driver now (it keeps what it once
+            # reserved unless emptied): the driver's view of torch's share, fragmentation included.
+            "torch_reserved_bytes": torch.cuda.memory_reserved(),
             "largest_microbatch_tokens": max(
                 (p["tokens"] for p in self.phases if p["phase"] == "microbatch"), default=0
             ),
