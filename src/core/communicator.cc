@@ -118,7 +118,8 @@ void print_node_traffic(int rank, const StreamedStaging::NodeTraffic& traffic,
       rank, static_cast<unsigned long long>(traffic.during_minibatches),
       static_cast<unsigned long long>(traffic.in_minibatch_end),
       static_cast<unsigned long long>(minibatches));
-  if (length > 0) std::fwrite(line, 1, std::min(static_cast<size_t>(length), sizeof(line) - 1), stderr);
+  if (length > 0)
+    std::fwrite(line, 1, std::min(static_cast<size_t>(length), sizeof(line) - 1), stderr);
 }
 
 // The staging budget: the caller's, else $ODC_STAGING_BYTES (bytes, or with a K, M or G suffix

@@ -243,8 +243,8 @@ Status StreamedStaging::forward_piece(size_t index, size_t piece, StreamHandle s
   // return) and the zeroing below, so every contribution is either in this partial sum or added
   // after the zeroing, into the next one: each goes out exactly once. The owner adds the partial
   // sum as any chunk, in this carrier's sequence, before it consumes this carrier's end.
-  ODC_RETURN_IF_ERROR(send(routes_.my_owners[row], relay.buffer_id, first, sums,
-                           DataType::kFloat32, count, stream));
+  ODC_RETURN_IF_ERROR(send(routes_.my_owners[row], relay.buffer_id, first, sums, DataType::kFloat32,
+                           count, stream));
   std::fill(sums, sums + count, 0.0f);  // host memory: forwards_early() only on the host
   contributions_[index][piece] = 0;
   return Status::Ok();
