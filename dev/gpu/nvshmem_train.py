@@ -202,7 +202,8 @@ def driver_peaks(samples_text: str) -> Dict[int, dict]:
 
 
 def parse_stderr(text: str) -> dict:
-    """odc's counters printed at close, per rank (summed where a rank printed several lines), and
+    """odc's counters printed at close, per rank (bytes summed where a rank printed several lines,
+    one per communicator; their minibatches are the same ones, so the most any line says), and
     the heap odc.train reported. Absent lines leave their entries empty."""
     nvshmem: Dict[int, dict] = {}
     for rank, put, fetched in NVSHMEM_LINE.findall(text):
@@ -214,7 +215,7 @@ def parse_stderr(text: str) -> dict:
         entry = core.setdefault(int(rank), {"during": 0, "at_end": 0, "minibatches": 0})
         entry["during"] += int(during)
         entry["at_end"] += int(at_end)
-        entry["minibatches"] += int(minibatches)
+        entry["minibatches"] = max(entry["minibatches"], int(minibatches))
     heap = HEAP_LINE.search(text)
     return {
         "nvshmem": dict(sorted(nvshmem.items())),
@@ -240,7 +241,9 @@ def summarize_arm(name: str, result: Optional[dict], stderr: str, samples: str) 
             seconds_total=sum(seconds),
             seconds_median=statistics.median(seconds),
             torch_peak_gib=memory.get("torch_peak_bytes", 0) / GIB,
-            torch_reserved_gib=memory.get("torch_reserved_bytes", 0) / GIB,
+            torch_reserved_gib=(
+                memory["torch_reserved_bytes"] / GIB if "torch_reserved_bytes" in memory else None
+            ),
             odc_symmetric_gib=memory.get("odc_total_bytes", 0) / GIB,
             peak_gib=result["peak_memory_bytes"] / GIB,
             ranks=result["ranks"],
@@ -332,7 +335,7 @@ def format_table(summary: dict) -> str:
         per_rank = " ".join(f"{v:.1f}" for v in r["driver_peak_gib_per_rank"].values())
         lines.append(
             f"{r['arm']:17s} {r['seconds_median']:6.3f} {r['seconds_total']:7.3f} {versus:>18s} "
-            f"{r['torch_peak_gib']:6.2f} {r.get('torch_reserved_gib', 0):6.2f} "
+            f"{r['torch_peak_gib']:6.2f} {_fmt(r.get('torch_reserved_gib'), '6.2f'):>6s} "
             f"{r['odc_symmetric_gib']:5.2f} {_fmt(r['heap_gib'], '5.2f'):>5s} "
             f"{r['peak_gib']:6.2f} {_fmt(r['driver_peak_gib'], '7.2f'):>7s} "
             f"{_ratio(r.get('driver_vs_fsdp2')):>8s} {per_rank:>24s}"

@@ -137,8 +137,8 @@ def _add_workload(parser) -> None:
         default="fit",
         help="planner cost model A,B,C (C + sum(A*L + B*L^2) seconds per microbatch) or "
         "A,B,C,F (at least F seconds per microbatch: the host-bound floor), or 'fit' "
-        "(default): time single-sample microbatches on the model first and fit it, floor "
-        "included; later runs of --compare/--all reuse the first run's fit, so their plans "
+        "(default): time single-sample and packed microbatches on the model first and fit it, "
+        "floor included; later runs of --compare/--all reuse the first run's fit, so their plans "
         "share one cost model",
     )
 
