@@ -30,7 +30,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
-from odc.train.calibrate import fit_cost_with_floor  # noqa: E402
+from odc.train.calibrate import fit_cost_with_floor, split_evenly  # noqa: E402
 
 DEFAULT_FILES = [
     REPO / "docs/results/baselines_4xh100/sft_1.5b_4xh100.json",
@@ -82,10 +82,14 @@ def comparisons(run: dict, cost) -> List[Tuple[float, float]]:
 
 
 def rungs_of(runs: List[dict]):
-    """The recorded single-sample rungs ([tokens, seconds]; the first is the floor's)."""
+    """The recorded rungs as document lengths and seconds ([tokens, seconds] for one sample,
+    [tokens, seconds, documents] for a packed rung: that many documents of tokens / documents),
+    and the floor (the first rung's seconds)."""
     calibration = next(r["calibration"] for r in runs if r.get("calibration"))
     floor = calibration[0][1]
-    return [[int(n)] for n, *_ in calibration[1:]], [s for _, s, *_ in calibration[1:]], floor
+    lengths = [split_evenly(int(rung[0]), int(rung[2]) if len(rung) > 2 else 1)
+               for rung in calibration[1:]]  # fmt: skip
+    return lengths, [rung[1] for rung in calibration[1:]], floor
 
 
 def main(argv=None) -> int:

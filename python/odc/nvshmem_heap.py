@@ -156,6 +156,8 @@ def heap_need(
             relay = _budget(node_aggregation_bytes, environ, "ODC_NODE_AGGREGATION_BYTES", 0)
             aggregation = min(relay, rows * accumulator_bytes)
     pending = accumulator_bytes * world_size + DETERMINISTIC_FIXED_BYTES if deterministic else 0
+    if deterministic:  # the pulled scheme: no staging rings, so no relay rows either (core)
+        staging = aggregation = 0
     return HeapNeed(
         published=published_bytes,
         accumulators=accumulator_bytes,
@@ -193,10 +195,14 @@ def configured_heap(environ: Optional[MutableMapping[str, str]] = None):
 
 def note_nvshmem_started() -> None:
     """Called by odc.Comm when an NVSHMEM communicator was made: from then on this process's heap
-    is what it was configured as (NVSHMEM reserves it once)."""
+    is what it was configured as (NVSHMEM reserves it once). A size this module cannot read
+    (NVSHMEM parsed it, or the communicator would not exist) leaves the heap unknown: no check."""
     global _reserved_bytes
     if _reserved_bytes is None:
-        _reserved_bytes = configured_heap()[0]
+        try:
+            _reserved_bytes = configured_heap()[0]
+        except InvalidArgument:
+            pass
 
 
 def reserved_heap_bytes() -> Optional[int]:
@@ -214,12 +220,19 @@ def _too_small(need: HeapNeed, heap: int, what: str) -> str:
 
 
 def check_reserved(need: HeapNeed) -> None:
-    """Raises InvalidUsage where this process's NVSHMEM already reserved a heap smaller than
-    `need` (it cannot grow); nothing before NVSHMEM started."""
-    if _reserved_bytes is not None and need.total > _reserved_bytes:
-        raise InvalidUsage(
-            _too_small(need, _reserved_bytes, "this process's NVSHMEM reserved its heap at")
-        )
+    """Where this process's NVSHMEM already reserved its heap (it cannot grow): raises
+    InvalidUsage when the heap is smaller than what odc will certainly allocate (the shards, the
+    accumulators, the deterministic sums), and warns when it is smaller than that plus the
+    budgets, which are upper bounds (the staging rings of a small world and the node schemes may
+    take less; a margin is not needed). Nothing before NVSHMEM started."""
+    if _reserved_bytes is None:
+        return
+    certain = need.published + need.accumulators + need.deterministic
+    what = "this process's NVSHMEM reserved its heap at"
+    if certain > _reserved_bytes:
+        raise InvalidUsage(_too_small(need, _reserved_bytes, what))
+    if need.subtotal > _reserved_bytes:
+        warnings.warn(_too_small(need, _reserved_bytes, what) + "; going on: the budgets may fit")
 
 
 @dataclass(frozen=True)

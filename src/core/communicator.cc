@@ -103,9 +103,8 @@ ODC_ENV_TEXT(staging_bytes_env, "ODC_STAGING_BYTES")
 ODC_ENV_TEXT(node_cache_bytes_env, "ODC_NODE_CACHE_BYTES")
 ODC_ENV_TEXT(node_aggregation_bytes_env, "ODC_NODE_AGGREGATION_BYTES")
 // `1`: each rank prints what its streamed chunks sent to other nodes when the communicator goes
-// (ODC_NVSHMEM_STATS=1 asks for it too, beside the NVSHMEM transport's own totals).
+// (the core's count, whatever the transport; ODC_NVSHMEM_STATS is the NVSHMEM transport's own).
 ODC_ENV_DOUBLE(node_stats_knob, "ODC_NODE_STATS", 0.0)
-ODC_ENV_DOUBLE(nvshmem_stats_knob, "ODC_NVSHMEM_STATS", 0.0)
 
 // One line per rank, written at once so that ranks sharing a terminal do not interleave.
 void print_node_traffic(int rank, const StreamedStaging::NodeTraffic& traffic,
@@ -262,7 +261,7 @@ Communicator::~Communicator() {
   }
   // Nothing of this rank may still run on the buffers when they go.
   (void)transport_->drain();
-  if (staging_ != nullptr && (node_stats_knob() != 0.0 || nvshmem_stats_knob() != 0.0)) {
+  if (staging_ != nullptr && node_stats_knob() != 0.0) {
     print_node_traffic(rank(), staging_->node_traffic(), minibatch_);
   }
   accumulators_by_id_.clear();

@@ -108,6 +108,23 @@ def test_a_reserved_heap_is_never_resized(monkeypatch):
     assert "ODC_NVSHMEM_HEAP_GIB" not in os.environ  # nothing changed behind the user's back
 
 
+def test_a_reserved_heap_short_only_of_the_budgets_warns(monkeypatch):
+    # The budgets (staging, node schemes) are upper bounds and NVSHMEM may not enforce its size:
+    # a heap holding the shards and accumulators but not the budgets warns and goes on.
+    need = heap.heap_need(GIB, GIB // 4, 4, 2, environ={"ODC_NODE_AGGREGATION_BYTES": "1G"})
+    monkeypatch.setattr(heap, "_reserved_bytes", need.published + need.accumulators + 1)
+    with pytest.warns(UserWarning, match="going on: the budgets may fit"):
+        heap.check_reserved(need)
+    monkeypatch.setattr(heap, "_reserved_bytes", need.published + need.accumulators - 1)
+    with pytest.raises(InvalidUsage, match="reserved its heap at"):
+        heap.check_reserved(need)
+
+
+def test_deterministic_needs_no_staging_or_relays():
+    need = heap.heap_need(GIB, GIB // 4, 4, 2, deterministic=True, environ={})
+    assert need.staging == 0 and need.aggregation == 0 and need.deterministic > 0
+
+
 torch = pytest.importorskip("torch", reason="odc.torch tests need torch")
 
 
@@ -137,7 +154,7 @@ def _need_rank(rank, world_size, key, store_path, reserved):
         need = torch_heap.layouts_need(torch_heap.model_layouts(model), world_size, world_size)
         comm = odc.Comm(rank, world_size, key, timeout=60)
         if reserved:
-            nvshmem_heap._reserved_bytes = need.total - 1
+            nvshmem_heap._reserved_bytes = need.published + need.accumulators - 1
             comm._nvshmem = True
             try:
                 odc.torch.OdcFSDP(model, comm)
