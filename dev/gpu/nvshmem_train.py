@@ -34,7 +34,10 @@ SAMPLE_SECONDS = 0.2
 # The 1.5b cost fit the other training stages give (run.sh train_1_5b): the plan, not the
 # prediction, matters here, and a given cost makes it the same in every arm.
 COST = "3.123e-05,1.187e-09,0.07082"
-ARMS = ("fsdp2", "cuda", "nvshmem-flat", "nvshmem-nodes")
+# nvshmem-one-node: NVSHMEM with every rank on one node (every peer mapped directly, pushes still
+# streamed through the staging rings): against cuda it prices the streaming, against
+# nvshmem-flat the gathers and puts to the other pretended node (not in the default set).
+ARMS = ("fsdp2", "cuda", "nvshmem-flat", "nvshmem-nodes", "nvshmem-one-node")
 STATS = {"ODC_NVSHMEM_STATS": "1", "ODC_NODE_STATS": "1"}
 NVSHMEM_LINE = re.compile(
     r"odc nvshmem rank (\d+): to/from other nodes: (\d+) bytes put, (\d+) bytes fetched"
@@ -92,6 +95,11 @@ def arm_command(name: str, num_gpus: int, output: Path, environ=os.environ):
             **nodes,
         },
         "nvshmem-nodes": {"ODC_TRANSPORT": "nvshmem", "ODC_NODE_AGGREGATION_BYTES": "1G", **nodes},
+        "nvshmem-one-node": {
+            "ODC_TRANSPORT": "nvshmem",
+            "ODC_LOCAL_WORLD_SIZE": str(num_gpus),
+            "ODC_NODE_AGGREGATION_BYTES": "0",
+        },
     }[base]
     remove = [k for k in ("ODC_LOCAL_WORLD_SIZE", "ODC_NODE_CACHE_BYTES") if k not in env]
     if base != "fsdp2":

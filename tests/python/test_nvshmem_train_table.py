@@ -145,5 +145,7 @@ def test_arm_commands(nvtrain):
     assert argv[argv.index("--steps") + 1] == "3" and "ODC_LOCAL_WORLD_SIZE" in removed
     _, env, removed = nvtrain.arm_command("cuda", 4, Path("o.json"), {"NVTRAIN_STEPS": "2"})
     assert env["ODC_TRANSPORT"] == "cuda" and "ODC_LOCAL_WORLD_SIZE" in removed
+    _, env, removed = nvtrain.arm_command("nvshmem-one-node", 4, Path("o.json"), {})
+    assert env["ODC_LOCAL_WORLD_SIZE"] == "4" and env["ODC_TRANSPORT"] == "nvshmem"
     with pytest.raises(SystemExit):
         nvtrain.arm_command("nccl", 4, Path("o.json"), {})
