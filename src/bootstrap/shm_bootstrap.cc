@@ -245,7 +245,9 @@ Result<std::shared_ptr<ShmBootstrap>> ShmBootstrap::create(int rank, int world_s
   std::shared_ptr<ShmBootstrap> bootstrap(new ShmBootstrap(rank, world_size, key, timeout));
   if (Status status = bootstrap->join(outer); !status.ok()) {
     bootstrap->mark_failed("init: " + status.message());
-    if (bootstrap->leave_block_) bootstrap->controls_[rank]->keep_name();
+    if (bootstrap->leave_block_ && !bootstrap->foreign_peer_knows()) {
+      bootstrap->controls_[rank]->keep_name();
+    }
     return status;
   }
   return bootstrap;
@@ -272,6 +274,21 @@ ShmBootstrap::~ShmBootstrap() {
   }
   track_open_name(controls_[rank_]->name(), false);
   // controls_[rank_] unlinks our name when it goes (if init did not); the claim ends below.
+}
+
+bool ShmBootstrap::foreign_peer_knows() const {
+  // Each of the two ranks marked itself failed before asking, so when both saw each other at
+  // once the later one to ask finds the other failed (or its block already removed) and removes
+  // both blocks; the earlier one keeps its block for the later one to read.
+  auto opened = Segment::open(segment_name(foreign_peer_, ""), sizeof(ControlBlock));
+  if (!opened.ok()) return true;  // gone: the peer knew, and removed it (and ours)
+  const auto* peer_block = static_cast<const ControlBlock*>(opened.value()->data());
+  if (peer_block->magic.load(std::memory_order_acquire) != kMagic ||
+      peer_block->state.load(std::memory_order_acquire) != kFailed) {
+    return false;
+  }
+  remove_remains(foreign_peer_, peer_block->pid, 0);
+  return true;
 }
 
 ControlBlock& ShmBootstrap::block(int rank) const {
@@ -438,6 +455,7 @@ Result<bool> ShmBootstrap::try_map_peer(int peer, Clock::time_point& dead_since)
       remove_remains(peer, peer_block->pid, 0);
     } else {
       leave_block_ = true;
+      foreign_peer_ = peer;
     }
     return Status::InvalidUsage(
         "rank " + std::to_string(peer) + " (pid " + std::to_string(peer_block->pid) +

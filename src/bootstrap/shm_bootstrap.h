@@ -115,6 +115,11 @@ class ShmBootstrap final : public Bootstrap {
   // The join failed because a peer runs in another PID namespace: this rank's (failed) block
   // stays named, so that peer learns why too (it removes the block; so does this rank's restart).
   bool leave_block_ = false;
+  int foreign_peer_ = -1;  // that peer
+  // After this rank marked itself failed: whether the foreign peer knows why already (its block
+  // is failed too, or gone: both ranks saw each other at once). Then both blocks go now, this
+  // rank's and the peer's, instead of both staying named for the next use of the key.
+  bool foreign_peer_knows() const;
   int claim_fd_ = -1;      // this rank's claim (bound abstract socket), -1 before the claim
   std::string collision_;  // why the job collided with another, once check_claim found out
 };
