@@ -47,6 +47,12 @@ CORE_LINE = re.compile(
     r"(\d+) bytes in minibatch_end \((\d+) minibatches\)"
 )
 HEAP_LINE = re.compile(r"odc\.train: NVSHMEM heap ([\d.]+) GiB per GPU")
+# Every process on the GPUs: pid, MiB, GPU (the sampler's lines; the check before an arm).
+APPS_QUERY = [
+    "nvidia-smi",
+    "--query-compute-apps=pid,used_memory,gpu_uuid",
+    "--format=csv,noheader,nounits",
+]
 
 
 # -- running an arm (GPU machine) ------------------------------------------------------------
@@ -111,16 +117,11 @@ def _sampler(path: Path, stop: threading.Event) -> None:
     """Appends nvidia-smi's per-process memory to `path` every SAMPLE_SECONDS, one block per
     sample ("# t=SECONDS" then pid, MiB, GPU uuid lines), flushed as it goes (a killed arm keeps
     what was sampled)."""
-    query = [
-        "nvidia-smi",
-        "--query-compute-apps=pid,used_memory,gpu_uuid",
-        "--format=csv,noheader,nounits",
-    ]
     start = time.monotonic()
     with path.open("a") as out:
         while not stop.is_set():
             try:
-                text = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout
+                text = subprocess.run(APPS_QUERY, capture_output=True, text=True, timeout=10).stdout
             except subprocess.TimeoutExpired:
                 text = ""
             out.write(f"# t={time.monotonic() - start:.2f}\n{text}")
@@ -135,13 +136,9 @@ def run_arm(name: str, folder: Path) -> int:
         return 2
     # A process of an earlier arm still on a GPU (a rank hung in a driver call outlives its
     # torchrun's kill) takes memory and SMs from this one: refuse rather than measure that.
-    left = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    left = subprocess.run(APPS_QUERY, capture_output=True, text=True).stdout.strip()
     if left:
-        print(f"nvshmem_train.py: {name}: processes still on the GPUs (pid, MiB): {left}")
+        print(f"nvshmem_train.py: {name}: processes still on the GPUs (pid, MiB, GPU): {left}")
         return 3
     folder.mkdir(parents=True, exist_ok=True)
     output, stderr_path = folder / f"{name}.json", folder / f"{name}.stderr"

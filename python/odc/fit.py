@@ -19,6 +19,7 @@ Usage errors exit with status 2 and one line, like `odc` and `python -m odc.trai
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import itertools
 import json
@@ -227,6 +228,23 @@ def _head_loss_sum(hidden, weight, bias, labels):
     return F.cross_entropy(logits, labels, reduction="sum")
 
 
+@functools.lru_cache(maxsize=4)
+def _packed_inputs(documents: tuple, device) -> dict:
+    """The position ids and document boundaries of `documents` packed, on `device`: made once
+    per rung, not in every timed repeat (each would copy them to the device)."""
+    import torch
+
+    boundaries = torch.tensor([0, *itertools.accumulate(documents)], dtype=torch.int32)
+    positions = torch.cat([torch.arange(n) for n in documents]).view(1, -1)
+    return dict(
+        position_ids=positions.to(device),
+        cu_seq_lens_q=boundaries.to(device),
+        cu_seq_lens_k=boundaries.to(device),
+        max_length_q=max(documents),
+        max_length_k=max(documents),
+    )
+
+
 def causal_lm_loss(model, input_ids, documents: Optional[Sequence[int]] = None):
     """Next-token loss of a transformers causal LM on `input_ids` [1, L], its LM head applied
     LOSS_CHUNK_TOKENS tokens at a time (recomputed in backward) as odc.train does, so that a 32K
@@ -241,18 +259,7 @@ def causal_lm_loss(model, input_ids, documents: Optional[Sequence[int]] = None):
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(base, torch.nn.Module) or not isinstance(head, torch.nn.Linear):
         return model(input_ids=input_ids, labels=input_ids).loss
-    extra = {}
-    if documents is not None:
-        device = input_ids.device
-        boundaries = torch.tensor([0, *itertools.accumulate(documents)], dtype=torch.int32)
-        positions = torch.cat([torch.arange(n) for n in documents]).view(1, -1)
-        extra = dict(
-            position_ids=positions.to(device),
-            cu_seq_lens_q=boundaries.to(device),
-            cu_seq_lens_k=boundaries.to(device),
-            max_length_q=max(documents),
-            max_length_k=max(documents),
-        )
+    extra = {} if documents is None else _packed_inputs(tuple(documents), input_ids.device)
     hidden = base(input_ids=input_ids, **extra).last_hidden_state[0, :-1]
     labels = input_ids[0, 1:]
     total = hidden.new_zeros((), dtype=torch.float32)
