@@ -19,11 +19,12 @@
 # LB-Micro and ODC + LB-Mini; all; or one arm as COMM:POLICY, e.g. odc:lb-mini; odc.train takes
 # no other list, and a multi-arm command fits the cost once, in its first arm); and
 # RL_SMOKE=0 (rl-baselines without its tiny run).
-# and for nvshmem-train NVTRAIN_7B=1, NVTRAIN_ARMS, NVTRAIN_STEPS, NVTRAIN_MAX_LENGTH, NVTRAIN_POLICY.
+# and for nvshmem-train NVTRAIN_7B=1, NVTRAIN_ARMS, NVTRAIN_STEPS, NVTRAIN_MAX_LENGTH, NVTRAIN_POLICY
+# (nvshmem-probe: NVPROBE_BUILDS).
 set -uo pipefail
 
 usage() {
-  sed -n '/^#   dev/,/nvshmem-train NVTRAIN_7B/p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '/^#   dev/,/nvshmem-probe: NVPROBE_BUILDS/p' "$0" | sed 's/^# \{0,1\}//' >&2
   echo "stages: ${stages[*]}" >&2
   exit 2
 }
@@ -31,7 +32,7 @@ usage() {
 here=$(cd "$(dirname "$0")" && pwd)
 stages=(node-schemes streamed deterministic deterministic-memory cuda-timing bench-before-after
   fit torch-migration torch-frozen torch-split gpu-suite balanced-tail small-microbatch sm-budget
-  rl-baselines sft-baselines nvshmem-train)
+  rl-baselines sft-baselines nvshmem-train nvshmem-probe)
 snapshot="" old="" chosen=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -470,6 +471,36 @@ stage_nvshmem_train() {
       env $env_new python3 "$script" arm "$arm" "$dest"
   done
   stage table 60 python3 "$script" table "$dest"
+}
+
+# Issue #31: what the streamed scheme's pushes cost over NVSHMEM, and where an NVSHMEM process's
+# memory goes. odc_bench (one process per GPU) on the CUDA transport, then over NVSHMEM with every
+# rank its own pretended node (pushes streamed through the staging rings, folded by the owner's
+# device) for each build in NVPROBE_BUILDS (folders of libodc.so and libodc_nvshmem.so; default
+# the snapshot); then dev/gpu/nvshmem_memory_probe.py: the driver's count per process after each
+# start-up step, on the CUDA transport and over NVSHMEM with two heap sizes (NVSHMEM_INFO=1 on
+# the first prints NVSHMEM's knobs and their values).
+stage_nvshmem_probe() {
+  local env_new dir builds probe="$here/nvshmem_memory_probe.py" gpus
+  env_new=$(libs "$snapshot")
+  build_dirs "$snapshot"
+  builds=${NVPROBE_BUILDS:-$lib_dir}
+  gpus=$(nvidia-smi -L | wc -l)
+  stage bench-cuda 120 bash -c "LD_LIBRARY_PATH=$lib_dir:\$LD_LIBRARY_PATH $lib_dir/odc_bench \
+    --transport cuda 1 256 > $out/probe_bench_cuda.txt 2>&1"
+  for dir in $builds; do
+    dir=$(cd "$dir" && pwd)
+    stage "bench-nvshmem-$(basename "$dir")" 120 bash -c "LD_LIBRARY_PATH=$dir:\$LD_LIBRARY_PATH \
+      ODC_NVSHMEM_PLUGIN=$dir/libodc_nvshmem.so ODC_LOCAL_WORLD_SIZE=1 ODC_NVSHMEM_STATS=1 \
+      $lib_dir/odc_bench --transport nvshmem 1 256 \
+      > $out/probe_bench_nvshmem_$(basename "$dir").txt 2>&1"
+  done
+  local run=(python3 -m torch.distributed.run --standalone --nproc_per_node "$gpus" "$probe")
+  stage memory-cuda 120 env $env_new ODC_TRANSPORT=cuda "${run[@]}" cuda
+  stage memory-nvshmem-3.4g 120 env $env_new ODC_TRANSPORT=nvshmem ODC_LOCAL_WORLD_SIZE=1 \
+    ODC_NVSHMEM_HEAP_GIB=3.4 NVSHMEM_INFO=1 "${run[@]}" nvshmem-3.4g
+  stage memory-nvshmem-1g 120 env $env_new ODC_TRANSPORT=nvshmem ODC_LOCAL_WORLD_SIZE=1 \
+    ODC_NVSHMEM_HEAP_GIB=1 "${run[@]}" nvshmem-1g
 }
 
 for name in "${chosen[@]}"; do

@@ -31,7 +31,7 @@ int64_t timeout_ns(const Transport& transport) {
 Result<std::unique_ptr<StreamedStaging>> DeviceStreamedStaging::create(Transport& transport,
                                                                        size_t budget_bytes) {
   const int world_size = transport.world_size();
-  auto geometry = RingGeometry::for_budget(budget_bytes, world_size);
+  auto geometry = RingGeometry::for_budget(budget_bytes, world_size, kMaxDeviceChunkPayloadBytes);
   if (!geometry.ok()) return geometry.status();
   RingGeometry g = geometry.value();
   // The outbox and the counters come out of the same budget: shallower rings where needed.

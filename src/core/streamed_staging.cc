@@ -39,7 +39,8 @@ size_t RingGeometry::total_bytes(int world_size) const {
   return world * ring_bytes() + kSignalWordsPerPeer * world * sizeof(uint64_t);
 }
 
-Result<RingGeometry> RingGeometry::for_budget(size_t budget_bytes, int world_size) {
+Result<RingGeometry> RingGeometry::for_budget(size_t budget_bytes, int world_size,
+                                              size_t max_payload_bytes) {
   const auto world = static_cast<size_t>(world_size);
   const size_t signal_bytes = kSignalWordsPerPeer * world * sizeof(uint64_t);
   const size_t min_slot = kChunkHeaderBytes + kMinChunkPayloadBytes;
@@ -57,7 +58,8 @@ Result<RingGeometry> RingGeometry::for_budget(size_t budget_bytes, int world_siz
   // ahead of the owner's folds, which happen only when the owner enters odc), each as large as
   // that leaves, between the smallest and the largest payload.
   geometry.slot_bytes = round_down_64(
-      std::clamp(per_sender / kTargetDepth, min_slot, kChunkHeaderBytes + kMaxChunkPayloadBytes));
+      std::clamp(per_sender / kTargetDepth, min_slot,
+                 kChunkHeaderBytes + std::max(max_payload_bytes, kMinChunkPayloadBytes)));
   // The budget is an upper bound: beyond kMaxDepth slots of the largest payload a deeper ring
   // only holds memory (a sender that far ahead waits for its owner's next odc call anyway).
   geometry.depth = std::min(per_sender / geometry.slot_bytes, kMaxDepth);

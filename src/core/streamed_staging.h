@@ -63,16 +63,22 @@ inline constexpr uint64_t kRelayTargetBit = uint64_t{1} << 63;
 // Staging budget per rank when neither the caller nor ODC_STAGING_BYTES gives one.
 inline constexpr size_t kDefaultStagingBytes = size_t{256} << 20;
 // A slot is a 64-byte header and a payload. Larger slots mean fewer signals per pushed byte; at
-// most 1 MiB of payload, so that a ring of a large world still holds several.
+// most 1 MiB of payload on the host (whose folds are CPU loops inside odc's calls), so that a
+// ring of a large world still holds several.
 inline constexpr size_t kChunkHeaderBytes = 64;
 inline constexpr size_t kMaxChunkPayloadBytes = size_t{1} << 20;
+// On device transports every chunk is a pack, a put with its signal and the owner's fold, each
+// enqueued by the host: larger chunks amortize them (4 MiB against 1 MiB: back-to-back streamed
+// pushes of 32-256 MiB between 2 H200s at 38-39 GB/s instead of 34-35; docs/benchmarks.md,
+// nineteenth round). Worlds of up to 4 ranks then fill the default budget.
+inline constexpr size_t kMaxDeviceChunkPayloadBytes = size_t{4} << 20;
 // The smallest slot the budget may come down to: 64 fp32 elements of payload.
 inline constexpr size_t kMinChunkPayloadBytes = 256;
 
 // How a budget is cut into rings: the signals (five words per peer) first, then one ring per
 // sender of `depth` slots of `slot_bytes`: 8 slots per sender where the budget allows, larger
 // slots up to the largest payload, then more slots up to 16 (so the budget is an upper bound:
-// 256 MiB over 2 ranks takes 32 MiB).
+// 256 MiB over 2 ranks takes 32 MiB with 1 MiB payloads, 128 MiB with 4 MiB ones).
 struct RingGeometry {
   size_t slot_bytes = 0;  // header + payload, a multiple of 64
   size_t depth = 0;       // slots per sender
@@ -86,7 +92,10 @@ struct RingGeometry {
   // What the rings and signals of `world_size` ranks take per rank (<= the budget).
   size_t total_bytes(int world_size) const;
   // InvalidArgument naming the budget, the world size and the least that works, when too small.
-  static Result<RingGeometry> for_budget(size_t budget_bytes, int world_size);
+  // Payloads of at most `max_payload_bytes` (kMaxChunkPayloadBytes on the host,
+  // kMaxDeviceChunkPayloadBytes on device transports).
+  static Result<RingGeometry> for_budget(size_t budget_bytes, int world_size,
+                                         size_t max_payload_bytes = kMaxChunkPayloadBytes);
 };
 
 // The streamed staging of one communicator: on the host (HostStreamedStaging, transports whose

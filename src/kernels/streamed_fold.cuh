@@ -22,7 +22,11 @@
 namespace odc::kernels {
 namespace detail {
 
-inline constexpr int kFoldThreads = 256;
+// A block folds one sender's chunks (kernels launch one per sender, up to kMaxFoldBlocks): with
+// few senders (2 to 8 ranks) a block's loads in flight bound the owner's fold rate, so blocks are
+// large and unrolled (docs/benchmarks.md, nineteenth round).
+inline constexpr int kFoldThreads = 512;
+inline constexpr int kFoldUnroll = 8;
 inline constexpr int kMaxFoldBlocks = 32;
 
 // What a block decided (in shared memory, so every thread takes the same branch).
@@ -54,7 +58,21 @@ __device__ __forceinline__ void fold_payload(float* sums, const T* payload, uint
   uint64_t done = 0;
   if (aligned) {
     const uint64_t num_vec = count / 4;
-    for (uint64_t i = threadIdx.x; i < num_vec; i += blockDim.x) {
+    const uint64_t stride = blockDim.x;
+    uint64_t i = threadIdx.x;
+    // One block folds a sender's whole chunk, so its speed is the loads it has in flight: the
+    // reductions are asm with a memory clobber, which the compiler never moves a load across,
+    // so a plain loop waits out one load's latency per vector. Load kFoldUnroll first, then add.
+    for (; i + (kFoldUnroll - 1) * stride < num_vec; i += kFoldUnroll * stride) {
+      float4 values[kFoldUnroll];
+#pragma unroll
+      for (int u = 0; u < kFoldUnroll; ++u)
+        values[u] = load_payload4(payload + 4 * (i + u * stride));
+#pragma unroll
+      for (int u = 0; u < kFoldUnroll; ++u)
+        red_add_v4<false>(sums + 4 * (i + u * stride), values[u]);
+    }
+    for (; i < num_vec; i += stride) {
       red_add_v4<false>(sums + 4 * i, load_payload4(payload + 4 * i));
     }
     done = num_vec * 4;

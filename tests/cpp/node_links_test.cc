@@ -298,7 +298,9 @@ TEST(NodeLinks, PushesLeaveDuringBackwardFlatAndNodeAggregated) {
       EXPECT_EQ(counted[rank].during_minibatches, put_before_end[rank]) << "rank " << rank;
       EXPECT_EQ(counted[rank].in_minibatch_end, put[rank] - put_before_end[rank])
           << "rank " << rank;
-      if (!aggregate) EXPECT_EQ(counted[rank].in_minibatch_end, 0u) << "rank " << rank;
+      if (!aggregate) {
+        EXPECT_EQ(counted[rank].in_minibatch_end, 0u) << "rank " << rank;
+      }
       const double share = static_cast<double>(left_before_end[rank]) / put[rank];
       EXPECT_GE(share, 0.8) << "rank " << rank << ": " << left_before_end[rank] << " of "
                             << put[rank] << " bytes left before minibatch_end";

@@ -639,8 +639,8 @@ TEST(Memory, EachSchemeAllocatesItsDocumentedBytes) {
       }
       if (scheme == Scheme::kStreamedDevice) {
         // The device steps add the fold's words (folded, locks, ended, a counter) and one
-        // outbox slot, from the same budget.
-        const auto geometry = RingGeometry::for_budget(budget, world);
+        // outbox slot, from the same budget, with the device's larger payloads.
+        const auto geometry = RingGeometry::for_budget(budget, world, kMaxDeviceChunkPayloadBytes);
         ASSERT_TRUE(geometry.ok());
         const size_t extra =
             (3 * static_cast<size_t>(world) + 1) * sizeof(uint64_t) + geometry.value().slot_bytes;
@@ -675,6 +675,12 @@ TEST(Memory, StagingBudgetTooSmallForTheWorldIsNamed) {
   ASSERT_TRUE(big.ok());
   EXPECT_EQ(big.value().payload_bytes(), kMaxChunkPayloadBytes);
   EXPECT_LE(big.value().total_bytes(2), kDefaultStagingBytes);
+  // Device transports: 4 MiB payloads, 16 deep, within the budget (128 MiB of 256 at 2 ranks).
+  auto device = RingGeometry::for_budget(kDefaultStagingBytes, 2, kMaxDeviceChunkPayloadBytes);
+  ASSERT_TRUE(device.ok());
+  EXPECT_EQ(device.value().payload_bytes(), kMaxDeviceChunkPayloadBytes);
+  EXPECT_EQ(device.value().depth, 16u);
+  EXPECT_LE(device.value().total_bytes(2), kDefaultStagingBytes);
   auto wide = RingGeometry::for_budget(kDefaultStagingBytes, 16384);
   ASSERT_TRUE(wide.ok());
   EXPECT_GE(wide.value().depth, 2u);

@@ -1,6 +1,6 @@
-// NVSHMEM's process-wide setup (see nvshmem_process.h): the unique id agreed, the heap sized, the
-// library initialized, each a step of its own. Serialized by one mutex: communicators may be made
-// from several threads, NVSHMEM is one per process.
+// NVSHMEM's process-wide setup (see nvshmem_process.h): its settings (the heap's size among
+// them), the unique id agreed, the library initialized, each a step of its own. Serialized by one
+// mutex: communicators may be made from several threads, NVSHMEM is one per process.
 #include "transport/nvshmem/nvshmem_process.h"
 
 #include <cuda_runtime.h>
@@ -40,6 +40,31 @@ struct ProcessNvshmem {
 ProcessNvshmem& process_nvshmem() {
   static ProcessNvshmem* state = new ProcessNvshmem();  // never destroyed: NVSHMEM outlives us
   return *state;
+}
+
+// Step 0, before NVSHMEM's first call: the settings odc chooses where the user did not. NVSHMEM
+// reads them from the environment once, at its first call, which on rank 0 is
+// nvshmemx_get_uniqueid (set after it, rank 0's NVSHMEM_INFO still showed the default heap size).
+//   NVSHMEM_SYMMETRIC_SIZE   the user's, else ODC_NVSHMEM_HEAP_GIB (docs/multinode.md);
+//   NVSHMEM_DISABLE_NCCL=1   odc calls none of NVSHMEM's collectives, and the NCCL communicator
+//                            NVSHMEM opens at init for them holds about 1.5 GiB per GPU
+//                            (measured: docs/benchmarks.md, nineteenth round);
+//   NVSHMEM_CUMEM_GRANULARITY=32 MiB  NVSHMEM maps its heap in steps of this size (default
+//                            512 MiB), so up to a step beyond what odc allocated is held.
+Status configure_process_nvshmem(ProcessNvshmem& process) {
+  if (const char* given = std::getenv("NVSHMEM_SYMMETRIC_SIZE"); given != nullptr) {
+    process.heap_size = given;
+  } else {
+    const auto bytes = static_cast<uint64_t>(heap_gib_knob() * 1024.0 * 1024.0 * 1024.0);
+    process.heap_size = std::to_string(bytes);
+    ODC_SYSCHECK(setenv("NVSHMEM_SYMMETRIC_SIZE", process.heap_size.c_str(), 1),
+                 "setenv(NVSHMEM_SYMMETRIC_SIZE)");
+  }
+  // overwrite = 0: a value the user set stays.
+  ODC_SYSCHECK(setenv("NVSHMEM_DISABLE_NCCL", "1", 0), "setenv(NVSHMEM_DISABLE_NCCL)");
+  ODC_SYSCHECK(setenv("NVSHMEM_CUMEM_GRANULARITY", "33554432", 0),
+               "setenv(NVSHMEM_CUMEM_GRANULARITY)");
+  return Status::Ok();
 }
 
 // Step 1: every rank gets rank 0's unique id (a fresh one, or the one this process was
@@ -93,21 +118,7 @@ Result<nvshmemx_uniqueid_t> agree_unique_id(ProcessNvshmem& process, Bootstrap& 
   return all[0].id;
 }
 
-// Step 2: the symmetric heap is reserved at init, so its size is set now: the user's
-// NVSHMEM_SYMMETRIC_SIZE where given, else ODC_NVSHMEM_HEAP_GIB (docs/multinode.md).
-Status size_symmetric_heap(ProcessNvshmem& process) {
-  if (const char* given = std::getenv("NVSHMEM_SYMMETRIC_SIZE"); given != nullptr) {
-    process.heap_size = given;
-    return Status::Ok();
-  }
-  const auto bytes = static_cast<uint64_t>(heap_gib_knob() * 1024.0 * 1024.0 * 1024.0);
-  process.heap_size = std::to_string(bytes);
-  ODC_SYSCHECK(setenv("NVSHMEM_SYMMETRIC_SIZE", process.heap_size.c_str(), 1),
-               "setenv(NVSHMEM_SYMMETRIC_SIZE)");
-  return Status::Ok();
-}
-
-// Step 3: NVSHMEM's init from the agreed id on the current device, agreed across ranks.
+// Step 2: NVSHMEM's init from the agreed id on the current device, agreed across ranks.
 Status start_nvshmem(ProcessNvshmem& process, Bootstrap& bootstrap, nvshmemx_uniqueid_t id,
                      int device) {
   const int rank = bootstrap.rank();
@@ -153,10 +164,10 @@ Status join_process_nvshmem(Bootstrap& bootstrap, int device) {
   // NVSHMEM binds to the device current at init: make it ours for the scope.
   cuda::DeviceGuard guard(device);
   ODC_CUDA_CHECK(cudaSetDevice(device));
+  if (!process.initialized) ODC_RETURN_IF_ERROR(configure_process_nvshmem(process));
   auto id = agree_unique_id(process, bootstrap, device);
   if (!id.ok()) return id.status();
   if (process.initialized) return Status::Ok();  // the same job again
-  ODC_RETURN_IF_ERROR(size_symmetric_heap(process));
   return start_nvshmem(process, bootstrap, id.value(), device);
 }
 

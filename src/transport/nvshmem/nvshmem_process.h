@@ -1,9 +1,11 @@
 // NVSHMEM as one process holds it: initialized once per process over odc's bootstrap (a unique id
-// from rank 0), its symmetric heap sized just before (NVSHMEM_SYMMETRIC_SIZE, else
-// ODC_NVSHMEM_HEAP_GIB), the job's node boundaries, and never finalized by odc (finalize is a
-// collective that waits forever for a dead PE, and NVSHMEM cannot be initialized twice). Invariant:
-// every step that can fail on one rank is agreed through the bootstrap, so all ranks fail together
-// instead of some entering an NVSHMEM collective that never completes.
+// from rank 0), its settings chosen before its first call (the symmetric heap's size:
+// NVSHMEM_SYMMETRIC_SIZE, else ODC_NVSHMEM_HEAP_GIB; no NCCL communicator of its own; a 32 MiB
+// mapping step; each unless the user set it), the job's node boundaries, and never finalized by
+// odc (finalize is a collective that waits forever for a dead PE, and NVSHMEM cannot be
+// initialized twice). Invariant: every step that can fail on one rank is agreed through the
+// bootstrap, so all ranks fail together instead of some entering an NVSHMEM collective that never
+// completes.
 #pragma once
 
 #include <string>
