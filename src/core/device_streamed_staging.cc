@@ -28,24 +28,33 @@ int64_t timeout_ns(const Transport& transport) {
 
 }  // namespace
 
-Result<std::unique_ptr<StreamedStaging>> DeviceStreamedStaging::create(Transport& transport,
-                                                                       size_t budget_bytes) {
-  const int world_size = transport.world_size();
+Result<RingGeometry> DeviceStreamedStaging::geometry_for(size_t budget_bytes, int world_size) {
   auto geometry = RingGeometry::for_budget(budget_bytes, world_size, kMaxDeviceChunkPayloadBytes);
   if (!geometry.ok()) return geometry.status();
   RingGeometry g = geometry.value();
   // The outbox and the counters come out of the same budget: shallower rings where needed.
-  while (g.total_bytes(world_size) + extra_bytes(g, world_size) > budget_bytes && g.depth > 1) {
-    --g.depth;
-  }
-  if (g.total_bytes(world_size) + extra_bytes(g, world_size) > budget_bytes) {
+  while (bytes_for(g, world_size) > budget_bytes && g.depth > 1) --g.depth;
+  if (bytes_for(g, world_size) > budget_bytes) {
     return Status::InvalidArgument(
         "staging budget of " + std::to_string(budget_bytes) + " bytes is too small for " +
         std::to_string(world_size) + " ranks on a device transport: one slot per sender, the " +
         "signals, the outbox and the fold's counters need " +
-        std::to_string(g.total_bytes(world_size) + extra_bytes(g, world_size)) +
+        std::to_string(bytes_for(g, world_size)) +
         " bytes (raise ODC_STAGING_BYTES or the config's staging_bytes)");
   }
+  return g;
+}
+
+size_t DeviceStreamedStaging::bytes_for(const RingGeometry& geometry, int world_size) {
+  return geometry.total_bytes(world_size) + extra_bytes(geometry, world_size);
+}
+
+Result<std::unique_ptr<StreamedStaging>> DeviceStreamedStaging::create(Transport& transport,
+                                                                       size_t budget_bytes) {
+  const int world_size = transport.world_size();
+  auto geometry = geometry_for(budget_bytes, world_size);
+  if (!geometry.ok()) return geometry.status();
+  const RingGeometry g = geometry.value();
   size_t sizes[kNumRegions];
   sizes[kRings] = g.ring_bytes() * static_cast<size_t>(world_size);
   for (Region signals : {kArrivals, kCredits, kEndSequences, kEndMarks, kMeetings}) {

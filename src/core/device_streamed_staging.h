@@ -34,6 +34,12 @@ class DeviceStreamedStaging final : public StreamedStaging {
  public:
   // Collective (every rank, same budget).
   static Result<std::unique_ptr<StreamedStaging>> create(Transport& transport, size_t budget_bytes);
+  // The rings create() cuts from `budget_bytes` for `world_size` ranks: RingGeometry's cut with
+  // payloads up to kMaxDeviceChunkPayloadBytes, shallower where the outbox slot and the fold's
+  // words must fit too; InvalidArgument naming the least that works when nothing does.
+  static Result<RingGeometry> geometry_for(size_t budget_bytes, int world_size);
+  // What create() allocates per rank for that geometry (rings, signals, fold words, outbox).
+  static size_t bytes_for(const RingGeometry& geometry, int world_size);
 
   size_t allocated_bytes() const override;
   Result<uint64_t> credit_waits() const override;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/communicator.h"
+#include "core/device_streamed_staging.h"
 #include "protocol_harness.h"
 #include "transport/fault/fault_transport.h"
 #include "transport/mem/mem_transport.h"
@@ -675,16 +676,48 @@ TEST(Memory, StagingBudgetTooSmallForTheWorldIsNamed) {
   ASSERT_TRUE(big.ok());
   EXPECT_EQ(big.value().payload_bytes(), kMaxChunkPayloadBytes);
   EXPECT_LE(big.value().total_bytes(2), kDefaultStagingBytes);
-  // Device transports: 4 MiB payloads, 16 deep, within the budget (128 MiB of 256 at 2 ranks).
-  auto device = RingGeometry::for_budget(kDefaultStagingBytes, 2, kMaxDeviceChunkPayloadBytes);
-  ASSERT_TRUE(device.ok());
-  EXPECT_EQ(device.value().payload_bytes(), kMaxDeviceChunkPayloadBytes);
-  EXPECT_EQ(device.value().depth, 16u);
-  EXPECT_LE(device.value().total_bytes(2), kDefaultStagingBytes);
   auto wide = RingGeometry::for_budget(kDefaultStagingBytes, 16384);
   ASSERT_TRUE(wide.ok());
   EXPECT_GE(wide.value().depth, 2u);
   EXPECT_LE(wide.value().total_bytes(16384), kDefaultStagingBytes);
+}
+
+// The device transports' rings at the default budget, as docs/runtime.md ("streamed") lists
+// them: 4 MiB payloads up to 8 ranks, 16 slots per sender at 2 and 3 ranks, then shallower as the
+// outbox slot and the fold's words come out of the same budget, never below 7 from 7 ranks up,
+// and never beyond the budget (what DeviceStreamedStaging::create allocates).
+TEST(Memory, DeviceRingsAtTheDefaultBudget) {
+  const size_t mib = size_t{1} << 20;
+  struct Want {
+    int world;
+    size_t depth;
+  };
+  for (Want want : {Want{2, 16}, Want{3, 16}, Want{4, 15}, Want{5, 12}, Want{6, 10}, Want{7, 8}}) {
+    auto g = DeviceStreamedStaging::geometry_for(kDefaultStagingBytes, want.world);
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    EXPECT_EQ(g.value().payload_bytes(), kMaxDeviceChunkPayloadBytes) << want.world << " ranks";
+    EXPECT_EQ(g.value().depth, want.depth) << want.world << " ranks";
+    EXPECT_LE(DeviceStreamedStaging::bytes_for(g.value(), want.world), kDefaultStagingBytes);
+  }
+  EXPECT_EQ(DeviceStreamedStaging::bytes_for(
+                DeviceStreamedStaging::geometry_for(kDefaultStagingBytes, 2).value(), 2) /
+                mib,
+            132u);  // docs/multinode.md: 132 MiB at 2 ranks
+  for (int world : {8, 16, 32, 64, 256, 16384}) {
+    auto g = DeviceStreamedStaging::geometry_for(kDefaultStagingBytes, world);
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    EXPECT_GE(g.value().depth, world <= 256 ? 7u : 2u) << world << " ranks";
+    EXPECT_LE(g.value().payload_bytes(), kMaxDeviceChunkPayloadBytes);
+    EXPECT_GT(g.value().payload_bytes(), (world <= 8 ? 3 : 0) * mib) << world << " ranks";
+    EXPECT_LE(DeviceStreamedStaging::bytes_for(g.value(), world), kDefaultStagingBytes);
+  }
+  // Host transports keep 1 MiB payloads at 2 ranks.
+  auto host = RingGeometry::for_budget(kDefaultStagingBytes, 2);
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(host.value().payload_bytes(), kMaxChunkPayloadBytes);
+  auto tiny = DeviceStreamedStaging::geometry_for(1024, 8);
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("ODC_STAGING_BYTES"), std::string::npos);
 }
 
 // Sums kept across minibatches (odc.torch's gradient accumulation until zero_grad): on every

@@ -26,6 +26,9 @@ ODC_ENV_DOUBLE(local_world_size_knob, "ODC_LOCAL_WORLD_SIZE", 0.0)
 
 namespace {
 
+// NVSHMEM_CUMEM_GRANULARITY odc sets (32 MiB, as NVSHMEM reads it: bytes); see step 0.
+constexpr const char* kHeapMappingStepBytes = "33554432";
+
 // What this process's NVSHMEM was initialized as; later communicators must match it.
 struct ProcessNvshmem {
   std::mutex mutex;
@@ -46,9 +49,10 @@ ProcessNvshmem& process_nvshmem() {
 // reads them from the environment once, at its first call, which on rank 0 is
 // nvshmemx_get_uniqueid (set after it, rank 0's NVSHMEM_INFO still showed the default heap size).
 //   NVSHMEM_SYMMETRIC_SIZE   the user's, else ODC_NVSHMEM_HEAP_GIB (docs/multinode.md);
-//   NVSHMEM_DISABLE_NCCL=1   odc calls none of NVSHMEM's collectives, and the NCCL communicator
-//                            NVSHMEM opens at init for them holds about 1.5 GiB per GPU
-//                            (measured: docs/benchmarks.md, nineteenth round);
+//   NVSHMEM_DISABLE_NCCL=1   odc calls none of NVSHMEM's host collectives (its only collective
+//                            calls are nvshmem_malloc and nvshmem_free), and the NCCL
+//                            communicator NVSHMEM opens at init for them holds about 1.5 GiB
+//                            per GPU (measured: docs/benchmarks.md, nineteenth round);
 //   NVSHMEM_CUMEM_GRANULARITY=32 MiB  NVSHMEM maps its heap in steps of this size (default
 //                            512 MiB), so up to a step beyond what odc allocated is held.
 Status configure_process_nvshmem(ProcessNvshmem& process) {
@@ -62,7 +66,7 @@ Status configure_process_nvshmem(ProcessNvshmem& process) {
   }
   // overwrite = 0: a value the user set stays.
   ODC_SYSCHECK(setenv("NVSHMEM_DISABLE_NCCL", "1", 0), "setenv(NVSHMEM_DISABLE_NCCL)");
-  ODC_SYSCHECK(setenv("NVSHMEM_CUMEM_GRANULARITY", "33554432", 0),
+  ODC_SYSCHECK(setenv("NVSHMEM_CUMEM_GRANULARITY", kHeapMappingStepBytes, 0),
                "setenv(NVSHMEM_CUMEM_GRANULARITY)");
   return Status::Ok();
 }
