@@ -15,27 +15,13 @@ the stage that drives it compares NVSHMEM variants and the CUDA transport on the
 
 import json
 import os
-import subprocess
 import sys
 
 import torch
 import torch.distributed as dist
+from streamed_check import _used_mib  # this folder: nvidia-smi's memory of one process
 
 MIB = 1 << 20
-
-
-def _driver_mib() -> int:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    for line in out.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if fields and fields[0] == str(os.getpid()):
-            return int(fields[1])
-    return -1
 
 
 def main() -> int:
@@ -52,7 +38,7 @@ def main() -> int:
         rows.append(
             {
                 "step": name,
-                "driver_mib": _driver_mib(),
+                "driver_mib": _used_mib(os.getpid()),
                 "torch_reserved_mib": torch.cuda.memory_reserved() // MIB,
             }
         )
