@@ -241,6 +241,8 @@ Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opt
       }) {}
 
 Communicator::~Communicator() {
+  // First: from here on the progress thread leaves this communicator alone.
+  if (served_by_progress_) HostProgress::instance().remove(this);
   // Unlinked first: from here on a failure of the parent no longer reaches this one.
   if (siblings_ != nullptr) {
     std::lock_guard<std::mutex> lock(siblings_->mutex);
@@ -273,6 +275,7 @@ Communicator::~Communicator() {
 }
 
 Communicator::Memory Communicator::memory() const {
+  const CallLock call(call_mutex_);
   Memory memory;
   for (const auto& [handle, buffer] : buffers_) {
     memory.buffer_bytes += buffer->data->bytes();
@@ -286,6 +289,7 @@ Communicator::Memory Communicator::memory() const {
 }
 
 bool Communicator::owns(const Buffer* buffer) const {
+  const CallLock call(call_mutex_);
   return buffers_.count(buffer) != 0;
 }
 
@@ -306,12 +310,15 @@ Status Communicator::finish(const char* operation, Status status) {
 void Communicator::fail_children() {
   std::lock_guard<std::mutex> lock(children_->mutex);
   for (Communicator* child : children_->live) {
+    // Its lock: the progress thread may be folding for it (never for long: it does not wait).
+    const CallLock child_call(child->call_mutex_);
     // Its peers, waiting on this rank in the sub-communicator, end naming it and why.
     (void)child->finish("the communicator it was split from failed", Status::RemoteError(failure_));
   }
 }
 
 void Communicator::abort(const std::string& reason) {
+  const CallLock call(call_mutex_);
   // A fault by construction: finish() fails the communicator and tells the transport and the
   // bootstrap, whose peers then name this rank and the reason instead of waiting out a timeout.
   (void)finish("aborted by the caller",
@@ -339,6 +346,7 @@ Status Communicator::check_buffer(const char* operation, const Buffer* buffer) c
 
 Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumulator,
                                        const std::string& name, bool published) {
+  const CallLock call(call_mutex_);
   const char* op = "alloc";
   ODC_RETURN_IF_ERROR(usable(op));
   ODC_RETURN_IF_ERROR(finish(op, check_name(name)));
@@ -449,6 +457,7 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
 }
 
 Status Communicator::agree_on_topology() {
+  const CallLock call(call_mutex_);
   if (topology_ != nullptr) return Status::Ok();
   ODC_RETURN_IF_ERROR(usable("topology"));
   auto topology = agree_topology(*transport_, ranks_per_node_);
@@ -491,8 +500,17 @@ Status Communicator::create_staging() {
     routes_ = std::make_unique<NodeRoutes>(NodeRoutes::of(*topology_, rank()));
     staging_->set_routes(*routes_, node.front(), node.back() + 1);
   }
+  // Host folds run inside this rank's calls, and in the progress thread while none runs (a
+  // device fold runs on the stream, design.md's progress rule there: docs/runtime.md).
+  if (!transport_->caps().stream_ordered) {
+    HostProgress::instance().add(this);
+    served_by_progress_ = true;
+  }
   // Made inside a minibatch (an accumulator allocated there): that minibatch is open for it too.
-  if (state_ == CommState::kInMinibatch) staging_->begin(minibatch_);
+  if (state_ == CommState::kInMinibatch) {
+    staging_->begin(minibatch_);
+    if (served_by_progress_) HostProgress::instance().wake();
+  }
   return Status::Ok();
 }
 
@@ -578,6 +596,7 @@ Result<float*> Communicator::fold_destination(uint64_t target_id, size_t first,
 }
 
 Status Communicator::keep_sums(Buffer* buffer) {
+  const CallLock call(call_mutex_);
   const char* op = "keep_sums";
   ODC_RETURN_IF_ERROR(check_buffer(op, buffer));
   ODC_RETURN_IF_ERROR(usable(op));
@@ -594,6 +613,7 @@ Status Communicator::keep_sums(Buffer* buffer) {
 }
 
 Status Communicator::release(Buffer* buffer) {
+  const CallLock call(call_mutex_);
   const char* op = "free";
   ODC_RETURN_IF_ERROR(check_buffer(op, buffer));
   if (state_ == CommState::kFailed) {
@@ -627,6 +647,7 @@ Status Communicator::release(Buffer* buffer) {
 
 Status Communicator::gather(void* dst, size_t dst_count, const Buffer* buffer,
                             StreamHandle stream) {
+  const CallLock call(call_mutex_);
   // The handle is checked before its dtype is read: a freed or foreign one is never dereferenced.
   ODC_RETURN_IF_ERROR(usable("gather"));
   ODC_RETURN_IF_ERROR(check_buffer("gather", buffer));
@@ -635,6 +656,7 @@ Status Communicator::gather(void* dst, size_t dst_count, const Buffer* buffer,
 
 Status Communicator::gather_as(void* dst, size_t dst_count, DataType dst_dtype,
                                const Buffer* buffer, StreamHandle stream) {
+  const CallLock call(call_mutex_);
   const char* op = "gather";
   ODC_RETURN_IF_ERROR(usable(op));
   ODC_RETURN_IF_ERROR(check_buffer(op, buffer));
@@ -676,6 +698,7 @@ Status Communicator::gather_as(void* dst, size_t dst_count, DataType dst_dtype,
 
 Status Communicator::scatter_accumulate(const void* src, size_t src_count, DataType src_dtype,
                                         Buffer* accumulator, StreamHandle stream) {
+  const CallLock call(call_mutex_);
   const char* op = "scatter_accumulate";
   ODC_RETURN_IF_ERROR(usable(op));
   ODC_RETURN_IF_ERROR(check_buffer(op, accumulator));
@@ -728,6 +751,7 @@ std::vector<Buffer*> Communicator::accumulators() const {
 }
 
 Status Communicator::minibatch_begin(StreamHandle stream) {
+  const CallLock call(call_mutex_);
   const char* op = "minibatch_begin";
   ODC_RETURN_IF_ERROR(usable(op));
   if (state_ == CommState::kInMinibatch) {
@@ -780,10 +804,12 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
   if (node_cache_ != nullptr) ODC_RETURN_IF_ERROR(finish(op, as_fault(node_cache_->begin(stream))));
   ++minibatch_;
   state_ = CommState::kInMinibatch;
+  if (served_by_progress_) HostProgress::instance().wake();
   return Status::Ok();
 }
 
 Status Communicator::minibatch_end(StreamHandle stream) {
+  const CallLock call(call_mutex_);
   const char* op = "minibatch_end";
   ODC_RETURN_IF_ERROR(usable(op));
   if (state_ != CommState::kInMinibatch) {
@@ -836,9 +862,19 @@ Status Communicator::pull_slices(const std::vector<Buffer*>& accs, StreamHandle 
 }
 
 Status Communicator::poll_error() {
+  const CallLock call(call_mutex_);
   const char* op = "poll_error";
   ODC_RETURN_IF_ERROR(usable(op));
   return finish(op, transport_->poll_error());
+}
+
+bool Communicator::serve_waiting_senders() {
+  std::unique_lock<std::recursive_mutex> call(call_mutex_, std::try_to_lock);
+  // A call of this communicator runs: it folds for hungry senders itself while it waits.
+  if (!call.owns_lock()) return true;
+  if (state_ != CommState::kInMinibatch || staging_ == nullptr) return false;
+  staging_->serve_hungry();
+  return true;
 }
 
 Status Communicator::meet_inside_minibatch(const char* operation, StreamHandle stream) {
@@ -859,6 +895,7 @@ Status Communicator::meet_inside_minibatch(const char* operation, StreamHandle s
 }
 
 Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
+  const CallLock call(call_mutex_);
   const char* op = "split";
   ODC_RETURN_IF_ERROR(usable(op));
   if (color < 0) color = kSplitNoColor;
@@ -925,6 +962,7 @@ Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
 }
 
 Status Communicator::barrier(StreamHandle stream) {
+  const CallLock call(call_mutex_);
   const char* op = "barrier";
   ODC_RETURN_IF_ERROR(usable(op));
   ODC_RETURN_IF_ERROR(finish(op, transport_->poll_error()));

@@ -28,6 +28,7 @@
 #include "bootstrap/bootstrap.h"
 #include "common/status.h"
 #include "core/dtype.h"
+#include "core/host_progress.h"
 #include "core/node_gather_cache.h"
 #include "core/streamed_staging.h"
 #include "core/topology.h"
@@ -131,7 +132,11 @@ enum class CommState {
   kFailed,       // a peer died, a wait timed out, or ranks disagreed: unusable
 };
 
-class Communicator {
+// One thread calls a communicator at a time (the C API refuses a second); its calls hold
+// call_mutex_, which host-streamed communicators share with the process's progress thread
+// (core/host_progress.h): while no call of this communicator runs, that thread folds for the
+// senders waiting on this rank, wherever this rank's thread waits (design.md's progress rule).
+class Communicator final : private ProgressClient {
  public:
   explicit Communicator(std::unique_ptr<Transport> transport, CommOptions options = {});
   ~Communicator();
@@ -247,6 +252,10 @@ class Communicator {
   std::vector<Buffer*> buffers_in_order() const;
   std::vector<Buffer*> accumulators() const;
 
+  // The progress thread (host-streamed staging): folds for hungry senders unless a call runs.
+  bool serve_waiting_senders() override;
+  using CallLock = std::lock_guard<std::recursive_mutex>;
+
   // The sub-communicators split from a communicator and alive on this rank: its failure fails
   // them. Shared with them, so that either side may be destroyed first.
   struct SplitChildren {
@@ -256,6 +265,10 @@ class Communicator {
   // Fails every live sub-communicator split from this one (after this one failed).
   void fail_children();
 
+  // Held by every public call (recursive: calls call each other) and by the progress thread
+  // while it serves this communicator.
+  mutable std::recursive_mutex call_mutex_;
+  bool served_by_progress_ = false;  // registered with HostProgress (host-streamed staging)
   std::unique_ptr<Transport> transport_;
   std::shared_ptr<Bootstrap> bootstrap_;
   std::string label_;  // label()

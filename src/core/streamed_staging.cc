@@ -39,12 +39,18 @@ size_t RingGeometry::total_bytes(int world_size) const {
   return world * ring_bytes() + kSignalWordsPerPeer * world * sizeof(uint64_t);
 }
 
+size_t RingGeometry::least_budget(int world_size) {
+  const auto world = static_cast<size_t>(world_size);
+  return kSignalWordsPerPeer * world * sizeof(uint64_t) +
+         world * (kChunkHeaderBytes + kMinChunkPayloadBytes);
+}
+
 Result<RingGeometry> RingGeometry::for_budget(size_t budget_bytes, int world_size,
                                               size_t max_payload_bytes) {
   const auto world = static_cast<size_t>(world_size);
   const size_t signal_bytes = kSignalWordsPerPeer * world * sizeof(uint64_t);
   const size_t min_slot = kChunkHeaderBytes + kMinChunkPayloadBytes;
-  const size_t least = signal_bytes + world * min_slot;
+  const size_t least = least_budget(world_size);
   if (budget_bytes < least) {
     return Status::InvalidArgument(
         "staging budget of " + std::to_string(budget_bytes) + " bytes is too small for " +
@@ -385,6 +391,7 @@ Status HostStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t f
 Status HostStreamedStaging::poll_serving_hunger(std::vector<SignalWatch> watches, size_t num_all,
                                                 std::chrono::duration<double> limit,
                                                 std::vector<uint64_t>* seen) {
+  ODC_RETURN_IF_ERROR(served_failure_);
   // Also wake for every sender still sending whose ring here is full: it waits for our folds.
   const size_t first_hunger = watches.size();
   for (int s = 0; s < world_size_; ++s) {
@@ -453,7 +460,18 @@ Status HostStreamedStaging::fold_arrived(StreamHandle) {
   return fold_arrived();
 }
 
+void HostStreamedStaging::serve_hungry() {
+  if (!served_failure_.ok()) return;
+  std::vector<uint64_t> seen;
+  Status served = poll_serving_hunger({}, 0, std::chrono::duration<double>::zero(), &seen);
+  if (!served.ok()) {
+    served_failure_ = served.with_context(
+        "while its progress thread folded for a waiting sender (outside its calls)");
+  }
+}
+
 Status HostStreamedStaging::fold_arrived() {
+  ODC_RETURN_IF_ERROR(served_failure_);
   std::vector<SignalWatch> watches;
   for (int s = 0; s < world_size_; ++s) {
     if (s == rank_ || ended_[static_cast<size_t>(s)] != 0) continue;

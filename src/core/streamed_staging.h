@@ -92,6 +92,9 @@ struct RingGeometry {
   }
   // What the rings and signals of `world_size` ranks take per rank (<= the budget).
   size_t total_bytes(int world_size) const;
+  // The least budget for_budget() takes for `world_size` ranks (one slot of the smallest payload
+  // per sender, and the signals).
+  static size_t least_budget(int world_size);
   // InvalidArgument naming the budget, the world size and the least that works, when too small.
   // Payloads of at most `max_payload_bytes` (kMaxChunkPayloadBytes on the host,
   // kMaxDeviceChunkPayloadBytes on device transports).
@@ -148,6 +151,11 @@ class StreamedStaging {
               StreamHandle stream);
   // Never waits: folds every chunk that has arrived and returns credits.
   virtual Status fold_arrived(StreamHandle stream) = 0;
+  // Host folds, from the progress thread (core/host_progress.h) while no call of this rank's
+  // communicator runs: never waits; folds for the senders hungry here and returns their credit.
+  // A failure is kept and returned by this staging's next call (which fails the communicator).
+  // Device folds run on the caller's stream and need none.
+  virtual void serve_hungry() {}
   // minibatch_end: ends this rank's sequence at every other owner (with relays: at its node's
   // first, then forwards its relay rows, then at the other nodes'), then folds until every
   // sender's end of this minibatch arrived (bounded by the timeout).
@@ -268,6 +276,7 @@ class HostStreamedStaging final : public StreamedStaging {
   Status set_targets(const std::vector<kernels::FoldTarget>&) override { return Status::Ok(); }
   void begin(uint64_t minibatch) override;
   Status fold_arrived(StreamHandle stream) override;
+  void serve_hungry() override;
   Status meet(const char* operation, StreamHandle stream) override;
 
  protected:
@@ -316,6 +325,7 @@ class HostStreamedStaging final : public StreamedStaging {
   std::vector<char> ended_;                    // per sender: its end of this minibatch consumed
   uint64_t meetings_entered_ = 0;
   uint64_t credit_waits_ = 0;
+  Status served_failure_;  // serve_hungry()'s failure, returned by the next call
 };
 
 }  // namespace odc

@@ -114,10 +114,11 @@ def test_pack_chunk_keeps_global_positions_and_labels():
         pack_chunk(sample, [(5, 11)])
 
 
-def _train_outliers(tmp_path, *arguments):
+def _train_outliers(tmp_path, *arguments, env=None):
     """`odc.train` on 2 CPU ranks, tiny preset, over lengths whose two minibatches each hold an
-    outlier; returns (the results JSON's runs, stdout)."""
+    outlier; returns (the results JSON's runs, stdout). `env`: added to the environment."""
     import json
+    import os
     import subprocess
     import sys
 
@@ -130,7 +131,10 @@ def _train_outliers(tmp_path, *arguments):
         "--split", "auto", "--cost", "1,0.01,0", "--output", str(output), "--timeline", "",
         *arguments,
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(output.read_text()), result.stdout
 
@@ -155,6 +159,18 @@ def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
         assert run["losses"] == pytest.approx(runs[0]["losses"], rel=1e-5)
         # The members' split chunks are their first microbatch (timeline of the last minibatch).
         assert all(len(rank) >= 1 for rank in run["timeline"])
+
+
+def test_split_runs_at_the_least_staging_budget(tmp_path):
+    """design.md's progress rule: with rings of one 256-byte slot per sender (ODC_STAGING_BYTES=720
+    at 2 ranks, the least there is), one rank's gradient pushes wait for the other's credit while
+    that rank waits in the split's K/V exchange (a gloo subgroup, or odc's sub-communicator);
+    the owner's progress thread folds for it. Stalled for the whole timeout before."""
+    runs, _ = _train_outliers(
+        tmp_path, "--kv-exchange", "both", env={"ODC_STAGING_BYTES": "720"}
+    )
+    assert [(r["comm"], r["kv_exchange"]) for r in runs] == [("odc", "nccl"), ("odc", "odc")]
+    assert all(r["split_samples"] == 1 for r in runs)
 
 
 def test_default_kv_exchange_is_odc_for_odc_runs_on_a_flat_mesh(tmp_path):
