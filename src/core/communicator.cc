@@ -242,7 +242,7 @@ Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opt
 
 Communicator::~Communicator() {
   // First: from here on the progress thread leaves this communicator alone.
-  if (staging_ != nullptr) HostProgress::instance().remove(this);
+  if (served_by_progress_) HostProgress::instance().remove(this);
   // Unlinked first: from here on a failure of the parent no longer reaches this one.
   if (siblings_ != nullptr) {
     std::lock_guard<std::mutex> lock(siblings_->mutex);
@@ -500,13 +500,16 @@ Status Communicator::create_staging() {
     routes_ = std::make_unique<NodeRoutes>(NodeRoutes::of(*topology_, rank()));
     staging_->set_routes(*routes_, node.front(), node.back() + 1);
   }
-  // Folds run inside this rank's calls (host) or on its stream (device), and from the progress
-  // thread while no call runs, whatever this rank waits in (design.md's progress rule).
-  HostProgress::instance().add(this);
+  // Host folds run inside this rank's calls, and in the progress thread while none runs (a
+  // device fold runs on the stream, design.md's progress rule there: docs/runtime.md).
+  if (!transport_->caps().stream_ordered) {
+    HostProgress::instance().add(this);
+    served_by_progress_ = true;
+  }
   // Made inside a minibatch (an accumulator allocated there): that minibatch is open for it too.
   if (state_ == CommState::kInMinibatch) {
-    ODC_RETURN_IF_ERROR(staging_->begin(minibatch_, nullptr));
-    HostProgress::instance().wake();
+    staging_->begin(minibatch_);
+    if (served_by_progress_) HostProgress::instance().wake();
   }
   return Status::Ok();
 }
@@ -792,8 +795,7 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
             finish(op, transport_->zero(acc->relay->local(), acc->relay->bytes(), stream)));
       }
     }
-    if (staging_ != nullptr)
-      ODC_RETURN_IF_ERROR(finish(op, staging_->begin(minibatch_ + 1, stream)));
+    if (staging_ != nullptr) staging_->begin(minibatch_ + 1);
   }
   // From here to minibatch_end no owner rewrites a published buffer (its allocation says so):
   // the node cache fetches their remote shards once per node for the whole minibatch. Other
@@ -802,7 +804,7 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
   if (node_cache_ != nullptr) ODC_RETURN_IF_ERROR(finish(op, as_fault(node_cache_->begin(stream))));
   ++minibatch_;
   state_ = CommState::kInMinibatch;
-  if (staging_ != nullptr) HostProgress::instance().wake();
+  if (served_by_progress_) HostProgress::instance().wake();
   return Status::Ok();
 }
 
@@ -871,7 +873,7 @@ bool Communicator::serve_waiting_senders() {
   // A call of this communicator runs: it folds for hungry senders itself while it waits.
   if (!call.owns_lock()) return true;
   if (state_ != CommState::kInMinibatch || staging_ == nullptr) return false;
-  staging_->progress();
+  staging_->serve_hungry();
   return true;
 }
 

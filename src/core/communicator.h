@@ -132,11 +132,10 @@ enum class CommState {
   kFailed,       // a peer died, a wait timed out, or ranks disagreed: unusable
 };
 
-// One thread calls a communicator at a time; its calls hold call_mutex_, which streamed
-// communicators (once their staging exists) share with the process's progress thread
+// One thread calls a communicator at a time (the C API refuses a second); its calls hold
+// call_mutex_, which host-streamed communicators share with the process's progress thread
 // (core/host_progress.h): while no call of this communicator runs, that thread folds for the
-// senders waiting on this rank, wherever this rank's thread (or its stream) waits (design.md's
-// progress rule).
+// senders waiting on this rank, wherever this rank's thread waits (design.md's progress rule).
 class Communicator final : private ProgressClient {
  public:
   explicit Communicator(std::unique_ptr<Transport> transport, CommOptions options = {});
@@ -253,7 +252,7 @@ class Communicator final : private ProgressClient {
   std::vector<Buffer*> buffers_in_order() const;
   std::vector<Buffer*> accumulators() const;
 
-  // The progress thread (streamed staging): StreamedStaging::progress() unless a call runs.
+  // The progress thread (host-streamed staging): folds for hungry senders unless a call runs.
   bool serve_waiting_senders() override;
   using CallLock = std::lock_guard<std::recursive_mutex>;
 
@@ -269,6 +268,7 @@ class Communicator final : private ProgressClient {
   // Held by every public call (recursive: calls call each other) and by the progress thread
   // while it serves this communicator.
   mutable std::recursive_mutex call_mutex_;
+  bool served_by_progress_ = false;  // registered with HostProgress (host-streamed staging)
   std::unique_ptr<Transport> transport_;
   std::shared_ptr<Bootstrap> bootstrap_;
   std::string label_;  // label()

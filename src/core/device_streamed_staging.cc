@@ -102,9 +102,9 @@ Status DeviceStreamedStaging::set_targets(const std::vector<kernels::FoldTarget>
   return Status::Ok();
 }
 
-kernels::StreamedFold DeviceStreamedStaging::fold_of(kernels::FoldUntil until, int peer,
-                                                     uint64_t value, int ends_from,
-                                                     int ends_to) const {
+Status DeviceStreamedStaging::fold(kernels::FoldUntil until, int peer, uint64_t value,
+                                   StreamHandle stream, int ends_from, int ends_to) {
+  if (world_size_ < 2) return Status::Ok();  // no sender but itself: nothing ever arrives
   kernels::StreamedFold f;
   f.rings = static_cast<const char*>(region(kRings).local());
   f.slot_bytes = geometry_.slot_bytes;
@@ -130,36 +130,7 @@ kernels::StreamedFold DeviceStreamedStaging::fold_of(kernels::FoldUntil until, i
   f.timeout_ns = timeout_ns(transport_);
   f.num_targets = static_cast<int>(targets_.size());
   std::copy(targets_.begin(), targets_.end(), f.targets);
-  return f;
-}
-
-Status DeviceStreamedStaging::fold(kernels::FoldUntil until, int peer, uint64_t value,
-                                   StreamHandle stream, int ends_from, int ends_to) {
-  ODC_RETURN_IF_ERROR(progress_failure_);
-  if (world_size_ < 2) return Status::Ok();  // no sender but itself: nothing ever arrives
-  return transport_.fold_streamed(fold_of(until, peer, value, ends_from, ends_to), stream);
-}
-
-Status DeviceStreamedStaging::begin(uint64_t minibatch, StreamHandle stream) {
-  minibatch_ = minibatch;
-  // The progress thread's passes fold into sums the caller zeroed on `stream`: after it.
-  auto background = transport_.fork_background(stream);
-  if (!background.ok()) return background.status();
-  progress_stream_ = background.value();
-  return Status::Ok();
-}
-
-void DeviceStreamedStaging::progress() {
-  if (!progress_failure_.ok() || world_size_ < 2) return;
-  // One pass over what has arrived, on the background stream: it runs whatever the caller's
-  // stream waits in (a collective, a long kernel), so senders waiting for this rank's credit
-  // move on. Skipped while the last pass has not run yet.
-  auto enqueued =
-      transport_.fold_streamed_if_idle(fold_of(kernels::FoldUntil::kOnce, 0, 0), progress_stream_);
-  if (!enqueued.ok()) {
-    progress_failure_ = enqueued.status().with_context(
-        "while its progress thread enqueued a fold (outside its calls)");
-  }
+  return transport_.fold_streamed(f, stream);
 }
 
 Status DeviceStreamedStaging::add_local(uint64_t target_id, uint64_t first, const void* data,
@@ -213,8 +184,6 @@ Status DeviceStreamedStaging::end_at(int owner, StreamHandle stream) {
 }
 
 Status DeviceStreamedStaging::wait_ends(int from, int to, StreamHandle stream) {
-  // The progress thread's passes of this minibatch end before the sums are read or zeroed again.
-  ODC_RETURN_IF_ERROR(transport_.join_background(stream));
   return fold(kernels::FoldUntil::kEnds, 0, minibatch_, stream, from, to);
 }
 

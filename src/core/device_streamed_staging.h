@@ -44,11 +44,8 @@ class DeviceStreamedStaging final : public StreamedStaging {
   size_t allocated_bytes() const override;
   Result<uint64_t> credit_waits() const override;
   Status set_targets(const std::vector<kernels::FoldTarget>& targets) override;
-  // Also orders the background stream (where the progress thread's passes run) after the
-  // caller's zeroing of the sums.
-  Status begin(uint64_t minibatch, StreamHandle stream) override;
+  void begin(uint64_t minibatch) override { minibatch_ = minibatch; }
   Status fold_arrived(StreamHandle stream) override;
-  void progress() override;
   Status meet(const char* operation, StreamHandle stream) override;
 
  protected:
@@ -57,8 +54,7 @@ class DeviceStreamedStaging final : public StreamedStaging {
   Status add_local(uint64_t target_id, uint64_t first, const void* data, DataType dtype,
                    size_t count, StreamHandle stream) override;
   Status end_at(int owner, StreamHandle stream) override;
-  // One fold until the ends of [from, to) are consumed (earlier consumed ones count), after the
-  // progress thread's passes so far (none of this minibatch runs past minibatch_end).
+  // One fold until the ends of [from, to) are consumed (earlier consumed ones count).
   Status wait_ends(int from, int to, StreamHandle stream) override;
 
  private:
@@ -80,9 +76,6 @@ class DeviceStreamedStaging final : public StreamedStaging {
   uint64_t* words(Region which) const { return static_cast<uint64_t*>(regions_[which]->local()); }
   // A fold of this rank's rings until `until` (peer, value and the senders whose ends kEnds
   // awaits as kernels::StreamedFold says).
-  kernels::StreamedFold fold_of(kernels::FoldUntil until, int peer, uint64_t value,
-                                int ends_from = 0, int ends_to = 0) const;
-  // That fold enqueued on `stream`.
   Status fold(kernels::FoldUntil until, int peer, uint64_t value, StreamHandle stream,
               int ends_from = 0, int ends_to = 0);
 
@@ -91,8 +84,6 @@ class DeviceStreamedStaging final : public StreamedStaging {
   std::vector<kernels::FoldTarget> targets_;
   std::vector<uint64_t> sent_;  // per owner: the last sequence used there (chunk or end)
   uint64_t meetings_entered_ = 0;
-  // The background stream of the open minibatch (begin()): the progress thread's passes.
-  StreamHandle progress_stream_ = nullptr;
 };
 
 }  // namespace odc

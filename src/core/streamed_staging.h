@@ -141,9 +141,8 @@ class StreamedStaging {
   // Local: the accumulators a device fold adds into (every live one and their relay rows; host
   // folds ignore it).
   virtual Status set_targets(const std::vector<kernels::FoldTarget>& targets) = 0;
-  // Local: minibatch `minibatch` is open (every rank passed its opening barrier, and this rank
-  // zeroed its sums on `stream`).
-  virtual Status begin(uint64_t minibatch, StreamHandle stream) = 0;
+  // Local: minibatch `minibatch` is open (every rank passed its opening barrier).
+  virtual void begin(uint64_t minibatch) = 0;
   // For every owner r: `src` elements [r*count, (r+1)*count) (fp32 or bf16) added into owner r's
   // sums of `buffer_id` (this rank's own slice directly; a relayed accumulator's slices for other
   // nodes through the rank of this node that carries their owner). Waits for credit where a ring
@@ -152,12 +151,11 @@ class StreamedStaging {
               StreamHandle stream);
   // Never waits: folds every chunk that has arrived and returns credits.
   virtual Status fold_arrived(StreamHandle stream) = 0;
-  // From the progress thread (core/host_progress.h), while a minibatch is open and no call of
-  // this rank's communicator runs; never waits. Host: folds for the senders hungry here and
-  // returns their credit. Device: enqueues one pass of the fold on the background stream (unless
-  // the last one still runs), which runs whatever the caller's stream is blocked in. A failure
-  // is kept and returned by this staging's next call (which fails the communicator).
-  virtual void progress() = 0;
+  // Host folds, from the progress thread (core/host_progress.h) while no call of this rank's
+  // communicator runs: never waits; folds for the senders hungry here and returns their credit.
+  // A failure is kept and returned by this staging's next call (which fails the communicator).
+  // Device folds run on the caller's stream and need none.
+  virtual void serve_hungry() {}
   // minibatch_end: ends this rank's sequence at every other owner (with relays: at its node's
   // first, then forwards its relay rows, then at the other nodes'), then folds until every
   // sender's end of this minibatch arrived (bounded by the timeout).
@@ -236,7 +234,6 @@ class StreamedStaging {
   const int world_size_;
   uint64_t minibatch_ = 0;  // the open minibatch (begin())
   uint64_t chunks_sent_ = 0;
-  Status progress_failure_;  // progress()'s failure, returned by the next call
 
  private:
   // Early forwarding: the fp32 elements of a piece (one chunk's payload), and a piece's place.
@@ -277,9 +274,9 @@ class HostStreamedStaging final : public StreamedStaging {
   size_t allocated_bytes() const override;
   Result<uint64_t> credit_waits() const override { return credit_waits_; }
   Status set_targets(const std::vector<kernels::FoldTarget>&) override { return Status::Ok(); }
-  Status begin(uint64_t minibatch, StreamHandle stream) override;
+  void begin(uint64_t minibatch) override;
   Status fold_arrived(StreamHandle stream) override;
-  void progress() override;
+  void serve_hungry() override;
   Status meet(const char* operation, StreamHandle stream) override;
 
  protected:
@@ -328,6 +325,7 @@ class HostStreamedStaging final : public StreamedStaging {
   std::vector<char> ended_;                    // per sender: its end of this minibatch consumed
   uint64_t meetings_entered_ = 0;
   uint64_t credit_waits_ = 0;
+  Status served_failure_;  // serve_hungry()'s failure, returned by the next call
 };
 
 }  // namespace odc

@@ -102,12 +102,6 @@ class FaultTransport final : public Transport {
     ODC_RETURN_IF_ERROR(release_held());
     return inner_->poll_signals(watches, num_all, limit, seen);
   }
-  // The progress thread's folds, forwarded without counting: they run when the timing says.
-  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
-                                     StreamHandle stream) override {
-    if (dead_) return Status::RemoteError("this rank died earlier (injected)");
-    return inner_->fold_streamed_if_idle(fold, stream);
-  }
   // The background stream, forwarded without counting (host transports: the caller's).
   Result<StreamHandle> fork_background(StreamHandle stream) override {
     return inner_->fork_background(stream);

@@ -211,12 +211,6 @@ class MemTransport final : public Transport {
     if (!caps().stream_ordered) return Transport::fold_streamed(fold, stream);
     return HostFold(*this, fold).run();
   }
-  // Emulated folds run on the calling thread and are done on return: never busy.
-  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
-                                     StreamHandle stream) override {
-    ODC_RETURN_IF_ERROR(fold_streamed(fold, stream));
-    return true;
-  }
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
                     StreamHandle stream) override {
     if (!caps().stream_ordered) return Transport::pack_chunk(dst, header, src, bytes, stream);
