@@ -82,6 +82,63 @@ def test_nvshmem_streamed_rings_wrap_on_a_tiny_budget(nvshmem, monkeypatch, worl
     assert results == [6] * world_size
 
 
+def _owner_stream_busy_rank(rank, world_size, key, sleep_seconds, timeout):
+    """Rank 1's stream sleeps (a long kernel: the stand-in for a collective that waits for a peer)
+    before its push, for 3x the communicator's timeout; rank 0 pushes 128 KiB slices at once,
+    four times its ring at rank 1 (64 KiB budget), so it needs rank 1's folds all along. Checks
+    the sums; returns the seconds this rank's push took on its stream."""
+    import torch
+
+    gpu = rank % torch.cuda.device_count()
+    torch.cuda.set_device(gpu)
+    count = 1 << 15
+    calibration = 10**8  # cycles of torch.cuda._sleep, timed once for this GPU's clock
+    started = time.perf_counter()
+    torch.cuda._sleep(calibration)
+    torch.cuda.synchronize()
+    clock_hz = calibration / (time.perf_counter() - started)
+    with odc.Comm(rank, world_size, key, timeout=timeout, device=gpu) as comm:
+        accumulator = comm.alloc(count, accumulator=True)
+        src = torch.full((world_size * count,), rank + 1.0, device="cuda")
+        torch.cuda.synchronize()
+        comm.minibatch_begin()
+        started = time.perf_counter()
+        if rank == 1:
+            torch.cuda._sleep(int(sleep_seconds * clock_hz))
+        comm.scatter_accumulate(src, accumulator)
+        pushed = torch.cuda.Event()
+        pushed.record()
+        pushed.synchronize()  # rank 0: its chunks all credited; rank 1: its sleep ended
+        push_seconds = time.perf_counter() - started
+        comm.minibatch_end()
+        torch.cuda.synchronize()
+        comm.poll_error()
+        sums = accumulator.tensor()
+        assert torch.equal(sums, torch.full_like(sums, world_size * (world_size + 1) / 2))
+        comm.barrier()
+        torch.cuda.synchronize()
+    return push_seconds
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue #41: the device has no progress path yet (docs/runtime.md, 'The progress rule "
+    "on the device'): the sender's credit wait expires while the owner's stream sleeps",
+)
+def test_nvshmem_pushes_progress_while_the_owners_stream_is_busy(nvshmem, monkeypatch):
+    """design.md's progress rule on the device: an owner folds only in the fold kernels its odc
+    calls enqueue on its stream; while that stream runs a long kernel (or waits in a collective) a
+    sender with a full ring can only wait, and its credit wait expires (the communicator fails:
+    `credit wait (scatter_accumulate) timed out`). Passes once the device has a progress path:
+    rank 0's push completes while rank 1's stream still sleeps, and every sum is exact."""
+    monkeypatch.setenv("ODC_STAGING_BYTES", "64K")
+    timeout = 3
+    seconds = odc.launch(_owner_stream_busy_rank, 2, 3 * timeout, timeout, timeout=120)
+    # The premise: rank 1's stream slept well past the timeout, so without the progress thread
+    # rank 0's credit wait would have expired (the launch raises then).
+    assert seconds[1] > 2 * timeout
+
+
 def test_nvshmem_deterministic_bitwise_identical(nvshmem):
     suite.test_deterministic_sums_bitwise_identical_under_random_delays()
 
