@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from .matrix import RunSpec, UsageError, run_matrix, usage_error
-from .numbers import finite_number, whole_number
+from .numbers import finite_number, option_type, whole_number
 
 PROG = "python -m odc.train"
 USAGE_ERROR = 2
@@ -43,20 +43,6 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
-def _option_type(parse):
-    """An argparse type from one of numbers.py's parsers (or _nonempty): its message in place of
-    argparse's 'invalid int value', after the option's name ('argument --steps: expected ...')."""
-
-    def convert(text):
-        try:
-            return parse(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    convert.__name__ = parse.__name__
-    return convert
-
-
 def _nonempty(text: str) -> str:
     """A path or value that must not be empty: '' would otherwise read as "not given"."""
     if not text:
@@ -64,9 +50,9 @@ def _nonempty(text: str) -> str:
     return text
 
 
-_COUNT = _option_type(whole_number)  # every integer option
-_NUMBER = _option_type(finite_number)  # every float option
-_TEXT = _option_type(_nonempty)  # paths and lists that have no meaning when empty
+_COUNT = option_type(whole_number)  # every integer option
+_NUMBER = option_type(finite_number)  # every float option
+_TEXT = option_type(_nonempty)  # paths and lists that have no meaning when empty
 
 
 def parse_args(argv):

@@ -2,12 +2,13 @@
 and in one place. Python's int() and float() also take '+5', '1_0', ' 5 ' and other scripts' digits
 ('٣'), and float() takes 'nan' and 'inf': none of them is a count or a setting someone meant, so
 each is refused with a message saying what was expected. Invariant: every integer option of
-odc.train and every count in its data files goes through `whole_number`, every float option through
-`finite_number`.
+odc.train (and odc.fit) and every count in its data files goes through `whole_number`, every float
+option through `finite_number`.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 
 # An optional minus (so that a negative value is refused by its range check, which names the
@@ -34,3 +35,18 @@ def finite_number(text: str) -> float:
     if value in (float("inf"), float("-inf")):
         raise ValueError(f"{text!r} is beyond the range of a float")
     return value
+
+
+def option_type(parse):
+    """An argparse `type` from `parse` (whole_number, finite_number or another that raises
+    ValueError): its message after the option's name ('argument --steps: expected a whole
+    number ...'), in place of argparse's "invalid int value"."""
+
+    def convert(text):
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
