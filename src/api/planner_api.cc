@@ -142,12 +142,12 @@ extern "C" odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
                                          ? odc::planner::MicrobatchMemory::kCap
                                          : odc::planner::MicrobatchMemory::kLbMicro;
     if (options->rank_speed != nullptr) {
-      // The header's contract: one speed per rank, checked by the planner. A count of 0 would
-      // reach it as no speeds at all, which it plans as uniform: refused here instead.
+      // The header's contract: one speed per rank, checked by the planner (with this message).
+      // A count of 0 would reach it as no speeds at all, which it plans as uniform: refused here.
       if (options->num_rank_speeds == 0) {
         return report(Status::InvalidArgument(
-            "odcPlanCreate: rank_speed is set but num_rank_speeds is 0: it must equal num_ranks (" +
-            std::to_string(options->num_ranks) + "), or rank_speed be NULL for uniform speeds"));
+            "rank_speed must have one entry per rank: got 0 for " +
+            std::to_string(options->num_ranks) + " ranks (rank_speed NULL: uniform speeds)"));
       }
       plan_options.rank_speed.assign(options->rank_speed,
                                      options->rank_speed + options->num_rank_speeds);

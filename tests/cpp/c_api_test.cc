@@ -86,8 +86,8 @@ TEST(CApi, RankSpeedIsCopiedAndChecked) {
   options.num_rank_speeds = 0;
   EXPECT_EQ(odcPlanCreate(lengths.data(), lengths.size(), &options, &plan), odcInvalidArgument);
   EXPECT_STREQ(odcGetLastError(),
-               "odcPlanCreate: rank_speed is set but num_rank_speeds is 0: it must equal "
-               "num_ranks (2), or rank_speed be NULL for uniform speeds");
+               "rank_speed must have one entry per rank: got 0 for 2 ranks (rank_speed NULL: "
+               "uniform speeds)");
   EXPECT_EQ(plan, nullptr);
   options.num_rank_speeds = 2;
   EXPECT_EQ(odcPlanCreate(lengths.data(), lengths.size(), &options, &plan), odcInvalidArgument);
