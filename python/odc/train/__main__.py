@@ -448,8 +448,8 @@ def _check_samples(args, cost, lengths) -> None:
         return
     a, b, c, floor = cost
     total = 0.0
-    for index, length in enumerate(lengths):
-        total += max(floor, c + a * length + b * float(length) ** 2)
+    for index, length in enumerate(lengths):  # summed as the planner sums it (plan.cc)
+        total += a * length + b * float(length) * length + c + floor
         if not math.isfinite(total):
             usage_error(
                 f"--cost {args.cost} overflows: the samples' cost is infinite by sample {index} "
