@@ -23,17 +23,26 @@ def draw_from_stdin(
     if not 1 <= len(argv) <= 2:
         print(f"usage: {usage}", file=sys.stderr)
         return 2
+    if not argv[0]:  # matplotlib would write '.png' in the current directory
+        print(f"{program}: error: the plot's file name is empty (usage: {usage})", file=sys.stderr)
+        return 2
+    not_json = f"{program}: error: stdin is not `odc {source} --format json`"
     try:
         document = json.load(sys.stdin)
         document[key]
+    except RecursionError:  # arrays or objects nested thousands deep: json's decoder recurses
+        print(f"{not_json}: nested too deeply", file=sys.stderr)
+        return 2
     except (ValueError, KeyError, TypeError) as error:
-        print(
-            f"{program}: error: stdin is not `odc {source} --format json`: {error}",
-            file=sys.stderr,
-        )
+        print(f"{not_json}: {_describe(error)}", file=sys.stderr)
         return 2
     try:
         draw(document, argv[0], argv[1] if len(argv) > 1 else "")
+    except (KeyError, TypeError, IndexError, AttributeError) as error:
+        # The document parsed, but its rows are not the command's (a field missing or of
+        # another type): the drawer's lookups fail.
+        print(f"{not_json}: {_describe(error)}", file=sys.stderr)
+        return 2
     except ImportError:
         print(
             f"{program}: error: drawing needs matplotlib: pip install matplotlib "
@@ -50,3 +59,8 @@ def draw_from_stdin(
         )
         return 1
     return 0
+
+
+def _describe(error: Exception) -> str:
+    """A KeyError's text is the bare key ('results'): say that it is a missing field."""
+    return f"no field {error}" if isinstance(error, KeyError) else str(error)

@@ -24,6 +24,7 @@ import gc
 import itertools
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -40,6 +41,7 @@ from .train.calibrate import (
     ladder,
     packed_ladder,
 )
+from .train.numbers import option_type, whole_number
 
 PROG = "python -m odc.fit"
 USAGE_ERROR = 2
@@ -50,6 +52,7 @@ LOSS_CHUNK_TOKENS = 4096  # logits of this many tokens at a time (as odc.train's
 # as flash attention's varlen kernels): packed rungs are timed only for these. "odc_packed" is
 # odc.train's (odc.train.model.ATTENTION_NAME), the default for a model built here.
 PACKED_ATTENTION = ("odc_packed", "flash_attention_2", "flash_attention_3")
+_COUNT = option_type(whole_number)  # the integer options: plain digits 0-9, as odc.train's
 
 
 class FitError(InvalidArgument):
@@ -153,8 +156,10 @@ def load_config(source):
         model_type = data.pop("model_type")
         try:
             return AutoConfig.for_model(model_type, **data)
-        except (ValueError, KeyError) as error:
-            raise FitError(f"'{text}': {_first_line(error)}") from None
+        except Exception as error:  # noqa: BLE001 - transformers' validators raise many types
+            # (ValueError, KeyError, huggingface_hub's StrictDataclass*ValidationError, ...):
+            # every one means this file is not a config transformers takes.
+            raise FitError(f"'{text}': {_one_line(error)}") from None
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FitError(f"the folder '{text}' has no config.json")
@@ -170,9 +175,12 @@ def load_config(source):
         ) from None
 
 
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
+def _one_line(error: BaseException, limit: int = 240) -> str:
+    """The error's message as one line: its lines joined (transformers' validators and torch put
+    the reason on the second line), cut at `limit` characters."""
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    text = text or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
 def _resolve_device(device):
@@ -214,11 +222,22 @@ def build_model(config, device, dtype, attn_implementation: Optional[str] = None
     try:
         with device:  # and on the device: a 7B model initialized on the CPU takes minutes
             model = AutoModelForCausalLM.from_config(config, **extra)
-    except (ValueError, KeyError, ImportError) as error:
-        raise FitError(f"cannot build a causal LM from this config: {_first_line(error)}") from None
+        return model.to(device=device, dtype=dtype).train()
+    except Exception as error:  # noqa: BLE001 - a config transformers took may still fail here
+        # (a head count of 0, a negative size: ZeroDivisionError, RuntimeError, ...), or its
+        # weights may not fit the device: one line either way, not a traceback.
+        if _is_out_of_memory(error):
+            tried = re.search(r"[Tt]ried to allocate (\d[^.(]*?)(?:\.|\(|$)", str(error))
+            size = f" (it tried to allocate {tried.group(1).strip()})" if tried else ""
+            raise FitError(
+                f"out of memory building the model on {device}{size}: a smaller config, --dtype "
+                "bfloat16 or a larger device"
+            ) from None
+        # A KeyError's text is the bare key: a name the config gives that transformers lacks.
+        reason = f"unknown name {error}" if isinstance(error, KeyError) else _one_line(error)
+        raise FitError(f"cannot build a causal LM from this config: {reason}") from None
     finally:
         torch.set_default_dtype(default)
-    return model.to(device=device, dtype=dtype).train()
 
 
 def _head_loss_sum(hidden, weight, bias, labels):
@@ -330,8 +349,10 @@ def _sizes_for(config, max_tokens: int, vocab_size: Optional[int]) -> int:
     """The vocabulary size (`vocab_size`, else the config's); refuses a max_tokens beyond the
     config's positions (learned position embeddings would index past their table)."""
     vocab = vocab_size or getattr(config, "vocab_size", None)
-    if not vocab:
+    if vocab is None:
         raise FitError("the model has no config.vocab_size: pass vocab_size")
+    if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+        raise FitError(f"the vocabulary size must be a positive integer, got {vocab!r}")
     positions = getattr(config, "max_position_embeddings", None) or getattr(
         config, "n_positions", None
     )
@@ -384,6 +405,8 @@ def fit_cost(
         raise FitError(f"max_tokens must be at least {MIN_FIT_TOKENS}, got {max_tokens}")
     if repeats < 1 or warmup < 0:
         raise FitError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    if not 0 <= seed < 2**64:  # torch's generators take 64 bits
+        raise FitError(f"seed must be 0 to 2^64 - 1, got {seed}")
     say = progress or (lambda text: None)
     model, device, vocab, description = _take_model(
         model_or_config, max_tokens, device, dtype, attn_implementation, vocab_size, seed, say
@@ -520,14 +543,19 @@ class _Bench:
             torch.cuda.empty_cache()
 
     def attempt(self, tokens: int, documents: Optional[List[int]] = None) -> Optional[Rung]:
-        """measure(tokens, documents), or None when it ran out of memory."""
-        import torch
-
+        """measure(tokens, documents), or None when it ran out of memory. Any other failure of
+        forward + backward (a config transformers built but cannot run, e.g. heads that do not
+        divide the hidden size) is a FitError naming the length, chained to the error."""
         try:
             return self.measure(tokens, documents)
-        except (torch.OutOfMemoryError, RuntimeError) as error:
+        except Exception as error:  # noqa: BLE001 - the model's own errors, whatever their type
             if not _is_out_of_memory(error):
-                raise
+                shape = f"{tokens} tokens" + (
+                    f" in {len(documents)} documents" if documents else ""
+                )
+                raise FitError(
+                    f"forward + backward of {shape} failed: {_one_line(error)}"
+                ) from error
         # Out of the except block: the error and its traceback, which holds the failed
         # microbatch's activations, are gone; their memory goes back to the device.
         self.released()
@@ -592,8 +620,13 @@ def format_table(fit: CostFit) -> str:
     return "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's default prints the whole usage block first
+        raise FitError(f"{message} (see --help)")
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Fit the planner's cost model (--cost A,B,C,F) to a model on one device: "
         "forward + backward of one-sample microbatches and of the longest lengths packed as 4 and "
@@ -605,15 +638,15 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         "cache (nothing is downloaded)",
     )
     parser.add_argument(
-        "--max-tokens", type=int, required=True, help="the longest microbatch, in tokens"
+        "--max-tokens", type=_COUNT, required=True, help="the longest microbatch, in tokens"
     )
     parser.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
     parser.add_argument("--device", default="cuda", help="cuda (default, one GPU) or cpu")
     parser.add_argument(
-        "--repeats", type=int, default=3, help="timed runs per length (median; default 3)"
+        "--repeats", type=_COUNT, default=3, help="timed runs per length (median; default 3)"
     )
     parser.add_argument(
-        "--warmup", type=int, default=1, help="untimed runs per length first (default 1)"
+        "--warmup", type=_COUNT, default=1, help="untimed runs per length first (default 1)"
     )
     parser.add_argument(
         "--gradient-checkpointing",
@@ -627,7 +660,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         "attention on CUDA); packed rungs are timed with odc_packed, flash_attention_2 or "
         "flash_attention_3 only",
     )
-    parser.add_argument("--seed", type=int, default=0, help="weights and tokens (default 0)")
+    parser.add_argument("--seed", type=_COUNT, default=0, help="weights and tokens (default 0)")
     parser.add_argument("--json", metavar="PATH", help="also write the fit and its table here")
     return parser.parse_args(argv)
 
@@ -647,7 +680,11 @@ def check_output_path(path: str) -> Optional[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except FitError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
     if args.json is not None:
         problem = check_output_path(args.json)
         if problem:

@@ -38,13 +38,19 @@ NVSHMEM_KNOB = "NVSHMEM_SYMMETRIC_SIZE"
 
 
 def parse_bytes(text: str, knob: str) -> int:
-    """A byte count as odc's knobs take it (src/common/env.h): digits, optionally followed by K,
-    M or G (KiB, MiB, GiB); "0" is 0. Anything else raises InvalidArgument naming the knob."""
-    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)\s*", text)
-    if match is None:
-        raise InvalidArgument(f"{knob}='{text}' is not a number of bytes (e.g. 0, 268435456, 256M)")
-    shift = {"": 0, "k": 10, "m": 20, "g": 30}[match.group(2).lower()]
-    return int(match.group(1)) << shift
+    """A byte count as odc's knobs take it (parse_count, src/common/env.h): ASCII digits (no
+    spaces, signs or other scripts' digits; "00" is 0), optionally followed by K, M or G (KiB,
+    MiB, GiB), below 2^64. Anything else raises InvalidArgument naming the knob."""
+    match = re.fullmatch(r"([0-9]+)([kKmMgG]?)", text)
+    value = None
+    if match is not None:
+        value = int(match.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[match.group(2).lower()]
+    if value is None or value >= 2**64:
+        raise InvalidArgument(
+            f"{knob}='{text}' is not a number of bytes: digits, optionally followed by K, M or G, "
+            "below 2^64 (e.g. 0, 268435456 or 256M)"
+        )
+    return value
 
 
 def parse_nvshmem_size(text: str) -> int:

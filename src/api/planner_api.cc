@@ -142,6 +142,13 @@ extern "C" odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
                                          ? odc::planner::MicrobatchMemory::kCap
                                          : odc::planner::MicrobatchMemory::kLbMicro;
     if (options->rank_speed != nullptr) {
+      // The header's contract: one speed per rank, checked by the planner (with this message).
+      // A count of 0 would reach it as no speeds at all, which it plans as uniform: refused here.
+      if (options->num_rank_speeds == 0) {
+        return report(Status::InvalidArgument(
+            "rank_speed must have one entry per rank: got 0 for " +
+            std::to_string(options->num_ranks) + " ranks (rank_speed NULL: uniform speeds)"));
+      }
       plan_options.rank_speed.assign(options->rank_speed,
                                      options->rank_speed + options->num_rank_speeds);
     } else if (options->num_rank_speeds != 0) {

@@ -141,13 +141,14 @@ Result<size_t> resolve_node_budget(size_t configured, size_t from_environment,
                                    const std::string& text, const char* knob, size_t fallback) {
   if (configured != from_environment) return configured;
   if (text.empty()) return fallback;
-  if (text == "0") return size_t{0};
-  const uint64_t value = positive_integer(text, SIZE_MAX, /*size_suffix=*/true);
-  if (value == 0) {
+  // 0 in any spelling ("0", "00", "0K") is a number of bytes: the scheme off.
+  const std::optional<uint64_t> value = parse_count(text, SIZE_MAX, /*size_suffix=*/true);
+  if (!value) {
     return Status::InvalidArgument(std::string(knob) + "='" + text +
-                                   "' is not a number of bytes (e.g. 0, 268435456 or 256M)");
+                                   "' is not a number of bytes: digits, optionally followed by K, "
+                                   "M or G, below 2^64 (e.g. 0, 268435456 or 256M)");
   }
-  return static_cast<size_t>(value);
+  return static_cast<size_t>(*value);
 }
 
 // Every rank must use the same budget `mine` (`knob` names where it comes from): an invalid one

@@ -369,6 +369,8 @@ std::string check_plot_path(const std::string& path) {
   namespace fs = std::filesystem;
   // Whole paths, quoted (fail() shows control bytes as \xNN): a cut path would not say where.
   const std::string quoted = "'" + path + "'";
+  // Given but empty (`--plot ""`, an unset shell variable): refused, not taken as "no plot".
+  if (path.empty()) return "--plot needs a file name, got '' (e.g. --plot speedup.png)";
   std::error_code code;
   if (fs::is_directory(path, code)) return "cannot write the plot to " + quoted + ": a directory";
   std::string folder = fs::path(path).parent_path().string();
@@ -564,7 +566,7 @@ int main(int argc, char** argv) {
   }
 
   if (simulate_command->parsed()) {
-    if (!simulate_plot_path.empty()) {
+    if (simulate_command->count("--plot") > 0) {
       if (std::string error = check_plot_path(simulate_plot_path); !error.empty()) {
         return fail("simulate", error);
       }
@@ -615,7 +617,7 @@ int main(int argc, char** argv) {
   if (compare_format != "table" && compare_format != "json" && compare_format != "csv") {
     return fail("compare", "unknown format '" + compare_format + "': expected table, json or csv");
   }
-  if (!plot_path.empty()) {
+  if (compare_command->count("--plot") > 0) {
     if (std::string error = check_plot_path(plot_path); !error.empty()) {
       return fail("compare", error);
     }

@@ -81,6 +81,14 @@ TEST(CApi, RankSpeedIsCopiedAndChecked) {
   odcPlan_t plan = nullptr;
   EXPECT_EQ(odcPlanCreate(lengths.data(), lengths.size(), &options, &plan), odcInvalidArgument);
   EXPECT_STREQ(odcGetLastError(), "rank_speed must have one entry per rank: got 1 for 2 ranks");
+  // Speeds given with a count of 0 are not "uniform": the planner would see none and plan equal
+  // speeds, so the header's contract (the count equals num_ranks) is enforced.
+  options.num_rank_speeds = 0;
+  EXPECT_EQ(odcPlanCreate(lengths.data(), lengths.size(), &options, &plan), odcInvalidArgument);
+  EXPECT_STREQ(odcGetLastError(),
+               "rank_speed must have one entry per rank: got 0 for 2 ranks (rank_speed NULL: "
+               "uniform speeds)");
+  EXPECT_EQ(plan, nullptr);
   options.num_rank_speeds = 2;
   EXPECT_EQ(odcPlanCreate(lengths.data(), lengths.size(), &options, &plan), odcInvalidArgument);
   EXPECT_STREQ(odcGetLastError(), "rank_speed entries must be positive: got -2 for rank 1");

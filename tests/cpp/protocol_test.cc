@@ -12,12 +12,14 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
+#include "common/env.h"
 #include "core/communicator.h"
 #include "core/device_streamed_staging.h"
 #include "protocol_harness.h"
@@ -663,6 +665,28 @@ TEST(Memory, EachSchemeAllocatesItsDocumentedBytes) {
       }
     }
   }
+}
+
+// The byte knobs (ODC_STAGING_BYTES, ODC_NODE_CACHE_BYTES, ODC_NODE_AGGREGATION_BYTES) and the
+// rank counts read numbers through one parser: 0 in any spelling is 0 (a node budget of "00" is
+// "off", not "not a number"), and only plain digits with one K/M/G suffix are numbers.
+TEST(Memory, ByteKnobsReadZeroInAnySpellingAndOnlyPlainDigits) {
+  EXPECT_EQ(parse_count("0", SIZE_MAX, true), std::optional<uint64_t>(0));
+  EXPECT_EQ(parse_count("00", SIZE_MAX, true), std::optional<uint64_t>(0));
+  EXPECT_EQ(parse_count("0K", SIZE_MAX, true), std::optional<uint64_t>(0));
+  EXPECT_EQ(parse_count("007", SIZE_MAX, true), std::optional<uint64_t>(7));
+  EXPECT_EQ(parse_count("256m", SIZE_MAX, true), std::optional<uint64_t>(256ull << 20));
+  EXPECT_EQ(parse_count("18446744073709551615", SIZE_MAX, true),
+            std::optional<uint64_t>(UINT64_MAX));
+  for (const char* text : {"", "lots", "-1", "+5", " 5", "5 ", "1_0", "1.5", "5KB", "5T",
+                           "18446744073709551616", "17179869184G"}) {
+    EXPECT_EQ(parse_count(text, SIZE_MAX, true), std::nullopt) << "'" << text << "'";
+  }
+  EXPECT_EQ(parse_count("4K", SIZE_MAX, /*size_suffix=*/false), std::nullopt);
+  EXPECT_EQ(parse_count("9", 8), std::nullopt);
+  // Positive knobs (the staging budget, ranks per node) refuse 0 however it is written.
+  EXPECT_EQ(positive_integer("00", SIZE_MAX, true), 0u);
+  EXPECT_EQ(positive_integer("2", 8), 2u);
 }
 
 // The budget is cut into at least one slot per sender or refused, naming what it needs.

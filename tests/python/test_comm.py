@@ -287,6 +287,9 @@ def test_bad_node_cache_knob_is_named(monkeypatch):
         assert "ODC_NODE_CACHE_BYTES='lots' is not a number of bytes" in message or (
             "invalid node cache budget" in message
         ), message
+    # 0 written another way is still 0 (the cache off), not "not a number of bytes".
+    monkeypatch.setenv("ODC_NODE_CACHE_BYTES", "00")
+    assert odc.launch(_bad_node_cache_knob_rank, 2, timeout=120) == ["allocated"] * 2
 
 
 def _node_cache_rank_with(rank, world_size, key, options):

@@ -98,6 +98,65 @@ def test_bad_input_is_one_line(config_path, capsys, tmp_path, monkeypatch):
     assert "sees no GPU" in _error(capsys, str(config_path), "--max-tokens", "64")
 
 
+# Configs transformers refuses (its validators raise types of their own), configs it takes but
+# cannot build or run, and the integer options: one line each, status 2 (each was a traceback).
+_REFUSED_CONFIGS = [
+    (dict(hidden_size="abc"), "Field 'hidden_size' expected int, got str (value: 'abc')"),
+    (dict(num_hidden_layers=-1), "`num_hidden_layers` (-1) must be equal to the number of"),
+    (dict(num_attention_heads=0), "cannot build a causal LM from this config: integer division"),
+    (dict(hidden_size=-32), "cannot build a causal LM from this config: Trying to create tensor "
+                            "with negative dimension -32"),
+    (dict(hidden_act="nope"), "cannot build a causal LM from this config: unknown name 'nope'"),
+    (dict(vocab_size=0), "the vocabulary size must be a positive integer, got 0"),
+    (dict(hidden_size=30), "forward + backward of 16 tokens failed: The size of tensor a (7) "
+                           "must match the size of tensor b (8)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("change, message", _REFUSED_CONFIGS)
+def test_config_transformers_refuses_is_one_line(tmp_path, capsys, change, message):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TINY, **change}))
+    argv = [str(path), "--max-tokens", "64", "--device", "cpu", "--dtype", "float32"]
+    assert fit.main(argv + ["--repeats", "1", "--warmup", "0"]) == fit.USAGE_ERROR
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("python -m odc.fit: error: ")]
+    assert "Traceback" not in err and errors == [err.splitlines()[-1]], err
+    assert message in errors[0], err
+
+
+def test_failed_allocation_of_the_model_is_one_line(config_path, capsys, monkeypatch):
+    # What the CPU allocator raises for weights that do not fit (a real one would take the
+    # machine's memory first): one line with the size it tried, not a traceback.
+    import transformers
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+            "memory: you tried to allocate 17592186044416 bytes. Error code 12"
+        )
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", no_memory)
+    assert fit.main([str(config_path), "--max-tokens", "64", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m odc.fit: error: out of memory building the model on cpu (it tried to allocate "
+        "17592186044416 bytes): a smaller config, --dtype bfloat16 or a larger device"
+    )
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--max-tokens", "6\u0664", "argument --max-tokens: expected a whole number (digits 0-9)"),
+        ("--repeats", "1_0", "argument --repeats: expected a whole number (digits 0-9)"),
+        ("--seed", "18446744073709551616", "seed must be 0 to 2^64 - 1"),
+    ],
+)
+def test_integer_options_take_plain_digits(config_path, capsys, option, value, message):
+    argv = [str(config_path), "--max-tokens", "64", "--device", "cpu", option, value]
+    assert message in _error(capsys, *argv)
+
+
 def test_unwritable_json_fails_before_the_fit(config_path, capsys, tmp_path, monkeypatch):
     # The fit takes minutes on a real model: a --json path that cannot be written is refused
     # first, in one line with status 2, and the fit never starts.

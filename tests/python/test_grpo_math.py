@@ -24,6 +24,10 @@ def test_read_rollouts_reads_the_shipped_file_and_names_bad_rows(tmp_path):
         ("0 10 5\n0 11 6\n", "shares one prompt"),
         ("0 10 5\n1 12 6\n0 10 7\n", "not consecutive"),
         ("0 10\n", "expected 'group prompt_tokens response_tokens'"),
+        # int() takes these; a count in a data file is plain digits 0-9.
+        ("0 1_0 5\n", "digits 0-9"),
+        ("0 +10 5\n", "digits 0-9"),
+        ("0 \u0661\u0660 5\n", "digits 0-9"),
         ("0 10 0\n", ">= 1"),
         ("# only a comment\n", "no rollouts"),
     ):

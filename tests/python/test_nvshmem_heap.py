@@ -58,6 +58,11 @@ def test_knob_parsing():
     assert heap.parse_bytes("256M", "K") == 256 * MIB
     assert heap.parse_bytes("0", "K") == 0
     assert heap.parse_bytes("1g", "K") == GIB
+    assert heap.parse_bytes("00", "K") == 0  # as the core reads it (parse_count)
+    # What the core refuses, refused here too: \d and int() took spaces and other scripts' digits.
+    for text in (" 5", "5 ", "\u0665", "+5", "1_0", "5KB", str(2**64), "17179869184G"):
+        with pytest.raises(InvalidArgument, match="is not a number of bytes"):
+            heap.parse_bytes(text, "K")
     with pytest.raises(InvalidArgument, match="ODC_STAGING_BYTES='lots'"):
         heap.heap_need(0, 0, 2, 2, environ={"ODC_STAGING_BYTES": "lots"})
     assert heap.parse_nvshmem_size("4G") == 4 * GIB

@@ -168,6 +168,8 @@ PYTHON_ERRORS = [
     (dict(cost=(1, -2, 0)), "malformed cost 1,-2,0"),
     (dict(rank_speed=[1, 1, 1]), "rank_speed must have one entry per rank: got 3 for 2 ranks"),
     (dict(rank_speed=[1, -1]), "rank_speed entries must be positive: got -1 for rank 1"),
+    # An empty list is not "uniform speeds" (None is): it reached the planner as none at all.
+    (dict(rank_speed=[]), "rank_speed must have one entry per rank: got 0 for 2 ranks"),
     (dict(lengths=[]), "empty input: no sample lengths given"),
     # Issue 26: ctypes kept the low 64 bits (2**70 became 0) and the error named 0.
     (dict(ranks=2**70), f"ranks must fit in 64 bits, got {2**70}"),

@@ -299,6 +299,60 @@ def test_plot_errors_are_one_line(odc_cli, data_dir, tmp_path, monkeypatch):
     assert result.returncode != 0 and len(result.stderr.splitlines()) == 1, result.stderr
 
 
+def test_empty_plot_path_is_refused_naming_the_option(odc_cli, data_dir, capfd, monkeypatch):
+    # `--plot ""` (an unset shell variable) was taken as "no plot": the run succeeded and drew
+    # nothing. Refused before any simulation, like every other unwritable path.
+    from odc.simulate import main
+
+    monkeypatch.setenv("ODC_CLI", odc_cli)
+    lengths = ["--lengths", str(data_dir / "aime_rl_like.txt"), "--ranks", "8"]
+    message = "--plot needs a file name, got '' (e.g. --plot speedup.png)"
+    for command, program in (("simulate", "odc simulate"), ("compare", "odc compare")):
+        result = subprocess.run([odc_cli, command, *lengths, "--plot", ""], capture_output=True,
+                                text=True, timeout=60)  # fmt: skip
+        assert result.returncode == 2 and result.stdout == "", result.stdout
+        assert result.stderr.splitlines() == [f"{program}: error: {message}"], result.stderr
+    assert main([*lengths, "--plot", ""]) == 2  # python -m odc.simulate passes it through
+    assert capfd.readouterr().err.splitlines() == [f"odc simulate: error: {message}"]
+
+
+@pytest.mark.parametrize(
+    "module, argv, stdin, message",
+    [
+        ("simulate", ["x.png"], "[" * 100_000, "stdin is not `odc simulate --format json`: "
+                                               "nested too deeply"),
+        ("simulate", ["x.png"], '{"results": [1]}', "stdin is not `odc simulate --format json`: "
+                                                    "'int' object is not subscriptable"),
+        ("simulate", ["x.png"], '{"results": [{}]}', "stdin is not `odc simulate --format json`: "
+                                                     "no field 'speedup'"),
+        ("simulate", ["x.png"], '{"rows": []}', "stdin is not `odc simulate --format json`: "
+                                                "no field 'results'"),
+        ("compare_plot", ["x.png"], '{"policies": [{}]}', "stdin is not `odc compare --format "
+                                                          "json`: no field 'policy'"),
+        ("simulate", [""], '{"results": []}', "the plot's file name is empty (usage: python -m "
+                                              "odc.simulate --draw FILE.png [TITLE] < "
+                                              "simulate.json)"),
+    ],
+)  # fmt: skip
+def test_drawer_input_errors_are_one_line(
+    tmp_path, capsys, monkeypatch, module, argv, stdin, message
+):
+    # Each was a traceback (RecursionError, TypeError, KeyError), or for '' a file named '.png'.
+    import io
+
+    from odc import compare_plot, simulate
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    if module == "simulate":
+        status, program = simulate.main(["--draw", *argv]), "odc.simulate"
+    else:
+        status, program = compare_plot.main(argv), "odc.compare_plot"
+    assert status == 2
+    assert capsys.readouterr().err.splitlines() == [f"{program}: error: {message}"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def _captured_figure(monkeypatch, draw, document):
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")

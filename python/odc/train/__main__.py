@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from .matrix import RunSpec, UsageError, run_matrix, usage_error
+from .numbers import finite_number, option_type, whole_number
 
 PROG = "python -m odc.train"
 USAGE_ERROR = 2
@@ -33,9 +34,25 @@ USAGE_ERROR = 2
 CPU_MAX_TOKENS = 4096
 
 
+# The most ranks one command may ask for: the planner's limit (kMaxRanks, src/planner/plan.h).
+MAX_RANKS = 65536
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # argparse's default prints the whole usage block
         raise UsageError(f"{message} (see --help)")
+
+
+def _nonempty(text: str) -> str:
+    """A path or value that must not be empty: '' would otherwise read as "not given"."""
+    if not text:
+        raise ValueError("expected a value, got '' (leave the option out for its default)")
+    return text
+
+
+_COUNT = option_type(whole_number)  # every integer option
+_NUMBER = option_type(finite_number)  # every float option
+_TEXT = option_type(_nonempty)  # paths and lists that have no meaning when empty
 
 
 def parse_args(argv):
@@ -51,12 +68,15 @@ def parse_args(argv):
 
 def _add_data_and_machine(parser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--lengths", help="sample lengths file (odc plan format): synthetic tokens")
     source.add_argument(
-        "--jsonl", help='token ids, one JSON list (or {"input_ids": [...]}) per line'
+        "--lengths", type=_TEXT, help="sample lengths file (odc plan format): synthetic tokens"
+    )
+    source.add_argument(
+        "--jsonl", type=_TEXT, help='token ids, one JSON list (or {"input_ids": [...]}) per line'
     )
     source.add_argument(
         "--rollouts",
+        type=_TEXT,
         help="GRPO rollouts, 'group prompt_tokens response_tokens' per line "
         "(data/grpo_math_like.tsv): --task grpo, synthetic tokens",
     )
@@ -68,16 +88,18 @@ def _add_data_and_machine(parser) -> None:
         "step (old and reference log-probs forward only, then the actor update over "
         "--minibatches-per-step minibatches; docs/train.md)",
     )
-    parser.add_argument("--prompts-per-step", type=int, default=8, help="grpo: groups per RL step")
     parser.add_argument(
-        "--minibatches-per-step", type=int, default=2, help="grpo: actor-update minibatches (K)"
+        "--prompts-per-step", type=_COUNT, default=8, help="grpo: groups per RL step"
     )
     parser.add_argument(
-        "--kl-coef", type=float, default=0.0, help="grpo: weight of the KL to the reference"
+        "--minibatches-per-step", type=_COUNT, default=2, help="grpo: actor-update minibatches (K)"
+    )
+    parser.add_argument(
+        "--kl-coef", type=_NUMBER, default=0.0, help="grpo: weight of the KL to the reference"
     )
     parser.add_argument("--preset", choices=["tiny", "0.5b", "1.5b", "7b"])
     parser.add_argument("--device", choices=["cpu", "cuda"])
-    parser.add_argument("--ranks", type=int, help="processes (default: all GPUs, or 4 on CPU)")
+    parser.add_argument("--ranks", type=_COUNT, help="processes (default: all GPUs, or 4 on CPU)")
 
 
 def _add_run_choice(parser) -> None:
@@ -117,23 +139,24 @@ def _add_run_choice(parser) -> None:
 def _add_workload(parser) -> None:
     """How many minibatches of which samples, and the planner's cost model."""
     parser.add_argument(
-        "--steps", type=int, default=4, help="measured minibatches (after 1 warm-up)"
+        "--steps", type=_COUNT, default=4, help="measured minibatches (after 1 warm-up)"
     )
-    parser.add_argument("--samples-per-rank", type=int, default=4)
+    parser.add_argument("--samples-per-rank", type=_COUNT, default=4)
     parser.add_argument(
-        "--max-tokens", type=int, help="token cap per microbatch (default: longest)"
+        "--max-tokens", type=_COUNT, help="token cap per microbatch (default: longest)"
     )
-    parser.add_argument("--max-length", type=int, help="drop samples longer than this")
+    parser.add_argument("--max-length", type=_COUNT, help="drop samples longer than this")
     parser.add_argument(
         "--constant-length",
-        type=int,
+        type=_COUNT,
         help="balanced control: every sample gets this length (as many samples as the file has)",
     )
     parser.add_argument(
-        "--length-scale", type=float, default=1.0, help="multiply lengths (small CPU runs)"
+        "--length-scale", type=_NUMBER, default=1.0, help="multiply lengths (small CPU runs)"
     )
     parser.add_argument(
         "--cost",
+        type=_TEXT,
         default="fit",
         help="planner cost model A,B,C (C + sum(A*L + B*L^2) seconds per microbatch) or "
         "A,B,C,F (at least F seconds per microbatch: the host-bound floor), or 'fit' "
@@ -147,6 +170,7 @@ def _add_layout(parser) -> None:
     """How the ranks are arranged and share work: mesh, split samples, microbatch memory."""
     parser.add_argument(
         "--mesh",
+        type=_TEXT,
         help="R,S: FSDP2 HSDP mesh of R replicas x S ranks (ODC inside each replica, one "
         "all-reduce across replicas per minibatch; R*S ranks). --compare on a 2-D mesh also runs "
         "flat ODC (1 x R*S). Default: flat, a 1-D mesh over all ranks",
@@ -179,7 +203,7 @@ def _add_layout(parser) -> None:
 
 
 def _add_training_and_outputs(parser) -> None:
-    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lr", type=_NUMBER, default=1e-4)
     parser.add_argument(
         "--optimizer",
         choices=["adamw", "adamw-fused"],
@@ -189,6 +213,7 @@ def _add_training_and_outputs(parser) -> None:
     )
     parser.add_argument(
         "--profile",
+        type=_TEXT,
         metavar="DIR",
         help="after the measured minibatches, run the last one again under torch.profiler and "
         "write, per run and rank, a Chrome trace (DIR/<run>_rank<r>.json.gz) and a table of "
@@ -196,10 +221,11 @@ def _add_training_and_outputs(parser) -> None:
     )
     parser.add_argument(
         "--run-dir",
+        type=_TEXT,
         help="directory for this run's files (default: a new runs/<UTC time>/); may exist, but "
         "files in it are never overwritten",
     )
-    parser.add_argument("--output", help="results JSON (default: RUN_DIR/results.json)")
+    parser.add_argument("--output", type=_TEXT, help="results JSON (default: RUN_DIR/results.json)")
     parser.add_argument(
         "--timeline", help="timeline PNG (default: RUN_DIR/timeline.png; '' for none)"
     )
@@ -257,17 +283,22 @@ def load_lengths(args, vocab_size=None) -> list:
 
 
 def load_rollouts(args) -> list:
-    """--rollouts, each prompt and response scaled by --length-scale (at least 1 token each)."""
+    """--rollouts, each prompt and response scaled by --length-scale (at least 1 token each);
+    read once (the checks before torch is imported read it first) and kept in `args`."""
     from .grpo import Rollout, read_rollouts
 
+    if getattr(args, "scaled_rollouts", None) is not None:
+        return args.scaled_rollouts
     try:
         rollouts = read_rollouts(args.rollouts)
-    except (OSError, ValueError) as error:
+    except OSError as error:
+        usage_error(f"--rollouts {args.rollouts}: {error.strerror or error}")
+    except ValueError as error:
         usage_error(str(error))
     if args.max_length or args.constant_length:
         usage_error("--max-length and --constant-length apply to --lengths (groups stay whole)")
     scale = args.length_scale
-    return [
+    args.scaled_rollouts = [
         Rollout(
             r.group,
             max(1, int(round(r.prompt_tokens * scale))),
@@ -275,6 +306,7 @@ def load_rollouts(args) -> list:
         )
         for r in rollouts
     ]
+    return args.scaled_rollouts
 
 
 def parse_cost(text: str):
@@ -283,10 +315,10 @@ def parse_cost(text: str):
     if text == "fit":
         return None
     try:
-        values = tuple(float(v) for v in text.split(","))
+        values = tuple(finite_number(v) for v in text.split(","))
     except ValueError:
         values = ()
-    if len(values) not in (3, 4) or not all(0.0 <= v < float("inf") for v in values):
+    if len(values) not in (3, 4) or not all(v >= 0.0 for v in values):
         usage_error(
             "--cost must be 'fit' or three non-negative numbers A,B,C (or four, A,B,C,F, with "
             f"a floor F), got '{text}'"
@@ -299,7 +331,7 @@ def parse_mesh(text):
     if text is None:
         return None
     try:
-        replicas, shards = (int(v) for v in text.split(","))
+        replicas, shards = (whole_number(v) for v in text.split(","))
     except ValueError:
         usage_error(f"--mesh must be R,S (replicas, ranks per replica), got '{text}'")
     if replicas < 1 or shards < 2:
@@ -334,7 +366,7 @@ def _check_cpu_sized(preset: str, lengths, max_tokens: int) -> None:
 def _main(argv) -> int:
     args = parse_args(argv)
     cost = parse_cost(args.cost)
-    mesh = _check_options(args)
+    mesh = _check_options(args, cost)
     # The runs, and the combinations refused, before torch is imported or a rank starts.
     runs = run_matrix(
         comm=args.comm,
@@ -361,6 +393,7 @@ def _main(argv) -> int:
     from .model import PRESETS
 
     lengths = load_lengths(args, PRESETS[preset]["vocab_size"])
+    _check_samples(args, cost, lengths)
     max_tokens = args.max_tokens or max(lengths)
     if device == "cpu":
         _check_cpu_sized(preset, lengths, max_tokens)
@@ -374,7 +407,7 @@ def _main(argv) -> int:
     return 0
 
 
-def _check_options(args):
+def _check_options(args, cost):
     """Checks the options that need no torch; returns the HSDP mesh (replicas, shards), or None
     for a flat one (no --mesh, or one replica). --mesh without --ranks sets args.ranks."""
     mesh = parse_mesh(args.mesh)
@@ -387,18 +420,46 @@ def _check_options(args):
             mesh = None  # one replica: the flat 1-D mesh
     if args.ranks is not None and args.ranks < 2:
         usage_error(f"needs at least 2 ranks, got {args.ranks}")
+    if args.ranks is not None and args.ranks > MAX_RANKS:
+        usage_error(f"--ranks {args.ranks}: the planner plans at most {MAX_RANKS} ranks")
     for name in ("steps", "samples_per_rank", "max_tokens", "max_length", "constant_length"):
         value = getattr(args, name)
         if value is not None and value < 1:
             usage_error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
     if not args.length_scale > 0:
         usage_error(f"--length-scale must be positive, got {args.length_scale}")
-    _check_task(args)
+    if args.lr < 0:
+        usage_error(f"--lr must be >= 0, got {args.lr}")
+    _check_task(args, cost)
     return mesh
 
 
-def _check_task(args) -> None:
-    """--task grpo takes --rollouts (and --rollouts takes --task grpo) and its own options."""
+def _check_samples(args, cost, lengths) -> None:
+    """What the ranks' planner would refuse, refused before any rank starts: a sample longer
+    than --max-tokens, or a --cost whose total over the samples is not a finite number."""
+    longest = max(lengths)
+    if args.max_tokens is not None and args.max_tokens < longest:
+        scaled = " after --length-scale" if args.length_scale != 1.0 else ""
+        usage_error(
+            f"--max-tokens {args.max_tokens} is below the longest sample ({longest} tokens"
+            f"{scaled}): every sample must fit in one microbatch"
+        )
+    if cost is None:
+        return
+    a, b, c, floor = cost
+    total = 0.0
+    for index, length in enumerate(lengths):  # summed as the planner sums it (plan.cc)
+        total += a * length + b * float(length) * length + c + floor
+        if not math.isfinite(total):
+            usage_error(
+                f"--cost {args.cost} overflows: the samples' cost is infinite by sample {index} "
+                f"({length} tokens); scale the coefficients down"
+            )
+
+
+def _check_task(args, cost) -> None:
+    """--task grpo takes --rollouts (and --rollouts takes --task grpo) and its own options;
+    the rollouts are read and checked here, before torch is imported."""
     if (args.task == "grpo") != bool(args.rollouts):
         usage_error("--task grpo reads --rollouts (and --rollouts is for --task grpo)")
     if args.task != "grpo":
@@ -412,6 +473,34 @@ def _check_task(args) -> None:
         usage_error("--prompts-per-step must be a multiple of --minibatches-per-step")
     if args.kl_coef < 0:
         usage_error(f"--kl-coef must be >= 0, got {args.kl_coef}")
+    rollouts = load_rollouts(args)
+    _check_samples(args, cost, [r.length for r in rollouts])
+    _check_rl_steps(args, rollouts)
+
+
+def _check_rl_steps(args, rollouts) -> None:
+    """The rollouts hold a warm-up RL step and at least one measured one, and every step the run
+    takes splits into --minibatches-per-step minibatches of equal sizes."""
+    from .grpo import rl_steps
+    from .run import RunConfig
+
+    steps = rl_steps(rollouts, args.prompts_per_step, args.minibatches_per_step)
+    needed = RunConfig.warmup_steps + 1
+    if len(steps) < needed:
+        groups = len({r.group for r in rollouts})
+        usage_error(
+            f"--rollouts {args.rollouts} holds {groups} groups, {len(steps)} RL step(s) of "
+            f"--prompts-per-step {args.prompts_per_step}; a run needs {needed} "
+            f"({RunConfig.warmup_steps} warm-up): lower --prompts-per-step or add rollouts"
+        )
+    for number, minibatches in enumerate(steps[: args.steps + RunConfig.warmup_steps], start=1):
+        sizes = sorted({len(minibatch) for minibatch in minibatches})
+        if len(sizes) > 1:
+            usage_error(
+                f"--rollouts {args.rollouts}: RL step {number}'s minibatches hold "
+                f"{' and '.join(map(str, sizes))} rollouts: every group needs the same number "
+                "of responses"
+            )
 
 
 def _choose_device(args, torch) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from .data import IGNORE_INDEX
+from .numbers import whole_number
 
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28  # PPO ratio clipped to [1 - 0.2, 1 + 0.28] ("clip-higher")
 
@@ -36,17 +37,25 @@ class Rollout:
 
 def read_rollouts(path: str) -> List[Rollout]:
     """Rows `group prompt_tokens response_tokens` ('#' lines are comments), every group's rows
-    consecutive and sharing one prompt length, as data/generate_lengths.py writes them."""
+    consecutive and sharing one prompt length, as data/generate_lengths.py writes them. Numbers
+    are plain digits 0-9 (numbers.whole_number: no '+', '_' or other scripts' digits)."""
     rollouts, seen = [], set()
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    try:
+        lines = Path(path).read_text().splitlines()
+    except UnicodeDecodeError as error:
+        raise InvalidArgument(
+            f"{path}: not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
+    for number, line in enumerate(lines, start=1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
         try:
-            group, prompt, response = (int(v) for v in text.split())
+            group, prompt, response = (whole_number(v) for v in text.split())
         except ValueError:
             raise InvalidArgument(
-                f"{path}:{number}: expected 'group prompt_tokens response_tokens', got {line!r}"
+                f"{path}:{number}: expected 'group prompt_tokens response_tokens' (whole numbers, "
+                f"digits 0-9), got {line!r}"
             ) from None
         if prompt < 1 or response < 1:
             raise InvalidArgument(f"{path}:{number}: token counts must be >= 1, got {line!r}")
