@@ -184,6 +184,15 @@ constexpr int kSplitNameWord = 2;  // and the next
 constexpr int kSplitMarkWord = 15;
 constexpr uint64_t kSplitMark = 0x74696c7073636f64ull;  // "odcsplit"
 
+// Whether an alloc met a split's record: the mark, where an alloc record carries its name's
+// bytes 80-87, and no name hash (an alloc record's is never 0, even unnamed: FNV-1a of "").
+static_assert(kSplitColorWord < kNameHashWord && kSplitKeyWord < kNameHashWord &&
+                  kSplitNameWord + 1 < kNameHashWord,
+              "a split record leaves the word of an alloc record's name hash 0");
+bool is_split_record(const ExchangeRecord& record) {
+  return record.words[kSplitMarkWord] == kSplitMark && record.words[kNameHashWord] == 0;
+}
+
 // The node layout of `members` (ranks of `parent`, in the group's order) as the group sees it:
 // each member on its node there, nodes renumbered in order of their lowest member.
 Topology topology_of_members(const Topology& parent, const std::vector<int>& members) {
@@ -261,6 +270,19 @@ Communicator::~Communicator() {
   }
   // Nothing of this rank may still run on the buffers when they go.
   (void)transport_->drain();
+  // A sub-communicator failed here (say it timed out waiting for a peer that waits in this one):
+  // a peer still waiting on this rank learns that failure, not only that this rank destroyed its
+  // communicator. Past the final barrier, so device peers' queued work is unaffected.
+  std::string child_failure;
+  {
+    std::lock_guard<std::mutex> lock(children_->failure_mutex);
+    child_failure = children_->failure;
+  }
+  if (state_ != CommState::kFailed && !child_failure.empty()) {
+    transport_->mark_failed(
+        (label_.empty() ? "" : label_ + ": ") + "rank " + std::to_string(rank()) +
+        ": destroyed its communicator after a sub-communicator failed there: " + child_failure);
+  }
   if (staging_ != nullptr && node_stats_knob() != 0.0) {
     print_node_traffic(rank(), staging_->node_traffic(), minibatch_);
   }
@@ -299,6 +321,10 @@ Status Communicator::finish(const char* operation, Status status) {
     transport_->mark_failed(failure_);
     if (bootstrap_) bootstrap_->mark_failed(failure_);
     fail_children();
+    if (siblings_ != nullptr) {  // a sub-communicator: its parent's destroy will say so
+      std::lock_guard<std::mutex> lock(siblings_->failure_mutex);
+      if (siblings_->failure.empty()) siblings_->failure = failure_;
+    }
   }
   return named;
 }
@@ -383,6 +409,10 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   if (!all.ok()) return finish(op, all.status());
   for (int r = 0; r < world_size(); ++r) {
     const ExchangeRecord& theirs = all.value()[r];
+    if (is_split_record(theirs)) {  // not a buffer request: its words mean nothing here
+      return finish(op, Status::RemoteError("collective mismatch: rank " + std::to_string(r) +
+                                            " called split where this rank called alloc"));
+    }
     // Every word: count, dtype, kind, the name's length, hash and first bytes (so names up to
     // kNameTextBytes compare exactly, longer ones by those and the hash of the rest).
     if (!std::equal(std::begin(theirs.words), std::end(theirs.words), std::begin(mine.words))) {

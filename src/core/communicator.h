@@ -252,6 +252,11 @@ class Communicator {
   struct SplitChildren {
     std::mutex mutex;
     std::vector<Communicator*> live;
+    // The first failure of a sub-communicator on this rank (""; none): the parent's destroy
+    // tells its peers, who would otherwise only learn that this rank destroyed it. Its own mutex:
+    // a child records it from finish(), which fail_children() calls holding `mutex`.
+    std::mutex failure_mutex;
+    std::string failure;
   };
   // Fails every live sub-communicator split from this one (after this one failed).
   void fail_children();

@@ -305,6 +305,40 @@ TEST(Hardening, SecondThreadInsideACommunicatorIsRefusedNamingBoth) {
   for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
 }
 
+// Issue #41 item 5: rank 0 waits in a sub-communicator's barrier while rank 1 waits in the
+// parent's (a program's mistake); rank 0 times out first and destroys both. Rank 1 was told only
+// "rank 0 destroyed its communicator"; it is told the sub-communicator's failure that led to it.
+TEST(Hardening, PeerLearnsWhyARankDestroyedItsCommunicatorAfterASubCommunicatorFailed) {
+  const auto outcome = odc::testing::run_ranks(
+      2,
+      [](int rank, int world, const std::string& key) -> std::string {
+        odcComm_t comm;
+        RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), rank == 0 ? 0.5 : 30.0));
+        odcComm_t child = nullptr;
+        RANK_CHECK(odcCommSplit(comm, 0, rank, &child));
+        if (rank == 0) {
+          const odcResult_t result = odcBarrier(child, nullptr);
+          RANK_EXPECT(result == odcTimeout, odcGetErrorString(result));
+          RANK_CHECK(odcCommDestroy(child));
+          RANK_CHECK(odcCommDestroy(comm));
+          return "";
+        }
+        const odcResult_t result = odcBarrier(comm, nullptr);
+        const std::string message = odcGetLastError();
+        RANK_EXPECT(result == odcRemoteError, odcGetErrorString(result));
+        RANK_EXPECT(contains(message,
+                             "rank 1: barrier: rank 0 failed: rank 0: destroyed its communicator "
+                             "after a sub-communicator failed there: split colour 0, parent ranks "
+                             "0, 1: rank 0: barrier: timed out after 0.5 s waiting for rank 1"),
+                    message);
+        RANK_CHECK(odcCommDestroy(child));
+        RANK_CHECK(odcCommDestroy(comm));
+        return "";
+      },
+      std::chrono::seconds(60), "child-timeout");
+  for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
+}
+
 // Issue #26 item 8: the caller's interrupt check (Python: its signal handlers, so Ctrl-C) ends a
 // wait on a missing peer even with an infinite timeout; the communicator is failed and the peer
 // names this rank. Before, such a wait never returned.
@@ -317,9 +351,10 @@ TEST(Hardening, InterruptCheckEndsWaitsAndFailsTheCommunicator) {
         RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), INFINITY));
         if (rank == 1) {
           wait_for_flag(interrupted, 1);
-          // Rank 0 had arrived in the barrier it waited in: that one passes, the next fails.
-          odcResult_t result = odcBarrier(comm, nullptr);
-          if (result == odcSuccess) result = odcBarrier(comm, nullptr);
+          // Rank 0 had entered the barrier it waited in: that one completes here (every rank
+          // entered it), the next call fails naming rank 0 (docs/runtime.md, "Interrupts").
+          RANK_CHECK(odcBarrier(comm, nullptr));
+          const odcResult_t result = odcBarrier(comm, nullptr);
           RANK_EXPECT(result == odcRemoteError, odcGetLastError());
           RANK_EXPECT(contains(odcGetLastError(), "rank 0 failed") &&
                           contains(odcGetLastError(), "interrupted"),

@@ -95,3 +95,34 @@ def test_a_second_thread_inside_a_communicator_is_refused_naming_both():
     ), refused
     assert "['returned']" in out0, out0
     assert "sums: [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]" in out0, out0
+
+
+def test_a_peer_learns_why_a_rank_destroyed_its_communicator_after_a_split_failed():
+    # Rank 0 waits in its sub-communicator's barrier, rank 1 in the parent's (a program's
+    # mistake); rank 0 times out and closes both. Rank 1 was told only "rank 0 destroyed its
+    # communicator"; it learns the sub-communicator's failure.
+    key = _key("child")
+    body = """
+    child = comm.split(0)
+    try:
+        (child if comm.rank == 0 else comm).barrier()
+    except odc.Error as error:
+        print(type(error).__name__, error, flush=True)
+    child.close()
+    comm.close()
+    """
+    ranks = [_rank(0, 2, key, body, "0.5"), _rank(1, 2, key, body, "30")]
+    try:
+        out0, err0 = ranks[0].communicate(timeout=60)
+        out1, err1 = ranks[1].communicate(timeout=60)
+    finally:
+        for p in ranks:
+            p.kill()
+    assert out0.startswith(
+        "Timeout split colour 0, parent ranks 0, 1: rank 0: barrier: timed out after 0.5 s"
+    ), (out0, err0)
+    assert out1.startswith(
+        "RemoteError rank 1: barrier: rank 0 failed: rank 0: destroyed its communicator after a "
+        "sub-communicator failed there: split colour 0, parent ranks 0, 1: rank 0: barrier: "
+        "timed out after 0.5 s waiting for rank 1 in barrier"
+    ), (out1, err1)
