@@ -443,6 +443,10 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   auto region = transport_->allocate(buffer->bytes());
   if (!region.ok()) return finish(op, region.status());
   buffer->data = std::move(region).value();
+  if (accumulator && scheme_ == AccumulationScheme::kStreamed) {
+    // The same on every rank (same accumulators): the rings' slots are cut for it.
+    largest_slice_bytes_ = std::max(largest_slice_bytes_, count * sizeof(float));
+  }
   if (accumulator && scheme_ == AccumulationScheme::kStreamed && staging_ == nullptr) {
     // Every rank allocates the same accumulators in the same order: all make it here together.
     ODC_RETURN_IF_ERROR(finish(op, create_staging()));
@@ -502,8 +506,15 @@ Status Communicator::create_staging() {
                                       "ODC_NODE_AGGREGATION_BYTES or the config's "
                                       "node_aggregation_bytes"));
   node_aggregation_bytes_ = aggregation.value();
-  auto staging = StreamedStaging::create(*transport_, budget.value(), destination_);
+  staging_bytes_ = budget.value();
+  return make_staging();
+}
+
+Status Communicator::make_staging() {
+  auto staging =
+      StreamedStaging::create(*transport_, staging_bytes_, destination_, largest_slice_bytes_);
   if (!staging.ok()) return staging.status();
+  staged_slice_bytes_ = largest_slice_bytes_;
   staging_ = std::move(staging).value();
   staging_->set_node_of(topology_->node_of);
   // Aggregation needs nodes of consecutive ranks (a node's ends are awaited as one range) and
@@ -523,6 +534,27 @@ Status Communicator::create_staging() {
   }
   // Made inside a minibatch (an accumulator allocated there): that minibatch is open for it too.
   if (state_ == CommState::kInMinibatch) staging_->begin(minibatch_);
+  return Status::Ok();
+}
+
+Status Communicator::grow_staging() {
+  // Every rank has the same accumulators, budget and geometry: all decide alike.
+  staged_slice_bytes_ = largest_slice_bytes_;
+  // Device rings are cut from the budget alone (a peer's queued kernels may still use them).
+  if (transport_->caps().stream_ordered) return Status::Ok();
+  auto wanted = RingGeometry::for_budget(staging_bytes_, world_size(), kMaxChunkPayloadBytes,
+                                         largest_slice_bytes_);
+  if (!wanted.ok()) return wanted.status();
+  if (wanted.value() == staging_->geometry()) return Status::Ok();  // the budget's cut already
+  // Every peer passed this minibatch_begin's barrier, hence its previous minibatch_end: none uses
+  // the rings any more (host calls complete on return), and every chunk in them was folded. The
+  // old rings go first, so that at no time more than the budget is held; a failure to make the
+  // new ones is agreed by every rank (the transport's allocate) and fails the communicator.
+  const StreamedStaging::Counts counts = staging_->counts();
+  staging_.reset();
+  ODC_RETURN_IF_ERROR(make_staging());
+  staging_->carry_counts(counts);
+  staging_->set_relays(relays());
   return Status::Ok();
 }
 
@@ -800,6 +832,10 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
         ODC_RETURN_IF_ERROR(
             finish(op, transport_->zero(acc->relay->local(), acc->relay->bytes(), stream)));
       }
+    }
+    if (staging_ != nullptr && largest_slice_bytes_ > staged_slice_bytes_) {
+      // An accumulator allocated since the rings were made has larger slices than their slots.
+      ODC_RETURN_IF_ERROR(finish(op, as_fault(grow_staging())));
     }
     if (staging_ != nullptr) staging_->begin(minibatch_ + 1);
   }
