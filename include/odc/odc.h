@@ -193,7 +193,10 @@ ODC_API odcResult_t odcSimulateFree(char* json);
  * Communicator: ranks, symmetric buffers and the ODC operations (docs/design.md, "Semantics of
  * the operations").
  * One process per rank. A communicator is used by one thread at a time (odcCommDestroy may come
- * from another thread while a call is in flight: that call ends with odcInterrupted). Calls marked
+ * from another thread while a call is in flight: that call ends with odcInterrupted): a call that
+ * enters while another thread is inside a call of the same communicator returns odcInvalidUsage at
+ * once, naming both threads (kernel ids and names) and the call in flight, and changes nothing
+ * (that call goes on; odcCommGetLastError keeps its message). Calls marked
  * "collective" must be made by every rank, in the same order. Errors name the rank and the
  * operation. After a timeout or a peer's failure the communicator is failed: every later call
  * returns odcRemoteError with the original message; destroy it.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -336,7 +337,27 @@ def check_comm(result: int) -> None:
             interrupt.add_note("odc: " + lib.odcGetLastError().decode("utf-8", "replace"))
         raise interrupt
     if result != SUCCESS:
-        raise error_class(result)(lib.odcGetLastError().decode("utf-8", "replace"), result)
+        message = lib.odcGetLastError().decode("utf-8", "replace")
+        if result == INVALID_USAGE and _REFUSED_THREAD in message:
+            message = _name_python_threads(message)
+        raise error_class(result)(message, result)
+
+
+# A call refused because another thread is inside the same communicator names both threads by
+# their kernel ids and OS names (odc.h); Python's names of those threads (threading.Thread.name,
+# what a Python user set) replace the OS names here, in the error path only.
+_REFUSED_THREAD = ": refused: thread "
+_THREAD_ID = re.compile(r'\bthread (\d+)(?: \("[^"]*"\))?')
+
+
+def _name_python_threads(message: str) -> str:
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+
+    def named(match: "re.Match[str]") -> str:
+        name = names.get(int(match.group(1)))
+        return match.group(0) if name is None else f"thread {match.group(1)} ({name!r})"
+
+    return _THREAD_ID.sub(named, message)
 
 
 def new_plan_options() -> PlanOptions:

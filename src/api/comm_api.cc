@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -18,6 +19,8 @@
 #include <set>
 #include <string>
 
+#include <pthread.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "api/api_errors.h"
@@ -51,6 +54,11 @@ struct odcComm {
   bool destroying = false;
   // Set by destroy: waits of calls in flight (other threads) end (common/interrupt.h).
   std::atomic<bool> closing{false};
+  // The thread inside a call of this communicator (its kernel thread id; 0: none) and that call's
+  // function: a communicator is used by one thread at a time, so a call entering from another
+  // thread meanwhile is refused at once (UserThread below).
+  std::atomic<pid_t> user_thread{0};
+  std::atomic<const char*> user_function{nullptr};
 };
 
 namespace {
@@ -123,6 +131,81 @@ class InFlight {
   odc::CallScope scope_;
 };
 
+// This thread's kernel id (what `ps -L`, gdb and Python's threading.get_native_id() show),
+// cached per thread; a forked child's forking thread has a new id, so fork clears its cache.
+thread_local pid_t cached_thread_id = 0;
+
+pid_t this_thread_id() {
+  if (cached_thread_id == 0) {
+    static const bool forget_at_fork =
+        ::pthread_atfork(nullptr, nullptr, [] { cached_thread_id = 0; }) == 0;
+    (void)forget_at_fork;
+    cached_thread_id = static_cast<pid_t>(::syscall(SYS_gettid));
+  }
+  return cached_thread_id;
+}
+
+// `12345 ("name")`: a thread's id and its name as the kernel keeps it (pthread_setname_np;
+// Python sets it for threads it starts from 3.14 on), or the id alone where none can be read.
+std::string describe_thread(pid_t id) {
+  std::string text = std::to_string(id);
+  char name[64] = {};
+  if (id == this_thread_id()) {
+    if (pthread_getname_np(pthread_self(), name, sizeof(name)) != 0) name[0] = '\0';
+  } else if (FILE* file =
+                 std::fopen(("/proc/self/task/" + std::to_string(id) + "/comm").c_str(), "r")) {
+    if (std::fgets(name, sizeof(name), file) == nullptr) name[0] = '\0';
+    std::fclose(file);
+  }
+  std::string shown(name, strnlen(name, sizeof(name)));
+  while (!shown.empty() && shown.back() == '\n') shown.pop_back();
+  return shown.empty() ? text : text + " (\"" + shown + "\")";
+}
+
+// The calling thread's turn on a communicator for the length of one call: a communicator is used
+// by one thread at a time (odc.h), and two threads inside one interleave its sequence numbers and
+// signals (before this guard, concurrent pushes timed out with a sequence no rank had sent). One
+// compare-and-swap per call. A call entering while another thread is inside one is the caller's
+// mistake: it is refused before it touches anything, so the other thread's call goes on
+// unaffected and the communicator stays usable. The same thread may nest (a callback of a call,
+// e.g. a Python signal handler run by the interrupt check, calling odcCommAbort): it already
+// holds the turn. odcCommDestroy and odcCommGetLastError take no turn: destroy from another
+// thread is the documented way to end a call in flight.
+class UserThread {
+ public:
+  UserThread(odcComm* comm, const char* function) : comm_(comm) {
+    const pid_t me = this_thread_id();
+    pid_t holder = 0;
+    if (comm->user_thread.compare_exchange_strong(holder, me, std::memory_order_acquire)) {
+      comm->user_function.store(function, std::memory_order_relaxed);
+      held_ = true;
+    } else if (holder != me) {
+      const char* inside = comm->user_function.load(std::memory_order_relaxed);
+      const odc::Communicator& c = *comm->communicator;  // rank and label never change
+      refusal_ = Status::InvalidUsage(
+          (c.label().empty() ? "" : c.label() + ": ") + "rank " + std::to_string(c.rank()) + ": " +
+          function + ": refused: thread " + describe_thread(me) + " called it while thread " +
+          describe_thread(holder) + " is inside " + (inside != nullptr ? inside : "a call") +
+          " of the same communicator; a communicator is used by one thread at a time (give "
+          "each thread its own, or serialize the calls): this call changed nothing and the "
+          "other goes on");
+    }
+  }
+  ~UserThread() {
+    if (held_) comm_->user_thread.store(0, std::memory_order_release);
+  }
+  UserThread(const UserThread&) = delete;
+  UserThread& operator=(const UserThread&) = delete;
+
+  // Ok, or why this thread may not call now.
+  const Status& refusal() const { return refusal_; }
+
+ private:
+  odcComm* comm_;
+  bool held_ = false;
+  Status refusal_ = Status::Ok();
+};
+
 // Buffer handles: 1, 2, 3, ... across every communicator of the process, never reused.
 std::atomic<uint64_t> next_buffer_handle{1};
 
@@ -153,6 +236,9 @@ odcResult_t with_comm(odcComm_t comm, const char* function, Body&& body) {
       ++comm->num_in_flight;
     }
     InFlight in_flight(comm);
+    const UserThread turn(comm, function);
+    // Refused: the thread's last error only; the communicator's belongs to the call in flight.
+    if (!turn.refusal().ok()) return report(turn.refusal());
     Status status = body(*comm->communicator);
     return status.ok() ? succeed_on(comm) : report_on(comm, status);
   });

@@ -185,6 +185,15 @@ constexpr int kSplitNameWord = 2;  // and the next
 constexpr int kSplitMarkWord = 15;
 constexpr uint64_t kSplitMark = 0x74696c7073636f64ull;  // "odcsplit"
 
+// Whether an alloc met a split's record: the mark, where an alloc record carries its name's
+// bytes 80-87, and no name hash (an alloc record's is never 0, even unnamed: FNV-1a of "").
+static_assert(kSplitColorWord < kNameHashWord && kSplitKeyWord < kNameHashWord &&
+                  kSplitNameWord + 1 < kNameHashWord,
+              "a split record leaves the word of an alloc record's name hash 0");
+bool is_split_record(const ExchangeRecord& record) {
+  return record.words[kSplitMarkWord] == kSplitMark && record.words[kNameHashWord] == 0;
+}
+
 // The node layout of `members` (ranks of `parent`, in the group's order) as the group sees it:
 // each member on its node there, nodes renumbered in order of their lowest member.
 Topology topology_of_members(const Topology& parent, const std::vector<int>& members) {
@@ -264,6 +273,19 @@ Communicator::~Communicator() {
   }
   // Nothing of this rank may still run on the buffers when they go.
   (void)transport_->drain();
+  // A sub-communicator failed here (say it timed out waiting for a peer that waits in this one):
+  // a peer still waiting on this rank learns that failure, not only that this rank destroyed its
+  // communicator. Past the final barrier, so device peers' queued work is unaffected.
+  std::string child_failure;
+  {
+    std::lock_guard<std::mutex> lock(children_->failure_mutex);
+    child_failure = children_->failure;
+  }
+  if (state_ != CommState::kFailed && !child_failure.empty()) {
+    transport_->mark_failed(
+        (label_.empty() ? "" : label_ + ": ") + "rank " + std::to_string(rank()) +
+        ": destroyed its communicator after a sub-communicator failed there: " + child_failure);
+  }
   if (staging_ != nullptr && node_stats_knob() != 0.0) {
     print_node_traffic(rank(), staging_->node_traffic(), minibatch_);
   }
@@ -304,6 +326,10 @@ Status Communicator::finish(const char* operation, Status status) {
     transport_->mark_failed(failure_);
     if (bootstrap_) bootstrap_->mark_failed(failure_);
     fail_children();
+    if (siblings_ != nullptr) {  // a sub-communicator: its parent's destroy will say so
+      std::lock_guard<std::mutex> lock(siblings_->failure_mutex);
+      if (siblings_->failure.empty()) siblings_->failure = failure_;
+    }
   }
   return named;
 }
@@ -392,6 +418,10 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   if (!all.ok()) return finish(op, all.status());
   for (int r = 0; r < world_size(); ++r) {
     const ExchangeRecord& theirs = all.value()[r];
+    if (is_split_record(theirs)) {  // not a buffer request: its words mean nothing here
+      return finish(op, Status::RemoteError("collective mismatch: rank " + std::to_string(r) +
+                                            " called split where this rank called alloc"));
+    }
     // Every word: count, dtype, kind, the name's length, hash and first bytes (so names up to
     // kNameTextBytes compare exactly, longer ones by those and the hash of the rest).
     if (!std::equal(std::begin(theirs.words), std::end(theirs.words), std::begin(mine.words))) {
@@ -422,6 +452,10 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   auto region = transport_->allocate(buffer->bytes());
   if (!region.ok()) return finish(op, region.status());
   buffer->data = std::move(region).value();
+  if (accumulator && scheme_ == AccumulationScheme::kStreamed) {
+    // The same on every rank (same accumulators): the rings' slots are cut for it.
+    largest_slice_bytes_ = std::max(largest_slice_bytes_, count * sizeof(float));
+  }
   if (accumulator && scheme_ == AccumulationScheme::kStreamed && staging_ == nullptr) {
     // Every rank allocates the same accumulators in the same order: all make it here together.
     ODC_RETURN_IF_ERROR(finish(op, create_staging()));
@@ -482,8 +516,15 @@ Status Communicator::create_staging() {
                                       "ODC_NODE_AGGREGATION_BYTES or the config's "
                                       "node_aggregation_bytes"));
   node_aggregation_bytes_ = aggregation.value();
-  auto staging = StreamedStaging::create(*transport_, budget.value(), destination_);
+  staging_bytes_ = budget.value();
+  return make_staging();
+}
+
+Status Communicator::make_staging() {
+  auto staging =
+      StreamedStaging::create(*transport_, staging_bytes_, destination_, largest_slice_bytes_);
   if (!staging.ok()) return staging.status();
+  staged_slice_bytes_ = largest_slice_bytes_;
   staging_ = std::move(staging).value();
   staging_->set_node_of(topology_->node_of);
   // Aggregation needs nodes of consecutive ranks (a node's ends are awaited as one range) and
@@ -502,8 +543,9 @@ Status Communicator::create_staging() {
     staging_->set_routes(*routes_, node.front(), node.back() + 1);
   }
   // Host folds run inside this rank's calls, and in the progress thread while none runs (a
-  // device fold runs on the stream, design.md's progress rule there: docs/runtime.md).
-  if (!transport_->caps().stream_ordered) {
+  // device fold runs on the stream, design.md's progress rule there: docs/runtime.md). Once:
+  // rings that grow (grow_staging) are made anew for the same communicator.
+  if (!transport_->caps().stream_ordered && !served_by_progress_) {
     HostProgress::instance().add(this);
     served_by_progress_ = true;
   }
@@ -512,6 +554,27 @@ Status Communicator::create_staging() {
     staging_->begin(minibatch_);
     if (served_by_progress_) HostProgress::instance().wake();
   }
+  return Status::Ok();
+}
+
+Status Communicator::grow_staging() {
+  // Every rank has the same accumulators, budget and geometry: all decide alike.
+  staged_slice_bytes_ = largest_slice_bytes_;
+  // Device rings are cut from the budget alone (a peer's queued kernels may still use them).
+  if (transport_->caps().stream_ordered) return Status::Ok();
+  auto wanted = RingGeometry::for_budget(staging_bytes_, world_size(), kMaxChunkPayloadBytes,
+                                         largest_slice_bytes_);
+  if (!wanted.ok()) return wanted.status();
+  if (wanted.value() == staging_->geometry()) return Status::Ok();  // the budget's cut already
+  // Every peer passed this minibatch_begin's barrier, hence its previous minibatch_end: none uses
+  // the rings any more (host calls complete on return), and every chunk in them was folded. The
+  // old rings go first, so that at no time more than the budget is held; a failure to make the
+  // new ones is agreed by every rank (the transport's allocate) and fails the communicator.
+  const StreamedStaging::Counts counts = staging_->counts();
+  staging_.reset();
+  ODC_RETURN_IF_ERROR(make_staging());
+  staging_->carry_counts(counts);
+  staging_->set_relays(relays());
   return Status::Ok();
 }
 
@@ -795,6 +858,10 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
         ODC_RETURN_IF_ERROR(
             finish(op, transport_->zero(acc->relay->local(), acc->relay->bytes(), stream)));
       }
+    }
+    if (staging_ != nullptr && largest_slice_bytes_ > staged_slice_bytes_) {
+      // An accumulator allocated since the rings were made has larger slices than their slots.
+      ODC_RETURN_IF_ERROR(finish(op, as_fault(grow_staging())));
     }
     if (staging_ != nullptr) staging_->begin(minibatch_ + 1);
   }

@@ -53,8 +53,8 @@ enum class AccumulationScheme {
   // at each owner, folded by the owner into its sums whenever it enters odc, with credits back
   // (core/streamed_staging.h): on the host for host transports, by a kernel on the caller's
   // stream for device ones (core/device_streamed_staging.h). For every transport without a
-  // remote fp32 add; costs the staging budget per rank and communicator, whatever the model and
-  // the world size.
+  // remote fp32 add; costs at most the staging budget per rank and communicator, whatever the
+  // model and the world size (host rings: what the largest accumulator's shard needs, up to it).
   kStreamed,
   // Deterministic mode: pushes are summed locally into a pending buffer (world_size x count fp32,
   // 4 bytes per full-gradient element); at minibatch_end, once every sender's pending is complete
@@ -235,6 +235,11 @@ class Communicator final : private ProgressClient {
   // kStreamed, with the first accumulator (collective): every rank agrees on the budgets, then
   // the rings are made (and the node routes set where pushes may be aggregated).
   Status create_staging();
+  // kStreamed: the rings for the accumulators allocated so far (make_staging: collective), and,
+  // at minibatch_begin after its barrier (every peer done with the rings), larger ones where a
+  // later accumulator's slice needs larger slots than the rings have (host rings only).
+  Status make_staging();
+  Status grow_staging();
   // kStreamed, at the allocation of accumulator `buffer` (collective): its relay rows where the
   // aggregation budget (and the device fold's target table) has room.
   Status add_relay(Buffer& buffer);
@@ -261,6 +266,11 @@ class Communicator final : private ProgressClient {
   struct SplitChildren {
     std::mutex mutex;
     std::vector<Communicator*> live;
+    // The first failure of a sub-communicator on this rank (""; none): the parent's destroy
+    // tells its peers, who would otherwise only learn that this rank destroyed it. Its own mutex:
+    // a child records it from finish(), which fail_children() calls holding `mutex`.
+    std::mutex failure_mutex;
+    std::string failure;
   };
   // Fails every live sub-communicator split from this one (after this one failed).
   void fail_children();
@@ -282,8 +292,12 @@ class Communicator final : private ProgressClient {
   // kPulled: what owners pull senders' slices through (kPullChunkBytes), made with the first
   // accumulator (collective, like the accumulator itself).
   std::unique_ptr<SymmetricRegion> pull_scratch_;
-  size_t staging_bytes_ = 0;  // CommOptions::staging_bytes as given
-  int ranks_per_node_ = 0;    // CommOptions::ranks_per_node as given
+  size_t staging_bytes_ = 0;  // CommOptions::staging_bytes as given, then as agreed
+  // kStreamed: the largest accumulator's shard in fp32 bytes (its slice per owner of a push) so
+  // far, and the one the rings were cut for: rings grow, never shrink, up to the budget.
+  size_t largest_slice_bytes_ = 0;
+  size_t staged_slice_bytes_ = 0;
+  int ranks_per_node_ = 0;  // CommOptions::ranks_per_node as given
   std::unique_ptr<Topology> topology_;
   std::unique_ptr<StreamedStaging> staging_;
   size_t node_cache_bytes_ = 0;         // CommOptions::node_cache_bytes as given

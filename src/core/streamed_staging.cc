@@ -32,6 +32,10 @@ size_t round_down_64(size_t bytes) {
   return bytes / 64 * 64;
 }
 
+size_t round_up_64(size_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
+
 }  // namespace
 
 size_t RingGeometry::total_bytes(int world_size) const {
@@ -46,7 +50,8 @@ size_t RingGeometry::least_budget(int world_size) {
 }
 
 Result<RingGeometry> RingGeometry::for_budget(size_t budget_bytes, int world_size,
-                                              size_t max_payload_bytes) {
+                                              size_t max_payload_bytes,
+                                              size_t largest_slice_bytes) {
   const auto world = static_cast<size_t>(world_size);
   const size_t signal_bytes = kSignalWordsPerPeer * world * sizeof(uint64_t);
   const size_t min_slot = kChunkHeaderBytes + kMinChunkPayloadBytes;
@@ -59,13 +64,17 @@ Result<RingGeometry> RingGeometry::for_budget(size_t budget_bytes, int world_siz
         " bytes (raise ODC_STAGING_BYTES or the config's staging_bytes)");
   }
   const size_t per_sender = (budget_bytes - signal_bytes) / world;
+  // A chunk holds at most one owner's slice of one push: a larger payload would only hold memory.
+  size_t payload_cap = std::max(max_payload_bytes, kMinChunkPayloadBytes);
+  if (largest_slice_bytes < payload_cap) {
+    payload_cap = std::max(round_up_64(largest_slice_bytes), kMinChunkPayloadBytes);
+  }
   RingGeometry geometry;
   // kTargetDepth slots per sender where the budget allows (a sender can run that many chunks
   // ahead of the owner's folds, which happen only when the owner enters odc), each as large as
   // that leaves, between the smallest and the largest payload.
   geometry.slot_bytes = round_down_64(
-      std::clamp(per_sender / kTargetDepth, min_slot,
-                 kChunkHeaderBytes + std::max(max_payload_bytes, kMinChunkPayloadBytes)));
+      std::clamp(per_sender / kTargetDepth, min_slot, kChunkHeaderBytes + payload_cap));
   // The budget is an upper bound: beyond kMaxDepth slots of the largest payload a deeper ring
   // only holds memory (a sender that far ahead waits for its owner's next odc call anyway).
   geometry.depth = std::min(per_sender / geometry.slot_bytes, kMaxDepth);
@@ -95,10 +104,30 @@ HostStreamedStaging::HostStreamedStaging(
 
 Result<std::unique_ptr<StreamedStaging>> StreamedStaging::create(Transport& transport,
                                                                  size_t budget_bytes,
-                                                                 Destination destination) {
+                                                                 Destination destination,
+                                                                 size_t largest_slice_bytes) {
   if (transport.caps().stream_ordered)
     return DeviceStreamedStaging::create(transport, budget_bytes);
-  return HostStreamedStaging::create(transport, budget_bytes, std::move(destination));
+  return HostStreamedStaging::create(transport, budget_bytes, std::move(destination),
+                                     largest_slice_bytes);
+}
+
+StreamedStaging::Counts StreamedStaging::counts() const {
+  Counts counts;
+  counts.chunks_sent = chunks_sent_;
+  auto waits = credit_waits();
+  counts.credit_waits = waits.ok() ? waits.value() : 0;
+  counts.forwarded_early = forwarded_early_;
+  counts.node_traffic = node_traffic_;
+  return counts;
+}
+
+void StreamedStaging::carry_counts(const Counts& before) {
+  chunks_sent_ += before.chunks_sent;
+  credit_waits_carried_ += before.credit_waits;
+  forwarded_early_ += before.forwarded_early;
+  node_traffic_.during_minibatches += before.node_traffic.during_minibatches;
+  node_traffic_.in_minibatch_end += before.node_traffic.in_minibatch_end;
 }
 
 void StreamedStaging::set_routes(NodeRoutes routes, int node_first, int node_last) {
@@ -325,13 +354,16 @@ Status StreamedStaging::finish(StreamHandle stream) {
 
 Result<std::unique_ptr<StreamedStaging>> HostStreamedStaging::create(Transport& transport,
                                                                      size_t budget_bytes,
-                                                                     Destination destination) {
+                                                                     Destination destination,
+                                                                     size_t largest_slice_bytes) {
   if (transport.caps().stream_ordered) {
     return Status::InternalError(
         "streamed staging folds on the host: the transport must complete calls on return");
   }
-  // Every rank computes the same geometry from the same budget (the caller agreed on it).
-  auto geometry = RingGeometry::for_budget(budget_bytes, transport.world_size());
+  // Every rank computes the same geometry from the same budget (the caller agreed on it) and
+  // the same slice (every rank has the same accumulators).
+  auto geometry = RingGeometry::for_budget(budget_bytes, transport.world_size(),
+                                           kMaxChunkPayloadBytes, largest_slice_bytes);
   if (!geometry.ok()) return geometry.status();
   const size_t signal_bytes = static_cast<size_t>(transport.world_size()) * sizeof(uint64_t);
   auto rings = transport.allocate(geometry.value().ring_bytes() *

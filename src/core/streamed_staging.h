@@ -79,7 +79,10 @@ inline constexpr size_t kMinChunkPayloadBytes = 256;
 // How a budget is cut into rings: the signals (five words per peer) first, then one ring per
 // sender of `depth` slots of `slot_bytes`: 8 slots per sender where the budget allows, larger
 // slots up to the largest payload, then more slots up to 16 (so the budget is an upper bound:
-// 256 MiB over 2 ranks takes 32 MiB with 1 MiB payloads, 128 MiB with 4 MiB ones).
+// 256 MiB over 2 ranks takes 32 MiB with 1 MiB payloads, 128 MiB with 4 MiB ones). A payload
+// never exceeds what one push puts into one chunk, the largest accumulator's shard (its slice per
+// owner; `largest_slice_bytes`, rounded up to 64 bytes, at least the smallest payload): the rings
+// hold what the model can put in flight, up to the budget, not the budget whatever the model.
 struct RingGeometry {
   size_t slot_bytes = 0;  // header + payload, a multiple of 64
   size_t depth = 0;       // slots per sender
@@ -99,7 +102,11 @@ struct RingGeometry {
   // Payloads of at most `max_payload_bytes` (kMaxChunkPayloadBytes on the host,
   // kMaxDeviceChunkPayloadBytes on device transports).
   static Result<RingGeometry> for_budget(size_t budget_bytes, int world_size,
-                                         size_t max_payload_bytes = kMaxChunkPayloadBytes);
+                                         size_t max_payload_bytes = kMaxChunkPayloadBytes,
+                                         size_t largest_slice_bytes = SIZE_MAX);
+  bool operator==(const RingGeometry& other) const {
+    return slot_bytes == other.slot_bytes && depth == other.depth;
+  }
 };
 
 // The streamed staging of one communicator: on the host (HostStreamedStaging, transports whose
@@ -111,11 +118,14 @@ class StreamedStaging {
   // element `first`, `count` elements; an error when no such accumulator or range exists.
   using Destination = std::function<Result<float*>(uint64_t buffer_id, size_t first, size_t count)>;
 
-  // Collective (every rank, same budget): the rings and their signals, on the host or the
-  // device as the transport's capabilities say. Host folds find their targets through
-  // `destination`; device folds through set_targets().
+  // Collective (every rank, same budget and slice): the rings and their signals, on the host or
+  // the device as the transport's capabilities say. Host folds find their targets through
+  // `destination`; device folds through set_targets(). Host rings take payloads of at most
+  // `largest_slice_bytes` (RingGeometry::for_budget); device rings are cut from the budget alone
+  // (made once: queued kernels of peers may use them until a communicator's destroy).
   static Result<std::unique_ptr<StreamedStaging>> create(Transport& transport, size_t budget_bytes,
-                                                         Destination destination);
+                                                         Destination destination,
+                                                         size_t largest_slice_bytes = SIZE_MAX);
   virtual ~StreamedStaging() = default;
 
   const RingGeometry& geometry() const { return geometry_; }
@@ -197,6 +207,17 @@ class StreamedStaging {
   void set_node_of(std::vector<int> node_of) { node_of_ = std::move(node_of); }
   const NodeTraffic& node_traffic() const { return node_traffic_; }
 
+  // ---- when larger rings replace these (between minibatches) ----------------------------------
+  // What the counters above say so far; carry_counts() makes a new staging's go on from there.
+  struct Counts {
+    uint64_t chunks_sent = 0;
+    uint64_t credit_waits = 0;
+    uint64_t forwarded_early = 0;
+    NodeTraffic node_traffic;
+  };
+  Counts counts() const;
+  void carry_counts(const Counts& before);
+
  protected:
   StreamedStaging(RingGeometry geometry, int rank, int world_size)
       : geometry_(geometry), rank_(rank), world_size_(world_size) {}
@@ -234,6 +255,7 @@ class StreamedStaging {
   const int world_size_;
   uint64_t minibatch_ = 0;  // the open minibatch (begin())
   uint64_t chunks_sent_ = 0;
+  uint64_t credit_waits_carried_ = 0;  // credit waits of the stagings this one replaced
 
  private:
   // Early forwarding: the fp32 elements of a piece (one chunk's payload), and a piece's place.
@@ -269,10 +291,11 @@ class StreamedStaging {
 class HostStreamedStaging final : public StreamedStaging {
  public:
   static Result<std::unique_ptr<StreamedStaging>> create(Transport& transport, size_t budget_bytes,
-                                                         Destination destination);
+                                                         Destination destination,
+                                                         size_t largest_slice_bytes = SIZE_MAX);
 
   size_t allocated_bytes() const override;
-  Result<uint64_t> credit_waits() const override { return credit_waits_; }
+  Result<uint64_t> credit_waits() const override { return credit_waits_carried_ + credit_waits_; }
   Status set_targets(const std::vector<kernels::FoldTarget>&) override { return Status::Ok(); }
   void begin(uint64_t minibatch) override;
   Status fold_arrived(StreamHandle stream) override;

@@ -3,7 +3,9 @@
 // different ranks are told apart by their names.
 #include <gtest/gtest.h>
 
+#include <pthread.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -237,6 +239,106 @@ TEST(Hardening, DestroyFromAnotherThreadEndsTheCallInFlight) {
   for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
 }
 
+// Issue #41 item 5: a communicator is used by one thread at a time. A call entering while another
+// thread is inside one (here a barrier waiting for rank 1) is refused at once, naming both threads
+// and the call in flight, and changes nothing: that call completes and the communicator stays
+// usable. Before, the second thread ran into the first's sequence numbers (concurrent pushes
+// timed out with a sequence no rank had sent).
+TEST(Hardening, SecondThreadInsideACommunicatorIsRefusedNamingBoth) {
+  std::atomic<int>* refused = shared_flag();
+  const auto outcome = odc::testing::run_ranks(
+      2,
+      [refused](int rank, int world, const std::string& key) -> std::string {
+        odcComm_t comm;
+        RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), 30.0));
+        odcBuffer_t acc = nullptr;
+        void* local = nullptr;
+        RANK_CHECK(odcBufferAlloc(comm, 16, odcFloat32, 1, &acc, &local));
+        if (rank == 1) {
+          wait_for_flag(refused, 1);
+          RANK_CHECK(odcBarrier(comm, nullptr));  // rank 0's waiter passes with this one
+          RANK_CHECK(odcBarrier(comm, nullptr));
+          RANK_CHECK(odcCommDestroy(comm));
+          return "";
+        }
+        std::atomic<pid_t> waiter_id{0};
+        odcResult_t waited = odcInternalError;
+        std::thread waiter([&] {
+          pthread_setname_np(pthread_self(), "odc-waiter");
+          waiter_id = static_cast<pid_t>(syscall(SYS_gettid));
+          waited = odcBarrier(comm, nullptr);  // rank 1 comes once the refusals are checked
+        });
+        // The waiter holds the communicator once this thread's calls are refused (bounded).
+        odcResult_t result = odcSuccess;
+        int rank_seen = -1;
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while ((result = odcCommRank(comm, &rank_seen)) == odcSuccess &&
+               std::chrono::steady_clock::now() < give_up) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        const std::string message = odcGetLastError();
+        const std::string me = std::to_string(syscall(SYS_gettid));
+        float src[32] = {};
+        const odcResult_t pushed = odcScatterAccumulate(comm, src, 32, odcFloat32, acc, nullptr);
+        const std::string push_message = odcGetLastError();
+        const odcResult_t met = odcBarrier(comm, nullptr);
+        const std::string communicator_error = odcCommGetLastError(comm);
+        refused->store(1);
+        waiter.join();
+        RANK_EXPECT(result == odcInvalidUsage, odcGetErrorString(result));
+        RANK_EXPECT(contains(message, "rank 0: odcCommRank: refused: thread " + me) &&
+                        contains(message, "while thread " + std::to_string(waiter_id.load()) +
+                                              " (\"odc-waiter\") is inside odcBarrier") &&
+                        contains(message, "used by one thread at a time"),
+                    message);
+        RANK_EXPECT(pushed == odcInvalidUsage && met == odcInvalidUsage, push_message);
+        RANK_EXPECT(contains(push_message, "odcScatterAccumulate: refused"), push_message);
+        RANK_EXPECT(communicator_error.empty(), "the refusals are not the communicator's errors");
+        // The waiter's barrier completed; the communicator is usable, with nothing pushed.
+        RANK_EXPECT(waited == odcSuccess, odcGetErrorString(waited));
+        RANK_CHECK(odcBarrier(comm, nullptr));
+        RANK_EXPECT(odcCommRank(comm, &rank_seen) == odcSuccess && rank_seen == 0, "rank");
+        RANK_CHECK(odcCommDestroy(comm));
+        return "";
+      },
+      std::chrono::seconds(60), "threads");
+  for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
+}
+
+// Issue #41 item 5: rank 0 waits in a sub-communicator's barrier while rank 1 waits in the
+// parent's (a program's mistake); rank 0 times out first and destroys both. Rank 1 was told only
+// "rank 0 destroyed its communicator"; it is told the sub-communicator's failure that led to it.
+TEST(Hardening, PeerLearnsWhyARankDestroyedItsCommunicatorAfterASubCommunicatorFailed) {
+  const auto outcome = odc::testing::run_ranks(
+      2,
+      [](int rank, int world, const std::string& key) -> std::string {
+        odcComm_t comm;
+        RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), rank == 0 ? 0.5 : 30.0));
+        odcComm_t child = nullptr;
+        RANK_CHECK(odcCommSplit(comm, 0, rank, &child));
+        if (rank == 0) {
+          const odcResult_t result = odcBarrier(child, nullptr);
+          RANK_EXPECT(result == odcTimeout, odcGetErrorString(result));
+          RANK_CHECK(odcCommDestroy(child));
+          RANK_CHECK(odcCommDestroy(comm));
+          return "";
+        }
+        const odcResult_t result = odcBarrier(comm, nullptr);
+        const std::string message = odcGetLastError();
+        RANK_EXPECT(result == odcRemoteError, odcGetErrorString(result));
+        RANK_EXPECT(contains(message,
+                             "rank 1: barrier: rank 0 failed: rank 0: destroyed its communicator "
+                             "after a sub-communicator failed there: split colour 0, parent ranks "
+                             "0, 1: rank 0: barrier: timed out after 0.5 s waiting for rank 1"),
+                    message);
+        RANK_CHECK(odcCommDestroy(child));
+        RANK_CHECK(odcCommDestroy(comm));
+        return "";
+      },
+      std::chrono::seconds(60), "child-timeout");
+  for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
+}
+
 // Issue #26 item 8: the caller's interrupt check (Python: its signal handlers, so Ctrl-C) ends a
 // wait on a missing peer even with an infinite timeout; the communicator is failed and the peer
 // names this rank. Before, such a wait never returned.
@@ -249,9 +351,10 @@ TEST(Hardening, InterruptCheckEndsWaitsAndFailsTheCommunicator) {
         RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), INFINITY));
         if (rank == 1) {
           wait_for_flag(interrupted, 1);
-          // Rank 0 had arrived in the barrier it waited in: that one passes, the next fails.
-          odcResult_t result = odcBarrier(comm, nullptr);
-          if (result == odcSuccess) result = odcBarrier(comm, nullptr);
+          // Rank 0 had entered the barrier it waited in: that one completes here (every rank
+          // entered it), the next call fails naming rank 0 (docs/runtime.md, "Interrupts").
+          RANK_CHECK(odcBarrier(comm, nullptr));
+          const odcResult_t result = odcBarrier(comm, nullptr);
           RANK_EXPECT(result == odcRemoteError, odcGetLastError());
           RANK_EXPECT(contains(odcGetLastError(), "rank 0 failed") &&
                           contains(odcGetLastError(), "interrupted"),

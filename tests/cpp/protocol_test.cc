@@ -634,7 +634,9 @@ TEST(Memory, EachSchemeAllocatesItsDocumentedBytes) {
       const size_t full = 2 * static_cast<size_t>(world) * count * sizeof(float);
       size_t want = shards;
       if (scheme == Scheme::kStreamed) {
-        const auto geometry = RingGeometry::for_budget(budget, world);
+        // Host rings: payloads no larger than an accumulator's shard (count fp32).
+        const auto geometry =
+            RingGeometry::for_budget(budget, world, kMaxChunkPayloadBytes, count * sizeof(float));
         ASSERT_TRUE(geometry.ok());
         want += geometry.value().total_bytes(world);
         EXPECT_LE(want - shards, budget) << "at " << world << " ranks";
@@ -687,6 +689,88 @@ TEST(Memory, ByteKnobsReadZeroInAnySpellingAndOnlyPlainDigits) {
   // Positive knobs (the staging budget, ranks per node) refuse 0 however it is written.
   EXPECT_EQ(positive_integer("00", SIZE_MAX, true), 0u);
   EXPECT_EQ(positive_integer("2", 8), 2u);
+}
+
+// Issue #41 item 5: host rings hold what the model can put in flight, up to the budget. Made with
+// the first accumulator (a 400-byte shard: 16 slots of 512 bytes per sender, not the budget's 8
+// of 64 KiB), they grow at the minibatch_begin after a larger accumulator came (to the budget's
+// cut, no further), never shrink, and keep their counts; every sum stays exact. Device rings are
+// the budget's from the start. Before, every communicator held the budget whatever the model (16
+// local ranks 3.75 GiB of /dev/shm at the default budget).
+TEST(Memory, HostRingsHoldWhatTheAccumulatorsNeedUpToTheBudget) {
+  const int world = 2;
+  const size_t budget = size_t{1} << 20;
+  const size_t small = 100;     // fp32 elements per shard
+  const size_t large = 50'000;  // a 200,000-byte slice per owner: more than the budget's payload
+  const auto cut = [&](size_t slice_bytes) {
+    return RingGeometry::for_budget(budget, world, kMaxChunkPayloadBytes, slice_bytes).value();
+  };
+  EXPECT_EQ(cut(small * 4).slot_bytes, 512u);
+  EXPECT_EQ(cut(small * 4).depth, 16u);
+  EXPECT_EQ(cut(large * 4), RingGeometry::for_budget(budget, world).value());
+  EXPECT_EQ(cut(large * 4).total_bytes(world), 1'047'632u);  // docs/runtime.md's budget cut
+  for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice}) {
+    SCOPED_TRACE(scheme_label(scheme));
+    auto mem_world = mem::MemWorld::create(world, mem_options_for(scheme, 20));
+    const auto outcome = run_threads(world, [&](int rank) -> std::string {
+      Communicator comm(mem_world->join(rank), comm_options_for(scheme, world, budget));
+      const bool host = scheme == Scheme::kStreamed;
+      auto first = comm.allocate(small, DataType::kFloat32, true);
+      if (!first.ok()) return first.status().message();
+      const size_t made = comm.staging()->allocated_bytes();
+      const size_t want_made =
+          host ? cut(small * 4).total_bytes(world)
+               : DeviceStreamedStaging::bytes_for(
+                     DeviceStreamedStaging::geometry_for(budget, world).value(), world);
+      if (made != want_made) return "first rings of " + std::to_string(made) + " bytes";
+      // One minibatch through the small rings, so that there are counts to carry.
+      std::vector<float> src(world * large, 1.0f), sums(world * large);
+      if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+      if (Status s = comm.scatter_accumulate(src.data(), world * small, DataType::kFloat32,
+                                             first.value(), nullptr);
+          !s.ok()) {
+        return s.message();
+      }
+      if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+      const uint64_t sent_before = comm.staging()->chunks_sent();
+      auto second = comm.allocate(large, DataType::kFloat32, true);
+      if (!second.ok()) return second.status().message();
+      if (comm.staging()->allocated_bytes() != made) return "the rings changed at alloc";
+      for (int m = 0; m < 3; ++m) {
+        if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+        const size_t grown = comm.staging()->allocated_bytes();
+        if (grown != (host ? 1'047'632u : made)) {
+          return "rings of " + std::to_string(grown) + " bytes in minibatch " + std::to_string(m);
+        }
+        for (Buffer* acc : {first.value(), second.value()}) {
+          for (int push = 0; push < 3; ++push) {
+            if (Status s = comm.scatter_accumulate(src.data(), world * acc->count,
+                                                   DataType::kFloat32, acc, nullptr);
+                !s.ok()) {
+              return s.message();
+            }
+          }
+        }
+        if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+        for (Buffer* acc : {first.value(), second.value()}) {
+          if (Status s = comm.gather(sums.data(), world * acc->count, acc, nullptr); !s.ok()) {
+            return s.message();
+          }
+          for (size_t j = 0; j < world * acc->count; ++j) {
+            if (sums[j] != 3.0f * world) return "wrong sum at element " + std::to_string(j);
+          }
+        }
+      }
+      if (comm.staging()->chunks_sent() <= sent_before) return "the chunk count started over";
+      // Never shrink: freeing the large accumulator leaves the rings as they are.
+      if (Status s = comm.release(second.value()); !s.ok()) return s.message();
+      if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+      if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+      if (comm.staging()->allocated_bytes() != (host ? 1'047'632u : made)) return "rings shrank";
+      return "";
+    });
+    EXPECT_EQ(describe(outcome), "");
+  }
 }
 
 // The budget is cut into at least one slot per sender or refused, naming what it needs.
