@@ -493,7 +493,9 @@ int ShmBootstrap::reclaim_debris() {
       // Never sized: its creator was killed within microseconds of making it, or is making it
       // now. A minute later it is debris.
       const auto made = std::chrono::system_clock::from_time_t(info.st_ctime);
-      if (info.st_size == 0 && now - made > std::chrono::minutes(1)) removable.push_back("/" + name);
+      if (info.st_size == 0 && now - made > std::chrono::minutes(1)) {
+        removable.push_back("/" + name);
+      }
       continue;
     }
     const auto* found = static_cast<const ControlBlock*>(opened.value()->data());
@@ -532,8 +534,7 @@ int ShmBootstrap::reclaim_debris() {
     if (removed++ == 0) example = name;
   }
   if (removed > 0) {
-    std::fprintf(stderr,
-                 "odc: removed %d name(s) that dead processes left in /dev/shm (e.g. %s)\n",
+    std::fprintf(stderr, "odc: removed %d name(s) that dead processes left in /dev/shm (e.g. %s)\n",
                  removed, example.c_str());
   }
   return removed;
@@ -633,13 +634,12 @@ Result<bool> ShmBootstrap::try_map_peer(int peer, Clock::time_point& dead_since)
       const std::string mine = std::to_string(::getpid());
       notify_collision(peer, "another job is using key '" + key_ + "': rank " +
                                  std::to_string(rank_) + " (pid " + mine +
-                                 ") was started by another launch (its " + ours +
-                                 "; this rank's " + theirs + ")" + kBothFail + kOwnKeyAdvice);
-      return Status::InvalidUsage("another job is using key '" + key_ + "': rank " +
-                                  std::to_string(peer) + " (pid " +
-                                  std::to_string(peer_block->pid) +
-                                  ") was started by another launch (its " + theirs +
-                                  "; this rank's " + ours + ")" + kBothFail + kOwnKeyAdvice);
+                                 ") was started by another launch (its " + ours + "; this rank's " +
+                                 theirs + ")" + kBothFail + kOwnKeyAdvice);
+      return Status::InvalidUsage(
+          "another job is using key '" + key_ + "': rank " + std::to_string(peer) + " (pid " +
+          std::to_string(peer_block->pid) + ") was started by another launch (its " + theirs +
+          "; this rank's " + ours + ")" + kBothFail + kOwnKeyAdvice);
     }
     if (peer_block->world_size != static_cast<uint32_t>(world_size_)) {
       return Status::InvalidArgument("rank " + std::to_string(peer) + " joined key '" + key_ +
