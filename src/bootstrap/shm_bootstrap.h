@@ -96,8 +96,9 @@ class ShmBootstrap final : public Bootstrap {
   // hot path rate-limit it.
   Status peer_status(int peer) override;
   // Ok unless another process claimed this rank's slot of the key, or a rank of another launch
-  // met this one (another job uses the key): then this rank is marked failed and the error says
-  // so. One non-blocking syscall: callers on a hot path rate-limit it.
+  // met this one (another job uses the key), before every rank of this job had met: then this
+  // rank is marked failed and the error says so. Claims after the ranks met are dropped (the
+  // claimant fails alone). One non-blocking syscall: callers on a hot path rate-limit it.
   Status check_claim();
   // Sleeps until `peer` bumps its wake word past `seen` (it arrived, signaled or failed), at most
   // `limit`. Read the word (wake_count) before checking the condition, then sleep.
