@@ -64,6 +64,11 @@ struct ControlBlock {
   // and a hash of all of it, which tells launches apart however long their identities are.
   char launch[160];
   uint64_t launch_hash;
+  // When this rank would stop waiting for its peers to join (seconds since the epoch; infinite
+  // with an infinite timeout), and whether it joins a split group (whose members all come
+  // straight from the parent's exchange): when a dead rank's block is debris (reclaim_debris).
+  double join_deadline;
+  uint32_t split_group;
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
@@ -123,6 +128,10 @@ bool valid_key(const std::string& key) {
   return std::all_of(key.begin(), key.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
   });
+}
+
+double seconds_since_epoch() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 Clock::duration until(Clock::time_point deadline, Clock::duration at_most) {
@@ -273,6 +282,7 @@ Result<std::shared_ptr<ShmBootstrap>> ShmBootstrap::create(int rank, int world_s
   // started, need not look again).
   if (parent == nullptr) (void)reclaim_debris();
   std::shared_ptr<ShmBootstrap> bootstrap(new ShmBootstrap(rank, world_size, key, timeout));
+  bootstrap->split_group_ = parent != nullptr;
   if (Status status = bootstrap->join(outer, parent); !status.ok()) {
     bootstrap->mark_failed("init: " + status.message());
     if (bootstrap->leave_block_ && !bootstrap->foreign_peer_knows()) {
@@ -508,7 +518,10 @@ int ShmBootstrap::reclaim_debris() {
     if (found->pid_namespace != own_namespace) continue;
     if (pid_alive(found->pid)) {
       live_keys.insert(key);
-    } else {
+    } else if (found->split_group != 0 || found->join_deadline < seconds_since_epoch()) {
+      // Debris, unless peers of the dead rank may still come to join and should learn that it
+      // died: a split group's members come straight from the parent's exchange (and see its
+      // death there too); a job's ranks may start later, until the dead rank's own timeout.
       dead_blocks[key].push_back({"/" + name, found->pid});
     }
   }
@@ -556,6 +569,8 @@ Status ShmBootstrap::create_control_segment() {
       const std::string launch = launch_identity();
       std::memcpy(own->launch, launch.data(), std::min(launch.size(), sizeof(own->launch) - 1));
       own->launch_hash = hash_of(launch);
+      own->join_deadline = seconds_since_epoch() + timeout_.count();  // inf stays inf
+      own->split_group = split_group_ ? 1 : 0;
       own->state.store(kAlive, std::memory_order_relaxed);
       own->magic.store(kMagic, std::memory_order_release);
       controls_[rank_] = std::move(created).value();
@@ -662,6 +677,15 @@ Result<bool> ShmBootstrap::try_map_peer(int peer, Clock::time_point& dead_since)
 }
 
 Status ShmBootstrap::check_parent(const SplitParent& parent) const {
+  // This rank's own parent first: one that failed meanwhile (an abort on another thread, or
+  // from its interrupt check) does not complete the split either.
+  const int mine = parent.members[static_cast<size_t>(rank_)];
+  if (Status status = parent.bootstrap->peer_status(mine); !status.ok()) {
+    return Status::RemoteError(
+        "the communicator this rank splits failed before the split's "
+        "members met (" +
+        status.message() + ")");
+  }
   for (int member = 0; member < world_size_; ++member) {
     if (member == rank_) continue;
     const int theirs = parent.members[static_cast<size_t>(member)];
@@ -675,6 +699,7 @@ Status ShmBootstrap::check_parent(const SplitParent& parent) const {
 }
 
 Status ShmBootstrap::join(Bootstrap* outer, const SplitParent* parent) {
+  if (parent != nullptr) ODC_RETURN_IF_ERROR(check_parent(*parent));
   // The claim first: a second claimant never makes a block, so no job maps it.
   ODC_RETURN_IF_ERROR(claim_rank());
   ODC_RETURN_IF_ERROR(create_control_segment());
@@ -734,11 +759,6 @@ Status ShmBootstrap::join(Bootstrap* outer, const SplitParent* parent) {
   // rank removes every rank's, so a rank killed now (torchrun's SIGTERM) leaves nothing named.
   for (const auto& control : controls_) (void)control->remove_name();
   track_open_name(controls_[rank_]->name(), false);
-  // A member may have failed in the parent after its colour record yet still come (an abort
-  // while it waited in the exchange): the split ends here too, naming it, rather than give the
-  // others a group whose member's parent failed. (A failure after this check reaches the group
-  // through that member's parent, which fails its children.)
-  if (parent != nullptr) ODC_RETURN_IF_ERROR(check_parent(*parent));
   // Every slot is held by a rank of this job now. A claim that collided before this read (the
   // same instant) still fails this job; any later one is another job's alone (check_claim).
   ODC_RETURN_IF_ERROR(check_claim());

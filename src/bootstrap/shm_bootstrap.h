@@ -64,8 +64,10 @@ class ShmBootstrap final : public Bootstrap {
                                                       const SplitParent* parent = nullptr);
   // Removes every odc name of this uid in /dev/shm that a dead process of this PID namespace
   // left (a job killed during init, an allocation or a split): allocation segments whose
-  // creator (named in the segment's name) is dead, and control blocks of keys none of whose
-  // named blocks has a live owner. Returns how many names it removed.
+  // creator (named in the segment's name) is dead, and dead ranks' control blocks of keys none
+  // of whose named blocks has a live owner: a split group's at once, a job's once the dead
+  // rank's own timeout has passed (until then a peer starting late learns that it died).
+  // Returns how many names it removed.
   static int reclaim_debris();
   ~ShmBootstrap() override;
   ShmBootstrap(const ShmBootstrap&) = delete;
@@ -115,7 +117,7 @@ class ShmBootstrap final : public Bootstrap {
  private:
   ShmBootstrap(int rank, int world_size, std::string key, std::chrono::duration<double> timeout);
   Status join(Bootstrap* outer, const SplitParent* parent);
-  // Ok unless a member of the split group (other than this rank) failed, closed or died in the
+  // Ok unless a member of the split group (this rank too) failed, closed or died in the
   // communicator the group is split from: then an error naming it.
   Status check_parent(const SplitParent& parent) const;
   // Binds this rank's claim; a live holder is told of this second claimant, and this fails.
@@ -152,6 +154,7 @@ class ShmBootstrap final : public Bootstrap {
   // Every rank of the job had joined before this rank last read its claim socket: a later
   // claimant of a slot cannot be one of the job's ranks, so its claim fails alone.
   bool met_ = false;
+  bool split_group_ = false;  // joins a split group (made with a SplitParent)
 };
 
 }  // namespace odc::shm
