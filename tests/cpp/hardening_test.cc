@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -422,7 +423,9 @@ TEST(Hardening, SplitMemberLeavingAfterItsColourRecordIsNamedNotWaitedFor) {
               rlimit lowered = limit;
               lowered.rlim_cur = std::min<rlim_t>(limit.rlim_cur, 256);
               setrlimit(RLIMIT_NOFILE, &lowered);
-              for (int fd = dup(0); fd >= 0; fd = dup(0)) filler.push_back(fd);
+              const int any = open("/dev/null", O_RDONLY);
+              if (any >= 0) filler.push_back(any);
+              for (int fd = dup(any); fd >= 0; fd = dup(any)) filler.push_back(fd);
               break;
             }
           }
