@@ -365,12 +365,26 @@ TEST(Hardening, NanTimeoutIsRefusedNamingIt) {
 }
 
 // How a member of a split leaves right after its colour record went out (it waits in the split's
-// exchange for rank 0, which comes 150 ms later).
+// exchange for rank 0, which comes once the member's interrupt check says it waits there).
 enum class Leaving { kInterrupted, kFailed, kAborted, kDied };
 
-odcComm_t leaving_comm = nullptr;  // the forked member's communicator, for its interrupt check
-int leave_by_abort(void*) {
-  (void)odcCommAbort(leaving_comm, "boom after the colour record");
+std::atomic<int>* member_waits = nullptr;  // set by the member's interrupt check
+odcComm_t leaving_comm = nullptr;          // the forked member's communicator
+Leaving leaving_how = Leaving::kInterrupted;
+int leave_from_the_exchange(void*) {
+  member_waits->store(1);
+  switch (leaving_how) {
+    case Leaving::kInterrupted:
+      return 1;
+    case Leaving::kAborted:
+      (void)odcCommAbort(leaving_comm, "boom after the colour record");
+      return 0;
+    case Leaving::kDied:
+      raise(SIGKILL);
+      return 0;
+    case Leaving::kFailed:  // it fails later, at its claim in the group
+      return 0;
+  }
   return 0;
 }
 
@@ -380,8 +394,10 @@ int leave_by_abort(void*) {
 // 1 to join key 's...'"); it now sees the member's failure flag or pid in the parent and fails at
 // once, naming it. (A timeout of 20 s: a wait that ran it out would be reported as such.)
 TEST(Hardening, SplitMemberLeavingAfterItsColourRecordIsNamedNotWaitedFor) {
+  member_waits = shared_flag();
   for (const Leaving leaving :
        {Leaving::kInterrupted, Leaving::kFailed, Leaving::kAborted, Leaving::kDied}) {
+    member_waits->store(0);
     const auto outcome = odc::testing::run_ranks(
         2,
         [leaving](int rank, int world, const std::string& key) -> std::string {
@@ -389,7 +405,7 @@ TEST(Hardening, SplitMemberLeavingAfterItsColourRecordIsNamedNotWaitedFor) {
           RANK_CHECK(odcCommInit(&comm, rank, world, key.c_str(), 20.0));
           odcComm_t child = nullptr;
           if (rank == 0) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(150));
+            wait_for_flag(member_waits, 1);
             const odcResult_t result = odcCommSplit(comm, 0, 0, &child);
             const std::string message = odcGetLastError();
             RANK_EXPECT(result != odcSuccess && child == nullptr, "the split failed");
@@ -403,31 +419,16 @@ TEST(Hardening, SplitMemberLeavingAfterItsColourRecordIsNamedNotWaitedFor) {
           std::vector<int> filler;  // kFailed: every descriptor taken, so no socket for the claim
           rlimit limit{};
           getrlimit(RLIMIT_NOFILE, &limit);
-          switch (leaving) {
-            case Leaving::kInterrupted:
-              RANK_CHECK(odcSetInterruptCheck([](void*) { return 1; }, nullptr));
-              break;
-            case Leaving::kAborted:
-              leaving_comm = comm;
-              RANK_CHECK(odcSetInterruptCheck(leave_by_abort, nullptr));
-              break;
-            case Leaving::kDied:
-              RANK_CHECK(odcSetInterruptCheck(
-                  [](void*) {
-                    raise(SIGKILL);
-                    return 0;
-                  },
-                  nullptr));
-              break;
-            case Leaving::kFailed: {
-              rlimit lowered = limit;
-              lowered.rlim_cur = std::min<rlim_t>(limit.rlim_cur, 256);
-              setrlimit(RLIMIT_NOFILE, &lowered);
-              const int any = open("/dev/null", O_RDONLY);
-              if (any >= 0) filler.push_back(any);
-              for (int fd = dup(any); fd >= 0; fd = dup(any)) filler.push_back(fd);
-              break;
-            }
+          leaving_comm = comm;
+          leaving_how = leaving;
+          RANK_CHECK(odcSetInterruptCheck(leave_from_the_exchange, nullptr));
+          if (leaving == Leaving::kFailed) {
+            rlimit lowered = limit;
+            lowered.rlim_cur = std::min<rlim_t>(limit.rlim_cur, 256);
+            setrlimit(RLIMIT_NOFILE, &lowered);
+            const int any = open("/dev/null", O_RDONLY);
+            if (any >= 0) filler.push_back(any);
+            for (int fd = dup(any); fd >= 0; fd = dup(any)) filler.push_back(fd);
           }
           const odcResult_t result = odcCommSplit(comm, 0, 0, &child);
           const std::string message = odcGetLastError();
@@ -467,11 +468,14 @@ std::vector<std::string> shm_names_with(const std::string& part) {
 // What a whole job that is killed (SIGKILL, as schedulers, preemption and torchrun do) during
 // an allocation or a split left named, once the next job on the host has started.
 std::vector<std::string> names_left_by_a_job_killed_in(bool split) {
-  // Rank 0's interrupt check sleeps in its waits (so rank 1 goes first); rank 1's stops the
-  // rank for good once rank 1 waits past the point where its name exists (its allocation
-  // segment, or its block of the split group), and tells the test, which kills both.
+  // Rank 0 enters first and its interrupt check sleeps in its wait in the exchange; rank 1 then
+  // passes the exchange, makes its name (its allocation segment, or its block of the split
+  // group) and waits for rank 0, where its interrupt check stops it for good and tells the test,
+  // which kills both.
   static std::atomic<int>* stopped = shared_flag();
+  static std::atomic<int>* rank0_waits = shared_flag();
   stopped->store(0);
+  rank0_waits->store(0);
   const std::string key = "hard-killed-" + std::to_string(getpid()) + (split ? "-s" : "-a");
   const std::vector<std::string> groups_before = shm_names_with("odc.s");
   std::fflush(nullptr);
@@ -484,12 +488,13 @@ std::vector<std::string> names_left_by_a_job_killed_in(bool split) {
       if (rank == 0) {
         odcSetInterruptCheck(
             [](void*) {
-              std::this_thread::sleep_for(std::chrono::seconds(1));
+              rank0_waits->store(1);
+              std::this_thread::sleep_for(std::chrono::seconds(5));
               return 0;
             },
             nullptr);
       } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        wait_for_flag(rank0_waits, 1);  // rank 0 waits in the exchange: rank 1 passes it
         odcSetInterruptCheck(
             [](void*) {
               stopped->store(1);
