@@ -32,6 +32,14 @@ class Bootstrap {
     (void)peer;
     return "";
   }
+  // Ok while `peer` may still take part; an error naming it once this bootstrap knows it failed,
+  // closed or died (a split group's members check their parent's through it). Default: what
+  // failure_of tells.
+  virtual Status peer_status(int peer) {
+    const std::string failure = failure_of(peer);
+    if (failure.empty()) return Status::Ok();
+    return Status::RemoteError("rank " + std::to_string(peer) + " failed" + failure);
+  }
 };
 
 // The caller's callbacks (the C API's odcBootstrap_t, minus its version). allgather and barrier

@@ -5,10 +5,12 @@
 // no rank can enter collective e+2 before every rank has left collective e.
 #include "bootstrap/shm_bootstrap.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -16,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstddef>
@@ -35,7 +38,7 @@
 namespace odc::shm {
 
 namespace {
-constexpr uint64_t kMagic = 0x346d68732d63646fULL;  // "odc-shm4"
+constexpr uint64_t kMagic = 0x356d68732d63646fULL;  // "odc-shm5"
 constexpr size_t kRecordBytes = 256;                // one allgather round per rank
 constexpr size_t kOperationBytes = 48;
 
@@ -57,7 +60,15 @@ struct ControlBlock {
   alignas(64) unsigned char records[2][kRecordBytes];  // allgather rounds, alternating
   char operations[2][kOperationBytes];                 // collective names, alternating
   char failure[256];                                   // why this rank failed (kFailed)
-  char launch[160];  // the launch that started this rank (launch_identity), "" when none
+  // The launch that started this rank (launch_identity): its start for messages ("" when none),
+  // and a hash of all of it, which tells launches apart however long their identities are.
+  char launch[160];
+  uint64_t launch_hash;
+  // When this rank would stop waiting for its peers to join (seconds since the epoch; infinite
+  // with an infinite timeout), and whether it joins a split group (whose members all come
+  // straight from the parent's exchange): when a dead rank's block is debris (reclaim_debris).
+  double join_deadline;
+  uint32_t split_group;
 };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
@@ -90,9 +101,13 @@ void futex_wake_all(std::atomic<uint32_t>* word) {
 // different PID namespaces cannot check each other's liveness by pid (the numbers mean nothing
 // across them), so the join refuses them instead of reporting a live peer dead.
 uint64_t own_pid_namespace() {
-  struct stat info {};
-  if (::stat("/proc/self/ns/pid", &info) != 0) return 0;
-  return static_cast<uint64_t>(info.st_ino);
+  // A process never changes its own PID namespace (setns moves only its later children).
+  static const uint64_t inode = [] {
+    struct stat info {};
+    if (::stat("/proc/self/ns/pid", &info) != 0) return uint64_t{0};
+    return static_cast<uint64_t>(info.st_ino);
+  }();
+  return inode;
 }
 
 // True when `pid` exists and is not a zombie (a dead child its parent has not reaped yet).
@@ -115,16 +130,28 @@ bool valid_key(const std::string& key) {
   });
 }
 
+double seconds_since_epoch() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 Clock::duration until(Clock::time_point deadline, Clock::duration at_most) {
   const auto now = Clock::now();
   if (deadline <= now) return Clock::duration::zero();
   return std::min<Clock::duration>(deadline - now, at_most);
 }
 
+// 64-bit FNV-1a.
+uint64_t hash_of(const std::string& text) {
+  uint64_t hash = 1469598103934665603ULL;
+  for (const char c : text) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  return hash;
+}
+
 // The launch this process belongs to, from the variables its launcher sets identically in every
 // rank of one job and differently in two jobs (torchrun: the rendezvous store's address and the
 // run id; Slurm: job and step; ODC_JOB_ID: the user's own, for ranks started by hand). "" when
-// none is set (ranks started by hand without it, odc.launch).
+// none is set (ranks started by hand without it, odc.launch). Any length: control blocks keep
+// its start for messages and compare its hash.
 std::string launch_identity() {
   std::string identity;
   for (const char* name : {"ODC_JOB_ID", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
@@ -133,7 +160,14 @@ std::string launch_identity() {
     if (value == nullptr || *value == '\0') continue;
     identity += (identity.empty() ? "" : " ") + std::string(name) + "=" + value;
   }
-  return identity.substr(0, sizeof(ControlBlock::launch) - 1);
+  return identity;
+}
+
+// A block's launch identity as messages show it ("none" when empty; "..." when cut).
+std::string launch_text(const ControlBlock& block) {
+  const size_t length = strnlen(block.launch, sizeof(block.launch));
+  if (length == 0) return "none";
+  return std::string(block.launch, length) + (length == sizeof(block.launch) - 1 ? "..." : "");
 }
 
 // The abstract Unix socket address of a rank's claim (per user, key and rank; no file). Keys too
@@ -143,8 +177,7 @@ std::pair<sockaddr_un, socklen_t> claim_address(const std::string& key, int rank
   sockaddr_un address{};
   const std::string fixed = "odc/" + std::to_string(::geteuid()) + "//r" + std::to_string(rank);
   if (fixed.size() + id.size() + 1 > sizeof(address.sun_path)) {
-    uint64_t hash = 1469598103934665603ULL;
-    for (const char c : key) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+    const uint64_t hash = hash_of(key);
     char hex[24];
     std::snprintf(hex, sizeof(hex), "#%016llx", static_cast<unsigned long long>(hash));
     id = hex;
@@ -184,8 +217,10 @@ void track_claim(int fd, bool open) {
 }
 
 constexpr const char* kOwnKeyAdvice =
-    "; both jobs fail rather than pair ranks across jobs: give every job its own key "
-    "(odc.launch and odc.torch.comm_from_process_group draw one per job; docs/runtime.md)";
+    ": give every job its own key (odc.launch and odc.torch.comm_from_process_group draw one "
+    "per job; docs/runtime.md)";
+// A job that meets another on its key while its own ranks are still joining fails too.
+constexpr const char* kBothFail = "; both jobs fail rather than pair ranks across jobs";
 
 // Control names of the bootstraps alive in this process, removed at exit when their owner never
 // closed them (a Python process that ends without close()). Each with the pid that made it: a
@@ -225,7 +260,8 @@ ShmBootstrap::ShmBootstrap(int rank, int world_size, std::string key,
 Result<std::shared_ptr<ShmBootstrap>> ShmBootstrap::create(int rank, int world_size,
                                                            const std::string& key,
                                                            std::chrono::duration<double> timeout,
-                                                           Bootstrap* outer) {
+                                                           Bootstrap* outer,
+                                                           const SplitParent* parent) {
   if (world_size < 1) {
     return Status::InvalidArgument("world size must be at least 1, got " +
                                    std::to_string(world_size));
@@ -242,8 +278,12 @@ Result<std::shared_ptr<ShmBootstrap>> ShmBootstrap::create(int rank, int world_s
     return Status::InvalidArgument("timeout must be positive (or infinite), got " +
                                    std::to_string(timeout.count()) + " s");
   }
+  // A job starting on this host removes what killed jobs left (a split's members, whose job has
+  // started, need not look again).
+  if (parent == nullptr) (void)reclaim_debris();
   std::shared_ptr<ShmBootstrap> bootstrap(new ShmBootstrap(rank, world_size, key, timeout));
-  if (Status status = bootstrap->join(outer); !status.ok()) {
+  bootstrap->split_group_ = parent != nullptr;
+  if (Status status = bootstrap->join(outer, parent); !status.ok()) {
     bootstrap->mark_failed("init: " + status.message());
     if (bootstrap->leave_block_ && !bootstrap->foreign_peer_knows()) {
       bootstrap->controls_[rank]->keep_name();
@@ -299,6 +339,21 @@ std::string ShmBootstrap::segment_name(int rank, const std::string& suffix) cons
   return "/odc." + key_ + ".r" + std::to_string(rank) + suffix;
 }
 
+namespace {
+
+// The suffix of an allocation segment's name (ShmBootstrap::allocation_name).
+std::string allocation_suffix(uint64_t index, int32_t pid, uint64_t pid_namespace) {
+  return ".a" + std::to_string(index) + ".p" + std::to_string(pid) + ".n" +
+         std::to_string(pid_namespace);
+}
+
+}  // namespace
+
+std::string ShmBootstrap::allocation_name(int rank, uint64_t index) const {
+  const ControlBlock& owner = block(rank);
+  return segment_name(rank, allocation_suffix(index, owner.pid, owner.pid_namespace));
+}
+
 Status ShmBootstrap::claim_rank() {
   const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return Status::SystemError(std::string("socket(AF_UNIX) failed: ") + strerror(errno));
@@ -317,13 +372,17 @@ Status ShmBootstrap::claim_rank() {
     return Status::SystemError("claiming rank " + std::to_string(rank_) + " of key '" + key_ +
                                "' failed: bind: " + strerror(error));
   }
-  // The holder may have paired with ranks of this job (both started at once): it must fail too.
+  // The holder may have paired with ranks of this job (both started at once): unless its ranks
+  // had all met before (check_claim), it must fail too.
   notify_collision(rank_, "another job is using key '" + key_ + "': process " +
                               std::to_string(::getpid()) + " also claimed rank " +
-                              std::to_string(rank_) + kOwnKeyAdvice);
-  return Status::InvalidUsage(
-      "another job is using key '" + key_ + "': rank " + std::to_string(rank_) +
-      " of it is held by a live process (the key is in use)" + kOwnKeyAdvice);
+                              std::to_string(rank_) + kBothFail + kOwnKeyAdvice);
+  return Status::InvalidUsage("another job is using key '" + key_ + "': rank " +
+                              std::to_string(rank_) +
+                              " of it is held by a live process (the key is in use; that job goes "
+                              "on if its ranks had all met, else it fails too rather than pair "
+                              "ranks across jobs)" +
+                              kOwnKeyAdvice);
 }
 
 void ShmBootstrap::notify_collision(int peer, const std::string& reason) const {
@@ -347,6 +406,9 @@ Status ShmBootstrap::check_claim() {
     message.msg_controllen = sizeof(control);
     const ssize_t got = ::recvmsg(claim_fd_, &message, MSG_DONTWAIT);
     if (got < 0) return Status::Ok();  // nothing pending (EAGAIN)
+    // Every rank of this job had met before this claim: its ranks are fixed, the claimant is
+    // not one of them, and its own init fails. Read and dropped, so the queue stays empty.
+    if (met_) continue;
     bool same_user = false;
     for (cmsghdr* part = CMSG_FIRSTHDR(&message); part != nullptr;
          part = CMSG_NXTHDR(&message, part)) {
@@ -369,8 +431,10 @@ void ShmBootstrap::note_allocations(uint64_t count) {
 }
 
 void ShmBootstrap::remove_remains(int peer, int32_t dead_pid, uint64_t num_allocations) const {
+  // The dead rank was of this job, so of this rank's PID namespace (the join checks it).
+  const uint64_t pid_namespace = own_pid_namespace();
   for (uint64_t i = 0; i < num_allocations; ++i) {
-    (void)Segment::unlink_name(segment_name(peer, ".a" + std::to_string(i)));
+    (void)Segment::unlink_name(segment_name(peer, allocation_suffix(i, dead_pid, pid_namespace)));
   }
   // The control name only if it is still the dead rank's (a restarted rank may own it now).
   const std::string name = segment_name(peer, "");
@@ -380,6 +444,113 @@ void ShmBootstrap::remove_remains(int peer, int32_t dead_pid, uint64_t num_alloc
   if (found->magic.load(std::memory_order_acquire) == kMagic && found->pid == dead_pid) {
     (void)Segment::unlink_name(name);
   }
+}
+
+int ShmBootstrap::reclaim_debris() {
+  DIR* directory = ::opendir("/dev/shm");
+  if (directory == nullptr) return 0;
+  const uint64_t own_namespace = own_pid_namespace();
+  if (own_namespace == 0) {  // pids cannot be told apart from another namespace's: leave all
+    ::closedir(directory);
+    return 0;
+  }
+  const auto now = std::chrono::system_clock::now();
+  auto digits_after = [](const std::string& name, size_t at, uint64_t& value) {
+    if (at >= name.size()) return false;
+    value = 0;
+    for (size_t i = at; i < name.size(); ++i) {
+      if (!std::isdigit(static_cast<unsigned char>(name[i])) || value > (UINT64_MAX - 9) / 10) {
+        return false;
+      }
+      value = value * 10 + static_cast<uint64_t>(name[i] - '0');
+    }
+    return true;
+  };
+  struct Found {
+    std::string name;
+    int32_t pid;
+  };
+  std::map<std::string, std::vector<Found>> dead_blocks;  // by key: blocks of dead owners
+  std::set<std::string> live_keys;                        // keys with a block of a live owner
+  std::vector<std::string> removable;
+  while (const dirent* entry = ::readdir(directory)) {
+    const std::string name = entry->d_name;
+    if (name.rfind("odc.", 0) != 0) continue;
+    struct stat info {};
+    if (::fstatat(::dirfd(directory), name.c_str(), &info, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(info.st_mode) || info.st_uid != ::geteuid()) {
+      continue;  // not ours
+    }
+    // "...<.a index>.p<pid>.n<namespace>": an allocation segment, whose creator the name tells.
+    const size_t dot_n = name.rfind(".n");
+    const size_t dot_p = dot_n == std::string::npos ? dot_n : name.rfind(".p", dot_n);
+    uint64_t pid_namespace = 0;
+    uint64_t pid = 0;
+    if (dot_p != std::string::npos && digits_after(name, dot_n + 2, pid_namespace) &&
+        digits_after(name.substr(0, dot_n), dot_p + 2, pid) && pid <= INT32_MAX) {
+      if (pid_namespace == own_namespace && !pid_alive(static_cast<int32_t>(pid))) {
+        removable.push_back("/" + name);
+      }
+      continue;
+    }
+    // "odc.<key>.r<rank>": a control block, whose creator it records.
+    const size_t dot_r = name.rfind(".r");
+    uint64_t rank = 0;
+    if (dot_r == std::string::npos || dot_r <= 4 || !digits_after(name, dot_r + 2, rank)) continue;
+    const std::string key = name.substr(4, dot_r - 4);
+    auto opened = Segment::open("/" + name, sizeof(ControlBlock));
+    if (!opened.ok()) {
+      // Never sized: its creator was killed within microseconds of making it, or is making it
+      // now. A minute later it is debris.
+      const auto made = std::chrono::system_clock::from_time_t(info.st_ctime);
+      if (info.st_size == 0 && now - made > std::chrono::minutes(1)) {
+        removable.push_back("/" + name);
+      }
+      continue;
+    }
+    const auto* found = static_cast<const ControlBlock*>(opened.value()->data());
+    const uint64_t magic = found->magic.load(std::memory_order_acquire);
+    if (magic != kMagic) {  // never initialized (as above), or another odc version's: left alone
+      const auto made = std::chrono::system_clock::from_time_t(info.st_ctime);
+      if (magic == 0 && now - made > std::chrono::minutes(1)) removable.push_back("/" + name);
+      continue;
+    }
+    if (found->pid_namespace != own_namespace) continue;
+    if (pid_alive(found->pid)) {
+      live_keys.insert(key);
+    } else if (found->split_group != 0 || found->join_deadline < seconds_since_epoch()) {
+      // Debris, unless peers of the dead rank may still come to join and should learn that it
+      // died: a split group's members come straight from the parent's exchange (and see its
+      // death there too); a job's ranks may start later, until the dead rank's own timeout.
+      dead_blocks[key].push_back({"/" + name, found->pid});
+    }
+  }
+  ::closedir(directory);
+  // A key with a live rank still in init: that rank removes its dead peers' blocks itself, after
+  // naming them (docs/runtime.md); a key whose named ranks are all dead is a killed job's.
+  for (const auto& [key, blocks] : dead_blocks) {
+    if (live_keys.count(key) != 0) continue;
+    for (const Found& block : blocks) {
+      // Only if it is still the dead owner's (a restarting rank may have replaced it).
+      auto current = Segment::open(block.name, sizeof(ControlBlock));
+      if (!current.ok()) continue;
+      const auto* found = static_cast<const ControlBlock*>(current.value()->data());
+      if (found->magic.load(std::memory_order_acquire) == kMagic && found->pid == block.pid) {
+        removable.push_back(block.name);
+      }
+    }
+  }
+  int removed = 0;
+  std::string example;
+  for (const std::string& name : removable) {
+    if (::shm_unlink(name.c_str()) != 0) continue;  // another job's init removed it first
+    if (removed++ == 0) example = name;
+  }
+  if (removed > 0) {
+    std::fprintf(stderr, "odc: removed %d name(s) that dead processes left in /dev/shm (e.g. %s)\n",
+                 removed, example.c_str());
+  }
+  return removed;
 }
 
 Status ShmBootstrap::create_control_segment() {
@@ -396,7 +567,10 @@ Status ShmBootstrap::create_control_segment() {
       own->pid = static_cast<int32_t>(::getpid());
       own->pid_namespace = own_pid_namespace();
       const std::string launch = launch_identity();
-      std::memcpy(own->launch, launch.data(), launch.size());
+      std::memcpy(own->launch, launch.data(), std::min(launch.size(), sizeof(own->launch) - 1));
+      own->launch_hash = hash_of(launch);
+      own->join_deadline = seconds_since_epoch() + timeout_.count();  // inf stays inf
+      own->split_group = split_group_ ? 1 : 0;
       own->state.store(kAlive, std::memory_order_relaxed);
       own->magic.store(kMagic, std::memory_order_release);
       controls_[rank_] = std::move(created).value();
@@ -465,23 +639,22 @@ Result<bool> ShmBootstrap::try_map_peer(int peer, Clock::time_point& dead_since)
         "(e.g. run them in one container, or with docker --pid=host; docs/runtime.md)");
   }
   if (pid_alive(peer_block->pid)) {
-    const std::string theirs(peer_block->launch,
-                             strnlen(peer_block->launch, sizeof(peer_block->launch)));
-    const std::string ours(block(rank_).launch,
-                           strnlen(block(rank_).launch, sizeof(block(rank_).launch)));
-    if (theirs != ours) {
+    const ControlBlock& own = block(rank_);
+    if (peer_block->launch_hash != own.launch_hash ||
+        strncmp(peer_block->launch, own.launch, sizeof(own.launch)) != 0) {
       // Two launched jobs with one key: both ranks fail (the peer is told, as it may not have
       // mapped this block yet), whatever the order in which their ranks came.
-      auto named = [](const std::string& launch) { return launch.empty() ? "none" : launch; };
+      const std::string theirs = launch_text(*peer_block);
+      const std::string ours = launch_text(own);
       const std::string mine = std::to_string(::getpid());
       notify_collision(peer, "another job is using key '" + key_ + "': rank " +
                                  std::to_string(rank_) + " (pid " + mine +
-                                 ") was started by another launch (its " + named(ours) +
-                                 "; this rank's " + named(theirs) + ")" + kOwnKeyAdvice);
+                                 ") was started by another launch (its " + ours + "; this rank's " +
+                                 theirs + ")" + kBothFail + kOwnKeyAdvice);
       return Status::InvalidUsage(
           "another job is using key '" + key_ + "': rank " + std::to_string(peer) + " (pid " +
-          std::to_string(peer_block->pid) + ") was started by another launch (its " +
-          named(theirs) + "; this rank's " + named(ours) + ")" + kOwnKeyAdvice);
+          std::to_string(peer_block->pid) + ") was started by another launch (its " + theirs +
+          "; this rank's " + ours + ")" + kBothFail + kOwnKeyAdvice);
     }
     if (peer_block->world_size != static_cast<uint32_t>(world_size_)) {
       return Status::InvalidArgument("rank " + std::to_string(peer) + " joined key '" + key_ +
@@ -503,7 +676,30 @@ Result<bool> ShmBootstrap::try_map_peer(int peer, Clock::time_point& dead_since)
                              "' (what it left in /dev/shm is removed)");
 }
 
-Status ShmBootstrap::join(Bootstrap* outer) {
+Status ShmBootstrap::check_parent(const SplitParent& parent) const {
+  // This rank's own parent first: one that failed meanwhile (an abort on another thread, or
+  // from its interrupt check) does not complete the split either.
+  const int mine = parent.members[static_cast<size_t>(rank_)];
+  if (Status status = parent.bootstrap->peer_status(mine); !status.ok()) {
+    return Status::RemoteError(
+        "the communicator this rank splits failed before the split's "
+        "members met (" +
+        status.message() + ")");
+  }
+  for (int member = 0; member < world_size_; ++member) {
+    if (member == rank_) continue;
+    const int theirs = parent.members[static_cast<size_t>(member)];
+    if (Status status = parent.bootstrap->peer_status(theirs); !status.ok()) {
+      return Status::RemoteError("rank " + std::to_string(theirs) +
+                                 " will not meet the other members of the split (" +
+                                 status.message() + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+Status ShmBootstrap::join(Bootstrap* outer, const SplitParent* parent) {
+  if (parent != nullptr) ODC_RETURN_IF_ERROR(check_parent(*parent));
   // The claim first: a second claimant never makes a block, so no job maps it.
   ODC_RETURN_IF_ERROR(claim_rank());
   ODC_RETURN_IF_ERROR(create_control_segment());
@@ -517,6 +713,7 @@ Status ShmBootstrap::join(Bootstrap* outer) {
   // a peer that never joined. Met ranks are mapped, so their failure reasons reach us.
   std::vector<Clock::time_point> dead_since(static_cast<size_t>(world_size_));
   auto pause = std::chrono::milliseconds(1);
+  auto next_parent_check = Clock::now();
   while (true) {
     int first_missing = -1;
     for (int peer = 0; peer < world_size_; ++peer) {
@@ -531,6 +728,12 @@ Status ShmBootstrap::join(Bootstrap* outer) {
     }
     if (first_missing < 0) break;
     ODC_RETURN_IF_ERROR(check_claim());
+    // A member that failed or died in the parent after its colour record went out never makes
+    // its block here: its failure flag and pid there say so (reads /proc: every 10 ms at most).
+    if (parent != nullptr && Clock::now() >= next_parent_check) {
+      ODC_RETURN_IF_ERROR(check_parent(*parent));
+      next_parent_check = Clock::now() + std::chrono::milliseconds(10);
+    }
     // A rank already met may have given up (e.g. it found a peer dead and removed its block):
     // end with its reason rather than wait for a rank that will never come.
     for (int other = 0; other < world_size_; ++other) {
@@ -556,6 +759,10 @@ Status ShmBootstrap::join(Bootstrap* outer) {
   // rank removes every rank's, so a rank killed now (torchrun's SIGTERM) leaves nothing named.
   for (const auto& control : controls_) (void)control->remove_name();
   track_open_name(controls_[rank_]->name(), false);
+  // Every slot is held by a rank of this job now. A claim that collided before this read (the
+  // same instant) still fails this job; any later one is another job's alone (check_claim).
+  ODC_RETURN_IF_ERROR(check_claim());
+  met_ = true;
   return Status::Ok();
 }
 

@@ -5,15 +5,18 @@
 // Invariants:
 //   - a rank slot has one live claimant: the claim is an abstract Unix socket bound for the
 //     process's life (the kernel frees it when the process ends, however it ends; nothing on
-//     disk). A second claimant (another job with the same key) fails, and tells the holder,
-//     whose job then fails at its next wait: a set of ranks that paired across two jobs cannot
-//     be told from one job, so both jobs fail rather than go on. Ranks started by different
-//     launches (torchrun's MASTER_ADDR/MASTER_PORT/TORCHELASTIC_RUN_ID, Slurm's job and step)
-//     refuse each other at the join, so two launched jobs never pair, whatever the timing;
+//     disk). A second claimant (another job with the same key) fails, and tells the holder. A
+//     holder whose ranks have not all met yet fails too (a set of ranks that paired across two
+//     jobs started together cannot be told from one job); a job whose ranks had all met before
+//     the claim goes on untouched (its ranks are fixed: the claimant cannot be one of them).
+//     Ranks started by different launches (torchrun's MASTER_ADDR/MASTER_PORT/
+//     TORCHELASTIC_RUN_ID, Slurm's job and step, ODC_JOB_ID) refuse each other at the join, so
+//     two launched jobs never pair, whatever the timing;
 //   - nothing stays named in /dev/shm once every rank has mapped it: the control blocks are
 //     unlinked at the end of init (and allocation segments once mapped, shm_transport.cc), so a
-//     job killed later (torchrun's SIGTERM) leaves no names. A rank that dies while names exist
-//     (during init) leaves them to whoever finds it dead, or to its restart;
+//     job killed later (torchrun's SIGTERM) leaves no names. What a killed job can leave (names
+//     of init, of an allocation or of a split group's init) records the pid that made it, and
+//     every job's init on the host removes the names of dead processes (reclaim_debris);
 //   - every wait is bounded by the timeout (infinite: forever) and ends early, naming the rank,
 //     when a peer failed, closed or died.
 // The shared-memory transport builds on the same blocks (its signal waits sleep on their futex
@@ -38,15 +41,34 @@ class ShmBootstrap final : public Bootstrap {
  public:
   using Clock = std::chrono::steady_clock;
 
+  // The communicator a split group is made from (Communicator::split): its bootstrap and the
+  // group's members as its ranks, in the group's order.
+  struct SplitParent {
+    Bootstrap* bootstrap = nullptr;
+    std::vector<int> members;
+  };
+
   // Collective: returns once every rank of `world_size` has joined `key` (or fails after
   // `timeout`, naming the missing rank; or at once when the key is held by a live job). `outer`:
   // the bootstrap the ranks agreed on `key` through, if any (an external one): every rank meets
   // there once its control block exists, so a rank that fails before (e.g. EMFILE) and marks
   // itself failed there is seen by its peers at once, not as a block that never appears.
+  // `parent`: for a split group, the communicator it is split from: a member that failed, closed
+  // or died there (e.g. after its colour record, before its block of the group exists) ends the
+  // wait at once, naming it. Without a parent (a job's init), first removes what dead processes
+  // left in /dev/shm (reclaim_debris).
   static Result<std::shared_ptr<ShmBootstrap>> create(int rank, int world_size,
                                                       const std::string& key,
                                                       std::chrono::duration<double> timeout,
-                                                      Bootstrap* outer = nullptr);
+                                                      Bootstrap* outer = nullptr,
+                                                      const SplitParent* parent = nullptr);
+  // Removes every odc name of this uid in /dev/shm that a dead process of this PID namespace
+  // left (a job killed during init, an allocation or a split): allocation segments whose
+  // creator (named in the segment's name) is dead, and dead ranks' control blocks of keys none
+  // of whose named blocks has a live owner: a split group's at once, a job's once the dead
+  // rank's own timeout has passed (until then a peer starting late learns that it died).
+  // Returns how many names it removed.
+  static int reclaim_debris();
   ~ShmBootstrap() override;
   ShmBootstrap(const ShmBootstrap&) = delete;
   ShmBootstrap& operator=(const ShmBootstrap&) = delete;
@@ -65,16 +87,20 @@ class ShmBootstrap final : public Bootstrap {
   std::chrono::duration<double> timeout() const { return timeout_; }
   // "/odc.<key>.r<rank><suffix>": every shared-memory name of this job.
   std::string segment_name(int rank, const std::string& suffix) const;
+  // The name of `rank`'s allocation segment `index`: "/odc.<key>.r<rank>.a<index>.p<pid>.n<pid
+  // namespace>", so whoever finds it after its creator died removes it (reclaim_debris).
+  std::string allocation_name(int rank, uint64_t index) const;
   // Records that this rank has named `count` allocation segments (".a0", ".a1", ...), so that
   // whoever finds it dead removes them.
   void note_allocations(uint64_t count);
   // Ok while `peer` lives and is open; otherwise a RemoteError naming it (failed: its reason;
   // closed; died: its pid, and what it left in /dev/shm is removed). Reads /proc: callers on a
   // hot path rate-limit it.
-  Status peer_status(int peer);
+  Status peer_status(int peer) override;
   // Ok unless another process claimed this rank's slot of the key, or a rank of another launch
-  // met this one (another job uses the key): then this rank is marked failed and the error says
-  // so. One non-blocking syscall: callers on a hot path rate-limit it.
+  // met this one (another job uses the key), before every rank of this job had met: then this
+  // rank is marked failed and the error says so. Claims after the ranks met are dropped (the
+  // claimant fails alone). One non-blocking syscall: callers on a hot path rate-limit it.
   Status check_claim();
   // Sleeps until `peer` bumps its wake word past `seen` (it arrived, signaled or failed), at most
   // `limit`. Read the word (wake_count) before checking the condition, then sleep.
@@ -90,7 +116,10 @@ class ShmBootstrap final : public Bootstrap {
 
  private:
   ShmBootstrap(int rank, int world_size, std::string key, std::chrono::duration<double> timeout);
-  Status join(Bootstrap* outer);
+  Status join(Bootstrap* outer, const SplitParent* parent);
+  // Ok unless a member of the split group (this rank too) failed, closed or died in the
+  // communicator the group is split from: then an error naming it.
+  Status check_parent(const SplitParent& parent) const;
   // Binds this rank's claim; a live holder is told of this second claimant, and this fails.
   Status claim_rank();
   // Tells the holder of `peer`'s claim that its job collided with another (`reason`).
@@ -122,6 +151,10 @@ class ShmBootstrap final : public Bootstrap {
   bool foreign_peer_knows() const;
   int claim_fd_ = -1;      // this rank's claim (bound abstract socket), -1 before the claim
   std::string collision_;  // why the job collided with another, once check_claim found out
+  // Every rank of the job had joined before this rank last read its claim socket: a later
+  // claimant of a slot cannot be one of the job's ranks, so its claim fails alone.
+  bool met_ = false;
+  bool split_group_ = false;  // joins a split group (made with a SplitParent)
 };
 
 }  // namespace odc::shm

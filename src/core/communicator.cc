@@ -1011,7 +1011,13 @@ Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
     group.name = name;
   }
   auto made = transport_->split(group);
-  if (!made.ok()) return finish(op, made.status());
+  if (!made.ok()) {
+    // Past the exchange the other members wait for this one in the group's rendezvous, and see
+    // it fail there only through this communicator's failure flag: a member's failure is a
+    // fault (EMFILE too), except a transport's "cannot split", which every rank gets alike.
+    const bool alike = made.status().code() == StatusCode::kInvalidUsage;
+    return finish(op, group.rank >= 0 && !alike ? as_fault(made.status()) : made.status());
+  }
   if (made.value() == nullptr) return std::unique_ptr<Communicator>();
   CommOptions options;
   options.deterministic = scheme_ == AccumulationScheme::kPulled;

@@ -212,8 +212,10 @@ Status CudaTransport::barrier(CollectiveOp op, StreamHandle stream) {
 
 Result<std::unique_ptr<Transport>> CudaTransport::split(const SplitGroup& group) {
   if (group.rank < 0) return std::unique_ptr<Transport>();
+  // Members that fail or die in this transport's bootstrap before they meet are seen through it.
+  const shm::ShmBootstrap::SplitParent parent{&this->bootstrap(), group.members};
   auto bootstrap = shm::ShmBootstrap::create(group.rank, static_cast<int>(group.members.size()),
-                                             group.name, timeout());
+                                             group.name, timeout(), /*outer=*/nullptr, &parent);
   if (!bootstrap.ok()) return bootstrap.status();
   std::shared_ptr<shm::ShmBootstrap> members = std::move(bootstrap).value();
   auto made = create(members, timeout(), device());

@@ -42,9 +42,12 @@ Result<std::unique_ptr<ShmTransport>> ShmTransport::create(int rank, int world_s
 
 Result<std::unique_ptr<Transport>> ShmTransport::split(const SplitGroup& group) {
   if (group.rank < 0) return std::unique_ptr<Transport>();
-  auto made = create(group.rank, static_cast<int>(group.members.size()), group.name, timeout());
+  // Members that fail or die in this transport before they meet are seen through its blocks.
+  const ShmBootstrap::SplitParent parent{bootstrap_.get(), group.members};
+  auto made = ShmBootstrap::create(group.rank, static_cast<int>(group.members.size()), group.name,
+                                   timeout(), /*outer=*/nullptr, &parent);
   if (!made.ok()) return made.status();
-  return std::unique_ptr<Transport>(std::move(made).value());
+  return std::unique_ptr<Transport>(new ShmTransport(std::move(made).value()));
 }
 
 Result<std::vector<ExchangeRecord>> ShmTransport::exchange(const ExchangeRecord& mine) {
@@ -57,13 +60,14 @@ Result<std::vector<ExchangeRecord>> ShmTransport::exchange(const ExchangeRecord&
 Result<std::unique_ptr<SymmetricRegion>> ShmTransport::allocate(size_t bytes) {
   const int rank = this->rank();
   const int world_size = this->world_size();
-  const std::string suffix = ".a" + std::to_string(allocations_++);
-  // Before the name exists: whoever finds this rank dead removes the names it counts.
+  const uint64_t index = allocations_++;
+  // Before the name exists: whoever finds this rank dead removes the names it counts (and the
+  // name records this process, so the next job on the host removes it if the whole job dies).
   bootstrap_->note_allocations(allocations_);
 
   // Phase 1: create ours. A leftover with our name can only be debris of a crashed run (our
   // control block is ours while we live, and names are unlinked once mapped), so it is replaced.
-  const std::string own_name = bootstrap_->segment_name(rank, suffix);
+  const std::string own_name = bootstrap_->allocation_name(rank, index);
   auto created = Segment::create(own_name, bytes);
   if (!created.ok() && created.status().code() == StatusCode::kInvalidArgument) {
     ODC_RETURN_IF_ERROR(Segment::unlink_name(own_name));
@@ -96,7 +100,7 @@ Result<std::unique_ptr<SymmetricRegion>> ShmTransport::allocate(size_t bytes) {
       pointers[peer] = created.value()->data();
       continue;
     }
-    auto opened = Segment::open(bootstrap_->segment_name(peer, suffix), bytes);
+    auto opened = Segment::open(bootstrap_->allocation_name(peer, index), bytes);
     if (!opened.ok()) {
       mapped = opened.status();
       break;
@@ -111,7 +115,7 @@ Result<std::unique_ptr<SymmetricRegion>> ShmTransport::allocate(size_t bytes) {
   // so one that dies right now leaves nothing named behind.
   ODC_RETURN_IF_ERROR(created.value()->unlink());
   for (int peer = 0; peer < world_size; ++peer) {
-    if (peer != rank) (void)Segment::unlink_name(bootstrap_->segment_name(peer, suffix));
+    if (peer != rank) (void)Segment::unlink_name(bootstrap_->allocation_name(peer, index));
   }
   segments.push_back(std::move(created).value());
   return std::unique_ptr<SymmetricRegion>(
