@@ -166,9 +166,7 @@ def test_split_runs_at_the_least_staging_budget(tmp_path):
     at 2 ranks, the least there is), one rank's gradient pushes wait for the other's credit while
     that rank waits in the split's K/V exchange (a gloo subgroup, or odc's sub-communicator);
     the owner's progress thread folds for it. Stalled for the whole timeout before."""
-    runs, _ = _train_outliers(
-        tmp_path, "--kv-exchange", "both", env={"ODC_STAGING_BYTES": "720"}
-    )
+    runs, _ = _train_outliers(tmp_path, "--kv-exchange", "both", env={"ODC_STAGING_BYTES": "720"})
     assert [(r["comm"], r["kv_exchange"]) for r in runs] == [("odc", "nccl"), ("odc", "odc")]
     assert all(r["split_samples"] == 1 for r in runs)
 
