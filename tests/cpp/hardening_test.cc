@@ -288,7 +288,8 @@ TEST(Hardening, SecondThreadInsideACommunicatorIsRefusedNamingBoth) {
         const odcResult_t pushed = odcScatterAccumulate(comm, src, 32, odcFloat32, acc, nullptr);
         const std::string push_message = odcGetLastError();
         const odcResult_t met = odcBarrier(comm, nullptr);
-        const std::string communicator_error = odcCommGetLastError(comm);
+        // (Not odcCommGetLastError here: the waiter's call is in flight, and its message is valid
+        // only between calls. The refusals set only this thread's error, read above.)
         refused->store(1);
         waiter.join();
         RANK_EXPECT(result == odcInvalidUsage, odcGetErrorString(result));
@@ -299,7 +300,6 @@ TEST(Hardening, SecondThreadInsideACommunicatorIsRefusedNamingBoth) {
                     message);
         RANK_EXPECT(pushed == odcInvalidUsage && met == odcInvalidUsage, push_message);
         RANK_EXPECT(contains(push_message, "odcScatterAccumulate: refused"), push_message);
-        RANK_EXPECT(communicator_error.empty(), "the refusals are not the communicator's errors");
         // The waiter's barrier completed; the communicator is usable, with nothing pushed.
         RANK_EXPECT(waited == odcSuccess, odcGetErrorString(waited));
         RANK_CHECK(odcBarrier(comm, nullptr));
