@@ -411,6 +411,48 @@ TEST(SplitComm, PushesProgressWhileTheirOwnerWaitsElsewhere) {
   }
 }
 
+// A fold the progress thread runs can fail too: rank 0's arrival signals to rank 1 are inflated
+// (a stray signal), rank 0's ring of one slot fills at once, and rank 1, waiting outside odc, is
+// served by its progress thread, whose fold refuses the signal. The failure is kept and returned
+// by rank 1's next call, which fails its communicator naming it; nothing is summed.
+TEST(SplitComm, AFailureOfTheProgressThreadsFoldIsReturnedByTheNextCall) {
+  constexpr int kWorld = 2;
+  auto world = make_world(kWorld, Scheme::kStreamed, 2);
+  std::promise<void> pushed;  // rank 0 -> rank 1, outside odc: its push returned (or failed)
+  std::shared_future<void> pushed_seen = pushed.get_future().share();
+  const auto outcome = run_threads(kWorld, [&](int rank) -> std::string {
+    fault::FaultPlan plan;
+    if (rank == 0) {
+      plan.kind = fault::FaultKind::kInflateSignal;
+      plan.peer = 1;
+    }
+    Communicator comm(
+        std::make_unique<fault::FaultTransport>(world->join(rank), plan),
+        comm_options_for(Scheme::kStreamed, kWorld, RingGeometry::least_budget(kWorld)));
+    const size_t count = 4 * kMinChunkPayloadBytes / sizeof(float);  // 4 chunks per slice
+    auto acc = comm.allocate(count, DataType::kFloat32, true, "grads");
+    if (!acc.ok()) return acc.status().message();
+    std::vector<float> src(kWorld * count, 1.0f);
+    if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+    if (rank == 0) {
+      Status s =
+          comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32, acc.value(), nullptr);
+      pushed.set_value();
+      return s.ok() ? "rank 0's push went through a refused fold" : "";
+    }
+    if (pushed_seen.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+      return "rank 0's push never returned";
+    }
+    Status s = comm.minibatch_end(nullptr);
+    if (s.message().find("progress thread") == std::string::npos ||
+        s.message().find("stray signal") == std::string::npos) {
+      return "the progress thread's refusal is not what fails: " + s.message();
+    }
+    return comm.state() == CommState::kFailed ? "" : "the communicator did not fail";
+  });
+  EXPECT_EQ(describe(outcome), "");
+}
+
 // A negative colour joins no group; a rank that splits while the others allocate fails, and so do
 // they, naming each other's collective instead of pairing up.
 TEST(SplitComm, NoColourGetsNullAndAMismatchIsNamed) {
