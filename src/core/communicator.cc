@@ -542,17 +542,18 @@ Status Communicator::make_staging() {
     routes_ = std::make_unique<NodeRoutes>(NodeRoutes::of(*topology_, rank()));
     staging_->set_routes(*routes_, node.front(), node.back() + 1);
   }
-  // Host folds run inside this rank's calls, and in the progress thread while none runs (a
-  // device fold runs on the stream, design.md's progress rule there: docs/runtime.md). Once:
-  // rings that grow (grow_staging) are made anew for the same communicator.
-  if (!transport_->caps().stream_ordered && !served_by_progress_) {
+  // Folds run inside this rank's calls (host) or on its stream (device), and from the progress
+  // thread, whatever this rank waits in (design.md's progress rule). Once: rings that grow
+  // (grow_staging) are made anew for the same communicator.
+  if (!served_by_progress_) {
+    device_progress_ = transport_->caps().stream_ordered;
     HostProgress::instance().add(this);
     served_by_progress_ = true;
   }
   // Made inside a minibatch (an accumulator allocated there): that minibatch is open for it too.
   if (state_ == CommState::kInMinibatch) {
-    staging_->begin(minibatch_);
-    if (served_by_progress_) HostProgress::instance().wake();
+    ODC_RETURN_IF_ERROR(staging_->begin(minibatch_, nullptr));
+    HostProgress::instance().wake();
   }
   return Status::Ok();
 }
@@ -680,32 +681,32 @@ Status Communicator::release(Buffer* buffer) {
   const CallLock call(call_mutex_);
   const char* op = "free";
   ODC_RETURN_IF_ERROR(check_buffer(op, buffer));
+  // No fold adds into an accumulator once it is no target (the progress thread's device passes
+  // take the table as set_targets leaves it); what was enqueued before ends in the drain or
+  // barrier below, before the memory goes. Fewer targets than before always fit.
+  const auto stop_folding_into_it = [&] {
+    accumulators_by_id_.erase(buffer->id);
+    return staging_ != nullptr ? staging_->set_targets(fold_targets()) : Status::Ok();
+  };
   if (state_ == CommState::kFailed) {
     // Nothing to coordinate with, but this rank's queued work may still use the buffer.
+    (void)stop_folding_into_it();
     (void)transport_->drain();
     if (node_cache_ != nullptr) node_cache_->remove(buffer->id);
     if (buffer->relay != nullptr) relay_bytes_ -= buffer->relay->bytes();
-    accumulators_by_id_.erase(buffer->id);
     buffers_.erase(buffer);
-    if (staging_ != nullptr) {
-      (void)staging_->set_targets(fold_targets());
-      staging_->set_relays(relays());
-    }
+    if (staging_ != nullptr) staging_->set_relays(relays());
     return Status::Ok();
   }
   // Peers may still read this buffer until they too arrive here.
   ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op, nullptr)));
+  ODC_RETURN_IF_ERROR(finish(op, stop_folding_into_it()));
   // Every rank's queued work is complete past it (the node fetch and reads of its rows too).
   ODC_RETURN_IF_ERROR(finish(op, transport_->host_barrier(CollectiveOp::kRelease)));
   if (node_cache_ != nullptr) node_cache_->remove(buffer->id);
   if (buffer->relay != nullptr) relay_bytes_ -= buffer->relay->bytes();
-  accumulators_by_id_.erase(buffer->id);
   buffers_.erase(buffer);
-  // Fewer targets than before always fit.
-  if (staging_ != nullptr) {
-    ODC_RETURN_IF_ERROR(finish(op, staging_->set_targets(fold_targets())));
-    staging_->set_relays(relays());
-  }
+  if (staging_ != nullptr) staging_->set_relays(relays());
   return Status::Ok();
 }
 
@@ -844,6 +845,9 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
           finish(op, transport_->zero(acc->pending->local(), acc->pending->bytes(), stream)));
     }
   }
+  // The progress thread's passes of the previous minibatch end before this barrier, after which
+  // peers push chunks of the next one.
+  if (staging_ != nullptr) ODC_RETURN_IF_ERROR(finish(op, staging_->end_progress(stream)));
   // Owners rewrite their shards (optimizer step) before this point: nobody gathers before it.
   ODC_RETURN_IF_ERROR(finish(op, transport_->barrier(CollectiveOp::kMinibatchBegin, stream)));
   if (scheme_ == AccumulationScheme::kStreamed) {
@@ -863,7 +867,8 @@ Status Communicator::minibatch_begin(StreamHandle stream) {
       // An accumulator allocated since the rings were made has larger slices than their slots.
       ODC_RETURN_IF_ERROR(finish(op, as_fault(grow_staging())));
     }
-    if (staging_ != nullptr) staging_->begin(minibatch_ + 1);
+    if (staging_ != nullptr)
+      ODC_RETURN_IF_ERROR(finish(op, staging_->begin(minibatch_ + 1, stream)));
   }
   // From here to minibatch_end no owner rewrites a published buffer (its allocation says so):
   // the node cache fetches their remote shards once per node for the whole minibatch. Other
@@ -937,12 +942,14 @@ Status Communicator::poll_error() {
 }
 
 bool Communicator::serve_waiting_senders() {
+  // Device: the staging's own lock (this rank's host may sit in a push call as long as its stream
+  // is blocked); its rings are never remade (grow_staging is host-only).
+  if (device_progress_) return staging_->progress();
   std::unique_lock<std::recursive_mutex> call(call_mutex_, std::try_to_lock);
   // A call of this communicator runs: it folds for hungry senders itself while it waits.
   if (!call.owns_lock()) return true;
   if (state_ != CommState::kInMinibatch || staging_ == nullptr) return false;
-  staging_->serve_hungry();
-  return true;
+  return staging_->progress();
 }
 
 Status Communicator::meet_inside_minibatch(const char* operation, StreamHandle stream) {

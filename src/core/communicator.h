@@ -133,9 +133,10 @@ enum class CommState {
 };
 
 // One thread calls a communicator at a time (the C API refuses a second); its calls hold
-// call_mutex_, which host-streamed communicators share with the process's progress thread
-// (core/host_progress.h): while no call of this communicator runs, that thread folds for the
-// senders waiting on this rank, wherever this rank's thread waits (design.md's progress rule).
+// call_mutex_. Streamed communicators are also served by the process's progress thread
+// (core/host_progress.h), wherever this rank's thread or stream waits (design.md's progress
+// rule): host-streamed ones while no call of theirs runs (it takes call_mutex_ without waiting),
+// device-streamed ones under their staging's own lock.
 class Communicator final : private ProgressClient {
  public:
   explicit Communicator(std::unique_ptr<Transport> transport, CommOptions options = {});
@@ -257,7 +258,7 @@ class Communicator final : private ProgressClient {
   std::vector<Buffer*> buffers_in_order() const;
   std::vector<Buffer*> accumulators() const;
 
-  // The progress thread (host-streamed staging): folds for hungry senders unless a call runs.
+  // The progress thread: StreamedStaging::progress() (host: unless a call runs).
   bool serve_waiting_senders() override;
   using CallLock = std::lock_guard<std::recursive_mutex>;
 
@@ -276,9 +277,10 @@ class Communicator final : private ProgressClient {
   void fail_children();
 
   // Held by every public call (recursive: calls call each other) and by the progress thread
-  // while it serves this communicator.
+  // while it serves a host-streamed communicator (device staging has a lock of its own).
   mutable std::recursive_mutex call_mutex_;
-  bool served_by_progress_ = false;  // registered with HostProgress (host-streamed staging)
+  bool served_by_progress_ = false;  // registered with HostProgress (streamed staging)
+  bool device_progress_ = false;     // ... with device staging: served without call_mutex_
   std::unique_ptr<Transport> transport_;
   std::shared_ptr<Bootstrap> bootstrap_;
   std::string label_;  // label()

@@ -98,13 +98,16 @@ Status DeviceStreamedStaging::set_targets(const std::vector<kernels::FoldTarget>
         " accumulators per communicator; this one " + "would have " +
         std::to_string(targets.size()) + " (group parameters into fewer accumulators)");
   }
+  // The progress thread's passes take the table from here on (a freed accumulator's is gone
+  // before its memory: Communicator::release drains the device after this).
+  const std::lock_guard<std::mutex> lock(progress_mutex_);
   targets_ = targets;
   return Status::Ok();
 }
 
-Status DeviceStreamedStaging::fold(kernels::FoldUntil until, int peer, uint64_t value,
-                                   StreamHandle stream, int ends_from, int ends_to) {
-  if (world_size_ < 2) return Status::Ok();  // no sender but itself: nothing ever arrives
+kernels::StreamedFold DeviceStreamedStaging::fold_of(kernels::FoldUntil until, int peer,
+                                                     uint64_t value, int ends_from,
+                                                     int ends_to) const {
   kernels::StreamedFold f;
   f.rings = static_cast<const char*>(region(kRings).local());
   f.slot_bytes = geometry_.slot_bytes;
@@ -130,7 +133,57 @@ Status DeviceStreamedStaging::fold(kernels::FoldUntil until, int peer, uint64_t 
   f.timeout_ns = timeout_ns(transport_);
   f.num_targets = static_cast<int>(targets_.size());
   std::copy(targets_.begin(), targets_.end(), f.targets);
-  return transport_.fold_streamed(f, stream);
+  return f;
+}
+
+Status DeviceStreamedStaging::fold(kernels::FoldUntil until, int peer, uint64_t value,
+                                   StreamHandle stream, int ends_from, int ends_to) {
+  {
+    const std::lock_guard<std::mutex> lock(progress_mutex_);
+    ODC_RETURN_IF_ERROR(progress_failure_);
+  }
+  if (world_size_ < 2) return Status::Ok();  // no sender but itself: nothing ever arrives
+  return transport_.fold_streamed(fold_of(until, peer, value, ends_from, ends_to), stream);
+}
+
+Status DeviceStreamedStaging::begin(uint64_t minibatch, StreamHandle stream) {
+  // The passes fold into sums the caller zeroed on `stream`: the background stream runs them
+  // after it.
+  auto background = transport_.fork_background(stream);
+  if (!background.ok()) return background.status();
+  const std::lock_guard<std::mutex> lock(progress_mutex_);
+  minibatch_ = minibatch;
+  progress_stream_ = background.value();
+  progress_open_ = true;
+  progress_until_ = std::chrono::steady_clock::time_point::max();
+  return Status::Ok();
+}
+
+Status DeviceStreamedStaging::end_progress(StreamHandle stream) {
+  {
+    // Waits for a pass being enqueued now; none is enqueued after.
+    const std::lock_guard<std::mutex> lock(progress_mutex_);
+    progress_open_ = false;
+  }
+  // Every pass enqueued so far runs before what `stream` runs next (the minibatch_begin barrier,
+  // after which peers push the next minibatch, whose chunks a pass of this one would refuse).
+  return transport_.join_background(stream);
+}
+
+bool DeviceStreamedStaging::progress() {
+  const std::lock_guard<std::mutex> lock(progress_mutex_);
+  if (!progress_open_ || !progress_failure_.ok() || world_size_ < 2) return progress_open_;
+  if (std::chrono::steady_clock::now() > progress_until_) return false;
+  // One pass over what has arrived, on the background stream: it runs beside the caller's
+  // stream, whatever that waits in (a collective, a long kernel), so senders waiting for this
+  // rank's credit move on. Skipped while the last pass has not run yet.
+  auto enqueued =
+      transport_.fold_streamed_if_idle(fold_of(kernels::FoldUntil::kOnce, 0, 0), progress_stream_);
+  if (!enqueued.ok()) {
+    progress_failure_ = enqueued.status().with_context(
+        "while its progress thread enqueued a fold (outside its calls)");
+  }
+  return true;
 }
 
 Status DeviceStreamedStaging::add_local(uint64_t target_id, uint64_t first, const void* data,
@@ -184,6 +237,15 @@ Status DeviceStreamedStaging::end_at(int owner, StreamHandle stream) {
 }
 
 Status DeviceStreamedStaging::wait_ends(int from, int to, StreamHandle stream) {
+  {
+    const std::lock_guard<std::mutex> lock(progress_mutex_);
+    const auto timeout = transport_.timeout();
+    progress_until_ =
+        timeout.count() < 1e9
+            ? std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout)
+            : std::chrono::steady_clock::time_point::max();
+  }
   return fold(kernels::FoldUntil::kEnds, 0, minibatch_, stream, from, to);
 }
 

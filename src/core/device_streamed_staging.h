@@ -21,9 +21,11 @@
 // counters, all inside the budget.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/streamed_staging.h"
@@ -44,8 +46,11 @@ class DeviceStreamedStaging final : public StreamedStaging {
   size_t allocated_bytes() const override;
   Result<uint64_t> credit_waits() const override;
   Status set_targets(const std::vector<kernels::FoldTarget>& targets) override;
-  void begin(uint64_t minibatch) override { minibatch_ = minibatch; }
+  // Also orders the background stream (the progress thread's passes) after the caller's zeroing.
+  Status begin(uint64_t minibatch, StreamHandle stream) override;
+  Status end_progress(StreamHandle stream) override;
   Status fold_arrived(StreamHandle stream) override;
+  bool progress() override;
   Status meet(const char* operation, StreamHandle stream) override;
 
  protected:
@@ -54,7 +59,10 @@ class DeviceStreamedStaging final : public StreamedStaging {
   Status add_local(uint64_t target_id, uint64_t first, const void* data, DataType dtype,
                    size_t count, StreamHandle stream) override;
   Status end_at(int owner, StreamHandle stream) override;
-  // One fold until the ends of [from, to) are consumed (earlier consumed ones count).
+  // One fold until the ends of [from, to) are consumed (earlier consumed ones count). The
+  // progress thread's passes go on until the next end_progress(), at most the timeout from here
+  // (the stream reaches this fold later than the host returns; a sender still waiting then has
+  // timed out).
   Status wait_ends(int from, int to, StreamHandle stream) override;
 
  private:
@@ -76,6 +84,9 @@ class DeviceStreamedStaging final : public StreamedStaging {
   uint64_t* words(Region which) const { return static_cast<uint64_t*>(regions_[which]->local()); }
   // A fold of this rank's rings until `until` (peer, value and the senders whose ends kEnds
   // awaits as kernels::StreamedFold says).
+  kernels::StreamedFold fold_of(kernels::FoldUntil until, int peer, uint64_t value,
+                                int ends_from = 0, int ends_to = 0) const;
+  // That fold enqueued on `stream`.
   Status fold(kernels::FoldUntil until, int peer, uint64_t value, StreamHandle stream,
               int ends_from = 0, int ends_to = 0);
 
@@ -84,6 +95,14 @@ class DeviceStreamedStaging final : public StreamedStaging {
   std::vector<kernels::FoldTarget> targets_;
   std::vector<uint64_t> sent_;  // per owner: the last sequence used there (chunk or end)
   uint64_t meetings_entered_ = 0;
+
+  // The progress thread's side. Written by the caller's thread under progress_mutex_ (with
+  // targets_ and minibatch_, which the passes read), read by the progress thread under it.
+  std::mutex progress_mutex_;
+  bool progress_open_ = false;                            // begin() .. end_progress()
+  std::chrono::steady_clock::time_point progress_until_;  // wait_ends() + the timeout
+  StreamHandle progress_stream_ = nullptr;                // the background stream (begin())
+  Status progress_failure_;                               // a pass that could not be enqueued
 };
 
 }  // namespace odc

@@ -1,15 +1,18 @@
-// The progress rule on host transports (design.md): a push never waits on an owner that is
-// blocked elsewhere. A streamed sender whose ring at an owner is full waits for that owner's
-// folds, and an owner folds only inside its own calls of that communicator; an owner blocked in a
-// sub-communicator's barrier, a second communicator, a torch collective or its own computation
-// would hold the sender hostage, whatever the staging budget. HostProgress is one helper thread
-// per process that serves every live host-streamed communicator whose caller is not inside it:
-// it takes the communicator's lock without waiting (never while a call of it runs), folds for the
-// senders that raised their hunger there, and returns their credit. Invariants:
-//   - a client is served only under its own lock, so the thread and the client's calls never run
-//     its protocol at the same time; the thread never blocks on a client (try-lock);
-//   - it looks at clients only while one of them has a minibatch open (every kTick), and sleeps
-//     otherwise; it serves only hungry senders, so a rank inside odc folds as before;
+// The progress rule (design.md): a push never waits on an owner that is blocked elsewhere. A
+// streamed sender whose ring at an owner is full waits for that owner's folds, and an owner folds
+// only inside its own calls of that communicator (host transports) or in the fold kernels those
+// calls enqueue on its stream (device transports). An owner blocked in a sub-communicator's
+// barrier, a second communicator, a torch collective or its own computation (or whose stream is
+// blocked in a collective or a long kernel) would hold the sender hostage, whatever the budget.
+// HostProgress is one helper thread per process that serves every live streamed communicator:
+// StreamedStaging::progress(). Host staging: only while no call of the communicator runs (it
+// takes the call lock without waiting), a fold for the senders that raised their hunger there.
+// Device staging: under the staging's own lock (the host may sit in a push call as long as its
+// stream is blocked), one pass of the fold kernel enqueued on the transport's background stream
+// (never two at once), which runs beside whatever the caller's stream waits in. Invariants:
+//   - the thread never blocks on a client (try-locks, short critical sections);
+//   - it looks at the clients every kTick while one of them has a minibatch open, and sleeps
+//     otherwise;
 //   - remove() returns only once the thread no longer touches the client.
 #pragma once
 
@@ -22,11 +25,11 @@
 
 namespace odc {
 
-// What the progress thread serves (a Communicator with host-streamed staging).
+// What the progress thread serves (a Communicator with streamed staging).
 class ProgressClient {
  public:
-  // Never blocks: unless a call of this client runs, folds for the senders hungry here and returns
-  // their credit. False when no minibatch is open (nothing can wait on it until one opens).
+  // Never blocks: lets the senders waiting on this client progress. False when no minibatch is
+  // open for it (nothing can wait on it until one opens).
   virtual bool serve_waiting_senders() = 0;
 
  protected:

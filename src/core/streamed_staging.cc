@@ -386,11 +386,12 @@ size_t HostStreamedStaging::allocated_bytes() const {
          ends_->bytes() + meetings_->bytes();
 }
 
-void HostStreamedStaging::begin(uint64_t minibatch) {
+Status HostStreamedStaging::begin(uint64_t minibatch, StreamHandle) {
   minibatch_ = minibatch;
   reset_relay_counts();  // the communicator zeroed the rows before this
   std::fill(ended_.begin(), ended_.end(), 0);
   ended_[static_cast<size_t>(rank_)] = 1;  // its own pushes are added directly
+  return Status::Ok();
 }
 
 Status HostStreamedStaging::add_local(uint64_t target_id, uint64_t first, const void* data,
@@ -423,7 +424,7 @@ Status HostStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t f
 Status HostStreamedStaging::poll_serving_hunger(std::vector<SignalWatch> watches, size_t num_all,
                                                 std::chrono::duration<double> limit,
                                                 std::vector<uint64_t>* seen) {
-  ODC_RETURN_IF_ERROR(served_failure_);
+  ODC_RETURN_IF_ERROR(progress_failure_);
   // Also wake for every sender still sending whose ring here is full: it waits for our folds.
   const size_t first_hunger = watches.size();
   for (int s = 0; s < world_size_; ++s) {
@@ -492,18 +493,19 @@ Status HostStreamedStaging::fold_arrived(StreamHandle) {
   return fold_arrived();
 }
 
-void HostStreamedStaging::serve_hungry() {
-  if (!served_failure_.ok()) return;
+bool HostStreamedStaging::progress() {
+  if (!progress_failure_.ok()) return true;
   std::vector<uint64_t> seen;
   Status served = poll_serving_hunger({}, 0, std::chrono::duration<double>::zero(), &seen);
   if (!served.ok()) {
-    served_failure_ = served.with_context(
+    progress_failure_ = served.with_context(
         "while its progress thread folded for a waiting sender (outside its calls)");
   }
+  return true;
 }
 
 Status HostStreamedStaging::fold_arrived() {
-  ODC_RETURN_IF_ERROR(served_failure_);
+  ODC_RETURN_IF_ERROR(progress_failure_);
   std::vector<SignalWatch> watches;
   for (int s = 0; s < world_size_; ++s) {
     if (s == rank_ || ended_[static_cast<size_t>(s)] != 0) continue;

@@ -151,8 +151,13 @@ class StreamedStaging {
   // Local: the accumulators a device fold adds into (every live one and their relay rows; host
   // folds ignore it).
   virtual Status set_targets(const std::vector<kernels::FoldTarget>& targets) = 0;
-  // Local: minibatch `minibatch` is open (every rank passed its opening barrier).
-  virtual void begin(uint64_t minibatch) = 0;
+  // Local: minibatch `minibatch` is open (every rank passed its opening barrier, and this rank
+  // zeroed its sums on `stream`).
+  virtual Status begin(uint64_t minibatch, StreamHandle stream) = 0;
+  // Local, at minibatch_begin before its barrier: the progress thread's work for the minibatch
+  // before ends here (device: `stream` waits for its passes, so none runs once peers push the
+  // next minibatch). Host: nothing (it serves only inside a minibatch, under the call lock).
+  virtual Status end_progress(StreamHandle) { return Status::Ok(); }
   // For every owner r: `src` elements [r*count, (r+1)*count) (fp32 or bf16) added into owner r's
   // sums of `buffer_id` (this rank's own slice directly; a relayed accumulator's slices for other
   // nodes through the rank of this node that carries their owner). Waits for credit where a ring
@@ -161,11 +166,16 @@ class StreamedStaging {
               StreamHandle stream);
   // Never waits: folds every chunk that has arrived and returns credits.
   virtual Status fold_arrived(StreamHandle stream) = 0;
-  // Host folds, from the progress thread (core/host_progress.h) while no call of this rank's
-  // communicator runs: never waits; folds for the senders hungry here and returns their credit.
-  // A failure is kept and returned by this staging's next call (which fails the communicator).
-  // Device folds run on the caller's stream and need none.
-  virtual void serve_hungry() {}
+  // From the progress thread (core/host_progress.h); never waits. Host: called only while a
+  // minibatch is open and no call of this rank's communicator runs (under its call lock): folds
+  // for the senders hungry here and returns their credit. Device: called whatever this rank's
+  // thread does (a push call returns only once its stream ran its credit waits, so the host
+  // holds the call lock as long as its stream is blocked): enqueues one pass of the fold on the
+  // background stream, unless the last one has not run yet, from begin() until the next
+  // end_progress() (at most the timeout past minibatch_end's call). A failure is kept and returned
+  // by this staging's next call (which fails the communicator). Returns whether a minibatch is
+  // open for it (false: the thread may sleep).
+  virtual bool progress() = 0;
   // minibatch_end: ends this rank's sequence at every other owner (with relays: at its node's
   // first, then forwards its relay rows, then at the other nodes'), then folds until every
   // sender's end of this minibatch arrived (bounded by the timeout).
@@ -297,9 +307,9 @@ class HostStreamedStaging final : public StreamedStaging {
   size_t allocated_bytes() const override;
   Result<uint64_t> credit_waits() const override { return credit_waits_carried_ + credit_waits_; }
   Status set_targets(const std::vector<kernels::FoldTarget>&) override { return Status::Ok(); }
-  void begin(uint64_t minibatch) override;
+  Status begin(uint64_t minibatch, StreamHandle stream) override;
   Status fold_arrived(StreamHandle stream) override;
-  void serve_hungry() override;
+  bool progress() override;
   Status meet(const char* operation, StreamHandle stream) override;
 
  protected:
@@ -348,7 +358,7 @@ class HostStreamedStaging final : public StreamedStaging {
   std::vector<char> ended_;                    // per sender: its end of this minibatch consumed
   uint64_t meetings_entered_ = 0;
   uint64_t credit_waits_ = 0;
-  Status served_failure_;  // serve_hungry()'s failure, returned by the next call
+  Status progress_failure_;  // progress()'s failure, returned by the next call
 };
 
 }  // namespace odc

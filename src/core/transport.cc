@@ -63,6 +63,11 @@ Status Transport::fold_streamed(const kernels::StreamedFold&, StreamHandle) {
       "this transport has no device fold: its streamed folds run on the host");
 }
 
+Result<bool> Transport::fold_streamed_if_idle(const kernels::StreamedFold&, StreamHandle) {
+  return Status::InternalError(
+      "this transport has no device fold: its streamed folds run on the host");
+}
+
 Status Transport::pack_chunk(void*, const kernels::ChunkHeader&, const void*, size_t,
                              StreamHandle) {
   return Status::InternalError(

@@ -237,6 +237,13 @@ class Transport {
   // An expired wait or a refused chunk is recorded and reported by poll_error(). Default:
   // InternalError (host transports fold on the host).
   virtual Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream);
+  // As fold_streamed() (a one-pass fold, FoldUntil::kOnce), unless the fold this method enqueued
+  // last has not finished yet: then nothing, and false. For the progress thread
+  // (core/host_progress.h), which calls it on the background stream from its own thread, also
+  // while a call of the caller's thread runs, and must never queue folds faster than the device
+  // runs them. Default: InternalError (host transports fold on the host).
+  virtual Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
+                                             StreamHandle stream);
   // Local: dst = header (64 bytes) then src[0 : bytes], in this transport's memory, in stream
   // order. Default: InternalError (only the device fold's senders pack).
   virtual Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src,

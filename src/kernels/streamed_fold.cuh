@@ -333,5 +333,41 @@ cudaError_t launch_streamed_fold(const StreamedFold& fold, const SendCredit& sen
   return cudaGetLastError();
 }
 
+// Runs the fold kernel of this credit once over nothing (two ranks, nothing arrived: a pass that
+// reads two zero words and returns), on its own stream, and waits for it. Why, at a transport's
+// start: the first launch of a kernel in a process may wait for every kernel running on the
+// device. Under CUDA's lazy loading (torch's default) that launch loads the kernel, and loading
+// may synchronize the context; and the first kernel that needs local memory (the fold's stack)
+// makes the driver reserve it, which synchronizes too (dev/gpu/lazy_loading_probe.cu shows
+// both on an H100). A fold pass that the progress thread enqueues while the caller's stream runs
+// a long kernel, or a collective waiting for the very sender the pass would credit, would then
+// wait for that kernel: no progress, or a deadlock until the timeout.
+template <class SendCredit>
+cudaError_t warm_up_streamed_fold(const SendCredit& send_credit, WaitError* error) {
+  uint64_t* words = nullptr;  // arrivals, folded, locks, credit slots: two each
+  cudaError_t status = cudaMalloc(&words, 8 * sizeof(uint64_t));
+  if (status != cudaSuccess) return status;
+  cudaStream_t stream = nullptr;
+  status = cudaMemset(words, 0, 8 * sizeof(uint64_t));
+  if (status == cudaSuccess) status = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (status == cudaSuccess) {
+    StreamedFold nothing{};
+    nothing.world_size = 2;
+    nothing.rank = 0;
+    nothing.depth = 1;
+    nothing.until = FoldUntil::kOnce;
+    nothing.arrivals = words;
+    nothing.folded = words + 2;
+    nothing.locks = words + 4;
+    nothing.credit_slots = words + 6;
+    status = launch_streamed_fold(nothing, send_credit, nullptr, error, stream);
+    const cudaError_t ran = cudaStreamSynchronize(stream);
+    if (status == cudaSuccess) status = ran;
+  }
+  if (stream != nullptr) cudaStreamDestroy(stream);
+  cudaFree(words);
+  return status;
+}
+
 }  // namespace detail
 }  // namespace odc::kernels

@@ -59,6 +59,7 @@ DeviceTransport::DeviceTransport(std::shared_ptr<Bootstrap> bootstrap, int devic
 DeviceTransport::~DeviceTransport() {
   DeviceGuard guard(device_);
   cudaDeviceSynchronize();  // no kernel may still read the error record when it goes
+  if (idle_fold_done_ != nullptr) cudaEventDestroy(idle_fold_done_);
 }
 
 std::chrono::duration<double> DeviceTransport::timeout() const {
@@ -153,6 +154,21 @@ Result<StreamHandle> DeviceTransport::fork_background(StreamHandle stream) {
 
 Status DeviceTransport::join_background(StreamHandle stream) {
   return background_.join(stream);
+}
+
+Result<bool> DeviceTransport::fold_streamed_if_idle(const kernels::StreamedFold& fold,
+                                                    StreamHandle stream) {
+  DeviceGuard guard(device_);
+  if (idle_fold_done_ == nullptr) {
+    ODC_CUDA_CHECK(cudaEventCreateWithFlags(&idle_fold_done_, cudaEventDisableTiming));
+  } else if (const cudaError_t done = cudaEventQuery(idle_fold_done_); done == cudaErrorNotReady) {
+    return false;  // the last one still folds (or waits for its turn on the stream)
+  } else {
+    ODC_CUDA_CHECK(done);
+  }
+  ODC_RETURN_IF_ERROR(fold_streamed(fold, stream));
+  ODC_CUDA_CHECK(cudaEventRecord(idle_fold_done_, as_stream(stream)));
+  return true;
 }
 
 Status DeviceTransport::zero(void* dst, size_t bytes, StreamHandle stream) {

@@ -63,6 +63,8 @@ class DeviceTransport : public Transport {
   // ---- the background stream (the core's node fetches) --------------------------------------
   Result<StreamHandle> fork_background(StreamHandle stream) override;
   Status join_background(StreamHandle stream) final;
+  // fold_streamed() unless the last fold enqueued here has not finished (an event's query).
+  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold, StreamHandle stream) final;
 
   // ---- local operations on this GPU, on the caller's stream ---------------------------------
   Status zero(void* dst, size_t bytes, StreamHandle stream) final;
@@ -104,6 +106,8 @@ class DeviceTransport : public Transport {
   int num_sms_ = 0;
   uint64_t barrier_epoch_ = 0;
   WaitErrorRecord error_;
+  // Recorded after each fold_streamed_if_idle() (null before the first).
+  cudaEvent_t idle_fold_done_ = nullptr;
   cuda::BackgroundStream background_;  // destroyed first: its stream may still read error_
 };
 

@@ -6,6 +6,7 @@
 // so a fault lands at a reproducible point of the protocol.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -47,7 +48,7 @@ class FaultTransport final : public Transport {
                  std::function<void()> die = nullptr);
 
   int64_t calls() const { return calls_; }
-  bool dead() const { return dead_; }
+  bool dead() const { return dead_.load(); }
   // Bytes of symmetric memory this rank allocated through it so far (memory tests).
   size_t allocated_bytes() const { return allocated_bytes_; }
   // Bytes this rank read from `peer`'s regions so far (gets and gathers), and put into them
@@ -102,6 +103,12 @@ class FaultTransport final : public Transport {
     ODC_RETURN_IF_ERROR(release_held());
     return inner_->poll_signals(watches, num_all, limit, seen);
   }
+  // The progress thread's folds, forwarded without counting: they run when the timing says.
+  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
+                                     StreamHandle stream) override {
+    if (dead_) return Status::RemoteError("this rank died earlier (injected)");
+    return inner_->fold_streamed_if_idle(fold, stream);
+  }
   // The background stream, forwarded without counting (host transports: the caller's).
   Result<StreamHandle> fork_background(StreamHandle stream) override {
     return inner_->fork_background(stream);
@@ -123,8 +130,8 @@ class FaultTransport final : public Transport {
   size_t allocated_bytes_ = 0;
   std::vector<size_t> bytes_read_from_;
   std::vector<size_t> bytes_put_to_;
-  bool dead_ = false;
-  bool fired_ = false;  // the one-shot fault (drop, mismatch) happened
+  std::atomic<bool> dead_{false};  // read by the progress thread's passes too
+  bool fired_ = false;             // the one-shot fault (drop, mismatch) happened
   struct HeldSignal {
     const SymmetricRegion* signals;
     int peer;

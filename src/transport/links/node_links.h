@@ -160,6 +160,10 @@ class LinkTransport final : public Transport {
   Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override {
     return inner_->fold_streamed(fold, stream);
   }
+  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
+                                     StreamHandle stream) override {
+    return inner_->fold_streamed_if_idle(fold, stream);
+  }
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
                     StreamHandle stream) override {
     return inner_->pack_chunk(dst, header, src, bytes, stream);

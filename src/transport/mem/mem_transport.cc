@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <sstream>
 
 #include "common/deadline.h"
@@ -68,7 +69,10 @@ class MemTransport final : public Transport {
       pointers.push_back(reinterpret_cast<void*>(static_cast<uintptr_t>(record.words[0])));
     }
     // The fold emulation finds a region from its local address (the world keeps the memory).
-    regions_[pointers[static_cast<size_t>(rank_)]] = {pointers, bytes};
+    {
+      std::lock_guard<std::mutex> lock(regions_mutex_);
+      regions_[pointers[static_cast<size_t>(rank_)]] = {pointers, bytes};
+    }
     return std::unique_ptr<SymmetricRegion>(new MemRegion(std::move(pointers), rank_, bytes));
   }
 
@@ -207,9 +211,22 @@ class MemTransport final : public Transport {
   // stream-ordered, so that the protocol tests run the device staging's steps: the same order,
   // checks and credits; waits sleep in poll_signals() instead of spinning, and a failure is
   // returned at once instead of recorded.
+  // One emulated fold at a time on a rank (the device's per-sender locks, coarser): the progress
+  // thread's passes (fold_streamed_if_idle) run beside the caller's calls.
   Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override {
     if (!caps().stream_ordered) return Transport::fold_streamed(fold, stream);
+    std::lock_guard<std::mutex> folding(fold_mutex_);
     return HostFold(*this, fold).run();
+  }
+  // A fold that runs (a caller's wait) folds what this pass would: then nothing, as a device
+  // pass still queued behind the last one.
+  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
+                                     StreamHandle stream) override {
+    if (!caps().stream_ordered) return Transport::fold_streamed_if_idle(fold, stream);
+    std::unique_lock<std::mutex> folding(fold_mutex_, std::try_to_lock);
+    if (!folding.owns_lock()) return false;
+    ODC_RETURN_IF_ERROR(HostFold(*this, fold).run());
+    return true;
   }
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
                     StreamHandle stream) override {
@@ -225,6 +242,10 @@ class MemTransport final : public Transport {
   }
   Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
                     StreamHandle) override {
+    // Stream-ordered: a pass of the progress thread may add into the same sums (the device adds
+    // with reductions).
+    std::unique_lock<std::mutex> folding(fold_mutex_, std::defer_lock);
+    if (caps().stream_ordered) folding.lock();
     host::add_into(dst, src, src_type, count);
     return Status::Ok();
   }
@@ -232,6 +253,7 @@ class MemTransport final : public Transport {
  private:
   // A region of this transport by its local address (the fold gets only addresses).
   MemRegion region_of(const void* local) const {
+    std::lock_guard<std::mutex> lock(regions_mutex_);
     const auto& found = regions_.at(const_cast<void*>(local));
     return MemRegion(found.first, rank_, found.second);
   }
@@ -398,6 +420,8 @@ class MemTransport final : public Transport {
   int rank_;
   // Every region this rank allocated: its local address -> (every rank's address, bytes).
   std::map<void*, std::pair<std::vector<void*>, size_t>> regions_;
+  mutable std::mutex regions_mutex_;  // regions_: the progress thread's folds look regions up too
+  std::mutex fold_mutex_;  // held by every emulated fold, and by accumulate when stream-ordered
 };
 
 MemWorld::MemWorld(int world_size, MemOptions options)

@@ -30,4 +30,8 @@ cudaError_t fold_streamed(const kernels::StreamedFold& fold, kernels::WaitError*
   return kernels::detail::launch_streamed_fold(fold, NvshmemCredit{}, nullptr, error, stream);
 }
 
+cudaError_t warm_up_fold_streamed(kernels::WaitError* error) {
+  return kernels::detail::warm_up_streamed_fold(NvshmemCredit{}, error);
+}
+
 }  // namespace odc::nvshmem

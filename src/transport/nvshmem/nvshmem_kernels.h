@@ -36,6 +36,10 @@ cudaError_t publish_u64(uint64_t* flag, uint64_t value, const kernels::WaitError
 cudaError_t fold_streamed(const kernels::StreamedFold& fold, kernels::WaitError* error,
                           cudaStream_t stream);
 
+// Runs the fold kernel once over nothing and waits for it: loaded, its local memory reserved,
+// before any pass of the progress thread (kernels/streamed_fold.cuh says why). Synchronous.
+cudaError_t warm_up_fold_streamed(kernels::WaitError* error);
+
 // Stream-ordered: keeps the stream busy for `nanoseconds` (tests: a late node fetch).
 cudaError_t spin_for(int64_t nanoseconds, cudaStream_t stream);
 

@@ -8,7 +8,7 @@
 #include "core/transport.h"
 #include "transport/registry.h"
 
-#define ODC_NVSHMEM_PLUGIN_ABI 2  // 2: Transport::split (the vtable grew)
+#define ODC_NVSHMEM_PLUGIN_ABI 3  // 2: Transport::split; 3: fold_streamed_if_idle (the vtable grew)
 #define ODC_NVSHMEM_PLUGIN_NAME "libodc_nvshmem.so"
 
 extern "C" {

@@ -68,6 +68,12 @@ Result<std::unique_ptr<NvshmemTransport>> NvshmemTransport::create(const Transpo
 Status NvshmemTransport::init() {
   ODC_RETURN_IF_ERROR(join_process_nvshmem(bootstrap(), device()));
   ODC_RETURN_IF_ERROR(init_device_state(/*max_sms=*/0));  // all SMs (ODC_CUDA_SMS is CUDA's)
+  {
+    // The progress thread's fold passes must never wait for the caller's kernels (the fold's
+    // first launch would: it loads the kernel and reserves its local memory).
+    DeviceGuard guard(device());
+    ODC_CUDA_CHECK(warm_up_fold_streamed(device_error()));
+  }
   ODC_RETURN_IF_ERROR(allocate_control_words());
   auto ranks_per_node = agree_ranks_per_node(bootstrap());
   if (!ranks_per_node.ok()) return ranks_per_node.status();
