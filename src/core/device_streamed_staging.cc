@@ -177,8 +177,9 @@ bool DeviceStreamedStaging::progress() {
   // One pass over what has arrived, on the background stream: it runs beside the caller's
   // stream, whatever that waits in (a collective, a long kernel), so senders waiting for this
   // rank's credit move on. Skipped while the last pass has not run yet.
-  auto enqueued =
-      transport_.fold_streamed_if_idle(fold_of(kernels::FoldUntil::kOnce, 0, 0), progress_stream_);
+  kernels::StreamedFold pass = fold_of(kernels::FoldUntil::kOnce, 0, 0);
+  pass.leave_unknown = true;  // its table may be older than a peer's newest accumulator
+  auto enqueued = transport_.fold_streamed_if_idle(pass, progress_stream_);
   if (!enqueued.ok()) {
     progress_failure_ = enqueued.status().with_context(
         "while its progress thread enqueued a fold (outside its calls)");

@@ -85,21 +85,29 @@ __device__ __forceinline__ void fold_payload(float* sums, const T* payload, uint
 }
 
 // The leader's check of a chunk's header; the target's sums at its first element, or null
-// (recorded) when the chunk is not the one expected or lies outside every target.
+// (recorded) when the chunk is not the one expected or lies outside every target. With
+// f.leave_unknown, a chunk in order but of another minibatch or for no target of the table is
+// null with `*leave` set and nothing recorded (StreamedFold::leave_unknown).
 __device__ __forceinline__ float* check_chunk(const StreamedFold& f, const ChunkHeader& header,
-                                              int sender, uint64_t sequence, WaitError* error) {
+                                              int sender, uint64_t sequence, WaitError* error,
+                                              int* leave) {
   const uint64_t payload_bytes = f.slot_bytes - sizeof(ChunkHeader);
   const uint64_t element = header.dtype == 0 ? 4 : (header.dtype == 1 ? 2 : 0);
-  if (header.sequence != sequence || header.minibatch != f.minibatch || element == 0 ||
-      header.count * element > payload_bytes) {
+  if (header.sequence != sequence || element == 0 || header.count * element > payload_bytes) {
     record_error(error, kWaitBadChunk, f.rank, sender, sequence, header.sequence);
     return nullptr;
   }
-  for (int t = 0; t < f.num_targets; ++t) {
-    const FoldTarget& target = f.targets[t];
-    if (target.buffer_id != header.buffer_id) continue;
-    if (header.first > target.count || header.count > target.count - header.first) break;
-    return target.sums + header.first;
+  if (header.minibatch == f.minibatch) {
+    for (int t = 0; t < f.num_targets; ++t) {
+      const FoldTarget& target = f.targets[t];
+      if (target.buffer_id != header.buffer_id) continue;
+      if (header.first > target.count || header.count > target.count - header.first) break;
+      return target.sums + header.first;
+    }
+  }
+  if (f.leave_unknown) {
+    *leave = 1;
+    return nullptr;
   }
   record_error(error, kWaitBadChunk, f.rank, sender, sequence, header.sequence);
   return nullptr;
@@ -140,9 +148,11 @@ __device__ bool fold_sender(const StreamedFold& f, int sender, uint64_t last, ui
   __shared__ float* sums;
   __shared__ uint64_t start;
   __shared__ int refused;
+  __shared__ int leave;
   if (threadIdx.x == 0) {
     start = *reinterpret_cast<volatile uint64_t*>(f.folded + sender);
     refused = 0;
+    leave = 0;
     if (end != 0 && end <= start) {  // an end that covers nothing new is a stale one
       record_error(error, kWaitBadChunk, f.rank, sender, start + 1, end);
       refused = 1;
@@ -162,9 +172,10 @@ __device__ bool fold_sender(const StreamedFold& f, int sender, uint64_t last, ui
       const auto* words = reinterpret_cast<const unsigned long long*>(slot);
       auto* copy = reinterpret_cast<unsigned long long*>(&header);
       for (size_t w = 0; w < sizeof(ChunkHeader) / 8; ++w) copy[w] = __ldcg(words + w);
-      sums = check_chunk(f, header, sender, sequence, error);
+      sums = check_chunk(f, header, sender, sequence, error, &leave);
     }
     __syncthreads();
+    if (leave != 0) break;  // left to the caller's folds; what came before is credited below
     if (sums == nullptr) return false;
     const char* payload = slot + sizeof(ChunkHeader);
     if (header.dtype == 0) {

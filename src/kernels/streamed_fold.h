@@ -69,6 +69,13 @@ struct StreamedFold {
   int ends_from = 0;
   int ends_to = 0;
   int64_t timeout_ns = 0;
+  // A pass of the progress thread (core/host_progress.h): its table of targets and its minibatch
+  // were copied when it was enqueued, and an accumulator allocated since may already get chunks
+  // (peers push into it once their allocation returned, before this rank set its table). Such a
+  // pass leaves a chunk that is in order but not for its table or minibatch to the caller's
+  // folds, which know the current ones, instead of refusing it; it folds and credits what came
+  // before it. Every other fold refuses it (a chunk for no live accumulator).
+  bool leave_unknown = false;
   int num_targets = 0;
   FoldTarget targets[kMaxFoldTargets];
 };

@@ -380,8 +380,9 @@ class MemTransport final : public Transport {
         std::memcpy(&header, slot, sizeof(header));
         float* sums = nullptr;
         const auto dtype = static_cast<DataType>(header.dtype);
-        if (header.sequence == sequence && header.minibatch == f_.minibatch && is_valid(dtype) &&
-            header.count * element_bytes(dtype) <= f_.slot_bytes - sizeof(header)) {
+        const bool in_order = header.sequence == sequence && is_valid(dtype) &&
+                              header.count * element_bytes(dtype) <= f_.slot_bytes - sizeof(header);
+        if (in_order && header.minibatch == f_.minibatch) {
           for (int i = 0; i < f_.num_targets; ++i) {
             const kernels::FoldTarget& target = f_.targets[i];
             if (target.buffer_id == header.buffer_id && header.first <= target.count &&
@@ -390,6 +391,8 @@ class MemTransport final : public Transport {
             }
           }
         }
+        // As the kernel: a progress pass leaves what its table does not know to the caller.
+        if (sums == nullptr && in_order && f_.leave_unknown) break;
         if (sums == nullptr) return refuse(sender, sequence, header.sequence);
         host::add_into(sums, slot + sizeof(header), dtype, header.count);
         uint64_t now = 0;  // rewritten while added (a stray credit)? as the kernel looks again
