@@ -19,8 +19,10 @@ if __name__ == "__main__":
     label = f"loading={os.environ.get('CUDA_MODULE_LOADING', '(torch default)')} warm_up={warm_up}"
     try:
         seconds = odc.launch(_owner_stream_busy_rank, 2, 9, 3, warm_up, timeout=120)
-        print(f"{label}: push seconds {seconds[0]:.3f} (rank 0), {seconds[1]:.3f} (rank 1) -> "
-              + ("progress" if seconds[0] < seconds[1] - 3 else "no progress"))
+        print(
+            f"{label}: push seconds {seconds[0]:.3f} (rank 0), {seconds[1]:.3f} (rank 1) -> "
+            + ("progress" if seconds[0] < seconds[1] - 3 else "no progress")
+        )
     except odc.LaunchError as error:
         lines = [l for l in str(error).splitlines() if "odc.errors" in l]
         print(f"{label}: FAILED: " + " | ".join(lines)[:600])

@@ -59,7 +59,9 @@ def _rank(rank, world_size, key, store, arm, layers, tokens, microbatches, minib
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
         engine = None
         if arm == "odc":
-            engine = odc.torch.OdcFSDP(model, odc.Comm(rank, world_size, key, timeout=120), optimizer)
+            engine = odc.torch.OdcFSDP(
+                model, odc.Comm(rank, world_size, key, timeout=120), optimizer
+            )
         generator = torch.Generator().manual_seed(rank)
         vocab = model.config.vocab_size
 
@@ -135,8 +137,16 @@ def main(argv=None) -> int:
     for arm in arms:
         with tempfile.TemporaryDirectory() as folder:
             out = odc.launch(
-                _rank, 2, os.path.join(folder, "store"), arm, args.layers, args.tokens,
-                args.microbatches, args.minibatches, args.profile, timeout=1200,
+                _rank,
+                2,
+                os.path.join(folder, "store"),
+                arm,
+                args.layers,
+                args.tokens,
+                args.microbatches,
+                args.minibatches,
+                args.profile,
+                timeout=1200,
             )
         times = sorted(t * 1e3 for rank_times, _, _ in out for t in rank_times)
         ends = [e * 1e3 for _, rank_ends, _ in out for e in rank_ends]
