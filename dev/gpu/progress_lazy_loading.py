@@ -24,5 +24,5 @@ if __name__ == "__main__":
             + ("progress" if seconds[0] < seconds[1] - 3 else "no progress")
         )
     except odc.LaunchError as error:
-        lines = [l for l in str(error).splitlines() if "odc.errors" in l]
+        lines = [line for line in str(error).splitlines() if "odc.errors" in line]
         print(f"{label}: FAILED: " + " | ".join(lines)[:600])
