@@ -20,7 +20,7 @@
 # no other list, and a multi-arm command fits the cost once, in its first arm); and
 # RL_SMOKE=0 (rl-baselines without its tiny run).
 # and for nvshmem-train NVTRAIN_7B=1, NVTRAIN_ARMS, NVTRAIN_STEPS, NVTRAIN_MAX_LENGTH, NVTRAIN_POLICY
-# (nvshmem-probe: NVPROBE_BUILDS).
+# (nvshmem-probe: NVPROBE_BUILDS), HOST_FLOOR_PRESET (host-floor).
 set -uo pipefail
 
 usage() {
@@ -32,7 +32,7 @@ usage() {
 here=$(cd "$(dirname "$0")" && pwd)
 stages=(node-schemes streamed deterministic deterministic-memory cuda-timing bench-before-after
   fit torch-migration torch-frozen torch-split gpu-suite balanced-tail small-microbatch sm-budget
-  rl-baselines sft-baselines nvshmem-train nvshmem-probe)
+  rl-baselines sft-baselines nvshmem-train nvshmem-probe host-floor)
 snapshot="" old="" chosen=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -355,6 +355,18 @@ stage_balanced_tail() {
   stage odc-32-sms 120 env $env_new ODC_CUDA_SMS=32 "${train[@]}" --comm odc --policy lb-mini \
     --output "$dest/odc_32.json"
   stage tails 60 python3 "$here/summarize_runs.py" tails "$dest"
+}
+
+# Where a microbatch's time goes (issue #42): FSDP2 against OdcFSDP on the 1.5b preset, 2 ranks,
+# at 512, 2K, 8K and 32K tokens: wall, host and GPU busy time of one microbatch, then the same at
+# 512 tokens with the host profile of each arm (HOST_FLOOR_PRESET overrides the preset).
+stage_host_floor() {
+  local env_new
+  env_new=$(libs "$snapshot")
+  stage host-floor 900 env $env_new python3 "$here/host_floor.py" \
+    --preset "${HOST_FLOOR_PRESET:-1.5b}"
+  stage host-floor-profile 600 env $env_new python3 "$here/host_floor.py" \
+    --preset "${HOST_FLOOR_PRESET:-1.5b}" --tokens 512 --profile
 }
 
 # Why a short microbatch costs ODC more: one 1,024-token sample per rank per minibatch,

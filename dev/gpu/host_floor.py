@@ -1,0 +1,217 @@
+"""Where a microbatch's time goes, FSDP2 against odc.torch (OdcFSDP), issue #42 items 1 and 3: per
+arm and microbatch size, the wall time of one microbatch (forward + backward, the device
+synchronized after), its host time (until backward() returns), and on a GPU its busy time (the
+sum of its kernels' durations, from torch's profiler); with --profile, the host functions that
+took the most time in each arm (cProfile, rank 0), which is where odc's extra host time per
+microbatch shows. Both arms run odc.train's model (build_model's Qwen2 with its packed attention),
+bf16 parameters with fp32 reduction and activation checkpointing, as odc.train runs them; FSDP2
+reduces once per minibatch (its last microbatch), odc pushes every microbatch, as in training.
+
+On the GPU: 2 ranks (one per GPU, or sharing one), NCCL for FSDP2 and a device odc.Comm. On the
+CPU (no GPU, or --cpu): gloo and a host odc.Comm, the tiny width with the preset's layer count
+(the arithmetic is small, the per-layer host work is what is left); there the collectives are
+host time too, so only the arms' difference and the profile mean anything.
+
+  python dev/gpu/host_floor.py [--preset 1.5b] [--tokens 512,2048,8192,32768]
+      [--microbatches 4] [--minibatches 3] [--arms fsdp2,odc] [--profile] [--cpu]
+"""
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+import odc
+
+
+def _build(preset: str, on_cpu: bool):
+    """odc.train's model: the preset, or on the CPU the tiny width with the preset's layers."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from odc.train import model as train_model
+
+    if not on_cpu:
+        return train_model.build_model(preset)
+    train_model._register_attention()
+    layers = train_model.PRESETS[preset]["num_hidden_layers"]
+    shape = dict(train_model.PRESETS["tiny"], num_hidden_layers=layers)
+    config = Qwen2Config(**shape, max_position_embeddings=131072, rope_theta=1_000_000.0)
+    torch.manual_seed(0)
+    lm = Qwen2ForCausalLM._from_config(config, attn_implementation=train_model.ATTENTION_NAME)
+    return train_model.PackedCausalLM(lm)
+
+
+def _busy_seconds(run) -> float:
+    """The summed durations of the GPU kernels `run` launched (torch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / 1e6
+
+
+def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, minibatches,
+          profile, on_cpu):  # fmt: skip
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    import odc.torch
+
+    if on_cpu:
+        torch.set_num_threads(1)
+        backend, device, gpu = "gloo", torch.device("cpu"), None
+    else:
+        gpu = rank % torch.cuda.device_count()
+        torch.cuda.set_device(gpu)
+        backend, device = "nccl", torch.device("cuda", gpu)
+    dist.init_process_group(
+        backend, init_method=f"file://{store}", rank=rank, world_size=world_size
+    )
+    try:
+        with torch.device(device):
+            model = _build(preset, on_cpu)
+        model.gradient_checkpointing_enable()
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in model.layers:
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
+        # Lines the ranks up before each measured microbatch (a group of its own, which odc.torch
+        # is told of: a collective inside a minibatch is otherwise refused).
+        align = dist.new_group(backend="gloo")
+        engine = None
+        if arm == "odc":
+            comm = odc.Comm(rank, world_size, key, timeout=300, device=gpu)
+            engine = odc.torch.OdcFSDP(model, comm, optimizer)
+            engine.allow_collectives(align)
+        generator = torch.Generator().manual_seed(rank)
+        vocab = model.config.vocab_size
+        sync = (lambda: None) if on_cpu else torch.cuda.synchronize
+        rows = {}
+        profile_text = None
+        for tokens in tokens_list:
+            positions = torch.arange(tokens, device=device)
+            boundaries = torch.tensor([0, tokens], dtype=torch.int32, device=device)
+
+            def microbatch():
+                ids = torch.randint(0, vocab, (tokens,), generator=generator).to(device)
+                loss_sum = model(ids, positions, torch.roll(ids, -1), boundaries, tokens)
+                (loss_sum / (tokens * microbatches)).backward()
+
+            walls, hosts, busy = [], [], []
+
+            def run_minibatch(measure: bool):
+                if engine is not None:
+                    engine.minibatch_begin()
+                else:
+                    model.set_requires_gradient_sync(False)
+                for index in range(microbatches):
+                    if engine is None and index == microbatches - 1:
+                        model.set_requires_gradient_sync(True)
+                    sync()
+                    dist.barrier(group=align)  # ranks start each microbatch together
+                    started = time.perf_counter()
+                    if measure and not on_cpu and index == 0:
+                        busy.append(_busy_seconds(microbatch))
+                        continue
+                    microbatch()
+                    returned = time.perf_counter()
+                    sync()
+                    if measure:
+                        hosts.append(returned - started)
+                        walls.append(time.perf_counter() - started)
+                if engine is not None:
+                    engine.minibatch_end()
+                optimizer.step()
+                optimizer.zero_grad()
+
+            run_minibatch(False)  # warm-up: lazy initialization, allocations, first kernels
+            profiler = cProfile.Profile() if profile and rank == 0 else None
+            if profiler is not None:
+                profiler.enable()
+            for _ in range(minibatches):
+                run_minibatch(True)
+            if profiler is not None:
+                profiler.disable()
+                text = io.StringIO()
+                pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(20)
+                profile_text = (profile_text or "") + f"--- {tokens} tokens\n" + text.getvalue()
+            rows[tokens] = (walls, hosts, busy)
+        return rows, profile_text
+    finally:
+        dist.destroy_process_group()
+
+
+def _ms(values):
+    return f"{statistics.median(values) * 1e3:9.1f}" if values else f"{'-':>9}"
+
+
+def _spread(values):
+    if len(values) < 2:
+        return f"{'-':>13}"
+    return f"{min(values) * 1e3:6.1f}-{max(values) * 1e3:<6.1f}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="1.5b", choices=["tiny", "0.5b", "1.5b", "7b"])
+    parser.add_argument("--tokens", default="512,2048,8192,32768")
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--minibatches", type=int, default=3)
+    parser.add_argument("--arms", default="fsdp2,odc")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU even with a GPU")
+    args = parser.parse_args(argv)
+    arms = [a for a in args.arms.split(",") if a]
+    if not arms or any(a not in ("fsdp2", "odc") for a in arms):
+        parser.error(f"--arms: a list of fsdp2 and odc, got '{args.arms}'")
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        parser.error(f"--tokens: a list of token counts, got '{args.tokens}'")
+    if any(t < 2 for t in tokens) or args.microbatches < 2 or args.minibatches < 1:
+        parser.error("--tokens >= 2 each, --microbatches >= 2, --minibatches >= 1")
+    on_cpu = args.cpu or not torch.cuda.is_available()
+    where = "CPU (tiny width)" if on_cpu else torch.cuda.get_device_name(0)
+    print(
+        f"one microbatch, preset {args.preset}, 2 ranks on {where}, {args.microbatches} "
+        f"microbatches x {args.minibatches} minibatches per size; ms, median (min-max)"
+    )
+    print(
+        f"{'arm':6} {'tokens':>7} {'wall':>9} {'spread':>13} {'host':>9} {'spread':>13} {'gpu busy':>9}"
+    )
+    medians = {}
+    for arm in arms:
+        with tempfile.TemporaryDirectory() as folder:
+            out = odc.launch(
+                _rank, 2, os.path.join(folder, "store"), arm, args.preset, tokens,
+                args.microbatches, args.minibatches, args.profile, on_cpu, timeout=3000,
+            )  # fmt: skip
+        for size in tokens:
+            walls = [w for rows, _ in out for w in rows[size][0]]
+            hosts = [h for rows, _ in out for h in rows[size][1]]
+            busy = [b for rows, _ in out for b in rows[size][2]]
+            medians[arm, size] = statistics.median(hosts)
+            print(
+                f"{arm:6} {size:7d} {_ms(walls)} {_spread(walls)} {_ms(hosts)} {_spread(hosts)} "
+                f"{_ms(busy)}"
+            )
+        if out[0][1]:
+            print(f"=== {arm}, rank 0, cProfile by own time")
+            sys.stdout.write(out[0][1])
+    if all(("fsdp2", s) in medians and ("odc", s) in medians for s in tokens):
+        ratios = ", ".join(f"{s}: {medians['odc', s] / medians['fsdp2', s]:.3f}" for s in tokens)
+        print(f"odc / fsdp2 host time per microbatch: {ratios}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
