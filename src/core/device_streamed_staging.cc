@@ -105,6 +105,11 @@ Status DeviceStreamedStaging::set_targets(const std::vector<kernels::FoldTarget>
   return Status::Ok();
 }
 
+std::vector<kernels::FoldTarget> DeviceStreamedStaging::targets() const {
+  const std::lock_guard<std::mutex> lock(progress_mutex_);
+  return targets_;
+}
+
 kernels::StreamedFold DeviceStreamedStaging::fold_of(kernels::FoldUntil until, int peer,
                                                      uint64_t value, int ends_from,
                                                      int ends_to) const {

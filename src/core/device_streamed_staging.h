@@ -46,6 +46,8 @@ class DeviceStreamedStaging final : public StreamedStaging {
   size_t allocated_bytes() const override;
   Result<uint64_t> credit_waits() const override;
   Status set_targets(const std::vector<kernels::FoldTarget>& targets) override;
+  // The table the folds take now (tests: a pass whose table is older than a peer's push).
+  std::vector<kernels::FoldTarget> targets() const;
   // Also orders the background stream (the progress thread's passes) after the caller's zeroing.
   Status begin(uint64_t minibatch, StreamHandle stream) override;
   Status end_progress(StreamHandle stream) override;
@@ -98,7 +100,7 @@ class DeviceStreamedStaging final : public StreamedStaging {
 
   // The progress thread's side. Written by the caller's thread under progress_mutex_ (with
   // targets_ and minibatch_, which the passes read), read by the progress thread under it.
-  std::mutex progress_mutex_;
+  mutable std::mutex progress_mutex_;
   bool progress_open_ = false;                            // begin() .. end_progress()
   std::chrono::steady_clock::time_point progress_until_;  // wait_ends() + the timeout
   StreamHandle progress_stream_ = nullptr;                // the background stream (begin())

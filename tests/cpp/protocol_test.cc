@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <optional>
 #include <random>
 #include <string>
@@ -1177,6 +1178,60 @@ TEST(Streamed, DeviceFoldRefusesOneAccumulatorTooManyAndGoesOn) {
     }
     if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
     if (Status s = comm.gather(sums.data(), sums.size(), accs.back(), nullptr); !s.ok()) {
+      return s.message();
+    }
+    for (float v : sums) {
+      if (v != static_cast<float>(world_size)) return "wrong sum " + std::to_string(v);
+    }
+    return "";
+  });
+  EXPECT_EQ(describe(outcome), "");
+}
+
+// A progress pass copies the fold table when it is enqueued; a peer may push into an accumulator
+// allocated since (it pushes once its own allocation returned, before this rank set its table).
+// The pass leaves such a chunk to the caller's folds, which know the accumulator, instead of
+// refusing it (ThreadSanitizer's timing found the window in RandomProgramsTinyBudgets). Rank 0's
+// table is made to miss B while rank 1 pushes into it and rank 0's progress passes run.
+TEST(Streamed, ProgressPassLeavesAChunkForAnAccumulatorItsTableDoesNotKnow) {
+  const int world_size = 2;
+  auto world = mem::MemWorld::create(world_size, mem_options_for(Scheme::kStreamedDevice, 10));
+  std::promise<void> pushed;
+  std::shared_future<void> pushed_seen = pushed.get_future().share();
+  const auto outcome = run_threads(world_size, [&](int rank) -> std::string {
+    Communicator comm(world->join(rank), comm_options_for(Scheme::kStreamedDevice, world_size));
+    auto a = comm.allocate(4, DataType::kFloat32, true);
+    auto b = comm.allocate(4, DataType::kFloat32, true);
+    if (!a.ok() || !b.ok()) return "alloc failed";
+    // The test plays the allocation's late table and the progress thread: it changes the staging.
+    auto* staging = const_cast<DeviceStreamedStaging*>(
+        dynamic_cast<const DeviceStreamedStaging*>(comm.staging()));
+    if (staging == nullptr) return "not the device staging";
+    const std::vector<kernels::FoldTarget> both = staging->targets();
+    if (both.size() != 2) return "expected two fold targets";
+    std::vector<float> src(static_cast<size_t>(world_size) * 4, 1.0f), sums(src.size());
+    if (rank == 0 && !staging->set_targets({both.front()}).ok()) return "set_targets";
+    if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+    if (rank == 1) {
+      Status s =
+          comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32, b.value(), nullptr);
+      pushed.set_value();
+      if (!s.ok()) return s.message();
+    } else {
+      if (pushed_seen.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+        return "rank 1 never pushed";
+      }
+      for (int pass = 0; pass < 20; ++pass) {
+        staging->progress();  // beside the progress thread's own passes
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (!staging->set_targets(both).ok()) return "set_targets back";
+      Status s =
+          comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32, b.value(), nullptr);
+      if (!s.ok()) return s.message();  // a refusal by a pass is returned here
+    }
+    if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+    if (Status s = comm.gather(sums.data(), sums.size(), b.value(), nullptr); !s.ok()) {
       return s.message();
     }
     for (float v : sums) {
