@@ -126,6 +126,22 @@ TEST(DeviceBarrierWord, FailedPeerIsNamedWithWhatTheBootstrapKnows) {
             "error says why) (rank 2: oom)");
 }
 
+TEST(DeviceBarrierWord, ARefusedChunkFromAFailedSenderNamesItsFailure) {
+  // Seen on 2 x H200 (2026-11-28): rank 0's credit wait expired, its later puts carried a stale
+  // outbox, and rank 1 reported an internal error instead of rank 0's failure.
+  const kernels::WaitError record{kernels::kWaitBadChunk, 1, 0, 0, 1, 34, nullptr};
+  const Status unknown = device::wait_record_status(record, 1'000'000'000, nullptr);
+  ASSERT_EQ(unknown.code(), StatusCode::kInternalError);
+  EXPECT_NE(unknown.message().find("refused chunk 1 from rank 0: saw 34"), std::string::npos);
+  const Status named = device::wait_record_status(record, 1'000'000'000, [](int peer) {
+    return ": rank " + std::to_string(peer) + " timed out";
+  });
+  ASSERT_EQ(named.code(), StatusCode::kRemoteError);
+  EXPECT_EQ(named.message(),
+            "rank 0 failed while pushing to rank 1, which refused what it put after that (nothing "
+            "of it was added): rank 0 timed out");
+}
+
 TEST(DeviceBarrierWord, OtherWaitsNameTheirSite) {
   const kernels::WaitError none{};
   EXPECT_TRUE(device::wait_record_status(none, 1, nullptr).ok());

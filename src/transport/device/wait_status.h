@@ -91,6 +91,15 @@ inline Status wait_record_status(const kernels::WaitError& record, int64_t timeo
       return Status::Timeout(message.str());
     }
     case kernels::kWaitBadChunk:
+      // A sender that failed first (its credit wait expired, say) still puts whatever its outbox
+      // holds: the refusal is its failure's echo, named as such.
+      if (const std::string failure = peer_failure(); !failure.empty()) {
+        return Status::RemoteError("rank " + std::to_string(record.peer) +
+                                   " failed while pushing to rank " + std::to_string(record.rank) +
+                                   ", which refused what it put after that (nothing of it was "
+                                   "added)" +
+                                   failure);
+      }
       return Status::InternalError(
           "streamed fold: rank " + std::to_string(record.rank) + " refused chunk " +
           std::to_string(record.expected) + " from rank " + std::to_string(record.peer) + ": saw " +

@@ -79,6 +79,70 @@ Status NvshmemTransport::init() {
   if (!ranks_per_node.ok()) return ranks_per_node.status();
   local_size_ = ranks_per_node.value();
   map_direct_peers();
+  return warm_up_stream_operations();
+}
+
+// A process's first launch of a kernel (loaded then, under lazy loading, torch's default) may
+// wait for every kernel running on the device, and hold the driver's launches from other threads
+// meanwhile. An owner whose stream runs a long kernel (a collective waiting for a peer) then sat
+// in its first push until that kernel ended, and so did its progress thread's fold passes, which
+// its senders needed: their credit waits expired (issue #41). Measured on 2 x H200 (2026-11-28,
+// dev/gpu/progress_first_minibatch.py): warming up only the fold kernel left the first
+// minibatch failing; these kernels as well fixed it; NVSHMEM's calls alone did not. So every
+// operation a minibatch enqueues runs once here, before any of the caller's kernels: odc's kernels
+// and NVSHMEM's stream calls (cheap, and any first-use setup of theirs is done with), to this rank
+// itself, on a stream of its own, over two scratch regions (about 1 KiB) freed afterwards.
+Status NvshmemTransport::warm_up_stream_operations() {
+  constexpr size_t kCount = 64;  // fp32 elements per part
+  constexpr size_t kBytes = kCount * sizeof(float);
+  auto data_made = allocate(4 * kBytes);  // zeroed: src, dst, sums, bf16 part
+  if (!data_made.ok()) return data_made.status();
+  auto signals_made = allocate(static_cast<size_t>(world_size()) * sizeof(uint64_t));
+  if (!signals_made.ok()) return signals_made.status();
+  const std::unique_ptr<SymmetricRegion> data = std::move(data_made).value();
+  const std::unique_ptr<SymmetricRegion> signals = std::move(signals_made).value();
+  DeviceGuard guard(device());
+  cudaStream_t stream = nullptr;
+  ODC_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto run = [&]() -> Status {
+    char* base = static_cast<char*>(data->local());
+    char* src = base;
+    char* dst = base + kBytes;
+    auto* sums = reinterpret_cast<float*>(base + 2 * kBytes);
+    char* narrow = base + 3 * kBytes;
+    auto* words = static_cast<uint64_t*>(signals->local());
+    const int me = rank();
+    // odc's kernels, as a push, a fold's neighbours, a gather and a barrier launch them.
+    ODC_RETURN_IF_ERROR(local().zero(dst, kBytes, stream));
+    for (DataType type : {DataType::kFloat32, DataType::kBfloat16}) {
+      ODC_RETURN_IF_ERROR(local().accumulate_reducing(sums, src, type, kCount, stream));
+      ODC_RETURN_IF_ERROR(local().accumulate(sums, src, type, kCount, stream));
+    }
+    const kernels::ChunkHeader header{};
+    ODC_RETURN_IF_ERROR(local().pack_chunk(dst, header, src, kBytes - sizeof(header), stream));
+    ODC_RETURN_IF_ERROR(local().copy_many({dst}, {src}, kBytes, push_done_.get(), stream));
+    ODC_RETURN_IF_ERROR(local().narrow_many({narrow}, {src}, kCount / 2, stream));
+    ODC_RETURN_IF_ERROR(local().wait_slots(words, {me}, 0, timeout_ns(), nullptr, stream));
+    ODC_CUDA_CHECK(store_u64(words + me, 0, stream));
+    ODC_CUDA_CHECK(publish_u64(words + me, 0, device_error(), stream));
+    // NVSHMEM's stream calls, every one the transport makes.
+    nvshmemx_putmem_signal_on_stream(dst, src, kBytes, words + me, 0, NVSHMEM_SIGNAL_SET, me,
+                                     stream);
+    nvshmemx_signal_op_on_stream(words + me, 0, NVSHMEM_SIGNAL_SET, me, stream);
+    nvshmemx_putmem_on_stream(dst, src, kBytes, me, stream);
+    nvshmemx_getmem_on_stream(dst, src, kBytes, me, stream);
+    nvshmemx_getmem_nbi_on_stream(dst, src, kBytes, me, stream);
+    nvshmemx_quiet_on_stream(stream);
+    void* temporary = nullptr;  // the narrowed gather's stream-ordered temporary
+    ODC_CUDA_CHECK(cudaMallocAsync(&temporary, kBytes, stream));
+    ODC_CUDA_CHECK(cudaFreeAsync(temporary, stream));
+    ODC_CUDA_CHECK(cudaGetLastError());
+    ODC_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return poll_error();
+  };
+  const Status ran = run();
+  cudaStreamDestroy(stream);
+  if (!ran.ok()) return ran.with_context("while warming up the NVSHMEM transport's operations");
   return Status::Ok();
 }
 

@@ -96,6 +96,9 @@ class NvshmemTransport final : public device::DeviceTransport {
   Status init();
   Status allocate_control_words();
   void map_direct_peers();  // after the ranks per node are agreed
+  // Runs every stream operation of a minibatch once, to this rank itself, and waits for them
+  // (the definition says why). Collective: it allocates and frees two small regions.
+  Status warm_up_stream_operations();
 
   int node_of(int rank) const { return rank / local_size_; }
   // Counts `bytes` moved to or from `peer` into *total where `peer` is on another node.
