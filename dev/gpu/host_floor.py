@@ -13,7 +13,12 @@ CPU (no GPU, or --cpu): gloo and a host odc.Comm, the tiny width with the preset
 host time too, so only the arms' difference and the profile mean anything.
 
   python dev/gpu/host_floor.py [--preset 1.5b] [--tokens 512,2048,8192,32768]
-      [--microbatches 4] [--minibatches 3] [--arms fsdp2,odc] [--profile] [--cpu]
+      [--microbatches 4] [--minibatches 3] [--arms fsdp2,odc] [--compile on|off|both]
+      [--profile] [--cpu]
+
+The loss column is the warm-up minibatch's mean token loss (rank 0): the same data in every arm
+and mode, so compiled and eager, FSDP2 and odc must agree to bf16's precision. "warm-up s" is
+that minibatch's time, compilation included.
 """
 
 import argparse
@@ -59,7 +64,7 @@ def _busy_seconds(run) -> float:
 
 
 def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, minibatches,
-          profile, on_cpu):  # fmt: skip
+          profile, on_cpu, compiled):  # fmt: skip
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -79,6 +84,10 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
         with torch.device(device):
             model = _build(preset, on_cpu)
         model.gradient_checkpointing_enable()
+        if compiled:
+            from odc.train.model import compile_blocks
+
+            compiled = compile_blocks(model)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in model.layers:
             fully_shard(layer, mp_policy=policy)
@@ -101,10 +110,14 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
             positions = torch.arange(tokens, device=device)
             boundaries = torch.tensor([0, tokens], dtype=torch.int32, device=device)
 
+            losses = []  # the warm-up minibatch's: the same data in every arm and mode
+
             def microbatch():
                 ids = torch.randint(0, vocab, (tokens,), generator=generator).to(device)
                 loss_sum = model(ids, positions, torch.roll(ids, -1), boundaries, tokens)
                 (loss_sum / (tokens * microbatches)).backward()
+                if not measuring:
+                    losses.append(loss_sum.detach())
 
             walls, hosts, busy = [], [], []
 
@@ -133,7 +146,11 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
                 optimizer.step()
                 optimizer.zero_grad()
 
+            measuring = False
+            started = time.perf_counter()
             run_minibatch(False)  # warm-up: lazy initialization, allocations, first kernels
+            warm_up_seconds = time.perf_counter() - started
+            measuring = True
             profiler = cProfile.Profile() if profile and rank == 0 else None
             if profiler is not None:
                 profiler.enable()
@@ -144,8 +161,9 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
                 text = io.StringIO()
                 pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(20)
                 profile_text = (profile_text or "") + f"--- {tokens} tokens\n" + text.getvalue()
-            rows[tokens] = (walls, hosts, busy)
-        return rows, profile_text
+            loss = sum(float(x) for x in losses) / (tokens * len(losses))
+            rows[tokens] = (walls, hosts, busy, loss, warm_up_seconds)
+        return rows, profile_text, compiled
     finally:
         dist.destroy_process_group()
 
@@ -168,6 +186,13 @@ def main(argv=None) -> int:
     parser.add_argument("--minibatches", type=int, default=3)
     parser.add_argument("--arms", default="fsdp2,odc")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--compile",
+        choices=["on", "off", "both"],
+        default="on",
+        help="compile the decoder blocks as odc.train does (GPU only; off: eager, as "
+        "odc.train --no-compile; both: each arm eager, then compiled)",
+    )
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even with a GPU")
     args = parser.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
@@ -186,30 +211,40 @@ def main(argv=None) -> int:
         f"microbatches x {args.minibatches} minibatches per size; ms, median (min-max)"
     )
     print(
-        f"{'arm':6} {'tokens':>7} {'wall':>9} {'spread':>13} {'host':>9} {'spread':>13} {'gpu busy':>9}"
+        f"{'arm':6} {'blocks':8} {'tokens':>7} {'wall':>9} {'spread':>13} {'host':>9} "
+        f"{'spread':>13} {'gpu busy':>9} {'warm-up s':>9} {'loss':>8}"
     )
+    modes = {"on": [True], "off": [False], "both": [False, True]}[args.compile]
     medians = {}
-    for arm in arms:
-        with tempfile.TemporaryDirectory() as folder:
-            out = odc.launch(
-                _rank, 2, os.path.join(folder, "store"), arm, args.preset, tokens,
-                args.microbatches, args.minibatches, args.profile, on_cpu, timeout=3000,
-            )  # fmt: skip
-        for size in tokens:
-            walls = [w for rows, _ in out for w in rows[size][0]]
-            hosts = [h for rows, _ in out for h in rows[size][1]]
-            busy = [b for rows, _ in out for b in rows[size][2]]
-            medians[arm, size] = statistics.median(hosts)
-            print(
-                f"{arm:6} {size:7d} {_ms(walls)} {_spread(walls)} {_ms(hosts)} {_spread(hosts)} "
-                f"{_ms(busy)}"
+    for compiled in modes:
+        for arm in arms:
+            with tempfile.TemporaryDirectory() as folder:
+                out = odc.launch(
+                    _rank, 2, os.path.join(folder, "store"), arm, args.preset, tokens,
+                    args.microbatches, args.minibatches, args.profile, on_cpu, compiled,
+                    timeout=3000,
+                )  # fmt: skip
+            blocks = "compiled" if out[0][2] else "eager"
+            for size in tokens:
+                walls = [w for rows, _, _ in out for w in rows[size][0]]
+                hosts = [h for rows, _, _ in out for h in rows[size][1]]
+                busy = [b for rows, _, _ in out for b in rows[size][2]]
+                loss, warm_up = out[0][0][size][3], out[0][0][size][4]
+                medians[arm, blocks, size] = statistics.median(hosts)
+                print(
+                    f"{arm:6} {blocks:8} {size:7d} {_ms(walls)} {_spread(walls)} {_ms(hosts)} "
+                    f"{_spread(hosts)} {_ms(busy)} {warm_up:9.1f} {loss:8.4f}"
+                )
+            if out[0][1]:
+                print(f"=== {arm} ({blocks}), rank 0, cProfile by own time")
+                sys.stdout.write(out[0][1])
+    for blocks in ("eager", "compiled"):
+        if all(("fsdp2", blocks, s) in medians and ("odc", blocks, s) in medians for s in tokens):
+            ratios = ", ".join(
+                f"{s}: {medians['odc', blocks, s] / medians['fsdp2', blocks, s]:.3f}"
+                for s in tokens
             )
-        if out[0][1]:
-            print(f"=== {arm}, rank 0, cProfile by own time")
-            sys.stdout.write(out[0][1])
-    if all(("fsdp2", s) in medians and ("odc", s) in medians for s in tokens):
-        ratios = ", ".join(f"{s}: {medians['odc', s] / medians['fsdp2', s]:.3f}" for s in tokens)
-        print(f"odc / fsdp2 host time per microbatch: {ratios}")
+            print(f"odc / fsdp2 host time per microbatch ({blocks}): {ratios}")
     return 0
 
 

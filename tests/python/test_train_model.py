@@ -16,7 +16,7 @@ from odc.train.calibrate import (  # noqa: E402
     packed_ladder,
 )
 from odc.train.data import pack  # noqa: E402
-from odc.train.model import build_model, packed_attention  # noqa: E402
+from odc.train.model import build_model, compile_blocks, packed_attention  # noqa: E402
 
 
 def _inputs(packed):
@@ -76,6 +76,18 @@ def test_packed_attention_refuses_a_mask_or_missing_boundaries():
         packed_attention(None, q, q, q, torch.ones(1, 1, 6, 6, dtype=torch.bool))
     with pytest.raises(ValueError, match="cu_seq_lens_q"):
         packed_attention(None, q, q, q, None)
+
+
+def test_compile_blocks_keeps_the_plain_path_on_the_cpu():
+    # --compile compiles only where varlen attention runs (CUDA); on the CPU the blocks stay as
+    # they were and the loss is unchanged.
+    model = build_model("tiny")
+    forwards = [layer.forward for layer in model.layers]
+    documents = [np.arange(1, 9, dtype=np.int64), np.arange(3, 8, dtype=np.int64)]
+    before = model(*_inputs(pack(documents))).item()
+    assert compile_blocks(model) is False
+    assert [layer.forward for layer in model.layers] == forwards
+    assert model(*_inputs(pack(documents))).item() == before
 
 
 def test_unknown_preset_is_named():

@@ -212,6 +212,13 @@ def _add_training_and_outputs(parser) -> None:
         "(fused=True: fewer kernel launches per step; every run of the command uses it)",
     )
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile each decoder block (torch.compile, dynamic token count; GPUs only, the "
+        "CPU runs them eagerly): less host time per microbatch than eager PyTorch (1.5b on 2 "
+        "H200s: ~200 ms instead of ~310 at 512 tokens); the first microbatches compile",
+    )
+    parser.add_argument(
         "--profile",
         type=_TEXT,
         metavar="DIR",
@@ -594,6 +601,7 @@ def _run_config(args, spec: RunSpec, cost, *, preset, device, lengths, max_token
         kv_exchange=spec.kv_exchange,
         microbatch_memory=args.microbatch_memory,
         optimizer=args.optimizer,
+        compile_blocks=args.compile,
         profile_dir=args.profile,
     )
 

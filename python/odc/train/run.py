@@ -39,6 +39,10 @@ class RunConfig:
     lr: float = 1e-4
     warmup_steps: int = 1
     activation_checkpointing: bool = True
+    # Compile each decoder block (model.compile_blocks, `--compile`; CUDA only): less host time
+    # per microbatch than eager PyTorch's floor. Off by default until odc.train's tables are
+    # re-measured with it (issue #42).
+    compile_blocks: bool = False
     # The planner's cost model (a, b, c): c + sum(a*L + b*L^2) seconds per microbatch. None: fit
     # it to single-sample and packed microbatches timed on this model before planning
     # (calibrate.py).
@@ -308,13 +312,22 @@ class Run:
         import torch
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from .model import build_model
+        from .model import build_model, compile_blocks
 
         config = self.config
         with self.device:  # initialize on the device: a 7B model on the CPU takes minutes
             model = build_model(config.preset, seed=config.seed)
         if config.activation_checkpointing:
             model.gradient_checkpointing_enable()
+        # After checkpointing wrapped the blocks' forward, before FSDP2 hooks the modules.
+        if config.compile_blocks and compile_blocks(model) and self.rank == 0:
+            print(
+                "odc.train: decoder blocks compiled (torch.compile, dynamic token count): the "
+                "first microbatches of the run compile them, once (later runs reuse torch's "
+                "on-disk cache)",
+                file=sys.stderr,
+                flush=True,
+            )
         policy = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if self.on_gpu else None,
             reduce_dtype=torch.float32 if self.on_gpu else None,
