@@ -731,6 +731,12 @@ class Comm:
         return {"during_minibatches": during.value, "in_minibatch_end": at_end.value}
 
     @property
+    def over_nvshmem(self) -> bool:
+        """Whether this communicator moves bytes over NVSHMEM (its buffers live in NVSHMEM's
+        symmetric heap, whose size is fixed once the first such communicator starts)."""
+        return self._nvshmem
+
+    @property
     def topology(self) -> List[int]:
         """The node of every rank (a list of world_size ints, nodes numbered from 0 in order of
         their lowest rank), as every rank agreed at init: from `ranks_per_node`, else

@@ -70,7 +70,7 @@ def _errors_rank(rank, world_size, key, store_path):
         swapped = odc.Comm(world_size - 1 - rank, world_size, key + "-swapped", timeout=30)
         try:
             odc.torch.OdcFSDP(model, swapped)
-        except RuntimeError as error:
+        except odc.InvalidArgument as error:  # a communicator that does not fit the mesh
             messages["mesh"] = str(error)
         swapped.close()
         comm = odc.Comm(rank, world_size, key, timeout=30)
@@ -80,7 +80,7 @@ def _errors_rank(rank, world_size, key, store_path):
         odc.torch.scale_loss(loss_sum(model, minibatch_samples(0)[:1]), 10).backward()
         try:
             optimizer.step()
-        except RuntimeError as error:
+        except odc.InvalidUsage as error:  # the right call at the wrong moment
             messages["step"] = str(error)
         engine.minibatch_end()
         optimizer.step()
@@ -101,7 +101,7 @@ def test_errors_name_the_problem():
     with pytest.raises(TypeError, match="wrapped with fully_shard"):
         odc.torch.OdcFSDP(nn.Linear(2, 2), comm=None)
     with pytest.raises(
-        RuntimeError, match=r"lacks \(FSDPModule.set_custom_all_gather.*torch >= 2.9"
+        odc.InvalidUsage, match=r"lacks \(FSDPModule.set_custom_all_gather.*torch >= 2.9"
     ):
         _fsdp2_internals.check_fsdp2_support(
             type("OldFSDPModule", (), {"reshard": lambda self: None})

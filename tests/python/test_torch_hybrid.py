@@ -59,7 +59,7 @@ def _errors_rank(rank, world_size, key, store_path):
         swapped = odc.Comm(world_size - 1 - rank, world_size, key + "-swapped", timeout=30)
         try:
             odc.torch.OdcFSDP(model, swapped)
-        except RuntimeError as error:
+        except odc.InvalidArgument as error:
             messages["shard"] = str(error)
         swapped.close()
         try:

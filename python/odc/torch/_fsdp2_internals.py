@@ -79,6 +79,8 @@ from typing import List, Optional
 import torch
 from torch import nn
 
+from ..errors import InternalError, InvalidArgument, InvalidUsage
+
 # Versions this file was read against and the tests were run on (docs/torch.md records the runs).
 CHECKED_TORCH_VERSIONS = ("2.9", "2.11")
 # The oldest release with every FSDPModule method below (set_custom_all_gather and
@@ -133,11 +135,12 @@ def missing_fsdp2_features(fsdp_module_class=None) -> List[str]:
 
 
 def check_fsdp2_support(fsdp_module_class=None) -> None:
-    """Raises RuntimeError naming what is missing unless torch has every FSDP2 hook odc.torch
-    uses. A feature check, not a version string: builds that backport the hooks pass."""
+    """Raises odc.InvalidUsage (a RuntimeError) naming what is missing unless torch has every
+    FSDP2 hook odc.torch uses. A feature check, not a version string: builds that backport the
+    hooks pass."""
     missing = missing_fsdp2_features(fsdp_module_class)
     if missing:
-        raise RuntimeError(
+        raise InvalidUsage(
             f"odc.torch needs FSDP2's custom communication hooks, which torch "
             f"{torch.__version__} lacks ({', '.join(missing)}): use torch >= "
             f"{OLDEST_SUPPORTED_TORCH}"
@@ -243,7 +246,7 @@ def alias_sharded_param(module: nn.Module, index: int, flat: torch.Tensor) -> No
     fsdp_param = _fsdp_param(module, index)
     padded = fsdp_param._sharded_param_data
     if flat.shape != padded.shape or flat.dtype != padded.dtype:
-        raise RuntimeError(
+        raise InternalError(
             f"odc.torch: shard of {fsdp_param!r} is {tuple(padded.shape)} {padded.dtype}, "
             f"its symmetric slot {tuple(flat.shape)} {flat.dtype}"
         )
@@ -257,7 +260,7 @@ def alias_sharded_param(module: nn.Module, index: int, flat: torch.Tensor) -> No
     fsdp_param._sharded_param_data = flat
     local = flat.view(fsdp_param.padded_sharded_param_size).narrow(shard_dim, 0, length)
     if not local.is_contiguous():
-        raise RuntimeError(f"odc.torch: {fsdp_param!r} shards unevenly along dim {shard_dim}")
+        raise InvalidArgument(f"odc.torch: {fsdp_param!r} shards unevenly along dim {shard_dim}")
     fsdp_param.sharded_param._local_tensor = local
 
 
@@ -294,3 +297,23 @@ def forget_partial_reduce_output(module: nn.Module) -> None:
     group = _param_group(module)
     if group is not None:
         group._partial_reduce_output = None
+
+
+def in_place_dtype(layout: GroupLayout) -> Optional[torch.dtype]:
+    """The dtype of a group's sharded parameters where they can live in its published buffer
+    (R7): one dtype, either the all-gather dtype or float32 gathered as bfloat16; else None."""
+    dtypes = set()
+    for index in range(len(layout.slots)):
+        storage = sharded_storage(layout.module, index)
+        if storage is None:
+            return None
+        dtypes.add(storage.dtype)
+    if len(dtypes) != 1:
+        return None
+    dtype = dtypes.pop()
+    if dtype == layout.param_dtype or (dtype, layout.param_dtype) == (
+        torch.float32,
+        torch.bfloat16,
+    ):
+        return dtype
+    return None

@@ -35,12 +35,11 @@ try:  # FSDP2's public home since torch 2.6; older torch: OdcFSDP refuses, the r
 except ImportError:  # pragma: no cover - depends on the torch version
     FSDPModule = None
 
-from .._capi import INVALID_USAGE as _INVALID_USAGE
-from .._capi import TIMEOUT as _TIMEOUT
-from .._capi import Error
 from .. import nvshmem_heap
 from ..comm import Comm
-from ..errors import InvalidArgument
+from ..errors import INVALID_USAGE as _INVALID_USAGE
+from ..errors import TIMEOUT as _TIMEOUT
+from ..errors import Error, InternalError, InvalidArgument, InvalidUsage
 from . import _fsdp2_internals as internals
 from . import heap, hybrid
 from ._sums_pending import GradientsNotReadyError, pending_like
@@ -70,26 +69,6 @@ def _divide_factor(layouts) -> float:
     if not factor > 0:
         raise InvalidArgument(f"odc.torch: gradient divide factor must be positive, got {factor}")
     return float(factor)
-
-
-def _in_place_dtype(layout: internals.GroupLayout) -> Optional[torch.dtype]:
-    """The dtype of a group's sharded parameters where they can live in its published buffer
-    (R7): one dtype, either the all-gather dtype or float32 gathered as bfloat16; else None."""
-    dtypes = set()
-    for index in range(len(layout.slots)):
-        storage = internals.sharded_storage(layout.module, index)
-        if storage is None:
-            return None
-        dtypes.add(storage.dtype)
-    if len(dtypes) != 1:
-        return None
-    dtype = dtypes.pop()
-    if dtype == layout.param_dtype or (dtype, layout.param_dtype) == (
-        torch.float32,
-        torch.bfloat16,
-    ):
-        return dtype
-    return None
 
 
 def _comm_view(tensor: torch.Tensor, comm: Comm):
@@ -133,7 +112,7 @@ class _Group:
         # another group's weights (the sizes alone may agree). Published: the shards change only
         # between minibatches (publish() at minibatch_begin, the optimizer step after
         # minibatch_end), so the node cache may fetch them once per node and minibatch.
-        self.in_place = _in_place_dtype(layout)
+        self.in_place = internals.in_place_dtype(layout)
         # The trainable slots (indices into layout.slots) the accumulator holds, and where each
         # sits in it; None until refresh_trainable() first ran.
         self.trainable: Optional[Tuple[int, ...]] = None
@@ -227,7 +206,7 @@ class _Group:
     def check_group(self, group: dist.ProcessGroup) -> None:
         comm = self.owner.comm
         if group.size() != comm.world_size or group.rank() != comm.rank:
-            raise RuntimeError(
+            raise InvalidArgument(
                 f"the FSDP2 mesh (rank {group.rank()} of {group.size()}) does not match the odc "
                 f"communicator (rank {comm.rank} of {comm.world_size})"
             )
@@ -263,13 +242,13 @@ class _Group:
         now = tuple(i for i, slot in enumerate(slots) if slot.param.requires_grad)
         if now != self.trainable:
             changed = sorted(set(now) ^ set(self.trainable or ()))
-            raise RuntimeError(
+            raise InvalidUsage(
                 "odc.torch: requires_grad changed inside a minibatch for "
                 f"{self._names(changed)}: change it between minibatches (minibatch_begin sizes "
                 "the gradient sums for the parameters that require gradients then)"
             )
         if not self.trainable:
-            raise RuntimeError(f"odc.torch: FSDP2 reduces gradients of {self.name}, all frozen")
+            raise InternalError(f"odc.torch: FSDP2 reduces gradients of {self.name}, all frozen")
         world = self.owner.comm.world_size
         marked, self.marked = self.marked, set()
         if input_tensor.numel() == world * self.grad_numel:
@@ -278,7 +257,7 @@ class _Group:
         subset = sorted(marked)
         expected = world * sum(slots[i].padded_numel for i in subset)
         if not subset or not set(subset) <= set(self.trainable) or input_tensor.numel() != expected:
-            raise RuntimeError(
+            raise InvalidUsage(
                 f"odc.torch: FSDP2 reduces {input_tensor.numel()} gradient elements for "
                 f"{self.name}, which matches neither its trainable parameters ({world} x "
                 f"{self.grad_numel}) nor those that got a gradient ({self._names(subset)}): "
@@ -365,7 +344,7 @@ class _Group:
             if cached is None or param.grad is not cached[1]:
                 zeroed.add(index)
         if zeroed:
-            raise RuntimeError(
+            raise InvalidUsage(
                 "odc.torch: optimizer.zero_grad() (or .grad = None) inside a minibatch whose "
                 f"gradient sums carried over from the last one ({self._names(sorted(zeroed))}: "
                 ".grad was not zeroed after the last optimizer.step()); odc adds every rank's "
@@ -498,7 +477,7 @@ class OdcAllGather(internals.AllGather):
                 output_tensor, input_tensor, group=group, async_op=async_op
             )
         if owner.state is EngineState.FAILED:
-            raise RuntimeError(
+            raise InvalidUsage(
                 "odc.torch: forward on a failed engine: its communicator failed in an earlier "
                 "minibatch; call reset(<new communicator>) on every rank first"
             )
@@ -540,10 +519,10 @@ class OdcReduceScatter(internals.ReduceScatter):
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         owner = self.group.owner
         if owner.state is not EngineState.IN_MINIBATCH:
-            raise RuntimeError("odc.torch: backward outside a minibatch: call minibatch_begin()")
+            raise InvalidUsage("odc.torch: backward outside a minibatch: call minibatch_begin()")
         self.group.check_group(group)
         if op != dist.ReduceOp.SUM:
-            raise RuntimeError(f"odc.torch pushes sums; FSDP2 asked for {op}")
+            raise InternalError(f"odc.torch pushes sums; FSDP2 asked for {op}")
         if self.group.kept:
             self.group.check_carried()
         source = self.group.push_source(input_tensor)
@@ -610,7 +589,7 @@ class OdcFSDP:
             existing = getattr(module, _ENGINE_ATTRIBUTE, None)
             if existing is not None and existing() is not None:
                 where = "this model" if module is model else "a module of this model"
-                raise RuntimeError(
+                raise InvalidUsage(
                     f"odc.torch: {where} already has an OdcFSDP engine: FSDP2's communication "
                     "hooks and odc's buffers belong to that one (a second would replace its "
                     "hooks and gather other buffers). Keep using it (it stays attached to the "
@@ -630,7 +609,7 @@ class OdcFSDP:
         layouts = [(m, layout) for m, layout in layouts if layout is not None]
         for module, layout in layouts:
             self._check_placement(layout)
-        if comm._nvshmem:
+        if comm.over_nvshmem:
             # NVSHMEM reserved its heap when comm was made and cannot grow it: a model that needs
             # more fails here, on every rank alike (same model, same heap), naming the size and
             # the knob, instead of at some allocation later.
@@ -697,7 +676,7 @@ class OdcFSDP:
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         if self.state is EngineState.IN_MINIBATCH:
-            raise RuntimeError(
+            raise InvalidUsage(
                 "odc.torch: optimizer.step() called before minibatch_end(): the gradients are "
                 "not summed yet. Step after the `with engine.minibatch():` block"
             )
@@ -762,7 +741,7 @@ class OdcFSDP:
         parameters (the optimizer's state too) keep the values of the last completed step; the
         failed minibatch's sums are dropped. Close the old communicator afterwards."""
         if self.state is EngineState.IN_MINIBATCH:
-            raise RuntimeError("reset() inside a minibatch: end or abort it first")
+            raise InvalidUsage("reset() inside a minibatch: end or abort it first")
         _check_comm(comm)
         if comm.world_size != self.comm.world_size or comm.device != self.comm.device:
             raise InvalidArgument(
@@ -858,7 +837,7 @@ class OdcFSDP:
     def minibatch_begin(self) -> None:
         """Collective: publishes this rank's updated shards and opens the minibatch."""
         if self.state is EngineState.IN_MINIBATCH:
-            raise RuntimeError("minibatch_begin() called twice without minibatch_end()")
+            raise InvalidUsage("minibatch_begin() called twice without minibatch_end()")
         if self.state is EngineState.FAILED:
             raise Error(
                 "odc.torch: the engine's communicator failed in an earlier minibatch; call "
@@ -880,14 +859,17 @@ class OdcFSDP:
             for group in self._groups:
                 layout = internals.group_layout(group.layout.module)  # params may be reassigned
                 if layout.shard_numel != group.layout.shard_numel:
-                    raise RuntimeError("a parameter group changed size after odc.torch was enabled")
+                    raise InvalidUsage(
+                        f"odc.torch: the parameters of {group.name} changed size after OdcFSDP "
+                        "took the model (parameters reassigned since must keep their shapes)"
+                    )
                 group.layout = layout
                 held = group.held_grads()
                 trainable = tuple(
                     i for i, slot in enumerate(layout.slots) if slot.param.requires_grad
                 )
                 if held and trainable != group.trainable:
-                    raise RuntimeError(
+                    raise InvalidUsage(
                         f"odc.torch: requires_grad changed in {group.name} while .grad still "
                         "holds gradient sums (no zero_grad since the last minibatch): call "
                         "optimizer.zero_grad() before freezing or unfreezing parameters"
@@ -912,7 +894,7 @@ class OdcFSDP:
         then all-reduced across replicas: collective over every rank of the job. A failure
         (a peer failed or aborted, a timeout) leaves the engine failed: see reset()."""
         if self.state is not EngineState.IN_MINIBATCH:
-            raise RuntimeError("minibatch_end() without minibatch_begin()")
+            raise InvalidUsage("minibatch_end() without minibatch_begin()")
         self._collective_guard.stop()
         _engines_in_minibatch.discard(self)
         try:

@@ -26,11 +26,9 @@ def layouts_need(
     its published shard (in the dtype fsdp2._Group publishes: the in-place dtype, else
     param_dtype) and an fp32 accumulator of its trainable slots, plus one float per parameter
     tensor (the reduced flags), plus the communicator's budgets."""
-    from .fsdp2 import _in_place_dtype
-
     published = elements = num_slots = 0
     for layout in layouts:
-        dtype = _in_place_dtype(layout) or layout.param_dtype
+        dtype = internals.in_place_dtype(layout) or layout.param_dtype
         published += layout.shard_numel * (4 if dtype == torch.float32 else 2)
         elements += sum(s.padded_numel for s in layout.slots if s.param.requires_grad)
         num_slots += len(layout.slots)

@@ -114,7 +114,7 @@ class ReplicaReduction:
             )
         (mesh,) = meshes.values()
         if mesh.size(SHARD_DIM) != comm.world_size or (mesh.get_local_rank(SHARD_DIM) != comm.rank):
-            raise RuntimeError(
+            raise InvalidArgument(
                 f"the odc communicator (rank {comm.rank} of {comm.world_size}) must span the HSDP "
                 f"mesh's shard dimension (this rank is {mesh.get_local_rank(SHARD_DIM)} of "
                 f"{mesh.size(SHARD_DIM)} there): build it with odc.torch.node_comm(mesh)"

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm import Comm
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, InvalidUsage
 from .heap import size_nvshmem_heap
 
 # Store entries live under this prefix of the group's store (already prefixed per group by c10d).
@@ -37,7 +37,7 @@ def group_store(group: dist.ProcessGroup) -> dist.Store:
 
     entry = c10d._world.pg_map.get(group)
     if entry is None:
-        raise RuntimeError(
+        raise InvalidUsage(
             "odc.torch: this process group has no store in torch.distributed's group table "
             "(is it initialized, and is this rank a member?)"
         )
@@ -88,7 +88,7 @@ def comm_from_process_group(
     ODC_NVSHMEM_HEAP_GIB; without it the heap is ODC_NVSHMEM_HEAP_GIB's default, 4 GiB.
     """
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
+        raise InvalidUsage(
             "comm_from_process_group needs an initialized torch.distributed process group "
             "(dist.init_process_group, e.g. under torchrun)"
         )
@@ -116,7 +116,7 @@ def comm_from_process_group(
         size_nvshmem_heap(model, group.size(), deterministic=deterministic)
     if across_hosts:
         if device is None:
-            raise RuntimeError(
+            raise InvalidArgument(
                 f"odc.torch: the process group spans {len(hosts)} hosts "
                 f"({', '.join(sorted(hosts))}); host communicators join the processes of one "
                 "host (GPU communicators span hosts over NVSHMEM)"
