@@ -1,7 +1,8 @@
 """Where a microbatch's time goes, FSDP2 against odc.torch (OdcFSDP), issue #42 items 1 and 3: per
 arm and microbatch size, the wall time of one microbatch (forward + backward, the device
-synchronized after), its host time (until backward() returns), and on a GPU its busy time (the
-sum of its kernels' durations, from torch's profiler); with --profile, the host functions that
+synchronized after), its host time (until backward() returns), and on a GPU how long its kernels
+kept the device busy (torch's profiler, the union of their intervals: "compute", and "moving" for
+NCCL's and odc's transfers, copies and fills, which may spin waiting for a peer); with --profile, the host functions that
 took the most time in each arm (cProfile, rank 0), which is where odc's extra host time per
 microbatch shows. Both arms run odc.train's model (build_model's Qwen2 with its packed attention),
 bf16 parameters with fp32 reduction and activation checkpointing, as odc.train runs them; FSDP2
@@ -53,14 +54,39 @@ def _build(preset: str, on_cpu: bool):
     return train_model.PackedCausalLM(lm)
 
 
-def _busy_seconds(run) -> float:
-    """The summed durations of the GPU kernels `run` launched (torch's profiler)."""
+def _union_seconds(intervals) -> float:
+    """Seconds covered by (start_us, end_us) intervals, overlaps counted once."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered / 1e6
+
+
+def _is_data_movement(name: str) -> bool:
+    """Kernels that move bytes between ranks or buffers rather than compute: NCCL's and odc's
+    (which may spin waiting for a peer), and copies and fills."""
+    return "nccl" in name.lower() or "odc::" in name or name.startswith(("Memcpy", "Memset"))
+
+
+def _busy_seconds(run):
+    """(compute, data movement): how long the GPU ran `run`'s kernels, as the union of their
+    intervals on the device's timeline (torch's profiler), compute kernels apart from NCCL's and
+    odc's transfers and copies. A sum of kernel times would count overlapping streams twice and
+    a collective's wait for its peers as work."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
-    return sum(e.self_device_time_total for e in prof.key_averages()) / 1e6
+    compute, moving = [], []
+    for event in prof.events():
+        if event.device_type == DeviceType.CUDA:
+            span = (event.time_range.start, event.time_range.end)
+            (moving if _is_data_movement(event.name) else compute).append(span)
+    return _union_seconds(compute), _union_seconds(moving)
 
 
 def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, minibatches,
@@ -119,7 +145,7 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
                 if not measuring:
                     losses.append(loss_sum.detach())
 
-            walls, hosts, busy = [], [], []
+            walls, hosts, busy = [], [], []  # busy: (compute, moving) seconds
 
             def run_minibatch(measure: bool):
                 if engine is not None:
@@ -212,7 +238,7 @@ def main(argv=None) -> int:
     )
     print(
         f"{'arm':6} {'blocks':8} {'tokens':>7} {'wall':>9} {'spread':>13} {'host':>9} "
-        f"{'spread':>13} {'gpu busy':>9} {'warm-up s':>9} {'loss':>8}"
+        f"{'spread':>13} {'compute':>9} {'moving':>9} {'warm-up s':>9} {'loss':>8}"
     )
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.compile]
     medians = {}
@@ -228,12 +254,13 @@ def main(argv=None) -> int:
             for size in tokens:
                 walls = [w for rows, _, _ in out for w in rows[size][0]]
                 hosts = [h for rows, _, _ in out for h in rows[size][1]]
-                busy = [b for rows, _, _ in out for b in rows[size][2]]
+                compute = [b[0] for rows, _, _ in out for b in rows[size][2]]
+                moving = [b[1] for rows, _, _ in out for b in rows[size][2]]
                 loss, warm_up = out[0][0][size][3], out[0][0][size][4]
                 medians[arm, blocks, size] = statistics.median(hosts)
                 print(
                     f"{arm:6} {blocks:8} {size:7d} {_ms(walls)} {_spread(walls)} {_ms(hosts)} "
-                    f"{_spread(hosts)} {_ms(busy)} {warm_up:9.1f} {loss:8.4f}"
+                    f"{_spread(hosts)} {_ms(compute)} {_ms(moving)} {warm_up:9.1f} {loss:8.4f}"
                 )
             if out[0][1]:
                 print(f"=== {arm} ({blocks}), rank 0, cProfile by own time")

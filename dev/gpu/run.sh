@@ -364,9 +364,9 @@ stage_host_floor() {
   local env_new
   env_new=$(libs "$snapshot")
   stage host-floor 900 env $env_new python3 "$here/host_floor.py" \
-    --preset "${HOST_FLOOR_PRESET:-1.5b}"
+    --preset "${HOST_FLOOR_PRESET:-1.5b}" --compile both
   stage host-floor-profile 600 env $env_new python3 "$here/host_floor.py" \
-    --preset "${HOST_FLOOR_PRESET:-1.5b}" --tokens 512 --profile
+    --preset "${HOST_FLOOR_PRESET:-1.5b}" --tokens 512 --compile both --profile
 }
 
 # Why a short microbatch costs ODC more: one 1,024-token sample per rank per minibatch,
