@@ -8,6 +8,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -70,9 +71,16 @@ struct Row {
   std::string label() const { return mode + " + " + policy; }
 };
 
-// At one rank count, the strongest baseline arm (the fastest FSDP2 arm: collective,
-// fsdp2-deferred, fsdp2-unsharded, any policy) and ODC's fastest arm (odc, odc-hybrid); indices
-// into the rows, kNone where no such arm was simulated.
+// The verdict's label for a rank count where no simulated arm fits the GPU's memory.
+constexpr const char* kNothingFits = "nothing that fits";
+
+// Whether a row's layout keeps its state within the GPU's memory (the memory table's "fits?"):
+// verdicts name only arms that fit, however fast the others are.
+using FitsMemory = std::function<bool(const Row&)>;
+
+// At one rank count, the strongest baseline arm (the fastest FSDP2 arm that fits: collective,
+// fsdp2-deferred, fsdp2-unsharded, any policy) and ODC's fastest arm that fits (odc,
+// odc-hybrid); indices into the rows, kNone where no such arm was simulated or none fits.
 constexpr size_t kNone = static_cast<size_t>(-1);
 struct Strongest {
   int64_t ranks = 0;
@@ -82,10 +90,11 @@ struct Strongest {
   }
 };
 
-std::vector<Strongest> strongest_arms(const std::vector<Row>& rows) {
+std::vector<Strongest> strongest_arms(const std::vector<Row>& rows, const FitsMemory& fits) {
   std::vector<Strongest> found;
   for (size_t i = 0; i < rows.size(); ++i) {
     if (found.empty() || found.back().ranks != rows[i].ranks) found.push_back({rows[i].ranks});
+    if (!fits(rows[i])) continue;
     const bool odc = is_odc(parse_mode(rows[i].mode).value());
     size_t& best = odc ? found.back().odc : found.back().baseline;
     if (best == kNone || rows[i].result.seconds < rows[best].result.seconds) best = i;
@@ -104,6 +113,15 @@ std::string labels_by_ranks(const std::vector<std::pair<int64_t, std::string>>& 
     i = j + 1;
   }
   return text;
+}
+
+// "8" or "8-64": the rank counts of per-rank-count entries (ascending).
+std::string rank_span(const std::vector<std::pair<int64_t, std::string>>& entries) {
+  std::string span = std::to_string(entries.front().first);
+  if (entries.back().first != entries.front().first) {
+    span += "-" + std::to_string(entries.back().first);
+  }
+  return span;
 }
 
 // The split check of a sweep run without --split auto: at each rank count the fastest ODC arm
@@ -165,14 +183,25 @@ std::string range(double low, double high, const char* format) {
 // the baseline, the compute-only speedup of the same arms (odc compare's basis, so the two tools'
 // figures are told apart), and what else is in the simulated time with its assumptions.
 std::string verdict_line(const std::vector<Row>& rows, const SimulateOptions& base,
-                         const CliArgs& args, const SplitCheck& split_check) {
-  std::vector<std::pair<int64_t, std::string>> fastest;  // per rank count, in rank order
+                         const CliArgs& args, const SplitCheck& split_check,
+                         const FitsMemory& fits) {
+  // Per rank count, in rank order: the fastest arm that fits, and a faster one that does not.
+  std::vector<std::pair<int64_t, std::string>> fastest, faster_unfit;
   double low = 0, high = 0, compute_low = 0, compute_high = 0;
   bool any_speedup = false;
   for (size_t i = 0; i < rows.size();) {
-    size_t j = i, best = i;
+    size_t j = i, best = kNone, best_any = i;
     for (; j < rows.size() && rows[j].ranks == rows[i].ranks; ++j) {
-      if (rows[j].result.seconds < rows[best].result.seconds) best = j;
+      if (rows[j].result.seconds < rows[best_any].result.seconds) best_any = j;
+      if (fits(rows[j]) && (best == kNone || rows[j].result.seconds < rows[best].result.seconds)) {
+        best = j;
+      }
+    }
+    if (best != best_any) faster_unfit.emplace_back(rows[best_any].ranks, rows[best_any].label());
+    if (best == kNone) {
+      fastest.emplace_back(rows[i].ranks, kNothingFits);
+      i = j;
+      continue;
     }
     const Row& row = rows[best];
     fastest.emplace_back(row.ranks, row.label());
@@ -187,15 +216,19 @@ std::string verdict_line(const std::vector<Row>& rows, const SimulateOptions& ba
     i = j;
   }
   std::string line = "verdict: ";
+  if (std::all_of(fastest.begin(), fastest.end(),
+                  [](const auto& entry) { return entry.second == kNothingFits; })) {
+    return line + "no arm's state fits a " + fixed("%.0f GB GPU", args.gpu_memory_gbytes) + " at " +
+           rank_span(fastest) +
+           " GPUs (memory table: more GPUs, a larger GPU or a smaller model); the fastest "
+           "regardless: " +
+           labels_by_ranks(faster_unfit);
+  }
   const bool one_label = std::all_of(fastest.begin(), fastest.end(), [&](const auto& entry) {
     return entry.second == fastest.front().second;
   });
   if (one_label) {
-    std::string gpus = std::to_string(fastest.front().first);
-    if (fastest.back().first != fastest.front().first) {
-      gpus += "-" + std::to_string(fastest.back().first);
-    }
-    line += fastest.front().second + " is fastest at " + gpus + " GPUs";
+    line += fastest.front().second + " is fastest at " + rank_span(fastest) + " GPUs";
   } else {
     line += "fastest: " + labels_by_ranks(fastest);
   }
@@ -213,10 +246,14 @@ std::string verdict_line(const std::vector<Row>& rows, const SimulateOptions& ba
   } else {
     line += " (no speedup: the baseline, collective + lb-micro, was not simulated)";
   }
+  if (!faster_unfit.empty()) {
+    line += fixed("; faster but its state does not fit a %.0f GB GPU: ", args.gpu_memory_gbytes) +
+            labels_by_ranks(faster_unfit) + " (memory table)";
+  }
   // Against the strongest arm a user could pick instead of ODC (docs/design.md, "Baselines").
   std::vector<std::pair<int64_t, std::string>> baselines, odc_arms;
   double odc_low = 0, odc_high = 0;
-  for (const Strongest& s : strongest_arms(rows)) {
+  for (const Strongest& s : strongest_arms(rows, fits)) {
     if (s.baseline == kNone || s.odc == kNone) continue;
     const double speedup = s.odc_speedup(rows);
     odc_low = baselines.empty() ? speedup : std::min(odc_low, speedup);
@@ -225,9 +262,9 @@ std::string verdict_line(const std::vector<Row>& rows, const SimulateOptions& ba
     odc_arms.emplace_back(s.ranks, rows[s.odc].label());
   }
   if (!baselines.empty()) {
-    line += "; strongest baseline arm (the fastest FSDP2 arm): " + labels_by_ranks(baselines) +
-            ", ODC's speedup over it " + range(odc_low, odc_high, "%.2fx") + " (" +
-            labels_by_ranks(odc_arms) + ")";
+    line += "; strongest baseline arm (the fastest FSDP2 arm that fits): " +
+            labels_by_ranks(baselines) + ", ODC's speedup over it " +
+            range(odc_low, odc_high, "%.2fx") + " (" + labels_by_ranks(odc_arms) + ")";
   }
   if (grpo) {
     line += "; per RL step: 2 forward-only phases and " +
@@ -733,8 +770,6 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
         args.modes + " with --policies " + args.policies + " leave nothing";
     return 2;
   }
-  const std::string verdict = verdict_line(rows, base, args, split_check);
-  const std::string hint = split_hint(split_check);
   std::vector<MemoryRow> memory;
   for (int64_t num_ranks : ranks) {
     for (Mode mode : modes) {
@@ -745,6 +780,15 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
     }
   }
   const double capacity = args.gpu_memory_gbytes * 1e9;
+  const FitsMemory fits = [&](const Row& row) {
+    const Mode mode = parse_mode(row.mode).value();
+    for (const MemoryRow& m : memory) {
+      if (m.ranks == row.ranks && m.mode == mode) return m.memory.total_bytes() <= capacity;
+    }
+    return true;  // not in the table: nothing says it does not fit
+  };
+  const std::string verdict = verdict_line(rows, base, args, split_check, fits);
+  const std::string hint = split_hint(split_check);
 
   if (args.format == "json" || document != nullptr) {
     nlohmann::ordered_json root;
@@ -779,7 +823,7 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
     root["split_hint"] =
         hint.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(hint);
     nlohmann::ordered_json strongest = nlohmann::ordered_json::array();
-    for (const Strongest& s : strongest_arms(rows)) {
+    for (const Strongest& s : strongest_arms(rows, fits)) {
       if (s.baseline == kNone || s.odc == kNone) continue;
       const double baseline_steps = static_cast<double>(rows[s.baseline].result.num_minibatches);
       const double odc_steps = static_cast<double>(rows[s.odc].result.num_minibatches);
@@ -791,7 +835,7 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
            {"odc_step_seconds", rows[s.odc].result.seconds / odc_steps},
            {"odc_speedup", s.odc_speedup(rows)}});
     }
-    // Per rank count: the fastest FSDP2 arm and ODC's fastest arm, ODC's speedup over it.
+    // Per rank count: the fastest FSDP2 arm and ODC's fastest arm that fit, ODC's speedup over it.
     root["strongest_baseline"] = std::move(strongest);
     nlohmann::ordered_json results = nlohmann::ordered_json::array();
     for (const Row& row : rows) {
@@ -832,7 +876,8 @@ int run_sweep(const CliArgs& args, std::ostream& out, std::string& error, std::s
                              {"gathered_bytes", row.memory.gathered_bytes},
                              {"unsharded_bytes", row.memory.unsharded_bytes},
                              {"odc_bytes", row.memory.odc_bytes},
-                             {"total_bytes", row.memory.total_bytes()}});
+                             {"total_bytes", row.memory.total_bytes()},
+                             {"fits", row.memory.total_bytes() <= capacity}});
     }
     root["memory_per_gpu"] = std::move(memory_rows);
     if (document != nullptr) *document = root.dump();
