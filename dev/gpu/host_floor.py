@@ -216,8 +216,8 @@ def main(argv=None) -> int:
         "--compile",
         choices=["on", "off", "both"],
         default="on",
-        help="compile the decoder blocks as odc.train does (GPU only; off: eager, as "
-        "odc.train --no-compile; both: each arm eager, then compiled)",
+        help="compile the decoder blocks as odc.train --compile does (GPU only; off: eager, "
+        "odc.train's default; both: each arm eager, then compiled)",
     )
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even with a GPU")
     args = parser.parse_args(argv)

@@ -138,8 +138,8 @@ TEST(DeviceBarrierWord, ARefusedChunkFromAFailedSenderNamesItsFailure) {
   });
   ASSERT_EQ(named.code(), StatusCode::kRemoteError);
   EXPECT_EQ(named.message(),
-            "rank 0 failed while pushing to rank 1, which refused what it put after that (nothing "
-            "of it was added): rank 0 timed out");
+            "streamed fold: rank 1 refused chunk 1 from rank 0 (saw 34 instead; nothing of it was "
+            "added), and rank 0 has failed: rank 0 timed out");
 }
 
 TEST(DeviceBarrierWord, OtherWaitsNameTheirSite) {

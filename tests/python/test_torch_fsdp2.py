@@ -72,6 +72,7 @@ def _errors_rank(rank, world_size, key, store_path):
             odc.torch.OdcFSDP(model, swapped)
         except odc.InvalidArgument as error:  # a communicator that does not fit the mesh
             messages["mesh"] = str(error)
+            messages["mesh_runtime"] = isinstance(error, RuntimeError)  # as it was before
         swapped.close()
         comm = odc.Comm(rank, world_size, key, timeout=30)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -112,6 +113,7 @@ def test_errors_name_the_problem():
         results = odc.launch(_errors_rank, 2, os.path.join(directory, "store"), timeout=300)
     for messages in results:
         assert "does not match the odc communicator" in messages["mesh"]
+        assert messages["mesh_runtime"]
         assert "before minibatch_end()" in messages["step"]
         assert messages["outside"] > 0
 

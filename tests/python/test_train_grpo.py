@@ -91,6 +91,8 @@ _GRPO_REFUSALS = [
     (["--profile", ""], None, "argument --profile: expected a value, got '' (leave the option out for its default)"),
     # Options that do not go with --task grpo.
     (["--split", "auto"], None, "--task grpo does not split samples yet: drop --split"),
+    # Compiled blocks with split samples: never run on a GPU (checked before the task's options).
+    (["--compile", "--split", "auto"], None, "--compile does not run with --split yet: drop one of them"),
     (["--max-length", "20"], None, "--max-length and --constant-length apply to --lengths (groups stay whole)"),
     # The rollouts: too few for a warm-up and a measured RL step, groups of different sizes in one
     # step, numbers that are not plain digits, a file that is not text.

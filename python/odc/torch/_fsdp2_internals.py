@@ -79,7 +79,8 @@ from typing import List, Optional
 import torch
 from torch import nn
 
-from ..errors import InternalError, InvalidArgument, InvalidUsage
+from ..errors import InvalidUsage
+from ._errors import MismatchError, UnexplainedStateError
 
 # Versions this file was read against and the tests were run on (docs/torch.md records the runs).
 CHECKED_TORCH_VERSIONS = ("2.9", "2.11")
@@ -246,7 +247,7 @@ def alias_sharded_param(module: nn.Module, index: int, flat: torch.Tensor) -> No
     fsdp_param = _fsdp_param(module, index)
     padded = fsdp_param._sharded_param_data
     if flat.shape != padded.shape or flat.dtype != padded.dtype:
-        raise InternalError(
+        raise UnexplainedStateError(
             f"odc.torch: shard of {fsdp_param!r} is {tuple(padded.shape)} {padded.dtype}, "
             f"its symmetric slot {tuple(flat.shape)} {flat.dtype}"
         )
@@ -260,7 +261,7 @@ def alias_sharded_param(module: nn.Module, index: int, flat: torch.Tensor) -> No
     fsdp_param._sharded_param_data = flat
     local = flat.view(fsdp_param.padded_sharded_param_size).narrow(shard_dim, 0, length)
     if not local.is_contiguous():
-        raise InvalidArgument(f"odc.torch: {fsdp_param!r} shards unevenly along dim {shard_dim}")
+        raise MismatchError(f"odc.torch: {fsdp_param!r} shards unevenly along dim {shard_dim}")
     fsdp_param.sharded_param._local_tensor = local
 
 

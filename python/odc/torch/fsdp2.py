@@ -39,9 +39,10 @@ from .. import nvshmem_heap
 from ..comm import Comm
 from ..errors import INVALID_USAGE as _INVALID_USAGE
 from ..errors import TIMEOUT as _TIMEOUT
-from ..errors import Error, InternalError, InvalidArgument, InvalidUsage
+from ..errors import Error, InvalidArgument, InvalidUsage
 from . import _fsdp2_internals as internals
 from . import heap, hybrid
+from ._errors import MismatchError, UnexplainedStateError
 from ._sums_pending import GradientsNotReadyError, pending_like
 from .debug import TIMEOUT_HINT, CollectiveGuard, CollectiveInMinibatchError, mode_from_environment
 
@@ -206,7 +207,7 @@ class _Group:
     def check_group(self, group: dist.ProcessGroup) -> None:
         comm = self.owner.comm
         if group.size() != comm.world_size or group.rank() != comm.rank:
-            raise InvalidArgument(
+            raise MismatchError(
                 f"the FSDP2 mesh (rank {group.rank()} of {group.size()}) does not match the odc "
                 f"communicator (rank {comm.rank} of {comm.world_size})"
             )
@@ -248,7 +249,9 @@ class _Group:
                 "the gradient sums for the parameters that require gradients then)"
             )
         if not self.trainable:
-            raise InternalError(f"odc.torch: FSDP2 reduces gradients of {self.name}, all frozen")
+            raise UnexplainedStateError(
+                f"odc.torch: FSDP2 reduces gradients of {self.name}, all frozen"
+            )
         world = self.owner.comm.world_size
         marked, self.marked = self.marked, set()
         if input_tensor.numel() == world * self.grad_numel:
@@ -522,7 +525,11 @@ class OdcReduceScatter(internals.ReduceScatter):
             raise InvalidUsage("odc.torch: backward outside a minibatch: call minibatch_begin()")
         self.group.check_group(group)
         if op != dist.ReduceOp.SUM:
-            raise InternalError(f"odc.torch pushes sums; FSDP2 asked for {op}")
+            raise InvalidUsage(
+                f"odc.torch pushes sums; FSDP2 asked for {op}: leave FSDP2's reduction settings "
+                "(set_force_sum_reduction_for_comms, set_gradient_divide_factor) as OdcFSDP set "
+                "them"
+            )
         if self.group.kept:
             self.group.check_carried()
         source = self.group.push_source(input_tensor)

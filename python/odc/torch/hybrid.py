@@ -19,6 +19,7 @@ from torch.distributed.tensor import Replicate, Shard
 
 from ..comm import Comm
 from ..errors import InvalidArgument
+from ._errors import MismatchError
 from .process_group import comm_from_process_group
 
 # FSDP2 builds HSDP meshes as (replicate, shard): _fsdp_init._get_mesh_info uses
@@ -114,7 +115,7 @@ class ReplicaReduction:
             )
         (mesh,) = meshes.values()
         if mesh.size(SHARD_DIM) != comm.world_size or (mesh.get_local_rank(SHARD_DIM) != comm.rank):
-            raise InvalidArgument(
+            raise MismatchError(
                 f"the odc communicator (rank {comm.rank} of {comm.world_size}) must span the HSDP "
                 f"mesh's shard dimension (this rank is {mesh.get_local_rank(SHARD_DIM)} of "
                 f"{mesh.size(SHARD_DIM)} there): build it with odc.torch.node_comm(mesh)"

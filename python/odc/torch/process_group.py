@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from ..comm import Comm
 from ..errors import InvalidArgument, InvalidUsage
+from ._errors import MismatchError
 from .heap import size_nvshmem_heap
 
 # Store entries live under this prefix of the group's store (already prefixed per group by c10d).
@@ -116,7 +117,7 @@ def comm_from_process_group(
         size_nvshmem_heap(model, group.size(), deterministic=deterministic)
     if across_hosts:
         if device is None:
-            raise InvalidArgument(
+            raise MismatchError(
                 f"odc.torch: the process group spans {len(hosts)} hosts "
                 f"({', '.join(sorted(hosts))}); host communicators join the processes of one "
                 "host (GPU communicators span hosts over NVSHMEM)"

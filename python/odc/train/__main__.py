@@ -215,8 +215,9 @@ def _add_training_and_outputs(parser) -> None:
         "--compile",
         action="store_true",
         help="compile each decoder block (torch.compile, dynamic token count; GPUs only, the "
-        "CPU runs them eagerly): less host time per microbatch than eager PyTorch (1.5b on 2 "
-        "H200s: ~200 ms instead of ~310 at 512 tokens); the first microbatches compile",
+        "CPU runs them eagerly; not with --split): less host time per microbatch than eager "
+        "PyTorch (1.5b on 2 H200s: ~200 ms instead of ~310 at 512 tokens); the first "
+        "microbatches compile",
     )
     parser.add_argument(
         "--profile",
@@ -469,6 +470,10 @@ def _check_task(args, cost) -> None:
     the rollouts are read and checked here, before torch is imported."""
     if (args.task == "grpo") != bool(args.rollouts):
         usage_error("--task grpo reads --rollouts (and --rollouts is for --task grpo)")
+    if args.compile and args.split != "off":
+        # The split's K/V exchange (collectives, odc calls) would run inside compiled blocks,
+        # which no GPU run has covered yet.
+        usage_error("--compile does not run with --split yet: drop one of them")
     if args.task != "grpo":
         return
     if args.split != "off":

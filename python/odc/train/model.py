@@ -156,9 +156,11 @@ def compile_blocks(model: "PackedCausalLM") -> bool:
     ~270 ms of host time while its GPU work took a few ms (issue #42). Only the block's forward is
     compiled, after activation checkpointing wrapped it (the recomputation is compiled with it);
     the module's hooks, FSDP2's and odc.torch's, stay outside and run as before. The blocks share
-    one compiled graph (the same code; a second one once a second token count makes the size
-    dynamic); compiled code is cached on disk by torch (inductor's cache). Only on CUDA with
-    varlen attention: elsewhere the plain path. Returns whether it compiled."""
+    their compiled code (the same function); torch compiles again where its guards ask (seen on
+    2 H200s: at the first microbatch and once more at a new size), and keeps compiled code on
+    disk (inductor's cache). Not with split samples (odc.train refuses --compile with --split:
+    their K/V exchange inside a compiled block has not run on a GPU). Only on CUDA with varlen
+    attention: elsewhere the plain path. Returns whether it compiled."""
     first = next(model.parameters(), None)
     if first is None or not varlen_available(first.device):
         return False

@@ -320,7 +320,9 @@ class Run:
         if config.activation_checkpointing:
             model.gradient_checkpointing_enable()
         # After checkpointing wrapped the blocks' forward, before FSDP2 hooks the modules.
-        if config.compile_blocks and compile_blocks(model) and self.rank == 0:
+        # What happened, not what was asked: CUDA without varlen attention runs them eagerly.
+        self.compiled_blocks = config.compile_blocks and compile_blocks(model)
+        if self.compiled_blocks and self.rank == 0:
             print(
                 "odc.train: decoder blocks compiled (torch.compile, dynamic token count): the "
                 "first microbatches of the run compile them, once (later runs reuse torch's "
@@ -615,6 +617,7 @@ class Run:
             self.config, self.schedule, gathered, self.losses, self.num_steps, self.world_size
         )
         summary["grad_norms"] = self.grad_norms  # the global norm: the same on every rank
+        summary["compiled_blocks"] = self.compiled_blocks  # model.compile_blocks (--compile)
         summary["cost"] = list(self.cost)
         if self.config.cost is not None:
             summary["cost_source"] = "given"

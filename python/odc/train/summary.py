@@ -47,8 +47,6 @@ def _what_ran(config, plan, measured, world_size) -> dict:
         # With checkpointing a forward is 1/4 of forward + backward, else 1/3 (the forward-only
         # phases' cost; odc simulate's --forward-fraction).
         "activation_checkpointing": config.activation_checkpointing,
-        # Decoder blocks compiled (model.compile_blocks: --compile, on CUDA).
-        "compiled_blocks": config.compile_blocks and config.device == "cuda",
         "odc_cuda_sms": os.environ.get("ODC_CUDA_SMS") if config.comm == "odc" else None,
         # Under collective a rank's busy time includes its waits inside FSDP2's per-layer
         # collectives, so its measured bubble is near zero by construction, not a measurement of

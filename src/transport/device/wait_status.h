@@ -91,14 +91,16 @@ inline Status wait_record_status(const kernels::WaitError& record, int64_t timeo
       return Status::Timeout(message.str());
     }
     case kernels::kWaitBadChunk:
-      // A sender that failed first (its credit wait expired, say) still puts whatever its outbox
-      // holds: the refusal is its failure's echo, named as such.
+      // A sender that failed (its credit wait expired, say) still puts whatever its outbox holds,
+      // so the refusal may be its failure's echo: that failure is named beside the facts (which
+      // came first is not known here; each rank's own error says what it saw).
       if (const std::string failure = peer_failure(); !failure.empty()) {
-        return Status::RemoteError("rank " + std::to_string(record.peer) +
-                                   " failed while pushing to rank " + std::to_string(record.rank) +
-                                   ", which refused what it put after that (nothing of it was "
-                                   "added)" +
-                                   failure);
+        return Status::RemoteError("streamed fold: rank " + std::to_string(record.rank) +
+                                   " refused chunk " + std::to_string(record.expected) +
+                                   " from rank " + std::to_string(record.peer) + " (saw " +
+                                   std::to_string(record.seen) +
+                                   " instead; nothing of it was added), and rank " +
+                                   std::to_string(record.peer) + " has failed" + failure);
       }
       return Status::InternalError(
           "streamed fold: rank " + std::to_string(record.rank) + " refused chunk " +

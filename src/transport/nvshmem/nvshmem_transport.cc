@@ -89,9 +89,10 @@ Status NvshmemTransport::init() {
 // its senders needed: their credit waits expired (issue #41). Measured on 2 x H200 (2026-11-28,
 // dev/gpu/progress_first_minibatch.py): warming up only the fold kernel left the first
 // minibatch failing; these kernels as well fixed it; NVSHMEM's calls alone did not. So every
-// operation a minibatch enqueues runs once here, before any of the caller's kernels: odc's kernels
-// and NVSHMEM's stream calls (cheap, and any first-use setup of theirs is done with), to this rank
-// itself, on a stream of its own, over two scratch regions (about 1 KiB) freed afterwards.
+// kernel a push, a fold or a gather launches runs once here, before any of the caller's kernels
+// (the barrier's wait runs first in minibatch_begin, before any push), with NVSHMEM's stream calls
+// (cheap; to this rank itself they take NVSHMEM's local path only, not the proxy's to other
+// nodes), on a stream of its own, over two scratch regions (about 1 KiB) freed afterwards.
 Status NvshmemTransport::warm_up_stream_operations() {
   constexpr size_t kCount = 64;  // fp32 elements per part
   constexpr size_t kBytes = kCount * sizeof(float);
