@@ -359,14 +359,23 @@ stage_balanced_tail() {
 
 # Where a microbatch's time goes (issue #42): FSDP2 against OdcFSDP on the 1.5b preset, 2 ranks,
 # at 512, 2K, 8K and 32K tokens: wall, host and GPU busy time of one microbatch, then the same at
-# 512 tokens with the host profile of each arm (HOST_FLOOR_PRESET overrides the preset).
+# 512 tokens with the host profile of each arm (HOST_FLOOR_PRESET overrides the preset); then
+# odc.train --compare on 2 GPUs with compiled blocks (the default) and with --no-compile: the cost
+# fit's floor ("fitted cost: max(FLOOR, ...)") and the step times, after and before.
 stage_host_floor() {
-  local env_new
+  local env_new dest="$out/host_floor"
+  mkdir -p "$dest"
   env_new=$(libs "$snapshot")
   stage host-floor 900 env $env_new python3 "$here/host_floor.py" \
     --preset "${HOST_FLOOR_PRESET:-1.5b}" --compile both
   stage host-floor-profile 600 env $env_new python3 "$here/host_floor.py" \
     --preset "${HOST_FLOOR_PRESET:-1.5b}" --tokens 512 --compile both --profile
+  local compare=(python3 -m torch.distributed.run --standalone --nproc_per_node 2 -m odc.train
+    --preset "${HOST_FLOOR_PRESET:-1.5b}" --samples-per-rank 4 --lengths data/longalign_like.txt
+    --max-length 16384 --steps 3 --timeline "" --compare)
+  stage host-floor-train-compiled 600 env $env_new "${compare[@]}" --output "$dest/compiled.json"
+  stage host-floor-train-eager 600 env $env_new "${compare[@]}" --no-compile \
+    --output "$dest/eager.json"
 }
 
 # Why a short microbatch costs ODC more: one 1,024-token sample per rank per minibatch,

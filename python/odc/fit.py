@@ -388,7 +388,7 @@ def fit_cost(
     model_or_config: a config.json path, a folder holding one, a model name in the local Hugging
         Face cache, or a transformers config: built with random weights on `device` (default
         cuda) in `dtype` ("bfloat16" or "float32"), with `attn_implementation` (default
-        odc.train's packed attention, "odc_packed": torch's varlen flash attention on CUDA). Or a torch module, used as it is (its
+        odc.train's packed attention, "odc_packed": flash attention's varlen kernel on CUDA). Or a torch module, used as it is (its
         device, which `device` may only repeat, and dtype): a transformers causal LM, or any module that `loss_fn(model,
         input_ids)` (default: the module's `.loss`, or the sum of its output) turns into a
         scalar; `vocab_size` when it has no config.vocab_size.
@@ -656,8 +656,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--attn-implementation",
-        help="transformers' attention (default odc_packed: odc.train's, torch's varlen flash "
-        "attention on CUDA); packed rungs are timed with odc_packed, flash_attention_2 or "
+        help="transformers' attention (default odc_packed: odc.train's, flash attention's varlen "
+        "kernel on CUDA); packed rungs are timed with odc_packed, flash_attention_2 or "
         "flash_attention_3 only",
     )
     parser.add_argument("--seed", type=_COUNT, default=0, help="weights and tokens (default 0)")

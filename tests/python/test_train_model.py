@@ -175,3 +175,17 @@ def test_ladder():
     assert len(ladder(8)) >= 3 and ladder(16)[-1] == 16
     with pytest.raises(ValueError, match="at least 8"):
         ladder(7)
+
+
+@pytest.mark.parametrize(
+    "extra, compiled",
+    [([], True), (["--no-compile"], False), (["--split", "auto"], False), (["--compile"], True)],
+)
+def test_cli_compiles_the_blocks_by_default_where_they_can_run(extra, compiled):
+    # Issue #42: the fast path is the default (every arm alike), --no-compile shows the eager
+    # floor beside it; split samples run eagerly unless --compile is asked for (refused then).
+    from odc.train.__main__ import _check_options, parse_args, parse_cost
+
+    args = parse_args(["--lengths", "lengths.txt", *extra])
+    _check_options(args, parse_cost(args.cost))
+    assert args.compile is compiled

@@ -213,11 +213,12 @@ def _add_training_and_outputs(parser) -> None:
     )
     parser.add_argument(
         "--compile",
-        action="store_true",
-        help="compile each decoder block (torch.compile, dynamic token count; GPUs only, the "
-        "CPU runs them eagerly; not with --split): less host time per microbatch than eager "
-        "PyTorch (1.5b on 2 H200s: ~200 ms instead of ~310 at 512 tokens); the first "
-        "microbatches compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile each decoder block (torch.compile, dynamic token count), every arm "
+        "alike; on by default on GPUs without --split (the CPU always runs the blocks "
+        "eagerly); --no-compile: eager PyTorch, the old host floor, for side-by-side runs. "
+        "The first microbatches of a process compile (tens of seconds, cached on disk)",
     )
     parser.add_argument(
         "--profile",
@@ -474,6 +475,8 @@ def _check_task(args, cost) -> None:
         # The split's K/V exchange (collectives, odc calls) would run inside compiled blocks,
         # which no GPU run has covered yet.
         usage_error("--compile does not run with --split yet: drop one of them")
+    if args.compile is None:  # the default: compiled blocks wherever they can run
+        args.compile = args.split == "off"
     if args.task != "grpo":
         return
     if args.split != "off":

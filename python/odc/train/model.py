@@ -64,14 +64,29 @@ ATTENTION_NAME = "odc_packed"  # our entry in transformers' AttentionInterface
 LOSS_CHUNK_TOKENS = 4096  # logits of this many tokens at a time: 4096 x 152K fp32 = 2.5 GB
 
 
-def _varlen_attn():
-    """torch's varlen_attn (torch >= 2.10), or None (looked up once, by odc.torch.split)."""
-    return split_execution._varlen_attn()
-
-
 def varlen_available(device: torch.device) -> bool:
-    """Whether torch's variable-length flash attention can run on `device` (CUDA, torch >= 2.10)."""
-    return device.type == "cuda" and _varlen_attn() is not None
+    """Whether flash attention's variable-length kernel can run on `device` (CUDA, a torch
+    built with flash attention; bf16/fp16 inputs)."""
+    return device.type == "cuda" and _FLASH_BUILT
+
+
+# Read once at import: a plain bool is all that compiled blocks see (a call into torch._C here
+# would break their graphs).
+_FLASH_BUILT = torch.backends.cuda.is_flash_attention_available() and hasattr(
+    torch.ops.aten, "_flash_attention_forward"
+)
+
+
+def _flash_varlen_causal(q, k, v, boundaries, longest: int, scale):
+    """Causal flash attention within each packed document: q [T, heads, dim], k and v
+    [T, kv heads, dim] (grouped-query attention), boundaries int32 [documents + 1]. aten's op
+    directly, with its own autograd formula: torch.nn.attention.varlen_attn runs the same
+    kernels (outputs equal bit for bit, measured on an H200) through Python custom ops that cost
+    0.3-0.5 ms of host time per call, 84 calls per microbatch of the 1.5b preset (forward,
+    recomputation, backward): 30-60 ms of a short microbatch (issue #42)."""
+    return torch.ops.aten._flash_attention_forward(
+        q, k, v, boundaries, boundaries, longest, longest, 0.0, True, False, scale=scale
+    )[0]
 
 
 def packed_attention(
@@ -81,7 +96,7 @@ def packed_attention(
     causal attention within each document, whose boundaries come as `cu_seq_lens_q` (int32,
     [documents + 1]) and `max_length_q`. Returns [1, T, heads, head_dim], no weights.
 
-    bf16/fp16 on CUDA: torch's varlen flash attention (cost grows with sum of L_i^2, not T^2).
+    bf16/fp16 on CUDA: flash attention's varlen kernel (cost grows with sum of L_i^2, not T^2).
     Elsewhere (CPU, fp32): causal SDPA per document, the same arithmetic in a loop.
 
     With `odc_split` (an odc.torch.split.SplitChunk), the sequence is this rank's chunk of one
@@ -103,10 +118,7 @@ def packed_attention(
         )
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, head_dim]
     if varlen_available(q.device) and q.dtype in (torch.bfloat16, torch.float16):
-        longest = int(kwargs["max_length_q"])
-        out = _varlen_attn()(
-            q, k, v, boundaries, boundaries, longest, longest, scale=scaling, window_size=(-1, 0)
-        )
+        out = _flash_varlen_causal(q, k, v, boundaries, int(kwargs["max_length_q"]), scaling)
         return out.unsqueeze(0), None
     outputs = []
     starts = boundaries.tolist()
@@ -149,6 +161,14 @@ def build_model(preset: str, seed: int = 0) -> "PackedCausalLM":
     return PackedCausalLM(Qwen2ForCausalLM._from_config(config, attn_implementation=ATTENTION_NAME))
 
 
+# Compiled variants of one block's code that a process may need: every block of every model
+# shares them (one code object), and each (model, grad mode, checkpointing pass, size class)
+# can add one: GRPO's policy and reference, training and forward-only, a few sizes. torch's
+# default of 8 was reached on an H200 by a process that built four models, after which torch
+# ran the blocks eagerly and said so only in a log line.
+RECOMPILE_LIMIT = 64
+
+
 def compile_blocks(model: "PackedCausalLM") -> bool:
     """Compiles each decoder block's forward with torch.compile (inductor; the token dimension
     dynamic), as production stacks do (torchtitan compiles each block): eager PyTorch launches a
@@ -158,12 +178,18 @@ def compile_blocks(model: "PackedCausalLM") -> bool:
     the module's hooks, FSDP2's and odc.torch's, stay outside and run as before. The blocks share
     their compiled code (the same function); torch compiles again where its guards ask (seen on
     2 H200s: at the first microbatch and once more at a new size), and keeps compiled code on
-    disk (inductor's cache). Not with split samples (odc.train refuses --compile with --split:
-    their K/V exchange inside a compiled block has not run on a GPU). Only on CUDA with varlen
+    disk (inductor's cache). Raises torch's recompile limit to RECOMPILE_LIMIT and makes reaching
+    it an error (torch's default is to fall back to eager silently, and a run reported as
+    compiled would not be). Not with split samples (odc.train refuses --compile with --split:
+    their K/V exchange inside a compiled block has not run on a GPU). Only on CUDA with flash
     attention: elsewhere the plain path. Returns whether it compiled."""
     first = next(model.parameters(), None)
     if first is None or not varlen_available(first.device):
         return False
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+    dynamo_config.fail_on_recompile_limit_hit = True
     for layer in model.layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     return True

@@ -39,9 +39,9 @@ class RunConfig:
     lr: float = 1e-4
     warmup_steps: int = 1
     activation_checkpointing: bool = True
-    # Compile each decoder block (model.compile_blocks, `--compile`; CUDA only): less host time
-    # per microbatch than eager PyTorch's floor. Off by default until odc.train's tables are
-    # re-measured with it (issue #42).
+    # Compile each decoder block (model.compile_blocks): less host time per microbatch than eager
+    # PyTorch's floor (issue #42). The command line turns it on by default on GPUs (`--no-compile`
+    # turns it off); a RunConfig built in code asks for it.
     compile_blocks: bool = False
     # The planner's cost model (a, b, c): c + sum(a*L + b*L^2) seconds per microbatch. None: fit
     # it to single-sample and packed microbatches timed on this model before planning
@@ -320,7 +320,7 @@ class Run:
         if config.activation_checkpointing:
             model.gradient_checkpointing_enable()
         # After checkpointing wrapped the blocks' forward, before FSDP2 hooks the modules.
-        # What happened, not what was asked: CUDA without varlen attention runs them eagerly.
+        # What happened, not what was asked: CUDA without flash attention runs them eagerly.
         self.compiled_blocks = config.compile_blocks and compile_blocks(model)
         if self.compiled_blocks and self.rank == 0:
             print(
