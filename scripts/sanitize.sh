@@ -5,17 +5,20 @@
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
+started=$SECONDS
 for sanitizer in address thread; do
   build_dir="build/sanitize-$sanitizer"
-  echo "== $sanitizer sanitizer: building the C++ tests into $build_dir =="
+  echo "== [$((SECONDS - started)) s] $sanitizer sanitizer: building the C++ tests into $build_dir =="
   cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DODC_WITH_CUDA=OFF \
     -DODC_SANITIZE="$sanitizer" -DODC_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build "$build_dir" --parallel "$(nproc)" --target odc_cpp_tests odc_protocol_tests
-  echo "== $sanitizer sanitizer: running the C++ tests =="
+  echo "== [$((SECONDS - started)) s] $sanitizer sanitizer: running the C++ tests =="
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1 \
     "$build_dir/tests/odc_cpp_tests" --gtest_brief=1
+  echo "== [$((SECONDS - started)) s] $sanitizer sanitizer: the protocol tests =="
   # The protocol at scale (threads as ranks); scaled down to 64 ranks and 100 minibatches under
   # ThreadSanitizer (tests/cpp/protocol_test.cc, kScaleDivisor).
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1 \
     "$build_dir/tests/odc_protocol_tests" --gtest_brief=1
 done
+echo "== [$((SECONDS - started)) s] sanitizers done =="

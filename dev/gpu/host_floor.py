@@ -110,14 +110,14 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
         with torch.device(device):
             model = _build(preset, on_cpu)
         model.gradient_checkpointing_enable()
-        if compiled:
-            from odc.train.model import compile_blocks
-
-            compiled = compile_blocks(model)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in model.layers:
             fully_shard(layer, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
+        if compiled:  # after fully_shard, as odc.train does
+            from odc.train.model import compile_blocks
+
+            compiled = compile_blocks(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
         # Lines the ranks up before each measured microbatch (a group of its own, which odc.torch
         # is told of: a collective inside a minibatch is otherwise refused).

@@ -28,7 +28,7 @@ def _loss_and_grads(model, documents):
 
 def test_varlen_packed_equals_documents_one_by_one():
     device = torch.device("cuda", 0)
-    assert varlen_available(device), "torch's varlen attention is missing on this GPU machine"
+    assert varlen_available(device), "flash attention is missing on this GPU machine"
     with device:
         model = build_model("tiny", seed=5).to(torch.bfloat16)
     rng = np.random.default_rng(1)

@@ -162,10 +162,10 @@ def build_model(preset: str, seed: int = 0) -> "PackedCausalLM":
 
 
 # Compiled variants of one block's code that a process may need: every block of every model
-# shares them (one code object), and each (model, grad mode, checkpointing pass, size class)
-# can add one: GRPO's policy and reference, training and forward-only, a few sizes. torch's
-# default of 8 was reached on an H200 by a process that built four models, after which torch
-# ran the blocks eagerly and said so only in a log line.
+# shares them (one code object), and grad mode, requires_grad changes and inductor's size
+# thresholds each add some. torch's default of 8 was reached on an H200 by a probe that built
+# several models in one process, after which torch ran the blocks eagerly and said so only in a
+# log line. Set for the whole process (torch's config is global).
 RECOMPILE_LIMIT = 64
 
 
@@ -174,8 +174,9 @@ def compile_blocks(model: "PackedCausalLM") -> bool:
     dynamic), as production stacks do (torchtitan compiles each block): eager PyTorch launches a
     few dozen kernels per block from Python, so a short microbatch of the 1.5b preset cost
     ~270 ms of host time while its GPU work took a few ms (issue #42). Only the block's forward is
-    compiled, after activation checkpointing wrapped it (the recomputation is compiled with it);
-    the module's hooks, FSDP2's and odc.torch's, stay outside and run as before. The blocks share
+    compiled, after activation checkpointing wrapped it (the recomputation is compiled with it)
+    and after fully_shard (which changes each block's class); the module's hooks, FSDP2's and
+    odc.torch's, stay outside and run as before. The blocks share
     their compiled code (the same function); torch compiles again where its guards ask (seen on
     2 H200s: at the first microbatch and once more at a new size), and keeps compiled code on
     disk (inductor's cache). Raises torch's recompile limit to RECOMPILE_LIMIT and makes reaching

@@ -319,17 +319,6 @@ class Run:
             model = build_model(config.preset, seed=config.seed)
         if config.activation_checkpointing:
             model.gradient_checkpointing_enable()
-        # After checkpointing wrapped the blocks' forward, before FSDP2 hooks the modules.
-        # What happened, not what was asked: CUDA without flash attention runs them eagerly.
-        self.compiled_blocks = config.compile_blocks and compile_blocks(model)
-        if self.compiled_blocks and self.rank == 0:
-            print(
-                "odc.train: decoder blocks compiled (torch.compile, dynamic token count): the "
-                "first microbatches of the run compile them, once (later runs reuse torch's "
-                "on-disk cache)",
-                file=sys.stderr,
-                flush=True,
-            )
         policy = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if self.on_gpu else None,
             reduce_dtype=torch.float32 if self.on_gpu else None,
@@ -341,6 +330,20 @@ class Run:
         for layer in model.layers:
             fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=policy)
+        # After FSDP2 swapped each block's class: compiled before, a block kept the pre-FSDP
+        # class's forward, and transformers 5.24's checkpointing (on the class's forward, active
+        # only where it is the outermost one) stopped recomputing without a word (found on the
+        # CPU by a review). FSDP2's hooks are module hooks, outside the compiled forward.
+        # What happened, not what was asked: CUDA without flash attention runs them eagerly.
+        self.compiled_blocks = config.compile_blocks and compile_blocks(model)
+        if self.compiled_blocks and self.rank == 0:
+            print(
+                "odc.train: decoder blocks compiled (torch.compile, dynamic token count): the "
+                "first microbatches of the run compile them, once (later runs reuse torch's "
+                "on-disk cache)",
+                file=sys.stderr,
+                flush=True,
+            )
         fused = {"fused": True} if config.optimizer == "adamw-fused" else {}
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, **fused)
         return model, optimizer, mesh
