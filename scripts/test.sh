@@ -6,8 +6,8 @@
 #   ./scripts/test.sh          the quick tier: every test but the long ones below
 #   ./scripts/test.sh --full   every test: what CI (.ci/run) runs
 #
-# The long ones: the protocol at 256 ranks for 1,000 minibatches per scheme (ctest, names ending
-# in _256ranks: about 660 s of CPU, 5.5 min of a 2-core machine; their 2- and 64-rank runs stay
+# The long ones: the protocol at 256 ranks for 1,000 minibatches per scheme (ctest, names with
+# _256ranks: about 660 s of CPU, 5.5 min of a 2-core machine; their 2- and 64-rank runs stay
 # in the quick tier).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -83,7 +83,7 @@ def _flash_varlen_causal(q, k, v, boundaries, longest: int, scale):
     directly, with its own autograd formula: torch.nn.attention.varlen_attn runs the same
     kernels (outputs equal bit for bit, measured on an H200) through Python custom ops that cost
     0.3-0.5 ms of host time per call, 84 calls per microbatch of the 1.5b preset (forward,
-    recomputation, backward): 30-60 ms of a short microbatch (issue #42)."""
+    recomputation, backward): 25-40 ms of a short microbatch (issue #42)."""
     return torch.ops.aten._flash_attention_forward(
         q, k, v, boundaries, boundaries, longest, longest, 0.0, True, False, scale=scale
     )[0]
@@ -177,8 +177,8 @@ def compile_blocks(model: "PackedCausalLM") -> bool:
     compiled, after activation checkpointing wrapped it (the recomputation is compiled with it)
     and after fully_shard (which changes each block's class); the module's hooks, FSDP2's and
     odc.torch's, stay outside and run as before. The blocks share
-    their compiled code (the same function); torch compiles again where its guards ask (seen on
-    2 H200s: at the first microbatch and once more at a new size), and keeps compiled code on
+    their compiled code (the same function); torch compiles again where its guards ask (on an
+    H200: at two size thresholds of inductor's fusion heuristics, ~3.4K and 4K tokens for 1.5b), and keeps compiled code on
     disk (inductor's cache). Raises torch's recompile limit to RECOMPILE_LIMIT and makes reaching
     it an error (torch's default is to fall back to eager silently, and a run reported as
     compiled would not be). Not with split samples (odc.train refuses --compile with --split:
