@@ -25,6 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from host_floor import _union_seconds  # this folder's: the union of kernel intervals
 from odc.train import model as train_model
 
 DEVICE = torch.device("cuda", 0)
@@ -89,15 +90,6 @@ def build(attention, compiled, fsdp, liger):
     return model
 
 
-def union_ms(intervals):
-    covered, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            covered += end - max(start, reach)
-            reach = end
-    return covered / 1e3
-
-
 def measure(model, tokens, repeats):
     vocab = model.config.vocab_size
     positions = torch.arange(tokens, device=DEVICE)
@@ -136,7 +128,7 @@ def measure(model, tokens, repeats):
     launches = sum(
         e.name in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx") for e in events
     )
-    return hosts, walls, union_ms(kernels) / 2, launches / 2, float(losses[0]) / tokens
+    return hosts, walls, _union_seconds(kernels) * 1e3 / 2, launches / 2, float(losses[0]) / tokens
 
 
 VARIANTS = [  # name: attention, compiled, fsdp, liger
