@@ -15,7 +15,7 @@ host time too, so only the arms' difference and the profile mean anything.
 
   python dev/gpu/host_floor.py [--preset 1.5b] [--tokens 512,2048,8192,32768]
       [--microbatches 4] [--minibatches 3] [--arms fsdp2,odc] [--compile on|off|both]
-      [--profile] [--cpu]
+      [--profile] [--cpu] [--rounds N] [--attribute]
 
 The loss column is the warm-up minibatch's mean token loss (rank 0): the same data in every arm
 and mode, so compiled and eager, FSDP2 and odc must agree to bf16's precision. "warm-up s" is
@@ -89,12 +89,73 @@ def _busy_seconds(run):
     return _union_seconds(compute), _union_seconds(moving)
 
 
+# Where the two arms' code differs, timed on whatever thread runs it (the autograd engine's device
+# thread runs the backward's hooks): name -> (owner, attribute). FSDP2's collectives are looked up
+# through torch.distributed at each call; odc.torch's hooks are closures made by module functions
+# at engine construction and at each minibatch_begin, so their factories are wrapped.
+_TIMED = {
+    "fsdp2": {
+        "gather": ("torch.distributed", "all_gather_into_tensor"),
+        "reduce-scatter": ("torch.distributed", "reduce_scatter_tensor"),
+        "FSDP2 reduce": ("torch.distributed.fsdp._fully_shard._fsdp_param_group", "foreach_reduce"),
+    },
+    "odc": {
+        "gather": ("odc.torch.fsdp2.OdcAllGather", "__call__"),
+        "push": ("odc.torch.fsdp2.OdcReduceScatter", "__call__"),
+        "FSDP2 reduce": ("torch.distributed.fsdp._fully_shard._fsdp_param_group", "foreach_reduce"),
+        "odc hooks": [
+            ("odc.torch.fsdp2", "_unsharded_watcher"),
+            ("odc.torch.fsdp2", "_slot_marker"),
+            ("odc.torch.fsdp2", "_grad_replacer"),
+        ],
+    },
+}
+
+
+def _owner(path: str):
+    import importlib
+
+    module, _, attribute = path.rpartition(".")
+    try:
+        return importlib.import_module(path)
+    except ModuleNotFoundError:
+        return getattr(importlib.import_module(module), attribute)
+
+
+def _timed(function, totals: dict, name: str):
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            totals[name] = totals.get(name, 0.0) + time.perf_counter() - started
+
+    return timed
+
+
+def _time_differences(arm: str, totals: dict) -> None:
+    """Wraps the arm's differing code (_TIMED) so that its host seconds add up in `totals`."""
+    for name, places in _TIMED[arm].items():
+        for path, attribute in places if isinstance(places, list) else [places]:
+            owner = _owner(path)
+            original = getattr(owner, attribute)
+            if name == "odc hooks":  # a factory: time the hook it makes
+
+                def factory(*args, _make=original, **kwargs):
+                    return _timed(_make(*args, **kwargs), totals, "odc hooks")
+
+                setattr(owner, attribute, factory)
+            else:
+                setattr(owner, attribute, _timed(original, totals, name))
+
+
 def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, minibatches,
-          profile, on_cpu, compiled):  # fmt: skip
+          profile, on_cpu, compiled, attribute):  # fmt: skip
     import torch.distributed as dist
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     import odc.torch
+    from odc.train.model import shard_blocks
 
     if on_cpu:
         torch.set_num_threads(1)
@@ -106,18 +167,16 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
     dist.init_process_group(
         backend, init_method=f"file://{store}", rank=rank, world_size=world_size
     )
+    totals: dict = {}  # --attribute: host seconds in the arms' differing code, by part
+    if attribute:
+        _time_differences(arm, totals)
     try:
         with torch.device(device):
             model = _build(preset, on_cpu)
         model.gradient_checkpointing_enable()
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in model.layers:
-            fully_shard(layer, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
-        if compiled:  # after fully_shard, as odc.train does
-            from odc.train.model import compile_blocks
-
-            compiled = compile_blocks(model)
+        # The blocks compiled after fully_shard, as odc.train does.
+        compiled = shard_blocks(model, compile=compiled, mp_policy=policy)
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
         # Lines the ranks up before each measured microbatch (a group of its own, which odc.torch
         # is told of: a collective inside a minibatch is otherwise refused).
@@ -146,6 +205,7 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
                     losses.append(loss_sum.detach())
 
             walls, hosts, busy = [], [], []  # busy: (compute, moving) seconds
+            parts = []  # per measured microbatch: {part: host seconds}
 
             def run_minibatch(measure: bool):
                 if engine is not None:
@@ -161,12 +221,14 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
                     if measure and not on_cpu and index == 0:
                         busy.append(_busy_seconds(microbatch))
                         continue
+                    before = dict(totals)
                     microbatch()
                     returned = time.perf_counter()
                     sync()
                     if measure:
                         hosts.append(returned - started)
                         walls.append(time.perf_counter() - started)
+                        parts.append({k: v - before.get(k, 0.0) for k, v in totals.items()})
                 if engine is not None:
                     engine.minibatch_end()
                 optimizer.step()
@@ -188,7 +250,7 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
                 pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(20)
                 profile_text = (profile_text or "") + f"--- {tokens} tokens\n" + text.getvalue()
             loss = sum(float(x) for x in losses) / (tokens * len(losses))
-            rows[tokens] = (walls, hosts, busy, loss, warm_up_seconds)
+            rows[tokens] = (walls, hosts, busy, loss, warm_up_seconds, parts)
         return rows, profile_text, compiled
     finally:
         dist.destroy_process_group()
@@ -220,6 +282,19 @@ def main(argv=None) -> int:
         "odc.train's default; both: each arm eager, then compiled)",
     )
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even with a GPU")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the arms this many times, alternating (a fresh pair of processes each), and "
+        "pool their microbatches",
+    )
+    parser.add_argument(
+        "--attribute",
+        action="store_true",
+        help="also time the code where the arms differ (gathers, the reduce-scatter or push, "
+        "FSDP2's reduce bookkeeping, odc.torch's hooks) per microbatch",
+    )
     args = parser.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
     if not arms or any(a not in ("fsdp2", "odc") for a in arms):
@@ -230,6 +305,8 @@ def main(argv=None) -> int:
         parser.error(f"--tokens: a list of token counts, got '{args.tokens}'")
     if any(t < 2 for t in tokens) or args.microbatches < 2 or args.minibatches < 1:
         parser.error("--tokens >= 2 each, --microbatches >= 2, --minibatches >= 1")
+    if args.rounds < 1:
+        parser.error(f"--rounds: at least 1, got {args.rounds}")
     on_cpu = args.cpu or not torch.cuda.is_available()
     where = "CPU (tiny width)" if on_cpu else torch.cuda.get_device_name(0)
     print(
@@ -241,37 +318,65 @@ def main(argv=None) -> int:
         f"{'spread':>13} {'compute':>9} {'moving':>9} {'warm-up s':>9} {'loss':>8}"
     )
     modes = {"on": [True], "off": [False], "both": [False, True]}[args.compile]
-    medians = {}
+    # cells[arm, blocks, size]: every rank's rows of every round, pooled; rounds alternate the
+    # arms (fsdp2, odc, fsdp2, odc, ...) so that a slow spell of the shared host lands on both.
+    cells, round_means, blocks_of = {}, {}, {}
     for compiled in modes:
-        for arm in arms:
-            with tempfile.TemporaryDirectory() as folder:
-                out = odc.launch(
-                    _rank, 2, os.path.join(folder, "store"), arm, args.preset, tokens,
-                    args.microbatches, args.minibatches, args.profile, on_cpu, compiled,
-                    timeout=3000,
-                )  # fmt: skip
-            blocks = "compiled" if out[0][2] else "eager"
-            for size in tokens:
-                walls = [w for rows, _, _ in out for w in rows[size][0]]
-                hosts = [h for rows, _, _ in out for h in rows[size][1]]
-                compute = [b[0] for rows, _, _ in out for b in rows[size][2]]
-                moving = [b[1] for rows, _, _ in out for b in rows[size][2]]
-                loss, warm_up = out[0][0][size][3], out[0][0][size][4]
-                medians[arm, blocks, size] = statistics.median(hosts)
-                print(
-                    f"{arm:6} {blocks:8} {size:7d} {_ms(walls)} {_spread(walls)} {_ms(hosts)} "
-                    f"{_spread(hosts)} {_ms(compute)} {_ms(moving)} {warm_up:9.1f} {loss:8.4f}"
-                )
-            if out[0][1]:
-                print(f"=== {arm} ({blocks}), rank 0, cProfile by own time")
-                sys.stdout.write(out[0][1])
-    for blocks in ("eager", "compiled"):
-        if all(("fsdp2", blocks, s) in medians and ("odc", blocks, s) in medians for s in tokens):
-            ratios = ", ".join(
-                f"{s}: {medians['odc', blocks, s] / medians['fsdp2', blocks, s]:.3f}"
-                for s in tokens
+        for round_index in range(args.rounds):
+            for arm in arms:
+                with tempfile.TemporaryDirectory() as folder:
+                    out = odc.launch(
+                        _rank, 2, os.path.join(folder, "store"), arm, args.preset, tokens,
+                        args.microbatches, args.minibatches, args.profile, on_cpu, compiled,
+                        args.attribute, timeout=3000,
+                    )  # fmt: skip
+                blocks = blocks_of[compiled] = "compiled" if out[0][2] else "eager"
+                for size in tokens:
+                    cell = cells.setdefault((arm, blocks, size), [[], [], [], [], [], []])
+                    for rows, _, _ in out:
+                        for column in (0, 1, 2, 5):
+                            cell[column].extend(rows[size][column])
+                    cell[3].append(out[0][0][size][3])
+                    cell[4].append(out[0][0][size][4])
+                    hosts = [h for rows, _, _ in out for h in rows[size][1]]
+                    round_means[arm, blocks, size, round_index] = statistics.fmean(hosts)
+                if out[0][1]:
+                    print(f"=== {arm} ({blocks}), round {round_index + 1}, rank 0, cProfile")
+                    sys.stdout.write(out[0][1])
+    for (arm, blocks, size), (walls, hosts, busy, losses, warm_ups, _) in cells.items():
+        compute, moving = [b[0] for b in busy], [b[1] for b in busy]
+        print(
+            f"{arm:6} {blocks:8} {size:7d} {_ms(walls)} {_spread(walls)} {_ms(hosts)} "
+            f"{_spread(hosts)} {_ms(compute)} {_ms(moving)} {warm_ups[0]:9.1f} {losses[0]:8.4f}"
+        )
+    for blocks in [blocks_of[c] for c in modes]:
+        if not all(("fsdp2", blocks, s) in cells and ("odc", blocks, s) in cells for s in tokens):
+            continue
+        print(f"odc / fsdp2 host time per microbatch ({blocks}); mean of every microbatch "
+              "(FSDP2's reduce in its last one), then each round's ratio of means:")  # fmt: skip
+        for size in tokens:
+            mean = {arm: statistics.fmean(cells[arm, blocks, size][1]) for arm in arms}
+            each = [
+                round_means["odc", blocks, size, r] / round_means["fsdp2", blocks, size, r]
+                for r in range(args.rounds)
+            ]
+            print(
+                f"  {size:7d} tokens: {mean['odc'] / mean['fsdp2']:.3f} "
+                f"(rounds: {', '.join(f'{x:.3f}' for x in each)})"
             )
-            print(f"odc / fsdp2 host time per microbatch ({blocks}): {ratios}")
+    if args.attribute:
+        print(
+            "host ms per microbatch (mean) in the code where the arms differ, on any thread; "
+            "the rest (the model, FSDP2's copy-in, casts and copy-out) is the same code:"
+        )
+        for (arm, blocks, size), cell in cells.items():
+            parts = cell[5]
+            names = sorted({name for part in parts for name in part})
+            text = ", ".join(
+                f"{name} {sum(p.get(name, 0.0) for p in parts) / len(parts) * 1e3:.2f}"
+                for name in names
+            )
+            print(f"  {arm:6} {blocks:8} {size:7d}: {text or '-'}")
     return 0
 
 

@@ -65,17 +65,15 @@ def build(attention, compiled, fsdp, liger):
     with DEVICE:
         model = train_model.build_model("1.5b")
     model.gradient_checkpointing_enable()
-    if compiled:
-        assert train_model.compile_blocks(model)
-    if fsdp:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    if fsdp:  # compiled after fully_shard, as odc.train does (train_model.shard_blocks)
+        from torch.distributed.fsdp import MixedPrecisionPolicy
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in model.layers:
-            fully_shard(layer, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+        assert train_model.shard_blocks(model, compile=compiled, mp_policy=policy) == compiled
     else:
         model.to(torch.bfloat16)
+        if compiled:
+            assert train_model.compile_blocks(model)
     if liger == "flce":
         from liger_kernel.transformers.fused_linear_cross_entropy import (
             LigerFusedLinearCrossEntropyLoss,

@@ -457,7 +457,9 @@ stage_rl_baselines() {
     --prompts-per-step "${RL_PROMPTS:-4}"
   [ "${RL_SMOKE:-1}" = 0 ] || stage grpo-smoke-tiny 120 env $env_new "${train[@]}" --preset tiny --length-scale 0.05 \
     --steps 1 --cost 1,0.01,0 --output "$dest/grpo_tiny.json"
-  stage grpo-1.5b 450 env $env_new "${train[@]}" --preset 1.5b \
+  # 590 s: the blocks compile (odc.train's default) in every arm's fresh model, and GRPO's
+  # forward-only passes compile their own variants.
+  stage grpo-1.5b 590 env $env_new "${train[@]}" --preset 1.5b \
     --minibatches-per-step "${RL_K:-2}" --max-tokens 20480 --steps "${BASELINE_STEPS:-4}" \
     --output "$dest/grpo_1.5b.json"
 }
@@ -470,7 +472,7 @@ stage_sft_baselines() {
   mkdir -p "$dest"
   train_all_gpus --preset 1.5b --lengths data/longalign_like.txt --max-length 65536 \
     --samples-per-rank 4 --baselines
-  stage sft-1.5b 540 env $env_new "${train[@]}" --steps "${BASELINE_STEPS:-4}" \
+  stage sft-1.5b 590 env $env_new "${train[@]}" --steps "${BASELINE_STEPS:-4}" \
     --output "$dest/sft_1.5b.json"
 }
 

@@ -169,7 +169,7 @@ def build_model(preset: str, seed: int = 0) -> "PackedCausalLM":
 RECOMPILE_LIMIT = 64
 
 
-def compile_blocks(model: "PackedCausalLM") -> bool:
+def compile_blocks(model: "PackedCausalLM", *, backend: str = "inductor") -> bool:
     """Compiles each decoder block's forward with torch.compile (inductor; the token dimension
     dynamic), as production stacks do (torchtitan compiles each block): eager PyTorch launches a
     few dozen kernels per block from Python, so a short microbatch of the 1.5b preset cost
@@ -183,17 +183,37 @@ def compile_blocks(model: "PackedCausalLM") -> bool:
     it an error (torch's default is to fall back to eager silently, and a run reported as
     compiled would not be). Not with split samples (odc.train refuses --compile with --split:
     their K/V exchange inside a compiled block has not run on a GPU). Only on CUDA with flash
-    attention: elsewhere the plain path. Returns whether it compiled."""
+    attention: elsewhere the plain path. Another `backend` (tests: "aot_eager", which traces and
+    partitions as inductor does but runs the aten ops) compiles on any device. Returns whether it
+    compiled."""
     first = next(model.parameters(), None)
-    if first is None or not varlen_available(first.device):
+    if first is None or (backend == "inductor" and not varlen_available(first.device)):
         return False
     import torch._dynamo.config as dynamo_config
 
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
     dynamo_config.fail_on_recompile_limit_hit = True
     for layer in model.layers:
-        layer.forward = torch.compile(layer.forward, dynamic=True)
+        layer.forward = torch.compile(layer.forward, dynamic=True, backend=backend)
     return True
+
+
+def shard_blocks(model: "PackedCausalLM", *, compile: bool, backend: str = "inductor", **options):
+    """fully_shard each decoder block, then the root (`options`: fully_shard's, e.g. mesh,
+    mp_policy, reshard_after_forward (the blocks only: the root never reshards after forward
+    anyway)), then with `compile` compile_blocks. The order is the point: compiled before
+    fully_shard, a block kept the pre-FSDP class's forward, and transformers 5.24's activation
+    checkpointing (on the class's forward, active only where it is the outermost one) stopped
+    recomputing without a word (tests/python/test_train_model.py measures the saved activations).
+    FSDP2's hooks, and odc.torch's, are module hooks: outside the compiled forward. Returns whether
+    the blocks were compiled (CUDA without flash attention runs them eagerly)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.layers:
+        fully_shard(layer, **options)
+    options.pop("reshard_after_forward", None)
+    fully_shard(model, **options)
+    return compile and compile_blocks(model, backend=backend)
 
 
 def _lm_head_objective(hidden, weight, labels, objective, begin: int):

@@ -310,9 +310,9 @@ class Run:
 
     def _sharded_model(self):
         import torch
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        from .model import build_model, compile_blocks
+        from .model import build_model, shard_blocks
 
         config = self.config
         with self.device:  # initialize on the device: a 7B model on the CPU takes minutes
@@ -327,15 +327,14 @@ class Run:
         # fsdp2-unsharded keeps every layer's parameters gathered from the minibatch's start to
         # its last backward (arms.GradientSync); the root never reshards after forward anyway.
         reshard = config.comm != "fsdp2-unsharded"
-        for layer in model.layers:
-            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
-        # After FSDP2 swapped each block's class: compiled before, a block kept the pre-FSDP
-        # class's forward, and transformers 5.24's checkpointing (on the class's forward, active
-        # only where it is the outermost one) stopped recomputing without a word (found on the
-        # CPU by a review). FSDP2's hooks are module hooks, outside the compiled forward.
-        # What happened, not what was asked: CUDA without flash attention runs them eagerly.
-        self.compiled_blocks = config.compile_blocks and compile_blocks(model)
+        # What happened, not what was asked: CUDA without flash attention runs the blocks eagerly.
+        self.compiled_blocks = shard_blocks(
+            model,
+            compile=config.compile_blocks,
+            mesh=mesh,
+            mp_policy=policy,
+            reshard_after_forward=reshard,
+        )
         if self.compiled_blocks and self.rank == 0:
             print(
                 "odc.train: decoder blocks compiled (torch.compile, dynamic token count): the "
