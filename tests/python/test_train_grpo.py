@@ -181,3 +181,67 @@ def test_forward_cost_scales_every_term_by_the_forward_share():
 
     assert _forward_costs((4.0, 8.0, 12.0, 16.0), True) == (1.0, 2.0, 3.0, 4.0)
     assert FORWARD_FRACTION[False] == pytest.approx(1 / 3)
+
+
+_STUBBED_COMPILE = """
+import sys
+import odc.train.model as model
+model.compile_blocks = lambda blocks, **options: True  # the flag only: the plain path runs
+from odc.train.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_compile_warm_up_runs_every_size_and_leaves_the_run_unchanged(tmp_path):
+    # With compiled blocks, every arm first runs one forward + backward per size of
+    # model.compile_sizes (and GRPO's forward-only passes), its sums dropped, so that torch
+    # compiles outside the measured minibatches. On the CPU the blocks never compile: the stub
+    # reports them compiled, so the warm-up runs on the plain path, and the run must train as
+    # one without it (the same losses and gradient norms). The ODC arm: its warm-up opens the
+    # engine's minibatch for the updates, then one per model for the forward-only passes.
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    path = _rollouts(tmp_path / "rollouts.tsv")
+    runs = {}
+    for stubbed in (False, True):
+        with socket.socket() as probe:  # two ranks "started by torchrun", started here
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        output = tmp_path / f"stubbed_{stubbed}.json"
+        argv = ["--preset", "tiny", "--device", "cpu", "--cost", "1,0.01,0", "--task", "grpo",
+                "--rollouts", str(path), "--prompts-per-step", "4", "--steps", "1",
+                "--comm", "odc", "--policy", "lb-mini", "--output", str(output),
+                "--timeline", ""]  # fmt: skip
+        command = [sys.executable] + (["-c", _STUBBED_COMPILE] if stubbed else ["-m", "odc.train"])
+        ranks = [
+            subprocess.Popen(
+                command + argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=tmp_path,
+                env=dict(
+                    os.environ,
+                    RANK=str(rank),
+                    WORLD_SIZE="2",
+                    LOCAL_RANK=str(rank),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                ),
+            )  # fmt: skip
+            for rank in range(2)
+        ]
+        outputs = [rank.communicate(timeout=600) for rank in ranks]
+        for rank, (_, stderr) in zip(ranks, outputs):
+            assert rank.returncode == 0, stderr[-3000:]
+        assert ("compiling the blocks for every size" in outputs[0][1]) == stubbed
+        runs[stubbed] = json.loads(output.read_text())
+    assert len(runs[False]) == len(runs[True]) == 1  # one run each: the ODC arm
+    for plain, warmed in zip(runs[False], runs[True]):
+        assert warmed["compiled_blocks"] and not plain["compiled_blocks"]
+        assert warmed["losses"] == pytest.approx(plain["losses"], rel=1e-6)
+        assert warmed["grad_norms"] == pytest.approx(plain["grad_norms"], rel=1e-6)

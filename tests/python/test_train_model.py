@@ -138,6 +138,23 @@ def test_compiled_blocks_keep_recomputing_under_fully_shard(tmp_path):
     assert max(losses) - min(losses) <= 1e-5 * abs(losses[0])
 
 
+def test_compile_sizes_meet_every_range_torch_guards_on():
+    from odc.errors import InvalidArgument
+    from odc.train.model import DENSE_COMPILE_TOKENS, compile_sizes
+
+    sizes = compile_sizes(300, 65536)
+    assert sizes[0] == 300 and sizes[-1] == 65536 and sizes == sorted(set(sizes))
+    # Every range 1.2x wide (inductor's narrowest seen: 3,414-4,095 tokens) holds a size below
+    # DENSE_COMPILE_TOKENS; the 1.5b preset's two thresholds each get a size on both sides.
+    for low in range(300, DENSE_COMPILE_TOKENS - 1):
+        assert any(low <= n <= 1.2 * low for n in sizes), low
+    assert any(3414 <= n <= 4095 for n in sizes) and any(n < 3414 for n in sizes)
+    assert len(sizes) < 50  # a warm-up of seconds, not minutes
+    assert compile_sizes(512, 512) == [512]
+    with pytest.raises(InvalidArgument, match="smallest <= largest"):
+        compile_sizes(10, 5)
+
+
 def test_unknown_preset_is_named():
     with pytest.raises(ValueError, match="unknown preset 'huge'"):
         build_model("huge")

@@ -224,6 +224,30 @@ class GrpoRun(Run):
         detail = {"lengths": [self.rollouts[i].length for i in microbatch]}
         return self._timed(packed, global_tokens, detail, objective=objective, labels=labels)
 
+    def _planned_microbatch_tokens(self) -> List[int]:
+        """The update microbatches' token counts (Run's), and the forward-only passes'."""
+        tokens = super()._planned_microbatch_tokens()
+        for indices, forward, _ in self.rl_steps:
+            for minibatch in forward["minibatches"]:
+                for rank in minibatch["ranks"]:
+                    for microbatch in rank["microbatches"]:
+                        tokens.append(sum(self.rollouts[indices[i]].length for i in microbatch))
+        return tokens
+
+    def _compile_forward_only(self, packed: list) -> None:
+        """Policy and reference, forward only at each size, as _forward_only runs them."""
+        import torch
+
+        t = self.trainer._to_device
+        for model, engine in ((self.model, self.engine), (self.reference, self.reference_engine)):
+            scope = engine.minibatch() if engine is not None else self.sync.forward_only(model)
+            with scope, torch.no_grad():
+                for microbatch in packed:
+                    model.token_logprobs(
+                        t(microbatch.input_ids), t(microbatch.position_ids), t(microbatch.labels),
+                        t(microbatch.boundaries), microbatch.longest,
+                    )  # fmt: skip
+
     def _predicted_forward_seconds(self) -> List[float]:
         """Per planned RL step, the planner's span of its forward-only minibatch (metrics'
         accounting under the arm's prediction mode, with the forward cost)."""

@@ -198,6 +198,31 @@ def compile_blocks(model: "PackedCausalLM", *, backend: str = "inductor") -> boo
     return True
 
 
+# compile_sizes: dense up to here (inductor's size heuristics switch at small token counts: seen
+# at 3.4K and 4K tokens for the 1.5b preset, 1.5K and 4K expected for 7b), doubling above.
+DENSE_COMPILE_TOKENS = 8192
+COMPILE_STEP = 1.1
+
+
+def compile_sizes(smallest: int, largest: int) -> list:
+    """Token counts whose forward + backward make torch compile every variant that microbatches
+    of smallest..largest tokens would need, so that none compiles inside a measured minibatch.
+    torch compiles a block again where inductor's heuristics guard on the token count (which
+    reduction to split, which block size to use: ranges such as 3,414-4,095 tokens, 1.2x wide);
+    a ladder 10% apart up to DENSE_COMPILE_TOKENS meets each such range, and above it the
+    heuristics no longer change (measured up to 64K tokens: dev/gpu/compile_variants.py)."""
+    if smallest < 1 or largest < smallest:
+        raise InvalidArgument(
+            f"compile_sizes: need 1 <= smallest <= largest, got {smallest}, {largest}"
+        )
+    sizes, tokens = [], float(smallest)
+    while tokens < largest:
+        sizes.append(int(tokens))
+        tokens = tokens * COMPILE_STEP if tokens < DENSE_COMPILE_TOKENS else tokens * 2
+    sizes.append(largest)
+    return sorted(set(sizes))
+
+
 def shard_blocks(model: "PackedCausalLM", *, compile: bool, backend: str = "inductor", **options):
     """fully_shard each decoder block, then the root (`options`: fully_shard's, e.g. mesh,
     mp_policy, reshard_after_forward (the blocks only: the root never reshards after forward

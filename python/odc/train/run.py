@@ -459,6 +459,7 @@ class Run:
         from .progress import Progress
 
         config = self.config
+        self._compile_warm_up()
         # Everything built so far lives until the end: keep it out of the collector's scans, or
         # a full collection (timed by allocation counts, so at the same minibatch every run)
         # lands inside a measured minibatch.
@@ -482,6 +483,46 @@ class Run:
             profiler = _start_profiler(torch, self.on_gpu)
             self.step(self.num_steps - 1)
             _write_profile(profiler, config, self.rank)
+
+    def _planned_microbatch_tokens(self) -> List[int]:
+        """Token counts of every microbatch the run's minibatches hold, on every rank."""
+        return [
+            sum(len(self.samples[i]) for i in microbatch)
+            for minibatch in self.schedule["minibatches"][: self.num_steps]
+            for rank in minibatch["ranks"]
+            for microbatch in rank["microbatches"]
+        ]
+
+    def _compile_warm_up(self) -> None:
+        """With compiled blocks: one forward + backward at each of model.compile_sizes over the
+        run's microbatch sizes, on every rank in step and untimed (its sums dropped, no optimizer
+        step), so that torch compiles every variant the run needs here and not inside a measured
+        minibatch (a recompile costs 5-30 s). Its progress line says how long it took."""
+        from .data import pack, synthetic_tokens
+        from .model import compile_sizes
+        from .progress import Progress
+
+        planned = [n for n in self._planned_microbatch_tokens() if n > 0]
+        if not self.compiled_blocks or not planned:
+            return
+        sizes = compile_sizes(min(planned), max(planned))
+        label = f"[{self.config.comm} {self.config.policy}] compiling the blocks for every size"
+        progress = Progress(len(sizes), label, enabled=self.rank == 0).start()
+        vocab_size = self.model.config.vocab_size
+        documents = synthetic_tokens(sizes, vocab_size, seed=self.config.seed + 2)
+        packed = [pack([document]) for document in documents]
+        self.trainer.begin()
+        for tokens, microbatch in zip(sizes, packed):
+            self.trainer.microbatch(microbatch, self.world_size * tokens)
+            progress.update(f"{tokens} tokens")
+        self.trainer.end()
+        self.trainer.optimizer.zero_grad(set_to_none=True)
+        self._compile_forward_only(packed)
+        progress.close()
+
+    def _compile_forward_only(self, packed: list) -> None:
+        """The compile warm-up of a run's forward-only passes (GrpoRun: no_grad compiles a
+        variant of its own), over the same packed microbatches."""
 
     def step(self, step: int):
         """One minibatch of the plan: its split chunks, this rank's microbatches, then
