@@ -494,10 +494,14 @@ class Run:
         ]
 
     def _compile_warm_up(self) -> None:
-        """With compiled blocks: one forward + backward at each of model.compile_sizes over the
-        run's microbatch sizes, on every rank in step and untimed (its sums dropped, no optimizer
+        """With compiled blocks: forward + backward at each of model.compile_sizes over the run's
+        microbatch sizes, on every rank in step and untimed (its sums dropped, no optimizer
         step), so that torch compiles every variant the run needs here and not inside a measured
-        minibatch (a recompile costs 5-30 s). Its progress line says how long it took."""
+        minibatch (a recompile costs 5-40 s). Each size runs as one document and as two: torch
+        gives equal sizes one symbol when it compiles (a one-document microbatch's longest
+        document is its token count) and may guard on that equality, so a packed microbatch of a
+        size class compiled from one document alone could compile again. Its progress line says
+        how long it took."""
         from .data import pack, synthetic_tokens
         from .model import compile_sizes
         from .progress import Progress
@@ -507,14 +511,20 @@ class Run:
             return
         sizes = compile_sizes(min(planned), max(planned))
         label = f"[{self.config.comm} {self.config.policy}] compiling the blocks for every size"
-        progress = Progress(len(sizes), label, enabled=self.rank == 0).start()
         vocab_size = self.model.config.vocab_size
         documents = synthetic_tokens(sizes, vocab_size, seed=self.config.seed + 2)
-        packed = [pack([document]) for document in documents]
+        packed = []
+        for document in documents:
+            packed.append(pack([document]))
+            if len(document) >= 3:  # two documents, the longest shorter than the microbatch
+                cut = len(document) - len(document) // 3
+                packed.append(pack([document[:cut], document[cut:]]))
+        progress = Progress(len(packed), label, enabled=self.rank == 0).start()
         self.trainer.begin()
-        for tokens, microbatch in zip(sizes, packed):
+        for microbatch in packed:
+            tokens = microbatch.num_tokens
             self.trainer.microbatch(microbatch, self.world_size * tokens)
-            progress.update(f"{tokens} tokens")
+            progress.update(f"{tokens} tokens in {len(microbatch.boundaries) - 1} document(s)")
         self.trainer.end()
         self.trainer.optimizer.zero_grad(set_to_none=True)
         self._compile_forward_only(packed)
