@@ -1,7 +1,7 @@
 """odc.train's packed attention on a GPU: bf16 varlen flash attention over packed documents gives
 the loss and gradients of the documents run one at a time (per-document causal SDPA); aten's
 flash op, called directly, gives torch's varlen_attn's results bit for bit; compiled blocks give
-the eager loss."""
+the eager loss, and after odc.train's compile warm-up no packed microbatch compiles again."""
 
 import numpy as np
 import pytest
@@ -99,3 +99,34 @@ def test_compiled_blocks_give_the_eager_loss_at_new_sizes():
     from torch._dynamo.utils import counters
 
     assert counters["frames"]["ok"] >= 1, "compile_blocks compiled nothing"
+
+
+def test_compile_warm_up_leaves_nothing_to_compile_for_packed_microbatches(monkeypatch):
+    # odc.train runs compile_warm_up_microbatches before its measured minibatches: afterwards a
+    # microbatch of any size in the range, packing any number of documents, must find compiled
+    # code (a recompile inside a measured minibatch cost 8-11 s on 4 H200s). The 1.5b preset's
+    # width (inductor's size heuristics depend on it), two layers.
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setitem(
+        train_model.PRESETS, "1.5b", dict(train_model.PRESETS["1.5b"], num_hidden_layers=2)
+    )
+    torch._dynamo.reset()
+    device = torch.device("cuda", 0)
+    with device:
+        model = build_model("1.5b", seed=3).to(torch.bfloat16)
+    model.gradient_checkpointing_enable()
+    assert compile_blocks(model)
+    smallest, largest = 300, 9000  # across the preset's thresholds (3,414 and 4,096 tokens)
+    for packed in train_model.compile_warm_up_microbatches(smallest, largest, 1000, seed=1):
+        documents = np.split(packed.input_ids, packed.boundaries[1:-1])
+        _loss_and_grads(model, documents)
+    compiled = counters["stats"]["unique_graphs"]
+    rng = np.random.default_rng(4)
+    for _ in range(12):
+        tokens = int(rng.integers(smallest, largest + 1))
+        count = int(rng.integers(1, 17))
+        cuts = np.sort(rng.choice(np.arange(1, tokens), size=count - 1, replace=False))
+        documents = np.split(rng.integers(0, 1000, tokens), cuts)
+        _loss_and_grads(model, documents)
+        assert counters["stats"]["unique_graphs"] == compiled, (tokens, count)

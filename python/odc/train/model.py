@@ -223,6 +223,25 @@ def compile_sizes(smallest: int, largest: int) -> list:
     return sorted(set(sizes))
 
 
+def compile_warm_up_microbatches(smallest: int, largest: int, vocab_size: int, seed: int = 0):
+    """Packed microbatches (data.Packed) whose forward + backward compile every variant of the
+    blocks that microbatches of smallest..largest tokens need: each of compile_sizes as one
+    document and as two. Two, because torch gives equal sizes one symbol when it compiles (a
+    one-document microbatch's longest document is its token count) and may guard on that
+    equality, so a packed microbatch of a size class compiled from one document alone could
+    compile again."""
+    from .data import pack, synthetic_tokens
+
+    sizes = compile_sizes(smallest, largest)
+    packed = []
+    for document in synthetic_tokens(sizes, vocab_size, seed=seed):
+        packed.append(pack([document]))
+        if len(document) >= 3:  # two documents, the longest shorter than the microbatch
+            cut = len(document) - len(document) // 3
+            packed.append(pack([document[:cut], document[cut:]]))
+    return packed
+
+
 def shard_blocks(model: "PackedCausalLM", *, compile: bool, backend: str = "inductor", **options):
     """fully_shard each decoder block, then the root (`options`: fully_shard's, e.g. mesh,
     mp_policy, reshard_after_forward (the blocks only: the root never reshards after forward

@@ -494,31 +494,21 @@ class Run:
         ]
 
     def _compile_warm_up(self) -> None:
-        """With compiled blocks: forward + backward at each of model.compile_sizes over the run's
-        microbatch sizes, on every rank in step and untimed (its sums dropped, no optimizer
-        step), so that torch compiles every variant the run needs here and not inside a measured
-        minibatch (a recompile costs 5-40 s). Each size runs as one document and as two: torch
-        gives equal sizes one symbol when it compiles (a one-document microbatch's longest
-        document is its token count) and may guard on that equality, so a packed microbatch of a
-        size class compiled from one document alone could compile again. Its progress line says
-        how long it took."""
-        from .data import pack, synthetic_tokens
-        from .model import compile_sizes
+        """With compiled blocks: forward + backward over model.compile_warm_up_microbatches for
+        the run's microbatch sizes, on every rank in step and untimed (its sums dropped, no
+        optimizer step), so that torch compiles every variant the run needs here and not inside
+        a measured minibatch (a recompile costs 5-40 s). Its progress line says how long it
+        took."""
+        from .model import compile_warm_up_microbatches
         from .progress import Progress
 
         planned = [n for n in self._planned_microbatch_tokens() if n > 0]
         if not self.compiled_blocks or not planned:
             return
-        sizes = compile_sizes(min(planned), max(planned))
+        packed = compile_warm_up_microbatches(
+            min(planned), max(planned), self.model.config.vocab_size, seed=self.config.seed + 2
+        )
         label = f"[{self.config.comm} {self.config.policy}] compiling the blocks for every size"
-        vocab_size = self.model.config.vocab_size
-        documents = synthetic_tokens(sizes, vocab_size, seed=self.config.seed + 2)
-        packed = []
-        for document in documents:
-            packed.append(pack([document]))
-            if len(document) >= 3:  # two documents, the longest shorter than the microbatch
-                cut = len(document) - len(document) // 3
-                packed.append(pack([document[:cut], document[cut:]]))
         progress = Progress(len(packed), label, enabled=self.rank == 0).start()
         self.trainer.begin()
         for microbatch in packed:
