@@ -26,8 +26,9 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.append(str(REPO / "python"))  # where odc is not installed (then set ODC_LIBRARY)
 from odc.simulate import simulate  # noqa: E402
 
-# How each results file recorded before odc.train kept its lengths was made (docs/benchmarks.md
-# gives the commands): the lengths file and the filter its samples went through before planning.
+# How each results file recorded before odc.train kept its lengths was made
+# (docs/benchmarks-archive.md gives the commands): the lengths file and the filter its samples went
+# through before planning.
 RECORDED_INPUTS = {
     "train_all_1.5b_64k_4xh200.json": {"lengths": "data/longalign_like.txt", "max_length": 65536},
     "train_compare_1.5b_64k_4xh200.json": {

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue #41 item 2 on GPUs (twentieth round, docs/benchmarks.md): the device progress test on
-# two builds, snapshots in build/snap_new and build/snap_old (libodc.so, libodc_nvshmem.so, python/,
-# tests/), run from the repository root; then the NVSHMEM suite's streamed tests on the new build.
-# Logs under $OUT.
+# Issue #41 item 2 on GPUs (twentieth round, docs/benchmarks-archive.md): the device progress test
+# on two builds, snapshots in build/snap_new and build/snap_old (libodc.so, libodc_nvshmem.so,
+# python/, tests/), run from the repository root; then the NVSHMEM suite's streamed tests on the new
+# build. Logs under $OUT.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 nvshmem_dir=$(python3 -c 'import nvidia.nvshmem as m; print(list(m.__path__)[0])')

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue #41 item 2 (twentieth round, docs/benchmarks.md): odc.train over NVSHMEM (pretended nodes,
-# flat) with the builds in build/snap_old and build/snap_new, alternated, on the same GPUs.
+# Issue #41 item 2 (twentieth round, docs/benchmarks-archive.md): odc.train over NVSHMEM (pretended
+# nodes, flat) with the builds in build/snap_old and build/snap_new, alternated, on the same GPUs.
 set -u
 root=$PWD
 rounds=${ROUNDS:-2}

@@ -333,7 +333,7 @@ stage_gpu_suite() {
 }
 
 # train: odc.train on 4 GPUs under torchrun, 1.5b preset, 4 samples per rank, the 1.5b cost fit
-# given (docs/benchmarks.md, issue #7), no timeline file; each stage adds its data and runs.
+# given (docs/benchmarks-archive.md, issue #7), no timeline file; each stage adds its data and runs.
 train_1_5b() {
   train=(python3 -m torch.distributed.run --standalone --nproc_per_node 4 -m odc.train
     --preset 1.5b --samples-per-rank 4 --cost "3.123e-05,1.187e-09,0.07082"

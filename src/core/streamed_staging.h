@@ -70,8 +70,8 @@ inline constexpr size_t kMaxChunkPayloadBytes = size_t{1} << 20;
 // On device transports every chunk is a pack, a put with its signal and the owner's fold, each
 // enqueued by the host: larger chunks amortize them (4 MiB against 1 MiB: back-to-back streamed
 // pushes of 32-256 MiB between 2 H200s at 37.8-40.1 GB/s instead of 34.2-34.7;
-// docs/benchmarks.md, nineteenth round). The rings then take 132 MiB of the default budget at
-// 2 ranks, 244 at 4.
+// docs/benchmarks-archive.md, nineteenth round). The rings then take 132 MiB of the default budget
+// at 2 ranks, 244 at 4.
 inline constexpr size_t kMaxDeviceChunkPayloadBytes = size_t{4} << 20;
 // The smallest slot the budget may come down to: 64 fp32 elements of payload.
 inline constexpr size_t kMinChunkPayloadBytes = 256;

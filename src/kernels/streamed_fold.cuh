@@ -25,8 +25,8 @@ namespace detail {
 // A block folds one sender's chunks (kernels launch one per sender, up to kMaxFoldBlocks): with
 // few senders a block's loads in flight bound the owner's fold rate, so blocks are large and
 // unrolled. 256 threads with one load in flight each folded 2 H200s' streamed pushes at 14 GB/s,
-// these at 34 (docs/benchmarks.md, nineteenth round; measured at 2 ranks). Below 4 MiB per push
-// the larger block is slower (a lone 1 MiB push 35 -> 42 us).
+// these at 34 (docs/benchmarks-archive.md, nineteenth round; measured at 2 ranks). Below 4 MiB per
+// push the larger block is slower (a lone 1 MiB push 35 -> 42 us).
 inline constexpr int kFoldThreads = 512;
 inline constexpr int kFoldUnroll = 8;
 inline constexpr int kMaxFoldBlocks = 32;

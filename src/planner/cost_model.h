@@ -5,7 +5,7 @@
 // the host (framework hooks, autograd, per-layer communication calls) takes a fixed time however
 // few tokens it carries, and a short microbatch runs at the host's pace (4 H200s, 1.5b preset:
 // microbatches under ~8K tokens took 0.26-0.34 s, against 0.1-0.2 s from c + a L + b L^2;
-// docs/benchmarks.md, seventh round). 0 (the default) leaves the model additive.
+// docs/benchmarks-archive.md, seventh round). 0 (the default) leaves the model additive.
 #pragma once
 
 #include <algorithm>

@@ -32,7 +32,8 @@ Result<SplitMode> parse_split_mode(std::string_view name);
 
 // How large LB-Mini may make a microbatch. Activation memory follows a microbatch's tokens, and
 // LB-Mini's fewest-microbatch packing fills the token cap where LB-Micro's shared count leaves
-// room: on the 7b preset at 64K that alone cost 1.3x FSDP2's peak memory (docs/benchmarks.md).
+// room: on the 7b preset at 64K that alone cost 1.3x FSDP2's peak memory
+// (docs/benchmarks-archive.md).
 //   kLbMicro: no LB-Mini microbatch exceeds the largest one LB-Micro builds for the same
 //             minibatch, so ODC + LB-Mini needs no more activation memory than collective +
 //             LB-Micro (default; a rank may take a few more microbatches, c each).

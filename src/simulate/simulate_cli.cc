@@ -26,7 +26,7 @@ namespace {
 // ~100 bytes per sample, so this is ~7 GB of memory.
 constexpr int64_t kMaxSimulatedSamples = int64_t{1} << 26;
 
-// Cost models fitted by odc.train on 4 H200s (docs/benchmarks.md), per preset.
+// Cost models fitted by odc.train on 4 H200s (docs/benchmarks-archive.md), per preset.
 const char* default_cost(const std::string& model) {
   if (model == "1.5b") return "3.12326e-05,1.18741e-09,0.0708187";
   if (model == "7b") return "1.09574e-04,2.71302e-09,0.103279";

@@ -151,7 +151,7 @@ TEST(SplitPlan, HandComputedTimesAndBubble) {
 }
 
 TEST(SplitPlan, OutliersSplitAndEveryTokenRunsOnce) {
-  const CostModel cost{3.123e-05, 1.187e-09, 0.07082};  // 1.5b fit, docs/benchmarks.md
+  const CostModel cost{3.123e-05, 1.187e-09, 0.07082};  // 1.5b fit, docs/benchmarks-archive.md
   std::vector<int64_t> lengths = testing::random_lengths(256, 65536, 11);
   for (size_t i = 0; i < lengths.size(); i += 19) lengths[i] = 40000 + static_cast<int64_t>(i);
   for (Policy policy : {Policy::kLbMini, Policy::kLbMicro}) {
@@ -257,10 +257,10 @@ TEST(SplitCApi, OptionsDefaultToOffAndAutoSplits) {
 
 // A cost floor (the least time of any microbatch) charges a group member the short microbatch it
 // would run after its chunk. The last heavy-tailed minibatch of the 4-H200 runs
-// (docs/benchmarks.md, seventh round): without the floor the planner split the 29,565-token sample
-// over 3 ranks and left each member one ~1K-token microbatch (predicted ~0.1 s, measured 0.27-0.31
-// s). Planned with the floor, the plan is faster under the floor model than the floor-blind plan,
-// and every predicted microbatch costs at least the floor.
+// (docs/benchmarks-archive.md, seventh round): without the floor the planner split the 29,565-token
+// sample over 3 ranks and left each member one ~1K-token microbatch (predicted ~0.1 s, measured
+// 0.27-0.31 s). Planned with the floor, the plan is faster under the floor model than the
+// floor-blind plan, and every predicted microbatch costs at least the floor.
 TEST(SplitPlan, CostFloorChargesShortMicrobatchesAfterAChunk) {
   const std::vector<int64_t> lengths = {511,  3683, 29565, 800,  504, 3152, 724,  1069,
                                         3088, 3875, 852,   2484, 509, 1876, 1465, 1372};

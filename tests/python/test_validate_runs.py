@@ -48,7 +48,7 @@ def test_validation_against_recorded_runs(capsys):
 
 def test_validation_of_the_fsdp2_arms_and_grpo_runs():
     """Issue #30's five arms, RL per RL step and SFT, two runs each on 4 H100s: every run
-    simulated, the same mean bound (docs/benchmarks.md, fifteenth round: 4.40%)."""
+    simulated, the same mean bound (docs/benchmarks-archive.md, fifteenth round: 4.40%)."""
     validate_runs = _validate_runs()
     rows = validate_runs.validate(REPO / "docs" / "results" / "baselines_4xh100", repo=REPO)
     assert not [r for r in rows if "skipped" in r]
@@ -63,8 +63,8 @@ def test_validation_of_the_fsdp2_arms_and_grpo_runs():
 
 def test_validation_of_the_packed_rung_calibration_runs():
     """Issue #30's second GRPO configuration (2 prompts x 8 responses, K = 1) and SFT with the
-    cost fitted with packed rungs, 4 H100s (docs/benchmarks.md, seventeenth round): every run of
-    the five arms within 5% of its measured seconds per step (RL: per RL step)."""
+    cost fitted with packed rungs, 4 H100s (docs/benchmarks-archive.md, seventeenth round): every
+    run of the five arms within 5% of its measured seconds per step (RL: per RL step)."""
     validate_runs = _validate_runs()
     rows = validate_runs.validate(REPO / "docs" / "results" / "grpo_k1_4xh100", repo=REPO)
     assert not [r for r in rows if "skipped" in r]

@@ -269,7 +269,7 @@ class SplitChunk:
     Deliberately not a dataclass: it reaches every layer's attention as a forward argument, and
     FSDP2's mixed precision rebuilds every dataclass among forward inputs (dataclasses.replace,
     twice per module call); a rebuilt chunk loses its cached index tensors and rebuilds them on
-    the host per layer (29,565 tokens: ~3 ms per layer and pass; docs/benchmarks.md, seventh
+    the host per layer (29,565 tokens: ~3 ms per layer and pass; docs/benchmarks-archive.md, seventh
     round)."""
 
     def __init__(self, exchange, member: int, chunks: Sequence[Sequence[Tuple[int, int]]]):
@@ -513,8 +513,8 @@ class SplitGroups:
         groups of `splits` (planner "splits" entries) for their chunks. A distinct member set
         gets its group once (an odc sub-communicator, or a torch.distributed subgroup that meets
         once here, so that no minibatch pays its first meeting: NCCL ~0.25 s on 4 H200s,
-        docs/benchmarks.md, seventh round). With the odc exchange, buffers are held for these
-        splits' groups only, sized for their longest chunks: other groups' are freed, a group
+        docs/benchmarks-archive.md, seventh round). With the odc exchange, buffers are held for
+        these splits' groups only, sized for their longest chunks: other groups' are freed, a group
         whose chunks grew (or shrank below half) gets new ones. Call it before each minibatch
         with its splits (least memory), or once with every split of the run (no later cost)."""
         needs = self.connect(splits)

@@ -9,16 +9,16 @@ packed ones, plus one short one for the floor, and fits the model here.
 Why packed rungs: on single samples the a*L and b*L^2 columns rise together, so a noisy ladder
 trades one for the other at no cost to its own fit, and a packed microbatch (T tokens, sum of
 L_i^2 much less than T^2) then comes out too cheap (4 H100s, 1.5b preset: 32K-58K-token packed
-microbatches 5-20% under; docs/benchmarks.md, fifteenth round). The two longest rungs split into
-PACKED_SPLITS equal documents keep T and cut sum L^2 by 4x and 16x, which separates a from b
+microbatches 5-20% under; docs/benchmarks-archive.md, fifteenth round). The two longest rungs split
+into PACKED_SPLITS equal documents keep T and cut sum L^2 by 4x and 16x, which separates a from b
 (dev/analysis/packed_rungs.py checks it on the measured microbatches).
 
 The floor is the time of a microbatch that carries almost nothing: the host launching a
 training step's kernels (framework hooks, autograd, per-layer communication calls) takes a
 fixed time, and a short microbatch runs at the host's pace, not the GPU's (4 H200s, 1.5b preset:
 ~0.3 s, where c + a L + b L^2 fitted on 2K-64K microbatches said 0.1 s for 1K tokens;
-docs/benchmarks.md, seventh round). Rungs that are close to the floor say more about the host
-than about a, b and c, so the fit leaves them out.
+docs/benchmarks-archive.md, seventh round). Rungs that are close to the floor say more about the
+host than about a, b and c, so the fit leaves them out.
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def _exchanges(comm: str, split: str, kv_exchange: str, mesh, transport=None) ->
     if kv_exchange == "both":
         return ("nccl", "odc")
     if kv_exchange == "auto":
-        # docs/benchmarks.md: heavy-tailed, 4 H200s, odc ahead of nccl in both rounds that
+        # docs/benchmarks-archive.md: heavy-tailed, 4 H200s, odc ahead of nccl in both rounds that
         # measured the two (1.41x vs 1.38x, 1.391x vs 1.351x).
         # odc needs a flat mesh (the plan's ranks are the communicator's) and sub-communicators.
         return ("odc" if mesh is None and transport != "nvshmem" else "nccl",)

@@ -360,7 +360,7 @@ class Run:
         if self.on_gpu:
             # odc's gather and push kernels overlap forward/backward here: sized for every SM
             # they slowed the compute beside them (balanced 8K microbatches on 4 H200s: 0.399 s
-            # with all 132 SMs, 0.391 s with 32 or 16; docs/benchmarks.md, SM budget). The
+            # with all 132 SMs, 0.391 s with 32 or 16; docs/benchmarks-archive.md, SM budget). The
             # user's own setting wins.
             os.environ.setdefault("ODC_CUDA_SMS", str(TRAINING_SM_BUDGET))
         mesh = self.mesh
@@ -667,7 +667,7 @@ class Run:
         else:
             summary["cost_source"] = "fitted" if self.calibration else "tokens (too short to fit)"
         summary["calibration"] = self.calibration
-        # The breakdown of the rank with the largest peak (docs/benchmarks.md, memory).
+        # The breakdown of the rank with the largest peak (docs/benchmarks-archive.md, memory).
         summary["memory"] = max((g for g in gathered), key=lambda g: g[1])[2]
         if self.engine is not None:
             summary["odc_stream_per_rank"] = [g[3] for g in gathered]

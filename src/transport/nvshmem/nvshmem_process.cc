@@ -52,7 +52,7 @@ ProcessNvshmem& process_nvshmem() {
 //   NVSHMEM_DISABLE_NCCL=1   odc calls none of NVSHMEM's host collectives (its only collective
 //                            calls are nvshmem_malloc and nvshmem_free), and the NCCL
 //                            communicator NVSHMEM opens at init for them holds about 1.5 GiB
-//                            per GPU (measured: docs/benchmarks.md, nineteenth round);
+//                            per GPU (measured: docs/benchmarks-archive.md, nineteenth round);
 //   NVSHMEM_CUMEM_GRANULARITY=32 MiB  NVSHMEM maps its heap in steps of this size (default
 //                            512 MiB), so up to a step beyond what odc allocated is held.
 Status configure_process_nvshmem(ProcessNvshmem& process) {
