@@ -92,7 +92,8 @@ def _busy_seconds(run):
 # Where the two arms' code differs, timed on whatever thread runs it (the autograd engine's device
 # thread runs the backward's hooks): name -> (owner, attribute). FSDP2's collectives are looked up
 # through torch.distributed at each call; odc.torch's hooks are closures made by module functions
-# at engine construction and at each minibatch_begin, so their factories are wrapped.
+# at engine construction and at each minibatch_begin, so their factories are wrapped in
+# odc.torch._group, the module whose GroupState looks them up by name when it makes a hook.
 _TIMED = {
     "fsdp2": {
         "gather": ("torch.distributed", "all_gather_into_tensor"),
@@ -100,13 +101,13 @@ _TIMED = {
         "FSDP2 reduce": ("torch.distributed.fsdp._fully_shard._fsdp_param_group", "foreach_reduce"),
     },
     "odc": {
-        "gather": ("odc.torch.fsdp2.OdcAllGather", "__call__"),
-        "push": ("odc.torch.fsdp2.OdcReduceScatter", "__call__"),
+        "gather": ("odc.torch._collectives.OdcAllGather", "__call__"),
+        "push": ("odc.torch._collectives.OdcReduceScatter", "__call__"),
         "FSDP2 reduce": ("torch.distributed.fsdp._fully_shard._fsdp_param_group", "foreach_reduce"),
         "odc hooks": [
-            ("odc.torch.fsdp2", "_unsharded_watcher"),
-            ("odc.torch.fsdp2", "_slot_marker"),
-            ("odc.torch.fsdp2", "_grad_replacer"),
+            ("odc.torch._group", "_unsharded_watcher"),
+            ("odc.torch._group", "_slot_marker"),
+            ("odc.torch._group", "_grad_replacer"),
         ],
     },
 }

@@ -732,8 +732,11 @@ class Comm:
 
     @property
     def over_nvshmem(self) -> bool:
-        """Whether this communicator moves bytes over NVSHMEM (its buffers live in NVSHMEM's
-        symmetric heap, whose size is fixed once the first such communicator starts)."""
+        """Whether this communicator moves bytes over NVSHMEM (made with transport="nvshmem", or
+        on a device with ODC_TRANSPORT=nvshmem; a split inherits its parent's): its buffers then
+        live in NVSHMEM's symmetric heap, whose size is fixed once the first such communicator
+        starts, so a caller that allocates for a model checks the model's need first (OdcFSDP
+        does, docs/runtime.md)."""
         return self._nvshmem
 
     @property

@@ -193,6 +193,7 @@ def _which_transport(rank, world_size, key):
 
     torch.cuda.set_device(rank)
     with odc.Comm(rank, world_size, key, timeout=30, device=rank, transport="nvshmem") as comm:
+        assert comm.over_nvshmem  # what OdcFSDP asks before checking a model against the heap
         accumulator = comm.alloc(8, accumulator=True)
         comm.minibatch_begin()
         comm.scatter_accumulate(

@@ -625,6 +625,7 @@ def test_bad_comm_arguments():
 
 def test_single_rank_roundtrip():
     with odc.Comm(0, 1, f"single-{os.getpid()}", timeout=5) as comm:
+        assert comm.over_nvshmem is False  # host shared memory: no NVSHMEM heap to check
         buffer = comm.alloc(4, accumulator=True)
         comm.minibatch_begin()
         comm.scatter_accumulate(np.arange(4, dtype=np.float32), buffer)

@@ -278,32 +278,3 @@ def test_r6_one_rank_bypasses_the_hooks():
     # shards); if FSDP2 starts calling the all-gather hook there, one rank could be allowed.
     # The reduce-scatter hook: called on one rank by 2.9, bypassed by 2.11; either way refused.
     assert calls[0] == 0, f"R6: FSDP2 called the custom all-gather on one rank: {calls}"
-
-
-def test_odc_torch_modules_import_without_a_circle():
-    # The package's modules form layers (internals, heap, process group, hybrid, engine, package
-    # init): an import that runs back up (heap -> fsdp2 -> heap, once) makes the order of
-    # imports matter and hides which module owns what.
-    import ast
-    from pathlib import Path
-
-    import odc.torch
-
-    folder = Path(odc.torch.__file__).parent
-    modules = {path.stem: path for path in folder.glob("*.py") if path.stem != "__init__"}
-    imports = {}
-    for name, path in modules.items():
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1:
-                targets = [node.module] if node.module else [a.name for a in node.names]
-                found.update(t.split(".")[0] for t in targets if t.split(".")[0] in modules)
-        imports[name] = found
-
-    def visit(name, trail):
-        assert name not in trail, "import circle: " + " -> ".join(trail + [name])
-        for other in sorted(imports[name]):
-            visit(other, trail + [name])
-
-    for name in sorted(modules):
-        visit(name, [])

@@ -1,5 +1,5 @@
 """NVSHMEM's heap sized to an FSDP2 model: what OdcFSDP will allocate for it (its groups' published
-shards and fp32 accumulators, as fsdp2._Group allocates them) plus the communicator's budgets
+shards and fp32 accumulators, as _group.GroupState allocates them) plus the communicator's budgets
 (odc.nvshmem_heap.heap_need). Call size_nvshmem_heap before the first NVSHMEM communicator of the
 process (comm_from_process_group(model=...) does); OdcFSDP checks the same need against a heap
 NVSHMEM already reserved, so a model that cannot fit fails before allocating, naming the knob."""
@@ -23,7 +23,7 @@ def layouts_need(
     deterministic: bool = False,
 ) -> nvshmem_heap.HeapNeed:
     """The heap need of OdcFSDP's buffers for these FSDP2 groups on `world_size` ranks: per group
-    its published shard (in the dtype fsdp2._Group publishes: the in-place dtype, else
+    its published shard (in the dtype _group.GroupState publishes: the in-place dtype, else
     param_dtype) and an fp32 accumulator of its trainable slots, plus one float per parameter
     tensor (the reduced flags), plus the communicator's budgets."""
     published = elements = num_slots = 0
