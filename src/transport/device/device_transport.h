@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
+#include "core/device_staging_ops.h"
 #include "core/transport.h"
 #include "kernels/kernels.h"
 #include "transport/cuda/device_local.h"
@@ -42,7 +43,9 @@ class WaitErrorRecord {
   kernels::WaitError* host_mirror_ = nullptr;
 };
 
-class DeviceTransport : public Transport {
+// Also the device staging's hooks (core/device_staging_ops.h), all but the fold kernel, which
+// each device transport supplies (fold_streamed).
+class DeviceTransport : public Transport, private DeviceStagingOps {
  public:
   ~DeviceTransport() override;
 
@@ -63,11 +66,14 @@ class DeviceTransport : public Transport {
   // ---- the background stream (the core's node fetches) --------------------------------------
   Result<StreamHandle> fork_background(StreamHandle stream) override;
   Status join_background(StreamHandle stream) final;
-  // fold_streamed() unless the last fold enqueued here has not finished (an event's query).
-  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold, StreamHandle stream) final;
 
   // ---- local operations on this GPU, on the caller's stream ---------------------------------
   Status zero(void* dst, size_t bytes, StreamHandle stream) final;
+
+  // ---- the device staging's hooks -----------------------------------------------------------
+  DeviceStagingOps* device_staging() final { return this; }
+  // fold_streamed() unless the last fold enqueued here has not finished (an event's query).
+  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold, StreamHandle stream) final;
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
                     StreamHandle stream) final;
   Status read_local(void* host_dst, const void* src, size_t bytes) final;

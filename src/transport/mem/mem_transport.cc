@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/deadline.h"
+#include "core/device_staging_ops.h"
 #include "transport/host_ops.h"
 
 namespace odc::mem {
@@ -30,7 +31,9 @@ class MemRegion final : public SymmetricRegion {
 
 }  // namespace
 
-class MemTransport final : public Transport {
+// Where caps() say stream-ordered it also offers the device staging's hooks, its fold emulated on
+// the host (HostFold below).
+class MemTransport final : public Transport, private DeviceStagingOps {
  public:
   MemTransport(std::shared_ptr<MemWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
   ~MemTransport() override { world_->set_status(rank_, MemWorld::RankStatus::kClosed, ""); }
@@ -91,18 +94,17 @@ class MemTransport final : public Transport {
     world_->set_status(rank_, MemWorld::RankStatus::kFailed, reason);
   }
 
-  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes, StreamHandle) override {
+  Status get_all(void* dst, const SymmetricRegion& region, size_t count, DataType src_dtype,
+                 DataType dst_dtype, StreamHandle) override {
+    const size_t part_bytes = count * element_bytes(dst_dtype);
     for (int r = 0; r < world_size(); ++r) {
-      std::memcpy(static_cast<char*>(dst) + static_cast<size_t>(r) * bytes, region.peer(r), bytes);
-    }
-    return Status::Ok();
-  }
-
-  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                          StreamHandle) override {
-    for (int r = 0; r < world_size(); ++r) {
-      host::narrow_into(static_cast<uint16_t*>(dst) + static_cast<size_t>(r) * count,
-                        static_cast<const float*>(region.peer(r)), count);
+      char* part = static_cast<char*>(dst) + static_cast<size_t>(r) * part_bytes;
+      if (dst_dtype == src_dtype) {
+        std::memcpy(part, region.peer(r), part_bytes);
+      } else {
+        host::narrow_into(reinterpret_cast<uint16_t*>(part),
+                          static_cast<const float*>(region.peer(r)), count);
+      }
     }
     return Status::Ok();
   }
@@ -207,32 +209,34 @@ class MemTransport final : public Transport {
     }
   }
 
+  DeviceStagingOps* device_staging() override { return caps().stream_ordered ? this : nullptr; }
+
   // The device fold (kernels/streamed_fold.cuh) emulated on the host where caps() say
   // stream-ordered, so that the protocol tests run the device staging's steps: the same order,
   // checks and credits; waits sleep in poll_signals() instead of spinning, and a failure is
   // returned at once instead of recorded.
   // One emulated fold at a time on a rank (the device's per-sender locks, coarser): the progress
   // thread's passes (fold_streamed_if_idle) run beside the caller's calls.
-  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override {
-    if (!caps().stream_ordered) return Transport::fold_streamed(fold, stream);
+  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle) override {
     std::lock_guard<std::mutex> folding(fold_mutex_);
     return HostFold(*this, fold).run();
   }
   // A fold that runs (a caller's wait) folds what this pass would: then nothing, as a device
   // pass still queued behind the last one.
-  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
-                                     StreamHandle stream) override {
-    if (!caps().stream_ordered) return Transport::fold_streamed_if_idle(fold, stream);
+  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold, StreamHandle) override {
     std::unique_lock<std::mutex> folding(fold_mutex_, std::try_to_lock);
     if (!folding.owns_lock()) return false;
     ODC_RETURN_IF_ERROR(HostFold(*this, fold).run());
     return true;
   }
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
-                    StreamHandle stream) override {
-    if (!caps().stream_ordered) return Transport::pack_chunk(dst, header, src, bytes, stream);
+                    StreamHandle) override {
     std::memcpy(dst, &header, sizeof(header));
     std::memcpy(static_cast<char*>(dst) + sizeof(header), src, bytes);
+    return Status::Ok();
+  }
+  Status read_local(void* host_dst, const void* src, size_t bytes) override {
+    std::memcpy(host_dst, src, bytes);
     return Status::Ok();
   }
 

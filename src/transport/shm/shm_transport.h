@@ -43,10 +43,8 @@ class ShmTransport final : public Transport {
   Result<std::unique_ptr<Transport>> split(const SplitGroup& group) override;
   Status poll_error() override { return Status::Ok(); }
   void mark_failed(const std::string& reason) override { bootstrap_->mark_failed(reason); }
-  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                 StreamHandle stream) override;
-  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                          StreamHandle stream) override;
+  Status get_all(void* dst, const SymmetricRegion& region, size_t count, DataType src_dtype,
+                 DataType dst_dtype, StreamHandle stream) override;
   Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
