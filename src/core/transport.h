@@ -99,6 +99,17 @@ struct SignalWatch {
   uint64_t value = 0;
 };
 
+// What a transport is for its whole life, given at construction: plain data rather than methods
+// of the table, read by the core on every call and copied by wrappers.
+struct TransportTraits {
+  int rank = 0;
+  int world_size = 0;
+  TransportCaps caps;
+  // What bounds every wait on another rank (infinite: forever). Protocol loops that wait through
+  // poll_signals() bound themselves by it.
+  std::chrono::duration<double> timeout{0.0};
+};
+
 // Signals are symmetric regions of world_size uint64 slots per rank, zeroed at allocation: slot p
 // at rank r is written only by rank p (signal(), or a device fold's credit) and read only by
 // rank r (poll_signals(), its device's waits). Values only grow.
@@ -106,12 +117,11 @@ class Transport {
  public:
   virtual ~Transport() = default;
 
-  virtual int rank() const = 0;
-  virtual int world_size() const = 0;
-  virtual TransportCaps caps() const = 0;
-  // What bounds every wait on another rank (infinite: forever). Protocol loops that wait through
-  // poll_signals() bound themselves by it.
-  virtual std::chrono::duration<double> timeout() const = 0;
+  int rank() const { return traits_.rank; }
+  int world_size() const { return traits_.world_size; }
+  TransportCaps caps() const { return traits_.caps; }
+  std::chrono::duration<double> timeout() const { return traits_.timeout; }
+  const TransportTraits& traits() const { return traits_; }
   // Topology as the transport sees it (core/topology.h asks for it when neither the config nor
   // the launcher says): a key equal on exactly the ranks of one node (default: a hash of the
   // host's name), and whether this rank maps a peer of its own node directly (plain loads and
@@ -238,6 +248,12 @@ class Transport {
   // plugin is built with hidden visibility, where type information need not match across the
   // library boundary.
   virtual DeviceStagingOps* device_staging() { return nullptr; }
+
+ protected:
+  explicit Transport(const TransportTraits& traits) : traits_(traits) {}
+
+ private:
+  const TransportTraits traits_;
 };
 
 }  // namespace odc

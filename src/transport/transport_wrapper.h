@@ -16,12 +16,13 @@ namespace odc {
 
 class TransportWrapper : public Transport {
  public:
-  explicit TransportWrapper(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  // With the wrapped transport's traits (rank, world size, capabilities, timeout).
+  explicit TransportWrapper(std::unique_ptr<Transport> inner)
+      : Transport(inner->traits()), inner_(std::move(inner)) {}
+  // Reporting `traits` instead (a test's transport dressed up as another kind).
+  TransportWrapper(std::unique_ptr<Transport> inner, const TransportTraits& traits)
+      : Transport(traits), inner_(std::move(inner)) {}
 
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  TransportCaps caps() const override { return inner_->caps(); }
-  std::chrono::duration<double> timeout() const override { return inner_->timeout(); }
   uint64_t node_key() const override { return inner_->node_key(); }
   bool maps_directly(int peer) const override { return inner_->maps_directly(peer); }
 

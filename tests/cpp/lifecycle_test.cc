@@ -59,12 +59,12 @@ class LoggedRegion final : public SymmetricRegion {
 // in-memory transport's own.
 class LoggedTransport final : public TransportWrapper {
  public:
-  LoggedTransport(std::unique_ptr<Transport> inner, std::shared_ptr<EventLog> log)
-      : TransportWrapper(std::move(inner)), log_(std::move(log)) {}
-  TransportCaps caps() const override {
-    TransportCaps caps = inner().caps();
-    caps.stream_ordered = true;
-    return caps;
+  static std::unique_ptr<LoggedTransport> wrap(std::unique_ptr<Transport> inner,
+                                               std::shared_ptr<EventLog> log) {
+    TransportTraits traits = inner->traits();
+    traits.caps.stream_ordered = true;
+    return std::unique_ptr<LoggedTransport>(
+        new LoggedTransport(std::move(inner), traits, std::move(log)));
   }
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override {
     auto region = inner().allocate(bytes);
@@ -109,6 +109,10 @@ class LoggedTransport final : public TransportWrapper {
   }
 
  private:
+  LoggedTransport(std::unique_ptr<Transport> inner, const TransportTraits& traits,
+                  std::shared_ptr<EventLog> log)
+      : TransportWrapper(std::move(inner), traits), log_(std::move(log)) {}
+
   std::shared_ptr<EventLog> log_;
 };
 
@@ -141,8 +145,7 @@ LoggedWorld logged_world(int world, mem::MemOptions options) {
   LoggedWorld logged;
   for (int rank = 0; rank < world; ++rank) {
     logged.logs.push_back(std::make_shared<EventLog>());
-    logged.transports.push_back(
-        std::make_unique<LoggedTransport>(mem->join(rank), logged.logs.back()));
+    logged.transports.push_back(LoggedTransport::wrap(mem->join(rank), logged.logs.back()));
   }
   return logged;
 }
@@ -185,7 +188,7 @@ TEST(Lifecycle, FailedCommunicatorDrainsBeforeFreeing) {
   // meet nobody, but must still complete this rank's own queued work before the memory goes.
   auto mem = mem::MemWorld::create(2, mem::MemOptions{/*remote_fp32_add=*/true});
   auto log = std::make_shared<EventLog>();
-  auto comm = std::make_unique<Communicator>(std::make_unique<LoggedTransport>(mem->join(0), log));
+  auto comm = std::make_unique<Communicator>(LoggedTransport::wrap(mem->join(0), log));
   auto peer = std::make_unique<Communicator>(mem->join(1));
   Result<Buffer*> buffers[2] = {Status::InternalError("unset"), Status::InternalError("unset")};
   std::thread peer_thread([&] {

@@ -22,6 +22,7 @@ namespace {
 
 constexpr int kWorldSize = 2;
 constexpr size_t kRegionBytes = 64;
+constexpr std::chrono::seconds kTimeout{7};
 
 class ProbeRegion final : public SymmetricRegion {
  public:
@@ -33,12 +34,10 @@ class ProbeRegion final : public SymmetricRegion {
 // does nothing else.
 class ProbeTransport final : public Transport, private DeviceStagingOps {
  public:
-  explicit ProbeTransport(std::vector<std::string>* calls) : calls_(calls) {}
+  explicit ProbeTransport(std::vector<std::string>* calls)
+      : Transport(TransportTraits{0, kWorldSize, TransportCaps{true, true}, kTimeout}),
+        calls_(calls) {}
 
-  int rank() const override { return 0; }
-  int world_size() const override { return kWorldSize; }
-  TransportCaps caps() const override { return TransportCaps{true, true}; }
-  std::chrono::duration<double> timeout() const override { return std::chrono::seconds(7); }
   uint64_t node_key() const override { return 42; }
   bool maps_directly(int) const override { return false; }
 
@@ -207,7 +206,7 @@ void expect_forwards_every_call(Transport& wrapper, std::vector<std::string>* ca
   EXPECT_EQ(wrapper.world_size(), kWorldSize);
   EXPECT_TRUE(wrapper.caps().remote_fp32_add);
   EXPECT_TRUE(wrapper.caps().stream_ordered);
-  EXPECT_EQ(wrapper.timeout(), std::chrono::seconds(7));
+  EXPECT_EQ(wrapper.timeout(), kTimeout);
   EXPECT_EQ(wrapper.node_key(), 42u);
   EXPECT_FALSE(wrapper.maps_directly(1));
   ASSERT_NE(wrapper.device_staging(), nullptr);

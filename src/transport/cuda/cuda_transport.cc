@@ -84,7 +84,8 @@ Result<int> cuda_sms_budget(int device) {
 
 CudaTransport::CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
                              std::chrono::duration<double> timeout)
-    : DeviceTransport(std::move(bootstrap), device, timeout) {}
+    : DeviceTransport(std::move(bootstrap), device, timeout,
+                      TransportCaps{/*remote_fp32_add=*/true, /*stream_ordered=*/true}) {}
 
 Result<std::unique_ptr<CudaTransport>> CudaTransport::create(std::shared_ptr<Bootstrap> bootstrap,
                                                              std::chrono::duration<double> timeout,

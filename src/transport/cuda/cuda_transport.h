@@ -33,7 +33,6 @@ class CudaTransport final : public device::DeviceTransport {
                                                        int device);
   ~CudaTransport() override;
 
-  TransportCaps caps() const override { return TransportCaps{true, true}; }
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
   // Members meet in a shared-memory bootstrap of their own under the group's name (they share

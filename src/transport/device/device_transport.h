@@ -49,9 +49,6 @@ class DeviceTransport : public Transport, private DeviceStagingOps {
  public:
   ~DeviceTransport() override;
 
-  int rank() const final { return bootstrap_->rank(); }
-  int world_size() const final { return bootstrap_->world_size(); }
-  std::chrono::duration<double> timeout() const final;
   int device() const { return device_; }
 
   // ---- collectives over the bootstrap --------------------------------------------------------
@@ -81,7 +78,7 @@ class DeviceTransport : public Transport, private DeviceStagingOps {
  protected:
   // Nothing touches the device until init_device_state().
   DeviceTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
-                  std::chrono::duration<double> timeout);
+                  std::chrono::duration<double> timeout, TransportCaps caps);
   // InvalidArgument unless this process sees CUDA device `device` (before anything uses it).
   static Status check_device_exists(int device);
   // The first step of a transport's init: the data kernels' grid budget (`max_sms` SMs, or all

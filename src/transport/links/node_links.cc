@@ -108,12 +108,12 @@ void NodeLinks::deliver_loop() {
 }
 
 LinkTransport::LinkTransport(std::shared_ptr<NodeLinks> links, std::unique_ptr<Transport> wrapped)
-    : TransportWrapper(std::move(wrapped)), links_(std::move(links)), rank_(inner().rank()) {}
+    : TransportWrapper(std::move(wrapped)), links_(std::move(links)) {}
 
 LinkTransport::~LinkTransport() {
   // Deliveries in flight call the inner transport: they land before it goes (as a NIC's queue
   // drains before a process's memory is unmapped).
-  links_->quiet(rank_);
+  links_->quiet(rank());
 }
 
 void LinkTransport::record_delivery(const Status& status) {
@@ -123,7 +123,7 @@ void LinkTransport::record_delivery(const Status& status) {
 }
 
 Status LinkTransport::quiet() {
-  links_->quiet(rank_);
+  links_->quiet(rank());
   std::lock_guard<std::mutex> lock(delivery_mutex_);
   return delivery_error_;
 }
@@ -172,7 +172,7 @@ void LinkTransport::wait_for_reads(const std::vector<int>& owners, size_t bytes)
                                  links_->options().latency);
   auto last = now;
   for (int owner : owners) {
-    if (!links_->crosses(owner, rank_)) continue;
+    if (!links_->crosses(owner, rank())) continue;
     last = std::max(last, links_->reserve(owner, bytes, request, /*counted_put=*/false));
     bytes_fetched_ += bytes;
   }
@@ -204,17 +204,17 @@ Status LinkTransport::get_from(void* dst, const std::vector<GatherSource>& sourc
 
 Status LinkTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                           size_t bytes, StreamHandle stream) {
-  if (!links_->crosses(rank_, peer)) return inner().put(src, region, peer, offset, bytes, stream);
+  if (!links_->crosses(rank(), peer)) return inner().put(src, region, peer, offset, bytes, stream);
   // The bytes leave the caller's memory now (a NIC copies them out; the caller may reuse src).
   auto data = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                   static_cast<const char*>(src) + bytes);
   const auto arrival =
-      links_->reserve(rank_, bytes, std::chrono::steady_clock::now(), /*counted_put=*/true);
+      links_->reserve(rank(), bytes, std::chrono::steady_clock::now(), /*counted_put=*/true);
   bytes_put_ += bytes;
   const SymmetricRegion* target = &region;
-  links_->post(rank_, arrival, [this, data, target, peer, offset, stream] {
+  links_->post(rank(), arrival, [this, data, target, peer, offset, stream] {
     Status delivered = inner().put(data->data(), *target, peer, offset, data->size(), stream);
-    record_delivery(delivered.with_context("rank " + std::to_string(rank_) + ": put of " +
+    record_delivery(delivered.with_context("rank " + std::to_string(rank()) + ": put of " +
                                            std::to_string(data->size()) + " bytes to rank " +
                                            std::to_string(peer) + " over its node link"));
   });
@@ -224,7 +224,7 @@ Status LinkTransport::put(const void* src, const SymmetricRegion& region, int pe
 Status LinkTransport::put_signal(const void* src, const SymmetricRegion& region, int peer,
                                  size_t offset, size_t bytes, const SymmetricRegion& signals,
                                  uint64_t value, StreamHandle stream) {
-  if (!links_->crosses(rank_, peer)) {
+  if (!links_->crosses(rank(), peer)) {
     return inner().put_signal(src, region, peer, offset, bytes, signals, value, stream);
   }
   ODC_RETURN_IF_ERROR(put(src, region, peer, offset, bytes, stream));
@@ -233,14 +233,14 @@ Status LinkTransport::put_signal(const void* src, const SymmetricRegion& region,
 
 Status LinkTransport::signal(const SymmetricRegion& signals, int peer, uint64_t value,
                              StreamHandle stream) {
-  if (!links_->crosses(rank_, peer)) return inner().signal(signals, peer, value, stream);
+  if (!links_->crosses(rank(), peer)) return inner().signal(signals, peer, value, stream);
   // Behind this rank's earlier puts on the same link, so it lands after them (the contract).
-  const auto arrival = links_->reserve(rank_, sizeof(uint64_t), std::chrono::steady_clock::now(),
+  const auto arrival = links_->reserve(rank(), sizeof(uint64_t), std::chrono::steady_clock::now(),
                                        /*counted_put=*/false);
   const SymmetricRegion* target = &signals;
-  links_->post(rank_, arrival, [this, target, peer, value, stream] {
+  links_->post(rank(), arrival, [this, target, peer, value, stream] {
     Status delivered = inner().signal(*target, peer, value, stream);
-    record_delivery(delivered.with_context("rank " + std::to_string(rank_) + ": signal to rank " +
+    record_delivery(delivered.with_context("rank " + std::to_string(rank()) + ": signal to rank " +
                                            std::to_string(peer) + " over its node link"));
   });
   return Status::Ok();
@@ -255,8 +255,8 @@ Status LinkTransport::add_all(const void* src, DataType src_type, const Symmetri
   const auto now = std::chrono::steady_clock::now();
   auto last = now;
   for (int peer = 0; peer < world_size(); ++peer) {
-    if (!links_->crosses(rank_, peer)) continue;
-    last = std::max(last, links_->reserve(rank_, bytes, now, /*counted_put=*/true));
+    if (!links_->crosses(rank(), peer)) continue;
+    last = std::max(last, links_->reserve(rank(), bytes, now, /*counted_put=*/true));
     bytes_put_ += bytes;
   }
   std::this_thread::sleep_until(last);

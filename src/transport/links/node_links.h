@@ -152,7 +152,6 @@ class LinkTransport final : public TransportWrapper {
   void record_delivery(const Status& status);
 
   std::shared_ptr<NodeLinks> links_;
-  const int rank_;
   std::atomic<size_t> bytes_put_{0};  // read by tests from other threads
   std::atomic<size_t> bytes_fetched_{0};
   // The first delivery that failed on the delivery thread: reported by the next call that waits

@@ -35,24 +35,16 @@ class MemRegion final : public SymmetricRegion {
 // the host (HostFold below).
 class MemTransport final : public Transport, private DeviceStagingOps {
  public:
-  MemTransport(std::shared_ptr<MemWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
-  ~MemTransport() override { world_->set_status(rank_, MemWorld::RankStatus::kClosed, ""); }
+  MemTransport(std::shared_ptr<MemWorld> world, int rank)
+      : Transport(traits_of(*world, rank)), world_(std::move(world)) {}
+  ~MemTransport() override { world_->set_status(rank(), MemWorld::RankStatus::kClosed, ""); }
 
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_->world_size(); }
-  TransportCaps caps() const override {
-    TransportCaps caps;
-    caps.remote_fp32_add = world_->options().remote_fp32_add;
-    caps.stream_ordered = world_->options().stream_ordered;
-    return caps;
-  }
-  std::chrono::duration<double> timeout() const override { return world_->options().timeout; }
-  uint64_t node_key() const override { return world_->node_key(rank_); }
+  uint64_t node_key() const override { return world_->node_key(rank()); }
   bool maps_directly(int) const override { return true; }
 
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override {
     std::vector<ExchangeRecord> all;
-    ODC_RETURN_IF_ERROR(world_->collective(rank_, CollectiveOp::kExchange, &mine, &all));
+    ODC_RETURN_IF_ERROR(world_->collective(rank(), CollectiveOp::kExchange, &mine, &all));
     return all;
   }
 
@@ -74,24 +66,24 @@ class MemTransport final : public Transport, private DeviceStagingOps {
     // The fold emulation finds a region from its local address (the world keeps the memory).
     {
       std::lock_guard<std::mutex> lock(regions_mutex_);
-      regions_[pointers[static_cast<size_t>(rank_)]] = {pointers, bytes};
+      regions_[pointers[static_cast<size_t>(rank())]] = {pointers, bytes};
     }
-    return std::unique_ptr<SymmetricRegion>(new MemRegion(std::move(pointers), rank_, bytes));
+    return std::unique_ptr<SymmetricRegion>(new MemRegion(std::move(pointers), rank(), bytes));
   }
 
   Status barrier(CollectiveOp op, StreamHandle) override {
-    return world_->collective(rank_, op, nullptr, nullptr);
+    return world_->collective(rank(), op, nullptr, nullptr);
   }
   Result<std::unique_ptr<Transport>> split(const SplitGroup& group) override {
     if (group.rank < 0) return std::unique_ptr<Transport>();
     return world_->split_world(group)->join(group.rank);
   }
   Status host_barrier(CollectiveOp op) override {
-    return world_->collective(rank_, op, nullptr, nullptr);
+    return world_->collective(rank(), op, nullptr, nullptr);
   }
   Status poll_error() override { return Status::Ok(); }
   void mark_failed(const std::string& reason) override {
-    world_->set_status(rank_, MemWorld::RankStatus::kFailed, reason);
+    world_->set_status(rank(), MemWorld::RankStatus::kFailed, reason);
   }
 
   Status get_all(void* dst, const SymmetricRegion& region, size_t count, DataType src_dtype,
@@ -127,13 +119,13 @@ class MemTransport final : public Transport, private DeviceStagingOps {
     MemWorld::Mailbox& box = *world_->mailboxes_[static_cast<size_t>(peer)];
     auto* slots = static_cast<uint64_t*>(signals.peer(peer));
     std::lock_guard<std::mutex> lock(box.mutex);
-    const uint64_t old = slots[rank_];
-    slots[rank_] = std::max(old, value);
+    const uint64_t old = slots[rank()];
+    slots[rank()] = std::max(old, value);
     if (value > old) {
       for (const MemWorld::Mailbox::Polled& entry : box.polled) {
         if (entry.slots != slots) continue;
-        const uint64_t any_at = entry.any_at[rank_];
-        const uint64_t all_at = entry.all_at[rank_];
+        const uint64_t any_at = entry.any_at[rank()];
+        const uint64_t all_at = entry.all_at[rank()];
         const bool counts = old < all_at && value >= all_at && --box.all_missing == 0;
         if (counts || (old < any_at && value >= any_at)) box.wake.notify_all();
         break;
@@ -147,7 +139,7 @@ class MemTransport final : public Transport, private DeviceStagingOps {
     if (!caps().remote_fp32_add) return Transport::add_all(src, src_type, region, count, stream);
     const size_t element = element_bytes(src_type);
     for (int i = 0; i < world_size(); ++i) {
-      const int peer = (rank_ + 1 + i) % world_size();
+      const int peer = (rank() + 1 + i) % world_size();
       // The owner's mailbox mutex makes the emulated remote add atomic.
       std::lock_guard<std::mutex> lock(world_->mailboxes_[static_cast<size_t>(peer)]->mutex);
       host::add_into(static_cast<float*>(region.peer(peer)),
@@ -160,7 +152,7 @@ class MemTransport final : public Transport, private DeviceStagingOps {
   Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
                             std::chrono::duration<double> limit,
                             std::vector<uint64_t>* seen) override {
-    MemWorld::Mailbox& box = *world_->mailboxes_[static_cast<size_t>(rank_)];
+    MemWorld::Mailbox& box = *world_->mailboxes_[static_cast<size_t>(rank())];
     const auto deadline = deadline_after(limit);
     seen->assign(watches.size(), 0);
     std::unique_lock<std::mutex> lock(box.mutex);  // the slots are written under it
@@ -255,11 +247,18 @@ class MemTransport final : public Transport, private DeviceStagingOps {
   }
 
  private:
+  static TransportTraits traits_of(const MemWorld& world, int rank) {
+    const MemOptions& options = world.options();
+    return TransportTraits{rank, world.world_size(),
+                           TransportCaps{options.remote_fp32_add, options.stream_ordered},
+                           options.timeout};
+  }
+
   // A region of this transport by its local address (the fold gets only addresses).
   MemRegion region_of(const void* local) const {
     std::lock_guard<std::mutex> lock(regions_mutex_);
     const auto& found = regions_.at(const_cast<void*>(local));
-    return MemRegion(found.first, rank_, found.second);
+    return MemRegion(found.first, rank(), found.second);
   }
 
   class HostFold {
@@ -286,7 +285,7 @@ class MemTransport final : public Transport, private DeviceStagingOps {
       for (;;) {
         {  // one look at every arrival (written under this rank's mailbox mutex)
           std::lock_guard<std::mutex> lock(
-              t_.world_->mailboxes_[static_cast<size_t>(t_.rank_)]->mutex);
+              t_.world_->mailboxes_[static_cast<size_t>(t_.rank())]->mutex);
           std::copy(f_.arrivals, f_.arrivals + f_.world_size, arrived.begin());
         }
         for (int s = 0; s < f_.world_size; ++s) {
@@ -357,7 +356,8 @@ class MemTransport final : public Transport, private DeviceStagingOps {
     }
     // A slot of this rank's signal words (written by peers under this rank's mailbox mutex).
     uint64_t read(const uint64_t* slots, int peer) const {
-      std::lock_guard<std::mutex> lock(t_.world_->mailboxes_[static_cast<size_t>(t_.rank_)]->mutex);
+      std::lock_guard<std::mutex> lock(
+          t_.world_->mailboxes_[static_cast<size_t>(t_.rank())]->mutex);
       return slots[peer];
     }
 
@@ -424,7 +424,6 @@ class MemTransport final : public Transport, private DeviceStagingOps {
   };
 
   std::shared_ptr<MemWorld> world_;
-  int rank_;
   // Every region this rank allocated: its local address -> (every rank's address, bytes).
   std::map<void*, std::pair<std::vector<void*>, size_t>> regions_;
   mutable std::mutex regions_mutex_;  // regions_: the progress thread's folds look regions up too

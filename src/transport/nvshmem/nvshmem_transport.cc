@@ -40,7 +40,8 @@ using cuda::check_device_pointer;
 using cuda::DeviceGuard;
 
 NvshmemTransport::NvshmemTransport(const TransportSpec& spec)
-    : DeviceTransport(spec.bootstrap, spec.device, spec.timeout),
+    : DeviceTransport(spec.bootstrap, spec.device, spec.timeout,
+                      TransportCaps{/*remote_fp32_add=*/false, /*stream_ordered=*/true}),
       heap_(std::make_shared<SymmetricHeap>()) {
   heap_->bootstrap = spec.bootstrap;
   heap_->device = spec.device;

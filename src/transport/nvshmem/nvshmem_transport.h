@@ -49,7 +49,6 @@ class NvshmemTransport final : public device::DeviceTransport {
   static Result<std::unique_ptr<NvshmemTransport>> create(const TransportSpec& spec);
   ~NvshmemTransport() override;
 
-  TransportCaps caps() const override { return TransportCaps{false, true}; }
   bool maps_directly(int peer) const override { return mapped_[static_cast<size_t>(peer)] != 0; }
   // Peers reached with odc's own kernels over NVSHMEM's NVLink mappings (same node, direct on).
   int num_direct_peers() const;

@@ -29,7 +29,9 @@ class ShmRegion final : public SymmetricRegion {
 }  // namespace
 
 ShmTransport::ShmTransport(std::shared_ptr<ShmBootstrap> bootstrap)
-    : bootstrap_(std::move(bootstrap)) {}
+    : Transport(TransportTraits{bootstrap->rank(), bootstrap->world_size(), TransportCaps{},
+                                bootstrap->timeout()}),
+      bootstrap_(std::move(bootstrap)) {}
 
 Result<std::unique_ptr<ShmTransport>> ShmTransport::create(int rank, int world_size,
                                                            const std::string& key,

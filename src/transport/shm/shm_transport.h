@@ -27,10 +27,6 @@ class ShmTransport final : public Transport {
                                                       std::chrono::duration<double> timeout,
                                                       Bootstrap* outer = nullptr);
 
-  int rank() const override { return bootstrap_->rank(); }
-  int world_size() const override { return bootstrap_->world_size(); }
-  TransportCaps caps() const override { return TransportCaps{}; }
-  std::chrono::duration<double> timeout() const override { return bootstrap_->timeout(); }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle) override {
