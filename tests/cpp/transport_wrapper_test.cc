@@ -1,8 +1,8 @@
 // The test wrappers (fault injection, node links) forward every method of the transport table and
-// every device staging hook to the wrapped transport's own, not to Transport's defaults: a probe
-// transport records which of its methods each call on the wrapper reached. The fault wrapper
-// once missed get_from, put_signal and wait_signals (a wrapped device transport then got a host
-// poll and an unfused put-with-signal), and the links wrapper put_signal and wait_signals.
+// every device staging hook to the wrapped transport's own, not to Transport's defaults (which
+// would hand a wrapped device transport a host-side poll for wait_signals, put then signal for
+// put_signal, one get per source for get_from): a probe transport records which of its methods
+// each call on the wrapper reached.
 #include <gtest/gtest.h>
 
 #include <algorithm>
