@@ -755,10 +755,8 @@ Status Communicator::gather_as(void* dst, size_t dst_count, DataType dst_dtype,
     return finish(
         op, node_cache_->gather(dst, buffer->id, buffer->count, buffer->dtype, dst_dtype, stream));
   }
-  if (narrowed) {
-    return finish(op, transport_->get_all_narrowed(dst, buffer->shards(), buffer->count, stream));
-  }
-  return finish(op, transport_->get_all(dst, buffer->shards(), buffer->bytes(), stream));
+  return finish(op, transport_->get_all(dst, buffer->shards(), buffer->count, buffer->dtype,
+                                        dst_dtype, stream));
 }
 
 Status Communicator::scatter_accumulate(const void* src, size_t src_count, DataType src_dtype,

@@ -51,6 +51,11 @@ size_t DeviceStreamedStaging::bytes_for(const RingGeometry& geometry, int world_
 
 Result<std::unique_ptr<StreamedStaging>> DeviceStreamedStaging::create(Transport& transport,
                                                                        size_t budget_bytes) {
+  DeviceStagingOps* device = transport.device_staging();
+  if (device == nullptr) {
+    return Status::InternalError(
+        "this stream-ordered transport has no device staging (no fold on its device)");
+  }
   const int world_size = transport.world_size();
   auto geometry = geometry_for(budget_bytes, world_size);
   if (!geometry.ok()) return geometry.status();
@@ -69,13 +74,15 @@ Result<std::unique_ptr<StreamedStaging>> DeviceStreamedStaging::create(Transport
     regions.push_back(std::move(made).value());
   }
   return std::unique_ptr<StreamedStaging>(
-      new DeviceStreamedStaging(transport, g, std::move(regions)));
+      new DeviceStreamedStaging(transport, *device, g, std::move(regions)));
 }
 
-DeviceStreamedStaging::DeviceStreamedStaging(Transport& transport, RingGeometry geometry,
+DeviceStreamedStaging::DeviceStreamedStaging(Transport& transport, DeviceStagingOps& device,
+                                             RingGeometry geometry,
                                              std::vector<std::unique_ptr<SymmetricRegion>> regions)
     : StreamedStaging(geometry, transport.rank(), transport.world_size()),
       transport_(transport),
+      device_(device),
       regions_(std::move(regions)),
       sent_(static_cast<size_t>(world_size_), 0) {}
 
@@ -87,7 +94,7 @@ size_t DeviceStreamedStaging::allocated_bytes() const {
 
 Result<uint64_t> DeviceStreamedStaging::credit_waits() const {
   uint64_t waits = 0;
-  ODC_RETURN_IF_ERROR(transport_.read_local(&waits, words(kFolded) + world_size_, sizeof(waits)));
+  ODC_RETURN_IF_ERROR(device_.read_local(&waits, words(kFolded) + world_size_, sizeof(waits)));
   return waits;
 }
 
@@ -148,7 +155,7 @@ Status DeviceStreamedStaging::fold(kernels::FoldUntil until, int peer, uint64_t 
     ODC_RETURN_IF_ERROR(progress_failure_);
   }
   if (world_size_ < 2) return Status::Ok();  // no sender but itself: nothing ever arrives
-  return transport_.fold_streamed(fold_of(until, peer, value, ends_from, ends_to), stream);
+  return device_.fold_streamed(fold_of(until, peer, value, ends_from, ends_to), stream);
 }
 
 Status DeviceStreamedStaging::begin(uint64_t minibatch, StreamHandle stream) {
@@ -184,7 +191,7 @@ bool DeviceStreamedStaging::progress() {
   // rank's credit move on. Skipped while the last pass has not run yet.
   kernels::StreamedFold pass = fold_of(kernels::FoldUntil::kOnce, 0, 0);
   pass.leave_unknown = true;  // its table may be older than a peer's newest accumulator
-  auto enqueued = transport_.fold_streamed_if_idle(pass, progress_stream_);
+  auto enqueued = device_.fold_streamed_if_idle(pass, progress_stream_);
   if (!enqueued.ok()) {
     progress_failure_ = enqueued.status().with_context(
         "while its progress thread enqueued a fold (outside its calls)");
@@ -217,7 +224,7 @@ Status DeviceStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t
   }
   void* outbox = region(kOutbox).local();
   const size_t bytes = count * element_bytes(dtype);
-  ODC_RETURN_IF_ERROR(transport_.pack_chunk(
+  ODC_RETURN_IF_ERROR(device_.pack_chunk(
       outbox, chunk_header(sequence, buffer_id, first, count, dtype), data, bytes, stream));
   const size_t slot = geometry_.slot_offset(rank_, sequence);
   // The signal follows its data: the owner sees the chunk whole.

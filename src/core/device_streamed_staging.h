@@ -1,7 +1,7 @@
 // The streamed staging on a stream-ordered (device) transport: the protocol of
 // core/streamed_staging.h, with every step enqueued on the caller's stream and the owner's folds
-// run by its device (kernels/streamed_fold.cuh, through Transport::fold_streamed). The host only
-// counts sequences; no CPU thread polls and no call waits on the host.
+// run by its device (kernels/streamed_fold.cuh, through DeviceStagingOps::fold_streamed). The host
+// only counts sequences; no CPU thread polls and no call waits on the host.
 //   push          per chunk to owner p: a fold that returns once p's credit frees the chunk's
 //                 slot (folding what arrived here meanwhile, so ranks waiting for each other's
 //                 credit all progress), the chunk packed into this rank's outbox (header and
@@ -28,6 +28,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/device_staging_ops.h"
 #include "core/streamed_staging.h"
 
 namespace odc {
@@ -80,7 +81,7 @@ class DeviceStreamedStaging final : public StreamedStaging {
     kOutbox,
     kNumRegions
   };
-  DeviceStreamedStaging(Transport& transport, RingGeometry geometry,
+  DeviceStreamedStaging(Transport& transport, DeviceStagingOps& device, RingGeometry geometry,
                         std::vector<std::unique_ptr<SymmetricRegion>> regions);
   const SymmetricRegion& region(Region which) const { return *regions_[which]; }
   uint64_t* words(Region which) const { return static_cast<uint64_t*>(regions_[which]->local()); }
@@ -93,6 +94,7 @@ class DeviceStreamedStaging final : public StreamedStaging {
               int ends_from = 0, int ends_to = 0);
 
   Transport& transport_;
+  DeviceStagingOps& device_;  // transport_.device_staging(): folds, packing, local reads
   std::vector<std::unique_ptr<SymmetricRegion>> regions_;
   std::vector<kernels::FoldTarget> targets_;
   std::vector<uint64_t> sent_;  // per owner: the last sequence used there (chunk or end)

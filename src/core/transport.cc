@@ -1,7 +1,6 @@
 // Names of collectives, for error messages, and the transport operations with a generic default.
 #include "core/transport.h"
 
-#include <cstring>
 #include <vector>
 
 #include <unistd.h>
@@ -56,27 +55,6 @@ Result<bool> Transport::poll_signals(const std::vector<SignalWatch>&, size_t,
                                      std::chrono::duration<double>, std::vector<uint64_t>*) {
   return Status::InternalError(
       "this transport is stream-ordered: signal polls run on its device, not the host");
-}
-
-Status Transport::fold_streamed(const kernels::StreamedFold&, StreamHandle) {
-  return Status::InternalError(
-      "this transport has no device fold: its streamed folds run on the host");
-}
-
-Result<bool> Transport::fold_streamed_if_idle(const kernels::StreamedFold&, StreamHandle) {
-  return Status::InternalError(
-      "this transport has no device fold: its streamed folds run on the host");
-}
-
-Status Transport::pack_chunk(void*, const kernels::ChunkHeader&, const void*, size_t,
-                             StreamHandle) {
-  return Status::InternalError(
-      "this transport has no device fold: its streamed chunks are not packed");
-}
-
-Status Transport::read_local(void* host_dst, const void* src, size_t bytes) {
-  std::memcpy(host_dst, src, bytes);
-  return Status::Ok();
 }
 
 uint64_t Transport::node_key() const {

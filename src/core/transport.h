@@ -16,9 +16,10 @@
 
 #include "common/status.h"
 #include "core/dtype.h"
-#include "kernels/streamed_fold.h"
 
 namespace odc {
+
+class DeviceStagingOps;  // core/device_staging_ops.h
 
 // Which collective a rank is in: ranks that meet in different collectives fail with a message
 // naming both, instead of silently pairing up. Transports only compare and name these tags.
@@ -98,6 +99,17 @@ struct SignalWatch {
   uint64_t value = 0;
 };
 
+// What a transport is for its whole life, given at construction: plain data rather than methods
+// of the table, read by the core on every call and copied by wrappers.
+struct TransportTraits {
+  int rank = 0;
+  int world_size = 0;
+  TransportCaps caps;
+  // What bounds every wait on another rank (infinite: forever). Protocol loops that wait through
+  // poll_signals() bound themselves by it.
+  std::chrono::duration<double> timeout{0.0};
+};
+
 // Signals are symmetric regions of world_size uint64 slots per rank, zeroed at allocation: slot p
 // at rank r is written only by rank p (signal(), or a device fold's credit) and read only by
 // rank r (poll_signals(), its device's waits). Values only grow.
@@ -105,12 +117,11 @@ class Transport {
  public:
   virtual ~Transport() = default;
 
-  virtual int rank() const = 0;
-  virtual int world_size() const = 0;
-  virtual TransportCaps caps() const = 0;
-  // What bounds every wait on another rank (infinite: forever). Protocol loops that wait through
-  // poll_signals() bound themselves by it.
-  virtual std::chrono::duration<double> timeout() const = 0;
+  int rank() const { return traits_.rank; }
+  int world_size() const { return traits_.world_size; }
+  TransportCaps caps() const { return traits_.caps; }
+  std::chrono::duration<double> timeout() const { return traits_.timeout; }
+  const TransportTraits& traits() const { return traits_; }
   // Topology as the transport sees it (core/topology.h asks for it when neither the config nor
   // the launcher says): a key equal on exactly the ranks of one node (default: a hash of the
   // host's name), and whether this rank maps a peer of its own node directly (plain loads and
@@ -153,14 +164,15 @@ class Transport {
   virtual void mark_failed(const std::string& reason) = 0;
 
   // ---- one-sided operations ------------------------------------------------------------------
-  // dst[p*bytes : (p+1)*bytes] = region@p[0 : bytes], for every rank p (self included).
-  virtual Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                         StreamHandle stream) = 0;
-  // As get_all for float32 regions of `count` elements, narrowing: dst (bfloat16)[p*count + i] =
-  // region@p[i] rounded to nearest even, for every rank p (mixed-precision parameters gathered
-  // with no float32 copy of the whole result).
-  virtual Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                                  StreamHandle stream) = 0;
+  // dst part p = region@p's first `count` elements of `src_dtype`, for every rank p (self
+  // included), parts as in get_from() (dst_dtype: src_dtype, or bfloat16 from float32, narrowed:
+  // mixed-precision parameters gathered with no float32 copy of the whole result). A special case
+  // of get_from() kept in the table because every transport gathers the whole world faster: CUDA
+  // in one kernel over every peer's mapping, NVSHMEM starting each rank at a different owner,
+  // host transports narrowing straight from each peer's memory (a get_from() through get() and a
+  // float32 copy took 1.6 to 10 times as long on the in-memory transport).
+  virtual Status get_all(void* dst, const SymmetricRegion& region, size_t count, DataType src_dtype,
+                         DataType dst_dtype, StreamHandle stream) = 0;
   // dst[0 : bytes] = region@peer[offset : offset+bytes]: a one-sided read of one peer (dst in this
   // transport's memory space), complete in stream order (on return elsewhere).
   virtual Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset,
@@ -231,26 +243,17 @@ class Transport {
                             StreamHandle stream) = 0;
 
   // ---- the streamed staging on the device (stream-ordered transports without remote adds) ----
-  // Enqueues the owner's fold of the streamed staging (core/streamed_staging.h, the loop in
-  // kernels/streamed_fold.cuh) on `stream`: folds arrived chunks into the targets' sums and
-  // returns credits (this transport's remote write of fold.credit_slots) until fold.until holds.
-  // An expired wait or a refused chunk is recorded and reported by poll_error(). Default:
-  // InternalError (host transports fold on the host).
-  virtual Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream);
-  // As fold_streamed() (a one-pass fold, FoldUntil::kOnce), unless the fold this method enqueued
-  // last has not finished yet: then nothing, and false. For the progress thread
-  // (core/host_progress.h), which calls it on the background stream from its own thread, also
-  // while a call of the caller's thread runs, and must never queue folds faster than the device
-  // runs them. Default: InternalError (host transports fold on the host).
-  virtual Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
-                                             StreamHandle stream);
-  // Local: dst = header (64 bytes) then src[0 : bytes], in this transport's memory, in stream
-  // order. Default: InternalError (only the device fold's senders pack).
-  virtual Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src,
-                            size_t bytes, StreamHandle stream);
-  // Local, host-blocking: host_dst[0 : bytes] = src[0 : bytes] (this transport's memory) as it
-  // is now; work queued on streams may still change it (counters). Default: a memcpy.
-  virtual Status read_local(void* host_dst, const void* src, size_t bytes);
+  // Its hooks (core/device_staging_ops.h), owned by this transport; null where the streamed
+  // staging runs on the host (default). An accessor rather than a dynamic_cast: the NVSHMEM
+  // plugin is built with hidden visibility, where type information need not match across the
+  // library boundary.
+  virtual DeviceStagingOps* device_staging() { return nullptr; }
+
+ protected:
+  explicit Transport(const TransportTraits& traits) : traits_(traits) {}
+
+ private:
+  const TransportTraits traits_;
 };
 
 }  // namespace odc

@@ -14,6 +14,7 @@
 
 #include "core/communicator.h"
 #include "transport/mem/mem_transport.h"
+#include "transport/transport_wrapper.h"
 
 namespace odc {
 namespace {
@@ -54,105 +55,64 @@ class LoggedRegion final : public SymmetricRegion {
 };
 
 // The in-memory transport, reporting itself stream-ordered (as CUDA is) and logging collectives,
-// drains and frees.
-class LoggedTransport final : public Transport {
+// drains, frees, gets, puts, signals and the background stream; every other call reaches the
+// in-memory transport's own.
+class LoggedTransport final : public TransportWrapper {
  public:
-  LoggedTransport(std::unique_ptr<Transport> inner, std::shared_ptr<EventLog> log)
-      : inner_(std::move(inner)), log_(std::move(log)) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  TransportCaps caps() const override {
-    TransportCaps caps = inner_->caps();
-    caps.stream_ordered = true;
-    return caps;
-  }
-  std::chrono::duration<double> timeout() const override { return inner_->timeout(); }
-  uint64_t node_key() const override { return inner_->node_key(); }
-  Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override {
-    return inner_->exchange(mine);
+  static std::unique_ptr<LoggedTransport> wrap(std::unique_ptr<Transport> inner,
+                                               std::shared_ptr<EventLog> log) {
+    TransportTraits traits = inner->traits();
+    traits.caps.stream_ordered = true;
+    return std::unique_ptr<LoggedTransport>(
+        new LoggedTransport(std::move(inner), traits, std::move(log)));
   }
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override {
-    auto region = inner_->allocate(bytes);
+    auto region = inner().allocate(bytes);
     if (!region.ok()) return region.status();
     return std::unique_ptr<SymmetricRegion>(
         new LoggedRegion(std::move(region).value(), rank(), world_size(), log_));
   }
   Status barrier(CollectiveOp op, StreamHandle stream) override {
     log_->add(std::string("barrier:") + collective_op_name(op));
-    return inner_->barrier(op, stream);
+    return inner().barrier(op, stream);
   }
   Status host_barrier(CollectiveOp op) override {
     log_->add(std::string("host_barrier:") + collective_op_name(op));
-    return inner_->host_barrier(op);
+    return inner().host_barrier(op);
   }
   Status drain() override {
     log_->add("drain");
-    return inner_->drain();
-  }
-  Status poll_error() override { return inner_->poll_error(); }
-  void mark_failed(const std::string& reason) override { inner_->mark_failed(reason); }
-  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                 StreamHandle stream) override {
-    return inner_->get_all(dst, region, bytes, stream);
-  }
-  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                          StreamHandle stream) override {
-    return inner_->get_all_narrowed(dst, region, count, stream);
+    return inner().drain();
   }
   Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override {
     log_->add("get:" + std::to_string(bytes));
-    return inner_->get(dst, region, peer, offset, bytes, stream);
+    return inner().get(dst, region, peer, offset, bytes, stream);
   }
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override {
     log_->add("put");
-    return inner_->put(src, region, peer, offset, bytes, stream);
+    return inner().put(src, region, peer, offset, bytes, stream);
   }
   Result<StreamHandle> fork_background(StreamHandle stream) override {
     log_->add("fork");
-    return inner_->fork_background(stream);
+    return inner().fork_background(stream);
   }
   Status join_background(StreamHandle stream) override {
     log_->add("join");
-    return inner_->join_background(stream);
-  }
-  Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
-                            std::chrono::duration<double> limit,
-                            std::vector<uint64_t>* seen) override {
-    return inner_->poll_signals(watches, num_all, limit, seen);
+    return inner().join_background(stream);
   }
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override {
     log_->add("signal");
-    return inner_->signal(signals, peer, value, stream);
-  }
-  Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
-                 StreamHandle stream) override {
-    return inner_->add_all(src, src_type, region, count, stream);
-  }
-  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override {
-    return inner_->fold_streamed(fold, stream);
-  }
-  // Not logged: the progress thread's passes come at any time.
-  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
-                                     StreamHandle stream) override {
-    return inner_->fold_streamed_if_idle(fold, stream);
-  }
-  Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
-                    StreamHandle stream) override {
-    return inner_->pack_chunk(dst, header, src, bytes, stream);
-  }
-  Status zero(void* dst, size_t bytes, StreamHandle stream) override {
-    return inner_->zero(dst, bytes, stream);
-  }
-  Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
-                    StreamHandle stream) override {
-    return inner_->accumulate(dst, src, src_type, count, stream);
+    return inner().signal(signals, peer, value, stream);
   }
 
  private:
-  std::unique_ptr<Transport> inner_;
+  LoggedTransport(std::unique_ptr<Transport> inner, const TransportTraits& traits,
+                  std::shared_ptr<EventLog> log)
+      : TransportWrapper(std::move(inner), traits), log_(std::move(log)) {}
+
   std::shared_ptr<EventLog> log_;
 };
 
@@ -185,8 +145,7 @@ LoggedWorld logged_world(int world, mem::MemOptions options) {
   LoggedWorld logged;
   for (int rank = 0; rank < world; ++rank) {
     logged.logs.push_back(std::make_shared<EventLog>());
-    logged.transports.push_back(
-        std::make_unique<LoggedTransport>(mem->join(rank), logged.logs.back()));
+    logged.transports.push_back(LoggedTransport::wrap(mem->join(rank), logged.logs.back()));
   }
   return logged;
 }
@@ -229,7 +188,7 @@ TEST(Lifecycle, FailedCommunicatorDrainsBeforeFreeing) {
   // meet nobody, but must still complete this rank's own queued work before the memory goes.
   auto mem = mem::MemWorld::create(2, mem::MemOptions{/*remote_fp32_add=*/true});
   auto log = std::make_shared<EventLog>();
-  auto comm = std::make_unique<Communicator>(std::make_unique<LoggedTransport>(mem->join(0), log));
+  auto comm = std::make_unique<Communicator>(LoggedTransport::wrap(mem->join(0), log));
   auto peer = std::make_unique<Communicator>(mem->join(1));
   Result<Buffer*> buffers[2] = {Status::InternalError("unset"), Status::InternalError("unset")};
   std::thread peer_thread([&] {

@@ -84,7 +84,8 @@ Result<int> cuda_sms_budget(int device) {
 
 CudaTransport::CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
                              std::chrono::duration<double> timeout)
-    : DeviceTransport(std::move(bootstrap), device, timeout) {}
+    : DeviceTransport(std::move(bootstrap), device, timeout,
+                      TransportCaps{/*remote_fp32_add=*/true, /*stream_ordered=*/true}) {}
 
 Result<std::unique_ptr<CudaTransport>> CudaTransport::create(std::shared_ptr<Bootstrap> bootstrap,
                                                              std::chrono::duration<double> timeout,
@@ -232,21 +233,18 @@ Result<std::unique_ptr<Transport>> CudaTransport::split(const SplitGroup& group)
   return std::unique_ptr<Transport>(std::move(made).value());
 }
 
-Status CudaTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                              StreamHandle stream) {
+Status CudaTransport::get_all(void* dst, const SymmetricRegion& region, size_t count,
+                              DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
   DeviceGuard guard(device());
   ODC_RETURN_IF_ERROR(check_device_pointer(device(), dst, "destination"));
-  ODC_CUDA_CHECK(kernels::gather_sm(dst, peer_pointers(region), bytes, rank_info(),
-                                    /*num_blocks=*/0, as_stream(stream), device_error()));
-  return Status::Ok();
-}
-
-Status CudaTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                                       StreamHandle stream) {
-  DeviceGuard guard(device());
-  ODC_RETURN_IF_ERROR(check_device_pointer(device(), dst, "destination"));
-  ODC_CUDA_CHECK(kernels::gather_sm_narrow(dst, peer_pointers(region), count, rank_info(),
-                                           /*num_blocks=*/0, as_stream(stream), device_error()));
+  if (dst_dtype != src_dtype) {
+    ODC_CUDA_CHECK(kernels::gather_sm_narrow(dst, peer_pointers(region), count, rank_info(),
+                                             /*num_blocks=*/0, as_stream(stream), device_error()));
+    return Status::Ok();
+  }
+  ODC_CUDA_CHECK(kernels::gather_sm(dst, peer_pointers(region), count * element_bytes(src_dtype),
+                                    rank_info(), /*num_blocks=*/0, as_stream(stream),
+                                    device_error()));
   return Status::Ok();
 }
 
@@ -333,6 +331,11 @@ Status CudaTransport::add_all(const void* src, DataType src_type, const Symmetri
 Status CudaTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count,
                                  StreamHandle stream) {
   return local().accumulate(dst, src, src_type, count, stream);
+}
+
+Status CudaTransport::fold_streamed(const kernels::StreamedFold&, StreamHandle) {
+  return Status::InternalError(
+      "the CUDA transport has no device fold: it adds pushes remotely, so none are streamed");
 }
 
 }  // namespace odc::cuda

@@ -33,7 +33,6 @@ class CudaTransport final : public device::DeviceTransport {
                                                        int device);
   ~CudaTransport() override;
 
-  TransportCaps caps() const override { return TransportCaps{true, true}; }
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
   // Members meet in a shared-memory bootstrap of their own under the group's name (they share
@@ -41,10 +40,10 @@ class CudaTransport final : public device::DeviceTransport {
   Result<std::unique_ptr<Transport>> split(const SplitGroup& group) override;
   // Also tells peers' device barriers (kernels::kBarrierPeerFailed), so they end at once.
   void mark_failed(const std::string& reason) override;
-  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                 StreamHandle stream) override;
-  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                          StreamHandle stream) override;
+  // One kernel over every peer's mapping (kernels::gather_sm, or gather_sm_narrow), faster than
+  // get_from()'s copy jobs for the whole world (docs/cuda_lab.md).
+  Status get_all(void* dst, const SymmetricRegion& region, size_t count, DataType src_dtype,
+                 DataType dst_dtype, StreamHandle stream) override;
   Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
   // Every source is mapped (one node): one copy kernel per kMaxRanks sources.
@@ -60,6 +59,9 @@ class CudaTransport final : public device::DeviceTransport {
                  StreamHandle stream) override;
   Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
                     StreamHandle stream) override;
+  // InternalError: pushes are added remotely here (caps().remote_fp32_add), so the core never
+  // streams them to this transport and it has no fold kernel.
+  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override;
 
  private:
   CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,

@@ -49,9 +49,25 @@ kernels::WaitError WaitErrorRecord::read_mirror() const {
   return record;
 }
 
+namespace {
+
+// The traits of a device transport on `bootstrap`'s ranks; the timeout as its device waits count
+// it, in whole nanoseconds (or infinite).
+TransportTraits device_traits(const Bootstrap& bootstrap, std::chrono::duration<double> timeout,
+                              TransportCaps caps) {
+  const int64_t timeout_ns = timeout_nanoseconds(timeout);
+  return TransportTraits{bootstrap.rank(), bootstrap.world_size(), caps,
+                         std::chrono::duration<double>(
+                             timeout_ns == INT64_MAX ? std::numeric_limits<double>::infinity()
+                                                     : static_cast<double>(timeout_ns) / 1e9)};
+}
+
+}  // namespace
+
 DeviceTransport::DeviceTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
-                                 std::chrono::duration<double> timeout)
-    : bootstrap_(std::move(bootstrap)),
+                                 std::chrono::duration<double> timeout, TransportCaps caps)
+    : Transport(device_traits(*bootstrap, timeout, caps)),
+      bootstrap_(std::move(bootstrap)),
       device_(device),
       timeout_ns_(timeout_nanoseconds(timeout)),
       background_(device) {}
@@ -60,12 +76,6 @@ DeviceTransport::~DeviceTransport() {
   DeviceGuard guard(device_);
   cudaDeviceSynchronize();  // no kernel may still read the error record when it goes
   if (idle_fold_done_ != nullptr) cudaEventDestroy(idle_fold_done_);
-}
-
-std::chrono::duration<double> DeviceTransport::timeout() const {
-  return std::chrono::duration<double>(timeout_ns_ == INT64_MAX
-                                           ? std::numeric_limits<double>::infinity()
-                                           : static_cast<double>(timeout_ns_) / 1e9);
 }
 
 Status DeviceTransport::check_device_exists(int device) {

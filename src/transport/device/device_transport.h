@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
+#include "core/device_staging_ops.h"
 #include "core/transport.h"
 #include "kernels/kernels.h"
 #include "transport/cuda/device_local.h"
@@ -42,13 +43,12 @@ class WaitErrorRecord {
   kernels::WaitError* host_mirror_ = nullptr;
 };
 
-class DeviceTransport : public Transport {
+// Also the device staging's hooks (core/device_staging_ops.h), all but the fold kernel, which
+// each device transport supplies (fold_streamed).
+class DeviceTransport : public Transport, private DeviceStagingOps {
  public:
   ~DeviceTransport() override;
 
-  int rank() const final { return bootstrap_->rank(); }
-  int world_size() const final { return bootstrap_->world_size(); }
-  std::chrono::duration<double> timeout() const final;
   int device() const { return device_; }
 
   // ---- collectives over the bootstrap --------------------------------------------------------
@@ -63,11 +63,14 @@ class DeviceTransport : public Transport {
   // ---- the background stream (the core's node fetches) --------------------------------------
   Result<StreamHandle> fork_background(StreamHandle stream) override;
   Status join_background(StreamHandle stream) final;
-  // fold_streamed() unless the last fold enqueued here has not finished (an event's query).
-  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold, StreamHandle stream) final;
 
   // ---- local operations on this GPU, on the caller's stream ---------------------------------
   Status zero(void* dst, size_t bytes, StreamHandle stream) final;
+
+  // ---- the device staging's hooks -----------------------------------------------------------
+  DeviceStagingOps* device_staging() final { return this; }
+  // fold_streamed() unless the last fold enqueued here has not finished (an event's query).
+  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold, StreamHandle stream) final;
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
                     StreamHandle stream) final;
   Status read_local(void* host_dst, const void* src, size_t bytes) final;
@@ -75,7 +78,7 @@ class DeviceTransport : public Transport {
  protected:
   // Nothing touches the device until init_device_state().
   DeviceTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
-                  std::chrono::duration<double> timeout);
+                  std::chrono::duration<double> timeout, TransportCaps caps);
   // InvalidArgument unless this process sees CUDA device `device` (before anything uses it).
   static Status check_device_exists(int device);
   // The first step of a transport's init: the data kernels' grid budget (`max_sms` SMs, or all

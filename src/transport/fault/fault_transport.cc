@@ -8,13 +8,13 @@
 
 namespace odc::fault {
 
-FaultTransport::FaultTransport(std::unique_ptr<Transport> inner, FaultPlan plan,
+FaultTransport::FaultTransport(std::unique_ptr<Transport> wrapped, FaultPlan plan,
                                std::function<void()> die)
-    : inner_(std::move(inner)), plan_(plan), die_(std::move(die)), rng_(plan.seed) {
-  bytes_read_from_.assign(static_cast<size_t>(inner_->world_size()), 0);
-  bytes_put_to_.assign(static_cast<size_t>(inner_->world_size()), 0);
+    : TransportWrapper(std::move(wrapped)), plan_(plan), die_(std::move(die)), rng_(plan.seed) {
+  bytes_read_from_.assign(static_cast<size_t>(world_size()), 0);
+  bytes_put_to_.assign(static_cast<size_t>(world_size()), 0);
   if (!die_) {
-    Transport* raw = inner_.get();
+    Transport* raw = &inner();
     die_ = [raw] { raw->mark_failed("died"); };
   }
 }
@@ -23,7 +23,7 @@ Status FaultTransport::release_held() {
   while (!held_.empty()) {
     const HeldSignal signal = held_.back();
     held_.pop_back();
-    ODC_RETURN_IF_ERROR(inner_->signal(*signal.signals, signal.peer, signal.value, signal.stream));
+    ODC_RETURN_IF_ERROR(inner().signal(*signal.signals, signal.peer, signal.value, signal.stream));
   }
   return Status::Ok();
 }
@@ -47,25 +47,25 @@ Status FaultTransport::enter(const char* what) {
 Result<std::vector<ExchangeRecord>> FaultTransport::exchange(const ExchangeRecord& mine) {
   ODC_RETURN_IF_ERROR(enter("exchange"));
   ODC_RETURN_IF_ERROR(release_held());
-  return inner_->exchange(mine);
+  return inner().exchange(mine);
 }
 
 Result<std::unique_ptr<Transport>> FaultTransport::split(const SplitGroup& group) {
   ODC_RETURN_IF_ERROR(enter("split"));
   ODC_RETURN_IF_ERROR(release_held());
-  auto inner = inner_->split(group);
-  if (!inner.ok() || inner.value() == nullptr) return inner;
+  auto member = inner().split(group);
+  if (!member.ok() || member.value() == nullptr) return member;
   FaultPlan plan;
   plan.max_delay_us = plan_.max_delay_us;
   plan.reorder = plan_.reorder;
   plan.seed = plan_.seed * 7919 + static_cast<uint32_t>(group.rank);
-  return std::unique_ptr<Transport>(new FaultTransport(std::move(inner).value(), plan));
+  return std::unique_ptr<Transport>(new FaultTransport(std::move(member).value(), plan));
 }
 
 Result<std::unique_ptr<SymmetricRegion>> FaultTransport::allocate(size_t bytes) {
   ODC_RETURN_IF_ERROR(enter("allocate"));
   ODC_RETURN_IF_ERROR(release_held());
-  auto region = inner_->allocate(bytes);
+  auto region = inner().allocate(bytes);
   if (region.ok()) allocated_bytes_ += bytes;
   return region;
 }
@@ -77,67 +77,123 @@ Status FaultTransport::barrier(CollectiveOp op, StreamHandle stream) {
     fired_ = true;
     op = op == CollectiveOp::kBarrier ? CollectiveOp::kMinibatchEnd : CollectiveOp::kBarrier;
   }
-  return inner_->barrier(op, stream);
+  return inner().barrier(op, stream);
 }
 
 Status FaultTransport::host_barrier(CollectiveOp op) {
   ODC_RETURN_IF_ERROR(enter("host_barrier"));
   ODC_RETURN_IF_ERROR(release_held());
-  return inner_->host_barrier(op);
+  return inner().host_barrier(op);
 }
 
 Status FaultTransport::fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("fold_streamed"));
   ODC_RETURN_IF_ERROR(release_held());
-  return inner_->fold_streamed(fold, stream);
+  return inner().device_staging()->fold_streamed(fold, stream);
 }
 
 Status FaultTransport::pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src,
                                   size_t bytes, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("pack_chunk"));
-  return inner_->pack_chunk(dst, header, src, bytes, stream);
+  return inner().device_staging()->pack_chunk(dst, header, src, bytes, stream);
+}
+
+Status FaultTransport::read_local(void* host_dst, const void* src, size_t bytes) {
+  return inner().device_staging()->read_local(host_dst, src, bytes);
+}
+
+Result<bool> FaultTransport::fold_streamed_if_idle(const kernels::StreamedFold& fold,
+                                                   StreamHandle stream) {
+  if (dead_) return Status::RemoteError("this rank died earlier (injected)");
+  return inner().device_staging()->fold_streamed_if_idle(fold, stream);
+}
+
+DeviceStagingOps* FaultTransport::device_staging() {
+  return inner().device_staging() != nullptr ? this : nullptr;
+}
+
+Result<bool> FaultTransport::poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
+                                          std::chrono::duration<double> limit,
+                                          std::vector<uint64_t>* seen) {
+  if (dead_) return Status::RemoteError("this rank died earlier (injected)");
+  ODC_RETURN_IF_ERROR(release_held());
+  return inner().poll_signals(watches, num_all, limit, seen);
+}
+
+Status FaultTransport::wait_signals(const SymmetricRegion& signals, const std::vector<int>& peers,
+                                    uint64_t value, const std::string& what, StreamHandle stream) {
+  if (dead_) return Status::RemoteError("this rank died earlier (injected)");
+  ODC_RETURN_IF_ERROR(release_held());
+  return inner().wait_signals(signals, peers, value, what, stream);
 }
 
 Status FaultTransport::poll_error() {
   if (dead_) return Status::RemoteError("this rank died earlier (injected)");
-  return inner_->poll_error();
+  return inner().poll_error();
 }
 
 void FaultTransport::mark_failed(const std::string& reason) {
-  if (!dead_) inner_->mark_failed(reason);  // the dead stay dead, not "failed"
+  if (!dead_) inner().mark_failed(reason);  // the dead stay dead, not "failed"
 }
 
-Status FaultTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                               StreamHandle stream) {
+Status FaultTransport::get_all(void* dst, const SymmetricRegion& region, size_t count,
+                               DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("get_all"));
-  for (size_t& read : bytes_read_from_) read += bytes;
-  return inner_->get_all(dst, region, bytes, stream);
-}
-
-Status FaultTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                                        StreamHandle stream) {
-  ODC_RETURN_IF_ERROR(enter("get_all_narrowed"));
-  for (size_t& read : bytes_read_from_) read += count * sizeof(float);
-  return inner_->get_all_narrowed(dst, region, count, stream);
+  for (size_t& read : bytes_read_from_) read += count * element_bytes(src_dtype);
+  return inner().get_all(dst, region, count, src_dtype, dst_dtype, stream);
 }
 
 Status FaultTransport::get(void* dst, const SymmetricRegion& region, int peer, size_t offset,
                            size_t bytes, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("get"));
   bytes_read_from_[static_cast<size_t>(peer)] += bytes;
-  return inner_->get(dst, region, peer, offset, bytes, stream);
+  return inner().get(dst, region, peer, offset, bytes, stream);
+}
+
+Status FaultTransport::get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
+                                DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("get_from"));
+  for (const GatherSource& source : sources) {
+    bytes_read_from_[static_cast<size_t>(source.peer)] += count * element_bytes(src_dtype);
+  }
+  return inner().get_from(dst, sources, count, src_dtype, dst_dtype, stream);
 }
 
 Status FaultTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                            size_t bytes, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("put"));
   bytes_put_to_[static_cast<size_t>(peer)] += bytes;
-  return inner_->put(src, region, peer, offset, bytes, stream);
+  return inner().put(src, region, peer, offset, bytes, stream);
+}
+
+Status FaultTransport::put_signal(const void* src, const SymmetricRegion& region, int peer,
+                                  size_t offset, size_t bytes, const SymmetricRegion& signals,
+                                  uint64_t value, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(enter("put_signal"));
+  bytes_put_to_[static_cast<size_t>(peer)] += bytes;
+  if (!alters_signal_to(peer)) {
+    return inner().put_signal(src, region, peer, offset, bytes, signals, value, stream);
+  }
+  // The data first, then the signal: put-with-signal's order, with the signal's fault.
+  ODC_RETURN_IF_ERROR(inner().put(src, region, peer, offset, bytes, stream));
+  return send_signal(signals, peer, value, stream);
 }
 
 Status FaultTransport::signal(const SymmetricRegion& signals, int peer, uint64_t value,
                               StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("signal"));
+  return send_signal(signals, peer, value, stream);
+}
+
+bool FaultTransport::alters_signal_to(int peer) const {
+  if (plan_.reorder) return true;
+  if (peer != plan_.peer) return false;
+  return due(FaultKind::kDropSignal) || due(FaultKind::kDuplicateSignal) ||
+         due(FaultKind::kDropSignalsFrom) || due(FaultKind::kInflateSignal);
+}
+
+Status FaultTransport::send_signal(const SymmetricRegion& signals, int peer, uint64_t value,
+                                   StreamHandle stream) {
   if (due(FaultKind::kDropSignal) && !fired_ && peer == plan_.peer) {
     fired_ = true;
     return Status::Ok();  // lost on the way: the sender cannot tell
@@ -148,9 +204,9 @@ Status FaultTransport::signal(const SymmetricRegion& signals, int peer, uint64_t
     held_.push_back({&signals, peer, value, stream});  // late: after this rank's next signal
     return Status::Ok();
   }
-  ODC_RETURN_IF_ERROR(inner_->signal(signals, peer, value, stream));
+  ODC_RETURN_IF_ERROR(inner().signal(signals, peer, value, stream));
   if (due(FaultKind::kDuplicateSignal) && peer == plan_.peer) {
-    ODC_RETURN_IF_ERROR(inner_->signal(signals, peer, value, stream));
+    ODC_RETURN_IF_ERROR(inner().signal(signals, peer, value, stream));
   }
   return release_held();  // the held ones arrive after this newer one
 }
@@ -158,18 +214,18 @@ Status FaultTransport::signal(const SymmetricRegion& signals, int peer, uint64_t
 Status FaultTransport::add_all(const void* src, DataType src_type, const SymmetricRegion& region,
                                size_t count, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("add_all"));
-  return inner_->add_all(src, src_type, region, count, stream);
+  return inner().add_all(src, src_type, region, count, stream);
 }
 
 Status FaultTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("zero"));
-  return inner_->zero(dst, bytes, stream);
+  return inner().zero(dst, bytes, stream);
 }
 
 Status FaultTransport::accumulate(float* dst, const void* src, DataType src_type, size_t count,
                                   StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("accumulate"));
-  return inner_->accumulate(dst, src, src_type, count, stream);
+  return inner().accumulate(dst, src, src_type, count, stream);
 }
 
 }  // namespace odc::fault

@@ -1,9 +1,10 @@
 // A fault-injecting wrapper around any transport, for protocol tests: random delays before calls,
 // reordered signals (held back and delivered after a later one), a rank that dies at a chosen
-// call, a dropped, duplicated or
-// inflated signal (or every signal to a peer lost from a call on), a collective mismatch. Calls
-// are numbered per rank (every Transport call after construction counts, signal polls do not),
-// so a fault lands at a reproducible point of the protocol.
+// call, a dropped, duplicated or inflated signal (or every signal to a peer lost from a call on),
+// a collective mismatch. Calls are numbered per rank (every call of the protocol's counts; signal
+// polls and waits, the progress thread's folds, local reads and the background stream do not,
+// as their number depends on timing), so a fault lands at a reproducible point of the protocol.
+// Every method it does not intercept reaches the wrapped transport's own (TransportWrapper).
 #pragma once
 
 #include <atomic>
@@ -14,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "core/device_staging_ops.h"
 #include "core/transport.h"
+#include "transport/transport_wrapper.h"
 
 namespace odc::fault {
 
@@ -41,7 +44,7 @@ struct FaultPlan {
   uint32_t seed = 1;
 };
 
-class FaultTransport final : public Transport {
+class FaultTransport final : public TransportWrapper, private DeviceStagingOps {
  public:
   // `die` makes the rank dead as its peers see it (default: inner->mark_failed("died")).
   FaultTransport(std::unique_ptr<Transport> inner, FaultPlan plan,
@@ -56,12 +59,6 @@ class FaultTransport final : public Transport {
   size_t bytes_read_from(int peer) const { return bytes_read_from_[static_cast<size_t>(peer)]; }
   size_t bytes_put_to(int peer) const { return bytes_put_to_[static_cast<size_t>(peer)]; }
 
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  TransportCaps caps() const override { return inner_->caps(); }
-  std::chrono::duration<double> timeout() const override { return inner_->timeout(); }
-  uint64_t node_key() const override { return inner_->node_key(); }
-  bool maps_directly(int peer) const override { return inner_->maps_directly(peer); }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
@@ -70,17 +67,21 @@ class FaultTransport final : public Transport {
   // too, with this rank's delays and reordering and no fault of its own (so tests count its
   // bytes). Deaths reach it through the inner transport.
   Result<std::unique_ptr<Transport>> split(const SplitGroup& group) override;
-  Status drain() override { return inner_->drain(); }
   Status poll_error() override;
   void mark_failed(const std::string& reason) override;
-  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                 StreamHandle stream) override;
-  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                          StreamHandle stream) override;
+  Status get_all(void* dst, const SymmetricRegion& region, size_t count, DataType src_dtype,
+                 DataType dst_dtype, StreamHandle stream) override;
   Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
+  Status get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
+                  DataType src_dtype, DataType dst_dtype, StreamHandle stream) override;
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
+  // One call; the inner transport's own put-with-signal unless a signal fault or reordering
+  // applies to this signal: then a put, and the signal as signal() sends it.
+  Status put_signal(const void* src, const SymmetricRegion& region, int peer, size_t offset,
+                    size_t bytes, const SymmetricRegion& signals, uint64_t value,
+                    StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
   Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
@@ -88,32 +89,15 @@ class FaultTransport final : public Transport {
   Status zero(void* dst, size_t bytes, StreamHandle stream) override;
   Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
                     StreamHandle stream) override;
-  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override;
-  Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
-                    StreamHandle stream) override;
-  Status read_local(void* host_dst, const void* src, size_t bytes) override {
-    return inner_->read_local(host_dst, src, bytes);
-  }
-  // Polls, forwarded without counting: how often a rank polls depends on timing, and call
-  // numbers must stay reproducible.
+  // Polls and waits, forwarded without counting: how often a rank polls depends on timing, and
+  // call numbers must stay reproducible.
   Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
                             std::chrono::duration<double> limit,
-                            std::vector<uint64_t>* seen) override {
-    if (dead_) return Status::RemoteError("this rank died earlier (injected)");
-    ODC_RETURN_IF_ERROR(release_held());
-    return inner_->poll_signals(watches, num_all, limit, seen);
-  }
-  // The progress thread's folds, forwarded without counting: they run when the timing says.
-  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
-                                     StreamHandle stream) override {
-    if (dead_) return Status::RemoteError("this rank died earlier (injected)");
-    return inner_->fold_streamed_if_idle(fold, stream);
-  }
-  // The background stream, forwarded without counting (host transports: the caller's).
-  Result<StreamHandle> fork_background(StreamHandle stream) override {
-    return inner_->fork_background(stream);
-  }
-  Status join_background(StreamHandle stream) override { return inner_->join_background(stream); }
+                            std::vector<uint64_t>* seen) override;
+  Status wait_signals(const SymmetricRegion& signals, const std::vector<int>& peers, uint64_t value,
+                      const std::string& what, StreamHandle stream) override;
+  // This wrapper's own hooks around the inner transport's, where it has them.
+  DeviceStagingOps* device_staging() override;
 
  private:
   // Counts the call, sleeps when delays are on, and dies when the plan says so.
@@ -121,8 +105,20 @@ class FaultTransport final : public Transport {
   bool due(FaultKind kind) const { return plan_.kind == kind && calls_ >= plan_.at_call; }
   // Delivers the signals held back for reordering, newest first.
   Status release_held();
+  // Whether a signal to `peer` now would be dropped, doubled, inflated or held back.
+  bool alters_signal_to(int peer) const;
+  // A signal of this rank to `peer` through the plan's signal faults (counted by the caller).
+  Status send_signal(const SymmetricRegion& signals, int peer, uint64_t value, StreamHandle stream);
 
-  std::unique_ptr<Transport> inner_;
+  // ---- DeviceStagingOps: the inner transport's, counted like the table's calls --------------
+  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override;
+  // The progress thread's folds, forwarded without counting: they run when the timing says.
+  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
+                                     StreamHandle stream) override;
+  Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
+                    StreamHandle stream) override;
+  Status read_local(void* host_dst, const void* src, size_t bytes) override;
+
   FaultPlan plan_;
   std::function<void()> die_;
   std::mt19937 rng_;

@@ -107,13 +107,13 @@ void NodeLinks::deliver_loop() {
   }
 }
 
-LinkTransport::LinkTransport(std::shared_ptr<NodeLinks> links, std::unique_ptr<Transport> inner)
-    : links_(std::move(links)), inner_(std::move(inner)), rank_(inner_->rank()) {}
+LinkTransport::LinkTransport(std::shared_ptr<NodeLinks> links, std::unique_ptr<Transport> wrapped)
+    : TransportWrapper(std::move(wrapped)), links_(std::move(links)) {}
 
 LinkTransport::~LinkTransport() {
   // Deliveries in flight call the inner transport: they land before it goes (as a NIC's queue
   // drains before a process's memory is unmapped).
-  links_->quiet(rank_);
+  links_->quiet(rank());
 }
 
 void LinkTransport::record_delivery(const Status& status) {
@@ -123,7 +123,7 @@ void LinkTransport::record_delivery(const Status& status) {
 }
 
 Status LinkTransport::quiet() {
-  links_->quiet(rank_);
+  links_->quiet(rank());
   std::lock_guard<std::mutex> lock(delivery_mutex_);
   return delivery_error_;
 }
@@ -133,33 +133,37 @@ Status LinkTransport::poll_error() {
     std::lock_guard<std::mutex> lock(delivery_mutex_);
     if (!delivery_error_.ok()) return delivery_error_;
   }
-  return inner_->poll_error();
+  return inner().poll_error();
 }
 
 Result<std::vector<ExchangeRecord>> LinkTransport::exchange(const ExchangeRecord& mine) {
   ODC_RETURN_IF_ERROR(quiet());
-  return inner_->exchange(mine);
+  return inner().exchange(mine);
 }
 
 Result<std::unique_ptr<SymmetricRegion>> LinkTransport::allocate(size_t bytes) {
   ODC_RETURN_IF_ERROR(quiet());
-  return inner_->allocate(bytes);
+  return inner().allocate(bytes);
 }
 
 Status LinkTransport::barrier(CollectiveOp op, StreamHandle stream) {
   // Work issued before a barrier is visible after it: this rank's transfers land first.
   ODC_RETURN_IF_ERROR(quiet());
-  return inner_->barrier(op, stream);
+  return inner().barrier(op, stream);
 }
 
 Status LinkTransport::host_barrier(CollectiveOp op) {
   ODC_RETURN_IF_ERROR(quiet());
-  return inner_->host_barrier(op);
+  return inner().host_barrier(op);
+}
+
+Result<std::unique_ptr<Transport>> LinkTransport::split(const SplitGroup& group) {
+  return Transport::split(group);
 }
 
 Status LinkTransport::drain() {
   ODC_RETURN_IF_ERROR(quiet());
-  return inner_->drain();
+  return inner().drain();
 }
 
 void LinkTransport::wait_for_reads(const std::vector<int>& owners, size_t bytes) {
@@ -168,33 +172,26 @@ void LinkTransport::wait_for_reads(const std::vector<int>& owners, size_t bytes)
                                  links_->options().latency);
   auto last = now;
   for (int owner : owners) {
-    if (!links_->crosses(owner, rank_)) continue;
+    if (!links_->crosses(owner, rank())) continue;
     last = std::max(last, links_->reserve(owner, bytes, request, /*counted_put=*/false));
     bytes_fetched_ += bytes;
   }
   std::this_thread::sleep_until(last);
 }
 
-Status LinkTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                              StreamHandle stream) {
+Status LinkTransport::get_all(void* dst, const SymmetricRegion& region, size_t count,
+                              DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
   std::vector<int> owners(static_cast<size_t>(world_size()));
   for (int r = 0; r < world_size(); ++r) owners[static_cast<size_t>(r)] = r;
-  wait_for_reads(owners, bytes);
-  return inner_->get_all(dst, region, bytes, stream);
-}
-
-Status LinkTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                                       StreamHandle stream) {
-  std::vector<int> owners(static_cast<size_t>(world_size()));
-  for (int r = 0; r < world_size(); ++r) owners[static_cast<size_t>(r)] = r;
-  wait_for_reads(owners, count * sizeof(float));  // fp32 shards cross, narrowed on arrival
-  return inner_->get_all_narrowed(dst, region, count, stream);
+  // The source's elements cross (narrowed ones as fp32, narrowed on arrival).
+  wait_for_reads(owners, count * element_bytes(src_dtype));
+  return inner().get_all(dst, region, count, src_dtype, dst_dtype, stream);
 }
 
 Status LinkTransport::get(void* dst, const SymmetricRegion& region, int peer, size_t offset,
                           size_t bytes, StreamHandle stream) {
   wait_for_reads({peer}, bytes);
-  return inner_->get(dst, region, peer, offset, bytes, stream);
+  return inner().get(dst, region, peer, offset, bytes, stream);
 }
 
 Status LinkTransport::get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
@@ -202,38 +199,48 @@ Status LinkTransport::get_from(void* dst, const std::vector<GatherSource>& sourc
   std::vector<int> owners;
   for (const GatherSource& source : sources) owners.push_back(source.peer);
   wait_for_reads(owners, count * element_bytes(src_dtype));
-  return inner_->get_from(dst, sources, count, src_dtype, dst_dtype, stream);
+  return inner().get_from(dst, sources, count, src_dtype, dst_dtype, stream);
 }
 
 Status LinkTransport::put(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                           size_t bytes, StreamHandle stream) {
-  if (!links_->crosses(rank_, peer)) return inner_->put(src, region, peer, offset, bytes, stream);
+  if (!links_->crosses(rank(), peer)) return inner().put(src, region, peer, offset, bytes, stream);
   // The bytes leave the caller's memory now (a NIC copies them out; the caller may reuse src).
   auto data = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                   static_cast<const char*>(src) + bytes);
   const auto arrival =
-      links_->reserve(rank_, bytes, std::chrono::steady_clock::now(), /*counted_put=*/true);
+      links_->reserve(rank(), bytes, std::chrono::steady_clock::now(), /*counted_put=*/true);
   bytes_put_ += bytes;
   const SymmetricRegion* target = &region;
-  links_->post(rank_, arrival, [this, data, target, peer, offset, stream] {
-    Status delivered = inner_->put(data->data(), *target, peer, offset, data->size(), stream);
-    record_delivery(delivered.with_context("rank " + std::to_string(rank_) + ": put of " +
+  links_->post(rank(), arrival, [this, data, target, peer, offset, stream] {
+    Status delivered = inner().put(data->data(), *target, peer, offset, data->size(), stream);
+    record_delivery(delivered.with_context("rank " + std::to_string(rank()) + ": put of " +
                                            std::to_string(data->size()) + " bytes to rank " +
                                            std::to_string(peer) + " over its node link"));
   });
   return Status::Ok();
 }
 
+Status LinkTransport::put_signal(const void* src, const SymmetricRegion& region, int peer,
+                                 size_t offset, size_t bytes, const SymmetricRegion& signals,
+                                 uint64_t value, StreamHandle stream) {
+  if (!links_->crosses(rank(), peer)) {
+    return inner().put_signal(src, region, peer, offset, bytes, signals, value, stream);
+  }
+  ODC_RETURN_IF_ERROR(put(src, region, peer, offset, bytes, stream));
+  return signal(signals, peer, value, stream);
+}
+
 Status LinkTransport::signal(const SymmetricRegion& signals, int peer, uint64_t value,
                              StreamHandle stream) {
-  if (!links_->crosses(rank_, peer)) return inner_->signal(signals, peer, value, stream);
+  if (!links_->crosses(rank(), peer)) return inner().signal(signals, peer, value, stream);
   // Behind this rank's earlier puts on the same link, so it lands after them (the contract).
-  const auto arrival = links_->reserve(rank_, sizeof(uint64_t), std::chrono::steady_clock::now(),
+  const auto arrival = links_->reserve(rank(), sizeof(uint64_t), std::chrono::steady_clock::now(),
                                        /*counted_put=*/false);
   const SymmetricRegion* target = &signals;
-  links_->post(rank_, arrival, [this, target, peer, value, stream] {
-    Status delivered = inner_->signal(*target, peer, value, stream);
-    record_delivery(delivered.with_context("rank " + std::to_string(rank_) + ": signal to rank " +
+  links_->post(rank(), arrival, [this, target, peer, value, stream] {
+    Status delivered = inner().signal(*target, peer, value, stream);
+    record_delivery(delivered.with_context("rank " + std::to_string(rank()) + ": signal to rank " +
                                            std::to_string(peer) + " over its node link"));
   });
   return Status::Ok();
@@ -248,12 +255,12 @@ Status LinkTransport::add_all(const void* src, DataType src_type, const Symmetri
   const auto now = std::chrono::steady_clock::now();
   auto last = now;
   for (int peer = 0; peer < world_size(); ++peer) {
-    if (!links_->crosses(rank_, peer)) continue;
-    last = std::max(last, links_->reserve(rank_, bytes, now, /*counted_put=*/true));
+    if (!links_->crosses(rank(), peer)) continue;
+    last = std::max(last, links_->reserve(rank(), bytes, now, /*counted_put=*/true));
     bytes_put_ += bytes;
   }
   std::this_thread::sleep_until(last);
-  return inner_->add_all(src, src_type, region, count, stream);
+  return inner().add_all(src, src_type, region, count, stream);
 }
 
 }  // namespace odc::links

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/transport.h"
+#include "transport/transport_wrapper.h"
 
 namespace odc::links {
 
@@ -98,8 +99,9 @@ class NodeLinks : public std::enable_shared_from_this<NodeLinks> {
 };
 
 // One rank's transport behind its node link (see the top of this file). Counters are this rank's
-// payload bytes (signals excluded) across node links.
-class LinkTransport final : public Transport {
+// payload bytes (signals excluded) across node links. What it does not override (signal polls and
+// waits, local operations, the device staging's hooks) goes straight to the inner transport.
+class LinkTransport final : public TransportWrapper {
  public:
   LinkTransport(std::shared_ptr<NodeLinks> links, std::unique_ptr<Transport> inner);
   ~LinkTransport() override;
@@ -112,65 +114,33 @@ class LinkTransport final : public Transport {
   // Bytes this rank read (gets, gathers) from other nodes' memory.
   size_t bytes_fetched_over_links() const { return bytes_fetched_.load(); }
 
-  int rank() const override { return rank_; }
-  int world_size() const override { return inner_->world_size(); }
-  TransportCaps caps() const override { return inner_->caps(); }
-  std::chrono::duration<double> timeout() const override { return inner_->timeout(); }
-  uint64_t node_key() const override { return inner_->node_key(); }
-  bool maps_directly(int peer) const override { return inner_->maps_directly(peer); }
-
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
   Status host_barrier(CollectiveOp op) override;
+  // Refused (Transport's default): a group's transport would need links of its own, and the
+  // links of a job are indexed by the job's ranks.
+  Result<std::unique_ptr<Transport>> split(const SplitGroup& group) override;
   Status drain() override;
   Status poll_error() override;
-  void mark_failed(const std::string& reason) override { inner_->mark_failed(reason); }
 
-  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                 StreamHandle stream) override;
-  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                          StreamHandle stream) override;
+  Status get_all(void* dst, const SymmetricRegion& region, size_t count, DataType src_dtype,
+                 DataType dst_dtype, StreamHandle stream) override;
   Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
   Status get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
                   DataType src_dtype, DataType dst_dtype, StreamHandle stream) override;
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
+  // Across a node link: put() then signal(), so both cross the link in order; within a node the
+  // inner transport's own.
+  Status put_signal(const void* src, const SymmetricRegion& region, int peer, size_t offset,
+                    size_t bytes, const SymmetricRegion& signals, uint64_t value,
+                    StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
   Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
                  StreamHandle stream) override;
-  Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
-                            std::chrono::duration<double> limit,
-                            std::vector<uint64_t>* seen) override {
-    return inner_->poll_signals(watches, num_all, limit, seen);
-  }
-  Result<StreamHandle> fork_background(StreamHandle stream) override {
-    return inner_->fork_background(stream);
-  }
-  Status join_background(StreamHandle stream) override { return inner_->join_background(stream); }
-  Status zero(void* dst, size_t bytes, StreamHandle stream) override {
-    return inner_->zero(dst, bytes, stream);
-  }
-  Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
-                    StreamHandle stream) override {
-    return inner_->accumulate(dst, src, src_type, count, stream);
-  }
-  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override {
-    return inner_->fold_streamed(fold, stream);
-  }
-  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
-                                     StreamHandle stream) override {
-    return inner_->fold_streamed_if_idle(fold, stream);
-  }
-  Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
-                    StreamHandle stream) override {
-    return inner_->pack_chunk(dst, header, src, bytes, stream);
-  }
-  Status read_local(void* host_dst, const void* src, size_t bytes) override {
-    return inner_->read_local(host_dst, src, bytes);
-  }
 
  private:
   // A read of `bytes` from each of `owners` (repeats allowed): the request crosses to each owner
@@ -182,8 +152,6 @@ class LinkTransport final : public Transport {
   void record_delivery(const Status& status);
 
   std::shared_ptr<NodeLinks> links_;
-  std::unique_ptr<Transport> inner_;
-  const int rank_;
   std::atomic<size_t> bytes_put_{0};  // read by tests from other threads
   std::atomic<size_t> bytes_fetched_{0};
   // The first delivery that failed on the delivery thread: reported by the next call that waits

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/deadline.h"
+#include "core/device_staging_ops.h"
 #include "transport/host_ops.h"
 
 namespace odc::mem {
@@ -30,26 +31,20 @@ class MemRegion final : public SymmetricRegion {
 
 }  // namespace
 
-class MemTransport final : public Transport {
+// Where caps() say stream-ordered it also offers the device staging's hooks, its fold emulated on
+// the host (HostFold below).
+class MemTransport final : public Transport, private DeviceStagingOps {
  public:
-  MemTransport(std::shared_ptr<MemWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
-  ~MemTransport() override { world_->set_status(rank_, MemWorld::RankStatus::kClosed, ""); }
+  MemTransport(std::shared_ptr<MemWorld> world, int rank)
+      : Transport(traits_of(*world, rank)), world_(std::move(world)) {}
+  ~MemTransport() override { world_->set_status(rank(), MemWorld::RankStatus::kClosed, ""); }
 
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_->world_size(); }
-  TransportCaps caps() const override {
-    TransportCaps caps;
-    caps.remote_fp32_add = world_->options().remote_fp32_add;
-    caps.stream_ordered = world_->options().stream_ordered;
-    return caps;
-  }
-  std::chrono::duration<double> timeout() const override { return world_->options().timeout; }
-  uint64_t node_key() const override { return world_->node_key(rank_); }
+  uint64_t node_key() const override { return world_->node_key(rank()); }
   bool maps_directly(int) const override { return true; }
 
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override {
     std::vector<ExchangeRecord> all;
-    ODC_RETURN_IF_ERROR(world_->collective(rank_, CollectiveOp::kExchange, &mine, &all));
+    ODC_RETURN_IF_ERROR(world_->collective(rank(), CollectiveOp::kExchange, &mine, &all));
     return all;
   }
 
@@ -71,38 +66,37 @@ class MemTransport final : public Transport {
     // The fold emulation finds a region from its local address (the world keeps the memory).
     {
       std::lock_guard<std::mutex> lock(regions_mutex_);
-      regions_[pointers[static_cast<size_t>(rank_)]] = {pointers, bytes};
+      regions_[pointers[static_cast<size_t>(rank())]] = {pointers, bytes};
     }
-    return std::unique_ptr<SymmetricRegion>(new MemRegion(std::move(pointers), rank_, bytes));
+    return std::unique_ptr<SymmetricRegion>(new MemRegion(std::move(pointers), rank(), bytes));
   }
 
   Status barrier(CollectiveOp op, StreamHandle) override {
-    return world_->collective(rank_, op, nullptr, nullptr);
+    return world_->collective(rank(), op, nullptr, nullptr);
   }
   Result<std::unique_ptr<Transport>> split(const SplitGroup& group) override {
     if (group.rank < 0) return std::unique_ptr<Transport>();
     return world_->split_world(group)->join(group.rank);
   }
   Status host_barrier(CollectiveOp op) override {
-    return world_->collective(rank_, op, nullptr, nullptr);
+    return world_->collective(rank(), op, nullptr, nullptr);
   }
   Status poll_error() override { return Status::Ok(); }
   void mark_failed(const std::string& reason) override {
-    world_->set_status(rank_, MemWorld::RankStatus::kFailed, reason);
+    world_->set_status(rank(), MemWorld::RankStatus::kFailed, reason);
   }
 
-  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes, StreamHandle) override {
+  Status get_all(void* dst, const SymmetricRegion& region, size_t count, DataType src_dtype,
+                 DataType dst_dtype, StreamHandle) override {
+    const size_t part_bytes = count * element_bytes(dst_dtype);
     for (int r = 0; r < world_size(); ++r) {
-      std::memcpy(static_cast<char*>(dst) + static_cast<size_t>(r) * bytes, region.peer(r), bytes);
-    }
-    return Status::Ok();
-  }
-
-  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                          StreamHandle) override {
-    for (int r = 0; r < world_size(); ++r) {
-      host::narrow_into(static_cast<uint16_t*>(dst) + static_cast<size_t>(r) * count,
-                        static_cast<const float*>(region.peer(r)), count);
+      char* part = static_cast<char*>(dst) + static_cast<size_t>(r) * part_bytes;
+      if (dst_dtype == src_dtype) {
+        std::memcpy(part, region.peer(r), part_bytes);
+      } else {
+        host::narrow_into(reinterpret_cast<uint16_t*>(part),
+                          static_cast<const float*>(region.peer(r)), count);
+      }
     }
     return Status::Ok();
   }
@@ -125,13 +119,13 @@ class MemTransport final : public Transport {
     MemWorld::Mailbox& box = *world_->mailboxes_[static_cast<size_t>(peer)];
     auto* slots = static_cast<uint64_t*>(signals.peer(peer));
     std::lock_guard<std::mutex> lock(box.mutex);
-    const uint64_t old = slots[rank_];
-    slots[rank_] = std::max(old, value);
+    const uint64_t old = slots[rank()];
+    slots[rank()] = std::max(old, value);
     if (value > old) {
       for (const MemWorld::Mailbox::Polled& entry : box.polled) {
         if (entry.slots != slots) continue;
-        const uint64_t any_at = entry.any_at[rank_];
-        const uint64_t all_at = entry.all_at[rank_];
+        const uint64_t any_at = entry.any_at[rank()];
+        const uint64_t all_at = entry.all_at[rank()];
         const bool counts = old < all_at && value >= all_at && --box.all_missing == 0;
         if (counts || (old < any_at && value >= any_at)) box.wake.notify_all();
         break;
@@ -145,7 +139,7 @@ class MemTransport final : public Transport {
     if (!caps().remote_fp32_add) return Transport::add_all(src, src_type, region, count, stream);
     const size_t element = element_bytes(src_type);
     for (int i = 0; i < world_size(); ++i) {
-      const int peer = (rank_ + 1 + i) % world_size();
+      const int peer = (rank() + 1 + i) % world_size();
       // The owner's mailbox mutex makes the emulated remote add atomic.
       std::lock_guard<std::mutex> lock(world_->mailboxes_[static_cast<size_t>(peer)]->mutex);
       host::add_into(static_cast<float*>(region.peer(peer)),
@@ -158,7 +152,7 @@ class MemTransport final : public Transport {
   Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
                             std::chrono::duration<double> limit,
                             std::vector<uint64_t>* seen) override {
-    MemWorld::Mailbox& box = *world_->mailboxes_[static_cast<size_t>(rank_)];
+    MemWorld::Mailbox& box = *world_->mailboxes_[static_cast<size_t>(rank())];
     const auto deadline = deadline_after(limit);
     seen->assign(watches.size(), 0);
     std::unique_lock<std::mutex> lock(box.mutex);  // the slots are written under it
@@ -207,32 +201,34 @@ class MemTransport final : public Transport {
     }
   }
 
+  DeviceStagingOps* device_staging() override { return caps().stream_ordered ? this : nullptr; }
+
   // The device fold (kernels/streamed_fold.cuh) emulated on the host where caps() say
   // stream-ordered, so that the protocol tests run the device staging's steps: the same order,
   // checks and credits; waits sleep in poll_signals() instead of spinning, and a failure is
   // returned at once instead of recorded.
   // One emulated fold at a time on a rank (the device's per-sender locks, coarser): the progress
   // thread's passes (fold_streamed_if_idle) run beside the caller's calls.
-  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override {
-    if (!caps().stream_ordered) return Transport::fold_streamed(fold, stream);
+  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle) override {
     std::lock_guard<std::mutex> folding(fold_mutex_);
     return HostFold(*this, fold).run();
   }
   // A fold that runs (a caller's wait) folds what this pass would: then nothing, as a device
   // pass still queued behind the last one.
-  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
-                                     StreamHandle stream) override {
-    if (!caps().stream_ordered) return Transport::fold_streamed_if_idle(fold, stream);
+  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold, StreamHandle) override {
     std::unique_lock<std::mutex> folding(fold_mutex_, std::try_to_lock);
     if (!folding.owns_lock()) return false;
     ODC_RETURN_IF_ERROR(HostFold(*this, fold).run());
     return true;
   }
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
-                    StreamHandle stream) override {
-    if (!caps().stream_ordered) return Transport::pack_chunk(dst, header, src, bytes, stream);
+                    StreamHandle) override {
     std::memcpy(dst, &header, sizeof(header));
     std::memcpy(static_cast<char*>(dst) + sizeof(header), src, bytes);
+    return Status::Ok();
+  }
+  Status read_local(void* host_dst, const void* src, size_t bytes) override {
+    std::memcpy(host_dst, src, bytes);
     return Status::Ok();
   }
 
@@ -251,11 +247,18 @@ class MemTransport final : public Transport {
   }
 
  private:
+  static TransportTraits traits_of(const MemWorld& world, int rank) {
+    const MemOptions& options = world.options();
+    return TransportTraits{rank, world.world_size(),
+                           TransportCaps{options.remote_fp32_add, options.stream_ordered},
+                           options.timeout};
+  }
+
   // A region of this transport by its local address (the fold gets only addresses).
   MemRegion region_of(const void* local) const {
     std::lock_guard<std::mutex> lock(regions_mutex_);
     const auto& found = regions_.at(const_cast<void*>(local));
-    return MemRegion(found.first, rank_, found.second);
+    return MemRegion(found.first, rank(), found.second);
   }
 
   class HostFold {
@@ -282,7 +285,7 @@ class MemTransport final : public Transport {
       for (;;) {
         {  // one look at every arrival (written under this rank's mailbox mutex)
           std::lock_guard<std::mutex> lock(
-              t_.world_->mailboxes_[static_cast<size_t>(t_.rank_)]->mutex);
+              t_.world_->mailboxes_[static_cast<size_t>(t_.rank())]->mutex);
           std::copy(f_.arrivals, f_.arrivals + f_.world_size, arrived.begin());
         }
         for (int s = 0; s < f_.world_size; ++s) {
@@ -353,7 +356,8 @@ class MemTransport final : public Transport {
     }
     // A slot of this rank's signal words (written by peers under this rank's mailbox mutex).
     uint64_t read(const uint64_t* slots, int peer) const {
-      std::lock_guard<std::mutex> lock(t_.world_->mailboxes_[static_cast<size_t>(t_.rank_)]->mutex);
+      std::lock_guard<std::mutex> lock(
+          t_.world_->mailboxes_[static_cast<size_t>(t_.rank())]->mutex);
       return slots[peer];
     }
 
@@ -420,7 +424,6 @@ class MemTransport final : public Transport {
   };
 
   std::shared_ptr<MemWorld> world_;
-  int rank_;
   // Every region this rank allocated: its local address -> (every rank's address, bytes).
   std::map<void*, std::pair<std::vector<void*>, size_t>> regions_;
   mutable std::mutex regions_mutex_;  // regions_: the progress thread's folds look regions up too

@@ -8,7 +8,9 @@
 #include "core/transport.h"
 #include "transport/registry.h"
 
-#define ODC_NVSHMEM_PLUGIN_ABI 3  // 2: Transport::split; 3: fold_streamed_if_idle (the vtable grew)
+// Grows with the Transport vtable (2: split; 3: fold_streamed_if_idle; 4: get_all narrowing, the
+// device staging's hooks behind device_staging(), rank, world size, caps and timeout as data).
+#define ODC_NVSHMEM_PLUGIN_ABI 4
 #define ODC_NVSHMEM_PLUGIN_NAME "libodc_nvshmem.so"
 
 extern "C" {

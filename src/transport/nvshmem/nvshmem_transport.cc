@@ -40,7 +40,8 @@ using cuda::check_device_pointer;
 using cuda::DeviceGuard;
 
 NvshmemTransport::NvshmemTransport(const TransportSpec& spec)
-    : DeviceTransport(spec.bootstrap, spec.device, spec.timeout),
+    : DeviceTransport(spec.bootstrap, spec.device, spec.timeout,
+                      TransportCaps{/*remote_fp32_add=*/false, /*stream_ordered=*/true}),
       heap_(std::make_shared<SymmetricHeap>()) {
   heap_->bootstrap = spec.bootstrap;
   heap_->device = spec.device;
@@ -311,14 +312,10 @@ std::vector<NvshmemTransport::PulledPart> NvshmemTransport::every_owner(
   return parts;
 }
 
-Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                                 StreamHandle stream) {
-  return pull_parts(dst, every_owner(region), bytes, 1, /*narrowed=*/false, stream);
-}
-
-Status NvshmemTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                                          StreamHandle stream) {
-  return pull_parts(dst, every_owner(region), count, sizeof(float), /*narrowed=*/true, stream);
+Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_t count,
+                                 DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
+  return pull_parts(dst, every_owner(region), count, element_bytes(src_dtype),
+                    dst_dtype != src_dtype, stream);
 }
 
 Status NvshmemTransport::get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,

@@ -5,8 +5,8 @@
 // transport shares (error record, host barrier, exchange, local operations, the barrier word)
 // comes from device::DeviceTransport. Everything is enqueued on the caller's stream:
 //   get_all,        per owner: this GPU's own shard and peers whose heap NVSHMEM maps into this
-//   get_all_narrowed, GPU (same node, NVLink; "direct", ODC_NVSHMEM_DIRECT, default on) through
-//   get_from        odc's copy kernels over those mappings (the put kernel's copy jobs, or the
+//   get_from        GPU (same node, NVLink; "direct", ODC_NVSHMEM_DIRECT, default on) through
+//                   odc's copy kernels over those mappings (the put kernel's copy jobs, or the
 //                   narrowing copy); every other owner by nvshmemx_getmem_nbi_on_stream and one
 //                   quiet (narrowed: into a stream-ordered fp32 temporary first). get_from serves
 //                   the core's node cache (core/node_gather_cache.h) on the background stream;
@@ -49,7 +49,6 @@ class NvshmemTransport final : public device::DeviceTransport {
   static Result<std::unique_ptr<NvshmemTransport>> create(const TransportSpec& spec);
   ~NvshmemTransport() override;
 
-  TransportCaps caps() const override { return TransportCaps{false, true}; }
   bool maps_directly(int peer) const override { return mapped_[static_cast<size_t>(peer)] != 0; }
   // Peers reached with odc's own kernels over NVSHMEM's NVLink mappings (same node, direct on).
   int num_direct_peers() const;
@@ -58,10 +57,10 @@ class NvshmemTransport final : public device::DeviceTransport {
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle stream) override;
   void mark_failed(const std::string& reason) override;
-  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                 StreamHandle stream) override;
-  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                          StreamHandle stream) override;
+  // As get_from() of every rank, but each rank starts at the owner after itself, so that ranks
+  // do not all pull from the same owner first.
+  Status get_all(void* dst, const SymmetricRegion& region, size_t count, DataType src_dtype,
+                 DataType dst_dtype, StreamHandle stream) override;
   Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
   Status get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,

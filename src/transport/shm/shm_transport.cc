@@ -29,7 +29,9 @@ class ShmRegion final : public SymmetricRegion {
 }  // namespace
 
 ShmTransport::ShmTransport(std::shared_ptr<ShmBootstrap> bootstrap)
-    : bootstrap_(std::move(bootstrap)) {}
+    : Transport(TransportTraits{bootstrap->rank(), bootstrap->world_size(), TransportCaps{},
+                                bootstrap->timeout()}),
+      bootstrap_(std::move(bootstrap)) {}
 
 Result<std::unique_ptr<ShmTransport>> ShmTransport::create(int rank, int world_size,
                                                            const std::string& key,
@@ -122,19 +124,17 @@ Result<std::unique_ptr<SymmetricRegion>> ShmTransport::allocate(size_t bytes) {
       new ShmRegion(std::move(segments), std::move(pointers), rank, bytes));
 }
 
-Status ShmTransport::get_all(void* dst, const SymmetricRegion& region, size_t bytes, StreamHandle) {
-  auto* out = static_cast<char*>(dst);
+Status ShmTransport::get_all(void* dst, const SymmetricRegion& region, size_t count,
+                             DataType src_dtype, DataType dst_dtype, StreamHandle) {
+  const size_t part_bytes = count * element_bytes(dst_dtype);
   for (int r = 0; r < world_size(); ++r) {
-    std::memcpy(out + static_cast<size_t>(r) * bytes, region.peer(r), bytes);
-  }
-  return Status::Ok();
-}
-
-Status ShmTransport::get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                                      StreamHandle) {
-  for (int r = 0; r < world_size(); ++r) {
-    host::narrow_into(static_cast<uint16_t*>(dst) + static_cast<size_t>(r) * count,
-                      static_cast<const float*>(region.peer(r)), count);
+    char* part = static_cast<char*>(dst) + static_cast<size_t>(r) * part_bytes;
+    if (dst_dtype == src_dtype) {
+      std::memcpy(part, region.peer(r), part_bytes);
+    } else {
+      host::narrow_into(reinterpret_cast<uint16_t*>(part),
+                        static_cast<const float*>(region.peer(r)), count);
+    }
   }
   return Status::Ok();
 }

@@ -27,10 +27,6 @@ class ShmTransport final : public Transport {
                                                       std::chrono::duration<double> timeout,
                                                       Bootstrap* outer = nullptr);
 
-  int rank() const override { return bootstrap_->rank(); }
-  int world_size() const override { return bootstrap_->world_size(); }
-  TransportCaps caps() const override { return TransportCaps{}; }
-  std::chrono::duration<double> timeout() const override { return bootstrap_->timeout(); }
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
   Status barrier(CollectiveOp op, StreamHandle) override {
@@ -43,10 +39,8 @@ class ShmTransport final : public Transport {
   Result<std::unique_ptr<Transport>> split(const SplitGroup& group) override;
   Status poll_error() override { return Status::Ok(); }
   void mark_failed(const std::string& reason) override { bootstrap_->mark_failed(reason); }
-  Status get_all(void* dst, const SymmetricRegion& region, size_t bytes,
-                 StreamHandle stream) override;
-  Status get_all_narrowed(void* dst, const SymmetricRegion& region, size_t count,
-                          StreamHandle stream) override;
+  Status get_all(void* dst, const SymmetricRegion& region, size_t count, DataType src_dtype,
+                 DataType dst_dtype, StreamHandle stream) override;
   Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
              StreamHandle stream) override;
   Status put(const void* src, const SymmetricRegion& region, int peer, size_t offset, size_t bytes,
