@@ -8,7 +8,8 @@
 #
 # The long ones: the protocol at 256 ranks for 1,000 minibatches per scheme (ctest, names with
 # _256ranks: about 660 s of CPU, 5.5 min of a 2-core machine; their 2- and 64-rank runs stay
-# in the quick tier).
+# in the quick tier), and the multi-arm odc.train runs of about a minute each (pytest's `long`
+# mark, doc blocks marked `doc-test: long`: about 3 min of a 2-core machine).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
@@ -21,9 +22,10 @@ esac
 build_dir="${ODC_BUILD_DIR:-build/cmake}"
 started=$SECONDS
 phase() { echo; echo "== [$((SECONDS - started)) s] $* =="; }
-ctest_filter=()
+ctest_filter=() pytest_filter=()
 if [ "$tier" = quick ]; then
   ctest_filter=(-E '_256ranks')  # names carry a '# GetParam() = ...' suffix
+  pytest_filter=(-m 'not long')
 fi
 
 phase "setup"
@@ -34,7 +36,8 @@ phase "C++ tests (ctest, $tier tier)"
 ctest --test-dir "$build_dir" --output-on-failure --timeout 300 -j "$(nproc)" --progress \
   "${ctest_filter[@]}"
 phase "Python tests (pytest)"
-ODC_CLI="$repo_root/.venv/bin/odc" .venv/bin/python -m pytest -rs tests/python tests/gpu
+ODC_CLI="$repo_root/.venv/bin/odc" .venv/bin/python -m pytest -rs tests/python tests/gpu \
+  "${pytest_filter[@]}"
 phase "tests done ($tier tier)"
 if [ "$tier" = quick ]; then
   echo "the long tests did not run: ./scripts/test.sh --full runs them (as CI does)"

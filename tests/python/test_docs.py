@@ -9,6 +9,8 @@ written. The marking convention (CONTRIBUTING.md, "Code blocks in the docs"):
                                (and reported) elsewhere
   <!-- doc-test: manual: WHY --> not run by this test (the reason is required and reported): the
                                README's own commands, long GPU benchmarks, builds from scratch
+  <!-- doc-test: long -->      a complete block of a minute on a 2-core machine: runs in the full
+                               tier (pytest's `long` mark; ./scripts/test.sh leaves it out)
   ```text / ```json / ``` ...  output and formats: not code, not run
 
 Blocks in any other language (c, cpp, ...) must carry a marker. Files added later are picked up
@@ -29,7 +31,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 RUN_LANGUAGES = {"python": "python", "py": "python", "bash": "bash", "sh": "bash", "shell": "bash"}
 DATA_LANGUAGES = {"", "text", "txt", "json", "csv", "output", "console", "diff", "toml", "yaml"}
-MARKER = re.compile(r"^<!--\s*doc-test:\s*(fragment|gpu|manual)\s*(?::\s*(.*?))?\s*-->$")
+MARKER = re.compile(r"^<!--\s*doc-test:\s*(fragment|gpu|manual|long)\s*(?::\s*(.*?))?\s*-->$")
 FENCE = re.compile(r"^(\s*)```\s*([\w+-]*)\s*(.*)$")
 
 
@@ -38,7 +40,7 @@ class Block:
     path: Path
     line: int  # 1-based line of the opening fence
     language: str
-    marker: str  # "" | "fragment" | "gpu" | "manual" | "bad: ..."
+    marker: str  # "" | "fragment" | "gpu" | "manual" | "long" | "bad: ..."
     reason: str
     code: str
 
@@ -134,11 +136,15 @@ def test_markers_are_well_formed():
 
 
 def test_there_are_blocks_to_run():
-    runnable = [b for b in CODE_BLOCKS if b.language in RUN_LANGUAGES and not b.marker]
+    runnable = [b for b in CODE_BLOCKS if b.language in RUN_LANGUAGES and b.marker in ("", "long")]
     assert len(runnable) >= 3, [b.name for b in runnable]  # the parser did not lose the README's
 
 
-@pytest.mark.parametrize("block", CODE_BLOCKS, ids=lambda b: b.name)
+@pytest.mark.parametrize(
+    "block",
+    [pytest.param(b, marks=pytest.mark.long) if b.marker == "long" else b for b in CODE_BLOCKS],
+    ids=lambda b: b.name,
+)
 def test_doc_block(block, odc_cli, scratch_repo, tmp_path):
     language = RUN_LANGUAGES.get(block.language)
     if block.marker.startswith("bad: "):

@@ -126,6 +126,7 @@ def _baselines_lengths(path: Path) -> None:
     path.write_text("\n".join(map(str, ([240] + [80] * 9) * 2)) + "\n")
 
 
+@pytest.mark.long
 def test_baselines_run_every_arm_as_designed(tmp_path):
     pytest.importorskip("transformers", reason="odc train needs transformers")
     lengths, output = tmp_path / "lengths.txt", tmp_path / "results.json"

@@ -19,6 +19,7 @@ def _rollouts(path, groups=8, group_size=4, seed=0):
     return path
 
 
+@pytest.mark.long
 def test_cli_task_grpo_runs_every_arm(tmp_path):
     import json
     import subprocess
@@ -192,6 +193,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.long
 def test_compile_warm_up_runs_every_size_and_leaves_the_run_unchanged(tmp_path):
     # With compiled blocks, every arm first runs one forward + backward per size of
     # model.compile_sizes (and GRPO's forward-only passes), its sums dropped, so that torch

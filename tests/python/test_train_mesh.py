@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 LENGTHS = str(REPO / "data" / "aime_rl_like.txt")
 
 
+@pytest.mark.long
 def test_mesh_compare_hybrid_collective_and_flat(tmp_path):
     output = tmp_path / "results.json"
     command = [

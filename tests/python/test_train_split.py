@@ -139,6 +139,7 @@ def _train_outliers(tmp_path, *arguments, env=None):
     return json.loads(output.read_text()), result.stdout
 
 
+@pytest.mark.long
 def test_train_compare_with_split_runs_and_keeps_the_losses(tmp_path):
     """`odc.train --compare --split auto --kv-exchange both` on 2 CPU ranks: the split runs
     really split (both minibatches hold an outlier) and every run trains to the same losses step

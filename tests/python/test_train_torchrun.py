@@ -38,6 +38,7 @@ def _run(command, cwd):
     return result
 
 
+@pytest.mark.long
 def test_torchrun_and_self_launch_give_the_same_results(tmp_path):
     launched = tmp_path / "self.json"
     _run(
