@@ -45,7 +45,8 @@ class PlanOptions(ctypes.Structure):
     the C layout by tests/python/test_capi_layout.py."""
 
     _fields_ = [
-        ("size", ctypes.c_size_t),  # the header (issue #29): what the library may read and write
+        # The header (size, magic, version); size: what the library may read and write.
+        ("size", ctypes.c_size_t),
         ("magic", ctypes.c_uint),
         ("version", ctypes.c_uint),
         ("num_ranks", ctypes.c_int64),

@@ -184,7 +184,7 @@ def main(argv=None) -> int:
         return 0
     if argv[:1] == ["--draw"]:
         return _draw_main(argv[1:])
-    # Everything else is `odc simulate` (which has --plot and --format itself since issue 28):
+    # Everything else is `odc simulate` (which has --plot and --format itself):
     # its output, its one-line errors and its exit status, unchanged.
     try:
         command = [cli_path(), "simulate", *argv]

@@ -72,7 +72,8 @@ cudaError_t gather_sm(void* dst, const PeerPointers& shards, size_t shard_bytes,
 // nearest even, for i < count; local or peer memory on either side. A gather of float32 shards
 // into a bfloat16 destination (mixed-precision parameters) reads 4 bytes per element from the
 // owners but writes only 2, with no float32 copy of the whole gathered tensor: that copy was
-// the largest transient buffer of odc.torch's mixed-precision all-gather (issue #17).
+// the largest transient buffer of odc.torch's mixed-precision all-gather
+// (docs/benchmarks-archive.md, "odc.torch memory at 64K").
 // 16-byte loads / 8-byte stores where the pair's alignment allows, element-wise otherwise.
 // `error` (optional): when it records a failed wait, the kernel writes nothing.
 struct NarrowJobs {

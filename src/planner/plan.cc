@@ -572,7 +572,7 @@ int64_t largest_microbatch(const MinibatchPlan& minibatch, std::span<const int64
 // LB-Mini is a superset of LB-Micro under ODC: any LB-Micro plan is a legal LB-Mini plan (its
 // empty padding microbatches dropped: under ODC nobody waits for them). LB-Mini's rank split
 // balances sample costs and cannot see the c (or floor) of each microbatch that packing adds
-// afterwards, so on many short samples per rank it lost to LB-Micro's equal counts (issue 28: 14
+// afterwards, so on many short samples per rank it lost to LB-Micro's equal counts (in 14
 // of 20 minibatches of aime_rl_like.txt, 64 ranks x 8 samples). So the minibatch keeps whichever
 // of the two is predicted faster under ODC; ties keep LB-Mini's. With splitting, LB-Micro's
 // candidate must also meet LB-Mini's microbatch bound (its remaining samples are packed up to the

@@ -93,7 +93,8 @@ Bins partition_around(const std::vector<int>& items, std::span<const double> cos
   // of time_at is monotone), so a class's least rank is its lightest, lowest index on ties, and
   // comparing one rank per class picks what a scan of every rank picks. A split search builds a
   // plan per candidate group size, and base has at most one value per group plus 0, so this is
-  // O(items x groups) per plan instead of O(items x ranks) (issue 26: ranks = samples = 512).
+  // O(items x groups) per plan instead of O(items x ranks), which counts at about one sample per
+  // rank (e.g. ranks = samples = 512).
   // Each class is a binary min-heap of (load, rank) entries; an entry is stale once its rank
   // took another item (a newer entry holds its load), and a rank without room never regains it,
   // so both are dropped when they reach the top.
@@ -339,10 +340,10 @@ double equal_counts_bound(const std::vector<double>& left, int64_t num_members, 
 //
 // A trial is kept only when its span is below best_span * (1 - 1e-9), so a trial whose span is
 // provably at least best_span is skipped without building its plan: the plans are those of trying
-// every group size, at a fraction of the work (issue 26: ranks = samples = 512 built ~100,000
-// plans, 96 s). Every bound below holds for the span predict_times computes, ODC or collective
-// (collective time >= ODC time): a rank's total is at least each of its steps, and the rounding
-// of the bounds' own sums is far below the 1e-9 margin.
+// every group size, at a fraction of the work (trying them all at ranks = samples = 512 built
+// ~100,000 plans, 96 s). Every bound below holds for the span predict_times computes, ODC or
+// collective (collective time >= ODC time): a rank's total is at least each of its steps, and the
+// rounding of the bounds' own sums is far below the 1e-9 margin.
 //   - A sample left unsplit runs in some microbatch: span >= microbatch(its cost) / fastest speed.
 //   - A group already chosen runs first on its ranks: span >= its time.
 //   - The new group moves at its slowest member, at least its mean chunk: mean over the members

@@ -15,7 +15,7 @@
 namespace odc::simulate {
 
 // The sample options `odc plan`, `odc compare` and `odc simulate` share, with one spelling and
-// one default each (issue 28; odc.train's own names): a minibatch is ranks x samples_per_rank
+// one default each (odc.train's own names): a minibatch is ranks x samples_per_rank
 // consecutive samples of the file, after dropping those above max_length.
 struct SampleArgs {
   std::string lengths_path;

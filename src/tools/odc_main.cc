@@ -328,7 +328,7 @@ Result<Plan> grpo_plan(std::span<const int64_t> lengths, const PlanOptions& opti
 }
 
 // Where splitting outliers would pay and it is off: the hint names the switch and its predicted
-// effect (issue 28: a long-tail file predicted 2.65x with it, 1.02x without, and nothing said).
+// effect (a long-tail file was predicted 2.65x with it, 1.02x without, and nothing said so).
 // Shown when odc + lb-mini+split is predicted at least 5% faster than odc + lb-mini.
 constexpr double kSplitHintGain = 1.05;
 
@@ -652,7 +652,7 @@ int main(int argc, char** argv) {
                  cost_words(odc::simulate::forward_cost(options.cost, compare_forward_fraction)) +
                  " and " + std::to_string(compare_minibatches_per_step) + " updates"
            : "";
-  // With --split auto, the two policies that can split, split (issue #14).
+  // With --split auto, the two policies that can split (LB-Micro and LB-Mini) are planned split.
   if (split == odc::planner::SplitMode::kAuto) {
     for (auto policy : {odc::planner::Policy::kLbMicro, odc::planner::Policy::kLbMini}) {
       options.policy = policy;

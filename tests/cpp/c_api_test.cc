@@ -134,7 +134,7 @@ TEST(CApi, LengthsRead) {
 
 namespace {
 
-// odcPlanOptions_t as headers before issue #29 declared it (no size, magic or version).
+// odcPlanOptions_t as headers declared it before it was versioned (no size, magic or version).
 struct UnversionedPlanOptions {
   int64_t num_ranks;
   int64_t max_tokens;

@@ -1,6 +1,6 @@
-// Hardening of the communicator C API (issue #18): every size product the runtime derives from a
+// Hardening of the communicator C API: every size product the runtime derives from a
 // count must be checked, never wrapped; buffers of the same size allocated in a different order on
-// different ranks are told apart by their names. Issue #41: a split member that leaves before the
+// different ranks are told apart by their names; a split member that leaves before the
 // group met is named at once; a job killed mid-allocation or mid-split leaves nothing named.
 #include <gtest/gtest.h>
 
@@ -91,7 +91,7 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// Item 12: rank 0 allocates its parameters where rank 1 allocates its gradients, same size. Before
+// Rank 0 allocates its parameters where rank 1 allocates its gradients, same size. Before
 // names existed both calls succeeded and rank 0 gathered rank 1's gradients as weights.
 TEST(Hardening, BufferNamesAreCheckedAcrossRanks) {
   const auto outcome = odc::testing::run_ranks(
@@ -168,7 +168,7 @@ void wait_for_flag(const std::atomic<int>* flag, int value) {
   while (flag->load() < value) std::this_thread::sleep_for(std::chrono::milliseconds(2));
 }
 
-// Issue #26 item 5: a forked child that uses or destroys its parent's communicator (a Python
+// A forked child that uses or destroys its parent's communicator (a Python
 // child's finalizer runs odcCommDestroy) must not act as the parent's rank. Before, the child's
 // destroy marked rank 0 closed in the shared control block and rank 1 failed with "rank 0
 // destroyed its communicator".
@@ -202,7 +202,7 @@ TEST(Hardening, ForkedChildNeitherUsesNorDestroysItsParentsCommunicator) {
   for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
 }
 
-// Issue #26 item 8: odcCommDestroy from another thread while a call waits on a peer (here with an
+// odcCommDestroy from another thread while a call waits on a peer (here with an
 // infinite timeout) ends that wait and frees nothing before the call has returned; the peer then
 // learns that this rank destroyed its communicator. It was a use-after-free.
 TEST(Hardening, DestroyFromAnotherThreadEndsTheCallInFlight) {
@@ -245,7 +245,7 @@ TEST(Hardening, DestroyFromAnotherThreadEndsTheCallInFlight) {
   for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
 }
 
-// Issue #41 item 5: a communicator is used by one thread at a time. A call entering while another
+// A communicator is used by one thread at a time. A call entering while another
 // thread is inside one (here a barrier waiting for rank 1) is refused at once, naming both threads
 // and the call in flight, and changes nothing: that call completes and the communicator stays
 // usable. Before, the second thread ran into the first's sequence numbers (concurrent pushes
@@ -311,7 +311,7 @@ TEST(Hardening, SecondThreadInsideACommunicatorIsRefusedNamingBoth) {
   for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
 }
 
-// Issue #41 item 5: rank 0 waits in a sub-communicator's barrier while rank 1 waits in the
+// Rank 0 waits in a sub-communicator's barrier while rank 1 waits in the
 // parent's (a program's mistake); rank 0 times out first and destroys both. Rank 1 was told only
 // "rank 0 destroyed its communicator"; it is told the sub-communicator's failure that led to it.
 TEST(Hardening, PeerLearnsWhyARankDestroyedItsCommunicatorAfterASubCommunicatorFailed) {
@@ -345,7 +345,7 @@ TEST(Hardening, PeerLearnsWhyARankDestroyedItsCommunicatorAfterASubCommunicatorF
   for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
 }
 
-// Issue #26 item 8: the caller's interrupt check (Python: its signal handlers, so Ctrl-C) ends a
+// The caller's interrupt check (Python: its signal handlers, so Ctrl-C) ends a
 // wait on a missing peer even with an infinite timeout; the communicator is failed and the peer
 // names this rank. Before, such a wait never returned.
 TEST(Hardening, InterruptCheckEndsWaitsAndFailsTheCommunicator) {
@@ -387,7 +387,7 @@ TEST(Hardening, InterruptCheckEndsWaitsAndFailsTheCommunicator) {
   for (size_t rank = 0; rank < outcome.size(); ++rank) EXPECT_EQ(outcome[rank], "") << rank;
 }
 
-// Issue #26 item 7: a buffer handle is validated before anything reads it. odcGather used to read
+// A buffer handle is validated before anything reads it. odcGather used to read
 // the buffer's dtype first: a garbage handle was a SIGSEGV, a freed one a use-after-free. A freed
 // handle also stays invalid once a new buffer of the same size takes its memory.
 TEST(Hardening, BufferHandlesAreCheckedBeforeUse) {
@@ -458,7 +458,7 @@ TEST(Hardening, PlanHandlesAreCheckedBeforeUse) {
   EXPECT_EQ(odcLengthsFree(nullptr), odcSuccess);
 }
 
-// Issue #26 item 8: a NaN timeout is refused naming the argument (it used to mean "the default").
+// A NaN timeout is refused naming the argument (it used to mean "the default").
 TEST(Hardening, NanTimeoutIsRefusedNamingIt) {
   odcComm_t comm = nullptr;
   EXPECT_EQ(odcCommInit(&comm, 0, 1, unique_key("nan").c_str(), NAN), odcInvalidArgument);
@@ -491,7 +491,7 @@ int leave_from_the_exchange(void*) {
   return 0;
 }
 
-// Issue 41 item 3: a member that is interrupted, fails (EMFILE: it cannot claim its slot of the
+// A member that is interrupted, fails (EMFILE: it cannot claim its slot of the
 // group), aborts or dies once its colour record is out never makes its block of the new group.
 // The other member used to wait for that block the whole timeout ("timed out ... waiting for rank
 // 1 to join key 's...'"); it now sees the member's failure flag or pid in the parent and fails at
@@ -644,7 +644,7 @@ std::vector<std::string> names_left_by_a_job_killed_in(bool split) {
   return left;
 }
 
-// Issue 41 item 4: a job killed during an allocation or a split used to leave its names for good
+// A job killed during an allocation or a split used to leave its names for good
 // (allocation segments, and split groups' control blocks under random names no later run looks
 // for): 9 of 20 such jobs left 32 names holding 67 MB. The next job on the host removes them.
 TEST(Hardening, JobKilledDuringAnAllocationOrASplitLeavesNothingOnceTheNextJobStarts) {

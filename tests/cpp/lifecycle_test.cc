@@ -1,4 +1,4 @@
-// Destroy order of a communicator (issue #18 item 13), on the in-memory transport dressed up as a
+// Destroy order of a communicator, on the in-memory transport dressed up as a
 // stream-ordered one: before any buffer is freed, this rank's queued work must be complete (drain)
 // and, unless the communicator failed, every peer must have met it in a final barrier, so that no
 // peer's queued gather or push still uses the memory. The wrapper logs the order of those events.

@@ -692,7 +692,7 @@ TEST(Memory, ByteKnobsReadZeroInAnySpellingAndOnlyPlainDigits) {
   EXPECT_EQ(positive_integer("2", 8), 2u);
 }
 
-// Issue #41 item 5: host rings hold what the model can put in flight, up to the budget. Made with
+// Host rings hold what the model can put in flight, up to the budget. Made with
 // the first accumulator (a 400-byte shard: 16 slots of 512 bytes per sender, not the budget's 8
 // of 64 KiB), they grow at the minibatch_begin after a larger accumulator came (to the budget's
 // cut, no further), never shrink, and keep their counts; every sum stays exact. Device rings are

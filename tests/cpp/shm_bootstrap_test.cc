@@ -71,7 +71,7 @@ TEST(ShmBootstrap, KeyStaysReservedAfterInitAndIsFreedOnClose) {
   ASSERT_TRUE(first.ok()) << first.status().message();
   // Past init nothing of the key is named in /dev/shm, yet a second job with the key is refused
   // at once, every time (the claim outlives the names). The first job goes on: its ranks had all
-  // met, so the second job's cannot be among them (issue 41 item 1: it used to fail too).
+  // met, so the second job's cannot be among them (it used to fail too).
   EXPECT_NE(::access(("/dev/shm/odc." + key + ".r0").c_str(), F_OK), 0);
   for (int attempt = 0; attempt < 3; ++attempt) {
     auto second = shm::ShmBootstrap::create(0, 1, key, std::chrono::seconds(5));
@@ -101,7 +101,7 @@ TEST(ShmBootstrap, SecondClaimantWhileTheHolderStillJoinsFailsBothJobs) {
   for (const auto& message : outcome) EXPECT_EQ(message, "");
 }
 
-// Issue 41 item 5: launch identities used to be cut at 159 bytes, so two launches whose
+// Launch identities used to be cut at 159 bytes, so two launches whose
 // identities differ only past that (a long ODC_JOB_ID) counted as one and paired.
 TEST(ShmBootstrap, LaunchesDifferingAnywhereInTheirIdentityNeverPair) {
   const auto outcome = run_ranks(2, [](int rank, int world, const std::string& key) {

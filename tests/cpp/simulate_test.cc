@@ -467,7 +467,7 @@ TEST(Simulate, MeasuredCurvesReplaceTheNvlinkConstants) {
   EXPECT_NEAR(run(lengths, options).seconds, 9.0, 1e-12);
 }
 
-// Issue 26: sizes that made the simulator abort, overflow or run for hours are refused with a
+// Sizes that made the simulator abort, overflow or run for hours are refused with a
 // message, and a directory given as the curves file is an error, not an uncaught exception.
 TEST(Simulate, RefusesSizesItCannotRunAndReadsNoDirectory) {
   const std::vector<int64_t> lengths = {3, 1};

@@ -495,7 +495,7 @@ TEST(SplitComm, NoColourGetsNullAndAMismatchIsNamed) {
     }
     auto wrong = parent->allocate(4, DataType::kFloat32, false);
     if (wrong.ok()) return "alloc against split succeeded";
-    // Issue #41 item 5: the split's record was read as a buffer request ("rank 0 asked for 0
+    // The split's record used to be read as a buffer request ("rank 0 asked for 0
     // float32 elements named \"...\"", its random name's bytes as the buffer's name).
     const std::string& message = wrong.status().message();
     if (message.find("collective mismatch: rank 0 called split where this rank called alloc") ==

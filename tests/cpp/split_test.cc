@@ -288,7 +288,7 @@ TEST(SplitPlan, CostFloorChargesShortMicrobatchesAfterAChunk) {
               1e-12);
 }
 
-// Issue 26: with about one sample per rank the search tried every group size for every outlier,
+// With about one sample per rank the search tried every group size for every outlier,
 // each a whole plan (ranks = samples = 512: ~90,000 plans, 96 s). Trials that provably cannot
 // beat the best span are now skipped: the plans built stay near one per split (bound asserted,
 // not time), and the result is the exhaustive search's, here and on random small minibatches.

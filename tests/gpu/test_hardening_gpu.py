@@ -1,12 +1,12 @@
-"""Issue #18 on GPUs (CUDA transport, one process per GPU), items 13 to 15:
-- 13: destroying a communicator right after enqueuing a gather (behind a long device sleep, so it
+"""Hardening on GPUs (CUDA transport, one process per GPU):
+- destroying a communicator right after enqueuing a gather (behind a long device sleep, so it
   has not run yet) neither crashes the device nor corrupts the result: destroy completes this
   rank's queued work and meets its peers before it frees (or closes) any memory;
-- 14: after a device-side timeout in minibatch_end, odc.torch refuses the optimizer step (no
+- after a device-side timeout in minibatch_end, odc.torch refuses the optimizer step (no
   partial sum reaches it) and the parameters stay as they were;
-- 15: barrier() on one rank paired with minibatch_begin() on another fails on both with
+- barrier() on one rank paired with minibatch_begin() on another fails on both with
   "collective mismatch" naming both operations, as the host transport does (over NVSHMEM too:
-  test_nvshmem_comm.py, issue #31).
+  test_nvshmem_comm.py).
 Every wait is bounded (timeouts of a few seconds): a regression fails, it never hangs."""
 
 import gc

@@ -131,7 +131,7 @@ def _owner_stream_busy_rank(rank, world_size, key, sleep_seconds, timeout, warm_
 
 
 def test_nvshmem_pushes_progress_while_the_owners_stream_is_busy(nvshmem, monkeypatch):
-    """design.md's progress rule on the device (issue #41): an owner folds in the fold kernels its
+    """design.md's progress rule on the device: an owner folds in the fold kernels its
     odc calls enqueue on its stream; while that stream runs a long kernel (or waits in a
     collective) a sender with a full ring could only wait, and its credit wait expired (the
     communicator failed: `credit wait (scatter_accumulate) timed out`). The owner's progress
@@ -182,7 +182,7 @@ def test_nvshmem_dead_rank_named(nvshmem):
 
 
 def test_nvshmem_barrier_mismatch_names_both_collectives(nvshmem):
-    """Issue #31: NVSHMEM's device barrier announces the collective with its epoch, so barrier()
+    """NVSHMEM's device barrier announces the collective with its epoch, so barrier()
     on one rank and minibatch_begin() on the other fail on both with "collective mismatch" naming
     both, worded as on the CUDA transport (it paired them silently before)."""
     hardening.test_device_barrier_mismatch_names_both_collectives()

@@ -40,7 +40,7 @@ def test_bf16_loss_curve_follows_plain_fsdp2():
 
 
 def test_frozen_unused_and_adapter_parameters_on_gpus():
-    """Issue #26 items 1 and 3 on the CUDA transport: frozen parameters unchanged, subsets of a
+    """On the CUDA transport: frozen parameters unchanged, subsets of a
     group pushed (spread into the trainable layout), no .grad where no rank reduced."""
     from test_torch_fsdp2_frozen import check_frozen_unused_and_adapter_parameters
 

@@ -50,9 +50,10 @@ def test_varlen_packed_equals_documents_one_by_one():
 
 
 def test_direct_flash_op_equals_torch_varlen_attn_bit_for_bit():
-    # odc.train calls aten's flash op itself (host time, issue #42); torch's public varlen_attn
-    # runs the same kernels through Python custom ops. Same outputs and gradients, bit for bit
-    # (dq up to the flash backward's atomic accumulation order, which varies run to run).
+    # odc.train calls aten's flash op itself (less host time: docs/benchmarks.md, "5. The host
+    # floor"); torch's public varlen_attn runs the same kernels through Python custom ops. Same
+    # outputs and gradients, bit for bit (dq up to the flash backward's atomic accumulation order,
+    # which varies run to run).
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:

@@ -1,4 +1,4 @@
-"""Splitting outliers on GPUs (issue #14): a sample split into zigzag chunks over a group of GPUs
+"""Splitting outliers on GPUs: a sample split into zigzag chunks over a group of GPUs
 (K/V through odc.torch.split: an odc sub-communicator over the CUDA transport, or an NCCL
 subgroup; varlen flash attention with the global causal mask) gives the loss and gradients
 of the same sample run whole on one GPU, within bf16 tolerance, with either exchange.

@@ -141,7 +141,7 @@ def test_train_usage_errors_exit_2_with_one_line(tmp_path, args, message):
 
 
 def test_train_names_a_token_id_beyond_the_vocabulary(tmp_path):
-    # Issue 26: a traceback from inside the ranks before; now checked before any rank starts.
+    # A traceback from inside the ranks before; now checked before any rank starts.
     pytest.importorskip("torch")
     data = tmp_path / "tokens.jsonl"
     data.write_text("[1, 2, 3]\n[4, 5000]\n")
@@ -257,7 +257,7 @@ SHARED_OPTIONS += ["--rank-speed", "--split", "--split-exchange"]
 
 
 def test_one_vocabulary_for_plan_compare_and_simulate(odc_cli, data_dir, tmp_path):
-    # Issue 28: the three subcommands spell the sample options alike, with the same defaults
+    # The three subcommands spell the sample options alike, with the same defaults
     # (odc.train's: 4 samples per rank, the cap = the longest sample kept).
     for subcommand in ("plan", "compare", "simulate"):
         usage = run([odc_cli, subcommand, "--help"]).stdout

@@ -1,4 +1,4 @@
-"""GRPO's training-phase arithmetic (odc.train.grpo, issue #30): the rollouts file, group
+"""GRPO's training-phase arithmetic (odc.train.grpo): the rollouts file, group
 advantages, token log-probabilities and entropy, the clipped PPO loss and the KL estimate,
 against hand computations and torch's own functions."""
 

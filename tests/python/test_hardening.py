@@ -1,7 +1,9 @@
-"""Hardening of the binding, the planner and the CLI against hostile input (issue #18).
+"""Hardening of the binding, the planner and the CLI against hostile input.
 
-Items 3, 4, 7, 9, 10, 11, 12 and 14 (its host side) of the issue; each test failed before its fix. Crashes are run in a
-child process so a regression shows as a failed test, not a dead test runner.
+Views that outlive their owners, no silent truncation in the binding, the planner and the CLI on
+extreme input, buffers told apart by name across ranks, and asynchronous failures reported by
+poll_error (host side); each test failed before its fix. Crashes are run in a child process so a
+regression shows as a failed test, not a dead test runner.
 """
 
 import gc
@@ -31,7 +33,7 @@ def _run_python(code):
     )
 
 
-# -- item 4: views outlive their Python owners --------------------------------------------------
+# -- views outlive their Python owners ----------------------------------------------------------
 
 
 def test_view_of_a_dropped_comm_stays_valid():
@@ -108,7 +110,7 @@ def test_torch_view_keeps_buffer_alive():
     assert result.stdout.strip() == str(float(2 << 16))
 
 
-# -- item 11: no silent truncation in the binding ------------------------------------------------
+# -- no silent truncation in the binding ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -141,13 +143,13 @@ def test_alloc_count_is_not_truncated():
         # ctypes would pass 2**64 + 1 as 1 and hand back a 1-element buffer.
         with pytest.raises(odc.Error, match="count must be an integer in"):
             comm.alloc(2**64 + 1)
-        # item 3: 2**62 + 1 float32 elements wrap to 4 bytes in C: refused by the C API.
+        # 2**62 + 1 float32 elements wrap to 4 bytes in C: refused by the C API.
         with pytest.raises(odc.Error, match="is too large"):
             comm.alloc(2**62 + 1, accumulator=True)
         assert comm.alloc(4).count == 4  # the communicator is still usable
 
 
-# -- items 7, 9, 10: the planner and the CLI -----------------------------------------------------
+# -- the planner and the CLI ---------------------------------------------------------------------
 
 
 def test_many_samples_in_one_minibatch_plan(odc_cli, tmp_path):
@@ -222,7 +224,7 @@ def test_echoed_control_bytes_are_escaped(odc_cli, args, stdin):
     assert "\x1b" not in message and "\r" not in message
 
 
-# -- item 12: buffers of the same size allocated in a different order -------------------------
+# -- buffers of the same size allocated in a different order ----------------------------------
 
 
 def _swapped_names_rank(rank, world_size, key):
@@ -360,7 +362,7 @@ def test_odc_torch_names_its_buffers(tmp_path, rename):
         assert 'named "odc.torch/layers.0:params"' in message
 
 
-# -- item 14: a failure found asynchronously is reported by poll_error ------------------------
+# -- a failure found asynchronously is reported by poll_error ---------------------------------
 
 
 def _poll_rank(rank, world_size, key):

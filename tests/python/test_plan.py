@@ -96,7 +96,7 @@ def test_table_and_compare_formats(odc_cli, data_dir):
 
 
 def test_compare_points_to_split_where_it_pays(odc_cli, data_dir):
-    # Long-tail SFT (issue 28): without --split auto, lb-mini cannot hide the outliers, and the
+    # Long-tail SFT: without --split auto, lb-mini cannot hide the outliers, and the
     # comparison names the switch with its predicted effect; where splitting pays nothing
     # (RL-shaped lengths) there is no hint.
     common = ["--ranks", "8", "--cost", "3.12326e-05,1.18741e-09,0.0708187"]
@@ -137,7 +137,7 @@ CLI_ERRORS = [
     (["# only a comment", ""], [], "empty input: no sample lengths given"),
     (["10"], ["--policy", "fsdp"], "unknown policy 'fsdp'"),
     (["10"], ["--microbatch-memory", "tight"], "unknown microbatch memory 'tight'"),
-    # Issue 26: CLI11 read these as INT64_MAX / INT64_MIN and the error named a number not typed.
+    # CLI11 once read these as INT64_MAX / INT64_MIN and the error named a number not typed.
     (["10"], ["--ranks", "99999999999999999999"], "--ranks: '99999999999999999999' is out of"),
     (["10"], ["--max-tokens", "-99999999999999999999"], "--max-tokens: '-99999999999999999999'"),
     (["10"], ["--minibatch-size", "1" + "0" * 19], "--minibatch-size: '1" + "0" * 19 + "'"),
@@ -171,7 +171,7 @@ PYTHON_ERRORS = [
     # An empty list is not "uniform speeds" (None is): it reached the planner as none at all.
     (dict(rank_speed=[]), "rank_speed must have one entry per rank: got 0 for 2 ranks"),
     (dict(lengths=[]), "empty input: no sample lengths given"),
-    # Issue 26: ctypes kept the low 64 bits (2**70 became 0) and the error named 0.
+    # ctypes once kept the low 64 bits (2**70 became 0) and the error named 0.
     (dict(ranks=2**70), f"ranks must fit in 64 bits, got {2**70}"),
     (dict(minibatch_size=2**64), f"minibatch_size must fit in 64 bits, got {2**64}"),
     (dict(lengths=[10, 2**70]), f"sample 1: length {2**70} does not fit in 64 bits"),
@@ -295,7 +295,7 @@ def _odc_times(plan, lengths, cost):
     "name,ranks,per_rank,split",
     [
         # RL-shaped: 8 short responses per rank; LB-Mini's rank split cannot see the c of the
-        # microbatches packing adds (issue 28: slower than LB-Micro in most minibatches).
+        # microbatches packing adds (slower than LB-Micro in most minibatches).
         ("aime_rl_like.txt", 64, 8, "off"),
         # Long-tail with splitting: LB-Micro's split plan was the faster under ODC in a third.
         ("swe_smith_like.txt", 8, 4, "auto"),

@@ -1,4 +1,4 @@
-"""odc.plan(split="auto") and `odc plan/compare --split auto` (issue #14): the same plans, split
+"""odc.plan(split="auto") and `odc plan/compare --split auto`: the same plans, split
 samples listed under "splits" with chunks covering every token once, and named errors."""
 
 import json

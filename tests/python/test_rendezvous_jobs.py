@@ -1,6 +1,6 @@
-"""Issue 28 item 3 on the host transport: two jobs that use the same key never pair ranks across
-jobs (they fail, naming the key and the collision; a job whose ranks had all met goes on, issue 41
-item 1), and a job that fails or is killed by its launcher (torchrun SIGTERMs the survivors)
+"""Jobs sharing a key, on the host transport: two jobs that use the same key never pair ranks
+across jobs (they fail, naming the key and the collision; a job whose ranks had all met goes on),
+and a job that fails or is killed by its launcher (torchrun SIGTERMs the survivors)
 leaves nothing named in /dev/shm.
 
 Ranks are plain interpreters that import only odc (no torch), so many trials stay cheap.
@@ -175,7 +175,7 @@ _LIVE_RANK = textwrap.dedent(
 
 
 def test_second_job_on_a_live_key_fails_alone(tmp_path):
-    # Issue 41 item 1: job C's ranks have met and train; job D starts 0-400 ms later with C's
+    # Job C's ranks have met and train; job D starts 0-400 ms later with C's
     # key. D is refused at init naming the key; C goes on with exact sums, every time (C's
     # ranks are fixed once they met: D's cannot be among them). Before, C failed too
     # ("another job is using key ...: both jobs fail rather than pair ranks across jobs").

@@ -1,4 +1,4 @@
-"""The shipped GRPO rollout lengths (data/grpo_math_like.{tsv,txt}, issue #30): shaped like
+"""The shipped GRPO rollout lengths (data/grpo_math_like.{tsv,txt}): shaped like
 published math-RL traces, reproducible from data/generate_lengths.py, readable by the planner."""
 
 import importlib.util

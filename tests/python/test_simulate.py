@@ -140,7 +140,7 @@ def test_errors_name_the_problem(odc_cli, data_dir):
 
 
 def test_bad_sizes_and_files_are_one_line_errors(odc_cli, data_dir, tmp_path, monkeypatch):
-    # Issue 26: each of these aborted (SIGABRT), overflowed into a negative minibatch size or ran
+    # Each of these once aborted (SIGABRT), overflowed into a negative minibatch size or ran
     # without end; each is now one line naming the argument, status 2.
     lengths = str(data_dir / "longalign_like.txt")
     int64_max = str(2**63 - 1)
@@ -184,7 +184,7 @@ def test_bad_sizes_and_files_are_one_line_errors(odc_cli, data_dir, tmp_path, mo
 
 
 def test_verdict_and_memory(odc_cli, data_dir):
-    # Issue 28: one verdict line naming the fastest arm, the baseline, the compute-only figure
+    # One verdict line naming the fastest arm, the baseline, the compute-only figure
     # (odc compare's basis) and what else the time includes; memory per GPU per layout.
     common = ["--lengths", str(data_dir / "aime_rl_like.txt"), "--ranks", "8,16"]
     common += ["--minibatches", "2", "--policies", "lb-micro,lb-mini"]
@@ -229,7 +229,7 @@ def test_verdict_and_memory(odc_cli, data_dir):
 
 
 def test_split_auto_and_the_split_hint(odc_cli, data_dir):
-    # Issue 28: simulate takes --split auto (the split plans, simulated) and, without it, names
+    # simulate takes --split auto (the split plans, simulated) and, without it, names
     # where splitting would pay, as compare does: heavy_tailed.txt gets compare's hint line and
     # a mention in the verdict; the split rows are lb-micro+split and lb-mini+split.
     common = ["--lengths", str(data_dir / "heavy_tailed.txt"), "--ranks", "8"]
@@ -370,7 +370,7 @@ def _captured_figure(monkeypatch, draw, document):
 
 
 def test_plots_keep_lines_apart_and_legends_off_the_data(odc_cli, data_dir, monkeypatch):
-    # Issue 28: on one node odc and odc-hybrid coincide: each line needs its own style and
+    # On one node odc and odc-hybrid coincide: each line needs its own style and
     # marker, and no legend may sit over an axes.
     from odc.compare_plot import draw as draw_compare
     from odc.simulate import draw as draw_simulate
@@ -400,7 +400,7 @@ def test_plots_keep_lines_apart_and_legends_off_the_data(odc_cli, data_dir, monk
 
 
 def test_verdicts_name_only_arms_that_fit(odc_cli, data_dir):
-    # Issue 46 item 1: a 14B-like model on 16 x 80 GB GPUs. fsdp2-unsharded (the whole model's
+    # A 14B-like model on 16 x 80 GB GPUs. fsdp2-unsharded (the whole model's
     # bf16 parameters and fp32 gradients on every GPU) and fsdp2-deferred do not fit; the verdict
     # named fsdp2-unsharded the strongest baseline all the same. Now it names the fastest arm
     # that fits, and says which faster arm does not.
@@ -436,7 +436,7 @@ def test_verdicts_name_only_arms_that_fit(odc_cli, data_dir):
 
 
 def test_grpo_phases_and_the_strongest_baseline(odc_cli, data_dir):
-    # Issue 30 item 4: --task grpo per RL step (two forward-only phases, K updates), the FSDP2
+    # --task grpo per RL step (two forward-only phases, K updates), the FSDP2
     # arms beside ODC, and the verdict against the fastest of them, through the command and the
     # C API alike.
     arguments = ["--lengths", str(data_dir / "grpo_math_like.txt"), "--ranks", "8"]

@@ -1,5 +1,5 @@
-"""odc.torch where FSDP2 reduces fewer than all parameters, and when a minibatch fails (issue #26
-items 1-4 and 8's empty minibatch), on the CPU (gloo + host transport):
+"""odc.torch where FSDP2 reduces fewer than all parameters, when a minibatch has no
+microbatches, and when a minibatch fails, on the CPU (gloo + host transport):
 - frozen parameters (a LayerNorm inside a trained unit, a whole frozen unit, the base weights
   under LoRA-style adapters in the same unit) stay bitwise unchanged under AdamW's weight decay,
   and cost no gradient memory;

@@ -1,5 +1,5 @@
 """Moving an FSDP2 trainer to odc.torch without silent surprises (CPU: gloo + host transport,
-2 ranks, one launch): each check here failed before issue #28.
+2 ranks, one launch): each check here failed before the fix it guards.
 - an FSDP2 loss normalization (loss_sum * world / global tokens, FSDP2 averaging over ranks)
   gives FSDP2's gradients, not N times them; odc.torch.scale_loss gives the same;
 - clip_grad_norm_, gradient reads and optimizer.step() inside a minibatch raise naming the fix;

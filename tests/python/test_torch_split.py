@@ -1,4 +1,4 @@
-"""odc.torch.split (issue #29): split samples run over groups of ranks give the whole sample's loss
+"""odc.torch.split: split samples run over groups of ranks give the whole sample's loss
 and gradients, through odc sub-communicators (each exchange moves k shards for a group of k,
 counted) or torch.distributed subgroups; groups of several sizes, concurrent and overlapping;
 errors name the problem. 4 CPU processes, fp32, gloo + odc's shared-memory transport."""

@@ -50,7 +50,7 @@ def test_load_token_ids(tmp_path):
 
 
 def test_load_token_ids_names_ids_out_of_range_and_deep_nesting(tmp_path):
-    # Issue 26: these were tracebacks (OverflowError, RecursionError, or an IndexError inside the
+    # These were tracebacks (OverflowError, RecursionError, or an IndexError inside the
     # ranks' embedding for an id beyond the vocabulary).
     path = tmp_path / "data.jsonl"
     path.write_text("[1, 2]\n[1, 1024]\n")

@@ -1,4 +1,4 @@
-"""GRPO's training phase in odc.train (issue #30) on CPU processes, through the command line:
+"""GRPO's training phase in odc.train on CPU processes, through the command line:
 the forward-only phases, the actor update over K minibatches, ODC + LB-Mini against collective +
 LB-Micro on the same rollouts, and the refusals (_check_runs says what is checked)."""
 

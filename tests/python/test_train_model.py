@@ -247,7 +247,7 @@ def test_ladder():
     [([], True), (["--no-compile"], False), (["--split", "auto"], False), (["--compile"], True)],
 )
 def test_cli_compiles_the_blocks_by_default_where_they_can_run(extra, compiled):
-    # Issue #42: the fast path is the default (every arm alike), --no-compile shows the eager
+    # The fast path (compiled blocks) is the default (every arm alike), --no-compile shows the eager
     # floor beside it; split samples run eagerly unless --compile is asked for (refused then).
     from odc.train.__main__ import _check_options, parse_args, parse_cost
 

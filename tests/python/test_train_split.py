@@ -1,4 +1,4 @@
-"""Splitting outliers in odc.train (issue #14): a sample split into zigzag chunks over a group of
+"""Splitting outliers in odc.train: a sample split into zigzag chunks over a group of
 ranks gives exactly the loss and every gradient of the same sample run whole on one rank (CPU,
 fp32, gloo), and the runtime follows the planner's "splits" entries."""
 

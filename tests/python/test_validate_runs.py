@@ -10,7 +10,8 @@ import pytest
 from odc.simulate import simulate as simulate_in_process
 
 REPO = Path(__file__).resolve().parents[2]
-MEAN_ABSOLUTE_ERROR_BOUND = 0.05  # issue #15
+# The simulator's accuracy target: mean |predicted - measured| / measured step time.
+MEAN_ABSOLUTE_ERROR_BOUND = 0.05
 
 
 def _validate_runs():
@@ -29,7 +30,9 @@ def test_validation_against_recorded_runs(capsys):
     skipped = [r for r in all_rows if "skipped" in r]
     rows = [r for r in all_rows if "skipped" not in r]
     assert skipped and all(r["policy"].endswith("+split") for r in skipped)
-    assert len(rows) >= 19  # the 19 runs of issue #15's validation, plus any recorded since
+    # The 19 runs of the first validation (docs/benchmarks-archive.md, "Predicted against
+    # measured, on one basis"), plus any recorded since.
+    assert len(rows) >= 19
     assert {(r["comm"], r["policy"]) for r in rows} == {
         ("collective", "local-sort"), ("collective", "lb-micro"),
         ("odc", "local-sort"), ("odc", "lb-micro"), ("odc", "lb-mini"),
@@ -47,8 +50,9 @@ def test_validation_against_recorded_runs(capsys):
 
 
 def test_validation_of_the_fsdp2_arms_and_grpo_runs():
-    """Issue #30's five arms, RL per RL step and SFT, two runs each on 4 H100s: every run
-    simulated, the same mean bound (docs/benchmarks-archive.md, fifteenth round: 4.40%)."""
+    """The five arms of the baselines comparison, RL per RL step and SFT, two runs each on
+    4 H100s: every run simulated, the same mean bound (docs/benchmarks-archive.md, fifteenth
+    round: 4.40%)."""
     validate_runs = _validate_runs()
     rows = validate_runs.validate(REPO / "docs" / "results" / "baselines_4xh100", repo=REPO)
     assert not [r for r in rows if "skipped" in r]
@@ -62,7 +66,7 @@ def test_validation_of_the_fsdp2_arms_and_grpo_runs():
 
 
 def test_validation_of_the_packed_rung_calibration_runs():
-    """Issue #30's second GRPO configuration (2 prompts x 8 responses, K = 1) and SFT with the
+    """The second GRPO configuration (2 prompts x 8 responses, K = 1) and SFT with the
     cost fitted with packed rungs, 4 H100s (docs/benchmarks-archive.md, seventeenth round): every
     run of the five arms within 5% of its measured seconds per step (RL: per RL step)."""
     validate_runs = _validate_runs()

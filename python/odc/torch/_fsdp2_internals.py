@@ -39,11 +39,12 @@ Reliances (R1-R11):
   padded 1-D shard FSDP2 all-gathers from, and sharded_param._local_tensor (what the optimizer
   updates) a view of it. odc.torch points both at its published buffer, as FSDP2's own
   reset_sharded_param does after load_state_dict(assign=True) or nn.Module._apply: peers then pull
-  the shard the optimizer wrote, with no second copy (issue #17: 2 bytes per parameter element,
-  3.55 GiB per rank on the 7b preset). FSDP2 runs reset_sharded_param after nn.Module._apply and
-  every load_state_dict: 2.11 leaves a shard alone while its storage is unchanged, 2.9 re-pads an
-  uneven (trailing-rank) shard into new memory; either way publish() (every minibatch_begin)
-  finds the shard moved and moves it back with its current values.
+  the shard the optimizer wrote, with no second copy (2 bytes per parameter element, 3.55 GiB per
+  rank on the 7b preset: docs/benchmarks-archive.md, "odc.torch memory at 64K"). FSDP2 runs
+  reset_sharded_param after nn.Module._apply and every load_state_dict: 2.11 leaves a shard alone
+  while its storage is unchanged, 2.9 re-pads an uneven (trailing-rank) shard into new memory;
+  either way publish() (every minibatch_begin) finds the shard moved and moves it back with its
+  current values.
 - R8 which parameters a reduce covers: FSDPParamGroup.post_backward reduces only the parameters
   whose unsharded parameter (FSDPParam._unsharded_param, one nn.Parameter per FSDPParam made at
   its first all-gather and reused, the leaf autograd accumulates into) got a .grad in that

@@ -1,4 +1,4 @@
-"""The arms `odc.train` measures (issue #30, docs/train.md "Arms"): how each communication mode
+"""The arms `odc.train` measures (docs/train.md "Arms"): how each communication mode
 shards the model, when it synchronizes gradients, and which plans it can run. Every arm trains the
 same summed gradients; they differ in time and memory only.
 

@@ -1,4 +1,4 @@
-"""The arithmetic of GRPO's training phase (issue #30), kept apart from the run that schedules it:
+"""The arithmetic of GRPO's training phase, kept apart from the run that schedules it:
 rollouts shaped like math RL (data/grpo_math_like.tsv), group-normalized advantages, token
 log-probabilities and entropy, the PPO clipped objective with asymmetric clipping, and the KL to a
 reference policy. Every loss here is a SUM over response tokens: the caller divides by the

@@ -1,4 +1,4 @@
-"""One rank of a GRPO training-phase run (`python -m odc.train --task grpo`, issue #30): per RL
+"""One rank of a GRPO training-phase run (`python -m odc.train --task grpo`): per RL
 step, (a) old log-probabilities and entropy on the policy, forward only; (b) reference
 log-probabilities on a frozen copy of the initial policy, forward only; (c) the actor update over
 K minibatches: PPO clipped 0.2 low / 0.28 high, the loss summed over response tokens and divided

@@ -20,8 +20,8 @@ COMBINATIONS = {
     "fsdp2-unsharded": ("lb-mini",),
     "odc": ("local-sort", "lb-micro", "lb-mini"),
 }
-# --baselines: ODC + LB-Mini against the strongest FSDP2 arms on the same plan inputs (issue #30,
-# docs/design.md "Baselines"), the plain FSDP2 baseline first (the table's reference row).
+# --baselines: ODC + LB-Mini against the strongest FSDP2 arms on the same plan inputs
+# (docs/design.md "Baselines"), the plain FSDP2 baseline first (the table's reference row).
 BASELINES = (
     ("collective", "lb-micro"),
     ("fsdp2-deferred", "lb-micro"),
@@ -96,7 +96,7 @@ def run_matrix(
         pairs = [("collective", "lb-micro"), ("odc", "lb-mini")]
     else:
         pairs = [(comm, policy)]
-    # (comm, policy, split, mesh): with --split auto, lb-micro and lb-mini split (issue #14), and
+    # (comm, policy, split, mesh): with --split auto, lb-micro and lb-mini split, and
     # --compare adds the strongest collective baseline, collective + lb-micro + split (this
     # replaces the pairs even with --all).
     runs = [(c, p, _split_of(c, p, split), mesh) for c, p in pairs]

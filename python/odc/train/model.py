@@ -83,7 +83,8 @@ def _flash_varlen_causal(q, k, v, boundaries, longest: int, scale):
     directly, with its own autograd formula: torch.nn.attention.varlen_attn runs the same
     kernels (outputs equal bit for bit, measured on an H200) through Python custom ops that cost
     0.3-0.5 ms of host time per call, 84 calls per microbatch of the 1.5b preset (forward,
-    recomputation, backward): 25-40 ms of a short microbatch (issue #42)."""
+    recomputation, backward): 25-40 ms of a short microbatch (docs/benchmarks.md, "5. The host
+    floor")."""
     return torch.ops.aten._flash_attention_forward(
         q, k, v, boundaries, boundaries, longest, longest, 0.0, True, False, scale=scale
     )[0]
@@ -171,21 +172,20 @@ RECOMPILE_LIMIT = 64
 
 def compile_blocks(model: "PackedCausalLM", *, backend: str = "inductor") -> bool:
     """Compiles each decoder block's forward with torch.compile (inductor; the token dimension
-    dynamic), as production stacks do (torchtitan compiles each block): eager PyTorch launches a
-    few dozen kernels per block from Python, so a short microbatch of the 1.5b preset cost
-    ~270 ms of host time while its GPU work took a few ms (issue #42). Only the block's forward is
-    compiled, after activation checkpointing wrapped it (the recomputation is compiled with it)
-    and after fully_shard (which changes each block's class); the module's hooks, FSDP2's and
-    odc.torch's, stay outside and run as before. The blocks share
-    their compiled code (the same function); torch compiles again where its guards ask (on an
-    H200: at two size thresholds of inductor's fusion heuristics, ~3.4K and 4K tokens for 1.5b), and keeps compiled code on
-    disk (inductor's cache). Raises torch's recompile limit to RECOMPILE_LIMIT and makes reaching
-    it an error (torch's default is to fall back to eager silently, and a run reported as
-    compiled would not be). Not with split samples (odc.train refuses --compile with --split:
-    their K/V exchange inside a compiled block has not run on a GPU). Only on CUDA with flash
-    attention: elsewhere the plain path. Another `backend` (tests: "aot_eager", which traces and
-    partitions as inductor does but runs the aten ops) compiles on any device. Returns whether it
-    compiled."""
+    dynamic), as production stacks do (torchtitan compiles each block): eager PyTorch launches a few
+    dozen kernels per block from Python, so a short microbatch of the 1.5b preset cost ~270 ms of
+    host time while its GPU work took a few ms (docs/benchmarks.md, "5. The host floor"). Only the
+    block's forward is compiled, after activation checkpointing wrapped it (the recomputation is
+    compiled with it) and after fully_shard (which changes each block's class); the module's hooks,
+    FSDP2's and odc.torch's, stay outside and run as before. The blocks share their compiled code
+    (the same function); torch compiles again where its guards ask (on an H200: at two size
+    thresholds of inductor's fusion heuristics, ~3.4K and 4K tokens for 1.5b), and keeps compiled
+    code on disk (inductor's cache). Raises torch's recompile limit to RECOMPILE_LIMIT and makes
+    reaching it an error (torch's default is to fall back to eager silently, and a run reported as
+    compiled would not be). Not with split samples (odc.train refuses --compile with --split: their
+    K/V exchange inside a compiled block has not run on a GPU). Only on CUDA with flash attention:
+    elsewhere the plain path. Another `backend` (tests: "aot_eager", which traces and partitions as
+    inductor does but runs the aten ops) compiles on any device. Returns whether it compiled."""
     first = next(model.parameters(), None)
     if first is None or (backend == "inductor" and not varlen_available(first.device)):
         return False

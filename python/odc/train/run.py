@@ -40,8 +40,8 @@ class RunConfig:
     warmup_steps: int = 1
     activation_checkpointing: bool = True
     # Compile each decoder block (model.compile_blocks): less host time per microbatch than eager
-    # PyTorch's floor (issue #42). The command line turns it on by default on GPUs (`--no-compile`
-    # turns it off); a RunConfig built in code asks for it.
+    # PyTorch's floor (docs/benchmarks.md, "5. The host floor"). The command line turns it on by
+    # default on GPUs (`--no-compile` turns it off); a RunConfig built in code asks for it.
     compile_blocks: bool = False
     # The planner's cost model (a, b, c): c + sum(a*L + b*L^2) seconds per microbatch. None: fit
     # it to single-sample and packed microbatches timed on this model before planning
@@ -52,7 +52,7 @@ class RunConfig:
     # (replicate, shard): FSDP2 HSDP on a 2-D mesh, ODC inside each replica and one all-reduce
     # across replicas per minibatch; None: a 1-D mesh over all ranks (flat).
     mesh: Optional[tuple] = None
-    # "auto": the planner may split an outlier over a group of ranks (issue #14): the members run
+    # "auto": the planner may split an outlier over a group of ranks: the members run
     # their chunk first in the minibatch, exchanging K/V per layer within the group.
     split: str = "off"
     # How split groups exchange K/V: "nccl", an all-gather in a torch.distributed subgroup (NCCL

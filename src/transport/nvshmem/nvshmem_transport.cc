@@ -87,7 +87,7 @@ Status NvshmemTransport::init() {
 // wait for every kernel running on the device, and hold the driver's launches from other threads
 // meanwhile. An owner whose stream runs a long kernel (a collective waiting for a peer) then sat
 // in its first push until that kernel ended, and so did its progress thread's fold passes, which
-// its senders needed: their credit waits expired (issue #41). Measured on 2 x H200 (2026-11-28,
+// its senders needed: their credit waits expired. Measured on 2 x H200 (2026-11-28,
 // dev/gpu/progress_first_minibatch.py): warming up only the fold kernel left the first
 // minibatch failing; these kernels as well fixed it; NVSHMEM's calls alone did not. So every
 // kernel a push, a fold or a gather launches runs once here, before any of the caller's kernels

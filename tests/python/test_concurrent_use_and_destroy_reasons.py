@@ -1,8 +1,9 @@
-"""Issue #41 item 5 through the Python API: a second thread entering a communicator while another
-thread is inside a call of it is refused at once, naming both threads, and changes nothing; a peer
-waiting on a rank that destroys its communicator after a sub-communicator failed there is told
-that failure, not only "destroyed its communicator". Every rank runs in its own interpreter with a
-bounded wait, so a regression fails instead of hanging.
+"""One thread at a time per communicator, and why a peer destroyed its communicator, through the
+Python API: a second thread entering a communicator while another thread is inside a call of it is
+refused at once, naming both threads, and changes nothing; a peer waiting on a rank that destroys
+its communicator after a sub-communicator failed there is told that failure, not only "destroyed its
+communicator". Every rank runs in its own interpreter with a bounded wait, so a regression fails
+instead of hanging.
 """
 
 import os

@@ -1,4 +1,4 @@
-"""The runtime part of issue #18 (items 1, 2, 5, 6, 8) through the Python API: forged peer
+"""The host transport's shared-memory safeguards through the Python API: forged peer
 segments refused, keys reserved for a job's life, nothing left in /dev/shm by killed ranks, a rank
 that died during init named, infinite timeouts. Every wait is bounded, so a regression fails
 instead of hanging.
@@ -57,7 +57,7 @@ def _open_gates(ranks):
         p.stdin.flush()
 
 
-def test_item1_segment_open_to_others_is_refused():
+def test_segment_open_to_others_is_refused():
     # A peer's control segment planted with mode 0666 (any local user could have made it) must be
     # refused with an error naming the file, not mapped as rank 1.
     key = _key("planted")
@@ -77,7 +77,7 @@ def test_item1_segment_open_to_others_is_refused():
     os.geteuid() != 0 or shutil.which("setpriv") is None,
     reason="needs root and setpriv to act as a second user",
 )
-def test_item1_segment_of_another_user_is_refused():
+def test_segment_of_another_user_is_refused():
     # Another user (uid 65534) plants a private-looking rank 1 (mode 0600, its own): refused too,
     # naming the owner, because only this uid's segments can be this job's peers.
     key = _key("otheruid")
@@ -107,7 +107,7 @@ def test_item1_segment_of_another_user_is_refused():
         path.unlink(missing_ok=True)
 
 
-def test_item2_second_job_with_a_live_key_fails_at_init():
+def test_second_job_with_a_live_key_fails_at_init():
     key = _key("shared")
     hold = "comm.barrier(); time.sleep(6); comm.close()"
     first = [_start_rank(r, 2, key, hold) for r in range(2)]
@@ -123,7 +123,7 @@ def test_item2_second_job_with_a_live_key_fails_at_init():
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.0005, 0.001, 0.002, 0.004])
-def test_item5_rank_killed_during_alloc_leaves_nothing_in_dev_shm(delay):
+def test_rank_killed_during_alloc_leaves_nothing_in_dev_shm(delay):
     # Rank 1 is killed while allocating (its segment named but not yet unlinked); once every rank
     # has exited, nothing of the job may remain in /dev/shm.
     key = _key(f"leak{delay}")
@@ -143,7 +143,7 @@ def test_item5_rank_killed_during_alloc_leaves_nothing_in_dev_shm(delay):
     assert leaked == []
 
 
-def test_item6_rank_killed_during_init_is_named_dead():
+def test_rank_killed_during_init_is_named_dead():
     key = _key("initdeath")
     victim = _start_rank(1, 3, key, "")  # waits in init for ranks 0 and 2
     deadline = time.monotonic() + 60  # until it has joined (its control block exists)
@@ -164,7 +164,7 @@ def test_item6_rank_killed_during_init_is_named_dead():
     assert leaked == []
 
 
-def test_item8_infinite_timeout_waits():
+def test_infinite_timeout_waits():
     key = _key("inf")
     body = """
     if comm.rank == 1:

@@ -1,4 +1,4 @@
-"""The runtime part of issue #26 (items 5, 8) through the Python API: a forked child never tears
+"""Runtime safeguards through the Python API: a forked child never tears
 down its parent's communicator, Ctrl-C reaches a rank waiting inside odc, close() from another
 thread ends the call in flight, and the store bootstrap's and the timeout's edge cases. Every rank
 runs in its own interpreter with a bounded wait, so a regression fails instead of hanging.
@@ -50,7 +50,7 @@ def _wait_for_line(process, expected):
     assert line == expected, (line, process.communicate(timeout=60))
 
 
-def test_item5_forked_child_that_exits_leaves_its_parents_communicator_alone():
+def test_forked_child_that_exits_leaves_its_parents_communicator_alone():
     # The children end with sys.exit and with an exception: their finalizers ran Comm.__del__,
     # whose odcCommDestroy marked rank 0 closed in the control block both share; rank 1 then
     # failed with "rank 0 destroyed its communicator".
@@ -142,7 +142,7 @@ def interrupted(ready, wait):
 """
 
 
-def test_item8_ctrl_c_reaches_a_rank_waiting_in_init_with_an_infinite_timeout():
+def test_ctrl_c_reaches_a_rank_waiting_in_init_with_an_infinite_timeout():
     # Rank 1 never comes. The wait loops in C used to swallow SIGINT: the process never ended.
     key = _key("sigint-init")
     code = (
@@ -161,7 +161,7 @@ def test_item8_ctrl_c_reaches_a_rank_waiting_in_init_with_an_infinite_timeout():
     assert "waiting for rank 1 to join key" in line, line
 
 
-def test_item8_ctrl_c_in_a_barrier_fails_the_communicator_and_peers_name_the_rank():
+def test_ctrl_c_in_a_barrier_fails_the_communicator_and_peers_name_the_rank():
     key = _key("sigint")
     rank0 = (
         _RETRY_UNTIL_INSIDE_ODC
@@ -200,7 +200,7 @@ except odc.Error as error:
     )
 
 
-def test_item8_close_from_another_thread_ends_the_call_in_flight():
+def test_close_from_another_thread_ends_the_call_in_flight():
     # A barrier waits for rank 1 (which waits for a line on stdin); another thread closes the
     # communicator. It was a use-after-free: the barrier read freed control blocks.
     key = _key("close")
@@ -250,7 +250,7 @@ def test_item8_close_from_another_thread_ends_the_call_in_flight():
     assert "peer: rank 1: barrier: rank 0" in out1, (out1, err1)
 
 
-def test_item8_interrupt_check_is_installed():
+def test_interrupt_check_is_installed():
     # The hook that turns Ctrl-C into KeyboardInterrupt is set when odc loads; a call that saw no
     # signal is not affected by it.
     with odc.Comm(0, 1, _key("hook"), timeout=5) as comm:
@@ -260,7 +260,7 @@ def test_item8_interrupt_check_is_installed():
 
 @pytest.mark.parametrize("value", ["-5", "0", "nan", "soon"])
 @pytest.mark.parametrize("store", [False, True])
-def test_item8_bad_odc_timeout_is_refused_naming_it(value, store):
+def test_bad_odc_timeout_is_refused_naming_it(value, store):
     # -5 was refused without naming the variable; 0 was 60 s in Python and refused in C; "soon" was
     # silently 60 s. Both sides now refuse what is not a positive number of seconds (or inf).
     code = f"""
@@ -290,12 +290,12 @@ def test_item8_bad_odc_timeout_is_refused_naming_it(value, store):
 
 
 @pytest.mark.parametrize("timeout", [0, -5, 0.0])
-def test_item8_non_positive_timeout_is_refused_naming_it(timeout):
+def test_non_positive_timeout_is_refused_naming_it(timeout):
     with pytest.raises(odc.Error, match="timeout must be a positive number of seconds"):
         odc.Comm(0, 1, _key("zero"), timeout=timeout)
 
 
-def test_item8_odc_timeout_inf_and_positive_are_taken():
+def test_odc_timeout_inf_and_positive_are_taken():
     code = f"""
     import odc
     with odc.Comm(0, 1, "t26-inf-{os.getpid()}") as comm:
@@ -336,7 +336,7 @@ class _DictStore:
             return all(key in self.data for key in keys)
 
 
-def test_item8_huge_declared_world_fails_fast_with_a_bounded_message():
+def test_huge_declared_world_fails_fast_with_a_bounded_message():
     # A world of 1,000,000 through the store took 50 s (a store.check per missing rank) to fail,
     # with a 7.9 MB message.
     store = _DictStore()
@@ -392,7 +392,7 @@ except odc.Error as error:
 """
 
 
-def test_item8_store_rank_failing_after_key_agreement_is_seen_by_its_peers():
+def test_store_rank_failing_after_key_agreement_is_seen_by_its_peers():
     # Rank 1 fails creating its shared-memory control block (EMFILE) after the key agreement and
     # marks itself failed in the store; rank 0, looking for rank 1's block in /dev/shm, never read
     # the store and waited out its whole timeout (forever with inf).
@@ -426,7 +426,7 @@ def _unshare_pid():
     return None
 
 
-def test_item8_ranks_in_different_pid_namespaces_are_told_so():
+def test_ranks_in_different_pid_namespaces_are_told_so():
     # Ranks in different PID namespaces sharing /dev/shm were reported "died" (a peer's pid means
     # nothing in another namespace); they now fail at init with one line that says why.
     prefix = _unshare_pid()
@@ -487,7 +487,7 @@ class _RankView:
             return value
 
 
-def test_item8_communicators_created_at_once_on_one_store_never_pair_across():
+def test_communicators_created_at_once_on_one_store_never_pair_across():
     # Two threads per rank create a communicator each at the same time; rank 0's "A" took the first
     # number, rank 1's "B": A@0 paired with B@1, silently. Now every overlapping creation fails.
     store = _DictStore()
