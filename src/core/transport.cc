@@ -72,8 +72,18 @@ bool Transport::maps_directly(int) const {
   return true;
 }
 
+Status Transport::check_gather_dtypes(DataType src_dtype, DataType dst_dtype) {
+  const bool narrowing = src_dtype == DataType::kFloat32 && dst_dtype == DataType::kBfloat16;
+  if (is_valid(src_dtype) && (dst_dtype == src_dtype || narrowing)) return Status::Ok();
+  return Status::InvalidArgument(
+      "a gather moves float32 or bfloat16 as it is, or narrows float32 to bfloat16; asked for " +
+      std::string(is_valid(src_dtype) ? dtype_name(src_dtype) : "an unknown type") + " -> " +
+      std::string(is_valid(dst_dtype) ? dtype_name(dst_dtype) : "an unknown type"));
+}
+
 Status Transport::get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
                            DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(check_gather_dtypes(src_dtype, dst_dtype));
   const size_t src_bytes = count * element_bytes(src_dtype);
   const size_t part_bytes = count * element_bytes(dst_dtype);
   const bool narrowed = dst_dtype != src_dtype;

@@ -173,6 +173,11 @@ class Transport {
   // float32 copy took 1.6 to 10 times as long on the in-memory transport).
   virtual Status get_all(void* dst, const SymmetricRegion& region, size_t count, DataType src_dtype,
                          DataType dst_dtype, StreamHandle stream) = 0;
+  // Ok for the pairs get_all() and get_from() move (same -> same, float32 -> bfloat16), else
+  // InvalidArgument naming them. Every implementation checks first: the sizes each computes
+  // assume one of those pairs, and any other would read past a peer's shard (on a GPU an illegal
+  // address that ends the CUDA context, not an error).
+  static Status check_gather_dtypes(DataType src_dtype, DataType dst_dtype);
   // dst[0 : bytes] = region@peer[offset : offset+bytes]: a one-sided read of one peer (dst in this
   // transport's memory space), complete in stream order (on return elsewhere).
   virtual Status get(void* dst, const SymmetricRegion& region, int peer, size_t offset,

@@ -2,7 +2,9 @@
 // for the test wrappers (fault injection, node links) to derive from and override only what they
 // intercept. Invariant: a method a wrapper does not override reaches the wrapped transport's own,
 // never Transport's default (which a wrapped device transport would not run: a host-side signal
-// poll, put then signal instead of a fused put-with-signal).
+// poll, put then signal instead of a fused put-with-signal). So a wrapper that intercepts put(),
+// signal() or get() must intercept put_signal() and get_from() too: they no longer go through
+// the former.
 #pragma once
 
 #include <chrono>

@@ -227,6 +227,19 @@ void expect_forwards_every_call(Transport& wrapper, std::vector<std::string>* ca
   }
 }
 
+TEST(GatherDtypes, OnlyTheCopyAndTheNarrowingPairsAreAccepted) {
+  EXPECT_TRUE(Transport::check_gather_dtypes(DataType::kFloat32, DataType::kFloat32).ok());
+  EXPECT_TRUE(Transport::check_gather_dtypes(DataType::kBfloat16, DataType::kBfloat16).ok());
+  EXPECT_TRUE(Transport::check_gather_dtypes(DataType::kFloat32, DataType::kBfloat16).ok());
+  const Status widening = Transport::check_gather_dtypes(DataType::kBfloat16, DataType::kFloat32);
+  EXPECT_EQ(widening.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(widening.message().find("bfloat16 -> float32"), std::string::npos)
+      << widening.message();
+  const Status unknown =
+      Transport::check_gather_dtypes(static_cast<DataType>(7), DataType::kFloat32);
+  EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
+}
+
 TEST(TransportWrapper, FaultTransportWithoutFaultsForwardsEveryCall) {
   std::vector<std::string> calls;
   fault::FaultTransport wrapper(std::make_unique<ProbeTransport>(&calls), fault::FaultPlan{});

@@ -235,6 +235,7 @@ Result<std::unique_ptr<Transport>> CudaTransport::split(const SplitGroup& group)
 
 Status CudaTransport::get_all(void* dst, const SymmetricRegion& region, size_t count,
                               DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(check_gather_dtypes(src_dtype, dst_dtype));
   DeviceGuard guard(device());
   ODC_RETURN_IF_ERROR(check_device_pointer(device(), dst, "destination"));
   if (dst_dtype != src_dtype) {
@@ -272,6 +273,7 @@ Status CudaTransport::get(void* dst, const SymmetricRegion& region, int peer, si
 
 Status CudaTransport::get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
                                DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(check_gather_dtypes(src_dtype, dst_dtype));
   DeviceGuard guard(device());
   ODC_RETURN_IF_ERROR(check_device_pointer(device(), dst, "destination"));
   const size_t part_bytes = count * element_bytes(dst_dtype);

@@ -8,9 +8,10 @@
 #include "core/transport.h"
 #include "transport/registry.h"
 
-// Grows with the Transport vtable (2: split; 3: fold_streamed_if_idle; 4: get_all narrowing, the
-// device staging's hooks behind device_staging(), rank, world size, caps and timeout as data).
-#define ODC_NVSHMEM_PLUGIN_ABI 4
+// Grows with the Transport vtable and class layout (2: split; 3: fold_streamed_if_idle; 4: an
+// intermediate build of 5's branch; 5: get_all narrowing, the device staging's hooks behind
+// device_staging(), rank, world size, caps and timeout as data).
+#define ODC_NVSHMEM_PLUGIN_ABI 5
 #define ODC_NVSHMEM_PLUGIN_NAME "libodc_nvshmem.so"
 
 extern "C" {

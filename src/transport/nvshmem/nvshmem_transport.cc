@@ -314,12 +314,14 @@ std::vector<NvshmemTransport::PulledPart> NvshmemTransport::every_owner(
 
 Status NvshmemTransport::get_all(void* dst, const SymmetricRegion& region, size_t count,
                                  DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(check_gather_dtypes(src_dtype, dst_dtype));
   return pull_parts(dst, every_owner(region), count, element_bytes(src_dtype),
                     dst_dtype != src_dtype, stream);
 }
 
 Status NvshmemTransport::get_from(void* dst, const std::vector<GatherSource>& sources, size_t count,
                                   DataType src_dtype, DataType dst_dtype, StreamHandle stream) {
+  ODC_RETURN_IF_ERROR(check_gather_dtypes(src_dtype, dst_dtype));
   std::vector<PulledPart> parts;
   for (size_t j = 0; j < sources.size(); ++j) {
     parts.push_back({j, sources[j].region, sources[j].peer, sources[j].offset});

@@ -126,6 +126,7 @@ Result<std::unique_ptr<SymmetricRegion>> ShmTransport::allocate(size_t bytes) {
 
 Status ShmTransport::get_all(void* dst, const SymmetricRegion& region, size_t count,
                              DataType src_dtype, DataType dst_dtype, StreamHandle) {
+  ODC_RETURN_IF_ERROR(check_gather_dtypes(src_dtype, dst_dtype));
   const size_t part_bytes = count * element_bytes(dst_dtype);
   for (int r = 0; r < world_size(); ++r) {
     char* part = static_cast<char*>(dst) + static_cast<size_t>(r) * part_bytes;
