@@ -8,14 +8,18 @@ microbatch shows. Both arms run odc.train's model (build_model's Qwen2 with its 
 bf16 parameters with fp32 reduction and activation checkpointing, as odc.train runs them; FSDP2
 reduces once per minibatch (its last microbatch), odc pushes every microbatch, as in training.
 
-On the GPU: 2 ranks (one per GPU, or sharing one), NCCL for FSDP2 and a device odc.Comm. On the
+On the GPU: 2 ranks (--ranks), NCCL for FSDP2 and a device odc.Comm. Where ranks must share a
+GPU (fewer GPUs than ranks), NCCL refuses them: FSDP2's group is then torch's "fake" process group,
+whose collectives return at once and move nothing, so FSDP2's host time lacks only NCCL's own
+launch cost (a lower bound: odc / FSDP2 ratios are conservative) and its loss is meaningless; the
+odc arm runs as in training, over CUDA IPC between the ranks sharing the device. On the
 CPU (no GPU, or --cpu): gloo and a host odc.Comm, the tiny width with the preset's layer count
 (the arithmetic is small, the per-layer host work is what is left); there the collectives are
 host time too, so only the arms' difference and the profile mean anything.
 
   python dev/gpu/host_floor.py [--preset 1.5b] [--tokens 512,2048,8192,32768]
       [--microbatches 4] [--minibatches 3] [--arms fsdp2,odc] [--compile on|off|both]
-      [--profile] [--cpu] [--rounds N] [--attribute]
+      [--profile] [--cpu] [--rounds N] [--attribute] [--ranks N]
 
 The loss column is the warm-up minibatch's mean token loss (rank 0): the same data in every arm
 and mode, so compiled and eager, FSDP2 and odc must agree to bf16's precision. "warm-up s" is
@@ -94,16 +98,34 @@ def _busy_seconds(run):
 # through torch.distributed at each call; odc.torch's hooks are closures made by module functions
 # at engine construction and at each minibatch_begin, so their factories are wrapped in
 # odc.torch._group, the module whose GroupState looks them up by name when it makes a hook.
+# Parts inside FSDP2's reduce (foreach_reduce) are timed too, and also counted in it: its copy-in
+# (the gradients into one flat buffer), making a sharded .grad (FSDP2, where .grad was None) or
+# absorbing its add into the placeholder .grad (odc), the push, the buffers' allocation. A
+# group's post-backward (every group, every microbatch, holding its reduce where there is one)
+# contains them all: odc's groups push from there without foreach_reduce (_fsdp2_internals R12).
+_FSDP2_COLLECTIVES = "torch.distributed.fsdp._fully_shard._fsdp_collectives"
 _TIMED = {
     "fsdp2": {
         "gather": ("torch.distributed", "all_gather_into_tensor"),
         "reduce-scatter": ("torch.distributed", "reduce_scatter_tensor"),
         "FSDP2 reduce": ("torch.distributed.fsdp._fully_shard._fsdp_param_group", "foreach_reduce"),
+        "post-backward": (
+            "torch.distributed.fsdp._fully_shard._fsdp_param_group.FSDPParamGroup",
+            "post_backward",
+        ),
+        "in reduce: copy-in": (_FSDP2_COLLECTIVES, "foreach_reduce_scatter_copy_in"),
+        "in reduce: sharded .grad": (
+            "torch.distributed.fsdp._fully_shard._fsdp_param.FSDPParam",
+            "to_sharded_dtensor",
+        ),
     },
     "odc": {
         "gather": ("odc.torch._collectives.OdcAllGather", "__call__"),
-        "push": ("odc.torch._collectives.OdcReduceScatter", "__call__"),
+        "push": ("odc.torch._collectives.OdcReduceScatter", "push"),
         "FSDP2 reduce": ("torch.distributed.fsdp._fully_shard._fsdp_param_group", "foreach_reduce"),
+        "in reduce: copy-in": (_FSDP2_COLLECTIVES, "foreach_reduce_scatter_copy_in"),
+        "in reduce: placeholder": ("odc.torch._sums_pending.SumsPending", "__torch_dispatch__"),
+        "in reduce: allocate": ("odc.torch._collectives.OdcReduceScatter", "allocate"),
         "odc hooks": [
             ("odc.torch._group", "_unsharded_watcher"),
             ("odc.torch._group", "_slot_marker"),
@@ -146,6 +168,8 @@ def _time_differences(arm: str, totals: dict) -> None:
                     return _timed(_make(*args, **kwargs), totals, "odc hooks")
 
                 setattr(owner, attribute, factory)
+            elif getattr(original, "__self__", None) is owner:  # a classmethod: stays unbound
+                setattr(owner, attribute, staticmethod(_timed(original, totals, name)))
             else:
                 setattr(owner, attribute, _timed(original, totals, name))
 
@@ -158,16 +182,25 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
     import odc.torch
     from odc.train.model import shard_blocks
 
+    sharing = not on_cpu and world_size > torch.cuda.device_count()
     if on_cpu:
         torch.set_num_threads(1)
         backend, device, gpu = "gloo", torch.device("cpu"), None
     else:
         gpu = rank % torch.cuda.device_count()
         torch.cuda.set_device(gpu)
-        backend, device = "nccl", torch.device("cuda", gpu)
+        backend, device = "gloo" if sharing else "nccl", torch.device("cuda", gpu)
     dist.init_process_group(
         backend, init_method=f"file://{store}", rank=rank, world_size=world_size
     )
+    shard_options = {}
+    if sharing and arm == "fsdp2":  # NCCL refuses two ranks on one GPU: collectives that do nothing
+        import importlib
+
+        from torch.distributed.device_mesh import DeviceMesh
+
+        importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers "fake"
+        shard_options["mesh"] = DeviceMesh.from_group(dist.new_group(backend="fake"), "cuda")
     totals: dict = {}  # --attribute: host seconds in the arms' differing code, by part
     if attribute:
         _time_differences(arm, totals)
@@ -177,7 +210,7 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
         model.gradient_checkpointing_enable()
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         # The blocks compiled after fully_shard, as odc.train does.
-        compiled = shard_blocks(model, compile=compiled, mp_policy=policy)
+        compiled = shard_blocks(model, compile=compiled, mp_policy=policy, **shard_options)
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
         # Lines the ranks up before each measured microbatch (a group of its own, which odc.torch
         # is told of: a collective inside a minibatch is otherwise refused).
@@ -187,6 +220,12 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
             comm = odc.Comm(rank, world_size, key, timeout=300, device=gpu)
             engine = odc.torch.OdcFSDP(model, comm, optimizer)
             engine.allow_collectives(align)
+            if attribute:  # odc's groups push from their own post_backward (R12): time it there
+                for module in model.modules():
+                    group = getattr(module, "_get_fsdp_state", lambda: None)()
+                    group = getattr(group, "_fsdp_param_group", None)
+                    if group is not None and "post_backward" in vars(group):
+                        group.post_backward = _timed(group.post_backward, totals, "post-backward")
         generator = torch.Generator().manual_seed(rank)
         vocab = model.config.vocab_size
         sync = (lambda: None) if on_cpu else torch.cuda.synchronize
@@ -284,6 +323,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even with a GPU")
     parser.add_argument(
+        "--ranks",
+        type=int,
+        default=2,
+        help="ranks (at least 2: odc.torch needs 2; more than GPUs: they share, see above)",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -309,9 +354,17 @@ def main(argv=None) -> int:
     if args.rounds < 1:
         parser.error(f"--rounds: at least 1, got {args.rounds}")
     on_cpu = args.cpu or not torch.cuda.is_available()
+    ranks = args.ranks
+    if ranks < 2:
+        parser.error(f"--ranks: at least 2 (odc.torch needs 2), got {ranks}")
     where = "CPU (tiny width)" if on_cpu else torch.cuda.get_device_name(0)
+    if not on_cpu and ranks > torch.cuda.device_count():
+        where += (
+            f" x{torch.cuda.device_count()}, ranks sharing; FSDP2's collectives fake (free, "
+            "no data: its loss is meaningless), timings a same-GPU comparison"
+        )
     print(
-        f"one microbatch, preset {args.preset}, 2 ranks on {where}, {args.microbatches} "
+        f"one microbatch, preset {args.preset}, {ranks} rank(s) on {where}, {args.microbatches} "
         f"microbatches x {args.minibatches} minibatches per size; ms, median (min-max)"
     )
     print(
@@ -327,7 +380,7 @@ def main(argv=None) -> int:
             for arm in arms:
                 with tempfile.TemporaryDirectory() as folder:
                     out = odc.launch(
-                        _rank, 2, os.path.join(folder, "store"), arm, args.preset, tokens,
+                        _rank, ranks, os.path.join(folder, "store"), arm, args.preset, tokens,
                         args.microbatches, args.minibatches, args.profile, on_cpu, compiled,
                         args.attribute, timeout=3000,
                     )  # fmt: skip
@@ -341,6 +394,19 @@ def main(argv=None) -> int:
                     cell[4].append(out[0][0][size][4])
                     hosts = [h for rows, _, _ in out for h in rows[size][1]]
                     round_means[arm, blocks, size, round_index] = statistics.fmean(hosts)
+                    # As it goes: a run cut short by a time limit still shows its finished rounds.
+                    parts = [p for rows, _, _ in out for p in rows[size][5]]
+                    names = sorted({name for part in parts for name in part})
+                    split = ", ".join(
+                        f"{n} {sum(p.get(n, 0.0) for p in parts) / len(parts) * 1e3:.2f}"
+                        for n in names
+                    )
+                    print(
+                        f"  round {round_index + 1} {arm:6} {blocks:8} {size:7d}: host ms mean "
+                        f"{statistics.fmean(hosts) * 1e3:.1f}, median {_ms(hosts).strip()}"
+                        f"{'; ' + split if split else ''}",
+                        flush=True,
+                    )
                 if out[0][1]:
                     print(f"=== {arm} ({blocks}), round {round_index + 1}, rank 0, cProfile")
                     sys.stdout.write(out[0][1])

@@ -60,7 +60,23 @@ def compare_attention_ops():
         print(f"aten op vs varlen_attn, {name}: max abs difference {diff:.3e}")
 
 
-def build(attention, compiled, fsdp, liger):
+def compile_blocks_with(model, inductor):
+    """compile_blocks with one of inductor's launch-overhead options: "cpp_wrapper" (the
+    generated code launches its kernels from C++ rather than Python) or "cudagraphs" (each block's
+    forward and backward replayed as CUDA graphs, one per token count: torch's reduce-overhead)."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, train_model.RECOMPILE_LIMIT)
+    for layer in model.layers:
+        if inductor == "cpp_wrapper":
+            layer.forward = torch.compile(
+                layer.forward, dynamic=True, options={"cpp_wrapper": True}
+            )
+        else:
+            layer.forward = torch.compile(layer.forward, dynamic=False, mode="reduce-overhead")
+
+
+def build(attention, compiled, fsdp, liger, inductor=None):
     train_model._flash_varlen_causal = ORIGINAL_FLASH if attention == "aten" else varlen_attention
     with DEVICE:
         model = train_model.build_model("1.5b")
@@ -69,11 +85,16 @@ def build(attention, compiled, fsdp, liger):
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        assert train_model.shard_blocks(model, compile=compiled, mp_policy=policy) == compiled
+        sharded_compiled = compiled and inductor is None
+        assert train_model.shard_blocks(model, compile=sharded_compiled, mp_policy=policy) == (
+            sharded_compiled
+        )
     else:
         model.to(torch.bfloat16)
-        if compiled:
+        if compiled and inductor is None:
             assert train_model.compile_blocks(model)
+    if compiled and inductor is not None:
+        compile_blocks_with(model, inductor)
     if liger == "flce":
         from liger_kernel.transformers.fused_linear_cross_entropy import (
             LigerFusedLinearCrossEntropyLoss,
@@ -130,11 +151,13 @@ def measure(model, tokens, repeats):
     return hosts, walls, _union_seconds(kernels) * 1e3 / 2, launches / 2, float(losses[0]) / tokens
 
 
-VARIANTS = [  # name: attention, compiled, fsdp, liger
+VARIANTS = [  # name: attention, compiled, fsdp, liger[, inductor option]
     ("eager, varlen_attn", "varlen", False, False, None),
     ("eager, aten op", "aten", False, False, None),
     ("compiled, varlen_attn", "varlen", True, False, None),
     ("compiled, aten op", "aten", True, False, None),
+    ("compiled cpp_wrapper, aten op", "aten", True, False, None, "cpp_wrapper"),
+    ("compiled cudagraphs, aten op", "aten", True, False, None, "cudagraphs"),
     ("fsdp2 eager, varlen_attn", "varlen", False, True, None),
     ("fsdp2 eager, aten op", "aten", False, True, None),
     ("fsdp2 compiled, varlen_attn", "varlen", True, True, None),
@@ -142,6 +165,8 @@ VARIANTS = [  # name: attention, compiled, fsdp, liger
     ("liger eager, aten op", "aten", False, False, "kernels"),
     ("liger eager + flce, aten op", "aten", False, False, "flce"),
     ("liger fsdp2 compiled + flce, aten op", "aten", True, True, "flce"),
+    ("fsdp2 compiled cpp_wrapper, aten op", "aten", True, True, None, "cpp_wrapper"),
+    ("fsdp2 compiled cudagraphs, aten op", "aten", True, True, None, "cudagraphs"),
 ]
 
 
@@ -168,7 +193,7 @@ def main(argv=None) -> int:
     print(f"1.5b, {args.tokens} tokens, {torch.cuda.get_device_name(0)}; ms per microbatch, "
           f"median of {args.repeats} (min)")  # fmt: skip
     liger_applied = False
-    for name, attention, compiled, fsdp, liger in VARIANTS:
+    for name, attention, compiled, fsdp, liger, *inductor in VARIANTS:
         if args.only and not any(o in name for o in args.only):
             continue
         if liger and not has_liger:
@@ -180,13 +205,14 @@ def main(argv=None) -> int:
             apply_liger_kernel_to_qwen2(fused_linear_cross_entropy=False)
             liger_applied = True
         try:
-            model = build(attention, compiled, fsdp, liger)
+            model = build(attention, compiled, fsdp, liger, *inductor)
             hosts, walls, gpu, launches, loss = measure(model, args.tokens, args.repeats)
         except Exception as error:  # a variant that cannot run says why; the others go on
             print(f"{name:38s} failed: {type(error).__name__}: {str(error)[:200]}")
             continue
         finally:
             model = None
+            torch._dynamo.reset()  # a variant's compile options must not reach the next one
             gc.collect()  # compiled blocks hold their module in a cycle
             torch.cuda.empty_cache()
         print(

@@ -13,6 +13,8 @@ from odc.train.data import pack  # noqa: E402
 from odc.train import model as train_model  # noqa: E402
 from odc.train.model import build_model, compile_blocks, varlen_available  # noqa: E402
 
+pytestmark = pytest.mark.one_gpu  # one model on one device
+
 
 def _loss_and_grads(model, documents):
     packed = pack(documents)

@@ -135,7 +135,9 @@ def _checks_rank(rank, world_size, key, store_path, bf16):
     result = {"gathers": 0, "pushes": 0, "verified": 0, "mismatched": 0}
     verify = [False]
     original_gather = odc_fsdp2.OdcAllGather.__call__
-    original_push = odc_fsdp2.OdcReduceScatter.__call__
+    # Every push, whether FSDP2's reduce called the custom reduce-scatter or the group's
+    # post_backward pushed without FSDP2's bookkeeping (_fsdp2_internals R12).
+    original_push = odc_fsdp2.OdcReduceScatter.push
 
     def gather(self, output_tensor, input_tensor, group, async_op=False):
         # input_tensor is FSDP2's copy-in of this rank's shard, a view into output_tensor at
@@ -155,7 +157,7 @@ def _checks_rank(rank, world_size, key, store_path, bf16):
         return original_push(self, *args, **kwargs)
 
     odc_fsdp2.OdcAllGather.__call__ = gather
-    odc_fsdp2.OdcReduceScatter.__call__ = push
+    odc_fsdp2.OdcReduceScatter.push = push
     # The verifier's own all-gathers run inside minibatches on purpose: odc.torch's check would
     # (rightly) raise at their end. Part 1 counts collectives itself.
     os.environ["ODC_DEBUG_COLLECTIVES"] = "0"
@@ -197,7 +199,7 @@ def _checks_rank(rank, world_size, key, store_path, bf16):
         return result
     finally:
         odc_fsdp2.OdcAllGather.__call__ = original_gather
-        odc_fsdp2.OdcReduceScatter.__call__ = original_push
+        odc_fsdp2.OdcReduceScatter.push = original_push
         dist.destroy_process_group()
 
 

@@ -278,3 +278,96 @@ def test_r6_one_rank_bypasses_the_hooks():
     # shards); if FSDP2 starts calling the all-gather hook there, one rank could be allowed.
     # The reduce-scatter hook: called on one rank by 2.9, bypassed by 2.11; either way refused.
     assert calls[0] == 0, f"R6: FSDP2 called the custom all-gather on one rank: {calls}"
+
+
+def _r12_rank(rank, world_size, key, store_path):
+    """R12: a group's post_backward set on the instance runs instead of FSDP2's; while active it
+    pushes the same bytes FSDP2's reduce-scatter input holds, without foreach_reduce, frees the
+    unsharded gradients, calls the sharded parameters' post-accumulate-grad hooks and leaves
+    FSDP2 ready for the next forward; inactive, FSDP2's own reduce runs."""
+    import torch.distributed as dist
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group_module
+    from torch.distributed.fsdp import fully_shard
+
+    from odc.torch import _fsdp2_internals as internals
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
+    )
+    problems = []
+    try:
+        model = _model()
+        fully_shard(model[0])
+        fully_shard(model)
+        for module in (model[0], model):  # as OdcFSDP sets them
+            module.set_force_sum_reduction_for_comms(True)
+        internals.lazy_init(model)
+
+        class RecordingReduceScatter(internals.ReduceScatter):
+            def __init__(self):
+                self.inputs = []
+
+            def allocate(self, size, *, dtype, device):
+                return torch.empty(*size, dtype=dtype, device=device)
+
+            def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+                self.inputs.append(input_tensor.clone())
+                output_tensor.zero_()
+                return None
+
+        active, pushed, hooked, reduces = [False], [], [], [0]
+        original_reduce = param_group_module.foreach_reduce
+
+        def counting_reduce(*args, **kwargs):
+            reduces[0] += 1
+            return original_reduce(*args, **kwargs)
+
+        param_group_module.foreach_reduce = counting_reduce
+        recorders = {}
+        for module in (model[0], model):
+            recorders[module] = RecordingReduceScatter()
+            module.set_custom_reduce_scatter(recorders[module])
+            installed = internals.install_reduce_without_bookkeeping(
+                module, lambda: active[0], lambda source, group: pushed.append(source.clone())
+            )
+            if not installed:
+                problems.append("R12: a parameter group lacks what the direct push reads")
+        for param in model.parameters():
+            param.register_post_accumulate_grad_hook(lambda p: hooked.append(p))
+        x = torch.randn(4, 5, generator=torch.Generator().manual_seed(rank))
+        model(x).sum().backward()  # FSDP2's reduce: the recorders see its inputs
+        fsdp2_inputs = [t for module in (model, model[0]) for t in recorders[module].inputs]
+        if reduces[0] != 2 or len(fsdp2_inputs) != 2:
+            problems.append(f"R12: inactive, FSDP2 reduced {reduces[0]} times, expected 2")
+        model.zero_grad()
+        hooked.clear()
+        active[0] = True
+        model(x).sum().backward()
+        if reduces[0] != 2:
+            problems.append("R12: active, FSDP2's foreach_reduce still ran")
+        if [t.shape for t in pushed] != [t.shape for t in fsdp2_inputs] or not all(
+            torch.equal(a, b) for a, b in zip(pushed, fsdp2_inputs)
+        ):
+            problems.append("R12: the direct push differs from FSDP2's reduce-scatter input")
+        if len(hooked) != len(list(model.parameters())):
+            problems.append(f"R12: {len(hooked)} post-accumulate-grad hooks ran, expected 4")
+        for module in (model[0], model):
+            for index in range(len(internals.group_layout(module).slots)):
+                unsharded = internals.unsharded_param(module, index)
+                if unsharded is not None and unsharded.grad is not None:
+                    problems.append("R12: an unsharded gradient outlived the direct push")
+        model(x).sum().backward()  # FSDP2 took the groups back to IDLE: a second one runs
+        if len(pushed) != 4:
+            problems.append(f"R12: {len(pushed)} direct pushes after two backwards, expected 4")
+        return problems
+    finally:
+        dist.destroy_process_group()
+
+
+def test_r12_direct_push_replaces_fsdp2_reduce_with_the_same_bytes():
+    import odc
+
+    with tempfile.TemporaryDirectory() as directory:
+        results = odc.launch(_r12_rank, 2, os.path.join(directory, "store"), timeout=300)
+    for rank, problems in enumerate(results):
+        assert problems == [], f"rank {rank}: {problems}"

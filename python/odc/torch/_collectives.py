@@ -76,16 +76,24 @@ class OdcReduceScatter(internals.ReduceScatter):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        owner = self.group.owner
-        if owner.state is not EngineState.IN_MINIBATCH:
-            raise InvalidUsage("odc.torch: backward outside a minibatch: call minibatch_begin()")
-        self.group.check_group(group)
         if op != dist.ReduceOp.SUM:
             raise InvalidUsage(
                 f"odc.torch pushes sums; FSDP2 asked for {op}: leave FSDP2's reduction settings "
                 "(set_force_sum_reduction_for_comms, set_gradient_divide_factor) as OdcFSDP set "
                 "them"
             )
+        self.push(input_tensor, group)
+        output_tensor.zero_()  # what FSDP2 adds into the preset .grad: nothing
+        return None
+
+    def push(self, input_tensor, group) -> None:
+        """Pushes FSDP2's reduce-scatter input (rank-major rows, one per owner) into the owners'
+        accumulators: from __call__, or from the group's post_backward where FSDP2's
+        bookkeeping is skipped (_fsdp2_internals R12), on the current stream."""
+        owner = self.group.owner
+        if owner.state is not EngineState.IN_MINIBATCH:
+            raise InvalidUsage("odc.torch: backward outside a minibatch: call minibatch_begin()")
+        self.group.check_group(group)
         if self.group.kept:
             self.group.check_carried()
         source = self.group.push_source(input_tensor)
@@ -94,5 +102,3 @@ class OdcReduceScatter(internals.ReduceScatter):
             self.group.accumulator,
             src_dtype=ODC_DTYPES[input_tensor.dtype],
         )
-        output_tensor.zero_()  # what FSDP2 adds into the preset .grad: nothing
-        return None

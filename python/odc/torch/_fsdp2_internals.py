@@ -4,8 +4,10 @@ Checked against torch 2.9.1 and 2.11.0 (torch/distributed/fsdp/_fully_shard/*.py
 for 2.11 in docs/notes/fsdp2_integration.md). Everything outside this file uses public torch API
 only. Each reliance below is exercised by tests/python/test_torch_fsdp2_internals.py, which fails
 naming the reliance if a torch release changes it.
-Invariant: these helpers only read FSDP2 state (plus FSDP2's own idempotent lazy init and R7's
-storage move); they never patch FSDP2 functions. Importing this module works on any torch 2.x: the features odc.torch needs
+Invariant: these helpers only read FSDP2 state (plus FSDP2's own idempotent lazy init, R7's
+storage move and R12's reduce without FSDP2's bookkeeping); they never patch FSDP2's functions or
+classes (R12 sets one attribute of each odc-managed parameter group, which falls back to FSDP2's
+own method wherever its conditions do not hold). Importing this module works on any torch 2.x: the features odc.torch needs
 are checked by `check_fsdp2_support()`, which OdcFSDP calls when it is constructed.
 
 Reliances (R1-R11):
@@ -70,12 +72,30 @@ Reliances (R1-R11):
   the reduce-scatter (fp32/bf16: post-divide of the output, which odc.torch hands back zeroed),
   so odc.torch reads the factor before making FSDP2 sum and divides the sums itself at
   minibatch_end: FSDP2's gradients, whatever the user's loss normalization.
+- R12 the per-microbatch reduce without FSDP2's bookkeeping: FSDPParamGroup.post_backward is
+  called through the group's attribute (RegisterPostBackwardFunction.backward, the root's final
+  callback, compiled autograd's pre_backward), so a bound function set on the group instance runs
+  instead of the class's. Inside an ODC minibatch on a 1-D mesh, FSDP2's foreach_reduce would
+  run its whole per-parameter post-reduce (an as_strided view, the placeholder .grad's absorbed
+  add, and the hooks of every parameter, an allocated and zeroed output per group) to add zeros:
+  33 ms of host time per microbatch for the 1.5b preset on an H200 host, a microbatch's worth
+  FSDP2 pays once per minibatch when it defers (docs/benchmarks.md, "5. The host floor").
+  reduce_without_bookkeeping does what FSDP2's post_backward does up to the reduce (accumulate,
+  collect the gradients of the parameters that got one in fsdp_params order (R8), reshard,
+  order after the last reduce's event), copies them in as FSDP2 does (torch.ops.fsdp.chunk_cat
+  into the reduce dtype, dim-0 padded to the world size: the same bytes, so the same sums), pushes
+  on FSDP2's reduce-scatter stream, keeps the input alive in comm_ctx.reduce_scatter_state and
+  sets _post_reduce_event as FSDP2 does, and calls the sharded parameters' post-accumulate-grad
+  hooks. It falls back to FSDP2's method (which calls OdcReduceScatter) outside a minibatch, on
+  HSDP meshes, with compiled autograd, CPU offload, non-zero shard dims, gradient sync turned off,
+  FSDP2's sum reduction not forced, an all-reduce hook, mixed gradient dtypes, or where a
+  torch release lacks any attribute it reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 from torch import nn
@@ -114,6 +134,7 @@ __all__ = [
     "check_fsdp2_support",
     "group_layout",
     "forget_partial_reduce_output",
+    "install_reduce_without_bookkeeping",
     "lazy_init",
     "recover_after_failed_backward",
     "missing_fsdp2_features",
@@ -292,6 +313,112 @@ def recover_after_failed_backward(root: nn.Module) -> None:
             fsdp_param.unsharded_accumulated_grad = None
     context.post_backward_final_callback_queued = False
     context.iter_forward_root = None
+
+
+# R12: what reduce_without_bookkeeping reads of a parameter group and of its parameters; a torch
+# release without one of them keeps FSDP2's own post_backward.
+_GROUP_ATTRIBUTES = (
+    "fsdp_params", "reduce_grads", "force_sum_reduction_for_comms", "_all_reduce_hook",
+    "reshard_after_backward", "comm_ctx", "device_handle", "device", "_reduce_dtype",
+    "_reduce_scatter_process_group", "_post_reduce_event", "_training_state",
+    "_wait_for_post_backward", "reshard",
+)  # fmt: skip
+_PARAM_ATTRIBUTES = (
+    "accumulate_unsharded_grad_if_needed", "unsharded_accumulated_grad", "offload_to_cpu",
+    "fsdp_placement", "sharded_param",
+)  # fmt: skip
+
+
+def install_reduce_without_bookkeeping(
+    module: nn.Module, active: Callable[[], bool], push: Callable[[torch.Tensor, object], None]
+) -> bool:
+    """R12: the group's post_backward pushes its gradients with `push(reduce-scatter input,
+    process group)` while `active()` (an ODC minibatch on a 1-D mesh) and the conditions above
+    hold, else runs FSDP2's own. Returns whether it was installed (False: a torch release without
+    what it reads, or a module without parameters)."""
+    group = _param_group(module)
+    if group is None or not all(hasattr(group, name) for name in _GROUP_ATTRIBUTES):
+        return False
+    if not all(hasattr(p, name) for p in group.fsdp_params for name in _PARAM_ATTRIBUTES):
+        return False
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_common import (
+            TrainingState,
+            _get_dim0_padded_size,
+            compiled_autograd_enabled,
+        )
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import ReduceScatterState
+    except ImportError:
+        return False
+    fsdp_method = type(group).post_backward.__get__(group)  # the class's, even if reinstalled
+    fixed = all(not p.offload_to_cpu and p.fsdp_placement.dim == 0 for p in group.fsdp_params)
+
+    def post_backward(*unused):
+        if not (
+            fixed
+            and active()
+            and group.reduce_grads
+            and group.force_sum_reduction_for_comms
+            and group._all_reduce_hook is None
+            and getattr(group, "_all_reduce_hook_stream", None) is None
+            and not compiled_autograd_enabled()
+        ):
+            return fsdp_method(*unused)
+        fsdp_params = group.fsdp_params
+        if len({p._unsharded_param.grad.dtype for p in fsdp_params if _has_unsharded_grad(p)}) > 1:
+            return fsdp_method(*unused)  # FSDP2 names the mixed dtypes
+        group._training_state = TrainingState.POST_BACKWARD
+        for fsdp_param in fsdp_params:
+            fsdp_param.accumulate_unsharded_grad_if_needed()
+        with_grad, grads = [], []
+        for fsdp_param in fsdp_params:
+            if not hasattr(fsdp_param, "_unsharded_param"):
+                continue
+            if fsdp_param.unsharded_accumulated_grad is not None:
+                with_grad.append(fsdp_param)
+                grads.append(fsdp_param.unsharded_accumulated_grad_data)
+                fsdp_param.unsharded_accumulated_grad = None
+            elif fsdp_param.unsharded_param.grad is not None:
+                with_grad.append(fsdp_param)
+                grads.append(fsdp_param.unsharded_grad_data)
+                fsdp_param.unsharded_param.grad = None
+        if group.reshard_after_backward:
+            group.reshard()
+        if not with_grad:
+            return None
+        handle = group.device_handle
+        last = group.comm_ctx.reduce_scatter_state
+        if last is not None and last.event is not None:
+            handle.current_stream().wait_event(last.event)
+        group.comm_ctx.reduce_scatter_state = None
+        group._wait_for_post_backward()
+        process_group = group._reduce_scatter_process_group
+        world = process_group.size()
+        dtype = group._reduce_dtype or grads[0].dtype
+        numel = sum(_get_dim0_padded_size(g.size(), world).numel() for g in grads)
+        source = torch.empty((numel,), dtype=dtype, device=group.device)
+        torch.ops.fsdp.chunk_cat(grads, dim=0, num_chunks=world, out=source.view(world, -1))
+        grads.clear()  # the unsharded gradients are freed after the copy-in (current stream)
+        stream = group.comm_ctx.reduce_scatter_stream
+        stream.wait_stream(handle.current_stream())
+        with handle.stream(stream):
+            push(source, process_group)
+            event = stream.record_event()
+        group.comm_ctx.reduce_scatter_state = ReduceScatterState(source, event)
+        group._post_reduce_event = event
+        for fsdp_param in with_grad:  # as FSDP2 calls them after it set or added into .grad
+            sharded = fsdp_param.sharded_param
+            for hook in (getattr(sharded, "_post_accumulate_grad_hooks", None) or {}).values():
+                hook(sharded)
+        return None
+
+    group.post_backward = post_backward
+    return True
+
+
+def _has_unsharded_grad(fsdp_param) -> bool:
+    unsharded = getattr(fsdp_param, "_unsharded_param", None)
+    return unsharded is not None and unsharded.grad is not None
 
 
 def forget_partial_reduce_output(module: nn.Module) -> None:

@@ -159,7 +159,11 @@ class OdcFSDP:
             group = GroupState(self, layout, param.device, name)
             group.check_group(internals.shard_process_group(module))
             module.set_custom_all_gather(OdcAllGather(group))
-            module.set_custom_reduce_scatter(OdcReduceScatter(group))
+            pushes = OdcReduceScatter(group)
+            module.set_custom_reduce_scatter(pushes)
+            # Inside a minibatch on a 1-D mesh: push without FSDP2's per-parameter bookkeeping
+            # of the zeros it would add (_fsdp2_internals R12); elsewhere FSDP2's own reduce.
+            internals.install_reduce_without_bookkeeping(module, self._pushes_directly, pushes.push)
             self._groups.append(group)
         # Which parameters some rank pushed a gradient for in a minibatch: one float per
         # parameter of every group (slot), summed like the gradients (see minibatch_end).
@@ -200,6 +204,11 @@ class OdcFSDP:
     @property
     def in_minibatch(self) -> bool:
         return self.state is EngineState.IN_MINIBATCH
+
+    def _pushes_directly(self) -> bool:
+        """Whether a group's post_backward pushes without FSDP2's reduce (R12): inside a
+        minibatch on a 1-D mesh (HSDP keeps FSDP2's partial outputs, hybrid.py)."""
+        return self.state is EngineState.IN_MINIBATCH and self._replicas is None
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         if self.state is EngineState.IN_MINIBATCH:
