@@ -1,17 +1,19 @@
 // C API of the simulator: `odc simulate`'s options and its JSON document, without a process per
-// call. The options are parsed by the same code as the command line, so a configuration means
-// the same thing through both; the documents it hands out are recorded until odcSimulateFree.
+// call. The options are parsed by the command's own table (tools/cli_options.h) into the same
+// typed request (simulate::Sweep), so a configuration means the same thing through both; the
+// documents it hands out are recorded until odcSimulateFree.
 #include <CLI/CLI.hpp>
 #include <cstring>
 #include <mutex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "api/api_errors.h"
 #include "odc/odc.h"
-#include "simulate/simulate_cli.h"
+#include "simulate/sweep.h"
+#include "simulate/sweep_format.h"
+#include "tools/cli_options.h"
 
 namespace {
 
@@ -25,6 +27,21 @@ std::set<const void*> live_documents;  // odcSimulate's, until odcSimulateFree
 
 Status invalid(const std::string& message) {
   return Status::InvalidArgument("odcSimulate: " + message);
+}
+
+// Runs the sweep and hands out its document (with the newline `odc simulate --format json` prints).
+odcResult_t run(const odc::simulate::Sweep& request, char** json) {
+  auto sweep = odc::simulate::run_sweep(request);
+  if (!sweep.ok()) return report(invalid(sweep.status().message()));
+  const std::string text = odc::simulate::sweep_to_json(sweep.value()) + "\n";
+  char* document = new char[text.size() + 1];
+  std::memcpy(document, text.c_str(), text.size() + 1);
+  {
+    std::lock_guard<std::mutex> lock(documents_mutex);
+    live_documents.insert(document);
+  }
+  *json = document;
+  return success();
 }
 
 }  // namespace
@@ -42,8 +59,8 @@ extern "C" odcResult_t odcSimulate(const char* const* args, size_t num_args, con
       argv.push_back(args[i]);
     }
     CLI::App command("odc simulate");
-    odc::simulate::CliArgs cli;
-    odc::simulate::add_cli_options(command, cli);
+    odc::tools::SimulateArgs cli;
+    odc::tools::add_simulate_options(command, cli);
     if (lengths != nullptr) {
       // The lengths come from the caller: --lengths may not name a file as well.
       command.get_option("--lengths")->required(false);
@@ -51,7 +68,7 @@ extern "C" odcResult_t odcSimulate(const char* const* args, size_t num_args, con
     try {
       command.parse(static_cast<int>(argv.size()), argv.data());
     } catch (const CLI::ParseError& error) {
-      return report(invalid(error.what()));
+      return report(invalid(odc::tools::parse_error_message(error)));
     }
     if (lengths != nullptr) {
       if (command.count("--lengths") != 0) {
@@ -69,18 +86,9 @@ extern "C" odcResult_t odcSimulate(const char* const* args, size_t num_args, con
       return report(invalid("--format " + cli.format + ": the document is always JSON"));
     }
     cli.format = "json";
-    std::ostringstream out;
-    std::string error;
-    if (odc::simulate::run_cli(cli, out, error) != 0) return report(invalid(error));
-    const std::string text = out.str();
-    char* document = new char[text.size() + 1];
-    std::memcpy(document, text.c_str(), text.size() + 1);
-    {
-      std::lock_guard<std::mutex> lock(documents_mutex);
-      live_documents.insert(document);
-    }
-    *json = document;
-    return success();
+    auto request = odc::tools::to_sweep(cli);
+    if (!request.ok()) return report(invalid(request.status().message()));
+    return run(request.value(), json);
   });
 }
 
