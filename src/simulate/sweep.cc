@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <new>
+#include <sstream>
 #include <stdexcept>
 #include <utility>
 
@@ -419,6 +420,39 @@ Result<Samples> read_samples(const SampleSelection& selection) {
                            ? *selection.max_tokens
                            : *std::max_element(samples.lengths.begin(), samples.lengths.end());
   return samples;
+}
+
+namespace {
+
+// "a,b": {"a", "b"}; "": {}; "a,,b": {"a", "", "b"} (an empty name is refused by its parser).
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) items.push_back(item);
+  return items;
+}
+
+}  // namespace
+
+Result<std::vector<PolicyChoice>> parse_policy_list(const std::string& text) {
+  std::vector<PolicyChoice> policies;
+  for (const auto& name : split_names(text)) {
+    auto policy = parse_policy_choice(name);
+    if (!policy.ok()) return policy.status();
+    policies.push_back(policy.value());
+  }
+  return policies;
+}
+
+Result<std::vector<Mode>> parse_mode_list(const std::string& text) {
+  std::vector<Mode> modes;
+  for (const auto& name : split_names(text)) {
+    auto mode = parse_mode(name);
+    if (!mode.ok()) return mode.status();
+    modes.push_back(mode.value());
+  }
+  return modes;
 }
 
 bool SweepResult::fits(const SweepRow& row) const {

@@ -43,6 +43,11 @@ enum class Task { kSft, kGrpo };
 std::string_view task_name(Task task);
 Result<Task> parse_task(std::string_view name);
 
+// Comma-separated names as `odc simulate` takes them ("lb-micro,lb-mini"); the message names the
+// first unknown one. An empty text gives an empty list.
+Result<std::vector<PolicyChoice>> parse_policy_list(const std::string& text);
+Result<std::vector<Mode>> parse_mode_list(const std::string& text);
+
 // What to simulate. Every field has the command's default; the messages of `run_sweep` name the
 // command's options (--ranks, ...), which are this struct's fields.
 struct Sweep {

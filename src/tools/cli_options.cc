@@ -33,14 +33,6 @@ Result<std::vector<int64_t>> parse_int_list(const std::string& text, const std::
   return values;
 }
 
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> items;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) items.push_back(item);
-  return items;
-}
-
 // The model and cost options of `odc simulate`.
 void add_model_options(CLI::App& command, SimulateArgs& args) {
   command.add_option("--model", args.model, "model preset: 1.5b or 7b")->capture_default_str();
@@ -239,18 +231,12 @@ Result<simulate::Sweep> to_sweep(const SimulateArgs& args) {
   if (!ranks.ok()) return ranks.status();
   sweep.ranks = std::move(ranks).value();
   sweep.minibatches = args.minibatches;
-  sweep.policies.clear();
-  for (const auto& name : split_list(args.policies)) {
-    auto policy = simulate::parse_policy_choice(name);
-    if (!policy.ok()) return policy.status();
-    sweep.policies.push_back(policy.value());
-  }
-  sweep.modes.clear();
-  for (const auto& name : split_list(args.modes)) {
-    auto mode = simulate::parse_mode(name);
-    if (!mode.ok()) return mode.status();
-    sweep.modes.push_back(mode.value());
-  }
+  auto policies = simulate::parse_policy_list(args.policies);
+  if (!policies.ok()) return policies.status();
+  sweep.policies = std::move(policies).value();
+  auto modes = simulate::parse_mode_list(args.modes);
+  if (!modes.ok()) return modes.status();
+  sweep.modes = std::move(modes).value();
   auto split = planner::parse_split_mode(args.planner.split);
   if (!split.ok()) return split.status();
   sweep.split = split.value();
