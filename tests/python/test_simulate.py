@@ -188,6 +188,7 @@ def test_errors_name_the_problem(odc_cli, data_dir):
         (["--lengths", lengths, "--model", "70b"], "unknown model preset '70b'"),
         (["--lengths", lengths, "--layers", "4"], "needs all of --layers"),
         (["--lengths", lengths, "--network-gbits", "0"], "bandwidths must be > 0"),
+        (["--lengths", lengths, "--ranks", "8", "16"], "lists are comma-separated"),
         (["--lengths", "/nonexistent/lengths.txt"], "nonexistent"),
     ]
     for arguments, message in cases:
