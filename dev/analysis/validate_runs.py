@@ -2,7 +2,7 @@
 the minibatches it measured (the warm-up excluded, as in the measurement), with its own cost
 model, model preset, ranks, arm (comm + policy, odc.train's names: odc simulate's modes) and
 policy, on one node, and its simulated step time set beside the measured one. The simulator is
-called in this process through the C API (odc.simulate.simulate, odcSimulate), one call per run;
+called in this process with a typed request (odc.simulate.sweep, odcSimulateSweep), one per run;
 tests/python/test_validate_runs.py bounds the mean error.
 
 GRPO runs (`task: grpo`, odc.train --task grpo) are compared per RL step: the two forward-only
