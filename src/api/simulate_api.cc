@@ -27,7 +27,8 @@ using odc::api::report;
 using odc::api::success;
 
 std::mutex documents_mutex;
-std::set<const void*> live_documents;  // odcSimulate's, until odcSimulateFree
+// The documents of odcSimulateSweep and odcSimulate, until odcSimulateFree.
+std::set<const void*> live_documents;
 
 Status invalid(const std::string& message, const char* function = "odcSimulate") {
   return Status::InvalidArgument(std::string(function) + ": " + message);

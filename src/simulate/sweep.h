@@ -1,7 +1,7 @@
 // A simulator sweep as a typed request and typed rows: for each rank count, every requested policy
 // (and, with split auto, its split variant) x mode is planned on the same lengths and simulated;
 // speedup is against collective + lb-micro at the same rank count. No parsing and no rendering
-// here: the command line builds a Sweep (src/tools/simulate_options.h), sweep_format.h prints it.
+// here: the command line builds a Sweep (src/tools/cli_options.h), sweep_format.h prints it.
 #pragma once
 
 #include <cstdint>
