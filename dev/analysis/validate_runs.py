@@ -2,7 +2,7 @@
 the minibatches it measured (the warm-up excluded, as in the measurement), with its own cost
 model, model preset, ranks, arm (comm + policy, odc.train's names: odc simulate's modes) and
 policy, on one node, and its simulated step time set beside the measured one. The simulator is
-called in this process through the C API (odc.simulate.simulate, odcSimulate), one call per run;
+called in this process with a typed request (odc.simulate.sweep, odcSimulateSweep), one per run;
 tests/python/test_validate_runs.py bounds the mean error.
 
 GRPO runs (`task: grpo`, odc.train --task grpo) are compared per RL step: the two forward-only
@@ -24,7 +24,7 @@ from typing import List, Optional
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.append(str(REPO / "python"))  # where odc is not installed (then set ODC_LIBRARY)
-from odc.simulate import simulate  # noqa: E402
+from odc.simulate import sweep  # noqa: E402
 
 # How each results file recorded before odc.train kept its lengths was made
 # (docs/benchmarks-archive.md gives the commands): the lengths file and the filter its samples went
@@ -113,12 +113,13 @@ def measured_lengths(name: str, run: dict, lengths: Optional[List[int]]) -> List
     return measured
 
 
-def simulate_arguments(run: dict, transport: Optional[str]) -> List[str]:
-    """`odc simulate`'s options for one recorded run (its lengths are passed beside them). The
-    arm's comm is the simulator's mode of the same name (collective, fsdp2-deferred,
-    fsdp2-unsharded, odc); its policy too (lb-mini-padded included)."""
+def simulate_options(run: dict, transport: Optional[str]) -> dict:
+    """The simulator's request for one recorded run (odc.simulate.sweep's keywords, the fields of
+    odcSimulateRequest_t; its lengths are passed beside them). The arm's comm is the simulator's
+    mode of the same name (collective, fsdp2-deferred, fsdp2-unsharded, odc); its policy too
+    (lb-mini-padded included)."""
     ranks = run["ranks"]
-    mode, node_gpus, link = run["comm"], ranks, []
+    mode, node_gpus, link = run["comm"], ranks, {}
     replicas, shards = run.get("mesh") or (1, ranks)
     if replicas > 1 and run["comm"] == "odc":
         # ODC hybrid: ODC inside each replica, one all-reduce across replicas, over NVLink here
@@ -126,20 +127,21 @@ def simulate_arguments(run: dict, transport: Optional[str]) -> List[str]:
         # FSDP on the host: its per-microbatch replica all-reduce of a few GiB over NVLink is
         # hidden behind backward compute.
         mode, node_gpus = "odc-hybrid", shards
-        link = ["--network-gbits", str(ONE_HOST_LINK_GBITS)]
-    # (a, b, c), or (a, b, c, floor) since the seventh round: the simulator takes both.
-    cost_text = ",".join(repr(float(v)) for v in run["cost"])
-    arguments = [
-        "--model", run["preset"], "--cost", cost_text, "--ranks", str(ranks),
-        "--samples-per-rank", str(run["samples_per_rank"]),
-        "--minibatches", str(run["steps_measured"]), "--max-tokens", str(run["max_tokens"]),
-        "--policies", run["policy"], "--modes", mode, "--gpus-per-node", str(node_gpus),
-        "--cost-calibrated-on", str(ranks),
+        link = {"network_gbits": float(ONE_HOST_LINK_GBITS)}
+    options = dict(
+        # (a, b, c), or (a, b, c, floor) since the seventh round: the simulator takes both.
+        model=run["preset"], cost=tuple(float(v) for v in run["cost"]), ranks=[ranks],
+        samples_per_rank=run["samples_per_rank"], minibatches=run["steps_measured"],
+        max_tokens=run["max_tokens"], policies=run["policy"], modes=mode,
+        gpus_per_node=node_gpus, cost_calibrated_on=ranks,
         # The plan the run executed: runs recorded before issue #17's bound packed LB-Mini up
         # to the cap.
-        "--microbatch-memory", run.get("microbatch_memory", "cap"),
-    ]  # fmt: skip
-    return arguments + link + (["--transport", transport] if transport else [])
+        microbatch_memory=run.get("microbatch_memory", "cap"),
+        **link,
+    )  # fmt: skip
+    if transport:
+        options["transport_path"] = transport
+    return options
 
 
 def activation_checkpointing(run: dict) -> bool:
@@ -174,21 +176,15 @@ def grpo_rl_steps(name: str, run: dict) -> tuple:
     return steps, per_step, rollouts, (forward + update) / steps, forward / steps, update / steps
 
 
-def grpo_arguments(run: dict, steps: int, per_step: int, rollouts: int, transport) -> List[str]:
-    """`odc simulate --task grpo`'s options for a GRPO run of `steps` RL steps."""
-    arguments = simulate_arguments(run, transport)
-    replace = {
-        "--samples-per-rank": str(rollouts // run["ranks"]),
-        "--minibatches": str(steps),
-    }
-    for i in range(0, len(arguments) - 1):
-        if arguments[i] in replace:
-            arguments[i + 1] = replace[arguments[i]]
-    fraction = FORWARD_FRACTION[activation_checkpointing(run)]
-    return arguments + [
-        "--task", "grpo", "--minibatches-per-step", str(per_step),
-        "--forward-fraction", repr(fraction),
-    ]  # fmt: skip
+def grpo_options(run: dict, steps: int, per_step: int, rollouts: int, transport) -> dict:
+    """The simulator's request (task grpo) for a GRPO run of `steps` RL steps."""
+    options = simulate_options(run, transport)
+    options.update(
+        samples_per_rank=rollouts // run["ranks"], minibatches=steps, task="grpo",
+        minibatches_per_step=per_step,
+        forward_fraction=FORWARD_FRACTION[activation_checkpointing(run)],
+    )  # fmt: skip
+    return options
 
 
 def validate_grpo(name: str, run: dict, row: dict, transport: Optional[str]) -> dict:
@@ -204,9 +200,9 @@ def validate_grpo(name: str, run: dict, row: dict, transport: Optional[str]) -> 
     if rollouts % run["ranks"]:
         row["skipped"] = NOT_MODELLED_STEP.format(step=rollouts, ranks=run["ranks"])
         return row
-    arguments = grpo_arguments(run, steps, per_step, rollouts, transport)
+    options = grpo_options(run, steps, per_step, rollouts, transport)
     try:
-        (result,) = simulate(arguments, run["measured_lengths"])["results"]
+        (result,) = sweep(run["measured_lengths"], **options)["results"]
     except ValueError as error:  # an arm odc.train runs and the simulator does not model
         row["skipped"] = f"not simulated: {error}"
         return row
@@ -251,7 +247,7 @@ def validate(
                 continue
             measured = measured_lengths(path.name, run, lengths)
             try:
-                document = simulate(simulate_arguments(run, transport), measured)
+                document = sweep(measured, **simulate_options(run, transport))
             except ValueError as error:  # e.g. odc + lb-mini-padded: odc.train runs it, the
                 row["skipped"] = f"not simulated: {error}"  # simulator has no such arm
                 rows.append(row)

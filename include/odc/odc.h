@@ -178,15 +178,90 @@ ODC_API odcResult_t odcPlanDestroy(odcPlan_t plan);
 ODC_API odcResult_t odcLengthsRead(const char* path, int64_t** lengths, size_t* num_samples);
 ODC_API odcResult_t odcLengthsFree(int64_t* lengths);
 
-/* Simulator (docs/simulate.md): step time, bubble and memory per GPU of training configurations,
- * the document `odc simulate --format json` prints. `args` holds `num_args` of that command's
- * options (no program or subcommand name), e.g. {"--ranks", "8", "--policies", "lb-mini"}; with
- * `lengths` (num_samples values, positive) they replace --lengths, which must then be absent.
- * Local, CPU only, thread-safe. On success *json (release with odcSimulateFree) is the document;
- * on failure *json is untouched and odcGetLastError() holds the message `odc simulate` prints.
- * odcSimulateFree takes NULL (ignored) or a live document (else odcInvalidArgument). */
+/* Simulator (docs/simulate.md): step time, bubble and memory per GPU of training configurations at
+ * many rank counts, as the document `odc simulate --format json` prints.
+ *
+ * The request, field for field the command's options. Fill it with odcSimulateRequestInit (the
+ * command's defaults), then set what differs:
+ *
+ *   odcSimulateRequest_t request;
+ *   odcSimulateRequestInit(&request, sizeof(request));
+ *   request.lengths = lengths; request.num_samples = n;
+ *   int64_t ranks[] = {8, 64}; request.ranks = ranks; request.num_rank_counts = 2;
+ *
+ * ODC_SIMULATE_UNSET in an optional number leaves it to the command's default; lists of names are
+ * comma-separated as on the command line. Every pointer is read during the call only. Later
+ * versions append fields only and bump ODC_SIMULATE_REQUEST_VERSION. */
+#define ODC_SIMULATE_REQUEST_MAGIC 0x0dc05133u
+#define ODC_SIMULATE_REQUEST_VERSION 1
+#define ODC_SIMULATE_UNSET (-1)
+
+typedef enum {
+  odcSimulateSft = 0, /* every minibatch a training minibatch */
+  odcSimulateGrpo = 1 /* GRPO's training phase: per RL step of ranks x samples_per_rank rollouts,
+                         2 forward-only minibatches and minibatches_per_step updates */
+} odcSimulateTask_t;
+
+typedef struct {
+  size_t size;            /* sizeof(odcSimulateRequest_t) as the caller was compiled */
+  unsigned int magic;     /* ODC_SIMULATE_REQUEST_MAGIC */
+  unsigned int version;   /* ODC_SIMULATE_REQUEST_VERSION */
+  const int64_t* lengths; /* the samples' lengths (positive), num_samples of them; required */
+  size_t num_samples;
+  int64_t samples_per_rank; /* a minibatch is ranks x this many consecutive samples; default 4 */
+  int64_t max_tokens;       /* token cap per microbatch; UNSET: the longest sample */
+  int64_t max_length;       /* drop samples longer than this; UNSET: keep every sample */
+  const char* model; /* a preset ("1.5b", default; "7b", ...) unless the three below are set */
+  int64_t layers;    /* a custom model: all three set, or all UNSET */
+  double layer_params;
+  double other_params;
+  double cost_a; /* microbatch cost in seconds, max(floor, c + sum(a*L + b*L^2)); cost_a */
+  double cost_b; /* UNSET: the preset's fit on 4 H200s (a custom model needs a cost) */
+  double cost_c;
+  double cost_floor; /* >= 0, default 0 */
+  int64_t
+      cost_calibrated_on; /* GPUs the cost was fitted on; UNSET: 4 with the preset's cost, else 0 */
+  const int64_t* ranks;   /* rank counts; NULL: 8, 16, ..., 1024 */
+  size_t num_rank_counts;
+  int64_t minibatches;    /* per rank count (RL steps with odcSimulateGrpo); default 20 */
+  const char* policies;   /* NULL: "local-sort,lb-micro,lb-mini,lb-mini-padded" */
+  const char* modes;      /* NULL: "collective,fsdp2-deferred,fsdp2-unsharded,odc,odc-hybrid" */
+  odcSimulateTask_t task; /* default odcSimulateSft */
+  int64_t minibatches_per_step; /* odcSimulateGrpo: update minibatches per RL step; default 2 */
+  odcSplit_t split;             /* odcSplitAuto: also simulate the split arms; default off */
+  double split_exchange;        /* default 0.05 */
+  odcMicrobatchMemory_t microbatch_memory; /* default odcMicrobatchMemoryLbMicro */
+  const double* rank_speed; /* NULL, or one relative speed per rank (one rank count) */
+  size_t num_rank_speeds;
+  int64_t gpus_per_node;           /* default 8 */
+  double nvlink_gbytes;            /* ODC pull/push bandwidth per GPU within a node; default 290 */
+  double nvlink_collective_gbytes; /* NCCL bus bandwidth within a node; default 300 */
+  double network_gbits;            /* NIC bandwidth per GPU; default 400 */
+  double nvlink_latency_us;        /* default 10 */
+  double network_latency_us;       /* default 10 */
+  double forward_fraction;         /* a forward's share of a microbatch's cost; default 0.25 */
+  const char* transport_path;      /* measured curves (JSON); NULL: the NVLink constants */
+  double gpu_memory_gbytes;        /* default 141 (an H200) */
+} odcSimulateRequest_t;
+
+/* Local: writes the header and the command's defaults into `request`; `size` is
+ * sizeof(odcSimulateRequest_t) as the caller was compiled (another size: odcInvalidArgument,
+ * nothing written). */
+ODC_API odcResult_t odcSimulateRequestInit(odcSimulateRequest_t* request, size_t size);
+
+/* Local, CPU only, thread-safe: runs the sweep `request` describes. On success *json (release with
+ * odcSimulateFree) is the document; on failure *json is untouched and odcGetLastError() holds the
+ * message `odc simulate` prints for the same configuration (naming the command's options). */
+ODC_API odcResult_t odcSimulateSweep(const odcSimulateRequest_t* request, char** json);
+
+/* The same from the command's options as strings (no program or subcommand name), parsed by the
+ * command's own table, e.g. {"--ranks", "8", "--policies", "lb-mini"}; with `lengths`
+ * (num_samples values, positive) they replace --lengths, which must then be absent. */
 ODC_API odcResult_t odcSimulate(const char* const* args, size_t num_args, const int64_t* lengths,
                                 size_t num_samples, char** json);
+
+/* Takes NULL (ignored) or a live document from odcSimulateSweep or odcSimulate (else
+ * odcInvalidArgument, nothing freed). */
 ODC_API odcResult_t odcSimulateFree(char* json);
 
 /* ---------------------------------------------------------------------------------------------

@@ -65,6 +65,58 @@ class PlanOptions(ctypes.Structure):
     ]
 
 
+SIMULATE_REQUEST_MAGIC = 0x0DC05133
+SIMULATE_REQUEST_VERSION = 1
+SIMULATE_UNSET = -1
+SIMULATE_SFT, SIMULATE_GRPO = 0, 1  # odcSimulateTask_t
+
+
+class SimulateRequest(ctypes.Structure):
+    """odcSimulateRequest_t (make it with new_simulate_request()): `odc simulate`'s options,
+    typed; SIMULATE_UNSET leaves an optional number to the command's default."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("magic", ctypes.c_uint),
+        ("version", ctypes.c_uint),
+        ("lengths", ctypes.POINTER(ctypes.c_int64)),
+        ("num_samples", ctypes.c_size_t),
+        ("samples_per_rank", ctypes.c_int64),
+        ("max_tokens", ctypes.c_int64),
+        ("max_length", ctypes.c_int64),
+        ("model", ctypes.c_char_p),
+        ("layers", ctypes.c_int64),
+        ("layer_params", ctypes.c_double),
+        ("other_params", ctypes.c_double),
+        ("cost_a", ctypes.c_double),
+        ("cost_b", ctypes.c_double),
+        ("cost_c", ctypes.c_double),
+        ("cost_floor", ctypes.c_double),
+        ("cost_calibrated_on", ctypes.c_int64),
+        ("ranks", ctypes.POINTER(ctypes.c_int64)),
+        ("num_rank_counts", ctypes.c_size_t),
+        ("minibatches", ctypes.c_int64),
+        ("policies", ctypes.c_char_p),
+        ("modes", ctypes.c_char_p),
+        ("task", ctypes.c_int),  # odcSimulateTask_t
+        ("minibatches_per_step", ctypes.c_int64),
+        ("split", ctypes.c_int),  # odcSplit_t
+        ("split_exchange", ctypes.c_double),
+        ("microbatch_memory", ctypes.c_int),  # odcMicrobatchMemory_t
+        ("rank_speed", ctypes.POINTER(ctypes.c_double)),
+        ("num_rank_speeds", ctypes.c_size_t),
+        ("gpus_per_node", ctypes.c_int64),
+        ("nvlink_gbytes", ctypes.c_double),
+        ("nvlink_collective_gbytes", ctypes.c_double),
+        ("network_gbits", ctypes.c_double),
+        ("nvlink_latency_us", ctypes.c_double),
+        ("network_latency_us", ctypes.c_double),
+        ("forward_fraction", ctypes.c_double),
+        ("transport_path", ctypes.c_char_p),
+        ("gpu_memory_gbytes", ctypes.c_double),
+    ]
+
+
 # odcTransport_t
 TRANSPORT_AUTO = 0
 TRANSPORT_SHM = 1
@@ -158,6 +210,8 @@ _PLAN_FUNCTIONS = [
     ("odcLengthsRead", _RESULT, [ctypes.c_char_p, _P(_P(ctypes.c_int64)), _P(_SIZE)]),
     ("odcLengthsFree", _RESULT, [_P(ctypes.c_int64)]),
     # The document (char**) is freed by odcSimulateFree, so kept as void*.
+    ("odcSimulateRequestInit", _RESULT, [_P(SimulateRequest), _SIZE]),
+    ("odcSimulateSweep", _RESULT, [_P(SimulateRequest), _P(_HANDLE)]),
     ("odcSimulate", _RESULT, [_P(ctypes.c_char_p), _SIZE, _P(ctypes.c_int64), _SIZE, _P(_HANDLE)]),
     ("odcSimulateFree", _RESULT, [ctypes.c_void_p]),
 ]
@@ -359,6 +413,13 @@ def _name_python_threads(message: str) -> str:
         return match.group(0) if name is None else f"thread {match.group(1)} ({name!r})"
 
     return _THREAD_ID.sub(named, message)
+
+
+def new_simulate_request() -> SimulateRequest:
+    """odcSimulateRequest_t with its header and the command's defaults."""
+    request = SimulateRequest()
+    check(lib.odcSimulateRequestInit(ctypes.byref(request), ctypes.sizeof(SimulateRequest)))
+    return request
 
 
 def new_plan_options() -> PlanOptions:

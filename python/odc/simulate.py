@@ -1,6 +1,7 @@
 """`python -m odc.simulate`: the `odc simulate` command (C++, docs/simulate.md), whose `--plot`
-PNG of speedup against GPUs (one line per mode and policy) is drawn here (`--draw`); `simulate()`,
-the same simulator called in this process through the C API (odcSimulate); and the conversion of
+PNG of speedup against GPUs (one line per mode and policy) is drawn here (`--draw`); `sweep()`,
+the same simulator called in this process with a typed request (odcSimulateSweep), and
+`simulate()`, the same from the command's options (odcSimulate); and the conversion of
 odc_bench's tables into transport curves (`--curves`). The validation of the simulator against
 the runs recorded in docs/results is repository tooling: dev/analysis/validate_runs.py.
 
@@ -50,6 +51,73 @@ def simulate(arguments: Sequence[str], lengths: Optional[Sequence[int]] = None) 
         values = (ctypes.c_int64 * max(1, count))(*lengths)
     document = ctypes.c_void_p()
     _capi.check(_capi.lib.odcSimulate(args, len(encoded), values, count, ctypes.byref(document)))
+    try:
+        return json.loads(ctypes.string_at(document.value).decode())
+    finally:
+        _capi.lib.odcSimulateFree(document)
+
+
+# sweep()'s keywords that are not plain numbers of odcSimulateRequest_t, and how they are set.
+_NAMES = {
+    "task": {"sft": 0, "grpo": 1},  # odcSimulateTask_t
+    "split": {"off": 0, "auto": 1},  # odcSplit_t
+    "microbatch_memory": {"lb-micro": 0, "cap": 1},  # odcMicrobatchMemory_t
+}
+_TEXT = ("model", "policies", "modes", "transport_path")
+# Fields set from other arguments (the header, the lengths, the lists' sizes).
+_NOT_OPTIONS = ("size", "magic", "version", "lengths", "num_samples", "num_rank_counts")
+_NOT_OPTIONS += ("num_rank_speeds",)
+
+
+def _request(lengths: Sequence[int], options: dict, keep: list):
+    """odcSimulateRequest_t from sweep()'s arguments; `keep` holds the arrays it points to."""
+    from . import _capi
+
+    request = _capi.new_simulate_request()
+    values = (ctypes.c_int64 * max(1, len(lengths)))(*lengths)
+    keep.append(values)
+    request.lengths, request.num_samples = values, len(lengths)
+    for name, value in options.items():
+        if name == "ranks" or name == "rank_speed":
+            kind = ctypes.c_int64 if name == "ranks" else ctypes.c_double
+            array = (kind * max(1, len(value)))(*value)
+            keep.append(array)
+            setattr(request, name, array)
+            setattr(
+                request, "num_rank_counts" if name == "ranks" else "num_rank_speeds", len(value)
+            )
+        elif name == "cost":
+            terms = list(value) + [0.0] * (4 - len(value))
+            if len(value) not in (3, 4):
+                raise InvalidArgument(f"cost is (a, b, c) or (a, b, c, floor), got {value!r}")
+            request.cost_a, request.cost_b, request.cost_c, request.cost_floor = terms
+        elif name in _NAMES:
+            if value not in _NAMES[name]:
+                expected = " or ".join(_NAMES[name])
+                raise InvalidArgument(f"unknown {name} {value!r}: expected {expected}")
+            setattr(request, name, _NAMES[name][value])
+        elif name in _TEXT:
+            text = ",".join(value) if isinstance(value, (list, tuple)) else value
+            setattr(request, name, str(text).encode())
+        elif name in dict(_capi.SimulateRequest._fields_) and name not in _NOT_OPTIONS:
+            setattr(request, name, value)
+        else:
+            raise InvalidArgument(f"sweep() has no option {name!r}")
+    return request
+
+
+def sweep(lengths: Sequence[int], **options) -> dict:
+    """`odc simulate`'s document for the samples' `lengths`, computed in this process from a typed
+    request (odcSimulateSweep): the options are odcSimulateRequest_t's fields, named as the
+    command's options with underscores (ranks=[8, 64], policies=["lb-micro", "lb-mini"],
+    task="grpo", cost=(a, b, c), split="auto", ...); unset, the command's defaults. A ValueError
+    (odc.InvalidArgument) with odc's message when it refuses."""
+    from . import _capi
+
+    keep: list = []
+    request = _request(lengths, options, keep)
+    document = ctypes.c_void_p()
+    _capi.check(_capi.lib.odcSimulateSweep(ctypes.byref(request), ctypes.byref(document)))
     try:
         return json.loads(ctypes.string_at(document.value).decode())
     finally:

@@ -6,7 +6,7 @@
 //   odc simulate step time, bubble and speedup of collective / ODC at many rank counts, memory
 //                per GPU per layout, and optionally a figure (--plot, drawn by odc.simulate)
 // All three share one vocabulary for the samples (--lengths, --samples-per-rank, --max-tokens,
-// --max-length: simulate_cli.h) and end with one verdict line naming its basis and baseline.
+// --max-length: tools/cli_options.h) and end with one verdict line naming its basis and baseline.
 // Every user error exits with status 2 and one line naming the problem; `odc` alone lists the
 // subcommands.
 #include <spawn.h>
@@ -32,7 +32,9 @@
 #include "planner/plan_format.h"
 #include "planner/plan_io.h"
 #include "simulate/simulate.h"
-#include "simulate/simulate_cli.h"
+#include "simulate/sweep.h"
+#include "simulate/sweep_format.h"
+#include "tools/cli_options.h"
 
 namespace {
 
@@ -44,43 +46,31 @@ using odc::planner::PlanOptions;
 
 constexpr int kUsageError = 2;
 
-// Options shared by `plan` and `compare`, as the user typed them.
+// Options shared by `plan` and `compare`, as the user typed them (tables: cli_options.h).
 struct CommonArgs {
-  odc::simulate::SampleArgs samples;  // --lengths, --samples-per-rank, --max-tokens, --max-length
+  odc::simulate::SampleSelection samples;  // --lengths, --samples-per-rank, --max-tokens, ...
   int64_t num_ranks = 0;
-  std::string cost = "1,0,0";
-  std::string rank_speed;
-  std::string split = "off";
-  double split_exchange = odc::planner::kDefaultSplitExchange;
-  std::string microbatch_memory = "lb-micro";
+  odc::tools::PlannerArgs planner;
+  CommonArgs() { planner.cost = "1,0,0"; }  // the planner's unit cost: one per token
 };
 
 void add_common_options(CLI::App& command, CommonArgs& args) {
-  odc::simulate::add_sample_options(command, args.samples, /*deprecated_minibatch_size=*/true);
+  odc::tools::add_sample_options(command, args.samples, /*deprecated_minibatch_size=*/true);
   command.add_option("--ranks", args.num_ranks, "number of data-parallel ranks (N)")
       ->required()
-      ->check(odc::simulate::int64_range());
-  command
-      .add_option("--cost", args.cost,
-                  "microbatch cost C + sum(A*L + B*L^2), as A,B,C; A,B,C,F: at least F per "
-                  "microbatch (the host-bound floor)")
-      ->capture_default_str();
-  command.add_option("--rank-speed", args.rank_speed,
-                     "relative speed of each rank, S0,S1,... (default: all equal)");
-  command
-      .add_option("--split", args.split,
-                  "auto: run a sample above the minibatch's per-rank share on a group of ranks "
-                  "(lb-mini, lb-micro); off")
-      ->capture_default_str();
-  command
-      .add_option("--split-exchange", args.split_exchange,
-                  "K/V exchange cost of a split chunk per token received, as a fraction of A")
-      ->capture_default_str();
-  command
-      .add_option("--microbatch-memory", args.microbatch_memory,
-                  "lb-micro: no lb-mini microbatch above the largest lb-micro builds for the "
-                  "same minibatch (no more activation memory); cap: up to --max-tokens (fastest)")
-      ->capture_default_str();
+      ->check(odc::tools::int64_range());
+  odc::tools::add_cost_option(command, args.planner.cost,
+                              "microbatch cost C + sum(A*L + B*L^2), as A,B,C; A,B,C,F: at least "
+                              "F per microbatch (the host-bound floor)");
+  odc::tools::add_rank_speed_option(command, args.planner.rank_speed,
+                                    "relative speed of each rank, S0,S1,... (default: all equal)");
+  odc::tools::add_split_options(command, args.planner,
+                                "auto: run a sample above the minibatch's per-rank share on a "
+                                "group of ranks (lb-mini, lb-micro); off");
+  odc::tools::add_microbatch_memory_option(
+      command, args.planner.microbatch_memory,
+      "lb-micro: no lb-mini microbatch above the largest lb-micro builds for the same minibatch "
+      "(no more activation memory); cap: up to --max-tokens (fastest)");
 }
 
 // Turns the typed arguments into plan inputs; the first problem found is returned. `samples`
@@ -98,19 +88,19 @@ Status build_inputs(const CommonArgs& args, odc::simulate::Samples& samples, Pla
     options.minibatch_size = odc::planner::kAllSamples;  // more samples than any file holds
   }
   options.max_tokens = args.samples.max_tokens.value_or(1);  // checked again once read
-  auto cost = odc::planner::parse_cost(args.cost);
+  auto cost = odc::planner::parse_cost(args.planner.cost);
   if (!cost.ok()) return cost.status();
   options.cost = cost.value();
-  if (!args.rank_speed.empty()) {
-    auto speeds = odc::planner::parse_rank_speed(args.rank_speed);
+  if (!args.planner.rank_speed.empty()) {
+    auto speeds = odc::planner::parse_rank_speed(args.planner.rank_speed);
     if (!speeds.ok()) return speeds.status();
     options.rank_speed = speeds.value();
   }
-  auto split = odc::planner::parse_split_mode(args.split);
+  auto split = odc::planner::parse_split_mode(args.planner.split);
   if (!split.ok()) return split.status();
   options.split = split.value();
-  options.split_exchange = args.split_exchange;
-  auto memory = odc::planner::parse_microbatch_memory(args.microbatch_memory);
+  options.split_exchange = args.planner.split_exchange;
+  auto memory = odc::planner::parse_microbatch_memory(args.planner.microbatch_memory);
   if (!memory.ok()) return memory.status();
   options.microbatch_memory = memory.value();
   // Option errors come before reading a possibly large file.
@@ -491,6 +481,184 @@ int fail(const std::string& command, const std::string& message) {
   return kUsageError;
 }
 
+// The arguments of each subcommand, as parsed.
+struct PlanCommand {
+  CommonArgs args;
+  std::string policy;
+  std::string format = "json";
+};
+
+struct CompareCommand {
+  CommonArgs args;
+  odc::tools::TaskArgs task;
+  std::string format = "table";
+  std::string plot_path;
+};
+
+struct SimulateCommand {
+  odc::tools::SimulateArgs args;
+  std::string plot_path;
+};
+
+void add_compare_options(CLI::App& command, CompareCommand& compare) {
+  add_common_options(command, compare.args);
+  command.add_option("--format", compare.format, "table, json or csv")->capture_default_str();
+  command.add_option("--plot", compare.plot_path,
+                     "also draw the bubbles and speedups into this PNG (needs Python with "
+                     "matplotlib and the odc package)");
+  odc::tools::add_task_option(command, compare.task,
+                              "sft, or grpo: GRPO's training phase, per RL step of ranks x "
+                              "samples-per-rank rollouts two forward-only minibatches (old and "
+                              "reference log-probs) and --minibatches-per-step updates, all in "
+                              "the bubble");
+  odc::tools::add_minibatches_per_step_option(command, compare.task);
+  odc::tools::add_forward_fraction_option(
+      command, compare.task,
+      "--task grpo: a forward's share of a microbatch's cost (1/4 with activation checkpointing, "
+      "as odc.train on GPUs; 1/3 without)");
+}
+
+int run_simulate(const CLI::App& command, const SimulateCommand& simulate) {
+  if (command.count("--plot") > 0) {
+    if (std::string error = check_plot_path(simulate.plot_path); !error.empty()) {
+      return fail("simulate", error);
+    }
+  }
+  auto request = odc::tools::to_sweep(simulate.args);
+  if (!request.ok()) return fail("simulate", request.status().message());
+  auto sweep = odc::simulate::run_sweep(request.value());
+  if (!sweep.ok()) return fail("simulate", sweep.status().message());
+  const bool table = simulate.args.format == "table";
+  std::cout << (table ? odc::simulate::sweep_to_table(sweep.value())
+                      : odc::simulate::sweep_to_json(sweep.value()) + "\n");
+  if (simulate.plot_path.empty()) return 0;
+  std::cout << std::flush;
+  const std::string title = simulate.args.samples.lengths_path;
+  if (std::string failure =
+          write_plot(nlohmann::ordered_json::parse(odc::simulate::sweep_to_json(sweep.value())),
+                     {"odc.simulate", "--draw", simulate.plot_path, title});
+      !failure.empty()) {
+    std::fprintf(stderr, "odc simulate: error: %s\n", failure.c_str());
+    return 1;
+  }
+  std::fprintf(table ? stdout : stderr, "plot: %s\n", simulate.plot_path.c_str());
+  return 0;
+}
+
+int run_plan(PlanCommand& command) {
+  if (command.format != "json" && command.format != "table") {
+    return fail("plan", "unknown format " + odc::planner::quote_text(command.format) +
+                            ": expected json or table");
+  }
+  auto policy = odc::planner::parse_policy(command.policy);
+  if (!policy.ok()) return fail("plan", policy.status().message());
+  odc::simulate::Samples samples;
+  PlanOptions options;
+  options.policy = policy.value();
+  if (Status status = build_inputs(command.args, samples, options); !status.ok()) {
+    return fail("plan", status.message());
+  }
+  auto plan = odc::planner::make_plan(samples.lengths, options);
+  if (!plan.ok()) return fail("plan", plan.status().message());
+  to_file_indices(plan.value(), samples.file_index);
+  std::string text = command.format == "json" ? odc::planner::plan_to_json(plan.value()) + "\n"
+                                              : odc::planner::plan_to_table(plan.value());
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout)) {
+    return fail("plan", std::string("cannot write the plan: ") + std::strerror(errno));
+  }
+  return 0;
+}
+
+// The three policies (and with --split auto the two that can split), planned on the same lengths.
+Status compare_plans(const std::vector<int64_t>& lengths, PlanOptions& options,
+                     const odc::tools::TaskArgs& task, std::vector<Plan>& plans) {
+  const odc::planner::SplitMode split = options.split;
+  const bool grpo = task.task == "grpo";
+  for (auto policy : {odc::planner::Policy::kLocalSort, odc::planner::Policy::kLbMicro,
+                      odc::planner::Policy::kLbMini}) {
+    options.policy = policy;
+    options.split = odc::planner::SplitMode::kOff;
+    auto plan = grpo ? grpo_plan(lengths, options, task.minibatches_per_step, task.forward_fraction)
+                     : odc::planner::make_plan(lengths, options);
+    if (!plan.ok()) return plan.status();
+    plans.push_back(std::move(plan).value());
+  }
+  // With --split auto, the two policies that can split (LB-Micro and LB-Mini) are planned split.
+  if (split == odc::planner::SplitMode::kAuto) {
+    for (auto policy : {odc::planner::Policy::kLbMicro, odc::planner::Policy::kLbMini}) {
+      options.policy = policy;
+      options.split = split;
+      auto plan = odc::planner::make_plan(lengths, options);
+      if (!plan.ok()) return plan.status();
+      plans.push_back(std::move(plan).value());
+    }
+  }
+  options.split = split;
+  return Status::Ok();
+}
+
+int run_compare(const CLI::App& command, CompareCommand& compare) {
+  const std::string& format = compare.format;
+  if (format != "table" && format != "json" && format != "csv") {
+    return fail("compare", "unknown format '" + format + "': expected table, json or csv");
+  }
+  if (command.count("--plot") > 0) {
+    if (std::string error = check_plot_path(compare.plot_path); !error.empty()) {
+      return fail("compare", error);
+    }
+  }
+  odc::simulate::Samples samples;
+  PlanOptions options;
+  if (Status status = build_inputs(compare.args, samples, options); !status.ok()) {
+    return fail("compare", status.message());
+  }
+  const bool grpo = compare.task.task == "grpo";
+  if (compare.task.task != "sft" && !grpo) {
+    return fail("compare", "unknown --task '" + compare.task.task + "': expected sft or grpo");
+  }
+  const odc::planner::SplitMode split = options.split;
+  if (grpo && split == odc::planner::SplitMode::kAuto) {
+    return fail("compare", "--task grpo does not split samples (odc.train refuses it too)");
+  }
+  std::vector<Plan> plans;
+  if (Status status = compare_plans(samples.lengths, options, compare.task, plans); !status.ok()) {
+    return fail("compare", status.message());
+  }
+  const std::string basis = grpo ? "; GRPO: per RL step 2 forward-only minibatches at " +
+                                       cost_words(odc::simulate::forward_cost(
+                                           options.cost, compare.task.forward_fraction)) +
+                                       " and " + std::to_string(compare.task.minibatches_per_step) +
+                                       " updates"
+                                 : "";
+  if (format == "json") {
+    std::cout << compare_json(plans, basis).dump(1) << "\n";
+  } else if (format == "csv") {
+    std::cout << compare_csv(plans);
+  } else {
+    std::cout << odc::planner::compare_table(plans) << verdict_line(plans, basis);
+    if (split == odc::planner::SplitMode::kOff && !grpo) {
+      options.policy = odc::planner::Policy::kLbMini;
+      options.split = odc::planner::SplitMode::kAuto;
+      auto split_plan = odc::planner::make_plan(samples.lengths, options);
+      if (split_plan.ok()) std::cout << split_hint(plans, split_plan.value());
+    }
+  }
+  if (compare.plot_path.empty()) return 0;
+  std::cout << std::flush;
+  const std::string title = compare.args.samples.lengths_path + ": " +
+                            std::to_string(options.num_ranks) + " ranks, max " +
+                            std::to_string(options.max_tokens) + " tokens";
+  if (std::string error =
+          write_plot(compare_json(plans), {"odc.compare_plot", compare.plot_path, title});
+      !error.empty()) {
+    std::fprintf(stderr, "odc compare: error: %s\n", error.c_str());
+    return 1;
+  }
+  // The table's reader learns where the figure is; JSON and CSV stay machine-readable.
+  std::fprintf(format == "table" ? stdout : stderr, "plot: %s\n", compare.plot_path.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -499,52 +667,23 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "odc " ODC_VERSION_STRING);
   app.require_subcommand(1);
 
-  CommonArgs plan_args;
-  std::string policy_text;
-  std::string format = "json";
+  PlanCommand plan;
   CLI::App* plan_command =
       app.add_subcommand("plan", "plan one policy's minibatch schedule and predict its bubble");
-  add_common_options(*plan_command, plan_args);
-  plan_command->add_option("--policy", policy_text, "local-sort, lb-micro or lb-mini")->required();
-  plan_command->add_option("--format", format, "json or table")->capture_default_str();
+  add_common_options(*plan_command, plan.args);
+  plan_command->add_option("--policy", plan.policy, "local-sort, lb-micro or lb-mini")->required();
+  plan_command->add_option("--format", plan.format, "json or table")->capture_default_str();
 
-  CommonArgs compare_args;
+  CompareCommand compare;
   CLI::App* compare_command = app.add_subcommand(
       "compare", "predict the bubble of all three policies under collective and ODC execution");
-  add_common_options(*compare_command, compare_args);
-  std::string compare_format = "table";
-  std::string plot_path;
-  compare_command->add_option("--format", compare_format, "table, json or csv")
-      ->capture_default_str();
-  compare_command->add_option("--plot", plot_path,
-                              "also draw the bubbles and speedups into this PNG (needs Python "
-                              "with matplotlib and the odc package)");
-  std::string compare_task = "sft";
-  int64_t compare_minibatches_per_step = 2;
-  double compare_forward_fraction = 0.25;
-  compare_command
-      ->add_option("--task", compare_task,
-                   "sft, or grpo: GRPO's training phase, per RL step of ranks x samples-per-rank "
-                   "rollouts two forward-only minibatches (old and reference log-probs) and "
-                   "--minibatches-per-step updates, all in the bubble")
-      ->capture_default_str();
-  compare_command
-      ->add_option("--minibatches-per-step", compare_minibatches_per_step,
-                   "--task grpo: update minibatches per RL step")
-      ->capture_default_str()
-      ->check(odc::simulate::int64_range());
-  compare_command
-      ->add_option("--forward-fraction", compare_forward_fraction,
-                   "--task grpo: a forward's share of a microbatch's cost (1/4 with activation "
-                   "checkpointing, as odc.train on GPUs; 1/3 without)")
-      ->capture_default_str();
+  add_compare_options(*compare_command, compare);
 
-  odc::simulate::CliArgs simulate_args;
-  std::string simulate_plot_path;
+  SimulateCommand simulate;
   CLI::App* simulate_command = app.add_subcommand(
       "simulate", "simulate collective and ODC training at many rank counts (docs/simulate.md)");
-  odc::simulate::add_cli_options(*simulate_command, simulate_args);
-  simulate_command->add_option("--plot", simulate_plot_path,
+  odc::tools::add_simulate_options(*simulate_command, simulate.args);
+  simulate_command->add_option("--plot", simulate.plot_path,
                                "also draw speedup against GPUs into this PNG (needs Python with "
                                "matplotlib and the odc package)");
 
@@ -562,131 +701,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     const std::string command =
         app.get_subcommands().empty() ? std::string("") : app.get_subcommands().front()->get_name();
-    return fail(command, error.what());
+    return fail(command, odc::tools::parse_error_message(error));
   }
-
-  if (simulate_command->parsed()) {
-    if (simulate_command->count("--plot") > 0) {
-      if (std::string error = check_plot_path(simulate_plot_path); !error.empty()) {
-        return fail("simulate", error);
-      }
-    }
-    std::string error, document;
-    const int code = odc::simulate::run_cli(simulate_args, std::cout, error,
-                                            simulate_plot_path.empty() ? nullptr : &document);
-    if (code != 0) return fail("simulate", error);
-    if (!simulate_plot_path.empty()) {
-      std::cout << std::flush;
-      const std::string title = simulate_args.samples.lengths_path;
-      if (std::string failure = write_plot(nlohmann::ordered_json::parse(document),
-                                           {"odc.simulate", "--draw", simulate_plot_path, title});
-          !failure.empty()) {
-        std::fprintf(stderr, "odc simulate: error: %s\n", failure.c_str());
-        return 1;
-      }
-      std::fprintf(simulate_args.format == "table" ? stdout : stderr, "plot: %s\n",
-                   simulate_plot_path.c_str());
-    }
-    return 0;
-  }
-
-  if (plan_command->parsed()) {
-    if (format != "json" && format != "table") {
-      return fail("plan", "unknown format " + odc::planner::quote_text(format) +
-                              ": expected json or table");
-    }
-    auto policy = odc::planner::parse_policy(policy_text);
-    if (!policy.ok()) return fail("plan", policy.status().message());
-    odc::simulate::Samples samples;
-    PlanOptions options;
-    options.policy = policy.value();
-    if (Status status = build_inputs(plan_args, samples, options); !status.ok()) {
-      return fail("plan", status.message());
-    }
-    auto plan = odc::planner::make_plan(samples.lengths, options);
-    if (!plan.ok()) return fail("plan", plan.status().message());
-    to_file_indices(plan.value(), samples.file_index);
-    std::string text = format == "json" ? odc::planner::plan_to_json(plan.value()) + "\n"
-                                        : odc::planner::plan_to_table(plan.value());
-    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout)) {
-      return fail("plan", std::string("cannot write the plan: ") + std::strerror(errno));
-    }
-    return 0;
-  }
-
-  if (compare_format != "table" && compare_format != "json" && compare_format != "csv") {
-    return fail("compare", "unknown format '" + compare_format + "': expected table, json or csv");
-  }
-  if (compare_command->count("--plot") > 0) {
-    if (std::string error = check_plot_path(plot_path); !error.empty()) {
-      return fail("compare", error);
-    }
-  }
-  odc::simulate::Samples samples;
-  PlanOptions options;
-  if (Status status = build_inputs(compare_args, samples, options); !status.ok()) {
-    return fail("compare", status.message());
-  }
-  const std::vector<int64_t>& lengths = samples.lengths;
-  std::vector<Plan> plans;
-  const odc::planner::SplitMode split = options.split;
-  const bool grpo = compare_task == "grpo";
-  if (compare_task != "sft" && !grpo) {
-    return fail("compare", "unknown --task '" + compare_task + "': expected sft or grpo");
-  }
-  if (grpo && split == odc::planner::SplitMode::kAuto) {
-    return fail("compare", "--task grpo does not split samples (odc.train refuses it too)");
-  }
-  for (auto policy : {odc::planner::Policy::kLocalSort, odc::planner::Policy::kLbMicro,
-                      odc::planner::Policy::kLbMini}) {
-    options.policy = policy;
-    options.split = odc::planner::SplitMode::kOff;
-    auto plan =
-        grpo ? grpo_plan(lengths, options, compare_minibatches_per_step, compare_forward_fraction)
-             : odc::planner::make_plan(lengths, options);
-    if (!plan.ok()) return fail("compare", plan.status().message());
-    plans.push_back(std::move(plan).value());
-  }
-  const std::string basis =
-      grpo ? "; GRPO: per RL step 2 forward-only minibatches at " +
-                 cost_words(odc::simulate::forward_cost(options.cost, compare_forward_fraction)) +
-                 " and " + std::to_string(compare_minibatches_per_step) + " updates"
-           : "";
-  // With --split auto, the two policies that can split (LB-Micro and LB-Mini) are planned split.
-  if (split == odc::planner::SplitMode::kAuto) {
-    for (auto policy : {odc::planner::Policy::kLbMicro, odc::planner::Policy::kLbMini}) {
-      options.policy = policy;
-      options.split = split;
-      auto plan = odc::planner::make_plan(lengths, options);
-      if (!plan.ok()) return fail("compare", plan.status().message());
-      plans.push_back(std::move(plan).value());
-    }
-  }
-  if (compare_format == "json") {
-    std::cout << compare_json(plans, basis).dump(1) << "\n";
-  } else if (compare_format == "csv") {
-    std::cout << compare_csv(plans);
-  } else {
-    std::cout << odc::planner::compare_table(plans) << verdict_line(plans, basis);
-    if (split == odc::planner::SplitMode::kOff && !grpo) {
-      options.policy = odc::planner::Policy::kLbMini;
-      options.split = odc::planner::SplitMode::kAuto;
-      auto split_plan = odc::planner::make_plan(lengths, options);
-      if (split_plan.ok()) std::cout << split_hint(plans, split_plan.value());
-    }
-  }
-  if (!plot_path.empty()) {
-    std::cout << std::flush;
-    const std::string title = compare_args.samples.lengths_path + ": " +
-                              std::to_string(options.num_ranks) + " ranks, max " +
-                              std::to_string(options.max_tokens) + " tokens";
-    if (std::string error = write_plot(compare_json(plans), {"odc.compare_plot", plot_path, title});
-        !error.empty()) {
-      std::fprintf(stderr, "odc compare: error: %s\n", error.c_str());
-      return 1;
-    }
-    // The table's reader learns where the figure is; JSON and CSV stay machine-readable.
-    std::fprintf(compare_format == "table" ? stdout : stderr, "plot: %s\n", plot_path.c_str());
-  }
-  return 0;
+  if (simulate_command->parsed()) return run_simulate(*simulate_command, simulate);
+  if (plan_command->parsed()) return run_plan(plan);
+  return run_compare(*compare_command, compare);
 }

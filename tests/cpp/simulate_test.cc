@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "simulate/sweep.h"
+#include "simulate/sweep_format.h"
 #include "test_util.h"
 
 namespace odc::simulate {
@@ -489,6 +491,62 @@ TEST(Simulate, RefusesSizesItCannotRunAndReadsNoDirectory) {
   auto curves = read_transport_curves(::testing::TempDir());
   ASSERT_FALSE(curves.ok());
   EXPECT_NE(curves.status().message().find("directory"), std::string::npos);
+}
+
+// The typed sweep: request in, rows out, without a command line. Lockstep modes skip lb-mini and
+// every other mode skips lb-mini-padded; speedups are against collective + lb-micro at each
+// rank count, and the memory table has one row per rank count and mode.
+TEST(Sweep, RowsFollowTheRequest) {
+  Sweep request;
+  request.samples.given_lengths = std::vector<int64_t>{900, 30, 400, 70, 2000, 10, 600, 50};
+  request.samples.samples_per_rank = 2;
+  request.ranks = {2, 4};
+  request.minibatches = 2;
+  request.policies = {{planner::Policy::kLbMicro, false}, {planner::Policy::kLbMini, false}};
+  request.modes = {Mode::kCollective, Mode::kOdcFlat};
+  request.model = "tiny";
+  request.cost = planner::CostModel{1e-3, 2e-7, 5e-3};
+  auto sweep = run_sweep(request);
+  ASSERT_TRUE(sweep.ok()) << sweep.status().message();
+  const std::vector<SweepRow>& rows = sweep.value().rows;
+  ASSERT_EQ(rows.size(), 6u);  // per rank count: lb-micro x 2 modes, lb-mini x odc
+  for (const SweepRow& row : rows) {
+    EXPECT_FALSE(row.policy == "lb-mini" && row.mode == "collective");
+    EXPECT_GT(row.speedup, 0.0);
+    if (row.policy == "lb-micro" && row.mode == "collective") {
+      EXPECT_DOUBLE_EQ(row.speedup, 1.0);
+    }
+  }
+  EXPECT_EQ(rows.front().ranks, 2);
+  EXPECT_EQ(rows.back().ranks, 4);
+  EXPECT_EQ(sweep.value().memory.size(), 4u);
+  const std::string table = sweep_to_table(sweep.value());
+  EXPECT_NE(table.find(sweep_verdict(sweep.value()) + "\n"), std::string::npos);
+  EXPECT_EQ(sweep_to_json(sweep.value()).front(), '{');
+}
+
+// Refusals name the command's option at fault.
+TEST(Sweep, RefusalsNameTheOption) {
+  Sweep request;
+  request.samples.given_lengths = std::vector<int64_t>{100, 200};
+  request.ranks = {8};
+  request.minibatches = 1;
+  request.layers = 4;  // a custom model needs all three
+  auto custom = run_sweep(request);
+  ASSERT_FALSE(custom.ok());
+  EXPECT_NE(custom.status().message().find("--layer-params"), std::string::npos);
+  request.layers.reset();
+  request.rank_speed = {1.0, 2.0};
+  auto speeds = run_sweep(request);
+  ASSERT_FALSE(speeds.ok());
+  EXPECT_NE(speeds.status().message().find("--rank-speed gives 2 speeds"), std::string::npos);
+  request.rank_speed.clear();
+  request.modes = {Mode::kCollective};
+  request.policies = {{planner::Policy::kLbMini, false}};
+  auto nothing = run_sweep(request);
+  ASSERT_FALSE(nothing.ok());
+  EXPECT_NE(nothing.status().message().find("--modes collective with --policies lb-mini"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ STRUCTS = {
     "odcPlanOptions_t": _capi.PlanOptions,
     "odcBootstrap_t": _capi.Bootstrap,
     "odcCommConfig_t": _capi.CommConfig,
+    "odcSimulateRequest_t": _capi.SimulateRequest,
 }
 
 # Python value -> the C expression it mirrors.
@@ -48,6 +49,14 @@ CONSTANTS = {
     "_capi.ODC_PLAN_ALL_SAMPLES": (_capi.ODC_PLAN_ALL_SAMPLES, "ODC_PLAN_ALL_SAMPLES"),
     "_capi.PLAN_OPTIONS_MAGIC": (_capi.PLAN_OPTIONS_MAGIC, "ODC_PLAN_OPTIONS_MAGIC"),
     "_capi.PLAN_OPTIONS_VERSION": (_capi.PLAN_OPTIONS_VERSION, "ODC_PLAN_OPTIONS_VERSION"),
+    "_capi.SIMULATE_REQUEST_MAGIC": (_capi.SIMULATE_REQUEST_MAGIC, "ODC_SIMULATE_REQUEST_MAGIC"),
+    "_capi.SIMULATE_REQUEST_VERSION": (
+        _capi.SIMULATE_REQUEST_VERSION,
+        "ODC_SIMULATE_REQUEST_VERSION",
+    ),
+    "_capi.SIMULATE_UNSET": (_capi.SIMULATE_UNSET, "ODC_SIMULATE_UNSET"),
+    "_capi.SIMULATE_SFT": (_capi.SIMULATE_SFT, "odcSimulateSft"),
+    "_capi.SIMULATE_GRPO": (_capi.SIMULATE_GRPO, "odcSimulateGrpo"),
     "_capi.TRANSPORT_AUTO": (_capi.TRANSPORT_AUTO, "odcTransportAuto"),
     "_capi.TRANSPORT_SHM": (_capi.TRANSPORT_SHM, "odcTransportShm"),
     "_capi.TRANSPORT_CUDA": (_capi.TRANSPORT_CUDA, "odcTransportCuda"),

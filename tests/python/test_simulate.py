@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from odc.simulate import parse_odc_bench, simulate as simulate_in_process, write_plot
+from odc.simulate import parse_odc_bench, simulate as simulate_in_process, sweep, write_plot
 
 
 def simulate(odc_cli, *arguments):
@@ -49,6 +49,63 @@ def test_the_c_api_gives_the_command_s_document(odc_cli, data_dir):
         _capi.lib.odcSimulateFree(ctypes.cast(foreign, ctypes.c_void_p)) == _capi.INVALID_ARGUMENT
     )
     assert _capi.lib.odcSimulateFree(None) == _capi.SUCCESS
+
+
+def test_a_typed_request_gives_the_command_s_document(odc_cli, data_dir):
+    # odcSimulateSweep: the same configuration as a typed request, the same document, byte for
+    # byte parsed, as `odc simulate --format json` with the matching options.
+    lengths_file = data_dir / "aime_rl_like.txt"
+    lines = [line.strip() for line in lengths_file.read_text().splitlines()]
+    lengths = [int(line) for line in lines if line and not line.startswith("#")]
+    cases = [
+        ([], {}),
+        (
+            ["--ranks", "8,16", "--minibatches", "2", "--policies", "lb-micro,lb-mini",
+             "--modes", "collective,odc", "--split", "auto", "--cost", "3e-05,1.2e-09,0.07,0.3",
+             "--cost-calibrated-on", "2", "--max-tokens", "40000", "--microbatch-memory", "cap"],
+            dict(ranks=[8, 16], minibatches=2, policies=["lb-micro", "lb-mini"],
+                 modes="collective,odc", split="auto", cost=(3e-05, 1.2e-09, 0.07, 0.3),
+                 cost_calibrated_on=2, max_tokens=40000, microbatch_memory="cap"),
+        ),
+        (
+            ["--ranks", "8", "--minibatches", "2", "--task", "grpo", "--minibatches-per-step",
+             "4", "--forward-fraction", "0.3", "--layers", "4", "--layer-params", "1e8",
+             "--other-params", "2e8", "--cost", "1e-05,1e-09,0.05", "--gpus-per-node", "4",
+             "--network-gbits", "100", "--gpu-memory-gbytes", "20", "--samples-per-rank", "8"],
+            dict(ranks=[8], minibatches=2, task="grpo", minibatches_per_step=4,
+                 forward_fraction=0.3, layers=4, layer_params=1e8, other_params=2e8,
+                 cost=(1e-05, 1e-09, 0.05), gpus_per_node=4, network_gbits=100,
+                 gpu_memory_gbytes=20, samples_per_rank=8),
+        ),
+        (
+            ["--ranks", "4", "--rank-speed", "1,1,0.5,1", "--minibatches", "1"],
+            dict(ranks=[4], rank_speed=[1, 1, 0.5, 1], minibatches=1),
+        ),
+    ]  # fmt: skip
+    for arguments, options in cases:
+        if not arguments:  # the defaults, on fewer rank counts to stay quick
+            arguments, options = (
+                ["--ranks", "8", "--minibatches", "1"],
+                dict(ranks=[8], minibatches=1),
+            )
+        command = simulate(odc_cli, "--lengths", str(lengths_file), *arguments, "--format", "json")
+        assert command.returncode == 0, command.stderr
+        assert sweep(lengths, **options) == json.loads(command.stdout), arguments
+    # Refusals carry the command's words, or name the field.
+    refusals = [
+        (dict(ranks=[8], modes="nccl"), "unknown mode 'nccl'"),
+        (dict(ranks=[8], layers=4), "needs all of --layers"),
+        (dict(ranks=[8], task="rl"), "unknown task 'rl'"),
+        (dict(ranks=[8], cost=(1, -1, 0)), "cost_a, cost_b, cost_c and cost_floor"),
+        (dict(ranks=[8], rank_speed=[1, 1]), "--rank-speed gives 2 speeds"),
+        (dict(ranks=[2], rank_speed=[1, 0]), "rank_speed[1] must be a finite number > 0"),
+        (dict(ranks=[8], bogus=1), "no option 'bogus'"),
+    ]
+    for options, message in refusals:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            sweep(lengths, **options)
+    with pytest.raises(ValueError, match="lengths\\[1\\] is 0"):
+        sweep([4096, 0], ranks=[8])
 
 
 ODC_BENCH_SAMPLE = """odc-bench: 2 GPUs, NCCL 22809
@@ -131,6 +188,7 @@ def test_errors_name_the_problem(odc_cli, data_dir):
         (["--lengths", lengths, "--model", "70b"], "unknown model preset '70b'"),
         (["--lengths", lengths, "--layers", "4"], "needs all of --layers"),
         (["--lengths", lengths, "--network-gbits", "0"], "bandwidths must be > 0"),
+        (["--lengths", lengths, "--ranks", "8", "16"], "lists are comma-separated"),
         (["--lengths", "/nonexistent/lengths.txt"], "nonexistent"),
     ]
     for arguments, message in cases:

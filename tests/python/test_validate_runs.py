@@ -140,8 +140,18 @@ def test_the_new_arms_and_grpo_runs_are_validated(tmp_path):
     by_arm = {(r["comm"], r["policy"]): r for r in rows}
     # Each FSDP2 arm is simulated as its own mode: the same figure odc simulate gives for it.
     for comm, policy in (("fsdp2-deferred", "lb-micro"), ("fsdp2-unsharded", "lb-mini")):
-        arguments = validate_runs.simulate_arguments(_sft_run(comm, policy, lengths), None)
+        run = _sft_run(comm, policy, lengths)
+        arguments = [
+            "--model", "tiny", "--cost", "0.001,0,0.01", "--ranks", "2", "--samples-per-rank",
+            "4", "--minibatches", "2", "--max-tokens", "512", "--policies", policy, "--modes",
+            comm, "--gpus-per-node", "2", "--cost-calibrated-on", "2", "--microbatch-memory",
+            "lb-micro",
+        ]  # fmt: skip
         (expected,) = simulate_in_process(arguments, lengths)["results"]
+        # validate_runs builds the typed request: the same document as the command's options.
+        assert validate_runs.sweep(lengths, **validate_runs.simulate_options(run, None)) == (
+            simulate_in_process(arguments, lengths)
+        )
         assert expected["mode"] == comm
         assert by_arm[(comm, policy)]["simulated_step_seconds"] == expected["step_seconds"]
     assert by_arm[("collective", "lb-mini-padded")]["simulated_step_seconds"] > 0

@@ -1,0 +1,279 @@
+// The option tables of `odc` (cli_options.h). Integer options check their text (int64_range);
+// every other check is the library's, so the C API and the command refuse the same things in the
+// same words.
+#include "tools/cli_options.h"
+
+#include <charconv>
+#include <climits>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "planner/plan_io.h"
+
+namespace odc::tools {
+namespace {
+
+Result<std::vector<int64_t>> parse_int_list(const std::string& text, const std::string& what) {
+  std::vector<int64_t> values;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t used = 0;
+      const long long value = std::stoll(item, &used);
+      if (used != item.size() || value < 1) throw std::invalid_argument(item);
+      values.push_back(value);
+    } catch (const std::exception&) {
+      return Status::InvalidArgument(what + ": '" + item + "' is not a positive integer");
+    }
+  }
+  if (values.empty()) return Status::InvalidArgument(what + " is empty");
+  return values;
+}
+
+// The model and cost options of `odc simulate`.
+void add_model_options(CLI::App& command, SimulateArgs& args) {
+  command.add_option("--model", args.model, "model preset: 1.5b or 7b")->capture_default_str();
+  command.add_option("--layers", args.layers, "custom model: transformer layers");
+  command.add_option("--layer-params", args.layer_params, "custom model: parameters per layer");
+  command.add_option("--other-params", args.other_params,
+                     "custom model: parameters outside the layers (embeddings, head)");
+  add_cost_option(command, args.planner.cost,
+                  "microbatch cost in seconds, C + sum(A*L + B*L^2), as A,B,C, or A,B,C,F with "
+                  "a floor F per microbatch (default: the preset's fit on H200, from odc.train)");
+  command.add_option("--cost-calibrated-on", args.cost_calibrated_on,
+                     "GPUs of one node the cost was fitted on under FSDP2 (odc.train's fit): its "
+                     "exposed collective time is removed from the cost (default: 4 with the "
+                     "preset's cost, else 0 = the cost is compute alone)");
+}
+
+// What to sweep: rank counts, minibatches, policies, modes, the task and the split.
+void add_arm_options(CLI::App& command, SimulateArgs& args) {
+  command.add_option("--ranks", args.ranks, "rank counts, comma-separated")->capture_default_str();
+  command
+      .add_option("--minibatches", args.minibatches,
+                  "minibatches per configuration (the file is repeated, reshuffled, when it "
+                  "has too few samples)")
+      ->capture_default_str();
+  command
+      .add_option("--policies", args.policies,
+                  "local-sort, lb-micro, lb-mini, lb-mini-padded (LB-Mini padded to equal "
+                  "microbatch counts with empty microbatches), comma-separated")
+      ->capture_default_str();
+  add_microbatch_memory_option(
+      command, args.planner.microbatch_memory,
+      "lb-mini's microbatch bound: lb-micro (no larger than lb-micro's) or cap");
+  command
+      .add_option("--modes", args.modes,
+                  "collective, fsdp2-deferred, fsdp2-unsharded, odc, odc-hybrid, comma-separated")
+      ->capture_default_str();
+  add_task_option(command, args.task,
+                  "sft, or grpo: GRPO's training phase, per RL step of ranks x samples-per-rank "
+                  "rollouts two forward-only minibatches (old and reference log-probs) and "
+                  "--minibatches-per-step updates; --minibatches then counts RL steps");
+  add_minibatches_per_step_option(command, args.task);
+  add_split_options(command, args.planner,
+                    "auto: also simulate lb-micro+split and lb-mini+split (a sample above the "
+                    "minibatch's per-rank share runs on a group of ranks); off");
+  add_rank_speed_option(command, args.planner.rank_speed,
+                        "relative speed of each rank, S0,S1,... (default: all equal; one rank "
+                        "count in --ranks, with as many ranks)");
+}
+
+// The machine: links, GPUs per node, GPU memory.
+void add_machine_options(CLI::App& command, SimulateArgs& args) {
+  command.add_option("--gpus-per-node", args.gpus_per_node)->capture_default_str();
+  command
+      .add_option("--nvlink-gbytes", args.nvlink_gbytes,
+                  "ODC pull/push bandwidth per GPU within a node, GB/s")
+      ->capture_default_str();
+  command
+      .add_option("--nvlink-collective-gbytes", args.nvlink_collective_gbytes,
+                  "NCCL all-gather / reduce-scatter bus bandwidth within a node, GB/s")
+      ->capture_default_str();
+  command.add_option("--network-gbits", args.network_gbits, "NIC bandwidth per GPU, Gb/s")
+      ->capture_default_str();
+  command.add_option("--nvlink-latency-us", args.nvlink_latency_us)->capture_default_str();
+  command.add_option("--network-latency-us", args.network_latency_us)->capture_default_str();
+  add_forward_fraction_option(command, args.task,
+                              "share of a microbatch's cost in the forward pass, and what a "
+                              "forward-only microbatch costs (--task grpo): 1/4 with activation "
+                              "checkpointing (odc.train on GPUs), 1/3 without");
+  command.add_option("--transport", args.transport_path,
+                     "measured curves within a node (JSON; python -m odc.simulate --curves "
+                     "converts odc_bench output): they replace the NVLink constants");
+  command
+      .add_option("--gpu-memory-gbytes", args.gpu_memory_gbytes,
+                  "GPU memory, GB: the memory table says whether each layout's state fits")
+      ->capture_default_str();
+}
+
+}  // namespace
+
+CLI::Validator int64_range() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const char* begin = text.data();
+        const char* end = begin + text.size();
+        if (begin != end && *begin == '+') ++begin;
+        int64_t value = 0;
+        if (std::from_chars(begin, end, value).ec == std::errc::result_out_of_range) {
+          return "'" + text + "' is out of range: integers here lie within +-" +
+                 std::to_string(INT64_MAX);
+        }
+        return "";  // anything else is CLI11's to convert or refuse
+      },
+      "");
+}
+
+void add_sample_options(CLI::App& command, simulate::SampleSelection& samples,
+                        bool deprecated_minibatch_size) {
+  command
+      .add_option("--lengths", samples.lengths_path,
+                  "file with one sample length (tokens) per line; '-' reads stdin")
+      ->required();
+  CLI::Option* per_rank =
+      command
+          .add_option("--samples-per-rank", samples.samples_per_rank,
+                      "samples per rank per minibatch: a minibatch is ranks x this many "
+                      "consecutive samples")
+          ->capture_default_str()
+          ->check(int64_range());
+  if (deprecated_minibatch_size) {
+    command
+        .add_option("--minibatch-size", samples.minibatch_size,
+                    "deprecated: samples per minibatch (use --samples-per-rank)")
+        ->excludes(per_rank)
+        ->check(int64_range());
+  }
+  command
+      .add_option("--max-tokens", samples.max_tokens,
+                  "token cap per microbatch (default: the longest sample)")
+      ->check(int64_range());
+  command.add_option("--max-length", samples.max_length, "drop samples longer than this")
+      ->check(int64_range());
+}
+
+void add_cost_option(CLI::App& command, std::string& cost, const std::string& help) {
+  CLI::Option* option = command.add_option("--cost", cost, help);
+  if (!cost.empty()) option->capture_default_str();
+}
+
+void add_rank_speed_option(CLI::App& command, std::string& rank_speed, const std::string& help) {
+  command.add_option("--rank-speed", rank_speed, help);
+}
+
+void add_split_options(CLI::App& command, PlannerArgs& args, const std::string& split_help) {
+  command.add_option("--split", args.split, split_help)->capture_default_str();
+  command
+      .add_option("--split-exchange", args.split_exchange,
+                  "K/V exchange cost of a split chunk per token received, as a fraction of A")
+      ->capture_default_str();
+}
+
+void add_microbatch_memory_option(CLI::App& command, std::string& microbatch_memory,
+                                  const std::string& help) {
+  command.add_option("--microbatch-memory", microbatch_memory, help)->capture_default_str();
+}
+
+void add_task_option(CLI::App& command, TaskArgs& args, const std::string& help) {
+  command.add_option("--task", args.task, help)->capture_default_str();
+}
+
+void add_minibatches_per_step_option(CLI::App& command, TaskArgs& args) {
+  command
+      .add_option("--minibatches-per-step", args.minibatches_per_step,
+                  "--task grpo: update minibatches per RL step")
+      ->capture_default_str()
+      ->check(int64_range());
+}
+
+void add_forward_fraction_option(CLI::App& command, TaskArgs& args, const std::string& help) {
+  command.add_option("--forward-fraction", args.forward_fraction, help)->capture_default_str();
+}
+
+void add_simulate_options(CLI::App& command, SimulateArgs& args) {
+  add_sample_options(command, args.samples, /*deprecated_minibatch_size=*/false);
+  add_model_options(command, args);
+  add_arm_options(command, args);
+  add_machine_options(command, args);
+  command.add_option("--format", args.format, "table or json")->capture_default_str();
+  for (const char* name :
+       {"--layers", "--cost-calibrated-on", "--minibatches", "--gpus-per-node"}) {
+    command.get_option(name)->check(int64_range());
+  }
+}
+
+Result<simulate::Sweep> to_sweep(const SimulateArgs& args) {
+  if (args.format != "table" && args.format != "json") {
+    return Status::InvalidArgument("unknown format '" + args.format + "': expected table or json");
+  }
+  simulate::Sweep sweep;
+  auto task = simulate::parse_task(args.task.task);
+  if (!task.ok()) return task.status();
+  sweep.task = task.value();
+  sweep.minibatches_per_step = args.task.minibatches_per_step;
+  sweep.forward_fraction = args.task.forward_fraction;
+  sweep.samples = args.samples;
+  sweep.model = args.model;
+  sweep.layers = args.layers;
+  sweep.layer_params = args.layer_params;
+  sweep.other_params = args.other_params;
+  sweep.cost_calibrated_on = args.cost_calibrated_on;
+  if (!args.planner.cost.empty()) {
+    auto cost = planner::parse_cost(args.planner.cost);
+    if (!cost.ok()) return cost.status();
+    sweep.cost = cost.value();
+  }
+  auto ranks = parse_int_list(args.ranks, "--ranks");
+  if (!ranks.ok()) return ranks.status();
+  sweep.ranks = std::move(ranks).value();
+  sweep.minibatches = args.minibatches;
+  auto policies = simulate::parse_policy_list(args.policies);
+  if (!policies.ok()) return policies.status();
+  sweep.policies = std::move(policies).value();
+  auto modes = simulate::parse_mode_list(args.modes);
+  if (!modes.ok()) return modes.status();
+  sweep.modes = std::move(modes).value();
+  auto split = planner::parse_split_mode(args.planner.split);
+  if (!split.ok()) return split.status();
+  sweep.split = split.value();
+  sweep.split_exchange = args.planner.split_exchange;
+  if (!args.planner.rank_speed.empty()) {
+    auto speeds = planner::parse_rank_speed(args.planner.rank_speed);
+    if (!speeds.ok()) return speeds.status();
+    sweep.rank_speed = std::move(speeds).value();
+  }
+  auto memory = planner::parse_microbatch_memory(args.planner.microbatch_memory);
+  if (!memory.ok()) return memory.status();
+  sweep.microbatch_memory = memory.value();
+  sweep.gpus_per_node = args.gpus_per_node;
+  sweep.nvlink_gbytes = args.nvlink_gbytes;
+  sweep.nvlink_collective_gbytes = args.nvlink_collective_gbytes;
+  sweep.network_gbits = args.network_gbits;
+  sweep.nvlink_latency_us = args.nvlink_latency_us;
+  sweep.network_latency_us = args.network_latency_us;
+  sweep.transport_path = args.transport_path;
+  sweep.gpu_memory_gbytes = args.gpu_memory_gbytes;
+  return sweep;
+}
+
+std::string parse_error_message(const CLI::ParseError& error) {
+  const std::string message = error.what();
+  if (error.get_exit_code() != static_cast<int>(CLI::ExitCodes::ExtrasError)) return message;
+  // "The following argument(s) were not expected: 16 32": stray values, unless one is an option
+  // (CLI11 names an unknown option well enough).
+  const size_t colon = message.find(": ");
+  if (colon == std::string::npos) return message;
+  std::istringstream words(message.substr(colon + 2));
+  for (std::string word; words >> word;) {
+    if (word[0] == '-') return message;
+  }
+  return message +
+         " (each option takes one value; lists are comma-separated without spaces, e.g. odc "
+         "simulate --ranks 8,16,32)";
+}
+
+}  // namespace odc::tools
