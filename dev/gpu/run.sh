@@ -31,7 +31,8 @@ usage() {
 
 here=$(cd "$(dirname "$0")" && pwd)
 stages=(node-schemes streamed deterministic deterministic-memory cuda-timing bench-before-after
-  fit torch-migration torch-frozen torch-split gpu-suite balanced-tail small-microbatch sm-budget
+  fit torch-migration torch-frozen torch-split gpu-suite gpu-suite-1 gpu-suite-2 gpu-suite-3
+  balanced-tail small-microbatch sm-budget
   rl-baselines sft-baselines nvshmem-train nvshmem-probe host-floor)
 snapshot="" old="" chosen=()
 while [ $# -gt 0 ]; do
@@ -329,6 +330,23 @@ stage_gpu_suite() {
   env_new=$(libs "$snapshot")
   build_dirs "$snapshot"  # lib_dir and src_dir here too (libs ran in a subshell)
   stage pytest-gpu 900 env $env_new python3 -m pytest -rs -q "$src_dir/tests/gpu"
+  [ -x "$lib_dir/odc_cuda_smoke" ] && stage cuda-smoke 120 "$lib_dir/odc_cuda_smoke"
+}
+# The same suite in three shards, each to fit one device call with room to spare (a 300 s limit
+# each; tests/gpu/README.md lists them): 1 the CUDA transport and its hardening, 2 NVSHMEM,
+# 3 odc.torch and odc.train on GPUs and odc_cuda_smoke. Together they run what gpu-suite runs.
+gpu_suite_shard() {  # gpu_suite_shard NAME FILE...
+  local name=$1 env_new
+  shift
+  env_new=$(libs "$snapshot")
+  build_dirs "$snapshot"
+  stage "$name" 300 env $env_new python3 -m pytest -rs -q "${@/#/$src_dir/tests/gpu/}"
+}
+stage_gpu_suite_1() { gpu_suite_shard pytest-gpu-1 test_cuda_comm.py test_hardening_gpu.py; }
+stage_gpu_suite_2() { gpu_suite_shard pytest-gpu-2 test_nvshmem_comm.py; }
+stage_gpu_suite_3() {
+  gpu_suite_shard pytest-gpu-3 test_torch_gpu.py test_torch_hybrid_gpu.py test_train_gpu.py \
+    test_train_split_gpu.py
   [ -x "$lib_dir/odc_cuda_smoke" ] && stage cuda-smoke 120 "$lib_dir/odc_cuda_smoke"
 }
 
