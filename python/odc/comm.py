@@ -348,6 +348,13 @@ class Comm:
     relay rows of node-aggregated pushes (one node-summed slice per other node, sent at
     minibatch_end); 0: off. None (default): $ODC_NODE_AGGREGATION_BYTES, else 0. Equal on every
     rank. Both: docs/runtime.md "Node schemes".
+    cuda_sms: CUDA transport, the SMs odc's data kernels size their grids for (fewer leave room
+    for compute kernels beside gathers and pushes; more than the device has: all). None (default):
+    $ODC_CUDA_SMS, else all.
+    nvshmem_heap_bytes: NVSHMEM transport, the symmetric heap per GPU NVSHMEM reserves when this
+    process's first NVSHMEM communicator starts it (fixed from then on), unless
+    NVSHMEM_SYMMETRIC_SIZE is set. None (default): $ODC_NVSHMEM_HEAP_GIB, else 4 GiB;
+    odc.nvshmem_heap.heap_need says what a model needs (docs/multinode.md, "Heap size").
     """
 
     def __init__(
@@ -364,6 +371,8 @@ class Comm:
         ranks_per_node: Optional[int] = None,
         node_cache_bytes: Optional[int] = None,
         node_aggregation_bytes: Optional[int] = None,
+        cuda_sms: Optional[int] = None,
+        nvshmem_heap_bytes: Optional[int] = None,
     ):
         self._init_state()
         # Validate before calling C: ctypes truncates wide integers and C strings end at a NUL.
@@ -376,6 +385,8 @@ class Comm:
         node_aggregation_bytes = _optional_int(
             node_aggregation_bytes, "node_aggregation_bytes", 0, _COUNT_MAX
         )
+        cuda_sms = _optional_int(cuda_sms, "cuda_sms", 1, _INT_MAX)
+        nvshmem_heap_bytes = _optional_int(nvshmem_heap_bytes, "nvshmem_heap_bytes", 1, _COUNT_MAX)
         _check_transport(transport, device)
         _check_rendezvous(key, store)
         _check_timeout(timeout)
@@ -393,17 +404,22 @@ class Comm:
         config.transport = _TRANSPORTS[transport] if transport is not None else _capi.TRANSPORT_AUTO
         config.device = -1 if device is None else int(device)
         config.deterministic = int(bool(deterministic))
-        config.staging_bytes = 0 if staging_bytes is None else int(staging_bytes)
+        config.staging_bytes = _bytes_or_environment(staging_bytes)
         config.ranks_per_node = 0 if ranks_per_node is None else int(ranks_per_node)
         config.node_cache_bytes = _bytes_or_environment(node_cache_bytes)
         config.node_aggregation_bytes = _bytes_or_environment(node_aggregation_bytes)
+        config.cuda_sms = 0 if cuda_sms is None else int(cuda_sms)
+        if nvshmem_heap_bytes is None:  # what size_heap chose for this process, if anything
+            nvshmem_heap_bytes = nvshmem_heap.sized_heap_bytes()
+        config.nvshmem_heap_bytes = _bytes_or_environment(nvshmem_heap_bytes)
         self._handle = self._init_handle(rank, world_size, config)
         if transport == "nvshmem" or (
             transport is None
             and device is not None
             and os.environ.get("ODC_TRANSPORT") == "nvshmem"
         ):
-            nvshmem_heap.note_nvshmem_started()  # its heap is reserved now, at its size for good
+            # Its heap is reserved now, at its size for good.
+            nvshmem_heap.note_nvshmem_started(nvshmem_heap_bytes)
             self._nvshmem = True
         self.deterministic = bool(deterministic)
         self.device = None if device is None else int(device)

@@ -312,9 +312,11 @@ TEST(InvalidUse, BadInitArguments) {
 TEST(Config, InitWritesOnlyWhatTheHeaderDeclares) {
   const size_t sizes[] = {offsetof(odcCommConfig_t, bootstrap),
                           offsetof(odcCommConfig_t, staging_bytes),
-                          offsetof(odcCommConfig_t, node_cache_bytes), sizeof(odcCommConfig_t)};
+                          offsetof(odcCommConfig_t, node_cache_bytes),
+                          offsetof(odcCommConfig_t, cuda_sms), sizeof(odcCommConfig_t)};
   EXPECT_EQ(sizes[0], 40u);  // the sizes odc.h names
   EXPECT_EQ(sizes[3], 80u);
+  EXPECT_EQ(sizes[4], 96u);
   for (unsigned version = 1; version <= ODC_COMM_CONFIG_VERSION; ++version) {
     unsigned char bytes[sizeof(odcCommConfig_t) + 16];
     std::memset(bytes, 0xa5, sizeof(bytes));

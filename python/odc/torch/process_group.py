@@ -75,6 +75,7 @@ def comm_from_process_group(
     timeout: Optional[float] = None,
     deterministic: bool = False,
     model: Optional[torch.nn.Module] = None,
+    cuda_sms: Optional[int] = None,
 ) -> Comm:
     """Collective over `group` (default: the world group): an odc.Comm over the same ranks.
 
@@ -87,6 +88,8 @@ def comm_from_process_group(
     over NVSHMEM (the group spans hosts, or $ODC_TRANSPORT=nvshmem), NVSHMEM's heap is sized to
     what odc will hold for it (size_nvshmem_heap) unless the user set NVSHMEM_SYMMETRIC_SIZE or
     ODC_NVSHMEM_HEAP_GIB; without it the heap is ODC_NVSHMEM_HEAP_GIB's default, 4 GiB.
+    cuda_sms: the CUDA transport's SM budget (odc.Comm's `cuda_sms`; None: $ODC_CUDA_SMS, else
+    all).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise InvalidUsage(
@@ -106,6 +109,8 @@ def comm_from_process_group(
                 "deterministic mode"
             )
         options["deterministic"] = True
+    if cuda_sms is not None:
+        options["cuda_sms"] = cuda_sms
     store = group_store(group)
     key = job_key(group, store)
     hosts = set(_hosts(group, store, key))
