@@ -371,6 +371,17 @@ ODC_API odcResult_t odcCommGetTopology(odcComm_t comm, int* num_nodes, int* node
 ODC_API odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_size,
                                       const odcCommConfig_t* config);
 
+/* Local: *resolved = *config with every field it leaves to the environment filled in as
+ * odcCommInitConfig reads it (the one reader of odc's variables, docs/env.md): the transport,
+ * the timeout, the budgets, the ranks per node (0: the transport's report, known only at init),
+ * the SM budget (0: all) and the NVSHMEM heap (ODC_BYTES_FROM_ENVIRONMENT: NVSHMEM_SYMMETRIC_SIZE,
+ * NVSHMEM's own, is set). `resolved` must carry the same header (size, version) as `config`.
+ * An ODC_TIMEOUT or ODC_TRANSPORT that init would refuse is refused here, naming it; a budget
+ * that cannot be read stays ODC_BYTES_FROM_ENVIRONMENT (init names it, where it is used). Meets no
+ * rank and reads no device: what a binding asks before init (the Python package's store
+ * bootstrap bounds its waits by the resolved timeout). */
+ODC_API odcResult_t odcCommConfigResolve(const odcCommConfig_t* config, odcCommConfig_t* resolved);
+
 /* What a communicator configured by `config` holds per rank, in bytes, for buffers of
  * `published_bytes` per rank (the shards of every non-accumulator buffer) and
  * `accumulator_elements` per rank (fp32 elements of every accumulator's shard), in a world of

@@ -194,6 +194,7 @@ _COMM_FUNCTIONS = [
     ),
     ("odcCommConfigInit", _RESULT, [_P(CommConfig)]),
     ("odcCommInitConfig", _RESULT, [_P(_HANDLE), ctypes.c_int, ctypes.c_int, _P(CommConfig)]),
+    ("odcCommConfigResolve", _RESULT, [_P(CommConfig), _P(CommConfig)]),
     (
         "odcMemoryNeed",
         _RESULT,
@@ -392,6 +393,15 @@ def new_plan_options() -> PlanOptions:
     )
     check(lib.odcPlanOptionsInit(ctypes.byref(options)))
     return options
+
+
+def resolve_comm_config(config: CommConfig) -> CommConfig:
+    """`config` with every field it leaves to the environment filled in as the library reads it
+    (odcCommConfigResolve); raises InvalidArgument for an ODC_TIMEOUT or ODC_TRANSPORT init
+    would refuse, naming it."""
+    resolved = CommConfig(size=config.size, version=config.version)
+    check(lib.odcCommConfigResolve(ctypes.byref(config), ctypes.byref(resolved)))
+    return resolved
 
 
 def new_comm_config() -> CommConfig:

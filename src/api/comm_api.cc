@@ -26,6 +26,7 @@
 #include "api/api_errors.h"
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/shm_bootstrap.h"
+#include "common/env.h"
 #include "common/interrupt.h"
 #include "core/comm_config.h"
 #include "core/communicator.h"
@@ -287,7 +288,8 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const odc::Comm
     } else {
       // Key-based init: the ranks meet in local shared memory (this is where a key in use, a
       // missing or dead rank, or a forged peer segment is reported).
-      auto made = odc::shm::ShmBootstrap::create(rank, world_size, agreed_key, timeout);
+      auto made = odc::shm::ShmBootstrap::create(rank, world_size, agreed_key, timeout, nullptr,
+                                                 nullptr, settings.launch_identity);
       if (!made.ok())
         return report(made.status().with_context("rank " + std::to_string(rank) + ": init"));
       bootstrap = std::move(made).value();
@@ -302,6 +304,7 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const odc::Comm
     spec.cuda_sms = settings.cuda_sms;
     spec.ranks_per_node = settings.ranks_per_node;  // 0: the transport's report
     spec.nvshmem = settings.nvshmem;
+    spec.launch_identity = settings.launch_identity;
     auto transport = info.value()->create(spec);
     if (!transport.ok()) return fail(transport.status());
     // Every rank's transport exists before any rank returns (a rank whose init failed has marked
@@ -472,6 +475,49 @@ extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_si
     const bool has_bootstrap = config->version >= 2;  // version 1 ended before `bootstrap`
     return init_comm(comm, rank, world_size, read.value(), config->key,
                      has_bootstrap ? config->bootstrap : nullptr);
+  });
+}
+
+extern "C" odcResult_t odcCommConfigResolve(const odcCommConfig_t* config,
+                                            odcCommConfig_t* resolved) {
+  return guarded([&]() -> odcResult_t {
+    const std::string where = "odcCommConfigResolve: ";
+    auto read = read_config(config, where);
+    if (!read.ok()) return report(read.status());
+    if (resolved == nullptr || resolved->size != config->size ||
+        resolved->version != config->version) {
+      return report(Status::InvalidArgument(
+          where + "resolved must carry the config's header (size and version)"));
+    }
+    auto made = odc::resolve(read.value());
+    if (!made.ok()) return report(made.status());
+    const odc::ResolvedConfig& settings = made.value();
+    std::memmove(resolved, config, config->size);
+    resolved->transport = settings.transport == "shm"    ? odcTransportShm
+                          : settings.transport == "cuda" ? odcTransportCuda
+                                                         : odcTransportNvshmem;
+    resolved->timeout_seconds = settings.timeout_seconds;
+    auto bytes = [](const odc::ResolvedBytes& budget) {
+      return budget.invalid.empty() ? budget.value : ODC_BYTES_FROM_ENVIRONMENT;
+    };
+    const unsigned int version = config->version;
+    if (version >= 3) {
+      resolved->staging_bytes = bytes(settings.staging_bytes);
+      const bool known = settings.ranks_per_node_invalid.empty() &&
+                         settings.ranks_per_node_source != odc::RanksPerNodeSource::kTransport;
+      resolved->ranks_per_node = known ? settings.ranks_per_node : 0;
+    }
+    if (version >= 4) {
+      resolved->node_cache_bytes = bytes(settings.node_cache_bytes);
+      resolved->node_aggregation_bytes = bytes(settings.node_aggregation_bytes);
+    }
+    if (version >= 5) {
+      resolved->cuda_sms = settings.cuda_sms;
+      // Digits unless NVSHMEM_SYMMETRIC_SIZE (NVSHMEM's own syntax) was set.
+      const auto heap = odc::parse_count(settings.nvshmem.heap_size, SIZE_MAX);
+      resolved->nvshmem_heap_bytes = heap ? static_cast<size_t>(*heap) : ODC_BYTES_FROM_ENVIRONMENT;
+    }
+    return success();
   });
 }
 

@@ -185,6 +185,22 @@ void resolve_nvshmem(const CommConfig& config, const Environment& environment,
   nvshmem.plugin_path = environment("ODC_NVSHMEM_PLUGIN").value_or("");
 }
 
+// The launch this process belongs to, from the variables its launcher sets identically in every
+// rank of one job and differently in two jobs (torchrun: the rendezvous store's address and the
+// run id; Slurm: job and step; ODC_JOB_ID: the user's own, for ranks started by hand). "" when
+// none is set (ranks started by hand without it, odc.launch).
+std::string launch_identity(const Environment& environment) {
+  std::string identity;
+  for (const char* name : {"ODC_JOB_ID", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
+                           "SLURM_JOB_ID", "SLURM_STEP_ID"}) {
+    const std::optional<std::string> value = environment(name);
+    if (!value) continue;
+    if (!identity.empty()) identity += ' ';
+    identity.append(name).append("=").append(*value);
+  }
+  return identity;
+}
+
 // The config words of agree_config's record (words 0-2 are the topology's).
 constexpr int kDeterministicWord = 3;
 constexpr int kStagingValidWord = 4;
@@ -263,6 +279,7 @@ Result<ResolvedConfig> resolve(const CommConfig& config, const Environment& envi
   ODC_RETURN_IF_ERROR(resolve_cuda_sms(config, environment, resolved));
   resolve_nvshmem(config, environment, resolved);
   resolved.node_stats = number_or(environment, "ODC_NODE_STATS", 0.0) != 0.0;
+  resolved.launch_identity = launch_identity(environment);
   return resolved;
 }
 

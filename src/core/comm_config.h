@@ -80,6 +80,9 @@ struct ResolvedConfig {
   int cuda_sms = 0;                    // 0: all of the device's SMs
   NvshmemSettings nvshmem;
   bool node_stats = false;  // ODC_NODE_STATS
+  // ODC_JOB_ID and the launcher's job variables (torchrun's, Slurm's): two launches never pair
+  // on one key (bootstrap/shm_bootstrap.h). "" when none is set.
+  std::string launch_identity;
 };
 
 // How resolve() reads a variable: its text, or nullopt when unset or empty (one convention: an

@@ -22,7 +22,7 @@ Result<std::unique_ptr<Transport>> create_shm(const TransportSpec& spec) {
     return std::unique_ptr<Transport>(new shm::ShmTransport(std::move(local)));
   }
   auto made = shm::ShmTransport::create(spec.rank, spec.world_size, spec.key, spec.timeout,
-                                        spec.bootstrap.get());
+                                        spec.bootstrap.get(), spec.launch_identity);
   if (!made.ok()) return made.status();
   return std::unique_ptr<Transport>(std::move(made).value());
 }

@@ -30,6 +30,7 @@ struct TransportSpec {
   int cuda_sms = 0;
   int ranks_per_node = 0;
   NvshmemSettings nvshmem;
+  std::string launch_identity;  // for shared-memory bootstraps (bootstrap/shm_bootstrap.h)
 };
 
 struct TransportInfo {

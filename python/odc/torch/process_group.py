@@ -10,7 +10,6 @@ same key from the same store entry.
 from __future__ import annotations
 
 import inspect
-import os
 import secrets
 import socket
 from typing import Dict, Optional
@@ -18,7 +17,7 @@ from typing import Dict, Optional
 import torch
 import torch.distributed as dist
 
-from ..comm import Comm
+from ..comm import Comm, default_transport
 from ..errors import InvalidArgument, InvalidUsage
 from ._errors import MismatchError
 from .heap import size_nvshmem_heap
@@ -115,7 +114,7 @@ def comm_from_process_group(
     key = job_key(group, store)
     hosts = set(_hosts(group, store, key))
     across_hosts = len(hosts) > 1
-    nvshmem = across_hosts or os.environ.get("ODC_TRANSPORT") == "nvshmem"
+    nvshmem = across_hosts or (device is not None and default_transport(device) == "nvshmem")
     if model is not None and device is not None and nvshmem:
         # Nodes as the core will see them: $ODC_LOCAL_WORLD_SIZE, else torchrun's
         # $LOCAL_WORLD_SIZE (else one rank per node: every node scheme counted).

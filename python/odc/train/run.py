@@ -398,7 +398,7 @@ class Run:
         unless NVSHMEM_SYMMETRIC_SIZE or ODC_NVSHMEM_HEAP_GIB is set; rank 0 says which."""
         import odc.torch
 
-        if not self.on_gpu or os.environ.get("ODC_TRANSPORT") != "nvshmem":
+        if not self.on_gpu or odc.comm.default_transport(self.local_rank) != "nvshmem":
             return
         ranks = self.mesh.get_group("shard").size() if self.mesh is not None else self.world_size
         sizing = odc.torch.size_nvshmem_heap(self.model, ranks)
