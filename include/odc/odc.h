@@ -318,9 +318,10 @@ typedef enum {
   odcTransportNvshmem = 3
 } odcTransport_t;
 
-#define ODC_COMM_CONFIG_VERSION 4
+#define ODC_COMM_CONFIG_VERSION 5
 
-/* A byte budget of odcCommConfig_t that comes from its environment variable (else its default). */
+/* A byte budget of odcCommConfig_t that comes from its environment variable (else its default):
+ * the one "unset" of the byte fields (staging_bytes also takes 0 for it, as before version 5). */
 #define ODC_BYTES_FROM_ENVIRONMENT ((size_t)-1)
 
 /* An external bootstrap: how ranks meet when the caller already has a rendezvous (a
@@ -356,12 +357,12 @@ typedef struct {
  * the library's whole struct, so a caller built against an older header (a smaller struct) got
  * memory written past its struct. Now odcCommConfigInit writes only after it has checked the
  * caller's header, which must be exactly one that a version of this header declared: (size 40,
- * version 1), (48, 2), (64, 3) or (80, 4). A caller built against an earlier header calls it on
- * a struct it never initialized: the check refuses it (an error, nothing written) unless the 12
- * bytes of garbage spell exactly such a pair; a caller that ignores the error and sets fields
+ * version 1), (48, 2), (64, 3), (80, 4) or (96, 5). A caller built against an earlier header calls
+ * it on a struct it never initialized: the check refuses it (an error, nothing written) unless the
+ * 12 bytes of garbage spell exactly such a pair; a caller that ignores the error and sets fields
  * itself is then refused by odcCommInitConfig for the same reason, which only ever reads. For a
- * caller of the header just before this one (the same 80-byte layout, version 4) even such a pair
- * names no more than its own struct; a caller of an older header relies on the check alone. */
+ * caller of version 4's header (the same 80-byte layout, version 4) even such a pair names no more
+ * than its own struct; a caller of an older header relies on the check alone. */
 typedef struct {
   size_t size; /* sizeof(odcCommConfig_t) as the caller was compiled (ODC_COMM_CONFIG_INIT) */
   unsigned int version; /* ODC_COMM_CONFIG_VERSION (ODC_COMM_CONFIG_INIT) */
@@ -382,9 +383,10 @@ typedef struct {
   /* Version 3. Staging budget per rank of the streamed scheme (host transports without a remote
    * fp32 add: pushes travel during the minibatch in chunks through a ring per sender at each
    * owner): the most symmetric memory its rings and signals take, whatever the model and the
-   * world size. 0 (default): $ODC_STAGING_BYTES (bytes, or with a K, M or G suffix), else 256 MiB.
-   * Must be equal on every rank; a budget too small for the world size is refused at the first
-   * accumulator, naming what it needs. */
+   * world size. ODC_BYTES_FROM_ENVIRONMENT (default; 0 means the same): $ODC_STAGING_BYTES
+   * (bytes, or with a K, M or G suffix), else 256 MiB. Must be equal on every rank (agreed at
+   * init); a budget too small for the world size is refused at the first accumulator, naming what
+   * it needs. */
   size_t staging_bytes;
   /* Version 3. Ranks per node (consecutive ranks share a node), for the topology every rank
    * agrees on at init (odcCommGetTopology). 0 (default): $ODC_LOCAL_WORLD_SIZE, else the
@@ -400,15 +402,25 @@ typedef struct {
    * off. ODC_BYTES_FROM_ENVIRONMENT (default): $ODC_NODE_AGGREGATION_BYTES, else 0. Equal on
    * every rank. */
   size_t node_aggregation_bytes;
+  /* Version 5. CUDA transport: the SMs odc's data kernels size their grids for (fewer leave room
+   * for compute kernels running beside gathers and pushes; more than the device has: all). 0
+   * (default): $ODC_CUDA_SMS, else all. */
+  int cuda_sms;
+  /* Version 5. NVSHMEM transport: the symmetric heap per GPU NVSHMEM reserves when the process's
+   * first NVSHMEM communicator starts it (later ones cannot change it), unless
+   * NVSHMEM_SYMMETRIC_SIZE is set (NVSHMEM's own, kept). ODC_BYTES_FROM_ENVIRONMENT (default):
+   * $ODC_NVSHMEM_HEAP_GIB, else 4 GiB. odcMemoryNeed says what a model needs. */
+  size_t nvshmem_heap_bytes;
 } odcCommConfig_t;
 
 /* The header and the defaults: auto transport, no key, default timeout, no device, not
- * deterministic, no bootstrap, default staging budget and ranks per node, node budgets from the
- * environment. */
-#define ODC_COMM_CONFIG_INIT                                                                       \
-  {                                                                                                \
-    sizeof(odcCommConfig_t), ODC_COMM_CONFIG_VERSION, odcTransportAuto, NULL, 0.0, -1, 0, NULL, 0, \
-        0, ODC_BYTES_FROM_ENVIRONMENT, ODC_BYTES_FROM_ENVIRONMENT                                  \
+ * deterministic, no bootstrap, and every budget and count from its environment variable, else its
+ * default. */
+#define ODC_COMM_CONFIG_INIT                                                                      \
+  {                                                                                               \
+    sizeof(odcCommConfig_t), ODC_COMM_CONFIG_VERSION, odcTransportAuto, NULL, 0.0, -1, 0, NULL,   \
+        ODC_BYTES_FROM_ENVIRONMENT, 0, ODC_BYTES_FROM_ENVIRONMENT, ODC_BYTES_FROM_ENVIRONMENT, 0, \
+        ODC_BYTES_FROM_ENVIRONMENT                                                                \
   }
 
 /* Local: resets `config` to the defaults (those of ODC_COMM_CONFIG_INIT), writing only the fields
@@ -425,11 +437,46 @@ ODC_API odcResult_t odcCommGetTopology(odcComm_t comm, int* num_nodes, int* node
 /* Collective. As odcCommInit / odcCommInitCuda, configured by `config` (not retained). A config
  * with an unknown version, a size smaller than version 1's, or a transport this build lacks is
  * refused with a message naming the problem. Version 1 configs (no `bootstrap`), version 2
- * configs (no `staging_bytes`) and version 3 configs (no node budgets) are accepted.
- * With a bootstrap every rank's init fails when one rank's does (the failure goes through
- * mark_failed and the init barrier). */
+ * configs (no `staging_bytes`), version 3 configs (no node budgets) and version 4 configs (no SM
+ * budget or heap) are accepted. Every field left to the environment is read here, once (docs/
+ * env.md), and every rank agrees on the node layout, the scheme and the budgets it uses in one
+ * exchange: a rank whose knob cannot be read, or whose budget differs, fails every rank's init
+ * with an error naming each mismatch. With a bootstrap every rank's init fails when one rank's
+ * does (the failure goes through mark_failed and the init barrier). */
 ODC_API odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_size,
                                       const odcCommConfig_t* config);
+
+/* Local: *resolved = *config with every field it leaves to the environment filled in as
+ * odcCommInitConfig reads it (the one reader of odc's variables, docs/env.md): the transport,
+ * the timeout, the budgets, the ranks per node (0: the transport's report, known only at init),
+ * the SM budget (0: all) and the NVSHMEM heap (ODC_BYTES_FROM_ENVIRONMENT: NVSHMEM_SYMMETRIC_SIZE,
+ * NVSHMEM's own, is set). `resolved` must carry the same header (size, version) as `config`.
+ * An ODC_TIMEOUT or ODC_TRANSPORT that init would refuse is refused here, naming it; a budget
+ * that cannot be read stays ODC_BYTES_FROM_ENVIRONMENT (init names it, where it is used). Meets no
+ * rank and reads no device: what a binding asks before init (the Python package's store
+ * bootstrap bounds its waits by the resolved timeout). */
+ODC_API odcResult_t odcCommConfigResolve(const odcCommConfig_t* config, odcCommConfig_t* resolved);
+
+/* What a communicator configured by `config` holds per rank, in bytes, for buffers of
+ * `published_bytes` per rank (the shards of every non-accumulator buffer) and
+ * `accumulator_elements` per rank (fp32 elements of every accumulator's shard), in a world of
+ * `world_size` ranks; the node schemes are counted as upper bounds (the core caches and relays
+ * buffer by buffer while its budget lasts). Budgets the config leaves to the environment are read
+ * as odcCommInitConfig reads them; ranks per node unset: one node per rank (every node scheme
+ * counted). heap_bytes: the NVSHMEM heap to ask for, the total plus 5% and 64 MiB, rounded up to
+ * 64 MiB. Local; reads no device. */
+typedef struct {
+  size_t published;     /* the shards of the buffers given */
+  size_t accumulators;  /* 4 bytes per accumulator shard element (fp32 sums) */
+  size_t staging;       /* the streamed scheme's rings: the staging budget */
+  size_t node_cache;    /* other nodes' published shards, at most the node cache budget */
+  size_t aggregation;   /* relay rows of node-aggregated pushes, at most their budget */
+  size_t deterministic; /* the pulled scheme's pending sums and scratch */
+  size_t heap_bytes;    /* the NVSHMEM heap that holds all of it with a margin */
+} odcMemoryNeed_t;
+ODC_API odcResult_t odcMemoryNeed(const odcCommConfig_t* config, int world_size,
+                                  size_t published_bytes, size_t accumulator_elements,
+                                  odcMemoryNeed_t* need);
 
 /* Process-wide: `check` (NULL: none, the default) is called on the waiting thread, at most every
  * 20 ms, while a call waits on another rank on the host (init, barriers, minibatch_end, signal

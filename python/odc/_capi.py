@@ -122,7 +122,7 @@ TRANSPORT_AUTO = 0
 TRANSPORT_SHM = 1
 TRANSPORT_CUDA = 2
 TRANSPORT_NVSHMEM = 3
-COMM_CONFIG_VERSION = 4
+COMM_CONFIG_VERSION = 5
 BOOTSTRAP_VERSION = 1
 
 # odcBootstrap_t callbacks: 0 on success, nonzero on failure (see include/odc/odc.h).
@@ -163,6 +163,25 @@ class CommConfig(ctypes.Structure):
         ("ranks_per_node", ctypes.c_int),  # version 3
         ("node_cache_bytes", ctypes.c_size_t),  # version 4
         ("node_aggregation_bytes", ctypes.c_size_t),  # version 4
+        ("cuda_sms", ctypes.c_int),  # version 5
+        ("nvshmem_heap_bytes", ctypes.c_size_t),  # version 5
+    ]
+
+
+class MemoryNeed(ctypes.Structure):
+    """odcMemoryNeed_t: bytes per rank by kind (odcMemoryNeed)."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "published",
+            "accumulators",
+            "staging",
+            "node_cache",
+            "aggregation",
+            "deterministic",
+            "heap_bytes",
+        )
     ]
 
 
@@ -229,6 +248,12 @@ _COMM_FUNCTIONS = [
     ),
     ("odcCommConfigInit", _RESULT, [_P(CommConfig)]),
     ("odcCommInitConfig", _RESULT, [_P(_HANDLE), ctypes.c_int, ctypes.c_int, _P(CommConfig)]),
+    ("odcCommConfigResolve", _RESULT, [_P(CommConfig), _P(CommConfig)]),
+    (
+        "odcMemoryNeed",
+        _RESULT,
+        [_P(CommConfig), ctypes.c_int, _SIZE, _SIZE, _P(MemoryNeed)],
+    ),
     ("odcCommSplit", _RESULT, [_HANDLE, ctypes.c_int, ctypes.c_int, _P(_HANDLE)]),
     ("odcCommDestroy", _RESULT, [_HANDLE]),
     ("odcCommAbort", _RESULT, [_HANDLE, ctypes.c_char_p]),
@@ -429,6 +454,15 @@ def new_plan_options() -> PlanOptions:
     )
     check(lib.odcPlanOptionsInit(ctypes.byref(options)))
     return options
+
+
+def resolve_comm_config(config: CommConfig) -> CommConfig:
+    """`config` with every field it leaves to the environment filled in as the library reads it
+    (odcCommConfigResolve); raises InvalidArgument for an ODC_TIMEOUT or ODC_TRANSPORT init
+    would refuse, naming it."""
+    resolved = CommConfig(size=config.size, version=config.version)
+    check(lib.odcCommConfigResolve(ctypes.byref(config), ctypes.byref(resolved)))
+    return resolved
 
 
 def new_comm_config() -> CommConfig:

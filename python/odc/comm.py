@@ -44,24 +44,6 @@ _BUFFER_ACCUMULATOR = 1
 _BUFFER_PUBLISHED = 2
 
 
-def _default_timeout() -> float:
-    """The library's default for waits on other ranks: $ODC_TIMEOUT, else 60 s. As in C, a value
-    that is not a positive number of seconds (or inf) is refused, naming the variable."""
-    text = os.environ.get("ODC_TIMEOUT", "")
-    if not text:
-        return 60.0
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0:
-        raise _invalid(
-            f"ODC_TIMEOUT={text!r} is not a timeout: set it to a positive number of seconds or "
-            "'inf' (no timeout), or unset it (60 s)"
-        )
-    return value
-
-
 def _invalid(message: str) -> InvalidArgument:
     return InvalidArgument(message)
 
@@ -163,6 +145,16 @@ def _check_transport(transport: Optional[str], device: Optional[int]) -> None:
         )
 
 
+def default_transport(device: Optional[int]) -> str:
+    """The transport odc.Comm(device=device) uses when no transport is given, as the library
+    resolves it: "shm" without a device; with one, $ODC_TRANSPORT ("cuda", "nvshmem"), else
+    "cuda". Raises InvalidArgument for an $ODC_TRANSPORT (or $ODC_TIMEOUT) init would refuse."""
+    config = _capi.new_comm_config()
+    config.device = -1 if device is None else _checked_int(device, "device", 0, _INT_MAX)
+    resolved = _capi.resolve_comm_config(config)
+    return next(name for name, value in _TRANSPORTS.items() if value == resolved.transport)
+
+
 def _check_rendezvous(key: Any, store: Any) -> None:
     if key is None and store is None:
         raise _invalid("give a rendezvous key, or a store to meet through (store=...)")
@@ -175,10 +167,9 @@ def _check_rendezvous(key: Any, store: Any) -> None:
 
 
 def _check_timeout(timeout: Any) -> None:
-    """Refuses a timeout that is not a positive number of seconds (inf included) or None; with
-    None, a bad $ODC_TIMEOUT, naming it."""
+    """Refuses a timeout that is not a positive number of seconds (inf included) or None (the
+    library's default: $ODC_TIMEOUT, checked by odcCommConfigResolve)."""
     if timeout is None:
-        _default_timeout()
         return
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
         raise _invalid(f"timeout must be a number of seconds, got {timeout!r}")
@@ -348,6 +339,13 @@ class Comm:
     relay rows of node-aggregated pushes (one node-summed slice per other node, sent at
     minibatch_end); 0: off. None (default): $ODC_NODE_AGGREGATION_BYTES, else 0. Equal on every
     rank. Both: docs/runtime.md "Node schemes".
+    cuda_sms: CUDA transport, the SMs odc's data kernels size their grids for (fewer leave room
+    for compute kernels beside gathers and pushes; more than the device has: all). None (default):
+    $ODC_CUDA_SMS, else all.
+    nvshmem_heap_bytes: NVSHMEM transport, the symmetric heap per GPU NVSHMEM reserves when this
+    process's first NVSHMEM communicator starts it (fixed from then on), unless
+    NVSHMEM_SYMMETRIC_SIZE is set. None (default): $ODC_NVSHMEM_HEAP_GIB, else 4 GiB;
+    odc.nvshmem_heap.heap_need says what a model needs (docs/multinode.md, "Heap size").
     """
 
     def __init__(
@@ -364,6 +362,8 @@ class Comm:
         ranks_per_node: Optional[int] = None,
         node_cache_bytes: Optional[int] = None,
         node_aggregation_bytes: Optional[int] = None,
+        cuda_sms: Optional[int] = None,
+        nvshmem_heap_bytes: Optional[int] = None,
     ):
         self._init_state()
         # Validate before calling C: ctypes truncates wide integers and C strings end at a NUL.
@@ -376,34 +376,41 @@ class Comm:
         node_aggregation_bytes = _optional_int(
             node_aggregation_bytes, "node_aggregation_bytes", 0, _COUNT_MAX
         )
+        cuda_sms = _optional_int(cuda_sms, "cuda_sms", 1, _INT_MAX)
+        nvshmem_heap_bytes = _optional_int(nvshmem_heap_bytes, "nvshmem_heap_bytes", 1, _COUNT_MAX)
         _check_transport(transport, device)
         _check_rendezvous(key, store)
         _check_timeout(timeout)
         config = _capi.new_comm_config()
-        if store is not None:
-            from ._store_bootstrap import StoreBootstrap
-
-            # Kept alive as long as the communicator: the library calls back into it on failure.
-            bootstrap_timeout = float(timeout) if timeout is not None else _default_timeout()
-            self._bootstrap = StoreBootstrap(store, int(rank), int(world_size), bootstrap_timeout)
-            config.bootstrap = ctypes.pointer(self._bootstrap.struct)
         config.key = None if key is None else key.encode()  # the library copies it
         config.timeout_seconds = float(timeout) if timeout is not None else 0.0
         # Without a transport the library picks: shm without a device, else $ODC_TRANSPORT or cuda.
         config.transport = _TRANSPORTS[transport] if transport is not None else _capi.TRANSPORT_AUTO
         config.device = -1 if device is None else int(device)
         config.deterministic = int(bool(deterministic))
-        config.staging_bytes = 0 if staging_bytes is None else int(staging_bytes)
+        config.staging_bytes = _bytes_or_environment(staging_bytes)
         config.ranks_per_node = 0 if ranks_per_node is None else int(ranks_per_node)
         config.node_cache_bytes = _bytes_or_environment(node_cache_bytes)
         config.node_aggregation_bytes = _bytes_or_environment(node_aggregation_bytes)
+        config.cuda_sms = 0 if cuda_sms is None else int(cuda_sms)
+        if nvshmem_heap_bytes is None:  # what size_heap chose for this process, if anything
+            nvshmem_heap_bytes = nvshmem_heap.sized_heap_bytes()
+        config.nvshmem_heap_bytes = _bytes_or_environment(nvshmem_heap_bytes)
+        # What the library will use where the arguments leave it to the environment (one reader:
+        # src/core/comm_config.cc); a bad $ODC_TIMEOUT or $ODC_TRANSPORT is refused here, by name.
+        resolved = _capi.resolve_comm_config(config)
+        if store is not None:
+            from ._store_bootstrap import StoreBootstrap
+
+            # Kept alive as long as the communicator: the library calls back into it on failure.
+            self._bootstrap = StoreBootstrap(
+                store, int(rank), int(world_size), resolved.timeout_seconds
+            )
+            config.bootstrap = ctypes.pointer(self._bootstrap.struct)
         self._handle = self._init_handle(rank, world_size, config)
-        if transport == "nvshmem" or (
-            transport is None
-            and device is not None
-            and os.environ.get("ODC_TRANSPORT") == "nvshmem"
-        ):
-            nvshmem_heap.note_nvshmem_started()  # its heap is reserved now, at its size for good
+        if resolved.transport == _capi.TRANSPORT_NVSHMEM:
+            # Its heap is reserved now, at its size for good.
+            nvshmem_heap.note_nvshmem_started(nvshmem_heap_bytes)
             self._nvshmem = True
         self.deterministic = bool(deterministic)
         self.device = None if device is None else int(device)

@@ -1,56 +1,33 @@
 """NVSHMEM's symmetric heap sized to what odc will hold (docs/multinode.md, "Heap size").
 
 NVSHMEM reserves its heap once per process, at the first NVSHMEM communicator, at
-NVSHMEM_SYMMETRIC_SIZE bytes per GPU, which odc sets from ODC_NVSHMEM_HEAP_GIB (default 4 GiB;
-src/transport/nvshmem/nvshmem_process.cc). This module holds the arithmetic of what odc puts
-there (`HeapNeed`, plain numbers: no torch, no GPU) and the one place that picks the size for a
-known need (`size_heap`). Invariants: a size the user set is never overridden; a heap already
-reserved is never resized, so a larger need raises, naming the size and the knob.
+NVSHMEM_SYMMETRIC_SIZE bytes per GPU, which odc sets from the communicator's nvshmem_heap_bytes,
+else ODC_NVSHMEM_HEAP_GIB (default 4 GiB; src/core/comm_config.cc). This module asks the library
+what odc puts there (`heap_need`: odcMemoryNeed, plain numbers: no torch, no GPU) and holds the
+one place that picks the size for a known need (`size_heap`), which odc.Comm then passes as an
+argument. Invariants: a size the user set is never overridden; the environment is never written;
+a heap already reserved is never resized, so a larger need raises, naming the size and the knob.
 odc.torch computes the need from an FSDP2 model (odc.torch.size_nvshmem_heap).
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import re
 import warnings
 from dataclasses import dataclass
-from typing import MutableMapping, Optional
+from typing import Mapping, Optional
 
 from .errors import InvalidArgument, InvalidUsage
 
 GIB = 1 << 30
 MIB = 1 << 20
-DEFAULT_HEAP_BYTES = 4 * GIB  # ODC_NVSHMEM_HEAP_GIB's default (nvshmem_process.cc)
-DEFAULT_STAGING_BYTES = 256 * MIB  # kDefaultStagingBytes (src/core/streamed_staging.h)
-DEFAULT_NODE_CACHE_BYTES = 256 * MIB  # kDefaultNodeCacheBytes (src/core/node_gather_cache.h)
-DETERMINISTIC_FIXED_BYTES = 4 * MIB  # the pulled scheme's scratch per communicator (runtime.md)
-# The margin on top of the sum: odc's signals (16 N bytes) and control words, NVSHMEM's
-# allocation alignment, and fragmentation where buffers are freed and made again (a changed set
-# of trainable parameters reallocates accumulators). 5% + 64 MiB, rounded up to 64 MiB.
-MARGIN_FRACTION = 0.05
-MARGIN_BYTES = 64 * MIB
-ROUND_BYTES = 64 * MIB
+DEFAULT_HEAP_BYTES = 4 * GIB  # ODC_NVSHMEM_HEAP_GIB's default (src/core/comm_config.h)
 
 HEAP_KNOB = "ODC_NVSHMEM_HEAP_GIB"
 NVSHMEM_KNOB = "NVSHMEM_SYMMETRIC_SIZE"
-
-
-def parse_bytes(text: str, knob: str) -> int:
-    """A byte count as odc's knobs take it (parse_count, src/common/env.h): ASCII digits (no
-    spaces, signs or other scripts' digits; "00" is 0), optionally followed by K, M or G (KiB,
-    MiB, GiB), below 2^64. Anything else raises InvalidArgument naming the knob."""
-    match = re.fullmatch(r"([0-9]+)([kKmMgG]?)", text)
-    value = None
-    if match is not None:
-        value = int(match.group(1)) << {"": 0, "k": 10, "m": 20, "g": 30}[match.group(2).lower()]
-    if value is None or value >= 2**64:
-        raise InvalidArgument(
-            f"{knob}='{text}' is not a number of bytes: digits, optionally followed by K, M or G, "
-            "below 2^64 (e.g. 0, 268435456 or 256M)"
-        )
-    return value
 
 
 def parse_nvshmem_size(text: str) -> int:
@@ -65,7 +42,8 @@ def parse_nvshmem_size(text: str) -> int:
 
 @dataclass(frozen=True)
 class HeapNeed:
-    """Bytes per rank odc puts on NVSHMEM's heap, by kind (docs/multinode.md, "Heap size")."""
+    """Bytes per rank odc puts on NVSHMEM's heap, by kind (docs/multinode.md, "Heap size"), as the
+    library counts them (odcMemoryNeed)."""
 
     published: int  # every non-accumulator buffer's shard (odc.torch: the parameter shards)
     accumulators: int  # 4 bytes per accumulator shard element (fp32 sums)
@@ -73,6 +51,7 @@ class HeapNeed:
     node_cache: int  # other nodes' published shards, at most the node cache budget
     aggregation: int  # relay rows of node-aggregated pushes, at most their budget
     deterministic: int  # the pulled scheme's pending sums, 4 S N per accumulator (+ scratch)
+    heap_bytes: int  # the heap to ask for: the sum plus the library's margin (odcMemoryNeed_t)
 
     @property
     def subtotal(self) -> int:
@@ -91,10 +70,8 @@ class HeapNeed:
 
     @property
     def total(self) -> int:
-        """The heap to ask for: the sum, plus MARGIN_FRACTION of it and MARGIN_BYTES, rounded up to
-        ROUND_BYTES."""
-        raw = self.subtotal + math.ceil(self.subtotal * MARGIN_FRACTION) + MARGIN_BYTES
-        return -(-raw // ROUND_BYTES) * ROUND_BYTES
+        """The heap to ask for: the sum, plus 5% of it and 64 MiB, rounded up to 64 MiB."""
+        return self.heap_bytes
 
     @property
     def gib(self) -> float:
@@ -114,13 +91,6 @@ class HeapNeed:
         return f"{self.gib:.2f} GiB ({listed} GiB)"
 
 
-def _budget(value: Optional[int], environ, knob: str, fallback: int) -> int:
-    if value is not None:
-        return int(value)
-    text = environ.get(knob, "")
-    return fallback if text == "" else parse_bytes(text, knob)
-
-
 def heap_need(
     published_bytes: int,
     accumulator_elements: int,
@@ -131,60 +101,53 @@ def heap_need(
     staging_bytes: Optional[int] = None,
     node_cache_bytes: Optional[int] = None,
     node_aggregation_bytes: Optional[int] = None,
-    environ: Optional[MutableMapping[str, str]] = None,
 ) -> HeapNeed:
     """What one communicator of `world_size` ranks in nodes of `ranks_per_node` consecutive ranks
     puts on each rank's heap for buffers of these sizes per rank: `published_bytes` (the shards
     of every published / plain buffer) and `accumulator_elements` (fp32 elements of every
-    accumulator's shard). Budgets not given come from the environment as the core reads them
-    (ODC_STAGING_BYTES, ODC_NODE_CACHE_BYTES, ODC_NODE_AGGREGATION_BYTES), else the core's
-    defaults. ranks_per_node None: ODC_LOCAL_WORLD_SIZE, else LOCAL_WORLD_SIZE, else one node per
-    rank (the most nodes: every node scheme counted). The node schemes are upper bounds: the core
-    caches and relays buffer by buffer while its budget lasts, so it may hold less."""
-    environ = os.environ if environ is None else environ
+    accumulator's shard). The library counts it (odcMemoryNeed), with the budgets it would use:
+    those not given come from the environment as odc.Comm reads them (ODC_STAGING_BYTES,
+    ODC_NODE_CACHE_BYTES, ODC_NODE_AGGREGATION_BYTES), else the defaults. ranks_per_node None:
+    ODC_LOCAL_WORLD_SIZE, else LOCAL_WORLD_SIZE, else one node per rank (the most nodes: every
+    node scheme counted). The node schemes are upper bounds: the core caches and relays buffer by
+    buffer while its budget lasts, so it may hold less."""
+    from . import _capi
+
     if world_size < 1 or published_bytes < 0 or accumulator_elements < 0:
         raise InvalidArgument("heap_need: world_size must be positive and sizes non-negative")
-    if ranks_per_node is None:
-        text = environ.get("ODC_LOCAL_WORLD_SIZE") or environ.get("LOCAL_WORLD_SIZE") or "1"
-        ranks_per_node = int(text) if text.isdigit() and int(text) > 0 else 1
-    ranks_per_node = min(ranks_per_node, world_size)
-    num_nodes = world_size // ranks_per_node if world_size % ranks_per_node == 0 else world_size
-    accumulator_bytes = 4 * accumulator_elements
-    staging = _budget(staging_bytes, environ, "ODC_STAGING_BYTES", DEFAULT_STAGING_BYTES)
-    node_cache = aggregation = 0
-    if num_nodes > 1:
-        # Rows: the most remote owners one rank fetches (or relays for), nodes - 1 with equal
-        # nodes (src/core/topology.h, NodeRoutes::max_rows).
-        rows = num_nodes - 1
-        cache = _budget(node_cache_bytes, environ, "ODC_NODE_CACHE_BYTES", DEFAULT_NODE_CACHE_BYTES)
-        node_cache = min(cache, rows * published_bytes)
-        if ranks_per_node > 1:  # aggregation pays only with several ranks per node (core)
-            relay = _budget(node_aggregation_bytes, environ, "ODC_NODE_AGGREGATION_BYTES", 0)
-            aggregation = min(relay, rows * accumulator_bytes)
-    pending = accumulator_bytes * world_size + DETERMINISTIC_FIXED_BYTES if deterministic else 0
-    if deterministic:  # the pulled scheme: no staging rings, so no relay rows either (core)
-        staging = aggregation = 0
-    return HeapNeed(
-        published=published_bytes,
-        accumulators=accumulator_bytes,
-        staging=staging,
-        node_cache=node_cache,
-        aggregation=aggregation,
-        deterministic=pending,
+    unset = _capi.BYTES_FROM_ENVIRONMENT
+    config = _capi.new_comm_config()
+    config.deterministic = int(bool(deterministic))
+    config.ranks_per_node = 0 if ranks_per_node is None else int(ranks_per_node)
+    config.staging_bytes = unset if staging_bytes is None else int(staging_bytes)
+    config.node_cache_bytes = unset if node_cache_bytes is None else int(node_cache_bytes)
+    config.node_aggregation_bytes = (
+        unset if node_aggregation_bytes is None else int(node_aggregation_bytes)
     )
+    need = _capi.MemoryNeed()
+    _capi.check(
+        _capi.lib.odcMemoryNeed(
+            ctypes.byref(config),
+            int(world_size),
+            int(published_bytes),
+            int(accumulator_elements),
+            ctypes.byref(need),
+        )
+    )
+    return HeapNeed(**{name: getattr(need, name) for name, _ in _capi.MemoryNeed._fields_})
 
 
 # -- the process's heap ----------------------------------------------------------------------
 # The heap NVSHMEM reserved in this process (bytes), once an NVSHMEM communicator started it.
 _reserved_bytes: Optional[int] = None
-# The ODC_NVSHMEM_HEAP_GIB value size_heap set (so a later, larger need before NVSHMEM starts may
-# raise it: a value odc set is not the user's).
-_set_by_odc: Optional[str] = None
+# The heap size_heap chose for this process (bytes), which odc.Comm passes to the first NVSHMEM
+# communicator (nvshmem_heap_bytes) where the user set no size: never written to the environment.
+_sized_bytes: Optional[int] = None
 
 
-def configured_heap(environ: Optional[MutableMapping[str, str]] = None):
+def configured_heap(environ: Optional[Mapping[str, str]] = None):
     """(bytes, source): the heap NVSHMEM would reserve now. source is the knob that says so
-    (NVSHMEM_SYMMETRIC_SIZE, then ODC_NVSHMEM_HEAP_GIB), "odc" where size_heap set it, or
+    (NVSHMEM_SYMMETRIC_SIZE, then ODC_NVSHMEM_HEAP_GIB), "odc" where size_heap chose it, or
     "default"."""
     environ = os.environ if environ is None else environ
     if environ.get(NVSHMEM_KNOB):
@@ -195,18 +158,30 @@ def configured_heap(environ: Optional[MutableMapping[str, str]] = None):
             gib = float(text)
         except ValueError:
             gib = DEFAULT_HEAP_BYTES / GIB  # the core ignores a value that is not a number
-        return int(gib * GIB), ("odc" if text == _set_by_odc else HEAP_KNOB)
+        return int(gib * GIB), HEAP_KNOB
+    if _sized_bytes is not None:
+        return _sized_bytes, "odc"
     return DEFAULT_HEAP_BYTES, "default"
 
 
-def note_nvshmem_started() -> None:
-    """Called by odc.Comm when an NVSHMEM communicator was made: from then on this process's heap
-    is what it was configured as (NVSHMEM reserves it once). A size this module cannot read
-    (NVSHMEM parsed it, or the communicator would not exist) leaves the heap unknown: no check."""
+def sized_heap_bytes() -> Optional[int]:
+    """The heap size_heap chose for this process, where the user set none (what odc.Comm passes
+    as nvshmem_heap_bytes when it is not given), else None."""
+    heap, source = configured_heap()
+    return heap if source == "odc" else None
+
+
+def note_nvshmem_started(heap_bytes: Optional[int] = None) -> None:
+    """Called by odc.Comm when an NVSHMEM communicator was made (with `heap_bytes`, the heap it
+    asked for, None: the configured one): from then on this process's heap is what it was
+    configured as (NVSHMEM reserves it once; NVSHMEM_SYMMETRIC_SIZE wins). A size this module
+    cannot read (NVSHMEM parsed it, or the communicator would not exist) leaves the heap unknown:
+    no check."""
     global _reserved_bytes
     if _reserved_bytes is None:
         try:
-            _reserved_bytes = configured_heap()[0]
+            heap, source = configured_heap()
+            _reserved_bytes = heap if heap_bytes is None or source == NVSHMEM_KNOB else heap_bytes
         except InvalidArgument:
             pass
 
@@ -260,14 +235,15 @@ class HeapSizing:
         return f"NVSHMEM heap {self.heap_bytes / GIB:.2f} GiB per GPU ({said}); odc needs {self.need.describe()}"
 
 
-def size_heap(need: HeapNeed, environ: Optional[MutableMapping[str, str]] = None) -> HeapSizing:
-    """Before the first NVSHMEM communicator of the process: sets ODC_NVSHMEM_HEAP_GIB to
-    need.total unless the user set NVSHMEM_SYMMETRIC_SIZE or ODC_NVSHMEM_HEAP_GIB (then only warns
-    when theirs is smaller). Its `action`: "sized" (set now, or raised to a larger need), "kept"
-    (an earlier size_heap's value covers it), "user" (the user's setting stands) or "reserved"
-    (NVSHMEM already started with a heap that fits). Raises InvalidUsage where NVSHMEM already
-    reserved a smaller heap."""
-    global _set_by_odc
+def size_heap(need: HeapNeed, environ: Optional[Mapping[str, str]] = None) -> HeapSizing:
+    """Before the first NVSHMEM communicator of the process: chooses need.total as the heap the
+    process's first NVSHMEM odc.Comm asks for (its nvshmem_heap_bytes; the environment is left as
+    it is) unless the user set NVSHMEM_SYMMETRIC_SIZE or ODC_NVSHMEM_HEAP_GIB (then only warns
+    when theirs is smaller). Its `action`: "sized" (chosen now, or raised to a larger need),
+    "kept" (an earlier size_heap's choice covers it), "user" (the user's setting stands) or
+    "reserved" (NVSHMEM already started with a heap that fits). Raises InvalidUsage where NVSHMEM
+    already reserved a smaller heap."""
+    global _sized_bytes
     environ = os.environ if environ is None else environ
     if _reserved_bytes is not None and environ is os.environ:
         check_reserved(need)
@@ -279,6 +255,5 @@ def size_heap(need: HeapNeed, environ: Optional[MutableMapping[str, str]] = None
         return HeapSizing(need, "user", heap)
     if source == "odc" and heap >= need.total:
         return HeapSizing(need, "kept", heap)
-    _set_by_odc = repr(need.total / GIB)  # exact: a multiple of 64 MiB over a power of two
-    environ[HEAP_KNOB] = _set_by_odc
+    _sized_bytes = need.total
     return HeapSizing(need, "sized", need.total)

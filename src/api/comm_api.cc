@@ -28,17 +28,10 @@
 #include "bootstrap/shm_bootstrap.h"
 #include "common/env.h"
 #include "common/interrupt.h"
+#include "core/comm_config.h"
 #include "core/communicator.h"
 #include "odc/odc.h"
 #include "transport/registry.h"
-
-namespace {
-
-// Default for every wait on another rank when the caller passes no timeout (checked at init).
-ODC_ENV_TEXT(timeout_from_env, "ODC_TIMEOUT")
-constexpr double kDefaultTimeoutSeconds = 60.0;
-
-}  // namespace
 
 struct odcComm {
   std::unique_ptr<odc::Communicator> communicator;
@@ -248,54 +241,11 @@ odcResult_t with_comm(odcComm_t comm, const char* function, Body&& body) {
 
 namespace {
 
-std::string getenv_or_empty(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? value : "";
-}
-
-// The device transport an automatic config gets: $ODC_TRANSPORT ("cuda", "nvshmem"), so a launch
-// can switch transports without code changes; "cuda" when unset; nullptr when not one of them.
-const char* device_transport_from_env() {
-  const std::string chosen = getenv_or_empty("ODC_TRANSPORT");
-  if (chosen.empty() || chosen == "cuda") return "cuda";
-  if (chosen == "nvshmem") return "nvshmem";
-  return nullptr;
-}
-
-// The timeout a communicator gets: `timeout_seconds` when positive (or infinite), else $ODC_TIMEOUT
-// when set, else 60 s. A NaN argument, or an $ODC_TIMEOUT that is not a positive number of seconds
-// (or inf), is refused naming it (as odc.Comm does).
-odc::Result<double> timeout_or_default(double timeout_seconds) {
-  if (std::isnan(timeout_seconds)) {
-    return Status::InvalidArgument(
-        "timeout_seconds is NaN: give a positive number of seconds, INFINITY (no timeout), or <= 0 "
-        "for the default ($ODC_TIMEOUT, else 60 s)");
-  }
-  if (timeout_seconds > 0) return timeout_seconds;
-  const std::string& text = timeout_from_env();
-  if (text.empty()) return kDefaultTimeoutSeconds;
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0' || !(value > 0)) {
-    return Status::InvalidArgument("ODC_TIMEOUT='" + text +
-                                   "' is not a timeout: set it to a positive number of seconds "
-                                   "or 'inf' (no timeout), or unset it (60 s)");
-  }
-  return value;
-}
-
-static_assert(ODC_BYTES_FROM_ENVIRONMENT == odc::kNodeCacheFromEnvironment &&
-                  ODC_BYTES_FROM_ENVIRONMENT == odc::kNodeAggregationFromEnvironment,
-              "the C API's 'from the environment' budget is the core's");
-
-// Shared by the init calls: validates, builds the transport through the registry and registers
-// the new communicator.
-odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* transport_name,
-                      const char* key, double timeout_seconds, int device, bool deterministic,
-                      const odcBootstrap_t* external = nullptr, size_t staging_bytes = 0,
-                      int ranks_per_node = 0,
-                      size_t node_cache_bytes = odc::kNodeCacheFromEnvironment,
-                      size_t node_aggregation_bytes = odc::kNodeAggregationFromEnvironment) {
+// Shared by the init calls: resolves the config (every ODC_* variable it leaves unset), builds
+// the transport through the registry, agrees the config across ranks and registers the new
+// communicator.
+odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const odc::CommConfig& config,
+                      const char* key, const odcBootstrap_t* external = nullptr) {
   return guarded([&]() -> odcResult_t {
     if (comm == nullptr) return report(Status::InvalidArgument("odcCommInit: comm is NULL"));
     if (key == nullptr && external == nullptr) {
@@ -323,11 +273,12 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
       if (!made.ok()) return fail(made.status());
       bootstrap = std::move(made).value();
     }
-    auto info = odc::find_transport(transport_name);
+    auto resolved = odc::resolve(config);
+    if (!resolved.ok()) return fail(resolved.status());
+    const odc::ResolvedConfig& settings = resolved.value();
+    auto info = odc::find_transport(settings.transport);
     if (!info.ok()) return fail(info.status());
-    auto seconds = timeout_or_default(timeout_seconds);
-    if (!seconds.ok()) return fail(seconds.status());
-    const auto timeout = std::chrono::duration<double>(seconds.value());
+    const auto timeout = std::chrono::duration<double>(settings.timeout_seconds);
     std::string agreed_key = key != nullptr ? key : "";
     if (bootstrap) {
       // The local transports' shared memory is named by a key only this job knows.
@@ -337,7 +288,8 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
     } else {
       // Key-based init: the ranks meet in local shared memory (this is where a key in use, a
       // missing or dead rank, or a forged peer segment is reported).
-      auto made = odc::shm::ShmBootstrap::create(rank, world_size, agreed_key, timeout);
+      auto made = odc::shm::ShmBootstrap::create(rank, world_size, agreed_key, timeout, nullptr,
+                                                 nullptr, settings.launch_identity);
       if (!made.ok())
         return report(made.status().with_context("rank " + std::to_string(rank) + ": init"));
       bootstrap = std::move(made).value();
@@ -348,7 +300,11 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
     spec.bootstrap = bootstrap;
     spec.key = agreed_key;
     spec.timeout = timeout;
-    spec.device = device;
+    spec.device = settings.device;
+    spec.cuda_sms = settings.cuda_sms;
+    spec.ranks_per_node = settings.ranks_per_node;  // 0: the transport's report
+    spec.nvshmem = settings.nvshmem;
+    spec.launch_identity = settings.launch_identity;
     auto transport = info.value()->create(spec);
     if (!transport.ok()) return fail(transport.status());
     // Every rank's transport exists before any rank returns (a rank whose init failed has marked
@@ -357,21 +313,22 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
       transport.value()->mark_failed("init: " + status.message());
       return fail(status);
     }
+    // One exchange: every rank's node layout, scheme and budgets (a knob that cannot be read or
+    // a budget that differs fails every rank, naming each).
+    const bool streamed = !settings.deterministic && !transport.value()->caps().remote_fp32_add;
+    auto topology = odc::agree_config(*transport.value(), settings, streamed);
+    if (!topology.ok()) return fail(topology.status());
     odc::CommOptions options;
-    options.deterministic = deterministic;
+    options.deterministic = settings.deterministic;
     options.bootstrap = bootstrap;
-    options.staging_bytes = staging_bytes;
-    options.ranks_per_node = ranks_per_node;
-    options.node_cache_bytes = node_cache_bytes;
-    options.node_aggregation_bytes = node_aggregation_bytes;
+    options.staging_bytes = settings.staging_bytes.value;
+    options.topology = std::move(topology).value();
+    options.node_cache_bytes = settings.node_cache_bytes.value;
+    options.node_aggregation_bytes = settings.node_aggregation_bytes.value;
+    options.node_stats = settings.node_stats;
     auto* created = new odcComm();
     created->communicator =
-        std::make_unique<odc::Communicator>(std::move(transport).value(), options);
-    // Every rank agrees on the node layout now (a bad or disagreeing source fails every rank).
-    if (Status status = created->communicator->agree_on_topology(); !status.ok()) {
-      delete created;
-      return fail(status);
-    }
+        std::make_unique<odc::Communicator>(std::move(transport).value(), std::move(options));
     {
       std::lock_guard<std::mutex> lock(registry_mutex);
       live_comms.insert(created);
@@ -381,16 +338,34 @@ odcResult_t init_comm(odcComm_t* comm, int rank, int world_size, const char* tra
   });
 }
 
+// <= 0: unset (the environment's, else 60 s); NaN is kept for resolve() to refuse.
+std::optional<double> timeout_or_unset(double timeout_seconds) {
+  if (timeout_seconds > 0 || std::isnan(timeout_seconds)) return timeout_seconds;
+  return std::nullopt;
+}
+
+std::optional<size_t> bytes_or_unset(size_t bytes) {
+  if (bytes == ODC_BYTES_FROM_ENVIRONMENT) return std::nullopt;
+  return bytes;
+}
+
 }  // namespace
 
 extern "C" odcResult_t odcCommInit(odcComm_t* comm, int rank, int world_size, const char* key,
                                    double timeout_seconds) {
-  return init_comm(comm, rank, world_size, "shm", key, timeout_seconds, -1, false);
+  odc::CommConfig config;
+  config.transport = "shm";
+  config.timeout_seconds = timeout_or_unset(timeout_seconds);
+  return init_comm(comm, rank, world_size, config, key);
 }
 
 extern "C" odcResult_t odcCommInitCuda(odcComm_t* comm, int rank, int world_size, const char* key,
                                        double timeout_seconds, int cuda_device) {
-  return init_comm(comm, rank, world_size, "cuda", key, timeout_seconds, cuda_device, false);
+  odc::CommConfig config;
+  config.transport = "cuda";
+  config.device = cuda_device;
+  config.timeout_seconds = timeout_or_unset(timeout_seconds);
+  return init_comm(comm, rank, world_size, config, key);
 }
 
 // The size of each version of odcCommConfig_t, as its header declared the struct: version v
@@ -399,10 +374,11 @@ constexpr size_t kConfigSizes[] = {
     offsetof(odcCommConfig_t, bootstrap),         // version 1
     offsetof(odcCommConfig_t, staging_bytes),     // version 2
     offsetof(odcCommConfig_t, node_cache_bytes),  // version 3
-    sizeof(odcCommConfig_t),                      // version 4
+    offsetof(odcCommConfig_t, cuda_sms),          // version 4
+    sizeof(odcCommConfig_t),                      // version 5
 };
 static_assert(std::size(kConfigSizes) == ODC_COMM_CONFIG_VERSION);
-static_assert(sizeof(odcCommConfig_t) == 80, "odc.h documents version 4 as 80 bytes");
+static_assert(sizeof(odcCommConfig_t) == 96, "odc.h documents version 5 as 96 bytes");
 // The defaults live in the public header (ODC_COMM_CONFIG_INIT) only; odcCommConfigInit copies
 // them.
 constexpr odcCommConfig_t kDefaultConfig = ODC_COMM_CONFIG_INIT;
@@ -433,63 +409,142 @@ extern "C" odcResult_t odcCommConfigInit(odcCommConfig_t* config) {
   });
 }
 
+namespace {
+
+// The caller's odcCommConfig_t as the core's CommConfig: only the fields its version has (later
+// ones stay unset), every "from the environment" value (ODC_BYTES_FROM_ENVIRONMENT, 0 for the
+// staging budget, ranks per node and SMs, a timeout <= 0) as unset.
+odc::Result<odc::CommConfig> read_config(const odcCommConfig_t* config, const std::string& where) {
+  if (config == nullptr) return Status::InvalidArgument(where + "config is NULL");
+  // The version the caller declared, when its size holds that version's fields.
+  unsigned int version = 0;
+  if (config->version >= 1 && config->version <= ODC_COMM_CONFIG_VERSION &&
+      config->size >= kConfigSizes[config->version - 1]) {
+    version = config->version;
+  }
+  if (version == 0) {
+    return Status::InvalidArgument(
+        where + "config has version " + std::to_string(config->version) + " and size " +
+        std::to_string(config->size) + "; this library expects version " +
+        std::to_string(ODC_COMM_CONFIG_VERSION) + " and size " +
+        std::to_string(sizeof(odcCommConfig_t)) + " (declare it with ODC_COMM_CONFIG_INIT)");
+  }
+  odc::CommConfig out;
+  switch (static_cast<int>(odc::api::raw_enum_value(config->transport))) {
+    case odcTransportAuto:
+      break;  // resolve() picks: shm without a device, else $ODC_TRANSPORT or cuda
+    case odcTransportShm:
+      out.transport = "shm";
+      break;
+    case odcTransportCuda:
+      out.transport = "cuda";
+      break;
+    case odcTransportNvshmem:
+      out.transport = "nvshmem";
+      break;
+    default:
+      return Status::InvalidArgument(
+          where + "unknown transport " +
+          std::to_string(static_cast<int>(odc::api::raw_enum_value(config->transport))));
+  }
+  out.device = config->device;
+  out.timeout_seconds = timeout_or_unset(config->timeout_seconds);
+  out.deterministic = config->deterministic != 0;
+  if (version >= 3) {
+    if (config->staging_bytes != 0) out.staging_bytes = bytes_or_unset(config->staging_bytes);
+    if (config->ranks_per_node != 0) out.ranks_per_node = config->ranks_per_node;
+  }
+  if (version >= 4) {
+    out.node_cache_bytes = bytes_or_unset(config->node_cache_bytes);
+    out.node_aggregation_bytes = bytes_or_unset(config->node_aggregation_bytes);
+  }
+  if (version >= 5) {
+    if (config->cuda_sms != 0) out.cuda_sms = config->cuda_sms;
+    out.nvshmem_heap_bytes = bytes_or_unset(config->nvshmem_heap_bytes);
+  }
+  return out;
+}
+
+}  // namespace
+
 extern "C" odcResult_t odcCommInitConfig(odcComm_t* comm, int rank, int world_size,
                                          const odcCommConfig_t* config) {
   return guarded([&]() -> odcResult_t {
-    const std::string where = "rank " + std::to_string(rank) + ": init: ";
-    if (config == nullptr) return report(Status::InvalidArgument(where + "config is NULL"));
-    // Version 1 ended before `bootstrap`, version 2 before `staging_bytes`, version 3 before
-    // `node_cache_bytes`; later fields are read only when the caller has them.
-    const size_t version1_size = offsetof(odcCommConfig_t, bootstrap);
-    const size_t version2_size = offsetof(odcCommConfig_t, staging_bytes);
-    const size_t version3_size = offsetof(odcCommConfig_t, node_cache_bytes);
-    const bool version1 = config->version == 1 && config->size >= version1_size;
-    const bool version2 = config->version == 2 && config->size >= version2_size;
-    const bool version3 = config->version == 3 && config->size >= version3_size;
-    if (!version1 && !version2 && !version3 &&
-        (config->version != ODC_COMM_CONFIG_VERSION || config->size < sizeof(odcCommConfig_t))) {
+    auto read = read_config(config, "rank " + std::to_string(rank) + ": init: ");
+    if (!read.ok()) return report(read.status());
+    const bool has_bootstrap = config->version >= 2;  // version 1 ended before `bootstrap`
+    return init_comm(comm, rank, world_size, read.value(), config->key,
+                     has_bootstrap ? config->bootstrap : nullptr);
+  });
+}
+
+extern "C" odcResult_t odcCommConfigResolve(const odcCommConfig_t* config,
+                                            odcCommConfig_t* resolved) {
+  return guarded([&]() -> odcResult_t {
+    const std::string where = "odcCommConfigResolve: ";
+    auto read = read_config(config, where);
+    if (!read.ok()) return report(read.status());
+    if (resolved == nullptr || resolved->size != config->size ||
+        resolved->version != config->version) {
       return report(Status::InvalidArgument(
-          where + "config has version " + std::to_string(config->version) + " and size " +
-          std::to_string(config->size) + "; this library expects version " +
-          std::to_string(ODC_COMM_CONFIG_VERSION) + " and size " +
-          std::to_string(sizeof(odcCommConfig_t)) + " (declare it with ODC_COMM_CONFIG_INIT)"));
+          where + "resolved must carry the config's header (size and version)"));
     }
-    const char* name = nullptr;
-    switch (static_cast<int>(odc::api::raw_enum_value(config->transport))) {
-      case odcTransportAuto:
-        name = config->device >= 0 ? device_transport_from_env() : "shm";
-        break;
-      case odcTransportShm:
-        name = "shm";
-        break;
-      case odcTransportCuda:
-        name = "cuda";
-        break;
-      case odcTransportNvshmem:
-        name = "nvshmem";
-        break;
-      default:
-        return report(Status::InvalidArgument(
-            where + "unknown transport " +
-            std::to_string(static_cast<int>(odc::api::raw_enum_value(config->transport)))));
+    auto made = odc::resolve(read.value());
+    if (!made.ok()) return report(made.status());
+    const odc::ResolvedConfig& settings = made.value();
+    std::memmove(resolved, config, config->size);
+    resolved->transport = settings.transport == "shm"    ? odcTransportShm
+                          : settings.transport == "cuda" ? odcTransportCuda
+                                                         : odcTransportNvshmem;
+    resolved->timeout_seconds = settings.timeout_seconds;
+    auto bytes = [](const odc::ResolvedBytes& budget) {
+      return budget.invalid.empty() ? budget.value : ODC_BYTES_FROM_ENVIRONMENT;
+    };
+    const unsigned int version = config->version;
+    if (version >= 3) {
+      resolved->staging_bytes = bytes(settings.staging_bytes);
+      const bool known = settings.ranks_per_node_invalid.empty() &&
+                         settings.ranks_per_node_source != odc::RanksPerNodeSource::kTransport;
+      resolved->ranks_per_node = known ? settings.ranks_per_node : 0;
     }
-    if (name == nullptr) {
-      return report(Status::InvalidArgument(where + "ODC_TRANSPORT='" +
-                                            getenv_or_empty("ODC_TRANSPORT") +
-                                            "' is not a device transport (cuda, nvshmem)"));
+    if (version >= 4) {
+      resolved->node_cache_bytes = bytes(settings.node_cache_bytes);
+      resolved->node_aggregation_bytes = bytes(settings.node_aggregation_bytes);
     }
-    if (std::string(name) == "shm" && config->device >= 0) {
-      return report(Status::InvalidArgument(where + "the shm transport takes no device (got " +
-                                            std::to_string(config->device) + ")"));
+    if (version >= 5) {
+      resolved->cuda_sms = settings.cuda_sms;
+      // Digits unless NVSHMEM_SYMMETRIC_SIZE (NVSHMEM's own syntax) was set.
+      const auto heap = odc::parse_count(settings.nvshmem.heap_size, SIZE_MAX);
+      resolved->nvshmem_heap_bytes = heap ? static_cast<size_t>(*heap) : ODC_BYTES_FROM_ENVIRONMENT;
     }
-    return init_comm(
-        comm, rank, world_size, name, config->key, config->timeout_seconds, config->device,
-        config->deterministic != 0, version1 ? nullptr : config->bootstrap,
-        version1 || version2 ? 0 : config->staging_bytes,
-        version1 || version2 ? 0 : config->ranks_per_node,
-        version1 || version2 || version3 ? ODC_BYTES_FROM_ENVIRONMENT : config->node_cache_bytes,
-        version1 || version2 || version3 ? ODC_BYTES_FROM_ENVIRONMENT
-                                         : config->node_aggregation_bytes);
+    return success();
+  });
+}
+
+extern "C" odcResult_t odcMemoryNeed(const odcCommConfig_t* config, int world_size,
+                                     size_t published_bytes, size_t accumulator_elements,
+                                     odcMemoryNeed_t* need) {
+  return guarded([&]() -> odcResult_t {
+    if (need == nullptr) return report(Status::InvalidArgument("odcMemoryNeed: need is NULL"));
+    auto read = read_config(config, "odcMemoryNeed: ");
+    if (!read.ok()) return report(read.status());
+    odc::CommConfig wanted = read.value();
+    wanted.transport = "shm";  // the budgets only: no transport or device is asked for
+    wanted.device = -1;
+    auto resolved = odc::resolve(wanted);
+    if (!resolved.ok()) return report(resolved.status());
+    odc::ResolvedConfig settings = resolved.value();
+    if (settings.ranks_per_node_source == odc::RanksPerNodeSource::kTransport ||
+        !settings.ranks_per_node_invalid.empty()) {
+      settings.ranks_per_node = 1;  // unknown: one node per rank, every node scheme counted
+    }
+    auto counted = odc::memory_need(settings, world_size, published_bytes, accumulator_elements);
+    if (!counted.ok()) return report(counted.status());
+    const odc::MemoryNeed& bytes = counted.value();
+    *need =
+        odcMemoryNeed_t{bytes.published,   bytes.accumulators,  bytes.staging,     bytes.node_cache,
+                        bytes.aggregation, bytes.deterministic, bytes.heap_bytes()};
+    return success();
   });
 }
 

@@ -60,7 +60,7 @@ struct ControlBlock {
   alignas(64) unsigned char records[2][kRecordBytes];  // allgather rounds, alternating
   char operations[2][kOperationBytes];                 // collective names, alternating
   char failure[256];                                   // why this rank failed (kFailed)
-  // The launch that started this rank (launch_identity): its start for messages ("" when none),
+  // The launch that started this rank (create's `launch`): its start for messages ("" when none),
   // and a hash of all of it, which tells launches apart however long their identities are.
   char launch[160];
   uint64_t launch_hash;
@@ -145,22 +145,6 @@ uint64_t hash_of(const std::string& text) {
   uint64_t hash = 1469598103934665603ULL;
   for (const char c : text) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
   return hash;
-}
-
-// The launch this process belongs to, from the variables its launcher sets identically in every
-// rank of one job and differently in two jobs (torchrun: the rendezvous store's address and the
-// run id; Slurm: job and step; ODC_JOB_ID: the user's own, for ranks started by hand). "" when
-// none is set (ranks started by hand without it, odc.launch). Any length: control blocks keep
-// its start for messages and compare its hash.
-std::string launch_identity() {
-  std::string identity;
-  for (const char* name : {"ODC_JOB_ID", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
-                           "SLURM_JOB_ID", "SLURM_STEP_ID"}) {
-    const char* value = std::getenv(name);
-    if (value == nullptr || *value == '\0') continue;
-    identity += (identity.empty() ? "" : " ") + std::string(name) + "=" + value;
-  }
-  return identity;
 }
 
 // A block's launch identity as messages show it ("none" when empty; "..." when cut).
@@ -257,11 +241,9 @@ ShmBootstrap::ShmBootstrap(int rank, int world_size, std::string key,
   controls_.resize(static_cast<size_t>(world_size));
 }
 
-Result<std::shared_ptr<ShmBootstrap>> ShmBootstrap::create(int rank, int world_size,
-                                                           const std::string& key,
-                                                           std::chrono::duration<double> timeout,
-                                                           Bootstrap* outer,
-                                                           const SplitParent* parent) {
+Result<std::shared_ptr<ShmBootstrap>> ShmBootstrap::create(
+    int rank, int world_size, const std::string& key, std::chrono::duration<double> timeout,
+    Bootstrap* outer, const SplitParent* parent, const std::string& launch) {
   if (world_size < 1) {
     return Status::InvalidArgument("world size must be at least 1, got " +
                                    std::to_string(world_size));
@@ -282,6 +264,7 @@ Result<std::shared_ptr<ShmBootstrap>> ShmBootstrap::create(int rank, int world_s
   // started, need not look again).
   if (parent == nullptr) (void)reclaim_debris();
   std::shared_ptr<ShmBootstrap> bootstrap(new ShmBootstrap(rank, world_size, key, timeout));
+  bootstrap->launch_ = launch;
   bootstrap->split_group_ = parent != nullptr;
   if (Status status = bootstrap->join(outer, parent); !status.ok()) {
     bootstrap->mark_failed("init: " + status.message());
@@ -566,9 +549,8 @@ Status ShmBootstrap::create_control_segment() {
       own->rank = rank_;
       own->pid = static_cast<int32_t>(::getpid());
       own->pid_namespace = own_pid_namespace();
-      const std::string launch = launch_identity();
-      std::memcpy(own->launch, launch.data(), std::min(launch.size(), sizeof(own->launch) - 1));
-      own->launch_hash = hash_of(launch);
+      std::memcpy(own->launch, launch_.data(), std::min(launch_.size(), sizeof(own->launch) - 1));
+      own->launch_hash = hash_of(launch_);
       own->join_deadline = seconds_since_epoch() + timeout_.count();  // inf stays inf
       own->split_group = split_group_ ? 1 : 0;
       own->state.store(kAlive, std::memory_order_relaxed);

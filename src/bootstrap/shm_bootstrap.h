@@ -56,12 +56,15 @@ class ShmBootstrap final : public Bootstrap {
   // `parent`: for a split group, the communicator it is split from: a member that failed, closed
   // or died there (e.g. after its colour record, before its block of the group exists) ends the
   // wait at once, naming it. Without a parent (a job's init), first removes what dead processes
-  // left in /dev/shm (reclaim_debris).
+  // left in /dev/shm (reclaim_debris). `launch`: the launch this process belongs to (ODC_JOB_ID
+  // and the launcher's job variables, as core/comm_config.cc resolves them; "" for none): ranks
+  // of two launches never pair on one key.
   static Result<std::shared_ptr<ShmBootstrap>> create(int rank, int world_size,
                                                       const std::string& key,
                                                       std::chrono::duration<double> timeout,
                                                       Bootstrap* outer = nullptr,
-                                                      const SplitParent* parent = nullptr);
+                                                      const SplitParent* parent = nullptr,
+                                                      const std::string& launch = "");
   // Removes every odc name of this uid in /dev/shm that a dead process of this PID namespace
   // left (a job killed during init, an allocation or a split): allocation segments whose
   // creator (named in the segment's name) is dead, and dead ranks' control blocks of keys none
@@ -85,6 +88,8 @@ class ShmBootstrap final : public Bootstrap {
   // ---- for the shared-memory transport -------------------------------------------------------
   const std::string& key() const { return key_; }
   std::chrono::duration<double> timeout() const { return timeout_; }
+  // The launch identity it was created with (create's `launch`).
+  const std::string& launch() const { return launch_; }
   // "/odc.<key>.r<rank><suffix>": every shared-memory name of this job.
   std::string segment_name(int rank, const std::string& suffix) const;
   // The name of `rank`'s allocation segment `index`: "/odc.<key>.r<rank>.a<index>.p<pid>.n<pid
@@ -139,6 +144,7 @@ class ShmBootstrap final : public Bootstrap {
   int world_size_;
   std::string key_;
   std::chrono::duration<double> timeout_;
+  std::string launch_;
   uint64_t epoch_ = 0;                              // collectives entered so far
   std::vector<std::unique_ptr<Segment>> controls_;  // index = rank
   // The join failed because a peer runs in another PID namespace: this rank's (failed) block

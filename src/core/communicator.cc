@@ -9,8 +9,6 @@
 #include <random>
 #include <string>
 
-#include "common/env.h"
-
 namespace odc {
 namespace {
 
@@ -99,13 +97,6 @@ Status check_name(const std::string& name) {
   return Status::Ok();
 }
 
-ODC_ENV_TEXT(staging_bytes_env, "ODC_STAGING_BYTES")
-ODC_ENV_TEXT(node_cache_bytes_env, "ODC_NODE_CACHE_BYTES")
-ODC_ENV_TEXT(node_aggregation_bytes_env, "ODC_NODE_AGGREGATION_BYTES")
-// `1`: each rank prints what its streamed chunks sent to other nodes when the communicator goes
-// (the core's count, whatever the transport; ODC_NVSHMEM_STATS is the NVSHMEM transport's own).
-ODC_ENV_DOUBLE(node_stats_knob, "ODC_NODE_STATS", 0.0)
-
 // One line per rank, written at once so that ranks sharing a terminal do not interleave.
 void print_node_traffic(int rank, const StreamedStaging::NodeTraffic& traffic,
                         uint64_t minibatches) {
@@ -119,62 +110,6 @@ void print_node_traffic(int rank, const StreamedStaging::NodeTraffic& traffic,
       static_cast<unsigned long long>(minibatches));
   if (length > 0)
     std::fwrite(line, 1, std::min(static_cast<size_t>(length), sizeof(line) - 1), stderr);
-}
-
-// The staging budget: the caller's, else $ODC_STAGING_BYTES (bytes, or with a K, M or G suffix
-// for KiB, MiB, GiB), else the default.
-Result<size_t> resolve_staging_bytes(size_t configured) {
-  if (configured != 0) return configured;
-  const std::string& text = staging_bytes_env();
-  if (text.empty()) return kDefaultStagingBytes;
-  const uint64_t value = positive_integer(text, SIZE_MAX, /*size_suffix=*/true);
-  if (value == 0) {
-    return Status::InvalidArgument("ODC_STAGING_BYTES='" + text +
-                                   "' is not a positive number of bytes (e.g. 268435456 or 256M)");
-  }
-  return static_cast<size_t>(value);
-}
-
-// A node scheme's budget: the caller's (unless `from_environment`), else $`knob` (bytes, or with a
-// K, M or G suffix; 0 for none), else `fallback`.
-Result<size_t> resolve_node_budget(size_t configured, size_t from_environment,
-                                   const std::string& text, const char* knob, size_t fallback) {
-  if (configured != from_environment) return configured;
-  if (text.empty()) return fallback;
-  // 0 in any spelling ("0", "00", "0K") is a number of bytes: the scheme off.
-  const std::optional<uint64_t> value = parse_count(text, SIZE_MAX, /*size_suffix=*/true);
-  if (!value) {
-    return Status::InvalidArgument(std::string(knob) + "='" + text +
-                                   "' is not a number of bytes: digits, optionally followed by K, "
-                                   "M or G, below 2^64 (e.g. 0, 268435456 or 256M)");
-  }
-  return static_cast<size_t>(*value);
-}
-
-// Every rank must use the same budget `mine` (`knob` names where it comes from): an invalid one
-// on any rank, or budgets that differ, fail every rank naming it.
-Status agree_on_budget(Transport& transport, const Result<size_t>& mine, const char* what,
-                       const char* knob) {
-  ExchangeRecord record;
-  record.words[0] = mine.ok() ? 1 : 0;
-  record.words[1] = mine.ok() ? mine.value() : 0;
-  auto all = transport.exchange(record);
-  if (!all.ok()) return all.status();
-  if (!mine.ok()) return mine.status();
-  for (int r = 0; r < transport.world_size(); ++r) {
-    const ExchangeRecord& theirs = all.value()[r];
-    if (theirs.words[0] == 0) {
-      return Status::InvalidArgument("rank " + std::to_string(r) + " has an invalid " + what +
-                                     " (its error names it)");
-    }
-    if (theirs.words[1] != mine.value()) {
-      return Status::InvalidArgument(std::string(what) + "s differ across ranks: rank " +
-                                     std::to_string(r) + " has " + std::to_string(theirs.words[1]) +
-                                     " bytes, this rank " + std::to_string(mine.value()) + " (" +
-                                     knob + " must be the same everywhere)");
-    }
-  }
-  return Status::Ok();
 }
 
 // A split's exchange record: colour and key, rank 0's random name for the split, and a mark that
@@ -246,9 +181,12 @@ Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opt
       ranks_per_node_(options.ranks_per_node),
       node_cache_bytes_(options.node_cache_bytes),
       node_aggregation_bytes_(options.node_aggregation_bytes),
+      node_stats_(options.node_stats),
       destination_([this](uint64_t buffer_id, size_t first, size_t count) {
         return fold_destination(buffer_id, first, count);
-      }) {}
+      }) {
+  if (options.topology) topology_ = std::make_unique<Topology>(std::move(*options.topology));
+}
 
 Communicator::~Communicator() {
   // First: from here on the progress thread leaves this communicator alone.
@@ -286,7 +224,7 @@ Communicator::~Communicator() {
         (label_.empty() ? "" : label_ + ": ") + "rank " + std::to_string(rank()) +
         ": destroyed its communicator after a sub-communicator failed there: " + child_failure);
   }
-  if (staging_ != nullptr && node_stats_knob() != 0.0) {
+  if (staging_ != nullptr && node_stats_) {
     print_node_traffic(rank(), staging_->node_traffic(), minibatch_);
   }
   accumulators_by_id_.clear();
@@ -458,7 +396,7 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
   }
   if (accumulator && scheme_ == AccumulationScheme::kStreamed && staging_ == nullptr) {
     // Every rank allocates the same accumulators in the same order: all make it here together.
-    ODC_RETURN_IF_ERROR(finish(op, create_staging()));
+    ODC_RETURN_IF_ERROR(finish(op, make_staging()));
   }
   if (accumulator && scheme_ == AccumulationScheme::kPulled) {
     const size_t all_bytes = static_cast<size_t>(world_size()) * count * sizeof(float);
@@ -472,7 +410,7 @@ Result<Buffer*> Communicator::allocate(size_t count, DataType dtype, bool accumu
     if (!scratch.ok()) return finish(op, scratch.status());
     pull_scratch_ = std::move(scratch).value();
   }
-  if (published && topology_->num_nodes > 1 && !node_cache_agreed_) {
+  if (published && topology_->num_nodes > 1 && !node_cache_made_) {
     // Every rank allocates the same published buffers in the same order: all make it here.
     ODC_RETURN_IF_ERROR(finish(op, create_node_cache()));
   }
@@ -499,25 +437,6 @@ Status Communicator::agree_on_topology() {
   if (!topology.ok()) return finish("topology", topology.status());
   topology_ = std::make_unique<Topology>(std::move(topology).value());
   return Status::Ok();
-}
-
-Status Communicator::create_staging() {
-  auto budget = resolve_staging_bytes(staging_bytes_);
-  // Agree first (a rank with a bad knob or another budget fails every rank, naming it); the
-  // rings are cut from the budget alike on every rank.
-  ODC_RETURN_IF_ERROR(agree_on_budget(*transport_, budget, "staging budget",
-                                      "ODC_STAGING_BYTES or the config's staging_bytes"));
-  // Node-aggregated pushes: where there are several nodes of consecutive ranks (a node's ends
-  // are awaited as one range) and a budget.
-  auto aggregation =
-      resolve_node_budget(node_aggregation_bytes_, kNodeAggregationFromEnvironment,
-                          node_aggregation_bytes_env(), "ODC_NODE_AGGREGATION_BYTES", 0);
-  ODC_RETURN_IF_ERROR(agree_on_budget(*transport_, aggregation, "node aggregation budget",
-                                      "ODC_NODE_AGGREGATION_BYTES or the config's "
-                                      "node_aggregation_bytes"));
-  node_aggregation_bytes_ = aggregation.value();
-  staging_bytes_ = budget.value();
-  return make_staging();
 }
 
 Status Communicator::make_staging() {
@@ -580,16 +499,9 @@ Status Communicator::grow_staging() {
 }
 
 Status Communicator::create_node_cache() {
-  auto budget =
-      resolve_node_budget(node_cache_bytes_, kNodeCacheFromEnvironment, node_cache_bytes_env(),
-                          "ODC_NODE_CACHE_BYTES", kDefaultNodeCacheBytes);
-  // A refused budget leaves it undecided: every rank failed alike, and the next published
-  // allocation asks again.
-  ODC_RETURN_IF_ERROR(agree_on_budget(*transport_, budget, "node cache budget",
-                                      "ODC_NODE_CACHE_BYTES or the config's node_cache_bytes"));
-  node_cache_agreed_ = true;
-  if (budget.value() > 0) {
-    node_cache_ = std::make_unique<NodeGatherCache>(*transport_, *topology_, budget.value());
+  node_cache_made_ = true;
+  if (node_cache_bytes_ > 0) {
+    node_cache_ = std::make_unique<NodeGatherCache>(*transport_, *topology_, node_cache_bytes_);
   }
   return Status::Ok();
 }
@@ -1029,6 +941,7 @@ Result<std::unique_ptr<Communicator>> Communicator::split(int color, int key) {
   options.staging_bytes = staging_bytes_;
   options.node_cache_bytes = node_cache_bytes_;
   options.node_aggregation_bytes = node_aggregation_bytes_;
+  options.node_stats = node_stats_;
   auto child = std::make_unique<Communicator>(std::move(made).value(), options);
   child->topology_ = std::make_unique<Topology>(topology_of_members(*topology_, group.members));
   child->label_ = split_label(color, group.members);

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,32 +71,34 @@ inline constexpr size_t kPullChunkBytes = size_t{4} << 20;
 
 const char* scheme_name(AccumulationScheme scheme);
 
-// CommOptions::node_cache_bytes: $ODC_NODE_CACHE_BYTES, else kDefaultNodeCacheBytes;
-// CommOptions::node_aggregation_bytes: $ODC_NODE_AGGREGATION_BYTES, else 0 (off).
-inline constexpr size_t kNodeCacheFromEnvironment = SIZE_MAX;
-inline constexpr size_t kNodeAggregationFromEnvironment = SIZE_MAX;
-
+// A communicator's resolved settings (core/comm_config.h resolves and agrees them at init; the
+// communicator reads no variable).
 struct CommOptions {
   // Add contributions in a fixed order (kPulled) even where remote atomic adds exist.
   bool deterministic = false;
   // The bootstrap the ranks met through, when it is not the transport's own (the external one):
   // a fault also marks this rank failed there. Kept alive as long as the communicator.
   std::shared_ptr<Bootstrap> bootstrap;
-  // kStreamed: the staging budget per rank (rings and their signals); 0: $ODC_STAGING_BYTES, else
-  // kDefaultStagingBytes. Every rank must use the same.
-  size_t staging_bytes = 0;
-  // Ranks per node (consecutive ranks share a node); 0: the launcher's environment, else the
-  // transport's report (core/topology.h).
+  // kStreamed: the staging budget per rank (rings and their signals). Every rank must use the
+  // same.
+  size_t staging_bytes = kDefaultStagingBytes;
+  // Ranks per node (consecutive ranks share a node); 0: the transport's report
+  // (core/topology.h). Unused when `topology` is given.
   int ranks_per_node = 0;
+  // The node layout every rank agreed on at init (agree_config); unset: agreed at the first
+  // allocation or split from `ranks_per_node`.
+  std::optional<Topology> topology = std::nullopt;
   // With more than one node: the budget per rank of the node cache of published buffers
   // (core/node_gather_cache.h); 0: off (every gather reads remote owners itself). Every rank
   // must use the same.
-  size_t node_cache_bytes = kNodeCacheFromEnvironment;
+  size_t node_cache_bytes = kDefaultNodeCacheBytes;
   // kStreamed with more than one node (of consecutive ranks): the budget per rank of the relay
   // rows of node-aggregated pushes (core/streamed_staging.h), which cost (nodes - 1) x the shard
   // in fp32 per relayed accumulator; accumulators are relayed in allocation order while it lasts.
   // 0: off (every rank pushes to every owner itself). Every rank must use the same.
-  size_t node_aggregation_bytes = kNodeAggregationFromEnvironment;
+  size_t node_aggregation_bytes = 0;
+  // Print the streamed chunks' bytes to other nodes when the communicator goes (ODC_NODE_STATS).
+  bool node_stats = false;
 };
 
 // A symmetric buffer: `count` elements of `dtype` on every rank. Accumulators are fp32; pulled
@@ -148,8 +151,8 @@ class Communicator final : private ProgressClient {
   AccumulationScheme scheme() const { return scheme_; }
   // The node of every rank and the peers this rank maps directly (null before it is agreed).
   const Topology* topology() const { return topology_.get(); }
-  // Collective: agrees on the topology (core/topology.h) unless done; the C API does it at
-  // init, the first allocation otherwise.
+  // Collective: agrees on the topology (core/topology.h) unless done; the C API agrees it at
+  // init with the rest of the config (CommOptions::topology), the first allocation otherwise.
   Status agree_on_topology();
   // kStreamed: the rings (made with the first accumulator), else null.
   const StreamedStaging* staging() const { return staging_.get(); }
@@ -233,9 +236,6 @@ class Communicator final : private ProgressClient {
   // kStreamed, inside a minibatch, before a collective: every rank meets first (see
   // StreamedStaging::meet); elsewhere nothing.
   Status meet_inside_minibatch(const char* operation, StreamHandle stream);
-  // kStreamed, with the first accumulator (collective): every rank agrees on the budgets, then
-  // the rings are made (and the node routes set where pushes may be aggregated).
-  Status create_staging();
   // kStreamed: the rings for the accumulators allocated so far (make_staging: collective), and,
   // at minibatch_begin after its barrier (every peer done with the rings), larger ones where a
   // later accumulator's slice needs larger slots than the rings have (host rings only).
@@ -246,8 +246,8 @@ class Communicator final : private ProgressClient {
   Status add_relay(Buffer& buffer);
   // The relayed accumulators, as the staging takes them.
   std::vector<StreamedStaging::Relay> relays() const;
-  // With the first published buffer on more than one node (collective): every rank agrees on
-  // the node cache's budget, then the cache is made (budget 0: none).
+  // With the first published buffer on more than one node: the cache (budget 0: none; every
+  // rank has the same budget, agreed at init).
   Status create_node_cache();
   // kStreamed: this rank's sums of accumulator `buffer_id`, elements [first, first + count) (host
   // folds), and every live accumulator's sums (device folds).
@@ -294,7 +294,7 @@ class Communicator final : private ProgressClient {
   // kPulled: what owners pull senders' slices through (kPullChunkBytes), made with the first
   // accumulator (collective, like the accumulator itself).
   std::unique_ptr<SymmetricRegion> pull_scratch_;
-  size_t staging_bytes_ = 0;  // CommOptions::staging_bytes as given, then as agreed
+  size_t staging_bytes_ = 0;  // CommOptions::staging_bytes
   // kStreamed: the largest accumulator's shard in fp32 bytes (its slice per owner of a push) so
   // far, and the one the rings were cut for: rings grow, never shrink, up to the budget.
   size_t largest_slice_bytes_ = 0;
@@ -302,11 +302,12 @@ class Communicator final : private ProgressClient {
   int ranks_per_node_ = 0;  // CommOptions::ranks_per_node as given
   std::unique_ptr<Topology> topology_;
   std::unique_ptr<StreamedStaging> staging_;
-  size_t node_cache_bytes_ = 0;         // CommOptions::node_cache_bytes as given
-  size_t node_aggregation_bytes_ = 0;   // as given, then as agreed (0: off)
+  size_t node_cache_bytes_ = 0;         // CommOptions::node_cache_bytes
+  size_t node_aggregation_bytes_ = 0;   // CommOptions::node_aggregation_bytes (0: off)
+  bool node_stats_ = false;             // CommOptions::node_stats
   size_t relay_bytes_ = 0;              // relay rows allocated
   std::unique_ptr<NodeRoutes> routes_;  // kStreamed, several nodes of consecutive ranks
-  bool node_cache_agreed_ = false;
+  bool node_cache_made_ = false;
   std::unique_ptr<NodeGatherCache> node_cache_;
   StreamedStaging::Destination destination_;  // fold_destination, bound to this communicator
   std::map<const Buffer*, std::unique_ptr<Buffer>> buffers_;

@@ -4,34 +4,18 @@
 #include <algorithm>
 #include <map>
 
-#include "common/env.h"
+#include "core/comm_config.h"
 
 namespace odc {
 namespace {
 
-ODC_ENV_TEXT(odc_local_world_size_env, "ODC_LOCAL_WORLD_SIZE")
-ODC_ENV_TEXT(launcher_local_world_size_env, "LOCAL_WORLD_SIZE")
-
 // The exchange record: which source, its value (ranks per node, or the transport's node key),
 // whether this rank could read it, and whether it maps each peer is asked for locally after.
-enum Source : uint64_t { kConfig = 1, kOdcEnv = 2, kLauncherEnv = 3, kTransport = 4 };
+constexpr uint64_t kTransport = static_cast<uint64_t>(RanksPerNodeSource::kTransport);
 
 const char* source_name(uint64_t source) {
-  switch (source) {
-    case kConfig:
-      return "config";
-    case kOdcEnv:
-      return "ODC_LOCAL_WORLD_SIZE";
-    case kLauncherEnv:
-      return "LOCAL_WORLD_SIZE";
-    case kTransport:
-      return "transport";
-  }
-  return "unknown";
+  return ranks_per_node_source_name(static_cast<RanksPerNodeSource>(source));
 }
-
-// The most ranks per node a knob may say.
-constexpr uint64_t kMaxRanksPerNode = uint64_t{1} << 30;
 
 }  // namespace
 
@@ -92,40 +76,44 @@ std::string Topology::describe() const {
          " (ranks per node: " + sizes + "; from " + source + ")";
 }
 
+void put_topology_source(ExchangeRecord& record, const ResolvedConfig& config,
+                         Transport& transport) {
+  record.words[0] = static_cast<uint64_t>(config.ranks_per_node_source);
+  record.words[1] = config.ranks_per_node_source == RanksPerNodeSource::kTransport
+                        ? transport.node_key()
+                        : static_cast<uint64_t>(std::max(config.ranks_per_node, 0));
+  record.words[2] = config.ranks_per_node_invalid.empty() ? 1 : 0;
+}
+
 Result<Topology> agree_topology(Transport& transport, int configured_ranks_per_node) {
-  const int world = transport.world_size();
-  const int rank = transport.rank();
-  ExchangeRecord mine;
-  std::string invalid;  // why this rank's source could not be read
+  ResolvedConfig config;
   if (configured_ranks_per_node != 0) {
-    mine.words[0] = kConfig;
-    mine.words[1] =
-        configured_ranks_per_node > 0 ? static_cast<uint64_t>(configured_ranks_per_node) : 0;
-    if (mine.words[1] == 0) {
-      invalid = "ranks per node " + std::to_string(configured_ranks_per_node) + " in the config";
+    config.ranks_per_node_source = RanksPerNodeSource::kConfig;
+    config.ranks_per_node = configured_ranks_per_node;
+    if (configured_ranks_per_node < 0) {
+      config.ranks_per_node_invalid =
+          "ranks per node " + std::to_string(configured_ranks_per_node) + " in the config";
     }
-  } else if (!odc_local_world_size_env().empty()) {
-    mine.words[0] = kOdcEnv;
-    mine.words[1] = positive_integer(odc_local_world_size_env(), kMaxRanksPerNode);
-    if (mine.words[1] == 0) invalid = "ODC_LOCAL_WORLD_SIZE='" + odc_local_world_size_env() + "'";
-  } else if (!launcher_local_world_size_env().empty()) {
-    mine.words[0] = kLauncherEnv;
-    mine.words[1] = positive_integer(launcher_local_world_size_env(), kMaxRanksPerNode);
-    if (mine.words[1] == 0) invalid = "LOCAL_WORLD_SIZE='" + launcher_local_world_size_env() + "'";
-  } else {
-    mine.words[0] = kTransport;
-    mine.words[1] = transport.node_key();
   }
-  mine.words[2] = invalid.empty() ? 1 : 0;
+  ExchangeRecord mine;
+  put_topology_source(mine, config, transport);
   auto all = transport.exchange(mine);
   if (!all.ok()) return all.status();
+  return topology_from_records(transport, all.value(), config.ranks_per_node_invalid);
+}
+
+Result<Topology> topology_from_records(Transport& transport, const std::vector<ExchangeRecord>& all,
+                                       const std::string& invalid) {
+  const int world = transport.world_size();
+  const int rank = transport.rank();
+  const ExchangeRecord& mine = all[static_cast<size_t>(rank)];
   if (!invalid.empty()) {
     return Status::InvalidArgument(invalid + " is not a positive number of ranks per node");
   }
   Topology topology;
   topology.source = source_name(mine.words[0]);
   for (int r = 0; r < world; ++r) {
-    const ExchangeRecord& theirs = all.value()[r];
+    const ExchangeRecord& theirs = all[static_cast<size_t>(r)];
     if (theirs.words[2] == 0) {
       return Status::InvalidArgument("rank " + std::to_string(r) +
                                      " could not read its ranks per node (its error names why)");
@@ -158,7 +146,7 @@ Result<Topology> agree_topology(Transport& transport, int configured_ranks_per_n
     // Nodes numbered in order of their lowest rank; a node's ranks need not be contiguous.
     std::map<uint64_t, int> node_of_key;
     for (int r = 0; r < world; ++r) {
-      const uint64_t key = all.value()[r].words[1];
+      const uint64_t key = all[static_cast<size_t>(r)].words[1];
       auto found = node_of_key.emplace(key, static_cast<int>(node_of_key.size())).first;
       topology.node_of[static_cast<size_t>(r)] = found->second;
     }

@@ -2,7 +2,8 @@
 // shared memory, NVLink), agreed once when a communicator is created, so that topology-aware
 // schemes in the core all see the same picture on every rank. One source order: the caller's
 // configuration (ranks per node), then the launcher's environment (ODC_LOCAL_WORLD_SIZE, then
-// torchrun's LOCAL_WORLD_SIZE), then the transport's own report (its node key per rank).
+// torchrun's LOCAL_WORLD_SIZE; read by core/comm_config.cc), then the transport's own report (its
+// node key per rank).
 // Invariants: every rank used the same source (a rank whose launcher said otherwise fails every
 // rank, naming both); nodes are numbered 0.. in order of their lowest rank; a rank maps itself.
 #pragma once
@@ -44,9 +45,22 @@ struct NodeRoutes {
   static NodeRoutes of(const Topology& topology, int rank);
 };
 
-// Collective (every rank, through the transport's exchange). `configured_ranks_per_node`: 0 to
-// take the launcher's environment, else the transport's report. A source that does not divide
-// the world, or that differs across ranks, fails every rank with an error naming it.
+struct ResolvedConfig;
+
+// Collective (every rank, through the transport's exchange), for communicators made without
+// agree_config (core/comm_config.h): `configured_ranks_per_node`, else (0) the transport's report.
+// A source that does not divide the world, or that differs across ranks, fails every rank with an
+// error naming it.
 Result<Topology> agree_topology(Transport& transport, int configured_ranks_per_node);
+
+// The layout words of an exchange record (words 0-2): this rank's source of the ranks per node
+// (config.ranks_per_node_source), its value (or the transport's node key) and whether it could
+// be read.
+void put_topology_source(ExchangeRecord& record, const ResolvedConfig& config,
+                         Transport& transport);
+// The topology every rank agrees on from every rank's record (put_topology_source), or the error
+// naming the rank and source that differ, or `invalid` (why this rank could not read its own).
+Result<Topology> topology_from_records(Transport& transport, const std::vector<ExchangeRecord>& all,
+                                       const std::string& invalid);
 
 }  // namespace odc

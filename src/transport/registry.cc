@@ -4,7 +4,6 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <mutex>
 
 #include "transport/shm/shm_transport.h"
@@ -23,7 +22,7 @@ Result<std::unique_ptr<Transport>> create_shm(const TransportSpec& spec) {
     return std::unique_ptr<Transport>(new shm::ShmTransport(std::move(local)));
   }
   auto made = shm::ShmTransport::create(spec.rank, spec.world_size, spec.key, spec.timeout,
-                                        spec.bootstrap.get());
+                                        spec.bootstrap.get(), spec.launch_identity);
   if (!made.ok()) return made.status();
   return std::unique_ptr<Transport>(std::move(made).value());
 }
@@ -31,22 +30,23 @@ Result<std::unique_ptr<Transport>> create_shm(const TransportSpec& spec) {
 #if ODC_WITH_CUDA
 Result<std::unique_ptr<Transport>> create_cuda(const TransportSpec& spec) {
   if (!spec.bootstrap) return Status::InternalError("the CUDA transport needs a bootstrap");
-  auto made = cuda::CudaTransport::create(spec.bootstrap, spec.timeout, spec.device);
+  auto made = cuda::CudaTransport::create(spec.bootstrap, spec.timeout, spec.device, spec.cuda_sms);
   if (!made.ok()) return made.status();
   return std::unique_ptr<Transport>(std::move(made).value());
 }
 
 // The NVSHMEM transport lives in a plugin (libodc_nvshmem.so) so that libodc loads where NVSHMEM
-// is missing: found through $ODC_NVSHMEM_PLUGIN, else next to libodc.so, else on the loader's
-// search path. Loaded once, never unloaded (transports it made may outlive any communicator).
-Result<OdcNvshmemCreateFn> load_nvshmem_plugin() {
+// is missing: found through $ODC_NVSHMEM_PLUGIN (`given`, resolved by core/comm_config.cc), else
+// next to libodc.so, else on the loader's search path. Loaded once, never unloaded (transports it
+// made may outlive any communicator).
+Result<OdcNvshmemCreateFn> load_nvshmem_plugin(const std::string& given) {
   static std::mutex mutex;
   static OdcNvshmemCreateFn create = nullptr;
   static std::string failure;
   std::lock_guard<std::mutex> lock(mutex);
   if (create != nullptr) return create;
   std::vector<std::string> candidates;
-  if (const char* given = std::getenv("ODC_NVSHMEM_PLUGIN"); given != nullptr && *given) {
+  if (!given.empty()) {
     candidates.push_back(given);
   } else {
     Dl_info self{};
@@ -87,7 +87,7 @@ Result<OdcNvshmemCreateFn> load_nvshmem_plugin() {
 }
 
 Result<std::unique_ptr<Transport>> create_nvshmem(const TransportSpec& spec) {
-  auto create = load_nvshmem_plugin();
+  auto create = load_nvshmem_plugin(spec.nvshmem.plugin_path);
   if (!create.ok()) return create.status();
   if (!spec.bootstrap) return Status::InternalError("the NVSHMEM transport needs a bootstrap");
   Status status;

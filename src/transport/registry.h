@@ -10,6 +10,7 @@
 
 #include "bootstrap/bootstrap.h"
 #include "common/status.h"
+#include "core/comm_config.h"
 #include "core/transport.h"
 
 namespace odc {
@@ -24,6 +25,12 @@ struct TransportSpec {
   std::string key;  // names this job's local shared memory (agreed through the bootstrap)
   std::chrono::duration<double> timeout{60.0};
   int device = -1;  // CUDA device for device transports
+  // Resolved by core/comm_config.cc (transports read no variable): the CUDA transport's SM
+  // budget (0: all), NVSHMEM's ranks per node (0: its node team) and settings.
+  int cuda_sms = 0;
+  int ranks_per_node = 0;
+  NvshmemSettings nvshmem;
+  std::string launch_identity;  // for shared-memory bootstraps (bootstrap/shm_bootstrap.h)
 };
 
 struct TransportInfo {

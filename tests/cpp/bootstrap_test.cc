@@ -225,7 +225,8 @@ TEST(ExternalBootstrap, BadConfigsAreRefusedByName) {
   // A version-2 config (no staging_bytes) too: what lies beyond its size is never read.
   odcCommConfig_t version2 = ODC_COMM_CONFIG_INIT;
   ASSERT_EQ(odcCommConfigInit(&version2), odcSuccess);
-  EXPECT_EQ(version2.staging_bytes, 0u);
+  // The one "unset" of the byte fields (0, the default before version 5, still means it).
+  EXPECT_EQ(version2.staging_bytes, ODC_BYTES_FROM_ENVIRONMENT);
   version2.version = 2;
   version2.size = offsetof(odcCommConfig_t, staging_bytes);
   version2.staging_bytes = 1;  // beyond its size: a budget this small would be refused

@@ -312,9 +312,11 @@ TEST(InvalidUse, BadInitArguments) {
 TEST(Config, InitWritesOnlyWhatTheHeaderDeclares) {
   const size_t sizes[] = {offsetof(odcCommConfig_t, bootstrap),
                           offsetof(odcCommConfig_t, staging_bytes),
-                          offsetof(odcCommConfig_t, node_cache_bytes), sizeof(odcCommConfig_t)};
+                          offsetof(odcCommConfig_t, node_cache_bytes),
+                          offsetof(odcCommConfig_t, cuda_sms), sizeof(odcCommConfig_t)};
   EXPECT_EQ(sizes[0], 40u);  // the sizes odc.h names
   EXPECT_EQ(sizes[3], 80u);
+  EXPECT_EQ(sizes[4], 96u);
   for (unsigned version = 1; version <= ODC_COMM_CONFIG_VERSION; ++version) {
     unsigned char bytes[sizeof(odcCommConfig_t) + 16];
     std::memset(bytes, 0xa5, sizeof(bytes));
@@ -355,6 +357,40 @@ TEST(Config, InitWritesOnlyWhatTheHeaderDeclares) {
         << odcGetLastError();
     EXPECT_EQ(std::memcmp(before, bytes, sizeof(bytes)), 0) << size << " " << version;
   }
+}
+
+// odcCommConfigResolve and odcMemoryNeed read the config first, the environment only for what it
+// leaves unset (none of the knobs is set here), and an older version's fields only.
+TEST(Config, ResolveAndMemoryNeedTakeTheConfigsValues) {
+  odcCommConfig_t config = ODC_COMM_CONFIG_INIT;
+  config.staging_bytes = size_t{1} << 20;
+  config.ranks_per_node = 2;
+  config.node_cache_bytes = 0;
+  odcCommConfig_t resolved = ODC_COMM_CONFIG_INIT;
+  ASSERT_EQ(odcCommConfigResolve(&config, &resolved), odcSuccess) << odcGetLastError();
+  EXPECT_EQ(resolved.transport, odcTransportShm);
+  EXPECT_EQ(resolved.timeout_seconds, 60.0);
+  EXPECT_EQ(resolved.staging_bytes, size_t{1} << 20);
+  EXPECT_EQ(resolved.ranks_per_node, 2);
+  EXPECT_EQ(resolved.node_cache_bytes, 0u);
+  EXPECT_EQ(resolved.node_aggregation_bytes, 0u);
+  EXPECT_EQ(resolved.nvshmem_heap_bytes, size_t{4} << 30);
+  odcMemoryNeed_t need{};
+  ASSERT_EQ(odcMemoryNeed(&config, 4, 4096, 100, &need), odcSuccess) << odcGetLastError();
+  EXPECT_EQ(need.published, 4096u);
+  EXPECT_EQ(need.accumulators, 400u);
+  EXPECT_EQ(need.staging, size_t{1} << 20);
+  EXPECT_EQ(need.node_cache, 0u);  // off in the config, whatever the environment says
+  EXPECT_EQ(need.heap_bytes, size_t{128} << 20);
+  // Version 4 ends before cuda_sms: what lies beyond is never read.
+  odcCommConfig_t version4 = config;
+  version4.version = 4;
+  version4.size = offsetof(odcCommConfig_t, cuda_sms);
+  version4.cuda_sms = -7;
+  ASSERT_EQ(odcMemoryNeed(&version4, 4, 4096, 100, &need), odcSuccess) << odcGetLastError();
+  EXPECT_EQ(odcCommConfigResolve(&version4, &resolved), odcInvalidArgument);  // other header
+  EXPECT_EQ(odcMemoryNeed(nullptr, 4, 0, 0, &need), odcInvalidArgument);
+  EXPECT_EQ(odcMemoryNeed(&config, 0, 0, 0, &need), odcInvalidArgument);
 }
 
 TEST(Config, VersionedConfigIsCheckedAndDeterministicModeSums) {

@@ -107,8 +107,9 @@ TEST(ShmBootstrap, LaunchesDifferingAnywhereInTheirIdentityNeverPair) {
   const auto outcome = run_ranks(2, [](int rank, int world, const std::string& key) {
     std::string job(300, 'j');
     job.back() = rank == 0 ? 'a' : 'b';
-    ::setenv("ODC_JOB_ID", job.c_str(), 1);
-    auto made = shm::ShmBootstrap::create(rank, world, key, std::chrono::seconds(20));
+    // As core/comm_config.cc resolves ODC_JOB_ID (given here: threads share one environment).
+    auto made = shm::ShmBootstrap::create(rank, world, key, std::chrono::seconds(20), nullptr,
+                                          nullptr, "ODC_JOB_ID=" + job);
     return expect_text(made.status(), "was started by another launch");
   });
   for (const auto& message : outcome) EXPECT_EQ(message, "");

@@ -153,11 +153,13 @@ def test_stream_stats_count_chunks_and_credit_waits():
 
 
 def _staging_budget_rank(rank, world_size, key, budgets):
-    with odc.Comm(rank, world_size, key, timeout=30, staging_bytes=budgets[rank]) as comm:
-        try:
+    # Budgets are agreed at init (one exchange), the rings cut at the first accumulator: either
+    # names what is wrong on every rank.
+    try:
+        with odc.Comm(rank, world_size, key, timeout=30, staging_bytes=budgets[rank]) as comm:
             comm.alloc(8, accumulator=True)
-        except odc.Error as error:
-            return str(error)
+    except odc.Error as error:
+        return str(error)
     return "allocated"
 
 
@@ -172,7 +174,7 @@ def test_staging_budgets_that_differ_or_do_not_fit_are_named():
 
 
 def _staging_env_rank(rank, world_size, key, value):
-    os.environ["ODC_STAGING_BYTES"] = value  # read at the first accumulator, in this process
+    os.environ["ODC_STAGING_BYTES"] = value  # read at init, in this process
     return _staging_budget_rank(rank, world_size, key, [None] * world_size)
 
 
@@ -274,12 +276,12 @@ def test_node_cache_on_pretend_nodes(monkeypatch):
 
 
 def _bad_node_cache_knob_rank(rank, world_size, key):
-    with odc.Comm(rank, world_size, key, timeout=30) as comm:
-        try:
+    try:  # agreed at init (with more than one node), where every rank names it
+        with odc.Comm(rank, world_size, key, timeout=30) as comm:
             comm.alloc(100, published=True)
-        except odc.Error as error:
-            return str(error)
-        return "allocated"
+    except odc.Error as error:
+        return str(error)
+    return "allocated"
 
 
 def test_bad_node_cache_knob_is_named(monkeypatch):

@@ -14,15 +14,35 @@ from odc.errors import InvalidArgument, InvalidUsage
 GIB, MIB = 1 << 30, 1 << 20
 
 
+KNOBS = (
+    "ODC_STAGING_BYTES",
+    "ODC_NODE_CACHE_BYTES",
+    "ODC_NODE_AGGREGATION_BYTES",
+    "ODC_LOCAL_WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "ODC_NVSHMEM_HEAP_GIB",
+    "NVSHMEM_SYMMETRIC_SIZE",
+)
+
+
 @pytest.fixture(autouse=True)
 def fresh_process_state(monkeypatch):
     monkeypatch.setattr(heap, "_reserved_bytes", None)
-    monkeypatch.setattr(heap, "_set_by_odc", None)
+    monkeypatch.setattr(heap, "_sized_bytes", None)
+    for knob in KNOBS:  # the library reads the process's environment (heap_need)
+        monkeypatch.delenv(knob, raising=False)
 
 
-def test_need_by_kind_and_margin():
+def _with_env(monkeypatch, env):
+    for knob in KNOBS:
+        monkeypatch.delenv(knob, raising=False)
+    for knob, value in env.items():
+        monkeypatch.setenv(knob, value)
+
+
+def test_need_by_kind_and_margin(monkeypatch):
     published, elements = 3 * GIB, 3 * GIB // 4 * 2  # accumulators 6 GiB (fp32 of 2x elements)
-    flat = heap.heap_need(published, elements, 4, 4, environ={})  # one node: no node schemes
+    flat = heap.heap_need(published, elements, 4, 4)  # one node: no node schemes
     assert (flat.published, flat.accumulators) == (3 * GIB, 6 * GIB)
     assert flat.staging == 256 * MIB and flat.node_cache == flat.aggregation == 0
     assert flat.deterministic == 0
@@ -33,38 +53,43 @@ def test_need_by_kind_and_margin():
 
     # 2 nodes of 2: the cache holds one remote node's shards, at most its budget; aggregation off
     # by default, on with a budget: one relay row of the accumulators, at most the budget.
-    nodes = heap.heap_need(published, elements, 4, 2, environ={})
+    nodes = heap.heap_need(published, elements, 4, 2)
     assert nodes.node_cache == 256 * MIB and nodes.aggregation == 0
-    env = {"ODC_NODE_CACHE_BYTES": "8G", "ODC_NODE_AGGREGATION_BYTES": "1G"}
-    both = heap.heap_need(published, elements, 4, 2, environ=env)
+    _with_env(monkeypatch, {"ODC_NODE_CACHE_BYTES": "8G", "ODC_NODE_AGGREGATION_BYTES": "1G"})
+    both = heap.heap_need(published, elements, 4, 2)
     assert both.node_cache == 3 * GIB and both.aggregation == GIB
     # 4 nodes of 1: three rows each; aggregation needs several ranks per node (the core's rule).
-    ones = heap.heap_need(MIB, 1024, 4, 1, environ=env)
+    ones = heap.heap_need(MIB, 1024, 4, 1)
     assert ones.node_cache == 3 * MIB and ones.aggregation == 0
-    assert heap.heap_need(0, 0, 4, 2, environ={"ODC_NODE_CACHE_BYTES": "0"}).node_cache == 0
     # Explicit budgets win over the environment; the staging budget is the communicator's.
-    given = heap.heap_need(0, 0, 4, 2, staging_bytes=MIB, node_cache_bytes=0, environ=env)
+    given = heap.heap_need(0, 0, 4, 2, staging_bytes=MIB, node_cache_bytes=0)
     assert (given.staging, given.node_cache) == (MIB, 0)
+    _with_env(monkeypatch, {"ODC_NODE_CACHE_BYTES": "0"})
+    assert heap.heap_need(0, 0, 4, 2).node_cache == 0
     # Deterministic: 4 S N per accumulator plus the scheme's scratch.
-    det = heap.heap_need(0, 1000, 4, 4, deterministic=True, environ={})
+    _with_env(monkeypatch, {})
+    det = heap.heap_need(0, 1000, 4, 4, deterministic=True)
     assert det.deterministic == 4 * 1000 * 4 + 4 * MIB
     # Nodes from the environment as the core reads them, ODC_LOCAL_WORLD_SIZE first.
-    env_nodes = {"ODC_LOCAL_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"}
-    assert heap.heap_need(MIB, 0, 4, environ=env_nodes).node_cache == MIB
-    assert heap.heap_need(MIB, 0, 4, environ={"LOCAL_WORLD_SIZE": "4"}).node_cache == 0
+    _with_env(monkeypatch, {"ODC_LOCAL_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"})
+    assert heap.heap_need(MIB, 0, 4).node_cache == MIB
+    _with_env(monkeypatch, {"LOCAL_WORLD_SIZE": "4"})
+    assert heap.heap_need(MIB, 0, 4).node_cache == 0
 
 
-def test_knob_parsing():
-    assert heap.parse_bytes("256M", "K") == 256 * MIB
-    assert heap.parse_bytes("0", "K") == 0
-    assert heap.parse_bytes("1g", "K") == GIB
-    assert heap.parse_bytes("00", "K") == 0  # as the core reads it (parse_count)
-    # What the core refuses, refused here too: \d and int() took spaces and other scripts' digits.
+def test_knob_parsing(monkeypatch):
+    # The library parses the budgets (one parser: src/common/env.h's parse_count): whatever it
+    # refuses is refused here, naming the knob.
+    _with_env(monkeypatch, {"ODC_NODE_CACHE_BYTES": "256M"})
+    assert heap.heap_need(MIB, 0, 2, 1).node_cache == MIB
     for text in (" 5", "5 ", "\u0665", "+5", "1_0", "5KB", str(2**64), "17179869184G"):
+        _with_env(monkeypatch, {"ODC_NODE_CACHE_BYTES": text})
         with pytest.raises(InvalidArgument, match="is not a number of bytes"):
-            heap.parse_bytes(text, "K")
+            heap.heap_need(0, 0, 2, 1)
+    _with_env(monkeypatch, {"ODC_STAGING_BYTES": "lots"})
     with pytest.raises(InvalidArgument, match="ODC_STAGING_BYTES='lots'"):
-        heap.heap_need(0, 0, 2, 2, environ={"ODC_STAGING_BYTES": "lots"})
+        heap.heap_need(0, 0, 2, 2)
+    _with_env(monkeypatch, {})
     assert heap.parse_nvshmem_size("4G") == 4 * GIB
     assert heap.parse_nvshmem_size("1073741824") == GIB
     assert heap.parse_nvshmem_size("512m") == 512 * MIB
@@ -76,15 +101,17 @@ def test_knob_parsing():
 
 def test_size_heap_sets_raises_keeps_and_leaves_the_users():
     env = {}
-    small = heap.heap_need(GIB, 0, 4, 4, environ={})
+    small = heap.heap_need(GIB, 0, 4, 4)
     sized = heap.size_heap(small, env)
     assert sized.action == "sized" and sized.heap_bytes == small.total
-    # The value the core will read gives exactly that many bytes (nvshmem_process.cc).
-    assert int(float(env["ODC_NVSHMEM_HEAP_GIB"]) * GIB) == small.total
+    # The size odc.Comm passes to the first NVSHMEM communicator (nvshmem_heap_bytes); the
+    # environment is never written.
+    assert heap.sized_heap_bytes() == small.total and env == {}
+    assert "ODC_NVSHMEM_HEAP_GIB" not in os.environ
     assert heap.size_heap(small, env).action == "kept"
-    large = heap.heap_need(10 * GIB, 0, 4, 4, environ={})
+    large = heap.heap_need(10 * GIB, 0, 4, 4)
     assert heap.size_heap(large, env).action == "sized"
-    assert int(float(env["ODC_NVSHMEM_HEAP_GIB"]) * GIB) == large.total
+    assert heap.sized_heap_bytes() == large.total
     assert heap.size_heap(small, env).action == "kept"  # never shrunk by a smaller need
 
     for user in ({"ODC_NVSHMEM_HEAP_GIB": "64"}, {"NVSHMEM_SYMMETRIC_SIZE": "64G"}):
@@ -100,9 +127,9 @@ def test_a_reserved_heap_is_never_resized(monkeypatch):
     monkeypatch.delenv("ODC_NVSHMEM_HEAP_GIB", raising=False)
     heap.note_nvshmem_started()  # as odc.Comm does after its first NVSHMEM communicator
     assert heap.reserved_heap_bytes() == 4 * GIB
-    fits = heap.heap_need(GIB, 0, 4, 4, environ={})
+    fits = heap.heap_need(GIB, 0, 4, 4)
     assert heap.size_heap(fits).action == "reserved"
-    need = heap.heap_need(5 * GIB, 0, 4, 4, environ={})
+    need = heap.heap_need(5 * GIB, 0, 4, 4)
     with pytest.raises(InvalidUsage) as raised:
         heap.size_heap(need)
     message = str(raised.value)
@@ -116,7 +143,7 @@ def test_a_reserved_heap_is_never_resized(monkeypatch):
 def test_a_reserved_heap_short_only_of_the_budgets_warns(monkeypatch):
     # The budgets (staging, node schemes) are upper bounds and NVSHMEM may not enforce its size:
     # a heap holding the shards and accumulators but not the budgets warns and goes on.
-    need = heap.heap_need(GIB, GIB // 4, 4, 2, environ={"ODC_NODE_AGGREGATION_BYTES": "1G"})
+    need = heap.heap_need(GIB, GIB // 4, 4, 2, node_aggregation_bytes=GIB)
     monkeypatch.setattr(heap, "_reserved_bytes", need.published + need.accumulators + 1)
     with pytest.warns(UserWarning, match="going on: the budgets may fit"):
         heap.check_reserved(need)
@@ -126,7 +153,7 @@ def test_a_reserved_heap_short_only_of_the_budgets_warns(monkeypatch):
 
 
 def test_deterministic_needs_no_staging_or_relays():
-    need = heap.heap_need(GIB, GIB // 4, 4, 2, deterministic=True, environ={})
+    need = heap.heap_need(GIB, GIB // 4, 4, 2, deterministic=True)
     assert need.staging == 0 and need.aggregation == 0 and need.deterministic > 0
 
 

@@ -77,3 +77,36 @@ def test_odc_transport_environment_must_name_a_device_transport():
     assert "ODC_TRANSPORT='carrier-pigeon' is not a device transport" in done.stdout, (
         done.stdout + done.stderr
     )
+
+
+def test_the_library_resolves_what_the_arguments_leave_unset(monkeypatch):
+    # One reader of the variables (src/core/comm_config.cc): Python asks it, never parses them.
+    from odc import _capi
+    from odc.comm import default_transport
+
+    for knob in ("ODC_TRANSPORT", "ODC_TIMEOUT", "ODC_STAGING_BYTES", "ODC_CUDA_SMS"):
+        monkeypatch.delenv(knob, raising=False)
+    assert default_transport(None) == "shm" and default_transport(0) == "cuda"
+    monkeypatch.setenv("ODC_TRANSPORT", "nvshmem")
+    assert default_transport(0) == "nvshmem" and default_transport(None) == "shm"
+    monkeypatch.setenv("ODC_TRANSPORT", "carrier-pigeon")
+    with pytest.raises(odc.InvalidArgument, match="ODC_TRANSPORT='carrier-pigeon'"):
+        default_transport(0)
+    monkeypatch.delenv("ODC_TRANSPORT")
+    monkeypatch.setenv("ODC_TIMEOUT", "2.5")
+    monkeypatch.setenv("ODC_STAGING_BYTES", "64K")
+    config = _capi.new_comm_config()
+    resolved = _capi.resolve_comm_config(config)
+    assert resolved.timeout_seconds == 2.5 and resolved.staging_bytes == 64 << 10
+    assert resolved.transport == _capi.TRANSPORT_SHM and resolved.cuda_sms == 0
+    config.staging_bytes = 4096  # the argument wins
+    assert _capi.resolve_comm_config(config).staging_bytes == 4096
+    monkeypatch.setenv("ODC_STAGING_BYTES", "lots")  # named at init, where it is used
+    assert _capi.resolve_comm_config(_capi.new_comm_config()).staging_bytes == (
+        _capi.BYTES_FROM_ENVIRONMENT
+    )
+    monkeypatch.setenv("ODC_TIMEOUT", "-5")
+    with pytest.raises(odc.InvalidArgument, match="ODC_TIMEOUT='-5' is not a timeout"):
+        odc.Comm(0, 1, f"sel-{os.getpid()}")
+    with pytest.raises(odc.InvalidArgument, match="cuda_sms must be"):
+        odc.Comm(0, 1, f"sel-{os.getpid()}", timeout=1, cuda_sms=0)

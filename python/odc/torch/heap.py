@@ -54,7 +54,8 @@ def size_nvshmem_heap(
     *,
     deterministic: bool = False,
 ) -> nvshmem_heap.HeapSizing:
-    """Local: sizes NVSHMEM's heap (ODC_NVSHMEM_HEAP_GIB) to what OdcFSDP over a communicator of
+    """Local: sizes NVSHMEM's heap (the nvshmem_heap_bytes this process's next odc.Comm passes
+    when given none; the environment is left as it is) to what OdcFSDP over a communicator of
     `world_size` ranks (nodes of `ranks_per_node`; None: from the environment) will hold for this
     fully_shard model, unless the user set NVSHMEM_SYMMETRIC_SIZE or ODC_NVSHMEM_HEAP_GIB. Call it
     on every rank before the process's first NVSHMEM communicator; after it, raises InvalidUsage

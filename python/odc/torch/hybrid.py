@@ -52,6 +52,7 @@ def node_comm(
     key: Optional[str] = None,
     device: Optional[int] = None,
     timeout: Optional[float] = None,
+    cuda_sms: Optional[int] = None,
 ):
     """The odc communicator of this rank's node on an HSDP `mesh` (replicate, shard): the ranks of
     its shard group, ranked by their shard coordinate. Collective over the shard group.
@@ -61,13 +62,16 @@ def node_comm(
     same), so the nodes' communicators never meet, nor do two jobs' that start at the same
     instant. `key` is ignored (kept so that calls written as node_comm(mesh, key) still work).
     device: this rank's CUDA device (default: the current one on an NCCL mesh, else a host
-    communicator); timeout: seconds any wait on another rank may take."""
+    communicator); timeout: seconds any wait on another rank may take; cuda_sms: the CUDA
+    transport's SM budget (odc.Comm's)."""
     del key  # a user's key is not unique per job (docs/torch.md): the store's is
     if mesh.ndim != 2:
         raise InvalidArgument(
             f"node_comm needs a 2-D HSDP mesh (replicate, shard), got {mesh.ndim}-D"
         )
-    return comm_from_process_group(mesh.get_group(SHARD_DIM), device=device, timeout=timeout)
+    return comm_from_process_group(
+        mesh.get_group(SHARD_DIM), device=device, timeout=timeout, cuda_sms=cuda_sms
+    )
 
 
 def replica_reduction(layouts, comm: Comm) -> Optional["ReplicaReduction"]:

@@ -10,7 +10,6 @@ same key from the same store entry.
 from __future__ import annotations
 
 import inspect
-import os
 import secrets
 import socket
 from typing import Dict, Optional
@@ -18,7 +17,7 @@ from typing import Dict, Optional
 import torch
 import torch.distributed as dist
 
-from ..comm import Comm
+from ..comm import Comm, default_transport
 from ..errors import InvalidArgument, InvalidUsage
 from ._errors import MismatchError
 from .heap import size_nvshmem_heap
@@ -75,6 +74,7 @@ def comm_from_process_group(
     timeout: Optional[float] = None,
     deterministic: bool = False,
     model: Optional[torch.nn.Module] = None,
+    cuda_sms: Optional[int] = None,
 ) -> Comm:
     """Collective over `group` (default: the world group): an odc.Comm over the same ranks.
 
@@ -87,6 +87,8 @@ def comm_from_process_group(
     over NVSHMEM (the group spans hosts, or $ODC_TRANSPORT=nvshmem), NVSHMEM's heap is sized to
     what odc will hold for it (size_nvshmem_heap) unless the user set NVSHMEM_SYMMETRIC_SIZE or
     ODC_NVSHMEM_HEAP_GIB; without it the heap is ODC_NVSHMEM_HEAP_GIB's default, 4 GiB.
+    cuda_sms: the CUDA transport's SM budget (odc.Comm's `cuda_sms`; None: $ODC_CUDA_SMS, else
+    all).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise InvalidUsage(
@@ -106,11 +108,13 @@ def comm_from_process_group(
                 "deterministic mode"
             )
         options["deterministic"] = True
+    if cuda_sms is not None:
+        options["cuda_sms"] = cuda_sms
     store = group_store(group)
     key = job_key(group, store)
     hosts = set(_hosts(group, store, key))
     across_hosts = len(hosts) > 1
-    nvshmem = across_hosts or os.environ.get("ODC_TRANSPORT") == "nvshmem"
+    nvshmem = across_hosts or (device is not None and default_transport(device) == "nvshmem")
     if model is not None and device is not None and nvshmem:
         # Nodes as the core will see them: $ODC_LOCAL_WORLD_SIZE, else torchrun's
         # $LOCAL_WORLD_SIZE (else one rank per node: every node scheme counted).

@@ -72,8 +72,19 @@ class RunConfig:
     profile_dir: Optional[str] = None
 
 
-# The SMs odc's data kernels size their grids for in training (ODC_CUDA_SMS; docs/runtime.md).
+# The SMs odc's data kernels size their grids for in training (odc.Comm's cuda_sms;
+# docs/runtime.md). odc's gather and push kernels overlap forward/backward here: sized for every SM
+# they slowed the compute beside them (balanced 8K microbatches on 4 H200s: 0.399 s with all 132
+# SMs, 0.391 s with 32 or 16; docs/benchmarks-archive.md, SM budget).
 TRAINING_SM_BUDGET = 32
+
+
+def training_cuda_sms(config) -> Optional[int]:
+    """The SM budget odc.train gives its GPU communicators: TRAINING_SM_BUDGET, unless the user set
+    ODC_CUDA_SMS (theirs wins: the library reads it) or the run is on the CPU (None)."""
+    if config.device != "cuda" or os.environ.get("ODC_CUDA_SMS"):
+        return None
+    return TRAINING_SM_BUDGET
 
 
 @dataclass
@@ -357,24 +368,28 @@ class Run:
             odc.torch.sum_gradients(self.model)
             return None
         device_index = self.local_rank if self.on_gpu else None
-        if self.on_gpu:
-            # odc's gather and push kernels overlap forward/backward here: sized for every SM
-            # they slowed the compute beside them (balanced 8K microbatches on 4 H200s: 0.399 s
-            # with all 132 SMs, 0.391 s with 32 or 16; docs/benchmarks-archive.md, SM budget). The
-            # user's own setting wins.
-            os.environ.setdefault("ODC_CUDA_SMS", str(TRAINING_SM_BUDGET))
+        cuda_sms = training_cuda_sms(self.config)  # passed down, never set in the environment
         mesh = self.mesh
         self._size_nvshmem_heap()
         if self.key is None:  # torchrun: the job's process group (its shard group on HSDP)
             group = mesh.get_group("shard") if mesh is not None else None
             # model: across hosts (NVSHMEM) the heap is sized to it too.
-            self.comm = odc.torch.comm_from_process_group(group, timeout=600, model=self.model)
+            self.comm = odc.torch.comm_from_process_group(
+                group, timeout=600, model=self.model, cuda_sms=cuda_sms
+            )
         elif mesh is None:
             self.comm = odc.Comm(
-                self.rank, self.world_size, self.key, timeout=600, device=device_index
+                self.rank,
+                self.world_size,
+                self.key,
+                timeout=600,
+                device=device_index,
+                cuda_sms=cuda_sms,
             )
         else:  # one communicator per replica ("node")
-            self.comm = odc.torch.node_comm(mesh, self.key, timeout=600, device=device_index)
+            self.comm = odc.torch.node_comm(
+                mesh, self.key, timeout=600, device=device_index, cuda_sms=cuda_sms
+            )
         return odc.torch.OdcFSDP(self.model, self.comm, self.optimizer)
 
     def _size_nvshmem_heap(self) -> None:
@@ -383,7 +398,7 @@ class Run:
         unless NVSHMEM_SYMMETRIC_SIZE or ODC_NVSHMEM_HEAP_GIB is set; rank 0 says which."""
         import odc.torch
 
-        if not self.on_gpu or os.environ.get("ODC_TRANSPORT") != "nvshmem":
+        if not self.on_gpu or odc.comm.default_transport(self.local_rank) != "nvshmem":
             return
         ranks = self.mesh.get_group("shard").size() if self.mesh is not None else self.world_size
         sizing = odc.torch.size_nvshmem_heap(self.model, ranks)

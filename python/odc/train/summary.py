@@ -5,6 +5,7 @@ enough to re-plan, re-simulate or re-fit what ran. A pure function of its inputs
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import numpy as np
 
@@ -29,6 +30,14 @@ def summarize_run(config, plan, gathered, losses, num_steps, world_size) -> dict
     }
 
 
+def _cuda_sms(config) -> Optional[str]:
+    """The SM budget odc's kernels ran with, as text: the user's ODC_CUDA_SMS, else odc.train's."""
+    from .run import training_cuda_sms
+
+    given = training_cuda_sms(config)
+    return os.environ.get("ODC_CUDA_SMS") or (None if given is None else str(given))
+
+
 def _what_ran(config, plan, measured, world_size) -> dict:
     return {
         "preset": config.preset,
@@ -47,7 +56,7 @@ def _what_ran(config, plan, measured, world_size) -> dict:
         # With checkpointing a forward is 1/4 of forward + backward, else 1/3 (the forward-only
         # phases' cost; odc simulate's --forward-fraction).
         "activation_checkpointing": config.activation_checkpointing,
-        "odc_cuda_sms": os.environ.get("ODC_CUDA_SMS") if config.comm == "odc" else None,
+        "odc_cuda_sms": _cuda_sms(config) if config.comm == "odc" else None,
         # Under collective a rank's busy time includes its waits inside FSDP2's per-layer
         # collectives, so its measured bubble is near zero by construction, not a measurement of
         # idle time: compare step time (span) there instead.

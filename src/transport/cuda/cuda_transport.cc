@@ -61,25 +61,6 @@ class CudaRegion final : public SymmetricRegion {
   IpcMapping mapping_;
 };
 
-// ODC_CUDA_SMS: the SMs odc's data kernels size their grids for (0: unset, all of them). Training
-// overlaps gathers and pushes with compute, where a grid over every SM delays the compute kernels
-// beside it; a smaller budget moves the same bytes with fewer blocks in flight.
-Result<int> cuda_sms_budget(int device) {
-  const char* text = std::getenv("ODC_CUDA_SMS");
-  if (text == nullptr || *text == '\0') return 0;
-  int num_sms = 0;
-  ODC_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  char* end = nullptr;
-  const long budget = std::strtol(text, &end, 10);
-  if (*end != '\0' || budget < 1 || end == text) {
-    return Status::InvalidArgument("ODC_CUDA_SMS='" + std::string(text) +
-                                   "': expected a positive integer (SMs; more than the "
-                                   "device's " +
-                                   std::to_string(num_sms) + " means all)");
-  }
-  return static_cast<int>(std::min<long>(budget, num_sms));
-}
-
 }  // namespace
 
 CudaTransport::CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
@@ -89,7 +70,7 @@ CudaTransport::CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
 
 Result<std::unique_ptr<CudaTransport>> CudaTransport::create(std::shared_ptr<Bootstrap> bootstrap,
                                                              std::chrono::duration<double> timeout,
-                                                             int device) {
+                                                             int device, int max_sms) {
   const int world_size = bootstrap->world_size();
   if (world_size > kernels::kMaxRanks) {
     return Status::InvalidArgument(
@@ -99,17 +80,16 @@ Result<std::unique_ptr<CudaTransport>> CudaTransport::create(std::shared_ptr<Boo
   ODC_RETURN_IF_ERROR(check_device_exists(device));
   std::unique_ptr<CudaTransport> transport(
       new CudaTransport(std::move(bootstrap), device, timeout));
-  if (Status status = transport->init(); !status.ok()) {
+  if (Status status = transport->init(max_sms); !status.ok()) {
     transport->mark_failed("init: " + status.message());
     return status;
   }
   return transport;
 }
 
-Status CudaTransport::init() {
-  auto budget = cuda_sms_budget(device());
-  if (!budget.ok()) return budget.status();
-  ODC_RETURN_IF_ERROR(init_device_state(budget.value()));
+Status CudaTransport::init(int max_sms) {
+  // A budget over the device's SMs means all of them (init_device_state clamps it).
+  ODC_RETURN_IF_ERROR(init_device_state(max_sms));
   DeviceGuard guard(device());
   auto signals = allocate(sizeof(kernels::SignalBlock));
   if (!signals.ok()) return signals.status();
@@ -219,7 +199,7 @@ Result<std::unique_ptr<Transport>> CudaTransport::split(const SplitGroup& group)
                                              group.name, timeout(), /*outer=*/nullptr, &parent);
   if (!bootstrap.ok()) return bootstrap.status();
   std::shared_ptr<shm::ShmBootstrap> members = std::move(bootstrap).value();
-  auto made = create(members, timeout(), device());
+  auto made = create(members, timeout(), device(), num_sms());
   if (!made.ok()) {
     members->mark_failed("split: " + made.status().message());
     return made.status();

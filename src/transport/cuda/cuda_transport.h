@@ -27,10 +27,12 @@ namespace odc::cuda {
 class CudaTransport final : public device::DeviceTransport {
  public:
   // Collective over `bootstrap`'s ranks; this rank uses GPU `device`. Device-side waits are
-  // bounded by `timeout` (infinite: forever).
+  // bounded by `timeout` (infinite: forever). `max_sms`: the SMs odc's data kernels size their
+  // grids for (0: all; more than the device has: all), ODC_CUDA_SMS as core/comm_config.cc
+  // resolved it.
   static Result<std::unique_ptr<CudaTransport>> create(std::shared_ptr<Bootstrap> bootstrap,
                                                        std::chrono::duration<double> timeout,
-                                                       int device);
+                                                       int device, int max_sms = 0);
   ~CudaTransport() override;
 
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
@@ -66,7 +68,7 @@ class CudaTransport final : public device::DeviceTransport {
  private:
   CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
                 std::chrono::duration<double> timeout);
-  Status init();
+  Status init(int max_sms);
   kernels::PeerPointers peer_pointers(const SymmetricRegion& region) const;
   Status launch_puts(const kernels::PutSignalJobs& jobs, size_t bytes, uint64_t value,
                      StreamHandle stream);

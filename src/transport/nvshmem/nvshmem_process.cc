@@ -13,16 +13,9 @@
 #include <vector>
 
 #include "common/check.h"
-#include "common/env.h"
 #include "transport/cuda/cuda_check.h"
 
 namespace odc::nvshmem {
-
-// Heap size odc asks NVSHMEM for when NVSHMEM_SYMMETRIC_SIZE is not set (docs/multinode.md).
-ODC_ENV_DOUBLE(heap_gib_knob, "ODC_NVSHMEM_HEAP_GIB", 4.0)
-// Ranks per node (contiguous ranks share a node). 0: NVSHMEM's node team (or LOCAL_WORLD_SIZE).
-// Smaller than the real node: pretend node boundaries on one host (tests).
-ODC_ENV_DOUBLE(local_world_size_knob, "ODC_LOCAL_WORLD_SIZE", 0.0)
 
 namespace {
 
@@ -48,22 +41,21 @@ ProcessNvshmem& process_nvshmem() {
 // Step 0, before NVSHMEM's first call: the settings odc chooses where the user did not. NVSHMEM
 // reads them from the environment once, at its first call, which on rank 0 is
 // nvshmemx_get_uniqueid (set after it, rank 0's NVSHMEM_INFO still showed the default heap size).
-//   NVSHMEM_SYMMETRIC_SIZE   the user's, else ODC_NVSHMEM_HEAP_GIB (docs/multinode.md);
+//   NVSHMEM_SYMMETRIC_SIZE   the user's, else the config's heap or ODC_NVSHMEM_HEAP_GIB
+//                            (`heap_size`, resolved by core/comm_config.cc; docs/multinode.md);
 //   NVSHMEM_DISABLE_NCCL=1   odc calls none of NVSHMEM's host collectives (its only collective
 //                            calls are nvshmem_malloc and nvshmem_free), and the NCCL
 //                            communicator NVSHMEM opens at init for them holds about 1.5 GiB
 //                            per GPU (measured: docs/benchmarks-archive.md, nineteenth round);
 //   NVSHMEM_CUMEM_GRANULARITY=32 MiB  NVSHMEM maps its heap in steps of this size (default
 //                            512 MiB), so up to a step beyond what odc allocated is held.
-Status configure_process_nvshmem(ProcessNvshmem& process) {
-  if (const char* given = std::getenv("NVSHMEM_SYMMETRIC_SIZE"); given != nullptr) {
-    process.heap_size = given;
-  } else {
-    const auto bytes = static_cast<uint64_t>(heap_gib_knob() * 1024.0 * 1024.0 * 1024.0);
-    process.heap_size = std::to_string(bytes);
-    ODC_SYSCHECK(setenv("NVSHMEM_SYMMETRIC_SIZE", process.heap_size.c_str(), 1),
-                 "setenv(NVSHMEM_SYMMETRIC_SIZE)");
-  }
+// These setenv calls are the one place in src that writes the environment: NVSHMEM reads its
+// settings only from there (docs/env.md names them).
+Status configure_process_nvshmem(ProcessNvshmem& process, const std::string& heap_size) {
+  process.heap_size = heap_size;
+  // A value the user set came back as `heap_size` unchanged: writing it again changes nothing.
+  ODC_SYSCHECK(setenv("NVSHMEM_SYMMETRIC_SIZE", process.heap_size.c_str(), 1),
+               "setenv(NVSHMEM_SYMMETRIC_SIZE)");
   // overwrite = 0: a value the user set stays.
   ODC_SYSCHECK(setenv("NVSHMEM_DISABLE_NCCL", "1", 0), "setenv(NVSHMEM_DISABLE_NCCL)");
   ODC_SYSCHECK(setenv("NVSHMEM_CUMEM_GRANULARITY", kHeapMappingStepBytes, 0),
@@ -162,29 +154,22 @@ Status start_nvshmem(ProcessNvshmem& process, Bootstrap& bootstrap, nvshmemx_uni
 
 }  // namespace
 
-Status join_process_nvshmem(Bootstrap& bootstrap, int device) {
+Status join_process_nvshmem(Bootstrap& bootstrap, int device, const std::string& heap_size) {
   ProcessNvshmem& process = process_nvshmem();
   std::lock_guard<std::mutex> lock(process.mutex);
   // NVSHMEM binds to the device current at init: make it ours for the scope.
   cuda::DeviceGuard guard(device);
   ODC_CUDA_CHECK(cudaSetDevice(device));
-  if (!process.initialized) ODC_RETURN_IF_ERROR(configure_process_nvshmem(process));
+  if (!process.initialized) ODC_RETURN_IF_ERROR(configure_process_nvshmem(process, heap_size));
   auto id = agree_unique_id(process, bootstrap, device);
   if (!id.ok()) return id.status();
   if (process.initialized) return Status::Ok();  // the same job again
   return start_nvshmem(process, bootstrap, id.value(), device);
 }
 
-Result<int> agree_ranks_per_node(Bootstrap& bootstrap) {
+Result<int> agree_ranks_per_node(Bootstrap& bootstrap, int configured) {
   const int world_size = bootstrap.world_size();
-  int local_size = static_cast<int>(local_world_size_knob());
-  if (local_size <= 0) {
-    if (const char* torchrun = std::getenv("LOCAL_WORLD_SIZE"); torchrun != nullptr) {
-      local_size = std::atoi(torchrun);
-    } else {
-      local_size = nvshmem_team_n_pes(NVSHMEMX_TEAM_NODE);
-    }
-  }
+  const int local_size = configured > 0 ? configured : nvshmem_team_n_pes(NVSHMEMX_TEAM_NODE);
   if (local_size <= 0 || world_size % local_size != 0) {
     return Status::InvalidArgument(
         "ranks per node (ODC_LOCAL_WORLD_SIZE / LOCAL_WORLD_SIZE / NVSHMEM's node team) is " +

@@ -1,7 +1,8 @@
 // NVSHMEM as one process holds it: initialized once per process over odc's bootstrap (a unique id
-// from rank 0), its settings chosen before its first call (the symmetric heap's size:
-// NVSHMEM_SYMMETRIC_SIZE, else ODC_NVSHMEM_HEAP_GIB; no NCCL communicator of its own; a 32 MiB
-// mapping step; each unless the user set it), the job's node boundaries, and never finalized by
+// from rank 0), its settings chosen before its first call (the symmetric heap's size, as
+// core/comm_config.cc resolved it: NVSHMEM_SYMMETRIC_SIZE, else the config's or
+// ODC_NVSHMEM_HEAP_GIB; no NCCL communicator of its own; a 32 MiB mapping step; each unless the
+// user set it), the job's node boundaries, and never finalized by
 // odc (finalize is a collective that waits forever for a dead PE, and NVSHMEM cannot be
 // initialized twice). Invariant: every step that can fail on one rank is agreed through the
 // bootstrap, so all ranks fail together instead of some entering an NVSHMEM collective that never
@@ -17,15 +18,17 @@ namespace odc::nvshmem {
 
 // Collective over `bootstrap`: afterwards this process is NVSHMEM PE bootstrap.rank() of
 // bootstrap.world_size(), bound to `device`. The first call sizes the heap and initializes
-// NVSHMEM; a later one (a later communicator) must be the same job (ranks, device, unique id).
-// Fails on every rank when it fails on one.
-Status join_process_nvshmem(Bootstrap& bootstrap, int device);
+// NVSHMEM with a heap of `heap_size` (NVSHMEM_SYMMETRIC_SIZE's syntax); a later one (a later
+// communicator) must be the same job (ranks, device, unique id). Fails on every rank when it
+// fails on one.
+Status join_process_nvshmem(Bootstrap& bootstrap, int device, const std::string& heap_size);
 
 // Collective: the ranks per node (contiguous ranks share a node) every rank agrees on:
-// ODC_LOCAL_WORLD_SIZE (smaller than the real node: pretended nodes, tests), else torchrun's
-// LOCAL_WORLD_SIZE, else NVSHMEM's node team. An error names a value that does not divide the
-// world size, or ranks that disagree.
-Result<int> agree_ranks_per_node(Bootstrap& bootstrap);
+// `configured` (the config's, ODC_LOCAL_WORLD_SIZE or torchrun's LOCAL_WORLD_SIZE, as
+// core/comm_config.cc resolved it; smaller than the real node: pretended nodes, tests), else (0)
+// NVSHMEM's node team. An error names a value that does not divide the world size, or ranks that
+// disagree.
+Result<int> agree_ranks_per_node(Bootstrap& bootstrap, int configured);
 
 // NVSHMEM_SYMMETRIC_SIZE as NVSHMEM saw it at init (bytes per GPU; "" before), for messages.
 std::string symmetric_heap_size();

@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "common/env.h"
 #include "transport/cuda/cuda_check.h"
 #include "transport/nvshmem/nvshmem_heap.h"
 #include "transport/nvshmem/nvshmem_kernels.h"
@@ -24,17 +23,6 @@
 
 namespace odc::nvshmem {
 
-// 0: always use NVSHMEM's get / put-with-signal calls, even where peers' heaps are mapped.
-ODC_ENV_DOUBLE(direct_knob, "ODC_NVSHMEM_DIRECT", 1.0)
-// Tests: microseconds the core's node fetch waits on the background stream before it starts (a
-// late fetcher, so gathers meet its ready words unset and the minibatch's end waits for it).
-ODC_ENV_DOUBLE(fetch_delay_us_knob, "ODC_NVSHMEM_TEST_FETCH_DELAY_US", 0.0)
-// 1: signals travel as ordinary puts after a quiet instead of NVSHMEM's signal atomics (remote
-// transports without atomics, e.g. UCX without GDRCopy).
-ODC_ENV_DOUBLE(signal_put_knob, "ODC_NVSHMEM_SIGNAL_PUT", 0.0)
-// 1: each rank prints the bytes it sent to and fetched from other nodes when it closes.
-ODC_ENV_DOUBLE(stats_knob, "ODC_NVSHMEM_STATS", 0.0)
-
 using cuda::as_stream;
 using cuda::check_device_pointer;
 using cuda::DeviceGuard;
@@ -42,6 +30,8 @@ using cuda::DeviceGuard;
 NvshmemTransport::NvshmemTransport(const TransportSpec& spec)
     : DeviceTransport(spec.bootstrap, spec.device, spec.timeout,
                       TransportCaps{/*remote_fp32_add=*/false, /*stream_ordered=*/true}),
+      settings_(spec.nvshmem),
+      configured_ranks_per_node_(spec.ranks_per_node),
       heap_(std::make_shared<SymmetricHeap>()) {
   heap_->bootstrap = spec.bootstrap;
   heap_->device = spec.device;
@@ -67,7 +57,7 @@ Result<std::unique_ptr<NvshmemTransport>> NvshmemTransport::create(const Transpo
 }
 
 Status NvshmemTransport::init() {
-  ODC_RETURN_IF_ERROR(join_process_nvshmem(bootstrap(), device()));
+  ODC_RETURN_IF_ERROR(join_process_nvshmem(bootstrap(), device(), settings_.heap_size));
   ODC_RETURN_IF_ERROR(init_device_state(/*max_sms=*/0));  // all SMs (ODC_CUDA_SMS is CUDA's)
   {
     // The progress thread's fold passes must never wait for the caller's kernels (the fold's
@@ -76,7 +66,7 @@ Status NvshmemTransport::init() {
     ODC_CUDA_CHECK(warm_up_fold_streamed(device_error()));
   }
   ODC_RETURN_IF_ERROR(allocate_control_words());
-  auto ranks_per_node = agree_ranks_per_node(bootstrap());
+  auto ranks_per_node = agree_ranks_per_node(bootstrap(), configured_ranks_per_node_);
   if (!ranks_per_node.ok()) return ranks_per_node.status();
   local_size_ = ranks_per_node.value();
   map_direct_peers();
@@ -167,7 +157,7 @@ Status NvshmemTransport::allocate_control_words() {
   auto barrier_outbox = allocate(slots_bytes);
   if (!barrier_outbox.ok()) return barrier_outbox.status();
   barrier_outbox_ = std::move(barrier_outbox).value();
-  signal_by_put_ = signal_put_knob() != 0.0;
+  signal_by_put_ = settings_.signal_put;
   return Status::Ok();
 }
 
@@ -176,7 +166,7 @@ void NvshmemTransport::map_direct_peers() {
   mapped_.assign(static_cast<size_t>(world_size()), 0);
   for (int r = 0; r < world_size(); ++r) {
     mapped_[static_cast<size_t>(r)] =
-        direct_knob() != 0.0 && node_of(r) == node_of(rank()) && barrier_words_->peer(r) != nullptr;
+        settings_.direct && node_of(r) == node_of(rank()) && barrier_words_->peer(r) != nullptr;
   }
 }
 
@@ -205,7 +195,7 @@ void NvshmemTransport::print_stats() const {
 }
 
 NvshmemTransport::~NvshmemTransport() {
-  if (stats_knob() != 0.0) print_stats();
+  if (settings_.stats) print_stats();
   DeviceGuard guard(device());
   cudaDeviceSynchronize();
   outbox_.reset();
@@ -417,7 +407,7 @@ Status NvshmemTransport::wait_signals(const SymmetricRegion& signals, const std:
 Result<StreamHandle> NvshmemTransport::fork_background(StreamHandle stream) {
   auto background = DeviceTransport::fork_background(stream);
   if (!background.ok()) return background;
-  if (const double delay_us = fetch_delay_us_knob(); delay_us > 0) {
+  if (const double delay_us = settings_.fetch_delay_us; delay_us > 0) {
     DeviceGuard guard(device());
     ODC_CUDA_CHECK(spin_for(static_cast<int64_t>(delay_us * 1e3), as_stream(background.value())));
   }

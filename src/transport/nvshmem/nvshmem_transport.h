@@ -114,6 +114,8 @@ class NvshmemTransport final : public device::DeviceTransport {
   Status send_signal(uint64_t* signal, uint64_t value, int peer, cudaStream_t stream);
   void print_stats() const;
 
+  NvshmemSettings settings_;             // TransportSpec::nvshmem (core/comm_config.h)
+  int configured_ranks_per_node_ = 0;    // TransportSpec::ranks_per_node (0: the node team)
   std::shared_ptr<SymmetricHeap> heap_;  // shared with regions: frees only while the job is whole
   std::vector<char> mapped_;             // mapped_[p]: peer p reached with direct loads/stores
   int local_size_ = 1;                   // ranks per node (contiguous)

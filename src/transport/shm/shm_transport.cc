@@ -36,8 +36,9 @@ ShmTransport::ShmTransport(std::shared_ptr<ShmBootstrap> bootstrap)
 Result<std::unique_ptr<ShmTransport>> ShmTransport::create(int rank, int world_size,
                                                            const std::string& key,
                                                            std::chrono::duration<double> timeout,
-                                                           Bootstrap* outer) {
-  auto bootstrap = ShmBootstrap::create(rank, world_size, key, timeout, outer);
+                                                           Bootstrap* outer,
+                                                           const std::string& launch) {
+  auto bootstrap = ShmBootstrap::create(rank, world_size, key, timeout, outer, nullptr, launch);
   if (!bootstrap.ok()) return bootstrap.status();
   return std::make_unique<ShmTransport>(std::move(bootstrap).value());
 }
@@ -47,7 +48,7 @@ Result<std::unique_ptr<Transport>> ShmTransport::split(const SplitGroup& group) 
   // Members that fail or die in this transport before they meet are seen through its blocks.
   const ShmBootstrap::SplitParent parent{bootstrap_.get(), group.members};
   auto made = ShmBootstrap::create(group.rank, static_cast<int>(group.members.size()), group.name,
-                                   timeout(), /*outer=*/nullptr, &parent);
+                                   timeout(), /*outer=*/nullptr, &parent, bootstrap_->launch());
   if (!made.ok()) return made.status();
   return std::unique_ptr<Transport>(new ShmTransport(std::move(made).value()));
 }

@@ -21,11 +21,13 @@ class ShmTransport final : public Transport {
   // Over an existing shared-memory bootstrap (this job's ranks have met through it).
   explicit ShmTransport(std::shared_ptr<ShmBootstrap> bootstrap);
   // Collective: meets every rank of `world_size` under `key` (a new shared-memory bootstrap;
-  // `outer`: the bootstrap the key was agreed through, see ShmBootstrap::create).
+  // `outer`: the bootstrap the key was agreed through; `launch`: this process's launch identity;
+  // see ShmBootstrap::create).
   static Result<std::unique_ptr<ShmTransport>> create(int rank, int world_size,
                                                       const std::string& key,
                                                       std::chrono::duration<double> timeout,
-                                                      Bootstrap* outer = nullptr);
+                                                      Bootstrap* outer = nullptr,
+                                                      const std::string& launch = "");
 
   Result<std::vector<ExchangeRecord>> exchange(const ExchangeRecord& mine) override;
   Result<std::unique_ptr<SymmetricRegion>> allocate(size_t bytes) override;
