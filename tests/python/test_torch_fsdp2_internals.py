@@ -1,4 +1,4 @@
-"""The FSDP2 behaviour odc.torch relies on beyond public API (R1-R8 in
+"""The FSDP2 behaviour odc.torch relies on beyond public API (R1-R8 and R12 in
 python/odc/torch/_fsdp2_internals.py), checked directly on the installed torch with plain FSDP2
 (gloo, CPU) and recording hooks instead of ODC, so that a torch release that changes one of them
 fails here, naming it, rather than as wrong gradients elsewhere."""

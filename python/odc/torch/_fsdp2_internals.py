@@ -10,7 +10,7 @@ classes (R12 sets one attribute of each odc-managed parameter group, which falls
 own method wherever its conditions do not hold). Importing this module works on any torch 2.x: the features odc.torch needs
 are checked by `check_fsdp2_support()`, which OdcFSDP calls when it is constructed.
 
-Reliances (R1-R11):
+Reliances (R1-R12):
 - R1 import path: the protocol classes that FSDPModule.set_custom_all_gather /
   set_custom_reduce_scatter take live in torch.distributed.fsdp._fully_shard._fsdp_api (public
   methods, not re-exported by torch.distributed.fsdp). FSDP2 does no isinstance check, so where the
@@ -80,7 +80,8 @@ Reliances (R1-R11):
   add, and the hooks of every parameter, an allocated and zeroed output per group) to add zeros:
   33 ms of host time per microbatch for the 1.5b preset on an H200 host, a microbatch's worth
   FSDP2 pays once per minibatch when it defers (docs/benchmarks.md, "5. The host floor").
-  reduce_without_bookkeeping does what FSDP2's post_backward does up to the reduce (accumulate,
+  install_reduce_without_bookkeeping sets a post_backward that does what FSDP2's does up to the
+  reduce (accumulate,
   collect the gradients of the parameters that got one in fsdp_params order (R8), reshard,
   order after the last reduce's event), copies them in as FSDP2 does (torch.ops.fsdp.chunk_cat
   into the reduce dtype, dim-0 padded to the world size: the same bytes, so the same sums), pushes
