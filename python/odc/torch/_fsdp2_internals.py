@@ -81,13 +81,12 @@ Reliances (R1-R12):
   33 ms of host time per microbatch for the 1.5b preset on an H200 host, a microbatch's worth
   FSDP2 pays once per minibatch when it defers (docs/benchmarks.md, "5. The host floor").
   install_reduce_without_bookkeeping sets a post_backward that does what FSDP2's does up to the
-  reduce (accumulate,
-  collect the gradients of the parameters that got one in fsdp_params order (R8), reshard,
-  order after the last reduce's event), copies them in as FSDP2 does (torch.ops.fsdp.chunk_cat
-  into the reduce dtype, dim-0 padded to the world size: the same bytes, so the same sums), pushes
-  on FSDP2's reduce-scatter stream, keeps the input alive in comm_ctx.reduce_scatter_state and
-  sets _post_reduce_event as FSDP2 does, and calls the sharded parameters' post-accumulate-grad
-  hooks. It falls back to FSDP2's method (which calls OdcReduceScatter) outside a minibatch, on
+  reduce (accumulate, collect the gradients of the parameters that got one in fsdp_params order
+  (R8), reshard, order after the last reduce's event), copies them in as FSDP2 does
+  (torch.ops.fsdp.chunk_cat into the reduce dtype, dim-0 padded to the world size: the same
+  bytes, so the same sums), pushes on FSDP2's reduce-scatter stream, keeps the input alive in
+  comm_ctx.reduce_scatter_state and sets _post_reduce_event as FSDP2 does, and calls the sharded
+  parameters' post-accumulate-grad hooks. It falls back to FSDP2's method (which calls OdcReduceScatter) outside a minibatch, on
   HSDP meshes, with compiled autograd, CPU offload, non-zero shard dims, gradient sync turned off,
   FSDP2's sum reduction not forced, an all-reduce hook, mixed gradient dtypes, or where a
   torch release lacks any attribute it reads.
