@@ -7,7 +7,7 @@
 
 #include "common/deadline.h"
 #include "common/interrupt.h"
-#include "transport/host_ops.h"
+#include "core/host_ops.h"
 
 namespace odc {
 

@@ -10,7 +10,7 @@
 
 #include "common/deadline.h"
 #include "core/device_staging_ops.h"
-#include "transport/host_ops.h"
+#include "core/host_ops.h"
 
 namespace odc::mem {
 namespace {

@@ -1,5 +1,6 @@
-// Local arithmetic of the host transports (shm, mem): the same loops everywhere, so that host
-// transports produce bit-identical sums for the same inputs.
+// Local arithmetic on host memory, shared by the core's default folds and the host transports
+// (shm, mem): the same loops everywhere, so that host transports produce bit-identical sums for
+// the same inputs.
 #pragma once
 
 #include <cstddef>
