@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "bootstrap/shm_bootstrap.h"
-#include "transport/cuda/cuda_check.h"
-#include "transport/cuda/device_local.h"
+#include "transport/device/cuda_check.h"
+#include "transport/device/device_local.h"
 
 namespace odc::cuda {
 namespace {

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "common/deadline.h"
-#include "transport/cuda/cuda_check.h"
+#include "transport/device/cuda_check.h"
 #include "transport/device/wait_status.h"
 
 namespace odc::device {

@@ -17,7 +17,7 @@
 #include "core/device_staging_ops.h"
 #include "core/transport.h"
 #include "kernels/kernels.h"
-#include "transport/cuda/device_local.h"
+#include "transport/device/device_local.h"
 
 namespace odc::device {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/cuda/cuda_check.h"
+#include "transport/device/cuda_check.h"
 #include "transport/nvshmem/nvshmem_process.h"
 
 namespace odc::nvshmem {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/check.h"
-#include "transport/cuda/cuda_check.h"
+#include "transport/device/cuda_check.h"
 
 namespace odc::nvshmem {
 

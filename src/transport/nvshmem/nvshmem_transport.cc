@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/cuda/cuda_check.h"
+#include "transport/device/cuda_check.h"
 #include "transport/nvshmem/nvshmem_heap.h"
 #include "transport/nvshmem/nvshmem_kernels.h"
 #include "transport/nvshmem/nvshmem_plugin.h"

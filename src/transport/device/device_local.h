@@ -13,7 +13,7 @@
 #include "common/status.h"
 #include "core/dtype.h"
 #include "kernels/kernels.h"
-#include "transport/cuda/cuda_check.h"
+#include "transport/device/cuda_check.h"
 
 namespace odc::cuda {
 
