@@ -6,7 +6,7 @@
 
 #include "common/status.h"
 #include "core/transport.h"
-#include "transport/registry.h"
+#include "core/transport_spec.h"
 
 // Grows with the Transport vtable and class layout (2: split; 3: fold_streamed_if_idle; 4: an
 // intermediate build of 5's branch; 5: get_all narrowing, the device staging's hooks behind

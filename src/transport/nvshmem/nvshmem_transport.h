@@ -35,9 +35,9 @@
 
 #include "bootstrap/bootstrap.h"
 #include "core/transport.h"
+#include "core/transport_spec.h"
 #include "kernels/kernels.h"
 #include "transport/device/device_transport.h"
-#include "transport/registry.h"
 
 namespace odc::nvshmem {
 
