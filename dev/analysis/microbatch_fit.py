@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
-from odc.train.calibrate import fit_cost  # noqa: E402
+from odc._cost_fit import fit_cost  # noqa: E402
 from odc.train.metrics import cost_terms, describe_cost  # noqa: E402
 
 

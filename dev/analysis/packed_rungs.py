@@ -30,7 +30,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "python"))
-from odc.train.calibrate import fit_cost_with_floor, split_evenly  # noqa: E402
+from odc._cost_fit import fit_cost_with_floor, split_evenly  # noqa: E402
 
 DEFAULT_FILES = [
     REPO / "docs/results/baselines_4xh100/sft_1.5b_4xh100.json",

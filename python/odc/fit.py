@@ -7,7 +7,7 @@ odc.train's packed attention unless --attn-implementation names another, or give
 (fit_cost). Forward + backward is timed on odc.train's ladder: single-sample microbatches, packed
 ones (the two longest lengths as 4 and 16 documents: they separate a from b) where the model's
 attention keeps documents apart, and the floor's short microbatch; the fit itself is
-odc.train.calibrate's, the one `odc train` applies to its own model. One device, no sharding:
+odc._cost_fit's, the one `odc train` applies to its own model. One device, no sharding:
 the times are compute and the host's launches, without FSDP2's communication.
 
   python -m odc.fit data/configs/qwen2_1_5b.json --max-tokens 32768
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .errors import InvalidArgument
-from .train.calibrate import (
+from ._cost_fit import (
     MIN_FIT_TOKENS,
     fit_cost_with_floor,
     fitted_rungs,
@@ -41,7 +41,7 @@ from .train.calibrate import (
     ladder,
     packed_ladder,
 )
-from .train.numbers import option_type, whole_number
+from ._numbers import option_type, whole_number
 
 PROG = "python -m odc.fit"
 USAGE_ERROR = 2
@@ -86,7 +86,7 @@ class Rung:
 class CostFit:
     """The fitted cost model and what it was fitted on. `rungs` is the ladder as measured (it
     ends early when a length ran out of memory: `stopped` says where); `fitted` marks the rungs
-    a, b, c were fitted on (the others are close to the floor: host time, calibrate.py)."""
+    a, b, c were fitted on (the others are close to the floor: host time, odc._cost_fit)."""
 
     a: float
     b: float
@@ -380,9 +380,9 @@ def fit_cost(
     progress: Optional[Callable[[str], None]] = None,
 ) -> CostFit:
     """Fits the planner's cost model to `model_or_config` by timing forward + backward of
-    one-sample microbatches of calibrate.ladder(max_tokens) tokens, then the packed ones of
-    calibrate.packed_ladder(max_tokens) where the model packs documents (packs_documents), then
-    of calibrate.floor_length(max_tokens) tokens for the floor: for each, `warmup` untimed runs,
+    one-sample microbatches of _cost_fit.ladder(max_tokens) tokens, then the packed ones of
+    _cost_fit.packed_ladder(max_tokens) where the model packs documents (packs_documents), then
+    of _cost_fit.floor_length(max_tokens) tokens for the floor: for each, `warmup` untimed runs,
     then the median of `repeats`, each run between two device synchronizations.
 
     model_or_config: a config.json path, a folder holding one, a model name in the local Hugging

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from odc import fit  # noqa: E402
-from odc.train.calibrate import fitted_rungs, floor_length, ladder, packed_ladder  # noqa: E402
+from odc._cost_fit import fitted_rungs, floor_length, ladder, packed_ladder  # noqa: E402
 
 MAX_TOKENS = 128  # ladder 16..128 and a 4-token floor: milliseconds per microbatch on a CPU
 TINY = dict(

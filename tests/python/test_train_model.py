@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the packed model needs torch")
 pytest.importorskip("transformers", reason="the packed model needs transformers")
 
-from odc.train.calibrate import (  # noqa: E402
+from odc._cost_fit import (  # noqa: E402
     fit_cost,
     fit_cost_with_floor,
     floor_length,

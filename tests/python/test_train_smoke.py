@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch", reason="odc train needs torch")
 pytest.importorskip("transformers", reason="odc train needs transformers")
 
-from odc.train.calibrate import packed_ladder  # noqa: E402
+from odc._cost_fit import packed_ladder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from .matrix import RunSpec, UsageError, run_matrix, usage_error
-from .numbers import finite_number, option_type, whole_number
+from .._numbers import finite_number, option_type, whole_number
 
 PROG = "python -m odc.train"
 USAGE_ERROR = 2

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import InvalidArgument
 from .data import IGNORE_INDEX
-from .numbers import whole_number
+from .._numbers import whole_number
 
 CLIP_LOW, CLIP_HIGH = 0.2, 0.28  # PPO ratio clipped to [1 - 0.2, 1 + 0.28] ("clip-higher")
 
@@ -38,7 +38,7 @@ class Rollout:
 def read_rollouts(path: str) -> List[Rollout]:
     """Rows `group prompt_tokens response_tokens` ('#' lines are comments), every group's rows
     consecutive and sharing one prompt length, as data/generate_lengths.py writes them. Numbers
-    are plain digits 0-9 (numbers.whole_number: no '+', '_' or other scripts' digits)."""
+    are plain digits 0-9 (odc._numbers.whole_number: no '+', '_' or other scripts' digits)."""
     rollouts, seen = [], set()
     try:
         lines = Path(path).read_text().splitlines()

@@ -45,7 +45,7 @@ class RunConfig:
     compile_blocks: bool = False
     # The planner's cost model (a, b, c): c + sum(a*L + b*L^2) seconds per microbatch. None: fit
     # it to single-sample and packed microbatches timed on this model before planning
-    # (calibrate.py).
+    # (odc/_cost_fit.py).
     cost: Optional[tuple] = None
     seed: int = 0
     token_ids_path: Optional[str] = None  # JSONL token ids instead of synthetic ones
@@ -182,18 +182,18 @@ class _Trainer:
 def _calibrate(
     trainer, clock, max_tokens: int, vocab_size: int, world_size: int, seed: int, label=None
 ):
-    """Times one microbatch of calibrate.floor_length(max_tokens) tokens for the floor,
-    single-sample microbatches of calibrate.ladder(max_tokens) and the packed ones of
-    calibrate.packed_ladder(max_tokens), on every rank (one untimed, then the median of two),
+    """Times one microbatch of _cost_fit.floor_length(max_tokens) tokens for the floor,
+    single-sample microbatches of _cost_fit.ladder(max_tokens) and the packed ones of
+    _cost_fit.packed_ladder(max_tokens), on every rank (one untimed, then the median of two),
     averages over ranks and fits the cost model; every rank gets the same (a, b, c, floor), so
     every rank computes the same plan. Returns it and the calibration as recorded: [tokens,
     seconds] per rung, [tokens, seconds, documents] for a packed one (equal documents,
-    calibrate.split_evenly), the floor's first. No optimizer step: the weights stay as
+    odc._cost_fit.split_evenly), the floor's first. No optimizer step: the weights stay as
     initialized."""
     import torch
     import torch.distributed as dist
 
-    from .calibrate import (
+    from .._cost_fit import (
         MIN_FIT_TOKENS,
         fit_cost_with_floor,
         floor_length,

@@ -28,7 +28,7 @@ from typing import List, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from .errors import InvalidArgument
 
 MIN_FIT_TOKENS = 8  # below this there are too few distinct lengths to fit three terms
 FLOOR_TOKENS = 256  # the floor's microbatch: short enough that no GPU work shows

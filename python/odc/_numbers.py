@@ -1,9 +1,10 @@
-"""The numbers `python -m odc.train` reads from its command line and its data files, parsed strictly
-and in one place. Python's int() and float() also take '+5', '1_0', ' 5 ' and other scripts' digits
-('٣'), and float() takes 'nan' and 'inf': none of them is a count or a setting someone meant, so
-each is refused with a message saying what was expected. Invariant: every integer option of
-odc.train (and odc.fit) and every count in its data files goes through `whole_number`, every float
-option through `finite_number`.
+"""The numbers `python -m odc.train` and `python -m odc.fit` read from their command lines and data
+files, parsed strictly and in one place (below both, so that odc.fit imports nothing of odc.train).
+Python's int() and float() also take '+5', '1_0', ' 5 ' and other scripts' digits ('٣'), and
+float() takes 'nan' and 'inf': none of them is a count or a setting someone meant, so each is
+refused with a message saying what was expected. Invariant: every integer option of odc.train (and
+odc.fit) and every count in its data files goes through `whole_number`, every float option through
+`finite_number`.
 """
 
 from __future__ import annotations
