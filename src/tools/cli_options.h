@@ -15,6 +15,9 @@
 
 namespace odc::tools {
 
+// A default request: where SimulateArgs takes the defaults it shares with the library.
+inline const simulate::Sweep kSweepDefaults{};
+
 // CLI11 2.1 saturates an integer beyond int64_t (99999999999999999999 reads as INT64_MAX, and the
 // error, if any, then names a number nobody typed): every integer option of `odc` checks the text.
 CLI::Validator int64_range();
@@ -63,14 +66,15 @@ struct SimulateArgs {
   int64_t minibatches = 20;
   std::string policies = "local-sort,lb-micro,lb-mini,lb-mini-padded";
   std::string modes = "collective,fsdp2-deferred,fsdp2-unsharded,odc,odc-hybrid";
-  int64_t gpus_per_node = 8;
-  double nvlink_gbytes = 290;
-  double nvlink_collective_gbytes = 300;
-  double network_gbits = 400;
-  double nvlink_latency_us = 10;
-  double network_latency_us = 10;
+  // The cluster's defaults are simulate::Sweep's, named there once.
+  int64_t gpus_per_node = kSweepDefaults.gpus_per_node;
+  double nvlink_gbytes = kSweepDefaults.nvlink_gbytes;
+  double nvlink_collective_gbytes = kSweepDefaults.nvlink_collective_gbytes;
+  double network_gbits = kSweepDefaults.network_gbits;
+  double nvlink_latency_us = kSweepDefaults.nvlink_latency_us;
+  double network_latency_us = kSweepDefaults.network_latency_us;
   std::string transport_path;
-  double gpu_memory_gbytes = 141;
+  double gpu_memory_gbytes = kSweepDefaults.gpu_memory_gbytes;
   std::string format = "table";
 };
 void add_simulate_options(CLI::App& command, SimulateArgs& args);
