@@ -49,7 +49,7 @@ def _build(preset: str, on_cpu: bool):
 
     if not on_cpu:
         return train_model.build_model(preset)
-    train_model._register_attention()
+    train_model.register_packed_attention()
     layers = train_model.PRESETS[preset]["num_hidden_layers"]
     shape = dict(train_model.PRESETS["tiny"], num_hidden_layers=layers)
     config = Qwen2Config(**shape, max_position_embeddings=131072, rope_theta=1_000_000.0)

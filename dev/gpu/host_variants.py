@@ -27,13 +27,14 @@ import torch
 import torch.distributed as dist
 
 from host_floor import _union_seconds  # this folder's: the union of kernel intervals
+from odc import _packed_attention as packed_attention_module
 from odc.train import model as train_model
 
 DEVICE = torch.device("cuda", 0)
 
 
 # odc.train's attention call, kept before build() swaps the module's for a variant.
-ORIGINAL_FLASH = train_model._flash_varlen_causal
+ORIGINAL_FLASH = packed_attention_module._flash_varlen_causal
 
 
 def varlen_attention(q, k, v, boundaries, longest, scale):
@@ -77,7 +78,9 @@ def compile_blocks_with(model, inductor):
 
 
 def build(attention, compiled, fsdp, liger, inductor=None):
-    train_model._flash_varlen_causal = ORIGINAL_FLASH if attention == "aten" else varlen_attention
+    packed_attention_module._flash_varlen_causal = (
+        ORIGINAL_FLASH if attention == "aten" else varlen_attention
+    )
     with DEVICE:
         model = train_model.build_model("1.5b")
     model.gradient_checkpointing_enable()

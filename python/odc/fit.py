@@ -212,9 +212,9 @@ def build_model(config, device, dtype, attn_implementation: Optional[str] = None
     from transformers import AutoModelForCausalLM
 
     if attn_implementation == PACKED_ATTENTION[0]:
-        from .train.model import _register_attention
+        from ._packed_attention import register_packed_attention
 
-        _register_attention()
+        register_packed_attention()
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     torch.manual_seed(seed)
     default = torch.get_default_dtype()

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch", reason="needs torch")
 pytest.importorskip("transformers", reason="needs transformers")
 
 from odc.train.data import pack  # noqa: E402
+from odc import _packed_attention as packed_attention_module  # noqa: E402
 from odc.train import model as train_model  # noqa: E402
 from odc.train.model import build_model, compile_blocks, varlen_available  # noqa: E402
 
@@ -67,7 +68,7 @@ def test_direct_flash_op_equals_torch_varlen_attn_bit_for_bit():
     boundaries = torch.tensor([0, 300, 650, 651, 700], dtype=torch.int32, device=device)
     results = []
     for attend in (
-        lambda q, k, v: train_model._flash_varlen_causal(q, k, v, boundaries, 350, 0.1),
+        lambda q, k, v: packed_attention_module._flash_varlen_causal(q, k, v, boundaries, 350, 0.1),
         lambda q, k, v: varlen_attn(
             q, k, v, boundaries, boundaries, 350, 350, scale=0.1, window_size=(-1, 0)
         ),

@@ -29,13 +29,45 @@ def test_importing_odc_fit_loads_nothing_of_odc_train():
     assert result.stdout.strip() == "", f"import odc.fit loaded {result.stdout.strip()}"
 
 
-def test_the_shared_fit_and_parsers_import_nothing_above_them():
-    for name in ("_cost_fit.py", "_numbers.py"):
+def _imports_outside_functions(tree):
+    """Every import of a module at load time (not inside a function: those run on demand)."""
+    lazy = {
+        id(node)
+        for function in ast.walk(tree)
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for node in ast.walk(function)
+    }
+    for node in ast.walk(tree):
+        if id(node) in lazy:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            yield ("." * node.level) + (node.module or "")
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+
+
+def test_the_shared_modules_import_nothing_above_them():
+    # The packed attention loads odc.torch's split attention only when a split chunk comes in.
+    for name in ("_cost_fit.py", "_numbers.py", "_packed_attention.py"):
         tree = ast.parse((PACKAGE / name).read_text())
+        for target in _imports_outside_functions(tree):
+            assert not target.startswith((".train", ".fit", ".torch", "odc")), (name, target)
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom):
-                target = ("." * node.level) + (node.module or "")
-                assert not target.startswith((".train", ".fit", ".torch", "odc.")), (name, target)
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    assert not alias.name.startswith("odc"), (name, alias.name)
+            if isinstance(node, ast.ImportFrom) and node.level and node.module:
+                assert not node.module.startswith(("train", "fit")), (name, node.module)
+
+
+def test_the_cost_fits_packed_attention_loads_nothing_of_odc_train():
+    code = (
+        "import sys\n"
+        "import odc.fit\n"
+        "from odc._packed_attention import register_packed_attention\n"
+        "register_packed_attention()\n"
+        "loaded = sorted(m for m in sys.modules if m == 'odc.train' or m.startswith('odc.train.'))\n"
+        "print(','.join(loaded))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", f"the packed attention loaded {result.stdout.strip()}"

@@ -1,4 +1,4 @@
-"""The FSDP2 behaviour odc.torch relies on beyond public API (R1-R8 and R12 in
+"""The FSDP2 behaviour odc.torch relies on beyond public API (R1-R8, R12 and R13 in
 python/odc/torch/_fsdp2_internals.py), checked directly on the installed torch with plain FSDP2
 (gloo, CPU) and recording hooks instead of ODC, so that a torch release that changes one of them
 fails here, naming it, rather than as wrong gradients elsewhere."""
@@ -371,3 +371,28 @@ def test_r12_direct_push_replaces_fsdp2_reduce_with_the_same_bytes():
         results = odc.launch(_r12_rank, 2, os.path.join(directory, "store"), timeout=300)
     for rank, problems in enumerate(results):
         assert problems == [], f"rank {rank}: {problems}"
+
+
+def _r13_rank(rank, world_size, key, store_path):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from odc.torch import _fsdp2_internals as internals
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=0, world_size=1)
+    try:
+        model = _model()
+        fully_shard(model)
+        model(torch.randn(4, 5)).sum().backward()  # FSDP2's lazy init made its streams
+        context = internals._param_group(model).comm_ctx
+        return [name for name in ("reduce_scatter_stream",) if not hasattr(context, name)]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_r13_the_reduce_scatter_stream_minibatch_end_orders_after():
+    import odc
+
+    with tempfile.TemporaryDirectory() as directory:
+        missing = odc.launch(_r13_rank, 1, os.path.join(directory, "store"), timeout=300)[0]
+    assert missing == [], f"R13: FSDP2's comm_ctx lacks {missing}"

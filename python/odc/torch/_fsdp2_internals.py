@@ -10,7 +10,7 @@ classes (R12 sets one attribute of each odc-managed parameter group, which falls
 own method wherever its conditions do not hold). Importing this module works on any torch 2.x: the features odc.torch needs
 are checked by `check_fsdp2_support()`, which OdcFSDP calls when it is constructed.
 
-Reliances (R1-R12):
+Reliances (R1-R13):
 - R1 import path: the protocol classes that FSDPModule.set_custom_all_gather /
   set_custom_reduce_scatter take live in torch.distributed.fsdp._fully_shard._fsdp_api (public
   methods, not re-exported by torch.distributed.fsdp). FSDP2 does no isinstance check, so where the
@@ -90,6 +90,9 @@ Reliances (R1-R12):
   HSDP meshes, with compiled autograd, CPU offload, non-zero shard dims, gradient sync turned off,
   FSDP2's sum reduction not forced, an all-reduce hook, mixed gradient dtypes, or where a
   torch release lacks any attribute it reads.
+- R13 FSDP2's communication streams: FSDPParamGroup.comm_ctx.reduce_scatter_stream (where the
+  pushes run on GPUs). minibatch_end orders the current stream after it, since FSDP2's
+  end-of-backward callback does so only when set_is_last_backward(True) holds; none on the CPU.
 """
 
 from __future__ import annotations
@@ -136,6 +139,7 @@ __all__ = [
     "forget_partial_reduce_output",
     "install_reduce_without_bookkeeping",
     "lazy_init",
+    "order_current_stream_after_reduces",
     "recover_after_failed_backward",
     "missing_fsdp2_features",
     "shard_process_group",
@@ -200,6 +204,31 @@ def lazy_init(root: nn.Module) -> None:
     """R3: FSDP2 sets dtypes and padding at the root's first forward; odc.torch needs them
     before (minibatch_begin publishes shards). FSDPState._lazy_init is idempotent."""
     root._get_fsdp_state()._lazy_init()
+
+
+def _comm_streams(modules, names):
+    """R13: FSDP2's communication streams of the parameter groups of `modules`
+    (FSDPParamGroup.comm_ctx, shared by a root's groups on GPUs), each once; none on the CPU or
+    on a torch release without them."""
+    streams = {}
+    for module in modules:
+        group = _param_group(module)
+        context = getattr(group, "comm_ctx", None)
+        for name in names:
+            stream = getattr(context, name, None)
+            if isinstance(stream, torch.cuda.Stream):
+                streams[id(stream)] = stream
+    return list(streams.values())
+
+
+def order_current_stream_after_reduces(modules) -> None:
+    """R13: the current stream waits for FSDP2's reduce-scatter stream, where odc's pushes run,
+    so that minibatch_end's barrier follows every push of this rank whether or not FSDP2's
+    end-of-backward callback ordered them (it does so only for its last backward)."""
+    if not torch.cuda.is_available():
+        return
+    for stream in _comm_streams(modules, ("reduce_scatter_stream",)):
+        torch.cuda.current_stream(stream.device).wait_stream(stream)
 
 
 def group_layout(module: nn.Module) -> Optional[GroupLayout]:

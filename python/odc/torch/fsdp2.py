@@ -439,6 +439,11 @@ class OdcFSDP:
         except (CollectiveInMinibatchError, RuntimeError) as error:
             self.abort(str(error))
             raise
+        if self.comm.device is not None:
+            # The pushes ran on FSDP2's reduce-scatter stream; FSDP2 orders the current stream
+            # after it only at the end of a backward it was told is the last
+            # (set_is_last_backward): a loop that clears that flag must not end before them.
+            internals.order_current_stream_after_reduces(self._modules)
         try:
             everything = self._push_reduced_flags()
             self.comm.minibatch_end()
