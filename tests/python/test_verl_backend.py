@@ -1,0 +1,330 @@
+"""odc as a verl backend (odc.verl), on the CPU: verl finds engine `odc` through its entry point;
+2 gloo ranks with a tiny Qwen2 under fully_shard train verl minibatches where rank 0's tokens
+need 3 microbatches and rank 1's fit in 1: no hang, and parameters, grad norm and loss equal verl's
+stock FSDP2 engine's (which runs 3 microbatches on both ranks) within 1e-6 in fp32 under SGD.
+Under AdamW the parameters agree within 1e-5 only: its first step is about lr * sign(grad), so for
+gradients near zero the last-bit differences of summing rank 1's samples in 1 microbatch instead of
+3 become differences of a fraction of lr (measured: 4.7e-6 after one step at lr 1e-2; 1.9e-9 under
+SGD at the same lr, 2026-11-29).
+
+The engines are verl's own classes, initialized by verl's _build_model_optimizer (FSDP2 wrapping,
+verl's optimizer) with the test's tiny model instead of an HF checkpoint and no Ray; forward_step
+is the test's (a padded causal-LM loss normalized as verl's losses are:
+masked_sum / batch_num_tokens * dp_size): verl's packed-sequence forward needs its GPU kernels.
+Everything around it is verl's: forward_backward_batch's microbatching, train_batch, clipping,
+optimizer_step, allgather_dict_into_dict and Metric.aggregate_dp. Skipped without verl."""
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="odc.verl tests need torch")
+verl = pytest.importorskip("verl", reason="odc.verl tests need verl (pip install 'odc[verl]')")
+
+import odc  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.utils.metric import AggregationType, Metric  # noqa: E402
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # noqa: E402
+
+from odc.verl.engine import OdcEngineWithLMHead, OdcEngineWithValueHead  # noqa: E402
+
+PYTHON = Path(__file__).resolve().parents[2] / "python"
+MAX_TOKENS = 16  # per microbatch (verl's max_token_len_per_gpu)
+LENGTHS = {0: [14, 13, 12], 1: [3, 2, 2]}  # rank 0: 39 tokens, 3 microbatches; rank 1: 7, 1
+STEPS = 2
+VOCAB = 64
+
+
+def _subprocess(code: str, extra_path: str = "") -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PYTHON), extra_path, env.get("PYTHONPATH", "")) if p
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180
+    )
+
+
+def test_import_odc_does_not_import_verl():
+    code = "import sys, odc, odc.verl\nprint('verl' in sys.modules)\n"
+    result = _subprocess(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_entry_point_registers_the_engine_and_check_says_so():
+    with tempfile.TemporaryDirectory() as directory:
+        # A distribution that declares odc's entry point, as an installed odc does.
+        info = Path(directory) / "odc_entry_point-0.0.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: odc-entry-point\n")
+        (info / "entry_points.txt").write_text("[verl.plugins]\nodc = odc.verl.plugin\n")
+        code = (
+            "from verl.workers.engine.base import EngineRegistry\n"  # import verl loads plugins
+            "from odc.verl.engine import OdcEngineWithLMHead\n"
+            "engine = EngineRegistry.get_engine_cls('language_model', 'odc')\n"
+            "print(engine is OdcEngineWithLMHead)\n"
+            "from odc.verl.__main__ import main\n"
+            "print('exit', main(['check']))\n"
+        )
+        result = _subprocess(code, directory)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[0] == "True"
+        assert "entry point: odc = odc.verl.plugin" in result.stdout
+        assert "odc backend: available" in result.stdout and "exit 0" in result.stdout
+        # Without the entry point verl does not see the backend, and check says why.
+        result = _subprocess("from odc.verl.__main__ import main\nprint('exit', main(['check']))")
+        assert "no 'odc' entry point" in result.stdout and "exit 1" in result.stdout
+
+
+def test_a_failing_plugin_is_logged_loudly():
+    code = (
+        "import odc.verl\n"
+        "def broken():\n"
+        "    raise ImportError('verl.workers.engine moved')\n"
+        "odc.verl.register = broken\n"
+        "try:\n"
+        "    import odc.verl.plugin\n"
+        "except ImportError:\n"
+        "    print('raised')\n"
+    )
+    result = _subprocess(code)
+    assert "raised" in result.stdout
+    assert "registering the verl backend 'odc' failed" in result.stderr
+    assert "verl.workers.engine moved" in result.stderr  # the traceback, not only a summary
+
+
+@pytest.mark.parametrize(
+    "engine_setting, model_setting, named",
+    [
+        (dict(ulysses_sequence_parallel_size=2), {}, "ulysses_sequence_parallel_size=2"),
+        ({}, dict(lora_rank=8), "lora_rank=8"),
+        (dict(param_offload=True), {}, "param_offload=True"),
+        (dict(optimizer_offload=True), {}, "optimizer_offload=True"),
+        (dict(offload_policy=True), {}, "offload_policy=True"),
+    ],
+)
+def test_unsupported_settings_fail_at_initialization(engine_setting, model_setting, named):
+    engine_config = SimpleNamespace(**engine_setting)
+    model_config = SimpleNamespace(**model_setting)
+    with pytest.raises(odc.InvalidUsage, match=named) as error:
+        OdcEngineWithLMHead(model_config, engine_config, None, None)
+    assert "\n" not in str(error.value)
+    # A forward-only engine (the reference model) is plain FSDP2: nothing to refuse there.
+    forward_only = SimpleNamespace(forward_only=True, **engine_setting)
+    from odc.verl.engine import unsupported_setting
+
+    assert unsupported_setting(forward_only, model_config) is None
+
+
+def test_the_critic_fails_at_initialization():
+    with pytest.raises(odc.InvalidUsage, match="critic"):
+        OdcEngineWithValueHead(None, SimpleNamespace(), None, None)
+
+
+# ----- two gloo ranks: odc vs verl's stock FSDP2 engine -----
+
+
+def _verl_on_cpu():
+    """verl 0.9.1 asks its platform for the device (CUDA without a GPU); point it at the CPU.
+    Each name patched is a module-level import verl's engine calls with no device argument."""
+    from verl.utils import fsdp_utils, seqlen_balancing
+    from verl.workers.engine.fsdp import transformer_impl
+    from verl.workers.engine.fsdp import utils as fsdp_engine_utils
+
+    fsdp_engine_utils.get_device_name = lambda: "cpu"
+    transformer_impl.log_gpu_memory_usage = lambda *args, **kwargs: None  # reads CUDA memory
+    transformer_impl.get_device_id = lambda: "cpu"
+    transformer_impl.get_device_name = lambda: "cpu"
+    seqlen_balancing.get_device_name = lambda: "cpu"
+    fsdp_utils.get_device_id = lambda: "cpu"
+
+
+class _TestModel:
+    """verl's engine with the test's model (no HF checkpoint) and no LR scheduler; the rest of
+    initialization (_build_fsdp_module, the optimizer, odc's attach) is verl's and odc's."""
+
+    def _build_module(self):
+        return _model()
+
+    def _build_lr_scheduler(self, optimizer):
+        return None
+
+    def forward_step(self, micro_batch, loss_function, forward_only):
+        """A padded causal-LM forward: log-probs of each next token, then the loss function."""
+        ids = micro_batch["input_ids"]
+        logits = self.module(
+            input_ids=ids, attention_mask=micro_batch["attention_mask"], use_cache=False
+        ).logits
+        log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        log_probs = log_probs.gather(-1, ids[:, 1:, None]).squeeze(-1)
+        model_output = {"log_probs": log_probs}
+        loss, metrics = loss_function(model_output=model_output, data=micro_batch, dp_group=None)
+        return loss, {
+            "model_output": model_output,
+            "loss": loss.detach().item(),
+            "metrics": metrics,
+        }
+
+
+class StockEngine(_TestModel, FSDPEngineWithLMHead):
+    pass
+
+
+class OdcEngine(_TestModel, OdcEngineWithLMHead):
+    pass
+
+
+def _token_loss(model_output, data, dp_group=None):
+    """verl's normalization (losses.sft_loss): the minibatch's token mean, times dp_size."""
+    mask = data["loss_mask"][:, :-1].float()
+    loss_sum = -(model_output["log_probs"] * mask).sum()
+    loss = loss_sum / data["batch_num_tokens"] * data["dp_size"]
+    tokens = mask.sum()
+    metrics = {
+        "test/loss": Metric(AggregationType.SUM, loss),
+        "test/tokens": Metric(AggregationType.MEAN, tokens),
+        "test/max_tokens": Metric(AggregationType.MAX, tokens),
+    }
+    return loss, metrics
+
+
+def _minibatch(rank: int) -> TensorDict:
+    lengths = LENGTHS[rank]
+    generator = torch.Generator().manual_seed(100 + rank)
+    input_ids = torch.randint(0, VOCAB, (len(lengths), MAX_TOKENS), generator=generator)
+    positions = torch.arange(MAX_TOKENS)
+    attention_mask = torch.stack([(positions < n).long() for n in lengths])
+    loss_mask = torch.zeros_like(attention_mask)
+    loss_mask[:, :-1] = attention_mask[:, 1:]  # token t+1 is predicted at t
+    data = TensorDict(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask},
+        batch_size=[len(lengths)],
+    )
+    tu.assign_non_tensor(data, use_dynamic_bsz=True, max_token_len_per_gpu=MAX_TOKENS)
+    return data
+
+
+def _model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)  # the same initial weights on every rank and for both engines
+    return Qwen2ForCausalLM(config).float()
+
+
+def _engine(cls, optimizer: str):
+    """verl's engine initialized as FSDPEngine.initialize() does, fp32, on the CPU mesh."""
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
+
+    fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    engine_config = FSDPEngineConfig(
+        strategy="fsdp2", mixed_precision=fp32, use_torch_compile=False
+    )
+    if cls is OdcEngine:  # as FSDPActorConfig passes actor.strategy=odc to its engine config
+        object.__setattr__(engine_config, "strategy", "odc")
+    if optimizer == "sgd":
+        optimizer_config = FSDPOptimizerConfig(optimizer="SGD", lr=1e-2, weight_decay=0.0)
+    else:
+        optimizer_config = FSDPOptimizerConfig(optimizer="AdamW", lr=1e-2, weight_decay=0.01)
+    model_config = SimpleNamespace(
+        use_remove_padding=False,
+        lora_rank=0,
+        enable_activation_offload=False,
+        enable_gradient_checkpointing=False,
+    )
+    engine = cls(model_config, engine_config, optimizer_config, checkpoint_config=None)
+    engine._build_model_optimizer()  # verl's FSDP2 wrapping; odc's engine attaches after it
+    return engine
+
+
+def _run(engine, rank):
+    import torch.distributed as dist
+    from verl.utils.torch_functional import allgather_dict_into_dict
+
+    initial = {n: p.detach().full_tensor().clone() for n, p in engine.module.named_parameters()}
+    steps = []
+    for _ in range(STEPS):
+        outputs = engine.train_batch(_minibatch(rank), loss_function=_token_loss)
+        metrics = outputs["metrics"]
+        grad_norm = float(metrics.pop("grad_norm"))
+        gathered = allgather_dict_into_dict(metrics, group=dist.group.WORLD)  # as verl's worker
+        aggregated = {key: Metric.aggregate_dp(value) for key, value in gathered.items()}
+        loss = torch.tensor(sum(outputs["loss"]), dtype=torch.float64)
+        dist.all_reduce(loss, op=dist.ReduceOp.SUM)  # verl's worker: sum per rank, mean of ranks
+        steps.append(
+            dict(
+                num_micro_batches=len(outputs["loss"]),
+                grad_norm=grad_norm,
+                loss=float(loss) / dist.get_world_size(),
+                metrics={key: float(value) for key, value in aggregated.items()},
+            )
+        )
+    params = {n: p.detach().full_tensor().clone() for n, p in engine.module.named_parameters()}
+    steps[-1]["moved"] = max(float((params[n] - initial[n]).abs().max()) for n in params)
+    return steps, params
+
+
+def _two_engines_rank(rank, world_size, key, store_path):
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
+    )
+    try:
+        _verl_on_cpu()
+        results = {}
+        for optimizer in ("sgd", "adamw"):
+            stock_steps, stock_params = _run(_engine(StockEngine, optimizer), rank)
+            odc_engine = _engine(OdcEngine, optimizer)
+            assert odc_engine.odc_engine is not None, "OdcFSDP not attached"
+            odc_steps, odc_params = _run(odc_engine, rank)
+            diff = max(float((stock_params[n] - odc_params[n]).abs().max()) for n in stock_params)
+            odc_engine.odc_engine.comm.close()
+            results[optimizer] = dict(stock=stock_steps, odc=odc_steps, max_param_diff=diff)
+        return results
+    finally:
+        dist.destroy_process_group()
+
+
+def test_unequal_microbatch_counts_equal_verl_fsdp2_engine():
+    with tempfile.TemporaryDirectory() as directory:
+        per_rank = odc.launch(_two_engines_rank, 2, os.path.join(directory, "store"), timeout=300)
+    for optimizer, tolerance in (("sgd", 1e-6), ("adamw", 1e-5)):
+        _check(optimizer, [ranks[optimizer] for ranks in per_rank], tolerance)
+
+
+def _check(optimizer, results, tolerance):
+    # verl's engine runs max(3, 1) microbatches on both ranks; odc each rank's own count.
+    assert [r["stock"][0]["num_micro_batches"] for r in results] == [3, 3]
+    assert [r["odc"][0]["num_micro_batches"] for r in results] == [3, 1]
+    for result in results:
+        assert result["max_param_diff"] < tolerance, (optimizer, result["max_param_diff"])
+        for stock, ours in zip(result["stock"], result["odc"]):
+            assert abs(stock["grad_norm"] - ours["grad_norm"]) < 1e-6 * max(1.0, stock["grad_norm"])
+            assert abs(stock["loss"] - ours["loss"]) < 1e-6
+            # Summed metrics agree; a mean is over each engine's own microbatches.
+            assert abs(stock["metrics"]["test/loss"] - ours["metrics"]["test/loss"]) < 1e-6
+            assert abs(stock["metrics"]["test/loss"] - stock["loss"]) < 1e-6
+            tokens = sum(LENGTHS[0]) + sum(LENGTHS[1]) - 6  # 6 samples: the first is not predicted
+            assert ours["metrics"]["test/tokens"] == pytest.approx(tokens / 4)  # 3 + 1 microbatches
+            assert stock["metrics"]["test/tokens"] == pytest.approx(tokens / 6)
+            assert ours["metrics"]["test/max_tokens"] == stock["metrics"]["test/max_tokens"]
+    # The parameters moved: the comparison is not of two untouched models.
+    assert results[0]["odc"][-1]["moved"] > 1e-3
