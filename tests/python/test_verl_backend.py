@@ -123,6 +123,17 @@ def test_unsupported_settings_fail_at_initialization(engine_setting, model_setti
     assert unsupported_setting(forward_only, model_config) is None
 
 
+def test_hsdp_fsdp_size_is_refused(monkeypatch):
+    from odc.verl import engine
+
+    monkeypatch.setattr(engine.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(engine.dist, "get_world_size", lambda group=None: 8)
+    with pytest.raises(odc.InvalidUsage, match="fsdp_size=4"):
+        OdcEngineWithLMHead(SimpleNamespace(), SimpleNamespace(fsdp_size=4), None, None)
+    for whole in (-1, 8, 16):  # verl shards over every rank for these
+        assert engine.unsupported_setting(SimpleNamespace(fsdp_size=whole), None) is None
+
+
 def test_the_critic_fails_at_initialization():
     with pytest.raises(odc.InvalidUsage, match="critic"):
         OdcEngineWithValueHead(None, SimpleNamespace(), None, None)

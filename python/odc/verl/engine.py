@@ -39,8 +39,8 @@ def unsupported_setting(engine_config, model_config) -> Optional[str]:
     for name in ("param_offload", "optimizer_offload", "offload_policy"):
         if getattr(engine_config, name, False):
             return f"{name}=True"
-    fsdp_size = getattr(engine_config, "fsdp_size", -1)
-    if fsdp_size not in (-1, None) and dist.is_initialized() and fsdp_size != dist.get_world_size():
+    fsdp_size = getattr(engine_config, "fsdp_size", -1) or -1
+    if 0 < fsdp_size and dist.is_initialized() and fsdp_size < dist.get_world_size():
         return f"fsdp_size={fsdp_size} (HSDP: shard over fewer ranks than the job's)"
     return None
 
