@@ -23,17 +23,28 @@ def register() -> type:
     """Adds engine `odc` to verl's EngineRegistry (idempotent) and returns its class: for model
     type `language_model` (the actor, SFT), and for `value_model` a class that refuses at
     initialization (the critic is not supported yet). Raises ImportError where verl is missing."""
+    import verl
     from verl.workers.engine.base import EngineRegistry
 
     from .engine import OdcEngineWithLMHead, OdcEngineWithValueHead
+
+    if verl.__version__ != VERL_VERSION:
+        logger.warning(
+            "odc.verl was written and tested against verl %s, found %s: the odc engine copies "
+            "parts of verl's FSDP engine (python/odc/verl/engine.py, V1-V5); check them",
+            VERL_VERSION,
+            verl.__version__,
+        )
 
     for model_type, engine in (
         (MODEL_TYPE, OdcEngineWithLMHead),
         ("value_model", OdcEngineWithValueHead),
     ):
-        known = EngineRegistry._engines.get(model_type, {}).get(BACKEND, {})  # 0.9.1: plain dicts
+        # EngineRegistry._engines is private (0.9.1: model type -> backend -> device -> class);
+        # read only to make register() idempotent: EngineRegistry.register asserts on a repeat.
+        known = EngineRegistry._engines.get(model_type, {}).get(BACKEND, {})
         missing = [device for device in DEVICES if known.get(device) is not engine]
-        if missing:  # EngineRegistry.register asserts on a key registered twice
+        if missing:
             EngineRegistry.register(model_type=model_type, backend=BACKEND, device=missing)(engine)
     return OdcEngineWithLMHead
 

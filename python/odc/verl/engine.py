@@ -7,6 +7,19 @@ minibatch_begin() and minibatch_end() no torch.distributed collective runs on th
 with fewer microbatches would never reach it); verl's own collectives (the token count, the
 metrics, clipping) run before or after the minibatch. Forward-only passes (log-probs) are verl's
 own, equal counts, outside any minibatch: FSDP2's collective gathers, as under verl's engine.
+
+What of verl this relies on beyond its public engine interface (checked against verl 0.9.1; a
+change in any of them is a change here; register() warns on another verl version):
+  V1 FSDPEngine._build_fsdp_module builds FSDP2 only when engine_config.strategy == "fsdp2".
+  V2 FSDPEngine._build_model_optimizer sets self.module and self.optimizer (None when
+     forward-only); the optimizer is built over the FSDP2 module's parameters.
+  V3 FSDPEngine.forward_backward_batch: copied below with two changes (same_micro_num_in_dp=False;
+     the loop inside one odc minibatch); train_batch calls optimizer_zero_grad before it and
+     optimizer_step after it.
+  V4 verl.workers.engine.utils.prepare_micro_batches / postprocess_batch_func: no collective
+     when same_micro_num_in_dp=False; metrics come back as one Metric per key.
+  V5 Metric.aggregate_dp: SUM/MEAN average over ranks per microbatch position, MIN/MAX over all.
+tests/python/test_verl_backend.py exercises V1-V5 against the stock engine.
 """
 
 from __future__ import annotations
@@ -23,8 +36,6 @@ from verl.workers.engine.utils import postprocess_batch_func, prepare_micro_batc
 
 import odc.torch
 from odc.errors import InvalidUsage
-
-STRATEGY = "odc"
 
 
 def unsupported_setting(engine_config, model_config) -> Optional[str]:
