@@ -139,6 +139,14 @@ def test_hsdp_fsdp_size_is_refused(monkeypatch):
         assert engine.unsupported_setting(SimpleNamespace(fsdp_size=whole), None) is None
 
 
+def test_offloading_an_attached_engine_is_refused():
+    attached = SimpleNamespace(odc_engine=object())  # what to() reads of the engine
+    with pytest.raises(odc.InvalidUsage, match="offloading the model to the CPU"):
+        OdcEngineWithLMHead.to(attached, "cpu", model=True, optimizer=False, grad=False)
+    with pytest.raises(odc.InvalidUsage, match="the model and optimizer"):
+        OdcEngineWithLMHead.to(attached, "cpu")
+
+
 def test_the_critic_fails_at_initialization():
     with pytest.raises(odc.InvalidUsage, match="critic"):
         OdcEngineWithValueHead(None, SimpleNamespace(), None, None)

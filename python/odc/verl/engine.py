@@ -141,7 +141,8 @@ class OdcEngineWithLMHead(FSDPEngineWithLMHead):
     def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
         if device == "cpu" and (model or optimizer) and self.odc_engine is not None:
             # The shards live in odc's published buffers; moving them is not built yet.
-            raise refuse(f"offloading the model or optimizer to the CPU (to('cpu', model={model}))")
+            what = " and ".join(n for n, on in (("model", model), ("optimizer", optimizer)) if on)
+            raise refuse(f"offloading the {what} to the CPU (engine.to('cpu'))")
         return super().to(device, model=model, optimizer=optimizer, grad=grad)
 
 
