@@ -5,15 +5,14 @@ stock FSDP2 engine's (which runs 3 microbatches on both ranks) within 1e-6 in fp
 so do verl's forward-only log-probs afterwards (within 2e-6: a few fp32 steps at their size).
 Under AdamW the parameters agree within 1e-5 only: its first step is about lr * sign(grad), so for
 gradients near zero the last-bit differences of summing rank 1's samples in 1 microbatch instead of
-3 become differences of a fraction of lr (measured: 4.7e-6 after one step at lr 1e-2; 1.9e-9 under
-SGD at the same lr, 2026-11-29).
+3 become differences of a fraction of lr (measured after 2 steps at lr 1e-2, 2026-11-29: 3.7e-6
+under AdamW, 3.7e-9 under SGD).
 
 The engines are verl's own classes, initialized by verl's _build_model_optimizer (FSDP2 wrapping,
-verl's optimizer) with the test's tiny model instead of an HF checkpoint and no Ray; forward_step
-is the test's (a padded causal-LM loss normalized as verl's losses are:
-masked_sum / batch_num_tokens * dp_size): verl's packed-sequence forward needs its GPU kernels.
-Everything around it is verl's: forward_backward_batch's microbatching, train_batch, clipping,
-optimizer_step, allgather_dict_into_dict and Metric.aggregate_dp. Skipped without verl."""
+verl's optimizer) with the test's tiny model instead of an HF checkpoint, and trained by verl's
+train_batch with verl's forward_step and sft_loss (plus metrics of each aggregation kind), no Ray.
+verl's forward runs its padded path (use_remove_padding=False): the packed path attends through
+verl's flash-attention patch, which has no CPU kernel. Skipped without verl."""
 
 import os
 import subprocess
@@ -180,24 +179,6 @@ class _TestModel:
     def _build_lr_scheduler(self, optimizer):
         return None
 
-    def forward_step(self, micro_batch, loss_function, forward_only):
-        """A padded causal-LM forward: log-probs of each next token, then the loss function."""
-        ids = micro_batch["input_ids"]
-        logits = self.module(
-            input_ids=ids, attention_mask=micro_batch["attention_mask"], use_cache=False
-        ).logits
-        log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-        log_probs = log_probs.gather(-1, ids[:, 1:, None]).squeeze(-1)
-        model_output = {"log_probs": log_probs}
-        if loss_function is None:  # infer_batch: log-probs only, as verl's compute_log_prob
-            return torch.ones(()), {"model_output": model_output, "loss": 1.0, "metrics": {}}
-        loss, metrics = loss_function(model_output=model_output, data=micro_batch, dp_group=None)
-        return loss, {
-            "model_output": model_output,
-            "loss": loss.detach().item(),
-            "metrics": metrics,
-        }
-
 
 class StockEngine(_TestModel, FSDPEngineWithLMHead):
     pass
@@ -208,11 +189,11 @@ class OdcEngine(_TestModel, OdcEngineWithLMHead):
 
 
 def _token_loss(model_output, data, dp_group=None):
-    """verl's normalization (losses.sft_loss): the minibatch's token mean, times dp_size."""
-    mask = data["loss_mask"][:, :-1].float()
-    loss_sum = -(model_output["log_probs"] * mask).sum()
-    loss = loss_sum / data["batch_num_tokens"] * data["dp_size"]
-    tokens = mask.sum()
+    """verl's sft_loss (masked_sum / batch_num_tokens * dp_size), plus metrics of each kind."""
+    from verl.workers.utils.losses import sft_loss
+
+    loss, metrics = sft_loss(None, model_output, data, dp_group)
+    tokens = data["loss_mask"].values().sum().float()
     metrics = {
         "test/loss": Metric(AggregationType.SUM, loss),
         "test/tokens": Metric(AggregationType.MEAN, tokens),
@@ -224,16 +205,26 @@ def _token_loss(model_output, data, dp_group=None):
 def _minibatch(rank: int) -> TensorDict:
     lengths = LENGTHS[rank]
     generator = torch.Generator().manual_seed(100 + rank)
-    input_ids = torch.randint(0, VOCAB, (len(lengths), MAX_TOKENS), generator=generator)
-    positions = torch.arange(MAX_TOKENS)
-    attention_mask = torch.stack([(positions < n).long() for n in lengths])
-    loss_mask = torch.zeros_like(attention_mask)
-    loss_mask[:, :-1] = attention_mask[:, 1:]  # token t+1 is predicted at t
-    data = TensorDict(
-        {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask},
-        batch_size=[len(lengths)],
+    ids = [torch.randint(0, VOCAB, (n,), generator=generator) for n in lengths]
+    masks = []
+    for n in lengths:
+        mask = torch.ones(n, dtype=torch.long)
+        mask[0] = 0  # the prompt token: sft_loss rolls the mask so position t predicts t+1
+        masks.append(mask)
+    nested = lambda rows: torch.nested.as_nested_tensor(rows, layout=torch.jagged)  # noqa: E731
+    data = tu.get_tensordict(
+        {
+            "input_ids": nested(ids),
+            "position_ids": nested([torch.arange(n) for n in lengths]),
+            "loss_mask": nested(masks),
+        },
+        non_tensor_dict=dict(
+            use_dynamic_bsz=True,
+            max_token_len_per_gpu=MAX_TOKENS,
+            use_remove_padding=False,
+            temperature=1.0,
+        ),
     )
-    tu.assign_non_tensor(data, use_dynamic_bsz=True, max_token_len_per_gpu=MAX_TOKENS)
     return data
 
 
