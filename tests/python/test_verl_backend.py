@@ -199,7 +199,7 @@ class OdcEngine(_TestModel, OdcEngineWithLMHead):
     pass
 
 
-def _token_loss(model_output, data, dp_group=None):
+def _sft_loss_with_metrics(model_output, data, dp_group=None):
     """verl's sft_loss (masked_sum / batch_num_tokens * dp_size), plus metrics of each kind."""
     from verl.workers.utils.losses import sft_loss
 
@@ -335,7 +335,7 @@ def _one_microbatch(rank: int) -> TensorDict:
 def _task(task: str):
     """(minibatch maker, loss function) of a task: verl's sft_loss or ppo_loss."""
     if task == "sft":
-        return _minibatch, _token_loss
+        return _minibatch, _sft_loss_with_metrics
     from verl.workers.config import FSDPActorConfig
     from verl.workers.utils.losses import ppo_loss
 
