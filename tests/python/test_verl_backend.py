@@ -177,6 +177,26 @@ def test_lb_mini_switch(monkeypatch):
         OdcEngineWithLMHead(SimpleNamespace(), SimpleNamespace(), None, None)
 
 
+def test_lb_mini_route_from_the_plan():
+    from odc.verl.engine import LbMiniRoute
+
+    lengths = [LENGTHS[0], LENGTHS[1]]
+    plan = odc.plan(LENGTHS[0] + LENGTHS[1], ranks=2, max_tokens=MAX_TOKENS, policy="lb-mini")
+    for rank in (0, 1):
+        route = LbMiniRoute.from_lengths(lengths, rank, MAX_TOKENS)
+        assert route.plan == plan
+        # Rank 0's rows first in the global numbering; what each rank sends is what the plan
+        # gives the destination, and each rank's microbatches cover its rows once.
+        begin = 0 if rank == 0 else len(LENGTHS[0])
+        for d, rows in enumerate(route.sends):
+            wanted = [g for m in plan["minibatches"][0]["ranks"][d]["microbatches"] for g in m]
+            assert rows == sorted(g - begin for g in wanted if 0 <= g - begin < len(lengths[rank]))
+        assert sorted(i for m in route.microbatches for i in m) == list(range(sum(route.receives)))
+    # A plan that leaves a rank without samples: no route, on every rank.
+    assert LbMiniRoute.from_lengths([[5], []], 0, MAX_TOKENS) is None
+    assert LbMiniRoute.from_lengths([[5], []], 1, MAX_TOKENS) is None
+
+
 def test_the_critic_fails_at_initialization():
     with pytest.raises(odc.InvalidUsage, match="critic"):
         OdcEngineWithValueHead(None, SimpleNamespace(), None, None)
