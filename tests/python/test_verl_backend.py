@@ -8,9 +8,15 @@ do verl's forward-only log-probs afterwards (within 2e-6: a few fp32 steps at th
 Under AdamW (PPO) the parameters agree within 1e-3 only, and that is AdamW's, not odc's: its first
 step is about lr * sign(grad), so for gradient elements near zero (sums that cancel) the last-bit
 differences of adding rank 1's samples in 1 microbatch instead of 3 become differences of a
-fraction of lr. Measured after 2 steps at lr 1e-2 (2026-11-29): odc against verl's engine 1.4e-4;
-verl's engine against itself with each rank's samples in 1 microbatch instead of 3, 2.3e-4; under
-SGD both tasks 3.7e-9.
+fraction of lr. Measured after 2 steps at lr 1e-2 (2026-11-29, the PPO rows padded to the whole
+batch's widths as verl's trainer does): odc against verl's engine 1.4e-6; verl's engine against
+itself with each rank's samples in 1 microbatch instead of 3, 1.0e-6 (1.4e-4 and 2.3e-4 with each
+rank padding to its own widths); under SGD both tasks 3.7e-9.
+
+With LB-Mini on (ODC_VERL_LB_MINI's default) the same plan on both ranks moves one of rank 0's
+rows to rank 1 (2 and 2 microbatches instead of 3 and 1); under SGD parameters, grad norms, losses
+and summed metrics still equal verl's engine's, and per-row outputs of the training path come
+back to their own rows.
 
 The engines are verl's own classes, initialized by verl's _build_model_optimizer (FSDP2 wrapping,
 verl's optimizer) with the test's tiny model instead of an HF checkpoint, and trained by verl's
@@ -157,6 +163,40 @@ def test_offloading_an_attached_engine_is_refused():
         OdcEngineWithLMHead.to(attached, "cpu")
 
 
+def test_lb_mini_switch(monkeypatch):
+    from odc.verl import engine
+
+    for value, on in ((None, True), ("", True), ("1", True), ("0", False)):
+        if value is None:
+            monkeypatch.delenv(engine.LB_MINI_ENV, raising=False)
+        else:
+            monkeypatch.setenv(engine.LB_MINI_ENV, value)
+        assert engine.lb_mini_from_environment() is on
+    monkeypatch.setenv(engine.LB_MINI_ENV, "yes")
+    with pytest.raises(odc.InvalidUsage, match="ODC_VERL_LB_MINI='yes'"):
+        OdcEngineWithLMHead(SimpleNamespace(), SimpleNamespace(), None, None)
+
+
+def test_lb_mini_route_from_the_plan():
+    from odc.verl.engine import LbMiniRoute
+
+    lengths = [LENGTHS[0], LENGTHS[1]]
+    plan = odc.plan(LENGTHS[0] + LENGTHS[1], ranks=2, max_tokens=MAX_TOKENS, policy="lb-mini")
+    for rank in (0, 1):
+        route = LbMiniRoute.from_lengths(lengths, rank, MAX_TOKENS)
+        assert route.plan == plan
+        # Rank 0's rows first in the global numbering; what each rank sends is what the plan
+        # gives the destination, and each rank's microbatches cover its rows once.
+        begin = 0 if rank == 0 else len(LENGTHS[0])
+        for d, rows in enumerate(route.sends):
+            wanted = [g for m in plan["minibatches"][0]["ranks"][d]["microbatches"] for g in m]
+            assert rows == sorted(g - begin for g in wanted if 0 <= g - begin < len(lengths[rank]))
+        assert sorted(i for m in route.microbatches for i in m) == list(range(sum(route.receives)))
+    # A plan that leaves a rank without samples: no route, on every rank.
+    assert LbMiniRoute.from_lengths([[5], []], 0, MAX_TOKENS) is None
+    assert LbMiniRoute.from_lengths([[5], []], 1, MAX_TOKENS) is None
+
+
 def test_the_critic_fails_at_initialization():
     with pytest.raises(odc.InvalidUsage, match="critic"):
         OdcEngineWithValueHead(None, SimpleNamespace(), None, None)
@@ -257,8 +297,9 @@ def _model():
     return Qwen2ForCausalLM(config).float()
 
 
-def _engine(cls, optimizer: str):
-    """verl's engine initialized as FSDPEngine.initialize() does, fp32, on the CPU mesh."""
+def _engine(cls, optimizer: str, lb_mini: bool = False):
+    """verl's engine initialized as FSDPEngine.initialize() does, fp32, on the CPU mesh; odc's
+    with LB-Mini on or off (ODC_VERL_LB_MINI's setting, read at construction)."""
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
 
     fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
@@ -279,6 +320,8 @@ def _engine(cls, optimizer: str):
     )
     engine = cls(model_config, engine_config, optimizer_config, checkpoint_config=None)
     engine._build_model_optimizer()  # verl's FSDP2 wrapping; odc's engine attaches after it
+    if cls is OdcEngine:
+        engine.lb_mini = lb_mini
     return engine
 
 
@@ -289,8 +332,9 @@ def _ppo_minibatch(rank: int) -> TensorDict:
 
     samples = PPO_SAMPLES[rank]
     num = len(samples)
-    prompt_width = max(p for p, _ in samples)
-    response_width = max(r for _, r in samples)
+    # verl's trainer pads the whole batch to one width, then splits it among the ranks.
+    prompt_width = max(p for s in PPO_SAMPLES.values() for p, _ in s)
+    response_width = max(r for s in PPO_SAMPLES.values() for _, r in s)
     generator = torch.Generator().manual_seed(200 + rank)
     prompts = torch.zeros(num, prompt_width, dtype=torch.long)
     responses = torch.zeros(num, response_width, dtype=torch.long)
@@ -365,9 +409,11 @@ def _run(engine, rank, task, make_minibatch=None):
         aggregated = {key: Metric.aggregate_dp(value) for key, value in gathered.items()}
         loss = torch.tensor(sum(outputs["loss"]), dtype=torch.float64)
         dist.all_reduce(loss, op=dist.ReduceOp.SUM)  # verl's worker: sum per rank, mean of ranks
+        route = getattr(engine, "last_route", None)
         steps.append(
             dict(
                 num_micro_batches=len(outputs["loss"]),
+                receives=None if route is None else route.receives,
                 grad_norm=grad_norm,
                 loss=float(loss) / dist.get_world_size(),
                 metrics={key: float(value) for key, value in aggregated.items()},
@@ -377,7 +423,25 @@ def _run(engine, rank, task, make_minibatch=None):
     steps[-1]["moved"] = max(float((params[n] - initial[n]).abs().max()) for n in params)
     # A forward-only pass after training (verl's log-probs: equal counts, outside a minibatch).
     inferred = engine.infer_batch(make_minibatch(rank), loss_function=None)
-    log_probs = torch.cat([row for row in inferred["model_output"]["log_probs"].unbind()])
+    inferred_rows = inferred["model_output"]["log_probs"].unbind()
+    log_probs = torch.cat(list(inferred_rows))
+    # The training path with per-row outputs asked for (verl's Tinker worker does): its
+    # log-probs, in the minibatch's own rows, from the same weights (no step after it). A row's
+    # last position is left out: verl labels it with the first token of the next row in its
+    # microbatch (a roll over the packed tokens), so it depends on the grouping; the loss
+    # never reads it.
+    data = make_minibatch(rank)
+    tu.assign_non_tensor(data, return_model_output=True)
+    engine.optimizer_zero_grad()
+    trained = engine.forward_backward_batch(data, loss_function=loss_function)
+    engine.optimizer_zero_grad()
+    trained_rows = trained["model_output"]["log_probs"].unbind()
+    same_rows = [len(r) for r in trained_rows] == [len(r) for r in inferred_rows]
+    steps[-1]["train_path_log_prob_diff"] = (
+        max(float((a[:-1] - b[:-1]).abs().max()) for a, b in zip(trained_rows, inferred_rows))
+        if same_rows
+        else float("inf")
+    )
     return steps, params, log_probs
 
 
@@ -404,6 +468,18 @@ def _two_engines_rank(rank, world_size, key, store_path):
                 max_param_diff=diff,
                 max_log_prob_diff=float((stock_log_probs - odc_log_probs).abs().max()),
             )
+            if optimizer == "sgd":  # odc with LB-Mini: rows move between the ranks
+                balanced = _engine(OdcEngine, optimizer, lb_mini=True)
+                lb_steps, lb_params, lb_log_probs = _run(balanced, rank, task)
+                balanced.odc_engine.comm.close()
+                results[("lb-mini", task)] = dict(
+                    stock=stock_steps,
+                    odc=lb_steps,
+                    max_param_diff=max(
+                        float((stock_params[n] - lb_params[n]).abs().max()) for n in stock_params
+                    ),
+                    max_log_prob_diff=float((stock_log_probs - lb_log_probs).abs().max()),
+                )
             if optimizer == "adamw":  # control: verl's engine alone, its samples grouped otherwise
                 regrouped = _engine(StockEngine, optimizer)
                 _, regrouped_params, _ = _run(regrouped, rank, task, _one_microbatch)
@@ -415,23 +491,55 @@ def _two_engines_rank(rank, world_size, key, store_path):
         dist.destroy_process_group()
 
 
-def test_unequal_microbatch_counts_equal_verl_fsdp2_engine():
+@pytest.fixture(scope="module")
+def per_rank():
+    """Both ranks' results of every arm: one launch for the tests below."""
     with tempfile.TemporaryDirectory() as directory:
-        per_rank = odc.launch(_two_engines_rank, 2, os.path.join(directory, "store"), timeout=300)
+        return odc.launch(_two_engines_rank, 2, os.path.join(directory, "store"), timeout=300)
+
+
+def test_unequal_microbatch_counts_equal_verl_fsdp2_engine(per_rank):
     _check_sft([ranks[("sgd", "sft")] for ranks in per_rank], tolerance=1e-6)
     _check_ppo([ranks[("sgd", "ppo")] for ranks in per_rank], tolerance=1e-6)
     # AdamW: see the top of this file. The control, verl's engine against itself with each rank's
-    # samples in one microbatch instead of 3, is measured (2.3e-4) but not asserted: it is verl's.
+    # samples in one microbatch instead of 3, is measured (1.0e-6) but not asserted: it is verl's.
     adamw = [ranks[("adamw", "ppo")] for ranks in per_rank]
     _check_ppo(adamw, tolerance=1e-3, log_prob_tolerance=1e-4, value_tolerance=1e-5)
 
 
-def _check_common(results, tolerance, log_prob_tolerance=2e-6, value_tolerance=1e-6):
+def test_lb_mini_moves_rows_and_equals_verl_fsdp2_engine(per_rank):
+    """LB-Mini on: the same plan on both ranks moves rank 0's rows to rank 1; parameters, grad
+    norms, losses and summed metrics still equal verl's engine (SGD, both tasks)."""
+    plan = odc.plan(LENGTHS[0] + LENGTHS[1], ranks=2, max_tokens=MAX_TOKENS, policy="lb-mini")
+    counts = [len(r["microbatches"]) for r in plan["minibatches"][0]["ranks"]]
+    computed = [
+        sorted(g for m in r["microbatches"] for g in m) for r in plan["minibatches"][0]["ranks"]
+    ]
+    moved = sum(1 for g in computed[1] if g < len(LENGTHS[0]))  # rank 0's samples on rank 1
+    assert moved > 0 and counts != [3, 1]  # the plan moves rows: the test can tell
+    for task, check in (("sft", _check_sft), ("ppo", _check_ppo)):
+        results = [ranks[("lb-mini", task)] for ranks in per_rank]
+        check(results, tolerance=1e-6, odc_micro_batches=counts)
+        for step in (s for r in results for s in r["odc"]):
+            assert step["num_micro_batches"] in counts
+        # Each rank ran the plan's microbatches over the rows the plan gave it.
+        assert [r["odc"][0]["num_micro_batches"] for r in results] == counts
+        assert results[1]["odc"][0]["receives"] == [moved, len(computed[1]) - moved]
+        assert results[0]["odc"][0]["receives"] == [len(computed[0]), 0]
+
+
+def _check_common(
+    results, tolerance, log_prob_tolerance=2e-6, value_tolerance=1e-6, odc_micro_batches=(3, 1)
+):
     # verl's engine runs max(3, 1) microbatches on both ranks; odc each rank's own count.
     assert [r["stock"][0]["num_micro_batches"] for r in results] == [3, 3]
-    assert [r["odc"][0]["num_micro_batches"] for r in results] == [3, 1]
+    assert [r["odc"][0]["num_micro_batches"] for r in results] == list(odc_micro_batches)
     for result in results:
         assert result["max_param_diff"] < tolerance, result["max_param_diff"]
+        # The training path's per-row outputs are in the minibatch's own rows: equal to the
+        # forward-only pass's on the same weights (measured: 0 or one fp32 step).
+        for engine in ("stock", "odc"):
+            assert result[engine][-1]["train_path_log_prob_diff"] < 2e-6
         # verl's forward-only pass on the trained models (log-probs near -4, where fp32's spacing
         # is 4.8e-7: measured 4.8e-7, one step of it).
         assert result["max_log_prob_diff"] < log_prob_tolerance, result["max_log_prob_diff"]
@@ -444,20 +552,23 @@ def _check_common(results, tolerance, log_prob_tolerance=2e-6, value_tolerance=1
     assert results[0]["odc"][-1]["moved"] > 1e-3
 
 
-def _check_sft(results, tolerance):
-    _check_common(results, tolerance)
+def _check_sft(results, tolerance, odc_micro_batches=(3, 1)):
+    _check_common(results, tolerance, odc_micro_batches=odc_micro_batches)
     for stock, ours in zip(results[0]["stock"], results[0]["odc"]):
         # Summed metrics agree; a mean is over each engine's own microbatches.
         assert abs(stock["metrics"]["test/loss"] - ours["metrics"]["test/loss"]) < 1e-6
         assert abs(stock["metrics"]["test/loss"] - stock["loss"]) < 1e-6
         tokens = sum(LENGTHS[0]) + sum(LENGTHS[1]) - 6  # 6 samples: the first is not predicted
-        assert ours["metrics"]["test/tokens"] == pytest.approx(tokens / 4)  # 3 + 1 microbatches
+        # A mean over all microbatches: 3 + 1 without LB-Mini.
+        assert ours["metrics"]["test/tokens"] == pytest.approx(tokens / sum(odc_micro_batches))
         assert stock["metrics"]["test/tokens"] == pytest.approx(tokens / 6)
         assert ours["metrics"]["test/max_tokens"] == stock["metrics"]["test/max_tokens"]
 
 
-def _check_ppo(results, tolerance, log_prob_tolerance=2e-6, value_tolerance=1e-6):
-    _check_common(results, tolerance, log_prob_tolerance, value_tolerance)
+def _check_ppo(
+    results, tolerance, log_prob_tolerance=2e-6, value_tolerance=1e-6, odc_micro_batches=(3, 1)
+):
+    _check_common(results, tolerance, log_prob_tolerance, value_tolerance, odc_micro_batches)
     for stock, ours in zip(results[0]["stock"], results[0]["odc"]):
         # verl's own metrics: pg_loss is summed over microbatches (equal); the clip fractions
         # and the KL are means over each engine's own microbatches (defined, not compared).
