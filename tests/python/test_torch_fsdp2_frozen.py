@@ -229,6 +229,7 @@ def test_frozen_unused_and_adapter_parameters_train_as_in_one_process():
     check_frozen_unused_and_adapter_parameters(2, "cpu", tolerance=1e-5)
 
 
+@pytest.mark.long
 def test_hsdp_expert_used_on_one_replica_only():
     # Step 0 routes replica 0 (ranks 0, 1) to expert 1 only and replica 1 to expert 0 only.
     check_frozen_unused_and_adapter_parameters(4, "cpu", tolerance=1e-5, mesh=(2, 2))

@@ -30,6 +30,7 @@ def test_hybrid_unequal_counts_across_nodes_equal_single_process():
         assert max_diff(result[1], reference_state()) < 1e-5
 
 
+@pytest.mark.long
 def test_hybrid_equal_counts_equal_plain_fsdp2_hsdp():
     schedule = plans(4, "lb-micro")  # equal counts: plain FSDP2 HSDP can run it
     odc_state = train(4, schedule, use_odc=True, mesh=MESH)[0][1]
@@ -131,6 +132,7 @@ def _partial_outputs_rank(rank, world_size, key, store_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.long
 def test_hsdp_partial_outputs_share_one_zero_buffer():
     """FSDP2 keeps every group's reduce-scatter output across the minibatch when its replica
     all-reduce is off; under ODC those outputs are zeros and must all view one shared buffer, not

@@ -113,6 +113,7 @@ def _torchrun():
     return path
 
 
+@pytest.mark.long
 def test_two_concurrent_torchrun_jobs_never_meet(tmp_path):
     """Default settings (--standalone, no run id, no key): each job's key comes from its own
     store, so both finish with the result a single job gets, under different keys."""

@@ -120,6 +120,7 @@ def _saved_activation_bytes(rank, world_size, key, store, variant):
         dist.destroy_process_group()
 
 
+@pytest.mark.long
 def test_compiled_blocks_keep_recomputing_under_fully_shard(tmp_path):
     # odc.train compiles the blocks after fully_shard (shard_blocks): compiled before, a block
     # kept the pre-FSDP class's forward and transformers' checkpointing stopped recomputing,

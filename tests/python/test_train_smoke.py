@@ -16,6 +16,7 @@ from odc._cost_fit import packed_ladder  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long
 def test_train_compare_runs_and_reports(tmp_path):
     output, timeline = tmp_path / "results.json", tmp_path / "timeline.png"
     command = [
@@ -82,6 +83,7 @@ def test_train_refuses_lb_mini_under_collectives(tmp_path):
     assert "collective FSDP2 cannot run" in result.stderr
 
 
+@pytest.mark.long
 def test_train_reads_jsonl_token_ids(tmp_path):
     data = tmp_path / "tokens.jsonl"
     data.write_text("\n".join(json.dumps(list(range(n % 50, n % 50 + n))) for n in range(5, 17)))
@@ -119,6 +121,7 @@ def test_train_names_a_bad_cost(tmp_path, cost):
     )
 
 
+@pytest.mark.long
 def test_train_with_a_given_cost_reports_it(tmp_path):
     output = tmp_path / "r.json"
     command = [
