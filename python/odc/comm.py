@@ -483,6 +483,12 @@ class Comm:
                 return
         _capi.check_comm(_capi.lib.odcCommDestroy(handle))
 
+    @property
+    def release_pending(self) -> bool:
+        """Closed, but its memory is still held because views of its buffers are alive (close()
+        released it only when the last one is gone)."""
+        return self._handle is None and self._deferred_handle is not None
+
     def _release_deferred(self) -> None:
         with self._close_lock:
             handle, self._deferred_handle = self._deferred_handle, None

@@ -27,11 +27,12 @@ class OdcAllGather(internals.AllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op=False):
         owner = self.group.owner
-        if owner.state is EngineState.READY:
+        if owner.state in (EngineState.READY, EngineState.OFFLOADED):
             # Outside a minibatch (evaluation, generation) a peer may be rewriting its shards
             # (its optimizer step) at any time, so a pull could mix old and new weights: gather
             # as FSDP2 does, with its collective all-gather, which every peer joins after its
             # step, in program order. Collective, as under plain FSDP2; training never gets here.
+            # Offloaded: there are no published buffers; the model is plain FSDP2.
             return dist.all_gather_into_tensor(
                 output_tensor, input_tensor, group=group, async_op=async_op
             )

@@ -36,6 +36,10 @@ class EngineState(enum.Enum):
     # The communicator failed (an exception inside a minibatch here, or a peer's failure): no
     # sum of that minibatch reaches an optimizer step; reset(new communicator) recovers.
     FAILED = "failed"
+    # offload() released every odc buffer (the communicator is closed): FSDP2's sharded
+    # parameters and any held .grad are ordinary tensors, forwards gather as plain FSDP2 does;
+    # reload() makes the engine READY again on a new communicator.
+    OFFLOADED = "offloaded"
 
 
 class GroupOwner(Protocol):
@@ -149,6 +153,30 @@ class GroupState:
         self.refresh_trainable()
         if self.in_place is not None:
             self.publish()  # moves the shards now: their old storage is freed at once
+
+    def offload(self) -> None:
+        """Between minibatches, before the communicator is closed: FSDP2's sharded parameters
+        leave the published buffer for ordinary tensors on their device (as FSDP2 keeps them,
+        one per parameter; publish() moves them back), and a .grad viewing the accumulator
+        becomes a copy (the sums the next minibatch adds to, as FSDP2's .grad), so that nothing
+        of this group views odc memory any more."""
+        if self.in_place is not None:
+            for index in range(len(self.layout.slots)):
+                shard = internals.sharded_storage(self.layout.module, index)
+                internals.alias_sharded_param(self.layout.module, index, torch.empty_like(shard))
+        if self.accumulator is not None:
+            flat = self.accumulator.tensor()
+            begin = flat.data_ptr()
+            end = begin + flat.numel() * flat.element_size()
+            del flat
+            for slot in self.layout.slots:
+                grad = slot.param.grad
+                local = grad.to_local() if hasattr(grad, "to_local") else grad
+                if local is not None and begin <= local.data_ptr() < end:
+                    slot.param.grad = _sharded_like(slot.param, local.clone())
+                del grad, local
+        self._sum_grads.clear()
+        self.published, self.accumulator = None, None
 
     def drop_grads(self) -> None:
         for slot in self.layout.slots:

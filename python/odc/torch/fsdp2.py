@@ -44,6 +44,7 @@ from . import _fsdp2_internals as internals
 from . import heap, hybrid
 from ._collectives import OdcAllGather, OdcReduceScatter
 from ._group import EngineState, GroupState, buffer_name, comm_view
+from .process_group import remake_comm
 from ._sums_pending import GradientsNotReadyError
 from .debug import TIMEOUT_HINT, CollectiveGuard, CollectiveInMinibatchError, mode_from_environment
 
@@ -152,6 +153,9 @@ class OdcFSDP:
         self._replicas = hybrid.replica_reduction([layout for _, layout in layouts], comm)
         self.gradient_divide_factor = _divide_factor(layouts)
         self._hsdp_zero_outputs = {}  # (dtype, device) -> zeros; see OdcReduceScatter.allocate
+        # While offloaded with views of the closed communicator's buffers still alive (its
+        # memory not released yet): memory_bytes() as it was at offload(); else None.
+        self._offloaded_memory: Optional[dict] = None
         module_names = {id(module): name for name, module in model.named_modules()}
         for module, layout in layouts:  # the same order on every rank: alloc is collective
             param = layout.slots[0].param
@@ -225,6 +229,8 @@ class OdcFSDP:
         minibatch's end on the GPU, then reads the communicator's device error flag (no
         communication). Called before every optimizer.step() when OdcFSDP was given the
         optimizer; call it yourself before stepping otherwise."""
+        if self.state is EngineState.OFFLOADED:
+            return  # offload() checked the last minibatch before closing the communicator
         if self._end_event is not None:
             self._end_event.synchronize()
         try:
@@ -277,13 +283,12 @@ class OdcFSDP:
         failed minibatch's sums are dropped. Close the old communicator afterwards."""
         if self.state is EngineState.IN_MINIBATCH:
             raise InvalidUsage("reset() inside a minibatch: end or abort it first")
-        _check_comm(comm)
-        if comm.world_size != self.comm.world_size or comm.device != self.comm.device:
-            raise InvalidArgument(
-                f"reset: the new communicator (rank {comm.rank} of {comm.world_size}, device "
-                f"{comm.device}) must span the same ranks and device as the old one (rank "
-                f"{self.comm.rank} of {self.comm.world_size}, device {self.comm.device})"
+        if self.state is EngineState.OFFLOADED:
+            raise InvalidUsage(
+                "odc.torch: reset() on an offloaded engine: call reload(<new communicator>) "
+                "(every rank) instead"
             )
+        self._check_new_comm(comm, "reset")
         self._collective_guard.stop()
         self.comm = comm
         for group in self._groups:  # the same order on every rank: alloc is collective
@@ -291,6 +296,110 @@ class OdcFSDP:
             group.bind()
         self._bind_reduced_flags()
         self._end_event = None
+        self.state = EngineState.READY
+
+    def _check_new_comm(self, comm: Comm, call: str) -> None:
+        _check_comm(comm)
+        if comm.world_size != self.comm.world_size or comm.device != self.comm.device:
+            raise InvalidArgument(
+                f"{call}: the new communicator (rank {comm.rank} of {comm.world_size}, device "
+                f"{comm.device}) must span the same ranks and device as the old one (rank "
+                f"{self.comm.rank} of {self.comm.world_size}, device {self.comm.device})"
+            )
+
+    @property
+    def offloaded(self) -> bool:
+        return self.state is EngineState.OFFLOADED
+
+    def offload(self) -> None:
+        """Collective (every rank), between minibatches: releases every odc buffer of this
+        engine, e.g. around an RL rollout. FSDP2's sharded parameters move out of the published
+        buffers into ordinary tensors on their device (as plain FSDP2 holds them), a .grad
+        viewing the gradient sums becomes a copy on that device, and the communicator is closed,
+        which frees its buffers and the scheme's memory. The model is then a plain FSDP2 model:
+        forwards gather with FSDP2's collective all-gather, and moving it to the CPU
+        (model.to("cpu"), verl's param offload) moves its shards and gradients as FSDP2's.
+        Costs: a device copy of this rank's shards (and of held gradients), which exist beside
+        odc's buffers until the close; reload() pays them back plus a new communicator.
+        Memory still viewed by a tensor you took from odc (e.g. a `.grad` kept in a variable)
+        is released when that tensor goes (memory_bytes() counts it until then). Raises
+        odc.InvalidUsage inside a minibatch, when already offloaded, or on a failed engine, and
+        odc.Error (without offloading) where the last minibatch did not complete (check_minibatch)."""
+        if self.state is EngineState.IN_MINIBATCH:
+            raise InvalidUsage(
+                "odc.torch: offload() inside a minibatch: call it between minibatches (after "
+                "minibatch_end())"
+            )
+        if self.state is EngineState.OFFLOADED:
+            raise InvalidUsage(
+                "odc.torch: offload() called twice: the engine is already offloaded (reload() "
+                "first)"
+            )
+        if self.state is EngineState.FAILED:
+            raise InvalidUsage(
+                "odc.torch: offload() on a failed engine: call reset(<new communicator>) on "
+                "every rank first"
+            )
+        self.check_minibatch()  # partial sums must not leave as gradients
+        held = self.memory_bytes()
+        for group in self._groups:
+            group.offload()
+        self._reduced_flags = None
+        self._hsdp_zero_outputs.clear()
+        if self.comm.device is not None:
+            # The copies out of odc's buffers (current stream) finish before they are freed.
+            torch.cuda.synchronize(self.comm.device)
+        self.comm.close()
+        self._offloaded_memory = held if self.comm.release_pending else None
+        self._end_event = None
+        self.state = EngineState.OFFLOADED
+
+    def reload(self, comm: Optional[Comm] = None) -> None:
+        """Collective (every rank), after offload(): the engine's buffers on a new communicator
+        `comm` over the same ranks and device; None: one made as comm_from_process_group made
+        the offloaded one (the same process group; communicators made otherwise need `comm`).
+        The sharded parameters (on their device again: after model.to("cpu"), move the model
+        back first) move into the new published buffers with their current values, held
+        gradients stay and the next minibatch adds to them, as before offload(): training
+        continues as if nothing happened. Raises odc.InvalidUsage unless offloaded. A failure
+        while the buffers are allocated leaves the engine failed (reset(comm) recovers)."""
+        if self.state is not EngineState.OFFLOADED:
+            raise InvalidUsage(
+                f"odc.torch: reload() without offload(): the engine is {self.state.value} and "
+                "holds its buffers"
+            )
+        for group in self._groups:
+            layout = internals.group_layout(group.layout.module)
+            self._check_placement(layout)  # on the CPU still (verl's offload): move back first
+        if comm is None:
+            comm = remake_comm(self.comm)
+            if comm is None:
+                raise InvalidArgument(
+                    "odc.torch: reload() without a communicator: the offloaded one was not made "
+                    "by odc.torch.comm_from_process_group; pass reload(<new communicator over "
+                    "the same ranks>)"
+                )
+        self._check_new_comm(comm, "reload")
+        self.comm = comm
+        self._offloaded_memory = None
+        try:  # collective from here (alloc): a failure on one rank must not strand its peers
+            for group in self._groups:  # the same order on every rank: alloc is collective
+                layout = internals.group_layout(group.layout.module)  # params may be reassigned
+                if layout.shard_numel != group.layout.shard_numel:
+                    raise InvalidUsage(
+                        f"odc.torch: the parameters of {group.name} changed size while offloaded"
+                    )
+                group.layout = layout
+                group.check_group(internals.shard_process_group(layout.module))
+                grads = [slot.param.grad for slot in layout.slots]
+                group.bind()  # drops .grad: the held sums are set back below
+                for slot, grad in zip(layout.slots, grads):
+                    slot.param.grad = grad
+                del grads
+            self._bind_reduced_flags()
+        except BaseException as error:
+            self.abort(f"{type(error).__name__} in reload: {error}")
+            raise
         self.state = EngineState.READY
 
     def scale_loss(self, loss_sum: torch.Tensor, global_tokens: int) -> torch.Tensor:
@@ -335,7 +444,14 @@ class OdcFSDP:
         `total`: every byte of symmetric memory odc holds for this engine on this rank (the kinds
         above, in-place shards included, since they live in odc's memory now; a 1 KB control
         block per communicator aside). A host communicator's total is what this rank maps from
-        /dev/shm (tests/python/test_torch_migration.py checks it against /proc/self/maps)."""
+        /dev/shm (tests/python/test_torch_migration.py checks it against /proc/self/maps).
+        Offloaded (offload()): 0 for every kind, or, while a tensor taken from odc's buffers
+        before offload() still views them, what they held then (released when it goes)."""
+        if self.state is EngineState.OFFLOADED:
+            if self._offloaded_memory is not None and self.comm.release_pending:
+                return dict(self._offloaded_memory)
+            kinds = ("published", "accumulators", "scheme", "node_cache")
+            return {**dict.fromkeys(kinds, 0), "published_in_place": 0, "total": 0}
         published = in_place = accumulators = 0
         for group in self._groups:
             size = group.layout.shard_numel * (4 if group.published.dtype == "float32" else 2)
@@ -377,6 +493,11 @@ class OdcFSDP:
             raise InvalidUsage(
                 "odc.torch: the engine's communicator failed in an earlier minibatch; call "
                 "reset(<new communicator>) on every rank before the next minibatch"
+            )
+        if self.state is EngineState.OFFLOADED:
+            raise InvalidUsage(
+                "odc.torch: minibatch_begin() on an offloaded engine: call reload() on every "
+                "rank first"
             )
         for module in self._modules:
             module.reshard()  # unsharded parameters may predate the optimizer step

@@ -9,10 +9,12 @@ same key from the same store entry.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import secrets
 import socket
-from typing import Dict, Optional
+import weakref
+from typing import Callable, Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -27,6 +29,17 @@ STORE_PREFIX = "odc/comm_from_process_group"
 # How many communicators this process built per group: the n-th call on every rank of a group
 # reads the n-th entry, so several communicators of one job get distinct keys.
 _calls: Dict[object, int] = {}
+# How to make another communicator like each one comm_from_process_group made (same group,
+# device and options): what OdcFSDP.reload() calls when it is given none.
+_remakes: "weakref.WeakKeyDictionary[Comm, Callable[[], Comm]]" = weakref.WeakKeyDictionary()
+
+
+def remake_comm(comm: Comm) -> Optional[Comm]:
+    """Collective over the group `comm` was made for: a new communicator made as
+    comm_from_process_group made `comm` (same group, device, timeout and options), or None when
+    `comm` was not made by it (then the caller must supply one)."""
+    make = _remakes.get(comm)
+    return None if make is None else make()
 
 
 def group_store(group: dist.ProcessGroup) -> dist.Store:
@@ -119,6 +132,20 @@ def comm_from_process_group(
         # Nodes as the core will see them: $ODC_LOCAL_WORLD_SIZE, else torchrun's
         # $LOCAL_WORLD_SIZE (else one rank per node: every node scheme counted).
         size_nvshmem_heap(model, group.size(), deterministic=deterministic)
+    comm = _make(group, store, key, across_hosts, hosts, device, timeout, options)
+    _remakes[comm] = functools.partial(
+        comm_from_process_group,
+        group,
+        device=device,
+        timeout=timeout,
+        deterministic=deterministic,
+        cuda_sms=cuda_sms,
+    )
+    return comm
+
+
+def _make(group, store, key, across_hosts, hosts, device, timeout, options) -> Comm:
+    """The communicator itself: local transports on one host, NVSHMEM across hosts."""
     if across_hosts:
         if device is None:
             raise MismatchError(
