@@ -126,8 +126,6 @@ def test_a_failing_plugin_is_logged_loudly():
     [
         (dict(ulysses_sequence_parallel_size=2), {}, "ulysses_sequence_parallel_size=2"),
         ({}, dict(lora_rank=8), "lora_rank=8"),
-        (dict(param_offload=True), {}, "param_offload=True"),
-        (dict(optimizer_offload=True), {}, "optimizer_offload=True"),
         (dict(offload_policy=True), {}, "offload_policy=True"),
     ],
 )
@@ -155,12 +153,31 @@ def test_hsdp_fsdp_size_is_refused(monkeypatch):
         assert engine.unsupported_setting(SimpleNamespace(fsdp_size=whole), None) is None
 
 
-def test_offloading_an_attached_engine_is_refused():
-    attached = SimpleNamespace(odc_engine=object())  # what to() reads of the engine
-    with pytest.raises(odc.InvalidUsage, match="offloading the model to the CPU"):
-        OdcEngineWithLMHead.to(attached, "cpu", model=True, optimizer=False, grad=False)
-    with pytest.raises(odc.InvalidUsage, match="the model and optimizer"):
-        OdcEngineWithLMHead.to(attached, "cpu")
+def test_param_and_optimizer_offload_are_accepted():
+    from odc.verl.engine import unsupported_setting
+
+    for setting in (dict(param_offload=True), dict(optimizer_offload=True)):
+        assert unsupported_setting(SimpleNamespace(**setting), SimpleNamespace()) is None
+
+
+def _offload_and_reload(engine, found):
+    """verl's param and optimizer offload around a rollout (BaseEngineCtx: to("cpu", ...) on
+    leaving train mode, to(<GPU>, ...) on entering it), between two training steps. verl's
+    to() asserts the device is its device name or "cpu": that name reads "cuda" here while its
+    moves (get_device_id) stay on the CPU, so both of its branches run, as moves of CPU tensors."""
+    from verl.workers.engine.fsdp import transformer_impl
+
+    transformer_impl.get_device_name = lambda: "cuda"
+    try:
+        before = engine.odc_engine.memory_bytes()
+        engine.to("cpu", model=True, optimizer=True, grad=True)
+        found["offloaded"] = engine.odc_engine.state.value
+        found["memory"] = engine.odc_engine.memory_bytes()
+        engine.to("cuda", model=True, optimizer=True, grad=True)
+        found["reloaded"] = engine.odc_engine.state.value
+        found["memory_before"], found["memory_after"] = before, engine.odc_engine.memory_bytes()
+    finally:
+        transformer_impl.get_device_name = lambda: "cpu"
 
 
 def test_lb_mini_switch(monkeypatch):
@@ -393,7 +410,7 @@ def _task(task: str):
     return _ppo_minibatch, functools.partial(ppo_loss, config)
 
 
-def _run(engine, rank, task, make_minibatch=None):
+def _run(engine, rank, task, make_minibatch=None, between_steps=None):
     import torch.distributed as dist
     from verl.utils.torch_functional import allgather_dict_into_dict
 
@@ -401,7 +418,9 @@ def _run(engine, rank, task, make_minibatch=None):
     make_minibatch = make_minibatch or default_minibatch
     initial = {n: p.detach().full_tensor().clone() for n, p in engine.module.named_parameters()}
     steps = []
-    for _ in range(STEPS):
+    for step in range(STEPS):
+        if step > 0 and between_steps is not None:
+            between_steps(engine)
         outputs = engine.train_batch(make_minibatch(rank), loss_function=loss_function)
         metrics = outputs["metrics"]
         grad_norm = float(metrics.pop("grad_norm"))
@@ -468,6 +487,21 @@ def _two_engines_rank(rank, world_size, key, store_path):
                 max_param_diff=diff,
                 max_log_prob_diff=float((stock_log_probs - odc_log_probs).abs().max()),
             )
+            if (optimizer, task) == ("sgd", "sft"):  # verl's offload between the two steps
+                offloading = _engine(OdcEngine, optimizer)
+                found = {}
+                offload = functools.partial(_offload_and_reload, found=found)
+                off_steps, off_params, off_log_probs = _run(offloading, rank, task, None, offload)
+                offloading.odc_engine.comm.close()
+                results[("offload", task)] = dict(
+                    stock=stock_steps,
+                    odc=off_steps,
+                    max_param_diff=max(
+                        float((stock_params[n] - off_params[n]).abs().max()) for n in stock_params
+                    ),
+                    max_log_prob_diff=float((stock_log_probs - off_log_probs).abs().max()),
+                    found=found,
+                )
             if optimizer == "sgd":  # odc with LB-Mini: rows move between the ranks
                 balanced = _engine(OdcEngine, optimizer, lb_mini=True)
                 lb_steps, lb_params, lb_log_probs = _run(balanced, rank, task)
@@ -505,6 +539,21 @@ def test_unequal_microbatch_counts_equal_verl_fsdp2_engine(per_rank):
     # samples in one microbatch instead of 3, is measured (1.0e-6) but not asserted: it is verl's.
     adamw = [ranks[("adamw", "ppo")] for ranks in per_rank]
     _check_ppo(adamw, tolerance=1e-3, log_prob_tolerance=1e-4, value_tolerance=1e-5)
+
+
+def test_param_and_optimizer_offload_around_a_rollout(per_rank):
+    """verl's engine.to("cpu") / to(<GPU>) with model and optimizer between the two steps: odc's
+    buffers are released (memory_bytes() all zero) and reloaded, and training goes on to verl's
+    parameters (SFT, SGD), as without the offload."""
+    results = [ranks[("offload", "sft")] for ranks in per_rank]
+    _check_sft(results, tolerance=1e-6)
+    for result in results:
+        found = result["found"]
+        assert found["offloaded"] == "offloaded" and found["reloaded"] == "ready"
+        assert all(value == 0 for value in found["memory"].values()), found["memory"]
+        assert found["memory_before"]["published_in_place"] > 0
+        for kind in ("published", "published_in_place", "accumulators"):
+            assert found["memory_after"][kind] == found["memory_before"][kind]
 
 
 def test_lb_mini_moves_rows_and_equals_verl_fsdp2_engine(per_rank):

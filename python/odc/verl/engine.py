@@ -74,9 +74,10 @@ def unsupported_setting(engine_config, model_config) -> Optional[str]:
         return f"ulysses_sequence_parallel_size={engine_config.ulysses_sequence_parallel_size}"
     if getattr(model_config, "lora_rank", 0) > 0:
         return f"lora_rank={model_config.lora_rank} (LoRA)"
-    for name in ("param_offload", "optimizer_offload", "offload_policy"):
-        if getattr(engine_config, name, False):
-            return f"{name}=True"
+    # param_offload / optimizer_offload work through to() below; FSDP2's CPUOffloadPolicy keeps
+    # the shards on the CPU for good, where odc's buffers cannot hold them.
+    if getattr(engine_config, "offload_policy", False):
+        return "offload_policy=True"
     fsdp_size = getattr(engine_config, "fsdp_size", -1) or -1
     if 0 < fsdp_size and dist.is_initialized() and fsdp_size < dist.get_world_size():
         return f"fsdp_size={fsdp_size} (HSDP: shard over fewer ranks than the job's)"
@@ -202,11 +203,20 @@ class OdcEngineWithLMHead(FSDPEngineWithLMHead):
         return super().optimizer_step()
 
     def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
-        if device == "cpu" and (model or optimizer) and self.odc_engine is not None:
-            # The shards live in odc's published buffers; moving them is not built yet.
-            what = " and ".join(n for n, on in (("model", model), ("optimizer", optimizer)) if on)
-            raise refuse(f"offloading the {what} to the CPU (engine.to('cpu'))")
-        return super().to(device, model=model, optimizer=optimizer, grad=grad)
+        """verl's, with odc's buffers following the model (param_offload around rollout, and
+        verl's own calls): to("cpu", model=True) first releases every odc buffer
+        (OdcFSDP.offload(): the shards and held gradients become ordinary tensors, which verl
+        then moves to the CPU as for plain FSDP2); to(<GPU>, model=True) reloads them after
+        verl moved the model back (a new communicator on the data-parallel group). The
+        optimizer's state is not in odc's memory: optimizer alone moves as under verl's engine.
+        Collective, as verl calls it: on every rank."""
+        engine = self.odc_engine
+        if engine is not None and model and device == "cpu" and not engine.offloaded:
+            engine.offload()
+        result = super().to(device, model=model, optimizer=optimizer, grad=grad)
+        if engine is not None and model and device != "cpu" and engine.offloaded:
+            engine.reload()
+        return result
 
 
 def one_value_per_rank(metrics: dict, num_micro_batches: int, group, device) -> None:
