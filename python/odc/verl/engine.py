@@ -24,7 +24,10 @@ change in any of them is a change here; register() warns on another verl version
      a sample's tokens are input_ids' nested row length (else attention_mask's row sum), as
      rearrange_micro_batches counts them; postprocess_batch_func restores model_output's rows
      from the microbatches' index lists.
-tests/python/test_verl_backend.py exercises V1-V6 against the stock engine.
+  V7 FSDPEngine.to moves the FSDP2 model with model.to() (nn.Module._apply; FSDP2 re-points its
+     shards after it) and verl calls to() on every rank alike (BaseEngineCtx, initialize), so
+     the offload() / reload() this engine's to() adds are collective as they must be.
+tests/python/test_verl_backend.py exercises V1-V7 against the stock engine.
 
 LB-Mini (ODC_VERL_LB_MINI, default on; docs/verl.md): before the minibatch every rank gathers all
 ranks' sample lengths, computes the same odc.plan(policy="lb-mini"), and rows move to the rank the
