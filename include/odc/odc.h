@@ -521,9 +521,9 @@ ODC_API odcResult_t odcCommGetStreamStats(odcComm_t comm, uint64_t* chunks_sent,
 
 /* Local: the bytes of this rank's streamed chunks (header and payload) put into the staging rings
  * of ranks on other nodes so far (either pointer may be NULL): *during_minibatches, sent by pushes
- * and early forwards while minibatches ran (they overlap backward; a stream-ordered transport
- * counts a chunk when it is enqueued among the caller's kernels); *in_minibatch_end, sent inside
- * minibatch_end (what the tail waits for: node-aggregated rows not yet forwarded). Both 0 with
+ * while minibatches ran (they overlap backward; a stream-ordered transport counts a chunk when it
+ * is enqueued among the caller's kernels); *in_minibatch_end, sent inside minibatch_end (what the
+ * tail waits for: the rows of node-aggregated pushes, all forwarded there). Both 0 with
  * one node and under the other schemes. ODC_NODE_STATS=1 prints them per rank at destroy. */
 ODC_API odcResult_t odcCommGetNodeTraffic(odcComm_t comm, uint64_t* during_minibatches,
                                           uint64_t* in_minibatch_end);

@@ -736,9 +736,9 @@ class Comm:
 
     def node_traffic(self) -> dict:
         """Bytes of this rank's streamed chunks put into the rings of ranks on other nodes so far:
-        `during_minibatches` (pushes and early forwards, which overlap backward) and
-        `in_minibatch_end` (what the tail waits for). Both 0 with one node and under the other
-        schemes."""
+        `during_minibatches` (pushes, which overlap backward) and `in_minibatch_end` (what the
+        tail waits for: the relay rows of node-aggregated pushes, all forwarded there). Both 0
+        with one node and under the other schemes."""
         during, at_end = ctypes.c_uint64(), ctypes.c_uint64()
         self._call(_capi.lib.odcCommGetNodeTraffic, ctypes.byref(during), ctypes.byref(at_end))
         return {"during_minibatches": during.value, "in_minibatch_end": at_end.value}

@@ -30,6 +30,7 @@
 #include "common/interrupt.h"
 #include "core/comm_config.h"
 #include "core/communicator.h"
+#include "core/node_traffic.h"
 #include "odc/odc.h"
 #include "transport/registry.h"
 
@@ -632,8 +633,8 @@ extern "C" odcResult_t odcCommGetNodeTraffic(odcComm_t comm, uint64_t* during_mi
                                              uint64_t* in_minibatch_end) {
   return with_comm(comm, "odcCommGetNodeTraffic", [&](odc::Communicator& c) {
     const odc::StreamedStaging* staging = c.staging();
-    const odc::StreamedStaging::NodeTraffic traffic =
-        staging != nullptr ? staging->node_traffic() : odc::StreamedStaging::NodeTraffic{};
+    const odc::NodeTraffic traffic =
+        staging != nullptr ? staging->node_traffic() : odc::NodeTraffic{};
     if (during_minibatches != nullptr) *during_minibatches = traffic.during_minibatches;
     if (in_minibatch_end != nullptr) *in_minibatch_end = traffic.in_minibatch_end;
     return Status::Ok();

@@ -98,8 +98,7 @@ Status check_name(const std::string& name) {
 }
 
 // One line per rank, written at once so that ranks sharing a terminal do not interleave.
-void print_node_traffic(int rank, const StreamedStaging::NodeTraffic& traffic,
-                        uint64_t minibatches) {
+void print_node_traffic(int rank, const NodeTraffic& traffic, uint64_t minibatches) {
   char line[256];
   const int length = std::snprintf(
       line, sizeof(line),
@@ -527,8 +526,8 @@ Status Communicator::add_relay(Buffer& buffer) {
   return Status::Ok();
 }
 
-std::vector<StreamedStaging::Relay> Communicator::relays() const {
-  std::vector<StreamedStaging::Relay> relays;
+std::vector<NodeRelay::Relay> Communicator::relays() const {
+  std::vector<NodeRelay::Relay> relays;
   for (const auto& [id, buffer] : accumulators_by_id_) {
     if (buffer->relay != nullptr) {
       relays.push_back({id, static_cast<float*>(buffer->relay->local()), buffer->count});

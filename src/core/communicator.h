@@ -31,6 +31,7 @@
 #include "core/dtype.h"
 #include "core/host_progress.h"
 #include "core/node_gather_cache.h"
+#include "core/node_relay.h"
 #include "core/streamed_staging.h"
 #include "core/topology.h"
 #include "core/transport.h"
@@ -245,7 +246,7 @@ class Communicator final : private ProgressClient {
   // aggregation budget (and the device fold's target table) has room.
   Status add_relay(Buffer& buffer);
   // The relayed accumulators, as the staging takes them.
-  std::vector<StreamedStaging::Relay> relays() const;
+  std::vector<NodeRelay::Relay> relays() const;
   // With the first published buffer on more than one node: the cache (budget 0: none; every
   // rank has the same budget, agreed at init).
   Status create_node_cache();

@@ -117,35 +117,25 @@ StreamedStaging::Counts StreamedStaging::counts() const {
   counts.chunks_sent = chunks_sent_;
   auto waits = credit_waits();
   counts.credit_waits = waits.ok() ? waits.value() : 0;
-  counts.forwarded_early = forwarded_early_;
-  counts.node_traffic = node_traffic_;
+  counts.node_traffic = node_traffic_.totals();
   return counts;
 }
 
 void StreamedStaging::carry_counts(const Counts& before) {
   chunks_sent_ += before.chunks_sent;
   credit_waits_carried_ += before.credit_waits;
-  forwarded_early_ += before.forwarded_early;
-  node_traffic_.during_minibatches += before.node_traffic.during_minibatches;
-  node_traffic_.in_minibatch_end += before.node_traffic.in_minibatch_end;
+  node_traffic_.carry(before.node_traffic);
 }
 
-void StreamedStaging::set_routes(NodeRoutes routes, int node_first, int node_last) {
-  routes_ = std::move(routes);
-  node_first_ = node_first;
-  node_last_ = node_last;
+const std::vector<NodeRelay::Relay>& StreamedStaging::relays() const {
+  static const std::vector<NodeRelay::Relay> kNone;
+  return relay_ != nullptr ? relay_->relays() : kNone;
 }
 
 Status StreamedStaging::send(int owner, uint64_t target_id, uint64_t first, const void* data,
                              DataType dtype, size_t count, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(send_chunk(owner, target_id, first, data, dtype, count, stream));
-  const auto o = static_cast<size_t>(owner);
-  const auto me = static_cast<size_t>(rank_);
-  if (o < node_of_.size() && me < node_of_.size() && node_of_[o] != node_of_[me]) {
-    const uint64_t bytes = kChunkHeaderBytes + count * element_bytes(dtype);
-    (in_minibatch_end_ ? node_traffic_.in_minibatch_end : node_traffic_.during_minibatches) +=
-        bytes;
-  }
+  node_traffic_.count(owner, kChunkHeaderBytes + count * element_bytes(dtype));
   return Status::Ok();
 }
 
@@ -166,158 +156,20 @@ Status StreamedStaging::push(const void* src, DataType dtype, size_t count, uint
   const size_t element = element_bytes(dtype);
   // An entry into odc: fold what arrived, so senders waiting on this rank move on.
   ODC_RETURN_IF_ERROR(fold_arrived(stream));
-  const auto relay = std::find_if(relays_.begin(), relays_.end(),
-                                  [&](const Relay& r) { return r.buffer_id == buffer_id; });
-  const bool relayed = relay != relays_.end();
   // Start with the next rank, so that the ranks' first chunks go to different owners.
   for (int i = 0; i < world_size_; ++i) {
     const int owner = (rank_ + 1 + i) % world_size_;
-    const auto o = static_cast<size_t>(owner);
-    const char* slice = static_cast<const char*>(src) + o * count * element;
-    if (owner == rank_) {
-      ODC_RETURN_IF_ERROR(add_local(buffer_id, 0, slice, dtype, count, stream));
-    } else if (relayed && routes_.via[o] != owner) {
-      // Another node's owner: into its row at the rank of this node that carries it.
-      const int via = routes_.via[o];
-      const uint64_t row_first = routes_.row[o] * count;
-      const uint64_t target = buffer_id | kRelayTargetBit;
-      if (via == rank_) {
-        ODC_RETURN_IF_ERROR(add_local(target, row_first, slice, dtype, count, stream));
-        // Counted per chunk as its peers' slices are (a fold counts one chunk): the same
-        // contributions per piece whoever carries the owner.
-        const size_t per_chunk = geometry_.payload_bytes() / element;
-        for (size_t done = 0; done < count; done += per_chunk) {
-          count_relayed(target, row_first + done, std::min(per_chunk, count - done));
-        }
-      } else {
-        ODC_RETURN_IF_ERROR(send_slice(via, target, row_first, slice, dtype, count, stream));
-      }
+    const char* slice =
+        static_cast<const char*>(src) + static_cast<size_t>(owner) * count * element;
+    // Straight to the owner, or (a relayed accumulator, an owner on another node) into its row at
+    // the rank of this node that carries it, which may be this rank.
+    const NodeRelay::Route route = relay_ != nullptr ? relay_->route(buffer_id, owner, count)
+                                                     : NodeRelay::Route{owner, buffer_id, 0};
+    if (route.to == rank_) {
+      ODC_RETURN_IF_ERROR(add_local(route.target_id, route.first, slice, dtype, count, stream));
     } else {
-      ODC_RETURN_IF_ERROR(send_slice(owner, buffer_id, 0, slice, dtype, count, stream));
-    }
-  }
-  // Partial sums whose pieces the node has filled (by this push or the folds before it) leave
-  // now, during the minibatch, after this rank's own slices.
-  return forward_ready(stream);
-}
-
-void StreamedStaging::set_relays(std::vector<Relay> relays) {
-  std::vector<std::vector<uint32_t>> counts;
-  for (const Relay& relay : relays) {
-    const auto kept = std::find_if(relays_.begin(), relays_.end(),
-                                   [&](const Relay& r) { return r.buffer_id == relay.buffer_id; });
-    if (kept != relays_.end()) {
-      counts.push_back(std::move(contributions_[static_cast<size_t>(kept - relays_.begin())]));
-    } else {
-      // A new relay's rows are zero: nothing of it to forward yet.
-      const size_t pieces = forwards_early() ? routes_.my_owners.size() * pieces_per_row(relay) : 0;
-      counts.emplace_back(pieces, 0);
-    }
-  }
-  relays_ = std::move(relays);
-  contributions_ = std::move(counts);
-  // Ready pieces of a relay freed since are skipped when their turn comes (found by id).
-}
-
-void StreamedStaging::reset_relay_counts() {
-  for (auto& counts : contributions_) std::fill(counts.begin(), counts.end(), 0);
-  ready_.clear();
-}
-
-void StreamedStaging::count_relayed(uint64_t target_id, uint64_t first, size_t count) {
-  if (!forwards_early() || (target_id & kRelayTargetBit) == 0 || count == 0) return;
-  const uint64_t buffer_id = target_id & ~kRelayTargetBit;
-  const auto found = std::find_if(relays_.begin(), relays_.end(),
-                                  [&](const Relay& r) { return r.buffer_id == buffer_id; });
-  if (found == relays_.end()) return;
-  const size_t index = static_cast<size_t>(found - relays_.begin());
-  std::vector<uint32_t>& counts = contributions_[index];
-  const Relay& relay = *found;
-  // A chunk lies inside one row (slices are sent row by row); the pieces it touches (one for an
-  // fp32 chunk, two for a bf16 one) each took one more contribution.
-  const size_t row = first / relay.count;
-  const size_t in_row = first - row * relay.count;
-  const size_t last = std::min(in_row + count, relay.count) - 1;
-  const auto ranks = static_cast<uint32_t>(node_last_ - node_first_);
-  for (size_t k = in_row / piece_elements(); k <= last / piece_elements(); ++k) {
-    const size_t piece = row * pieces_per_row(relay) + k;
-    if (piece >= counts.size()) return;
-    // Ready once, when the count reaches the node's ranks; it stays counted (and unqueued) until
-    // the forward that takes it to zero.
-    if (++counts[piece] == ranks) ready_.emplace_back(buffer_id, piece);
-  }
-}
-
-Status StreamedStaging::forward_ready(StreamHandle stream) {
-  if (ready_.empty()) return Status::Ok();
-  // In the order they filled. An entry is copied before its forward: folds while that forward
-  // waits for credit may append more (forwarded in this same loop).
-  for (size_t next = 0; next < ready_.size(); ++next) {
-    const auto [buffer_id, piece] = ready_[next];
-    const auto found = std::find_if(relays_.begin(), relays_.end(),
-                                    [&](const Relay& r) { return r.buffer_id == buffer_id; });
-    if (found == relays_.end()) continue;  // freed since (its sums are gone with it)
-    const auto index = static_cast<size_t>(found - relays_.begin());
-    if (contributions_[index][piece] == 0) continue;  // already out (not queued twice, but cheap)
-    ODC_RETURN_IF_ERROR(forward_piece(index, piece, stream));
-    ++forwarded_early_;
-  }
-  ready_.clear();
-  return Status::Ok();
-}
-
-Status StreamedStaging::forward_piece(size_t index, size_t piece, StreamHandle stream) {
-  const Relay& relay = relays_[index];
-  if (contributions_[index][piece] == 0) return Status::Ok();  // nothing since it last went out
-  const size_t per_row = pieces_per_row(relay);
-  const size_t row = piece / per_row;
-  const size_t first = (piece % per_row) * piece_elements();
-  const size_t count = std::min(piece_elements(), relay.count - first);
-  float* sums = relay.rows + row * relay.count + first;
-  // send_chunk may wait for credit, folding meanwhile: a contribution folded into this piece
-  // then is in the row when the chunk is put (the put follows the wait) and goes out with it.
-  // Nothing folds between the put (which copies the piece out: the transport may reuse src on
-  // return) and the zeroing below, so every contribution is either in this partial sum or added
-  // after the zeroing, into the next one: each goes out exactly once. The owner adds the partial
-  // sum as any chunk, in this carrier's sequence, before it consumes this carrier's end.
-  ODC_RETURN_IF_ERROR(send(routes_.my_owners[row], relay.buffer_id, first, sums, DataType::kFloat32,
-                           count, stream));
-  std::fill(sums, sums + count, 0.0f);  // host memory: forwards_early() only on the host
-  contributions_[index][piece] = 0;
-  return Status::Ok();
-}
-
-Status StreamedStaging::forward_rest(StreamHandle stream) {
-  if (!forwards_early()) {
-    // Device: the host never saw what the folds added; each row whole, once, at the end.
-    for (const Relay& relay : relays_) {
-      for (size_t row = 0; row < routes_.my_owners.size(); ++row) {
-        const auto* sums = reinterpret_cast<const char*>(relay.rows + row * relay.count);
-        ODC_RETURN_IF_ERROR(send_slice(routes_.my_owners[row], relay.buffer_id, 0, sums,
-                                       DataType::kFloat32, relay.count, stream));
-      }
-    }
-    return Status::Ok();
-  }
-  // Every piece still holding contributions, whether or not its count reached the node's ranks.
-  ready_.clear();
-  for (size_t index = 0; index < relays_.size(); ++index) {
-    for (size_t piece = 0; piece < contributions_[index].size(); ++piece) {
-      ODC_RETURN_IF_ERROR(forward_piece(index, piece, stream));
-    }
-  }
-  // Folds while these forwards waited for credit came from the other nodes' ranks only (this
-  // node's have ended here, and other nodes route relay slices to their own carriers), so no
-  // piece was added to after it went out. Checked: a contribution left behind would be lost.
-  for (size_t index = 0; index < relays_.size(); ++index) {
-    for (uint32_t left : contributions_[index]) {
-      if (left != 0) {
-        return Status::InternalError("rank " + std::to_string(rank_) +
-                                     ": a contribution to the relay rows of accumulator " +
-                                     std::to_string(relays_[index].buffer_id) +
-                                     " was folded after its node's ranks ended here (minibatch " +
-                                     std::to_string(minibatch_) + ")");
-      }
+      ODC_RETURN_IF_ERROR(
+          send_slice(route.to, route.target_id, route.first, slice, dtype, count, stream));
     }
   }
   return Status::Ok();
@@ -325,29 +177,33 @@ Status StreamedStaging::forward_rest(StreamHandle stream) {
 
 Status StreamedStaging::finish(StreamHandle stream) {
   // What is sent from here on is counted as the tail's (node_traffic()), also when it fails.
-  struct EndPhase {
-    bool& flag;
-    explicit EndPhase(bool& f) : flag(f) { flag = true; }
-    ~EndPhase() { flag = false; }
-  } phase(in_minibatch_end_);
-  if (relays_.empty()) {
+  const NodeTrafficCounter::InMinibatchEnd in_minibatch_end(node_traffic_);
+  if (relay_ == nullptr || relay_->relays().empty()) {
     for (int i = 1; i < world_size_; ++i) {
       ODC_RETURN_IF_ERROR(end_at((rank_ + i) % world_size_, stream));
     }
     return wait_ends(0, world_size_, stream);
   }
+  const int node_first = relay_->node_first();
+  const int node_last = relay_->node_last();
   // 1. This node's ranks end here first: their relayed slices are then all in this rank's rows.
-  for (int peer = node_first_; peer < node_last_; ++peer) {
+  for (int peer = node_first; peer < node_last; ++peer) {
     if (peer != rank_) ODC_RETURN_IF_ERROR(end_at(peer, stream));
   }
-  ODC_RETURN_IF_ERROR(wait_ends(node_first_, node_last_, stream));
-  // 2. What the rows still hold to its owners, as this rank's own chunks (the rest of the node's
-  // slices: on the host the pieces not forwarded during the minibatch, on the device every row).
-  ODC_RETURN_IF_ERROR(forward_rest(stream));
+  ODC_RETURN_IF_ERROR(wait_ends(node_first, node_last, stream));
+  // 2. Every row whole to its owner, as this rank's own chunks (the node's sum of that owner's
+  // slices). Host and device alike: a device fold runs later on the stream, unseen by the host,
+  // so the host cannot tell which rows took contributions; both send them all. The stream orders
+  // a device send after the wait above, the host's call returns after it.
+  ODC_RETURN_IF_ERROR(relay_->forward_rows(
+      minibatch_, [&](int owner, uint64_t buffer_id, const float* row, size_t count) {
+        return send_slice(owner, buffer_id, 0, reinterpret_cast<const char*>(row),
+                          DataType::kFloat32, count, stream);
+      }));
   // 3. The other nodes' ranks end here after everything this rank sends them.
   for (int i = 1; i < world_size_; ++i) {
     const int peer = (rank_ + i) % world_size_;
-    if (peer < node_first_ || peer >= node_last_) ODC_RETURN_IF_ERROR(end_at(peer, stream));
+    if (peer < node_first || peer >= node_last) ODC_RETURN_IF_ERROR(end_at(peer, stream));
   }
   return wait_ends(0, world_size_, stream);
 }
@@ -388,7 +244,6 @@ size_t HostStreamedStaging::allocated_bytes() const {
 
 Status HostStreamedStaging::begin(uint64_t minibatch, StreamHandle) {
   minibatch_ = minibatch;
-  reset_relay_counts();  // the communicator zeroed the rows before this
   std::fill(ended_.begin(), ended_.end(), 0);
   ended_[static_cast<size_t>(rank_)] = 1;  // its own pushes are added directly
   return Status::Ok();
@@ -557,12 +412,13 @@ Status HostStreamedStaging::fold_from(int sender, uint64_t last) {
                                    " (dtype " + std::to_string(header.dtype) + ", " +
                                    std::to_string(header.count) + " elements)");
     }
+    if (Status late = check_fold(header.buffer_id, minibatch_); !late.ok()) {
+      return late.with_context(from());
+    }
     auto sums = destination_(header.buffer_id, header.first, header.count);
     if (!sums.ok()) return sums.status().with_context(from());
     ODC_RETURN_IF_ERROR(transport_.accumulate(sums.value(), slot + kChunkHeaderBytes, dtype,
                                               header.count, nullptr));
-    // A relay piece it completes goes out at this rank's next push (never from inside a fold).
-    count_relayed(header.buffer_id, header.first, header.count);
     // The sender rewrites a slot only after the credit that frees it; a stray credit could let it
     // rewrite this one while it was being added. Look again (the header is written first): the
     // communicator then fails, so the sums it touched are never reported.

@@ -11,28 +11,23 @@
 // At minibatch_end a sender ends its sequence with an end number (no slot: it never waits for
 // credit), raised on the owner's end signal after all its chunks.
 // Node-aggregated pushes (with more than one node, for the accumulators the aggregation budget
-// has room for): a push's slice for an owner on another node goes, through the same rings, to the
-// rank of this node that carries that owner (core/topology.h NodeRoutes), which folds it into its
-// relay row for the owner. A row is cut into pieces of one fp32 chunk each. Host folds forward
-// early: a piece that has taken as many contributions (chunks folded into it) as its node has
-// ranks is forwarded to its owner, as this carrier's own chunk holding the partial sum, at the
-// carrier's next push, and zeroed; the owner adds partial sums like any chunk. At minibatch_end
-// every rank first ends its sequence at its own node's ranks and folds until they all ended here
-// (what its relay rows still hold is then the rest of the node's slices), then forwards what is
-// left (host: every piece that took a contribution since it last went out; device: every row
-// whole, the only forward: device folds are not seen by the host), then ends its sequence at the
-// other nodes' ranks and folds until every sender ended. Each owner then receives, per
-// accumulator, piece and other node, at most ceil(c / R) partial sums for the c chunks the R ranks
-// of that node pushed for it (one per push round when all push alike; the device: one) instead of
-// c. Invariants:
+// has room for; core/node_relay.h): a push's slice for an owner on another node goes, through the
+// same rings, to the rank of this node that carries that owner, which folds it into its relay row
+// for the owner. At minibatch_end every rank first ends its sequence at its own node's ranks and
+// folds until they all ended here (its relay rows then hold the node's slices whole), then
+// forwards every relay row whole, as its own chunks, to the row's owner, then ends its sequence
+// at the other nodes' ranks and folds until every sender ended. One rule on the host and the
+// device (the host never sees a device fold, so nothing leaves earlier on either): each owner
+// receives, per accumulator and other node, one fp32 slice instead of the c slices the ranks of
+// that node pushed for it. Invariants:
 //   - a slot is read only after a signal that covers it (an arrival or the end, acquire) and
 //     rewritten only after the credit that frees it; every chunk carries its sequence number and
 //     minibatch: each chunk is folded exactly once, and a lost or stale one is named, never summed;
 //   - an owner's sums are complete once it consumed every sender's end of the minibatch (the end
 //     covers every chunk before it, so a lost arrival signal loses nothing);
-//   - a relay piece's contributions each go out exactly once: in the partial sum of the first
-//     forward of that piece whose put follows their fold (a forward reads the piece when it puts
-//     it and zeroes it before any later fold), and every forward is a chunk folded once;
+//   - a relay row's contributions each go out exactly once: all are folded before the row's one
+//     forward (the node's ends cover them), none after it (host folds check it), and the
+//     forward's chunks are folded at the owner once each, as any chunk;
 //   - every wait is bounded by the transport's timeout and names rank, peer and operation.
 // On transports whose calls complete on return the folds run on the host, inside odc's calls
 // (HostStreamedStaging); on stream-ordered (device) transports a kernel enqueued on the caller's
@@ -50,15 +45,13 @@
 
 #include "common/status.h"
 #include "core/dtype.h"
+#include "core/node_relay.h"
+#include "core/node_traffic.h"
 #include "core/topology.h"
 #include "core/transport.h"
 #include "kernels/streamed_fold.h"
 
 namespace odc {
-
-// The fold target id of an accumulator's relay rows (node-aggregated pushes): the
-// accumulator's id with this bit set (accumulator ids are allocation counters, far below it).
-inline constexpr uint64_t kRelayTargetBit = uint64_t{1} << 63;
 
 // Staging budget per rank when neither the caller nor ODC_STAGING_BYTES gives one.
 inline constexpr size_t kDefaultStagingBytes = size_t{256} << 20;
@@ -185,44 +178,29 @@ class StreamedStaging {
   // transport's collective while a peer still waits for its credit. `operation` names the wait.
   virtual Status meet(const char* operation, StreamHandle stream) = 0;
 
-  // ---- node-aggregated pushes -----------------------------------------------------------------
-  // An accumulator whose pushes to other nodes are aggregated: this rank's relay rows (fp32 in
-  // the transport's memory, one row of `count` per owner this rank carries, routes.my_owners).
-  struct Relay {
-    uint64_t buffer_id = 0;
-    float* rows = nullptr;
-    size_t count = 0;
-  };
+  // ---- node-aggregated pushes (core/node_relay.h) -------------------------------------------
   // Local, before the first relay: who carries which owner, and this rank's node, ranks
-  // [node_first, node_last) (nodes of consecutive ranks).
-  void set_routes(NodeRoutes routes, int node_first, int node_last);
-  // Local: the relayed accumulators (every rank the same). Early forwarding keeps the counts of
-  // relays that stay and starts new ones from zero (their rows are zero).
-  void set_relays(std::vector<Relay> relays);
-  const std::vector<Relay>& relays() const { return relays_; }
-  // Partial sums this rank forwarded to their owners before minibatch_end, so far (chunks).
-  uint64_t relay_pieces_forwarded_early() const { return forwarded_early_; }
+  // [node_first, node_last) (nodes of consecutive ranks). Without it nothing is relayed.
+  void set_routes(NodeRoutes routes, int node_first, int node_last) {
+    relay_ = std::make_unique<NodeRelay>(std::move(routes), node_first, node_last);
+  }
+  // Local: the relayed accumulators (every rank the same; made only where routes are set,
+  // Communicator::add_relay, so ignored without them).
+  void set_relays(std::vector<NodeRelay::Relay> relays) {
+    if (relay_ != nullptr) relay_->set_relays(std::move(relays));
+  }
+  const std::vector<NodeRelay::Relay>& relays() const;
 
-  // ---- what crosses nodes ---------------------------------------------------------------------
-  // Bytes of the chunks (header and payload) this rank put into the rings of ranks on other
-  // nodes, so far: while minibatches ran (pushes and early forwards: they leave during backward)
-  // and inside minibatch_end (what the tail waits for). Stream-ordered transports count a chunk
-  // when it is enqueued (it runs in stream order among the caller's kernels). End signals and
-  // credits are words, not chunks, and not counted.
-  struct NodeTraffic {
-    uint64_t during_minibatches = 0;
-    uint64_t in_minibatch_end = 0;
-  };
-  // Local, once: the node of every rank (Topology::node), for the counts above.
-  void set_node_of(std::vector<int> node_of) { node_of_ = std::move(node_of); }
-  const NodeTraffic& node_traffic() const { return node_traffic_; }
+  // ---- what crosses nodes (core/node_traffic.h) -----------------------------------------------
+  // Local, once: the node of every rank (Topology::node), for node_traffic().
+  void set_node_of(std::vector<int> node_of) { node_traffic_.set_node_of(std::move(node_of)); }
+  const NodeTraffic& node_traffic() const { return node_traffic_.totals(); }
 
   // ---- when larger rings replace these (between minibatches) ----------------------------------
   // What the counters above say so far; carry_counts() makes a new staging's go on from there.
   struct Counts {
     uint64_t chunks_sent = 0;
     uint64_t credit_waits = 0;
-    uint64_t forwarded_early = 0;
     NodeTraffic node_traffic;
   };
   Counts counts() const;
@@ -230,7 +208,7 @@ class StreamedStaging {
 
  protected:
   StreamedStaging(RingGeometry geometry, int rank, int world_size)
-      : geometry_(geometry), rank_(rank), world_size_(world_size) {}
+      : geometry_(geometry), rank_(rank), world_size_(world_size), node_traffic_(rank) {}
   // The steps push() and finish() are written in, on the host or the device:
   // one chunk of `count` elements for fold target `target_id` from element `first` into this
   // rank's ring at `owner`, once a slot is free (waiting for credit, folding meanwhile);
@@ -249,16 +227,11 @@ class StreamedStaging {
   // Sends `count` elements of `data` (the owner's shard view) to `owner` in chunks.
   Status send_slice(int owner, uint64_t target_id, uint64_t first, const char* data, DataType dtype,
                     size_t count, StreamHandle stream);
-  // Whether relay pieces go out while the minibatch runs: only where this rank's own calls fold
-  // (the host), so that a piece's contributions are counted when they land in it; a device fold
-  // runs later on the stream, unseen by the host, and keeps every forward for minibatch_end.
-  virtual bool forwards_early() const { return false; }
-  // Early forwarding: `count` elements from element `first` of fold target `target_id` were just
-  // added (a fold, or this rank's own slice); a relay piece they complete becomes ready. Targets
-  // other than relay rows are ignored.
-  void count_relayed(uint64_t target_id, uint64_t first, size_t count);
-  // Clears the counts (minibatch begin: the rows are zero).
-  void reset_relay_counts();
+  // Host folds: Ok unless a chunk of `minibatch` for `target_id` may not be added any more (the
+  // relay rows it targets were forwarded already, NodeRelay::check_fold).
+  Status check_fold(uint64_t target_id, uint64_t minibatch) const {
+    return relay_ != nullptr ? relay_->check_fold(target_id, minibatch) : Status::Ok();
+  }
 
   RingGeometry geometry_;
   const int rank_;
@@ -268,33 +241,8 @@ class StreamedStaging {
   uint64_t credit_waits_carried_ = 0;  // credit waits of the stagings this one replaced
 
  private:
-  // Early forwarding: the fp32 elements of a piece (one chunk's payload), and a piece's place.
-  size_t piece_elements() const { return geometry_.payload_bytes() / sizeof(float); }
-  size_t pieces_per_row(const Relay& relay) const {
-    return (relay.count + piece_elements() - 1) / piece_elements();
-  }
-  // Forwards the pieces made ready so far (push()), waiting for credit where a ring is full.
-  Status forward_ready(StreamHandle stream);
-  // Puts piece `piece` of relay `index`'s rows to its owner as one chunk, then zeroes it.
-  Status forward_piece(size_t index, size_t piece, StreamHandle stream);
-  // minibatch_end, after this node's ends: every relay row (device), or every piece that took a
-  // contribution since it last went out (host).
-  Status forward_rest(StreamHandle stream);
-
-  NodeRoutes routes_;
-  int node_first_ = 0;
-  int node_last_ = 0;
-  std::vector<Relay> relays_;
-  // Early forwarding, per relay (as relays_): per piece (row by row), the contributions folded
-  // into it since it last went out. Host memory of 4 bytes per piece (a piece is >= 64 fp32
-  // elements of relay row: at most 1/64 of the rows' bytes).
-  std::vector<std::vector<uint32_t>> contributions_;
-  // Pieces whose count reached the node's ranks, in that order: (relay's buffer id, piece).
-  std::vector<std::pair<uint64_t, size_t>> ready_;
-  uint64_t forwarded_early_ = 0;
-  std::vector<int> node_of_;  // empty: one node as far as the counts go
-  NodeTraffic node_traffic_;
-  bool in_minibatch_end_ = false;  // inside finish()
+  std::unique_ptr<NodeRelay> relay_;  // null: nothing relayed (one node, or aggregation off)
+  NodeTrafficCounter node_traffic_;
 };
 
 // The host fold (see the top of this file).
@@ -313,7 +261,6 @@ class HostStreamedStaging final : public StreamedStaging {
   Status meet(const char* operation, StreamHandle stream) override;
 
  protected:
-  bool forwards_early() const override { return true; }
   Status send_chunk(int owner, uint64_t target_id, uint64_t first, const void* data, DataType dtype,
                     size_t count, StreamHandle stream) override;
   Status add_local(uint64_t target_id, uint64_t first, const void* data, DataType dtype,

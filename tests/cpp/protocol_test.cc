@@ -409,14 +409,15 @@ TEST(NodeAggregation, EachRankSendsOneSlicePerOtherNode) {
 
 // Several pushes of the same accumulator per minibatch (microbatches), fp32 and bf16, 0 to 3 per
 // rank and minibatch as LB-Mini gives them, under node aggregation on 2 pretend nodes of 4 (host
-// and device steps): sums exact. Bytes across the node boundary, per node and minibatch, with c
-// the node's pushes and a slice one row of the shard in fp32 chunks: the host forwards a piece
-// whenever the node's 4 ranks' worth of contributions are in it, so at most ceil(c / 4) partial
-// sums per piece and at least one when c > 0 (end-only aggregation's count); the device forwards
-// each row once, at minibatch_end. Flat pushes would put c slices per remote owner: fp32 pushes
-// never cross more than flat's bytes, and 1/4 of them when the node pushed whole rounds (c a
-// multiple of 4); bf16 ones, forwarded in fp32, no more than flat's from two pushes on.
-TEST(NodeAggregation, SeveralPushesPerMinibatchExactAndAtMostFlatOverRanksPerNode) {
+// and device steps, one relay rule): sums exact. What crosses the node boundary is the relay rows'
+// forwards and nothing else, all inside minibatch_end (the core's own count, node_traffic(),
+// agrees with the transport's): per node and minibatch, each remote owner receives exactly one
+// row, one fp32 slice, from one carrier of that node, whatever the node's c pushes (0 included:
+// the device cannot tell which rows took contributions, so neither path asks). Flat pushes would
+// put c slices per remote owner: fp32 pushes never cross more than flat's bytes once the node
+// pushed at all, and 1/4 of them when it pushed whole rounds; bf16 ones, forwarded in fp32, no
+// more than flat's from two pushes on.
+TEST(NodeAggregation, SeveralPushesPerMinibatchExactAndOneRowPerOwnerAtMinibatchEnd) {
   const int world = 8;
   const int per_node = 4;
   const size_t count = 1000;
@@ -430,10 +431,12 @@ TEST(NodeAggregation, SeveralPushesPerMinibatchExactAndAtMostFlatOverRanksPerNod
     for (DataType dtype : {DataType::kFloat32, DataType::kBfloat16}) {
       SCOPED_TRACE(std::string(scheme_label(scheme)) + " " + std::string(dtype_name(dtype)));
       auto mem_world = mem::MemWorld::create(world, mem_options_for(scheme, 30, per_node));
-      // Per rank and minibatch: bytes put across the node boundary, and the chunk geometry.
+      // Per rank and minibatch: bytes put across the node boundary, and the chunk geometry; per
+      // rank and owner: bytes put to it over the whole run; per rank: the core's own count.
       std::vector<std::vector<size_t>> across(world, std::vector<size_t>(minibatches));
+      std::vector<std::vector<size_t>> to_owner(world, std::vector<size_t>(world));
       std::vector<size_t> payload(world);
-      std::vector<uint64_t> early(world);
+      std::vector<NodeTraffic> traffic(world);
       const auto outcome = run_threads(world, [&](int rank) -> std::string {
         auto transport =
             std::make_unique<fault::FaultTransport>(mem_world->join(rank), fault::FaultPlan{});
@@ -482,8 +485,9 @@ TEST(NodeAggregation, SeveralPushesPerMinibatchExactAndAtMostFlatOverRanksPerNod
             }
           }
         }
+        for (int p = 0; p < world; ++p) to_owner[rank][p] = counted->bytes_put_to(p);
         payload[rank] = comm.staging()->geometry().payload_bytes();
-        early[rank] = comm.staging()->relay_pieces_forwarded_early();
+        traffic[rank] = comm.staging()->node_traffic();
         return "";
       });
       ASSERT_EQ(describe(outcome), "");
@@ -494,8 +498,27 @@ TEST(NodeAggregation, SeveralPushesPerMinibatchExactAndAtMostFlatOverRanksPerNod
       const size_t push_chunks = (count * push_element + payload[0] - 1) / payload[0];
       const size_t flat_slice = count * push_element + push_chunks * kChunkHeaderBytes;
       int rounds_over_c = 0;  // minibatches where some node pushed more than once per rank
-      uint64_t forwarded_early = 0;
-      for (int rank = 0; rank < world; ++rank) forwarded_early += early[rank];
+      for (int rank = 0; rank < world; ++rank) {
+        size_t total = 0;
+        for (int m = 0; m < minibatches; ++m) total += across[rank][m];
+        // Every byte across nodes is a relay forward inside minibatch_end.
+        EXPECT_EQ(traffic[rank].during_minibatches, 0u) << "rank " << rank;
+        EXPECT_EQ(traffic[rank].in_minibatch_end, total) << "rank " << rank;
+      }
+      for (int owner = 0; owner < world; ++owner) {
+        for (int node = 0; node < world / per_node; ++node) {
+          if (node == owner / per_node) continue;
+          // One carrier of that node sends the owner its row each minibatch, the others nothing.
+          int carriers = 0;
+          for (int r = node * per_node; r < (node + 1) * per_node; ++r) {
+            if (to_owner[r][owner] == 0) continue;
+            ++carriers;
+            EXPECT_EQ(to_owner[r][owner], minibatches * slice)
+                << "rank " << r << " to owner " << owner;
+          }
+          EXPECT_EQ(carriers, 1) << "node " << node << " to owner " << owner;
+        }
+      }
       for (int m = 0; m < minibatches; ++m) {
         for (int node = 0; node < world / per_node; ++node) {
           int c = 0;
@@ -506,36 +529,24 @@ TEST(NodeAggregation, SeveralPushesPerMinibatchExactAndAtMostFlatOverRanksPerNod
           }
           SCOPED_TRACE("minibatch " + std::to_string(m) + " node " + std::to_string(node) + ": " +
                        std::to_string(c) + " pushes");
-          const size_t end_only = c > 0 ? remote_owners * slice : 0;
-          const size_t bound =
-              static_cast<size_t>((c + per_node - 1) / per_node) * remote_owners * slice;
+          EXPECT_EQ(bytes, remote_owners * slice);  // every row, pushed into or not
           const size_t flat = static_cast<size_t>(c) * remote_owners * flat_slice;
-          if (scheme == Scheme::kStreamedDevice) {
-            EXPECT_EQ(bytes, remote_owners * slice);  // every row, pushed into or not
-          } else {
-            EXPECT_GE(bytes, end_only);
-            EXPECT_LE(bytes, bound);
-          }
-          if (dtype == DataType::kFloat32) {
-            // ceil(c / 4) <= c: never more than flat; 1/4 of it when the node pushed whole rounds.
+          if (dtype == DataType::kFloat32 && c > 0) {
+            // One slice against c: never more than flat; 1/4 of it when the node pushed whole
+            // rounds.
             EXPECT_LE(bytes, flat);
             if (c % per_node == 0) {
               EXPECT_LE(bytes * per_node, flat);
             }
           } else if (c >= 2) {
-            // Forwards are fp32: ceil(c / 4) <= c / 2 from two bf16 pushes on (a lone bf16 push
-            // crosses in twice its bytes, as with end-only aggregation).
+            // Forwards are fp32: one fp32 slice is within two bf16 ones (a lone bf16 push crosses
+            // in twice its bytes).
             EXPECT_LE(bytes, flat);
           }
           rounds_over_c += c > per_node ? 1 : 0;
         }
       }
       EXPECT_GT(rounds_over_c, 0) << "no node pushed more than one round: the case is not covered";
-      if (scheme == Scheme::kStreamed) {
-        EXPECT_GT(forwarded_early, 0u) << "nothing forwarded before minibatch_end";
-      } else {
-        EXPECT_EQ(forwarded_early, 0u);
-      }
     }
   }
 }

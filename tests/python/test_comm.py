@@ -336,9 +336,14 @@ def test_node_aggregated_pushes_on_pretend_nodes():
         # minibatch, one chunk (64 B header + 4,000 B) each; nothing in minibatch_end.
         want = 3 * (rank % 3) * 2 * (64 + 4000)
         assert flat == {"during_minibatches": want, "in_minibatch_end": 0}, (rank, flat)
-    # Aggregated: node-summed partial sums instead, fewer bytes across nodes in all.
-    total = [t["during_minibatches"] + t["in_minibatch_end"] for _, _, t in on]
-    assert 0 < sum(total) < sum(t["during_minibatches"] for _, _, t in off), (on, off)
+    # Aggregated: each rank carries one owner of the other node and forwards its row (one chunk)
+    # inside every minibatch_end, pushed into or not (one relay rule, host and device); nothing
+    # crosses during the minibatch; fewer bytes across nodes in all.
+    for rank, (_, _, aggregated) in enumerate(on):
+        want = {"during_minibatches": 0, "in_minibatch_end": 3 * (64 + 4000)}
+        assert aggregated == want, (rank, aggregated)
+    total = [t["in_minibatch_end"] for _, _, t in on]
+    assert sum(total) < sum(t["during_minibatches"] for _, _, t in off), (on, off)
 
 
 def test_deterministic_option():
