@@ -29,24 +29,6 @@ MIB = 1 << 20
 DIM, HIDDEN, LAYERS = 512, 2048, 4
 
 
-def _shard(model):
-    from torch.distributed.fsdp import fully_shard
-
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
-    return model
-
-
-def _params(model):
-    import torch.distributed as dist
-
-    locals_ = {n: p.to_local().detach().cpu().clone() for n, p in model.named_parameters()}
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, locals_)
-    return {n: torch.cat([shards[n] for shards in gathered]) for n in locals_}
-
-
 def _measure(engine, device):
     import torch.distributed as dist
 
@@ -69,9 +51,9 @@ def _train(rank, world, device, offload):
     """Three minibatches, steps after the first and third (the second's sums held across the
     offload, as in tests/python/test_torch_offload.py); returns (parameters, measurements)."""
     import odc.torch
-    from tiny_lm import loss_sum, make_model, minibatch_samples
+    from tiny_lm import full_parameters, loss_sum, make_model, minibatch_samples, shard_blocks
 
-    model = _shard(make_model(dim=DIM, hidden=HIDDEN, layers=LAYERS).to(device))
+    model = shard_blocks(make_model(dim=DIM, hidden=HIDDEN, layers=LAYERS).to(device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     comm = odc.torch.comm_from_process_group(
         device=device.index if device.type == "cuda" else None, deterministic=True
@@ -104,7 +86,7 @@ def _train(rank, world, device, offload):
     minibatch(2)
     optimizer.step()
     optimizer.zero_grad()
-    params = _params(model)
+    params = full_parameters(model)
     engine.comm.close()
     return params, points
 

@@ -16,16 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="odc.torch tests need torch")
 
-from tiny_lm import loss_sum, make_model, minibatch_samples  # noqa: E402
-
-
-def _shard(model):
-    from torch.distributed.fsdp import fully_shard
-
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
-    return model
+from tiny_lm import loss_sum, make_model, minibatch_samples, shard_blocks  # noqa: E402
 
 
 def _grads(model):
@@ -87,11 +78,11 @@ def _migration_rank(rank, world, key, store_path, device="cpu"):
             (loss_sum(single, samples) / tokens).backward()
             fsdp2 = {n: p.grad.cpu() for n, p in single.named_parameters()}
         else:  # plain FSDP2, averaging over ranks (its default), loss normalized as its users do
-            plain = _shard(make_model())
+            plain = shard_blocks(make_model())
             (loss_sum(plain, mine) * world / tokens).backward()
             fsdp2 = _grads(plain)
 
-        model = _shard(make_model().to(device))
+        model = shard_blocks(make_model().to(device))
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
         comm = odc.Comm(rank, world, key, timeout=30, device=0 if on_gpu else None)
         engine = odc.torch.OdcFSDP(model, comm, optimizer)
@@ -198,7 +189,7 @@ def _migration_rank(rank, world, key, store_path, device="cpu"):
             found["collective"] = str(error)
         # bfloat16 parameters: .grad is a bfloat16 copy of the sums, not a view; what it holds
         # (here halved in place) is what the next block adds to.
-        model16 = _shard(make_model().to(device=device, dtype=torch.bfloat16))
+        model16 = shard_blocks(make_model().to(device=device, dtype=torch.bfloat16))
         comm16 = odc.Comm(rank, world, key + "-bf16", timeout=30, device=0 if on_gpu else None)
         engine16 = odc.torch.OdcFSDP(model16, comm16)
         with engine16.minibatch():

@@ -11,26 +11,13 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="odc.torch tests need torch")
 
-from tiny_lm import loss_sum, make_model, minibatch_samples  # noqa: E402
-
-
-def _shard(model):
-    from torch.distributed.fsdp import fully_shard
-
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
-    return model
-
-
-def _params(model):
-    """Every parameter in full, on the CPU (gathered through gloo)."""
-    import torch.distributed as dist
-
-    locals_ = {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, locals_)
-    return {n: torch.cat([shards[n] for shards in gathered]) for n in locals_}
+from tiny_lm import (  # noqa: E402
+    full_parameters,
+    loss_sum,
+    make_model,
+    minibatch_samples,
+    shard_blocks,
+)
 
 
 def _mapped(key, rank):
@@ -65,7 +52,7 @@ def _train(rank, world, offload, found):
     third (with the sums held), checked there."""
     import odc.torch
 
-    model = _shard(make_model())
+    model = shard_blocks(make_model())
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     # Deterministic: sums in a fixed order (the held sums, then rank 0's push, then rank 1's),
     # so that two runs can be compared bit for bit; reload()'s new communicator is so too.
@@ -109,7 +96,7 @@ def _train(rank, world, offload, found):
     minibatch(2)  # adds to the second's sums
     optimizer.step()
     optimizer.zero_grad()
-    params = _params(model)
+    params = full_parameters(model)
     if offload:  # the calls out of order
         found["reload_without_offload"] = _error(engine.reload)
         engine.minibatch_begin()

@@ -58,6 +58,27 @@ def make_model(vocab=None, dim=None, hidden=None, heads=None, layers=2):
     return TinyLM()
 
 
+def shard_blocks(model):
+    """FSDP2 as the tests use it: each block, then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def full_parameters(model):
+    """Every parameter in full, as CPU copies (FSDP2 shards dim 0; gathered through gloo on CPU
+    tensors: DTensor's own full_tensor() crashes gloo with CUDA tensors). Collective."""
+    import torch.distributed as dist
+
+    local = {n: p.to_local().detach().cpu().clone() for n, p in model.named_parameters()}
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    return {n: torch.cat([shards[n] for shards in gathered]) for n in local}
+
+
 def minibatch_samples(step, num_samples=MINIBATCH, shortest=4, longest=24, vocab=VOCAB):
     """`num_samples` token sequences of shortest..longest tokens (seeded by step)."""
     rng = np.random.default_rng(100 + step)
