@@ -262,3 +262,37 @@ def test_nvshmem_runs_exchange_kv_through_nccl():
     for exchange in ("odc", "both"):
         with pytest.raises(UsageError, match="--kv-exchange nccl"):
             run_matrix(split="auto", kv_exchange=exchange, transport="nvshmem")
+
+
+def test_steal_both_runs_every_odc_run_without_then_with_stealing():
+    specs = run_matrix(compare=True, steal="both")
+    assert [(s.comm, s.steal) for s in specs] == [
+        ("collective", False),
+        ("odc", False),
+        ("odc", True),
+    ]
+    assert [s.label for s in specs][-1] == "odc + lb-mini + steal"
+    assert [s.steal for s in run_matrix(baselines=True, steal="on")] == [False] * 4 + [True]
+
+
+def test_steal_without_an_odc_run_is_refused():
+    with pytest.raises(UsageError, match="none of the runs is an ODC run"):
+        run_matrix(comm="collective", policy="lb-micro", steal="on")
+    with pytest.raises(UsageError, match="--steal must be off, on or both"):
+        run_matrix(steal="yes")
+
+
+def test_rank_slowdown_parses_and_names_the_mistake():
+    from odc.train.__main__ import parse_rank_slowdown
+
+    assert parse_rank_slowdown(None, 4) == {}
+    assert parse_rank_slowdown(["1:1.3", "3:2"], 4) == {1: 1.3, 3: 2.0}
+    for texts, message in (
+        (["4:1.3"], "rank 4 is not one of the 4 ranks"),
+        (["1:0.5"], "FACTOR must be >= 1"),
+        (["1"], "must be RANK:FACTOR"),
+        (["1:x"], "must be RANK:FACTOR"),
+        (["1:1.2", "1:1.3"], "names rank 1 twice"),
+    ):
+        with pytest.raises(UsageError, match=message):
+            parse_rank_slowdown(texts, 4)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -41,7 +41,7 @@ from ..comm import Comm
 from ..errors import TIMEOUT as _TIMEOUT
 from ..errors import Error, InvalidArgument, InvalidUsage
 from . import _fsdp2_internals as internals
-from . import heap, hybrid
+from . import heap, hybrid, stealing
 from ._collectives import OdcAllGather, OdcReduceScatter
 from ._group import EngineState, GroupState, buffer_name, comm_view
 from .process_group import remake_comm
@@ -636,6 +636,43 @@ class OdcFSDP:
             return lambda index: True
         values = gathered.cpu().tolist()
         return lambda index: values[index] > 0.0
+
+    def microbatches(
+        self,
+        plan: Any,
+        *,
+        costs: Optional[Sequence[Sequence[float]]] = None,
+        lengths: Optional[Sequence[int]] = None,
+        cost: Sequence[float] = (1.0, 0.0, 0.0),
+        steal: bool = True,
+    ) -> Iterator["stealing.Claimed"]:
+        """Inside a minibatch: the microbatches this rank should compute now, as lists of sample
+        indices (each also carries .queue, .index and .stolen: where the plan put it).
+
+            with engine.minibatch():
+                for samples in engine.microbatches(plan["minibatches"][step], lengths=lengths):
+                    odc.torch.scale_loss(loss_sum(samples), global_tokens).backward()
+
+        `plan`: this minibatch of odc.plan's result, or every rank's microbatches (lists of
+        sample indices), the same on every rank (collective: every rank iterates to the end).
+        This rank's own microbatches come first; once they are all claimed it takes the last
+        unclaimed microbatch of the rank with the most predicted work left (work stealing,
+        docs/torch.md): each planned microbatch is computed exactly once, by some rank, and its
+        gradients reach their owners whoever computed it. Predicted costs: `costs` (per rank,
+        per microbatch), or priced from `lengths` (every sample's tokens) with the planner's
+        cost model `cost` = (a, b, c[, floor]), else 1 each. On a GPU a claim waits until this
+        rank's GPU has at most one microbatch queued, so a rank whose GPU is slow stops claiming.
+        steal=False yields this rank's own microbatches only (the plan as planned). Stealing
+        changes which rank pushes a microbatch, so the deterministic mode refuses it."""
+        return stealing.microbatches(
+            self, plan, costs=costs, lengths=lengths, cost=cost, steal=steal
+        )
+
+    def steal_stats(self) -> dict:
+        """Microbatches this rank took from its own queue and from other ranks' (`own`,
+        `stolen`: the current or last minibatch; `own_total`, `stolen_total`: since the
+        communicator was made)."""
+        return self.comm.work_board_stats()
 
     @contextlib.contextmanager
     def minibatch(self) -> Iterator["OdcFSDP"]:

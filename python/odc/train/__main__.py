@@ -193,6 +193,25 @@ def _add_layout(parser) -> None:
         "ODC runs on a flat mesh (measured faster on 4 H200s), nccl for the others",
     )
     parser.add_argument(
+        "--steal",
+        choices=["off", "on", "both"],
+        default="off",
+        help="work stealing in ODC runs: a rank that ran out of planned microbatches takes the "
+        "last one of the rank with the most predicted work left (OdcFSDP.microbatches); both: "
+        "every ODC run twice, without and with (the table shows the microbatches moved). "
+        "Default off",
+    )
+    parser.add_argument(
+        "--rank-slowdown",
+        type=_TEXT,
+        action="append",
+        metavar="RANK:FACTOR",
+        help="make rank RANK FACTOR times slower (>= 1; repeatable): after each of its "
+        "microbatches it waits for its GPU and sleeps (FACTOR - 1) x the microbatch's time, "
+        "inside the microbatch's timing. Unplanned (the planner assumes equal speeds): what "
+        "stealing corrects",
+    )
+    parser.add_argument(
         "--microbatch-memory",
         choices=["lb-micro", "cap"],
         default="lb-micro",
@@ -335,6 +354,25 @@ def parse_cost(text: str):
     return values if len(values) == 4 else (*values, 0.0)
 
 
+def parse_rank_slowdown(texts, ranks: int) -> dict:
+    """['RANK:FACTOR', ...] -> {rank: factor}, rank < ranks, factor >= 1 (finite)."""
+    slowdown = {}
+    for text in texts or ():
+        try:
+            rank_text, factor_text = text.split(":")
+            rank, factor = whole_number(rank_text), finite_number(factor_text)
+        except ValueError:
+            usage_error(f"--rank-slowdown must be RANK:FACTOR (e.g. 1:1.3), got '{text}'")
+        if not 0 <= rank < ranks:
+            usage_error(f"--rank-slowdown {text}: rank {rank} is not one of the {ranks} ranks")
+        if factor < 1.0:
+            usage_error(f"--rank-slowdown {text}: FACTOR must be >= 1 (1: not slowed)")
+        if rank in slowdown:
+            usage_error(f"--rank-slowdown names rank {rank} twice")
+        slowdown[rank] = factor
+    return slowdown
+
+
 def parse_mesh(text):
     """'R,S' -> (R, S), R >= 1 replicas of S >= 2 ranks; None without --mesh."""
     if text is None:
@@ -387,6 +425,7 @@ def _main(argv) -> int:
         kv_exchange=args.kv_exchange,
         mesh=mesh,
         transport=os.environ.get("ODC_TRANSPORT"),
+        steal=args.steal,
     )
     try:
         import torch
@@ -399,6 +438,7 @@ def _main(argv) -> int:
     device = _choose_device(args, torch)
     launcher = Launcher(device)
     ranks, preset = _ranks_and_preset(args, launcher, device, torch)
+    args.rank_slowdown_by_rank = parse_rank_slowdown(args.rank_slowdown, ranks)
     from .model import PRESETS
 
     lengths = load_lengths(args, PRESETS[preset]["vocab_size"])
@@ -611,6 +651,8 @@ def _run_config(args, spec: RunSpec, cost, *, preset, device, lengths, max_token
         optimizer=args.optimizer,
         compile_blocks=args.compile,
         profile_dir=args.profile,
+        steal=spec.steal,
+        rank_slowdown=args.rank_slowdown_by_rank,
     )
 
 
@@ -717,6 +759,8 @@ def _run_label(result) -> str:
     label = result["policy"]
     if result.get("split") == "auto":
         label += "+split" + ("/odc" if result.get("kv_exchange") == "odc" else "")
+    if result.get("steal"):
+        label += "+steal"
     return label
 
 
@@ -731,6 +775,13 @@ def print_table(results) -> None:
         "microbatch"
     )
     verdicts = _print_runs(results)
+    for r in results:
+        if r.get("steal"):
+            print(
+                f"{r['comm']} + {_run_label(r)}: {r['microbatches_moved']} of "
+                f"{r['microbatches_run']} microbatches ran on a rank other than the planned one "
+                "(work stealing)"
+            )
     print()
     print(_loss_verdict(results))
     for verdict in verdicts:

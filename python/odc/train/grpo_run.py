@@ -143,7 +143,8 @@ class GrpoRun(Run):
 
         indices, forward, _ = self.rl_steps[rl_step]
         (plan,) = forward["minibatches"]
-        mine = [[indices[i] for i in mb] for mb in plan["ranks"][self.rank]["microbatches"]]
+        # Every rank's forward microbatches, by rollout index (the work board needs them all).
+        queues = [[[indices[i] for i in mb] for mb in r["microbatches"]] for r in plan["ranks"]]
         seconds = {}
         for name, model, engine in (
             ("old_logprobs", self.model, self.engine),
@@ -152,7 +153,7 @@ class GrpoRun(Run):
             self.clock.sync()
             dist.barrier()
             begin = time.perf_counter()
-            found = self._forward_only(model, engine, mine)
+            found = self._forward_only(model, engine, queues)
             self.clock.sync()
             seconds[name] = time.perf_counter() - begin
             store = self.old if name == "old_logprobs" else self.ref
@@ -170,10 +171,13 @@ class GrpoRun(Run):
         self.advantages = dict(zip(indices, grpo.group_advantages(rewards, groups)))
         self.phase_seconds.append(seconds)
 
-    def _forward_only(self, model, engine, microbatches) -> dict:
+    def _forward_only(self, model, engine, queues) -> dict:
         """{rollout: (log-probs, entropy) of its tokens, on the device} for this rank's forward
-        microbatches. Nothing is read back here: a copy to the host per rollout would stall the
-        host once per microbatch inside the timed phase (it only enqueues, as in training)."""
+        microbatches (queues: every rank's, by rollout index; with stealing, the work board's
+        claims decide which this rank runs: the exchange after it sends every rank's results to
+        every rank, so who computed one does not matter). Nothing is read back here: a copy to
+        the host per rollout would stall the host once per microbatch inside the timed phase (it
+        only enqueues, as in training)."""
         import torch
 
         found = {}
@@ -181,6 +185,11 @@ class GrpoRun(Run):
         # gathered once around it (arms.GradientSync.forward_only); else FSDP2 as is.
         scope = engine.minibatch() if engine is not None else self.sync.forward_only(model)
         with scope, torch.no_grad():
+            if self.config.steal:
+                cost = _forward_costs(self.cost, self.config.activation_checkpointing)
+                microbatches = engine.microbatches(queues, lengths=self.sample_lengths, cost=cost)
+            else:
+                microbatches = queues[self.rank]
             for microbatch in microbatches:
                 packed, labels = self._packed(microbatch)
                 t = self.trainer._to_device
@@ -202,11 +211,11 @@ class GrpoRun(Run):
             labels[begin : begin + self.rollouts[i].prompt_tokens - 1] = grpo.IGNORE_INDEX
         return packed, self.trainer._to_device(labels)
 
-    def _microbatch(self, microbatch: list, global_tokens: int):
+    def _microbatch(self, microbatch: list, global_tokens: int, detail: Optional[dict] = None):
         """One update microbatch: the clipped objective on the response tokens (Run._timed).
         An empty (padding) microbatch runs as Run's: one token, no loss term."""
         if not microbatch:
-            return super()._microbatch(microbatch, global_tokens)
+            return super()._microbatch(microbatch, global_tokens, detail)
 
         packed, labels = self._packed(microbatch)
         self.probe.enter("microbatch", packed.num_tokens)
@@ -221,7 +230,7 @@ class GrpoRun(Run):
         objective = grpo.ppo_objective(
             per_token(self.old), device(advantages), per_token(self.ref), self.rl.kl_coef
         )
-        detail = {"lengths": [self.rollouts[i].length for i in microbatch]}
+        detail = {**(detail or {}), "lengths": [self.rollouts[i].length for i in microbatch]}
         return self._timed(packed, global_tokens, detail, objective=objective, labels=labels)
 
     def _planned_microbatch_tokens(self) -> List[int]:

@@ -51,14 +51,17 @@ class RunSpec:
     split: str  # "off" | "auto"
     kv_exchange: str  # "nccl" | "odc": how a split group exchanges K/V
     mesh: Optional[Tuple[int, int]]  # (replicas, shards) of an HSDP mesh; None: flat (1-D)
+    # ODC runs: ranks that run out of planned microbatches take other ranks' (work stealing,
+    # OdcFSDP.microbatches); always False for the FSDP2 arms.
+    steal: bool = False
 
     @property
     def label(self) -> str:
-        """'odc + lb-mini + split (K/V through odc)': how the progress lines name the run."""
+        """'odc + lb-mini + split (K/V through odc) + steal': how the progress lines name the run."""
         label = f"{self.comm} + {self.policy}" + (" + split" if self.split == "auto" else "")
         if self.split == "auto" and self.comm == "odc":
             label += f" (K/V through {self.kv_exchange})"
-        return label
+        return label + (" + steal" if self.steal else "")
 
 
 def run_matrix(
@@ -72,13 +75,17 @@ def run_matrix(
     kv_exchange: str = "auto",
     mesh: Optional[Tuple[int, int]] = None,
     transport: Optional[str] = None,
+    steal: str = "off",
 ) -> list:
     """The runs, in the order they run, for the command-line options of the same names (defaults
     as on the command line; `all_runs` is --all). `mesh` is the parsed --mesh with more than one
     replica, or None (flat: no --mesh, or one replica). `transport` is $ODC_TRANSPORT (None:
     unset): NVSHMEM cannot split a communicator, so its runs exchange K/V through NCCL. Raises
-    UsageError for a combination that cannot run, with the command line's message."""
+    UsageError for a combination that cannot run, with the command line's message. `steal`:
+    "off", "on" (every ODC run steals) or "both" (every ODC run twice: without, then with)."""
     _check(comm, policy, compare or all_runs or baselines, split, kv_exchange, mesh)
+    if steal not in ("off", "on", "both"):
+        usage_error(f"--steal must be off, on or both, got {steal!r}")
     if baselines and (compare or all_runs):
         usage_error("--baselines runs its own five arms: drop --compare/--all")
     if baselines and split == "auto":
@@ -108,11 +115,26 @@ def run_matrix(
         ]
     if mesh is not None and compare:  # hybrid against flat ODC on the same ranks
         runs.append(("odc", "lb-mini", split, None))
-    return [
-        RunSpec(c, p, s, exchange, m)
+    specs = [
+        RunSpec(c, p, s, exchange, m, stealing)
         for c, p, s, m in runs
         for exchange in _exchanges(c, s, kv_exchange, m, transport)
+        for stealing in _stealing(c, steal)
     ]
+    if steal != "off" and not any(spec.steal for spec in specs):
+        usage_error(
+            f"--steal {steal}: none of the runs is an ODC run (only ODC lets a rank compute "
+            "another rank's microbatch): add --comm odc, --compare or --baselines"
+        )
+    return specs
+
+
+def _stealing(comm: str, steal: str) -> tuple:
+    """The steal settings one run is made with: ODC runs take --steal (both: without, then
+    with); FSDP2 arms cannot steal (every rank runs its own microbatches in lockstep)."""
+    if comm != "odc" or steal == "off":
+        return (False,)
+    return (False, True) if steal == "both" else (True,)
 
 
 def _split_of(comm: str, policy: str, split: str) -> str:

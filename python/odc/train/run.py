@@ -14,6 +14,7 @@ waits inside a minibatch and queues work ahead as in real training; on the CPU, 
 from __future__ import annotations
 
 import gc
+import math
 import os
 import sys
 import time
@@ -70,6 +71,14 @@ class RunConfig:
     # (None: no profiling). The profiler slows that minibatch: its timings are kept out of the
     # results (the minibatch runs once more after the measured ones).
     profile_dir: Optional[str] = None
+    # ODC runs: claim microbatches through the work board (OdcFSDP.microbatches): a rank whose
+    # planned microbatches are all claimed takes the last one of the rank with the most predicted
+    # work left. The plan and the loss normalization stay the minibatch's.
+    steal: bool = False
+    # {rank: factor}: that rank runs factor times slower (--rank-slowdown): after each of its
+    # microbatches it waits for its device and sleeps (factor - 1) x the microbatch's time, inside
+    # the microbatch's timing (busy time, as a slower GPU's would be).
+    rank_slowdown: dict = field(default_factory=dict)
 
 
 # The SMs odc's data kernels size their grids for in training (odc.Comm's cuda_sms;
@@ -261,6 +270,15 @@ def _check_config(config: RunConfig) -> None:
         raise InvalidArgument("the odc K/V exchange (kv_exchange 'odc') needs comm 'odc'")
     if config.kv_exchange == "odc" and config.mesh is not None:
         raise InvalidArgument("the odc K/V exchange (kv_exchange 'odc') needs a flat mesh")
+    if config.steal and config.comm != "odc":
+        raise InvalidArgument(
+            f"steal needs comm 'odc' ({config.comm} runs every rank's own microbatches in step)"
+        )
+    for rank, factor in config.rank_slowdown.items():
+        if not (isinstance(rank, int) and rank >= 0 and math.isfinite(factor) and factor >= 1.0):
+            raise InvalidArgument(
+                f"rank_slowdown: expected {{rank: factor >= 1}}, got {{{rank!r}: {factor!r}}}"
+            )
 
 
 class Run:
@@ -284,6 +302,7 @@ class Run:
         # Per minibatch, the total gradient norm clip_grad_norm_ saw (before clipping): equal in
         # every arm that sums the same gradients (the summary's agreement check).
         self.grad_norms: List[float] = []
+        self._sample_lengths: Optional[List[int]] = None
 
     # -- setup ---------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -564,10 +583,19 @@ class Run:
         # start of the minibatch and no member waits for another's unrelated work.
         for split in minibatch.get("splits", []):
             loss += self._split_chunk(split, global_tokens)
-        microbatches = minibatch["ranks"][self.rank]["microbatches"]
-        for index, microbatch in enumerate(microbatches):
-            self.sync.before_microbatch(last=index == len(microbatches) - 1)
-            loss += self._microbatch(microbatch, global_tokens)
+        if self.config.steal:
+            # Which microbatches this rank runs is decided as it goes (the work board); ODC's
+            # GradientSync does nothing per microbatch, so no "last" is needed.
+            for claimed in self.engine.microbatches(
+                minibatch, lengths=self.sample_lengths, cost=self.cost
+            ):
+                detail = {"queue": claimed.queue, "index": claimed.index}
+                loss += self._microbatch(list(claimed), global_tokens, detail)
+        else:
+            microbatches = minibatch["ranks"][self.rank]["microbatches"]
+            for index, microbatch in enumerate(microbatches):
+                self.sync.before_microbatch(last=index == len(microbatches) - 1)
+                loss += self._microbatch(microbatch, global_tokens)
         record = self._tail(start_wall)
         if self.counter is not None:
             record.collectives = self.counter.take()
@@ -589,6 +617,13 @@ class Run:
         begin, host = self.clock.mark(), time.perf_counter()
         loss = self.trainer.microbatch(packed, global_tokens, **microbatch_options)
         detail["host_seconds"] = time.perf_counter() - host
+        slowdown = self.config.rank_slowdown.get(self.rank, 1.0)
+        if slowdown != 1.0:
+            # A slower GPU, played: wait for this microbatch (the previous one was waited for
+            # too, so the wait is its own time), then that time again x (factor - 1), before the
+            # end mark: the microbatch's measured time is factor x its own.
+            self.clock.sync()
+            time.sleep((slowdown - 1.0) * (time.perf_counter() - host))
         self._marks.append((begin, self.clock.mark(), packed.num_tokens))
         self._details.append(detail)
         return loss
@@ -606,13 +641,20 @@ class Run:
         detail = {"split": {"length": len(sample), "pieces": pieces, "members": chunk.members}}
         return self._timed(packed, global_tokens, detail, split=chunk)
 
-    def _microbatch(self, microbatch: list, global_tokens: int):
+    def _microbatch(self, microbatch: list, global_tokens: int, detail: Optional[dict] = None):
         from .data import pack
 
         packed = pack([self.samples[i] for i in microbatch])
         self.probe.enter("microbatch", packed.num_tokens)
-        detail = {"lengths": [len(self.samples[i]) for i in microbatch]}
+        detail = {**(detail or {}), "lengths": [len(self.samples[i]) for i in microbatch]}
         return self._timed(packed, global_tokens, detail)
+
+    @property
+    def sample_lengths(self) -> List[int]:
+        """Every sample's tokens, by the plan's sample index (the work board prices with them)."""
+        if self._sample_lengths is None:
+            self._sample_lengths = [len(s) for s in self.samples]
+        return self._sample_lengths
 
     def _tail(self, start_wall: float) -> RankRecord:
         """minibatch_end, clipping, the step, zero_grad and the GPU's end, each timed."""

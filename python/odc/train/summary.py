@@ -27,7 +27,23 @@ def summarize_run(config, plan, gathered, losses, num_steps, world_size) -> dict
         **_hybrid_summary(config, gathered, num_steps, world_size),
         "last_span_seconds": max(gathered[r][0][last]["span"] for r in range(world_size)),
         **_edges(config, gathered, num_steps, world_size),
+        **_stealing(config, gathered, measured, world_size),
     }
+
+
+def _stealing(config, gathered, measured, world_size) -> dict:
+    """Work stealing: the measured minibatches' microbatches and how many of them a rank other
+    than the planned one ran (the work board's claims, run.py)."""
+    if not getattr(config, "steal", False):
+        return {"steal": False}
+    run = moved = 0
+    for rank in range(world_size):
+        for step in measured:
+            for detail in gathered[rank][0][step]["details"]:
+                if "queue" in detail:
+                    run += 1
+                    moved += detail["queue"] != rank
+    return {"steal": True, "microbatches_run": run, "microbatches_moved": moved}
 
 
 def _cuda_sms(config) -> Optional[str]:
