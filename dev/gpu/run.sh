@@ -20,7 +20,8 @@
 # no other list, and a multi-arm command fits the cost once, in its first arm); and
 # RL_SMOKE=0 (rl-baselines without its tiny run).
 # and for nvshmem-train NVTRAIN_7B=1, NVTRAIN_ARMS, NVTRAIN_STEPS, NVTRAIN_MAX_LENGTH, NVTRAIN_POLICY
-# (nvshmem-probe: NVPROBE_BUILDS), HOST_FLOOR_PRESET (host-floor).
+# (nvshmem-probe: NVPROBE_BUILDS), HOST_FLOOR_PRESET (host-floor), STEAL_SLOWDOWN (steal: the
+# slowed rank's factor, default 1.3) and STEAL_STEPS (default 6).
 set -uo pipefail
 
 usage() {
@@ -33,7 +34,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 stages=(node-schemes streamed deterministic deterministic-memory cuda-timing bench-before-after
   fit torch-migration torch-frozen torch-split gpu-suite gpu-suite-1 gpu-suite-2 gpu-suite-3
   balanced-tail small-microbatch sm-budget
-  rl-baselines sft-baselines nvshmem-train nvshmem-probe host-floor)
+  rl-baselines sft-baselines nvshmem-train nvshmem-probe host-floor steal-check steal)
 snapshot="" old="" chosen=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -45,6 +46,48 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ ${#chosen[@]} -gt 0 ] || usage
+# Issue #45, correctness on any GPU count (ranks share a GPU where there are fewer): the work
+# board's claims over the CUDA transport and NVSHMEM (tests/gpu/test_work_board_gpu.py), then
+# odc.torch's stealing loop with CUDA models (the CPU test's body, ranks sharing the GPUs).
+stage_steal_check() {
+  local env_new
+  env_new=$(libs "$snapshot")
+  build_dirs "$snapshot"
+  stage board-gpu 400 env $env_new python3 -m pytest -q -p no:cacheprovider --noconftest \
+    "$src_dir/tests/gpu/test_work_board_gpu.py"
+  stage torch-steal-cuda 300 env $env_new OMP_NUM_THREADS=2 python3 -c "
+import os, tempfile, odc
+from tiny_lm import plans, max_diff, reference_state
+from test_torch_stealing import _steal_rank, STEPS
+schedule = plans(3, 'lb-mini')
+with tempfile.TemporaryDirectory() as d:
+    results = odc.launch(_steal_rank, 3, os.path.join(d, 'store'), schedule, 0, 0.3, 'cuda',
+                         timeout=280)
+for step in range(STEPS):
+    ran = sorted((q, i) for claims, _, _ in results for q, i, _ in claims[step])
+    assert ran == sorted((q, i) for q in range(3) for i in range(len(schedule[step][q]))), step
+print('max diff to the single-process reference', max_diff(results[0][1], reference_state()))
+print('stolen per rank', [stats['stolen_total'] for _, _, stats in results])"
+}
+
+# Issue #45's benchmark on every GPU (2+): SFT (LongAlign-like, 1.5b) and GRPO (the shipped RL
+# rollouts) with ODC + LB-Mini without and with stealing (--steal both), first with every rank at
+# full speed, then with rank 1 slowed STEAL_SLOWDOWN times (default 1.3); the tables show the
+# microbatches moved and each run's bubble.
+stage_steal() {
+  local env_new dest="$out/steal" train slow=${STEAL_SLOWDOWN:-1.3} steps=${STEAL_STEPS:-6}
+  env_new=$(libs "$snapshot")
+  mkdir -p "$dest"
+  train_all_gpus --preset 1.5b --comm odc --policy lb-mini --steal both --steps "$steps"
+  stage sft-even 590 env $env_new "${train[@]}" --lengths data/longalign_like.txt \
+    --max-length 65536 --samples-per-rank 8 --output "$dest/sft_even.json"
+  stage sft-slow 590 env $env_new "${train[@]}" --lengths data/longalign_like.txt \
+    --max-length 65536 --samples-per-rank 8 --rank-slowdown "1:$slow" \
+    --output "$dest/sft_slow.json"
+  stage grpo-slow 590 env $env_new "${train[@]}" --task grpo --rollouts data/grpo_math_like.tsv \
+    --max-tokens 20480 --rank-slowdown "1:$slow" --output "$dest/grpo_slow.json"
+}
+
 for name in "${chosen[@]}"; do
   [[ " ${stages[*]} " == *" $name "* ]] || { echo "run.sh: unknown stage '$name'" >&2; usage; }
 done

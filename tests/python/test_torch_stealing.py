@@ -15,6 +15,7 @@ from tiny_lm import (
     LR,
     MAX_NORM,
     STEPS,
+    full_parameters,
     loss_sum,
     make_model,
     max_diff,
@@ -27,26 +28,29 @@ from tiny_lm import (
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def _steal_rank(rank, world_size, key, store_path, schedule, slow_rank, sleep_seconds):
+def _steal_rank(
+    rank, world_size, key, store_path, schedule, slow_rank, sleep_seconds, device="cpu"
+):
     """Trains STEPS minibatches with engine.microbatches(plan); rank `slow_rank` sleeps before
     each of its microbatches. Returns (claims per step as (queue, index, samples), final full
-    state, steal stats)."""
+    state, steal stats). device "cuda": every rank on GPU rank % count (dev/gpu/run.sh
+    steal-check; ranks may share one, FSDP2's few collectives through gloo)."""
     import torch.distributed as dist
 
     import odc.torch
+    from test_torch_fsdp2_frozen import _join
 
-    dist.init_process_group(
-        "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
-    )
+    gpu = _join(rank, world_size, store_path, device)
+    where = "cpu" if gpu is None else f"cuda:{gpu}"
     try:
         torch.manual_seed(0)
-        model = shard_blocks(make_model())
+        model = shard_blocks(make_model().to(where))
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-        comm = odc.Comm(rank, world_size, key, timeout=60)
+        comm = odc.Comm(rank, world_size, key, timeout=60, device=gpu)
         engine = odc.torch.OdcFSDP(model, comm, optimizer)
         claims = []
         for step in range(STEPS):
-            samples = minibatch_samples(step)
+            samples = [t.to(where) for t in minibatch_samples(step)]
             tokens = sum(int(t.shape[1]) - 1 for t in samples)
             lengths = [int(t.shape[1]) for t in samples]
             mine = []
@@ -62,9 +66,7 @@ def _steal_rank(rank, world_size, key, store_path, schedule, slow_rank, sleep_se
             optimizer.zero_grad()
             claims.append(mine)
         stats = engine.steal_stats()
-        state = {
-            k: v.full_tensor().float().cpu().numpy().copy() for k, v in model.state_dict().items()
-        }
+        state = {k: v.float().numpy() for k, v in full_parameters(model).items()}
         comm.close()
         return claims, state, stats
     finally:

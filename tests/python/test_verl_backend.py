@@ -46,7 +46,9 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # no
 
 from odc.verl.engine import OdcEngineWithLMHead, OdcEngineWithValueHead  # noqa: E402
 
-PYTHON = Path(__file__).resolve().parents[2] / "python"
+# The odc this test imports (the source tree with ODC_LIBRARY, or an installed package, as in the
+# full tier's .venv-verl): its subprocesses import the same one.
+PYTHON = Path(odc.__file__).resolve().parents[1]
 MAX_TOKENS = 16  # per microbatch (verl's max_token_len_per_gpu)
 LENGTHS = {0: [14, 13, 12], 1: [3, 2, 2]}  # rank 0: 39 tokens, 3 microbatches; rank 1: 7, 1
 # The PPO task's (prompt, response) lengths: the same totals per sample as LENGTHS.
