@@ -484,6 +484,11 @@ class Comm:
         _capi.check_comm(_capi.lib.odcCommDestroy(handle))
 
     @property
+    def closed(self) -> bool:
+        """close() was called (every call on it raises odc.InvalidUsage since)."""
+        return self._handle is None
+
+    @property
     def release_pending(self) -> bool:
         """Closed, but its memory is still held because views of its buffers are alive (close()
         released it only when the last one is gone)."""

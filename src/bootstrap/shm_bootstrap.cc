@@ -203,8 +203,16 @@ void track_claim(int fd, bool open) {
 constexpr const char* kOwnKeyAdvice =
     ": give every job its own key (odc.launch and odc.torch.comm_from_process_group draw one "
     "per job; docs/runtime.md)";
-// A job that meets another on its key while its own ranks are still joining fails too.
-constexpr const char* kBothFail = "; both jobs fail rather than pair ranks across jobs";
+// Told to the holder of a slot, which reads it only while its own ranks are still joining
+// (check_claim drops it once they have all met): then both jobs do fail.
+constexpr const char* kBothFail =
+    "; this job's ranks had not all met yet, so both jobs fail rather than pair ranks across jobs "
+    "(a job whose ranks have all met goes on)";
+// Returned to a rank refused while it joins: it cannot tell whether the other job's ranks had all
+// met (the other job reads the collision only while it is still joining), so it says both cases.
+constexpr const char* kRefusedHere =
+    ": this rank is refused (it has not joined); the other job goes on if its ranks had all met, "
+    "else it fails too rather than pair ranks across jobs";
 
 // Control names of the bootstraps alive in this process, removed at exit when their owner never
 // closed them (a Python process that ends without close()). Each with the pid that made it: a
@@ -360,12 +368,9 @@ Status ShmBootstrap::claim_rank() {
   notify_collision(rank_, "another job is using key '" + key_ + "': process " +
                               std::to_string(::getpid()) + " also claimed rank " +
                               std::to_string(rank_) + kBothFail + kOwnKeyAdvice);
-  return Status::InvalidUsage("another job is using key '" + key_ + "': rank " +
-                              std::to_string(rank_) +
-                              " of it is held by a live process (the key is in use; that job goes "
-                              "on if its ranks had all met, else it fails too rather than pair "
-                              "ranks across jobs)" +
-                              kOwnKeyAdvice);
+  return Status::InvalidUsage(
+      "another job is using key '" + key_ + "': rank " + std::to_string(rank_) +
+      " of it is held by a live process (the key is in use)" + kRefusedHere + kOwnKeyAdvice);
 }
 
 void ShmBootstrap::notify_collision(int peer, const std::string& reason) const {
@@ -636,7 +641,7 @@ Result<bool> ShmBootstrap::try_map_peer(int peer, Clock::time_point& dead_since)
       return Status::InvalidUsage(
           "another job is using key '" + key_ + "': rank " + std::to_string(peer) + " (pid " +
           std::to_string(peer_block->pid) + ") was started by another launch (its " + theirs +
-          "; this rank's " + ours + ")" + kBothFail + kOwnKeyAdvice);
+          "; this rank's " + ours + ")" + kRefusedHere + kOwnKeyAdvice);
     }
     if (peer_block->world_size != static_cast<uint32_t>(world_size_)) {
       return Status::InvalidArgument("rank " + std::to_string(peer) + " joined key '" + key_ +

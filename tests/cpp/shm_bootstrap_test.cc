@@ -78,6 +78,11 @@ TEST(ShmBootstrap, KeyStaysReservedAfterInitAndIsFreedOnClose) {
     ASSERT_FALSE(second.ok());
     EXPECT_NE(second.status().message().find("is in use"), std::string::npos)
         << second.status().message();
+    // The message says what happens: this job alone is refused, the first one goes on.
+    EXPECT_NE(second.status().message().find("this rank is refused"), std::string::npos)
+        << second.status().message();
+    EXPECT_EQ(second.status().message().find("both jobs fail"), std::string::npos)
+        << second.status().message();
     EXPECT_NE(second.status().message().find("another job is using key '" + key + "'"),
               std::string::npos)
         << second.status().message();
@@ -96,7 +101,8 @@ TEST(ShmBootstrap, SecondClaimantWhileTheHolderStillJoinsFailsBothJobs) {
   const auto outcome = run_ranks(2, [](int rank, int, const std::string& key) {
     if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     auto made = shm::ShmBootstrap::create(0, 2, key, std::chrono::seconds(20));
-    return expect_text(made.status(), rank == 1 ? "is in use" : "also claimed rank 0");
+    // The holder's message says why it fails although it came first: it was still joining.
+    return expect_text(made.status(), rank == 1 ? "is in use" : "had not all met yet, so both");
   });
   for (const auto& message : outcome) EXPECT_EQ(message, "");
 }

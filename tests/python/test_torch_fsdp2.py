@@ -88,6 +88,18 @@ def _errors_rank(rank, world_size, key, store_path):
         # Outside a minibatch a forward gathers as FSDP2 does (collective, after every step).
         messages["outside"] = float(loss_sum(model, minibatch_samples(0)[:1]))
         comm.close()
+        # Closed under the engine (not through offload()): the error names the way back, and
+        # taking it (reset onto a new communicator) trains again.
+        try:
+            engine.minibatch_begin()
+        except odc.InvalidUsage as error:
+            messages["closed"] = str(error)
+        engine.reset(odc.Comm(rank, world_size, key + "-new", timeout=30))
+        with engine.minibatch():
+            odc.torch.scale_loss(loss_sum(model, minibatch_samples(1)[rank::2]), 10).backward()
+        optimizer.step()
+        messages["after_reset"] = engine.comm.closed
+        engine.comm.close()
         return messages
     finally:
         dist.destroy_process_group()
@@ -116,6 +128,8 @@ def test_errors_name_the_problem():
         assert messages["mesh_runtime"]
         assert "before minibatch_end()" in messages["step"]
         assert messages["outside"] > 0
+        assert "communicator was closed (comm.close()): call engine.reset(" in messages["closed"]
+        assert messages["after_reset"] is False
 
 
 def _in_place_rank(rank, world_size, key, store_path):

@@ -289,6 +289,8 @@ class OdcFSDP:
                 "(every rank) instead"
             )
         self._check_new_comm(comm, "reset")
+        if comm.closed:
+            raise InvalidArgument("reset: the new communicator is closed: pass an open one")
         self._collective_guard.stop()
         self.comm = comm
         for group in self._groups:  # the same order on every rank: alloc is collective
@@ -297,6 +299,18 @@ class OdcFSDP:
         self._bind_reduced_flags()
         self._end_event = None
         self.state = EngineState.READY
+
+    def _check_comm_open(self, call: str) -> None:
+        """Before a call that uses the communicator: closing it under the engine (rather than
+        through offload()) leaves the engine's buffers unusable; say how to go on."""
+        if self.comm.closed:
+            raise InvalidUsage(
+                f"odc.torch: {call} on an engine whose communicator was closed (comm.close()): "
+                "call engine.reset(<new communicator>) on every rank to move the engine onto a "
+                "new one over the same ranks (e.g. odc.torch.comm_from_process_group()); to "
+                "release odc's memory between phases and get it back, use engine.offload() and "
+                "engine.reload() instead of closing the communicator"
+            )
 
     def _check_new_comm(self, comm: Comm, call: str) -> None:
         _check_comm(comm)
@@ -340,6 +354,7 @@ class OdcFSDP:
                 "odc.torch: offload() on a failed engine: call reset(<new communicator>) on "
                 "every rank first"
             )
+        self._check_comm_open("offload()")
         self.check_minibatch()  # partial sums must not leave as gradients
         held = self.memory_bytes()
         for group in self._groups:
@@ -499,6 +514,7 @@ class OdcFSDP:
                 "odc.torch: minibatch_begin() on an offloaded engine: call reload() on every "
                 "rank first"
             )
+        self._check_comm_open("minibatch_begin()")
         for module in self._modules:
             module.reshard()  # unsharded parameters may predate the optimizer step
         # The end of every backward then orders the current stream after the pushes.

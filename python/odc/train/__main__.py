@@ -677,11 +677,11 @@ def print_rl_phases(results) -> None:
     rl_runs = [r for r in results if r.get("task") == "grpo"]
     if not rl_runs:
         return
+    from .table import format_table
+
     print("\nGRPO forward-only phases per RL step, slowest rank, s (mean over measured steps):")
-    print(
-        f"  {'run':34} {'old logprobs':>13} {'reference':>10} {'predicted':>10} "
-        f"{'exchanges':>10} {'entropy':>8}"
-    )
+    header = ["run", "old logprobs", "reference", "predicted", "exchanges", "entropy"]
+    rows = []
     for result in rl_runs:
         rl = result["rl"]
         first = result.get("warmup_steps", 0) // rl["minibatches_per_step"]
@@ -689,12 +689,17 @@ def print_rl_phases(results) -> None:
         mean = lambda key: sum(p[key] for p in phases) / len(phases)  # noqa: E731
         exchanges = mean("old_logprobs_exchange") + mean("ref_logprobs_exchange")
         predicted = rl.get("predicted_phase_seconds", [])[first:][: len(phases)]
-        forecast = f"{sum(predicted) / len(predicted):10.3f}" if predicted else f"{'n/a':>10}"
-        print(
-            f"  {result['comm'] + ' + ' + _run_label(result):34} {mean('old_logprobs'):13.3f} "
-            f"{mean('ref_logprobs'):10.3f} {forecast} {exchanges:10.3f} "
-            f"{rl['entropy'][-1]:8.3f}"
+        rows.append(
+            [
+                result["comm"] + " + " + _run_label(result),
+                f"{mean('old_logprobs'):.3f}",
+                f"{mean('ref_logprobs'):.3f}",
+                f"{sum(predicted) / len(predicted):.3f}" if predicted else "n/a",
+                f"{exchanges:.3f}",
+                f"{rl['entropy'][-1]:.3f}",
+            ]
         )
+    print("\n".join(format_table(header, rows, "lrrrrr", indent="  ")))
 
 
 def _spread(values) -> str:
@@ -766,10 +771,17 @@ def _run_label(result) -> str:
 
 def print_table(results) -> None:
     """The comparison table of the runs, the first one the baseline, then the loss and speedup
-    verdicts, a legend and every run's predicted / measured span per minibatch."""
+    verdicts, a legend and every run's predicted / measured span per minibatch. On the CPU what
+    the run checked (the losses) comes first, with a plain word that its timings are not GPU
+    figures: the ranks share the machine's cores, so a speedup there is no result."""
     from .metrics import describe_cost
 
     base = results[0]
+    on_cpu = base["device"] == "cpu"
+    if on_cpu:
+        print("\nwhat this CPU run checked:")
+        print(f"  {_loss_verdict(results)}")
+        print(f"  {_cpu_timing_note(base)}")
     print(
         f"\nplanner cost model ({base['cost_source']}): {describe_cost(base['cost'])} per "
         "microbatch"
@@ -782,27 +794,42 @@ def print_table(results) -> None:
                 f"{r['microbatches_run']} microbatches ran on a rank other than the planned one "
                 "(work stealing)"
             )
-    print()
-    print(_loss_verdict(results))
-    for verdict in verdicts:
-        print(f"speedup: {verdict}")
+    warning = _cost_unit_warning(results)
+    if warning:
+        print(warning)
+    below = ([] if on_cpu else [_loss_verdict(results)]) + [f"speedup: {v}" for v in verdicts]
+    if below:
+        print("\n" + "\n".join(below))
     _print_legend(base)
     _print_per_minibatch(results)
 
 
+def _cpu_timing_note(base) -> str:
+    """What the timings of a CPU run are (and are not)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (
+        f"timings: NOT GPU figures. The {base['ranks']} ranks are processes sharing this "
+        f"machine's {cores} CPU core(s),\n  so the seconds, bubbles and speedups below measure "
+        "their contention as much as the method\n  (a speedup under 1.00x here says nothing "
+        "about GPUs; GPU results: docs/benchmarks.md)"
+    )
+
+
 def _print_runs(results) -> list:
     """One row per run; returns the speedup verdicts (runs within the machine's noise)."""
+    from .table import format_table, signed_percent
+
     base = results[0]
     spans_known = all(r.get("minibatch_seconds") for r in results)
-    step_header = "step s min / median / max" if spans_known else "step s"
-    print(
-        f"\n{'comm':15} {'policy':17} {'samples/s':>10} {'tokens/s':>10} {step_header:>25} "
-        f"{'pred s':>7} {'err':>6} {'bubble':>7} {'predicted':>9} {'peak GiB':>8}  speedup"
-    )
-    verdicts = []
+    header = ["comm", "policy", "samples/s", "tokens/s"]
+    header += ["step s min / median / max" if spans_known else "step s", "pred s", "err"]
+    header += ["bubble", "predicted", "peak GiB", "speedup"]
+    rows, verdicts = [], []
     for r in results:
         # Under collective, waits inside FSDP2's collectives count as busy: idle is not measured.
-        measured = f"{100 * r['bubble']:6.1f}%" if r.get("bubble_measured", True) else "    n/a"
+        measured = f"{100 * r['bubble']:.1f}%" if r.get("bubble_measured", True) else "n/a"
         predicted_step = r["predicted_seconds"] / r["minibatches"]
         steps = _spread(r["minibatch_seconds"]) if spans_known else f"{r['step_seconds']:.3f}"
         # The CPU has no peak-memory counter that means the same as the GPU's: not measured.
@@ -810,13 +837,42 @@ def _print_runs(results) -> list:
         speedup, verdict = _speedup(r, base, spans_known)
         if verdict:
             verdicts.append(verdict)
-        print(
-            f"{r['comm']:15} {_run_label(r):17} {r['samples_per_second']:10.2f} "
-            f"{r['tokens_per_second']:10.0f} {steps:>25} {predicted_step:7.3f} "
-            f"{100 * r['span_error']:+5.1f}% {measured} "
-            f"{100 * r['predicted_bubble']:8.1f}% {peak:>8}  {speedup}"
+        rows.append(
+            [
+                r["comm"],
+                _run_label(r),
+                f"{r['samples_per_second']:.2f}",
+                f"{r['tokens_per_second']:.0f}",
+                steps,
+                f"{predicted_step:.3f}",
+                signed_percent(r["span_error"]),
+                measured,
+                f"{100 * r['predicted_bubble']:.1f}%",
+                peak,
+                speedup,
+            ]
         )
+    print()
+    print("\n".join(format_table(header, rows, "llrrrrrrrrl")))
     return verdicts
+
+
+def _cost_unit_warning(results):
+    """A line for a given --cost whose predictions are far from the measured seconds (its
+    coefficients are in another unit, or from another machine), else None: pred s and err then
+    compare numbers that do not mean the same thing."""
+    if results[0].get("cost_source") != "given":
+        return None
+    worst = max(results, key=lambda r: abs(r["span_error"]))
+    ratio = 1.0 + worst["span_error"]
+    if 0.5 <= ratio <= 2.0:
+        return None
+    return (
+        f"note: the given --cost predicts {ratio:.3g}x the measured seconds per minibatch "
+        f"({worst['comm']} + {_run_label(worst)}): its coefficients are not seconds on this "
+        "machine, so pred s and err say nothing here; leave --cost out (the default, 'fit', "
+        "fits one on this machine first) or pass one fitted here"
+    )
 
 
 def _speedup(r, base, spans_known: bool):
@@ -867,22 +923,24 @@ legend: step s      wall time of one minibatch on the slowest rank, over the {me
 
 def _print_per_minibatch(results) -> None:
     """Each run's predicted / measured span per minibatch, one column per run."""
+    from .table import format_table, signed_percent
+
     print("\nper minibatch, predicted / measured span in seconds (error):")
-    print("  mb  " + "".join(f"{r['comm'] + ' ' + _run_label(r):>28}" for r in results))
+    header = ["mb"] + [f"{r['comm']} {_run_label(r)}" for r in results]
+    rows = []
     for index in range(max(len(r["per_minibatch"]) for r in results)):
-        cells = []
+        cells = [str(index + 1)]
         for r in results:
-            rows = r["per_minibatch"]
-            if index >= len(rows):
-                cells.append(" " * 28)
+            if index >= len(r["per_minibatch"]):
+                cells.append("")
                 continue
-            row = rows[index]
-            text = (
+            row = r["per_minibatch"][index]
+            cells.append(
                 f"{row['predicted_span_seconds']:.3f} / {row['measured_span_seconds']:.3f} "
-                f"({100 * row['relative_error']:+.1f}%)"
+                f"({signed_percent(row['relative_error'])})"
             )
-            cells.append(f"{text:>28}")
-        print(f"{index + 1:4}  " + "".join(cells))
+        rows.append(cells)
+    print("\n".join(format_table(header, rows, "r" * len(header), indent="  ")))
 
 
 def print_mesh_table(results) -> None:
