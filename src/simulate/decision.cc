@@ -207,7 +207,7 @@ std::string reason_for(const RankDecision& d, const DecisionContext& context) {
       } else {
         facts.push_back(d.baseline->label() + " idles " + percent(d.baseline->bubble) + ", " +
                         d.odc->mode + " " + percent(d.odc->bubble) +
-                        ": one barrier per minibatch, not per layer");
+                        ": ODC's ranks meet once per minibatch");
       }
       break;
     case RankDecision::Choice::kFsdp2:
@@ -334,6 +334,11 @@ nlohmann::ordered_json decision_json(const std::vector<RankDecision>& decisions,
   // One choice at every rank count: it, with the smallest and largest gain, at the top.
   const std::vector<Group> runs = groups(decisions, Detail::kArm);
   out["uniform"] = runs.size() == 1;
+  // Present either way (a stable schema): null where the rank counts decide differently.
+  for (const char* key :
+       {"choice", "use_odc", "arm", "policy", "split", "gain", "gain_max", "baseline"}) {
+    out[key] = nullptr;
+  }
   if (runs.size() == 1) {
     choice_json(decisions.front(), out);
     double low = 0, high = 0;

@@ -39,7 +39,8 @@ Result<std::vector<int64_t>> parse_int_list(const std::string& text, const std::
 
 // The model and cost options of `odc simulate`.
 void add_model_options(CLI::App& command, SimulateArgs& args) {
-  command.add_option("--model", args.model, "model preset: 1.5b or 7b")->capture_default_str();
+  command.add_option("--model", args.model, "preset: tiny, 0.5b, 1.5b or 7b")
+      ->capture_default_str();
   command.add_option("--layers", args.layers, "custom model: transformer layers");
   command.add_option("--layer-params", args.layer_params, "custom model: parameters per layer");
   command.add_option("--other-params", args.other_params,

@@ -166,6 +166,7 @@ TEST(Decision, RankCountsThatDecideAlikeShareOnePhraseAndTheLineStaysShort) {
   EXPECT_EQ(text.line.rfind("decision: ", 0), 0u);
   json = decision_json(decisions, context());
   EXPECT_EQ(json["uniform"], false);
+  EXPECT_TRUE(json["use_odc"].is_null() && json["arm"].is_null() && json["gain"].is_null());
   EXPECT_EQ(json["by_ranks"].size(), decisions.size());
 }
 
