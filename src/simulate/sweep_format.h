@@ -1,5 +1,5 @@
 // Renderings of a simulator sweep (sweep.h), as `odc simulate` prints them: the JSON document (also
-// what the C API returns) and the tables with their verdict line, byte for byte the command's.
+// what the C API returns) and the tables with their decision, byte for byte the command's.
 // Beside planner/plan_format.h, which renders plans; this one sits above the simulator it renders.
 #pragma once
 

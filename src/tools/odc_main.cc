@@ -291,7 +291,8 @@ odc::simulate::DecisionContext compare_context(const PlanOptions& options, bool 
                                                const std::string& basis, double split_gain) {
   odc::simulate::DecisionContext context;
   context.memory = "<= " + std::to_string(options.max_tokens) + " tokens/microbatch";
-  context.memory_source = max_tokens_given ? "--max-tokens" : "default --max-tokens: the longest";
+  context.memory_source =
+      max_tokens_given ? "--max-tokens" : "default --max-tokens: the longest sample";
   context.basis = "compute only (--cost " + cost_words(options.cost) + basis +
                   "): odc simulate adds communication and GPU memory";
   if (split_gain > 0) {
