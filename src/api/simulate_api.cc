@@ -203,7 +203,8 @@ extern "C" odcResult_t odcSimulate(const char* const* args, size_t num_args, con
     try {
       command.parse(static_cast<int>(argv.size()), argv.data());
     } catch (const CLI::ParseError& error) {
-      return report(invalid(odc::tools::parse_error_message(error)));
+      return report(invalid(odc::tools::parse_error_message(
+          error, command, std::vector<std::string>(argv.begin() + 1, argv.end()))));
     }
     if (lengths != nullptr) {
       if (command.count("--lengths") != 0) {

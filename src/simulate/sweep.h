@@ -48,6 +48,9 @@ Result<Task> parse_task(std::string_view name);
 Result<std::vector<PolicyChoice>> parse_policy_list(const std::string& text);
 Result<std::vector<Mode>> parse_mode_list(const std::string& text);
 
+// An H200's memory, where the presets' costs were fitted: what a sweep assumes unless told.
+inline constexpr double kDefaultGpuMemoryGbytes = 141;
+
 // What to simulate. Every field has the command's default; the messages of `run_sweep` name the
 // command's options (--ranks, ...), which are this struct's fields.
 struct Sweep {
@@ -81,8 +84,8 @@ struct Sweep {
   double nvlink_latency_us = 10;
   double network_latency_us = 10;
   double forward_fraction = 0.25;
-  std::string transport_path;      // curves from odc_bench (python -m odc.simulate --curves)
-  double gpu_memory_gbytes = 141;  // an H200's, where the presets' costs were fitted
+  std::string transport_path;  // curves from odc_bench (python -m odc.simulate --curves)
+  double gpu_memory_gbytes = kDefaultGpuMemoryGbytes;
 };
 
 // One simulated arm at one rank count.

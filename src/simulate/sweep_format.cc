@@ -1,6 +1,7 @@
-// Renderings of a sweep (sweep_format.h). Verdicts name only arms whose state fits the GPU's memory
-// (SweepResult::fits), however fast the others are; all figures are per step (a minibatch, or an
-// RL step with --task grpo), the rows' sums divided by their step count.
+// Renderings of a sweep (sweep_format.h). The decision (decision.h) and the strongest baseline
+// name only arms whose state fits the GPU's memory (SweepResult::fits), however fast the others
+// are; all figures are per step (a minibatch, or an RL step with --task grpo), the rows' sums
+// divided by their step count.
 #include "simulate/sweep_format.h"
 
 #include <algorithm>
@@ -12,10 +13,18 @@
 namespace odc::simulate {
 namespace {
 
-using RankLabels = std::vector<std::pair<int64_t, std::string>>;
+// The suffix of a split arm's policy label (sweep.cc: "lb-mini+split").
+constexpr std::string_view kSplitSuffix = "+split";
 
-// The verdict's label for a rank count where no simulated arm fits the GPU's memory.
-constexpr const char* kNothingFits = "nothing that fits";
+// The split check is named where splitting is at least this much faster (odc compare's threshold
+// for its own).
+constexpr double kSplitHintGain = 1.05;
+
+std::string fixed(const char* format, double value) {
+  char text[64];
+  std::snprintf(text, sizeof(text), format, value);
+  return text;
+}
 
 // At one rank count, the strongest baseline arm (the fastest FSDP2 arm that fits: collective,
 // fsdp2-deferred, fsdp2-unsharded, any policy) and ODC's fastest arm that fits (odc,
@@ -42,169 +51,81 @@ std::vector<Strongest> strongest_arms(const SweepResult& sweep) {
   return found;
 }
 
-// "a at 8-16 GPUs, b at 64 GPUs": labels per rank count (ascending), runs of one label merged.
-std::string labels_by_ranks(const RankLabels& labels) {
-  std::string text;
-  for (size_t i = 0; i < labels.size();) {
-    size_t j = i;
-    while (j + 1 < labels.size() && labels[j + 1].second == labels[i].second) ++j;
-    if (i != 0) text += ", ";
-    text += labels[i].second + " at " + std::to_string(labels[i].first);
-    if (j != i) text += '-' + std::to_string(labels[j].first);
-    text += " GPUs";
-    i = j + 1;
-  }
-  return text;
-}
-
-// "8" or "8-64": the rank counts of per-rank-count entries (ascending).
-std::string rank_span(const RankLabels& entries) {
-  std::string span = std::to_string(entries.front().first);
-  if (entries.back().first != entries.front().first) {
-    span += '-' + std::to_string(entries.back().first);
-  }
-  return span;
-}
-
-// The hint and the verdict name the split check where splitting is at least this much faster (odc
-// compare's threshold for its own hint).
-constexpr double kSplitHintGain = 1.05;
-
-// "hint: --split auto predicts 2.01x instead of 1.05x here (...)", as odc compare words it, or ""
-// when splitting does not pay by kSplitHintGain.
-std::string split_hint(const SplitCheck& check) {
+// The split check's words where splitting pays by kSplitHintGain and split is off: the split arms
+// (ODC's and FSDP2's) are then not in the decision, so the user is told to run them.
+std::string split_words(const SplitCheck& check) {
   if (!(check.gain() >= kSplitHintGain)) return "";
-  char line[400];
-  if (check.baseline_seconds > 0) {
-    std::snprintf(line, sizeof(line), "hint: --split auto predicts %.2fx instead of %.2fx",
-                  check.baseline_seconds / check.with_seconds,
-                  check.baseline_seconds / check.without_seconds);
-  } else {
-    std::snprintf(line, sizeof(line), "hint: --split auto predicts a %.2fx faster step",
-                  check.gain());
-  }
-  return std::string(line) + " here (simulated, " + check.mode + " + lb-mini at " +
-         std::to_string(check.ranks) +
-         " GPUs; samples above a rank's share run as context-parallel chunks on a few ranks; "
-         "docs/planner.md)";
+  return "rerun with --split auto: splitting outliers made " + check.mode + " + lb-mini " +
+         fixed("%.2fx faster at ", check.gain()) + std::to_string(check.ranks) + " GPUs";
 }
 
-std::string fixed(const char* format, double value) {
-  char text[64];
-  std::snprintf(text, sizeof(text), format, value);
-  return text;
-}
-
-// "a" or "a-b" (GPUs) / "1.30x" or "1.30x to 1.35x".
-std::string range(double low, double high, const char* format) {
-  const std::string a = fixed(format, low), b = fixed(format, high);
-  return a == b ? a : a + " to " + b;
-}
-
-// Per rank count, in rank order: the fastest arm that fits (kNothingFits where none does), a
-// faster one that does not fit, and the range of the fitting arms' speedups.
-struct Fastest {
-  RankLabels fitting, faster_unfit;
-  double low = 0, high = 0, compute_low = 0, compute_high = 0;
-  bool any_speedup = false;
-  void add_speedups(const SweepRow& row) {
-    if (!(row.speedup > 0)) return;
-    low = any_speedup ? std::min(low, row.speedup) : row.speedup;
-    high = any_speedup ? std::max(high, row.speedup) : row.speedup;
-    compute_low = any_speedup ? std::min(compute_low, row.planner_speedup) : row.planner_speedup;
-    compute_high = any_speedup ? std::max(compute_high, row.planner_speedup) : row.planner_speedup;
-    any_speedup = true;
-  }
-};
-
-Fastest fastest_arms(const SweepResult& sweep) {
-  const std::vector<SweepRow>& rows = sweep.rows;
-  Fastest fastest;
-  for (size_t i = 0; i < rows.size();) {
-    size_t j = i, best = kNone, best_any = i;
-    for (; j < rows.size() && rows[j].ranks == rows[i].ranks; ++j) {
-      if (rows[j].result.seconds < rows[best_any].result.seconds) best_any = j;
-      if (sweep.fits(rows[j]) &&
-          (best == kNone || rows[j].result.seconds < rows[best].result.seconds)) {
-        best = j;
+// The rank count from which some requested layout's state fits, doubling from the largest
+// requested (the memory table's own formulas), or "" where none does up to kMaxRanksTried.
+std::string nothing_fits_remedy(const SweepResult& sweep) {
+  constexpr int64_t kMaxRanksTried = int64_t{1} << 20;
+  const Sweep& request = sweep.request;
+  const int64_t largest = *std::max_element(request.ranks.begin(), request.ranks.end());
+  for (int64_t ranks = largest * 2; ranks <= kMaxRanksTried; ranks *= 2) {
+    for (Mode mode : request.modes) {
+      const MemoryPerGpu memory =
+          memory_per_gpu(sweep.base.model, mode, ranks, sweep.base.topology.gpus_per_node,
+                         /*reference_model=*/request.task == Task::kGrpo);
+      if (memory.total_bytes() <= sweep.gpu_memory_bytes) {
+        return std::string(mode_name(mode)) + "'s state fits from " + std::to_string(ranks) +
+               " GPUs";
       }
     }
-    if (best != best_any) {
-      fastest.faster_unfit.emplace_back(rows[best_any].ranks, rows[best_any].label());
+  }
+  return "no rank count fits: a larger GPU (--gpu-memory-gbytes) or a smaller model";
+}
+
+// Every simulated arm as the decision sees it, with the memory table's verdict and total.
+std::vector<DecisionArm> decision_arms(const SweepResult& sweep) {
+  std::vector<DecisionArm> arms;
+  for (const SweepRow& row : sweep.rows) {
+    DecisionArm arm;
+    arm.ranks = row.ranks;
+    arm.mode = row.mode;
+    arm.split = row.policy.ends_with(kSplitSuffix);
+    arm.policy =
+        arm.split ? row.policy.substr(0, row.policy.size() - kSplitSuffix.size()) : row.policy;
+    const Mode mode = parse_mode(row.mode).value();
+    arm.odc = is_odc(mode);
+    arm.seconds = row.result.seconds;
+    arm.bubble = row.result.bubble;
+    arm.fits = sweep.fits(row);
+    for (const MemoryRow& m : sweep.memory) {
+      if (m.ranks == row.ranks && m.mode == mode) arm.memory_bytes = m.memory.total_bytes();
     }
-    if (best == kNone) {
-      fastest.fitting.emplace_back(rows[i].ranks, kNothingFits);
-    } else {
-      fastest.fitting.emplace_back(rows[best].ranks, rows[best].label());
-      fastest.add_speedups(rows[best]);
-    }
-    i = j;
+    arms.push_back(std::move(arm));
   }
-  return fastest;
+  return arms;
 }
 
-// The verdict's speedup over collective + lb-micro, and beside it the compute-only figure: the
-// planner's on the minibatches simulated here, not on the whole file as odc compare plans it
-// (said so, so that the two are not read as one number).
-std::string speedup_words(const SweepResult& sweep, const Fastest& fastest) {
-  if (!fastest.any_speedup) {
-    return " (no speedup: the baseline, collective + lb-micro, was not simulated)";
-  }
-  const Sweep& request = sweep.request;
-  const bool grpo = request.task == Task::kGrpo;
-  const std::string sample = std::to_string(request.minibatches) +
-                             (grpo ? (request.minibatches == 1 ? " RL step" : " RL steps")
-                                   : (request.minibatches == 1 ? " minibatch" : " minibatches"));
-  return ", simulated speedup " + range(fastest.low, fastest.high, "%.2fx") +
-         " over the baseline collective + lb-micro (compute only on the same " + sample +
-         ", odc compare's basis: " + range(fastest.compute_low, fastest.compute_high, "%.2fx") +
-         "; compare plans the whole file)";
+DecisionContext decision_context(const SweepResult& sweep) {
+  DecisionContext context;
+  const double gbytes = sweep.request.gpu_memory_gbytes;
+  context.memory = fixed("%g GB/GPU", gbytes);
+  context.memory_source =
+      gbytes == kDefaultGpuMemoryGbytes ? "default --gpu-memory-gbytes" : "--gpu-memory-gbytes";
+  context.gpu_memory_bytes = sweep.gpu_memory_bytes;
+  context.nothing_fits_remedy = nothing_fits_remedy(sweep);
+  context.split_words = split_words(sweep.split_check);
+  return context;
 }
 
-// Against the strongest arm a user could pick instead of ODC (docs/design.md, "Baselines").
-std::string strongest_words(const SweepResult& sweep) {
-  RankLabels baselines, odc_arms;
-  double odc_low = 0, odc_high = 0;
-  for (const Strongest& s : strongest_arms(sweep)) {
-    if (s.baseline == kNone || s.odc == kNone) continue;
-    const double speedup = s.odc_speedup(sweep.rows);
-    odc_low = baselines.empty() ? speedup : std::min(odc_low, speedup);
-    odc_high = baselines.empty() ? speedup : std::max(odc_high, speedup);
-    baselines.emplace_back(s.ranks, sweep.rows[s.baseline].label());
-    odc_arms.emplace_back(s.ranks, sweep.rows[s.odc].label());
-  }
-  if (baselines.empty()) return "";
-  return "; strongest baseline arm (the fastest FSDP2 arm that fits): " +
-         labels_by_ranks(baselines) + ", ODC's speedup over it " +
-         range(odc_low, odc_high, "%.2fx") + " (" + labels_by_ranks(odc_arms) + ")";
-}
-
-// GRPO's step, the split check where it pays, and what the simulated time includes.
+// What the simulated time includes, under the step table.
 std::string assumption_words(const SweepResult& sweep) {
   const Sweep& request = sweep.request;
-  std::string words;
-  if (request.task == Task::kGrpo) {
-    words += "; per RL step: 2 forward-only phases and " +
-             std::to_string(request.minibatches_per_step) + " update minibatches";
-  }
-  const SplitCheck& check = sweep.split_check;
-  if (check.gain() >= kSplitHintGain) {
-    words +=
-        check.baseline_seconds > 0
-            ? fixed("; --split auto would give %.2fx", check.baseline_seconds / check.with_seconds)
-            : fixed("; --split auto would be %.2fx faster", check.gain());
-    words += " (" + check.mode + " + lb-mini+split at " + std::to_string(check.ranks) +
-             " GPUs: see the hint)";
-  }
   const Topology& t = sweep.base.topology;
-  words += "; includes modelled communication (";
+  std::string words = "simulated time includes modelled communication (";
   words += request.transport_path.empty()
                ? fixed("NVLink %.0f GB/s", t.nvlink.bytes_per_second / 1e9) +
                      fixed(" ODC / %.0f GB/s NCCL", t.nvlink_collective.bytes_per_second / 1e9)
                : "NVLink from " + request.transport_path;
   words += ", " + std::to_string(t.gpus_per_node) + " GPUs per node" +
            fixed(", network %.0f Gb/s per GPU", t.network.bytes_per_second * 8 / 1e9) +
-           "; validated against runs on one node only) and the optimizer";
+           "; validated against runs on one node only) and the optimizer\n";
   return words;
 }
 
@@ -350,14 +271,14 @@ std::string step_table(const SweepResult& sweep) {
            " update minibatches; fwd-only: one of the two phases; update: the updates together) "
            "and the step's parts per rank: compute, exposed communication, idle (waiting for "
            "other ranks), optimizer; speedup against collective + lb-micro at the same rank "
-           "count\n\n";
+           "count\n";
   } else {
     out +=
         "seconds per minibatch (step) and its parts per rank: compute, exposed communication, "
         "idle (waiting for other ranks), optimizer; speedup against collective + lb-micro at "
-        "the same rank count\n\n";
+        "the same rank count\n";
   }
-  return out;
+  return out + assumption_words(sweep) + "\n";
 }
 
 // State per GPU per layout, and whether it fits.
@@ -397,41 +318,15 @@ std::string memory_table(const SweepResult& sweep) {
 
 }  // namespace
 
-std::string sweep_verdict(const SweepResult& sweep) {
-  const Fastest fastest = fastest_arms(sweep);
-  const std::string line = "verdict: ";
-  if (std::all_of(fastest.fitting.begin(), fastest.fitting.end(),
-                  [](const auto& entry) { return entry.second == kNothingFits; })) {
-    return line + "no arm's state fits a " + fixed("%.0f GB GPU", sweep.request.gpu_memory_gbytes) +
-           " at " + rank_span(fastest.fitting) +
-           " GPUs (memory table: more GPUs, a larger GPU or a smaller model); the fastest "
-           "regardless: " +
-           labels_by_ranks(fastest.faster_unfit);
-  }
-  const RankLabels& fitting = fastest.fitting;
-  const bool one_label = std::all_of(fitting.begin(), fitting.end(), [&](const auto& entry) {
-    return entry.second == fitting.front().second;
-  });
-  std::string words =
-      line + (one_label ? fitting.front().second + " is fastest at " + rank_span(fitting) + " GPUs"
-                        : "fastest: " + labels_by_ranks(fitting));
-  words += speedup_words(sweep, fastest);
-  if (!fastest.faster_unfit.empty()) {
-    words += fixed("; faster but its state does not fit a %.0f GB GPU: ",
-                   sweep.request.gpu_memory_gbytes) +
-             labels_by_ranks(fastest.faster_unfit) + " (memory table)";
-  }
-  return words + strongest_words(sweep) + assumption_words(sweep);
+DecisionText sweep_decision(const SweepResult& sweep) {
+  return decision_text(decide(decision_arms(sweep)), decision_context(sweep));
 }
 
 std::string sweep_to_json(const SweepResult& sweep) {
   nlohmann::ordered_json root;
   json_settings(sweep, root);
   root["baseline"] = "collective + lb-micro at the same rank count";
-  root["verdict"] = sweep_verdict(sweep);
-  const std::string hint = split_hint(sweep.split_check);
-  root["split_hint"] =
-      hint.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(hint);
+  root["decision"] = decision_json(decide(decision_arms(sweep)), decision_context(sweep));
   root["strongest_baseline"] = json_strongest(sweep);
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (const SweepRow& row : sweep.rows) {
@@ -444,10 +339,8 @@ std::string sweep_to_json(const SweepResult& sweep) {
 }
 
 std::string sweep_to_table(const SweepResult& sweep) {
-  std::string out = step_table(sweep) + memory_table(sweep) + sweep_verdict(sweep) + "\n";
-  const std::string hint = split_hint(sweep.split_check);
-  if (!hint.empty()) out += hint + "\n";
-  return out;
+  const DecisionText decision = sweep_decision(sweep);
+  return step_table(sweep) + memory_table(sweep) + decision.line + "\n" + decision.reason + "\n";
 }
 
 }  // namespace odc::simulate

@@ -15,6 +15,10 @@
 namespace odc::tools {
 namespace {
 
+// The type name of the options that take a list (--ranks of simulate, --cost, ...): shown by
+// --help, and how parse_error_message knows to suggest joining stray values with commas.
+constexpr const char* kListForm = "LIST";
+
 Result<std::vector<int64_t>> parse_int_list(const std::string& text, const std::string& what) {
   std::vector<int64_t> values;
   std::stringstream in(text);
@@ -35,7 +39,8 @@ Result<std::vector<int64_t>> parse_int_list(const std::string& text, const std::
 
 // The model and cost options of `odc simulate`.
 void add_model_options(CLI::App& command, SimulateArgs& args) {
-  command.add_option("--model", args.model, "model preset: 1.5b or 7b")->capture_default_str();
+  command.add_option("--model", args.model, "preset: tiny, 0.5b, 1.5b or 7b")
+      ->capture_default_str();
   command.add_option("--layers", args.layers, "custom model: transformer layers");
   command.add_option("--layer-params", args.layer_params, "custom model: parameters per layer");
   command.add_option("--other-params", args.other_params,
@@ -51,7 +56,9 @@ void add_model_options(CLI::App& command, SimulateArgs& args) {
 
 // What to sweep: rank counts, minibatches, policies, modes, the task and the split.
 void add_arm_options(CLI::App& command, SimulateArgs& args) {
-  command.add_option("--ranks", args.ranks, "rank counts, comma-separated")->capture_default_str();
+  command.add_option("--ranks", args.ranks, "rank counts, comma-separated")
+      ->capture_default_str()
+      ->type_name(kListForm);
   command
       .add_option("--minibatches", args.minibatches,
                   "minibatches per configuration (the file is repeated, reshuffled, when it "
@@ -61,14 +68,16 @@ void add_arm_options(CLI::App& command, SimulateArgs& args) {
       .add_option("--policies", args.policies,
                   "local-sort, lb-micro, lb-mini, lb-mini-padded (LB-Mini padded to equal "
                   "microbatch counts with empty microbatches), comma-separated")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->type_name(kListForm);
   add_microbatch_memory_option(
       command, args.planner.microbatch_memory,
       "lb-mini's microbatch bound: lb-micro (no larger than lb-micro's) or cap");
   command
       .add_option("--modes", args.modes,
                   "collective, fsdp2-deferred, fsdp2-unsharded, odc, odc-hybrid, comma-separated")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->type_name(kListForm);
   add_task_option(command, args.task,
                   "sft, or grpo: GRPO's training phase, per RL step of ranks x samples-per-rank "
                   "rollouts two forward-only minibatches (old and reference log-probs) and "
@@ -157,12 +166,12 @@ void add_sample_options(CLI::App& command, simulate::SampleSelection& samples,
 }
 
 void add_cost_option(CLI::App& command, std::string& cost, const std::string& help) {
-  CLI::Option* option = command.add_option("--cost", cost, help);
+  CLI::Option* option = command.add_option("--cost", cost, help)->type_name(kListForm);
   if (!cost.empty()) option->capture_default_str();
 }
 
 void add_rank_speed_option(CLI::App& command, std::string& rank_speed, const std::string& help) {
-  command.add_option("--rank-speed", rank_speed, help);
+  command.add_option("--rank-speed", rank_speed, help)->type_name(kListForm);
 }
 
 void add_split_options(CLI::App& command, PlannerArgs& args, const std::string& split_help) {
@@ -260,17 +269,115 @@ Result<simulate::Sweep> to_sweep(const SimulateArgs& args) {
   return sweep;
 }
 
-std::string parse_error_message(const CLI::ParseError& error) {
+namespace {
+
+// How an option's value is written, from its CLI11 type name.
+std::string accepted_form(const CLI::Option& option) {
+  const std::string type = option.get_type_name();
+  if (type == kListForm) return "a comma-separated list without spaces";
+  if (type == "INT") return "one integer";
+  if (type == "FLOAT") return "one number";
+  // A short description is the accepted values themselves ("table, json or csv").
+  constexpr size_t kShortDescription = 40;
+  const std::string& description = option.get_description();
+  if (!description.empty() && description.size() <= kShortDescription) {
+    return "one value (" + description + ")";
+  }
+  return "one value";
+}
+
+// `odc compare --ranks 8,16`: compare plans one rank count, simulate sweeps several.
+std::string ranks_note(const CLI::Option& option) {
+  if (option.get_name() != "--ranks" || option.get_type_name() == kListForm) return "";
+  return " (compare plans one rank count; odc simulate --ranks 8,16 compares several)";
+}
+
+std::string join(const std::vector<std::string>& words, const char* separator) {
+  std::string text;
+  for (const std::string& word : words) text += (text.empty() ? "" : separator) + word;
+  return text;
+}
+
+// "--ranks 8 16 32": the option before the first stray value and every value given to it.
+std::string stray_values_message(const CLI::App& command, const std::vector<std::string>& args,
+                                 const std::string& first_stray) {
+  for (size_t i = 1; i < args.size(); ++i) {
+    // A stray value follows another value (or --option=value), never the option itself.
+    const std::string& before = args[i - 1];
+    const bool after_value = before.rfind("-", 0) != 0 || before.find('=') != std::string::npos;
+    if (args[i] != first_stray || !after_value) continue;
+    size_t j = i;  // back to the option the values follow
+    while (j > 0 && args[j - 1].rfind("-", 0) != 0) --j;
+    if (j == 0) return "";
+    std::string name = args[j - 1];
+    std::vector<std::string> values;
+    if (const size_t equals = name.find('='); equals != std::string::npos) {
+      values.push_back(name.substr(equals + 1));
+      name = name.substr(0, equals);
+    }
+    const CLI::Option* option = command.get_option_no_throw(name);
+    if (option == nullptr) return "";
+    for (size_t k = j; k < args.size() && args[k].rfind("-", 0) != 0; ++k) {
+      values.push_back(args[k]);
+    }
+    std::string message =
+        name + " takes " + accepted_form(*option) + ", got '" + join(values, " ") + "'";
+    if (option->get_type_name() == kListForm) {
+      message += ": " + name + " " + join(values, ",");
+    }
+    return message + ranks_note(*option);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string parse_error_message(const CLI::ParseError& error, const CLI::App& command,
+                                const std::vector<std::string>& args) {
   const std::string message = error.what();
-  if (error.get_exit_code() != static_cast<int>(CLI::ExitCodes::ExtrasError)) return message;
+  const int code = error.get_exit_code();
+  // "Could not convert: --ranks = 8,16".
+  const std::string unconvertible = "Could not convert: ";
+  if (code == static_cast<int>(CLI::ExitCodes::ConversionError) &&
+      message.rfind(unconvertible, 0) == 0) {
+    const size_t equals = message.find(" = ");
+    if (equals != std::string::npos) {
+      const std::string name = message.substr(unconvertible.size(), equals - unconvertible.size());
+      if (const CLI::Option* option = command.get_option_no_throw(name)) {
+        return name + " takes " + accepted_form(*option) + ", got '" + message.substr(equals + 3) +
+               "'" + ranks_note(*option);
+      }
+    }
+  }
+  // "--ranks: At Most 1 required but received 2": the option given more than once.
+  const std::string at_most = ": At Most 1 required but received ";
+  if (const size_t at = message.find(at_most); at != std::string::npos) {
+    const std::string name = message.substr(0, at);
+    if (const CLI::Option* option = command.get_option_no_throw(name)) {
+      std::vector<std::string> values;
+      for (size_t i = 0; i < args.size(); ++i) {
+        if (args[i].rfind(name + "=", 0) == 0) values.push_back(args[i].substr(name.size() + 1));
+        if (args[i] == name && i + 1 < args.size()) values.push_back(args[i + 1]);
+      }
+      std::string words = name + " was given " + std::to_string(values.size()) + " times ('" +
+                          join(values, "', '") + "'): give it once, as " + accepted_form(*option);
+      if (option->get_type_name() == kListForm) words += ": " + name + " " + join(values, ",");
+      return words + ranks_note(*option);
+    }
+  }
+  if (code != static_cast<int>(CLI::ExitCodes::ExtrasError)) return message;
   // "The following argument(s) were not expected: 16 32": stray values, unless one is an option
   // (CLI11 names an unknown option well enough).
   const size_t colon = message.find(": ");
   if (colon == std::string::npos) return message;
   std::istringstream words(message.substr(colon + 2));
+  std::string first;
   for (std::string word; words >> word;) {
     if (word[0] == '-') return message;
+    if (first.empty()) first = word;
   }
+  const std::string named = stray_values_message(command, args, first);
+  if (!named.empty()) return named;
   return message +
          " (each option takes one value; lists are comma-separated without spaces, e.g. odc "
          "simulate --ranks 8,16,32)";

@@ -82,8 +82,11 @@ void add_simulate_options(CLI::App& command, SimulateArgs& args);
 // The typed request, or the first option that does not parse (format: "table" or "json").
 Result<simulate::Sweep> to_sweep(const SimulateArgs& args);
 
-// One line for a CLI11 parse error: CLI11's own words, and for stray values the reason they are
-// stray (an option takes one value; lists are comma-separated).
-std::string parse_error_message(const CLI::ParseError& error);
+// One line for a CLI11 parse error that names the option, the value typed and the form it takes:
+// "--ranks takes a comma-separated list without spaces, got '8 16': --ranks 8,16". `command` is
+// the (sub)command whose options were parsed, `args` the words after its name (where the stray or
+// unconvertible values are looked up); other errors keep CLI11's words.
+std::string parse_error_message(const CLI::ParseError& error, const CLI::App& command,
+                                const std::vector<std::string>& args);
 
 }  // namespace odc::tools

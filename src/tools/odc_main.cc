@@ -6,7 +6,9 @@
 //   odc simulate step time, bubble and speedup of collective / ODC at many rank counts, memory
 //                per GPU per layout, and optionally a figure (--plot, drawn by odc.simulate)
 // All three share one vocabulary for the samples (--lengths, --samples-per-rank, --max-tokens,
-// --max-length: tools/cli_options.h) and end with one verdict line naming its basis and baseline.
+// --max-length: tools/cli_options.h); compare and simulate end with one decision (use odc or
+// FSDP2, which policy, whether to split, the gain over the strongest arm that fits: decision.h)
+// and one line of why.
 // Every user error exits with status 2 and one line naming the problem; `odc` alone lists the
 // subcommands.
 #include <spawn.h>
@@ -31,6 +33,7 @@
 #include "planner/plan.h"
 #include "planner/plan_format.h"
 #include "planner/plan_io.h"
+#include "simulate/decision.h"
 #include "simulate/simulate.h"
 #include "simulate/sweep.h"
 #include "simulate/sweep_format.h"
@@ -182,10 +185,34 @@ double speedup(double baseline, double time) {
   return time > 0 ? baseline / time : 0.0;
 }
 
-// `basis`: what one step is, appended to the verdict's basis (GRPO's RL steps); empty for SFT.
-std::string verdict_line(const std::vector<Plan>& plans, const std::string& basis = "");
+// Compare's arms for the decision: every policy under ODC, and under collective where it runs.
+// The planner models no GPU state, so every arm "fits": all keep to --max-tokens per microbatch
+// (lb-mini, with --microbatch-memory lb-micro, to no more than lb-micro's).
+std::vector<odc::simulate::DecisionArm> compare_arms(const std::vector<Plan>& plans) {
+  std::vector<odc::simulate::DecisionArm> arms;
+  for (const Plan& plan : plans) {
+    odc::simulate::DecisionArm arm;
+    arm.ranks = plan.options.num_ranks;
+    arm.policy = std::string(odc::planner::policy_name(plan.options.policy));
+    arm.split = plan.options.split == odc::planner::SplitMode::kAuto;
+    for (const auto& minibatch : plan.minibatches) arm.seconds += minibatch.times.odc;
+    arm.mode = "odc";
+    arm.odc = true;
+    arm.bubble = plan.bubble.odc;
+    arms.push_back(arm);
+    if (plan.options.policy == odc::planner::Policy::kLbMini) continue;  // lockstep cannot run it
+    arm.seconds = 0.0;
+    for (const auto& minibatch : plan.minibatches) arm.seconds += minibatch.times.collective;
+    arm.mode = "collective";
+    arm.odc = false;
+    arm.bubble = plan.bubble.collective;
+    arms.push_back(arm);
+  }
+  return arms;
+}
 
-nlohmann::ordered_json compare_json(const std::vector<Plan>& plans, const std::string& basis = "") {
+nlohmann::ordered_json compare_json(const std::vector<Plan>& plans,
+                                    const odc::simulate::DecisionContext& context) {
   const auto rows = compare_rows(plans);
   const double baseline = baseline_time(rows);
   const PlanOptions& options = plans.front().options;
@@ -199,9 +226,8 @@ nlohmann::ordered_json compare_json(const std::vector<Plan>& plans, const std::s
   out["cost"] = {{"a", options.cost.a}, {"b", options.cost.b}, {"c", options.cost.c}};
   if (options.cost.floor > 0.0) out["cost"]["floor"] = options.cost.floor;
   out["baseline"] = "collective + lb-micro";
-  std::string verdict = verdict_line(plans, basis);
-  verdict.pop_back();  // the newline
-  out["verdict"] = verdict;
+  out["decision"] =
+      odc::simulate::decision_json(odc::simulate::decide(compare_arms(plans)), context);
   out["policies"] = nlohmann::ordered_json::array();
   for (const CompareRow& row : rows) {
     nlohmann::ordered_json entry;
@@ -258,20 +284,25 @@ std::string cost_words(const odc::planner::CostModel& cost) {
   return words;
 }
 
-// The one verdict line of `odc compare`: the fastest arm it predicts (odc + lb-mini, or
-// lb-mini+split with --split auto: never slower than lb-micro under ODC), over which baseline,
-// and on what basis: the planner's cost model alone, so communication is not in it.
-std::string verdict_line(const std::vector<Plan>& plans, const std::string& basis) {
-  const auto rows = compare_rows(plans);
-  const double baseline = baseline_time(rows);
-  char line[600];
-  std::snprintf(line, sizeof(line),
-                "verdict: odc + %s, predicted speedup %.2fx over the baseline collective + "
-                "lb-micro; compute only (cost model %s from --cost%s), no communication or "
-                "optimizer: odc simulate models them\n",
-                rows.back().policy.c_str(), speedup(baseline, rows.back().time_odc),
-                cost_words(plans.front().options.cost).c_str(), basis.c_str());
-  return line;
+// What compare's decision assumed and rests on: the token cap every arm keeps to (it models no GPU
+// state: odc simulate does), the planner's cost model alone (no communication), and where
+// splitting would pay with split off (`split_gain` > 0: odc + lb-mini+split over odc + lb-mini).
+odc::simulate::DecisionContext compare_context(const PlanOptions& options, bool max_tokens_given,
+                                               const std::string& basis, double split_gain) {
+  odc::simulate::DecisionContext context;
+  context.memory = "<= " + std::to_string(options.max_tokens) + " tokens/microbatch";
+  context.memory_source =
+      max_tokens_given ? "--max-tokens" : "default --max-tokens: the longest sample";
+  context.basis = "compute only (--cost " + cost_words(options.cost) + basis +
+                  "): odc simulate adds communication and GPU memory";
+  if (split_gain > 0) {
+    char words[160];
+    std::snprintf(words, sizeof(words),
+                  "rerun with --split auto: splitting outliers made odc + lb-mini %.2fx faster",
+                  split_gain);
+    context.split_words = words;
+  }
+  return context;
 }
 
 // GRPO's training phase as one plan per policy (odc.train --task grpo, docs/planner.md): per RL
@@ -317,25 +348,17 @@ Result<Plan> grpo_plan(std::span<const int64_t> lengths, const PlanOptions& opti
   return merged;
 }
 
-// Where splitting outliers would pay and it is off: the hint names the switch and its predicted
-// effect (a long-tail file was predicted 2.65x with it, 1.02x without, and nothing said so).
-// Shown when odc + lb-mini+split is predicted at least 5% faster than odc + lb-mini.
+// Where splitting outliers would pay and it is off, the decision's why says so (a long-tail file
+// was predicted 2.65x with split, 1.02x without, and nothing said so): odc + lb-mini+split's gain
+// over odc + lb-mini where it is at least 5%, else 0.
 constexpr double kSplitHintGain = 1.05;
 
-std::string split_hint(const std::vector<Plan>& plans, const Plan& split_plan) {
+double split_gain(const std::vector<Plan>& plans, const Plan& split_plan) {
   const auto rows = compare_rows(plans);
-  const double baseline = baseline_time(rows);
   double split_time = 0.0;
   for (const auto& minibatch : split_plan.minibatches) split_time += minibatch.times.odc;
-  const double without = speedup(baseline, rows.back().time_odc);
-  const double with = speedup(baseline, split_time);
-  if (!(with >= kSplitHintGain * without)) return "";
-  char line[300];
-  std::snprintf(line, sizeof(line),
-                "hint: --split auto predicts %.2fx instead of %.2fx here (samples above a rank's "
-                "share run as context-parallel chunks on a few ranks; docs/planner.md)\n",
-                with, without);
-  return line;
+  const double gain = speedup(rows.back().time_odc, split_time);
+  return gain >= kSplitHintGain ? gain : 0.0;
 }
 
 // The Python interpreter that draws --plot: $ODC_PYTHON, else the python3 beside this executable
@@ -630,18 +653,25 @@ int run_compare(const CLI::App& command, CompareCommand& compare) {
                                        " and " + std::to_string(compare.task.minibatches_per_step) +
                                        " updates"
                                  : "";
+  double splitting_gain = 0.0;
+  if (split == odc::planner::SplitMode::kOff && !grpo && format != "csv") {
+    PlanOptions split_options = options;
+    split_options.policy = odc::planner::Policy::kLbMini;
+    split_options.split = odc::planner::SplitMode::kAuto;
+    auto split_plan = odc::planner::make_plan(samples.lengths, split_options);
+    if (split_plan.ok()) splitting_gain = split_gain(plans, split_plan.value());
+  }
+  const odc::simulate::DecisionContext context =
+      compare_context(options, compare.args.samples.max_tokens.has_value(), basis, splitting_gain);
   if (format == "json") {
-    std::cout << compare_json(plans, basis).dump(1) << "\n";
+    std::cout << compare_json(plans, context).dump(1) << "\n";
   } else if (format == "csv") {
     std::cout << compare_csv(plans);
   } else {
-    std::cout << odc::planner::compare_table(plans) << verdict_line(plans, basis);
-    if (split == odc::planner::SplitMode::kOff && !grpo) {
-      options.policy = odc::planner::Policy::kLbMini;
-      options.split = odc::planner::SplitMode::kAuto;
-      auto split_plan = odc::planner::make_plan(samples.lengths, options);
-      if (split_plan.ok()) std::cout << split_hint(plans, split_plan.value());
-    }
+    const odc::simulate::DecisionText decision =
+        odc::simulate::decision_text(odc::simulate::decide(compare_arms(plans)), context);
+    std::cout << odc::planner::compare_table(plans) << decision.line << "\n"
+              << decision.reason << "\n";
   }
   if (compare.plot_path.empty()) return 0;
   std::cout << std::flush;
@@ -649,7 +679,7 @@ int run_compare(const CLI::App& command, CompareCommand& compare) {
                             std::to_string(options.num_ranks) + " ranks, max " +
                             std::to_string(options.max_tokens) + " tokens";
   if (std::string error =
-          write_plot(compare_json(plans), {"odc.compare_plot", compare.plot_path, title});
+          write_plot(compare_json(plans, context), {"odc.compare_plot", compare.plot_path, title});
       !error.empty()) {
     std::fprintf(stderr, "odc compare: error: %s\n", error.c_str());
     return 1;
@@ -699,9 +729,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& version) {
     return app.exit(version);
   } catch (const CLI::ParseError& error) {
-    const std::string command =
-        app.get_subcommands().empty() ? std::string("") : app.get_subcommands().front()->get_name();
-    return fail(command, odc::tools::parse_error_message(error));
+    const CLI::App* parsed = app.get_subcommands().empty() ? &app : app.get_subcommands().front();
+    const std::string command = parsed == &app ? std::string("") : parsed->get_name();
+    return fail(command, odc::tools::parse_error_message(
+                             error, *parsed, std::vector<std::string>(argv + 1, argv + argc)));
   }
   if (simulate_command->parsed()) return run_simulate(*simulate_command, simulate);
   if (plan_command->parsed()) return run_plan(plan);

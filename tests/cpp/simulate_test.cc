@@ -521,7 +521,8 @@ TEST(Sweep, RowsFollowTheRequest) {
   EXPECT_EQ(rows.back().ranks, 4);
   EXPECT_EQ(sweep.value().memory.size(), 4u);
   const std::string table = sweep_to_table(sweep.value());
-  EXPECT_NE(table.find(sweep_verdict(sweep.value()) + "\n"), std::string::npos);
+  const DecisionText decision = sweep_decision(sweep.value());
+  EXPECT_NE(table.find("\n" + decision.line + "\n" + decision.reason + "\n"), std::string::npos);
   EXPECT_EQ(sweep_to_json(sweep.value()).front(), '{');
 }
 

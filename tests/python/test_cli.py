@@ -310,7 +310,7 @@ def test_compare_task_grpo_counts_both_forward_only_passes_and_the_updates(odc_c
     document = json.loads(result.stdout)
     assert (
         "GRPO: per RL step 2 forward-only minibatches at 0.25,0,0 and 2 updates"
-        in (document["verdict"])
+        in (document["decision"]["reason"])
     )
 
     def times(plan, a):  # per minibatch: (busy, collective span, odc span)

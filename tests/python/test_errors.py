@@ -98,6 +98,12 @@ CASES = {
     "gather out size (C)": (lambda mp: _gather(np.zeros(3, np.float32)), "destination"),
     "launch world_size": (lambda mp: odc.launch(print, 0), "world_size"),
     "simulate --ranks": (lambda mp: _simulate(["--ranks", "x"]), "--ranks"),
+    # The C API parses the command's options: a list typed with spaces is named as the command
+    # names it.
+    "simulate --ranks 8 16": (
+        lambda mp: _simulate(["--ranks", "8", "16"]),
+        "--ranks takes a comma-separated list without spaces, got '8 16': --ranks 8,16",
+    ),
     "fit max_tokens": (lambda mp: _fit(2), "max_tokens"),
     "torch model": (lambda mp: _torch_engine_of(object()), "model"),
     "torch global_tokens": (lambda mp: _scale_loss(0), "global_tokens"),

@@ -1,6 +1,7 @@
 """odc.plan and `odc plan`: same results, same errors, and the documented contract."""
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -88,26 +89,49 @@ def test_table_and_compare_formats(odc_cli, data_dir):
     assert compare.returncode == 0, compare.stderr
     rows = compare.stdout.splitlines()
     assert [row.split()[0] for row in rows[1:4]] == ["local-sort", "lb-micro", "lb-mini"]
-    # One verdict line: the arm, the baseline, and that it is compute only.
-    assert [row for row in rows if row.startswith("verdict:")] == [rows[4]]
-    assert rows[4].startswith("verdict: odc + lb-mini, predicted speedup ")
-    assert "over the baseline collective + lb-micro; compute only" in rows[4]
-    assert "no communication" in rows[4]
+    # One decision line (the arm, its gain over the strongest collective arm, the token cap every
+    # arm keeps to) and one line of why, which says the figures are compute only.
+    assert rows[4:] == [row for row in rows if row.startswith(("decision:", "why:"))]
+    # RL-shaped lengths at 4 ranks: LB-Micro already balances them, ODC gains too little.
+    assert rows[4] == (
+        "decision: use FSDP2 (collective + lb-micro) at 4 GPUs: odc gains only 1.01x "
+        "(<= 32768 tokens/microbatch, --max-tokens)"
+    )
+    assert "compute only (--cost 1,0,0): odc simulate adds communication" in rows[5]
 
 
 def test_compare_points_to_split_where_it_pays(odc_cli, data_dir):
-    # Long-tail SFT: without --split auto, lb-mini cannot hide the outliers, and the
-    # comparison names the switch with its predicted effect; where splitting pays nothing
-    # (RL-shaped lengths) there is no hint.
+    # Long-tail SFT: without --split auto, lb-mini cannot hide the outliers, and the why names
+    # the switch with its predicted effect; with it, the decision is odc + lb-mini+split against
+    # collective + lb-micro+split; where splitting pays nothing (RL-shaped lengths) it is silent.
     common = ["--ranks", "8", "--cost", "3.12326e-05,1.18741e-09,0.0708187"]
-    heavy = run_cli(odc_cli, "compare", "--lengths", str(data_dir / "heavy_tailed.txt"), *common)
-    assert heavy.returncode == 0, heavy.stderr
-    (hint,) = [line for line in heavy.stdout.splitlines() if line.startswith("hint:")]
-    with_split, without = [float(w.rstrip("x")) for w in hint.split() if w[0].isdigit()][:2]
-    assert hint.startswith("hint: --split auto predicts") and with_split > 1.5 * without
-    assert f"speedup {without:.2f}x" in heavy.stdout
+    heavy = ["--lengths", str(data_dir / "heavy_tailed.txt"), *common]
+    unsplit = run_cli(odc_cli, "compare", *heavy)
+    assert unsplit.returncode == 0, unsplit.stderr
+    why = unsplit.stdout.splitlines()[-1]
+    (gain,) = re.findall(r"rerun with --split auto: splitting outliers made odc \+ lb-mini "
+                         r"([0-9.]+)x faster", why)  # fmt: skip
+    assert float(gain) > 1.5
+    split = run_cli(odc_cli, "compare", *heavy, "--split", "auto", "--format", "json")
+    decision = json.loads(split.stdout)["decision"]
+    assert decision["use_odc"] and decision["arm"] == "odc + lb-mini+split" and decision["split"]
+    assert decision["baseline"] == "collective + lb-micro+split" and decision["gain"] >= 1.03
+    assert decision["text"].startswith("decision: use odc + lb-mini+split at 8 GPUs: ")
+    assert "splitting outliers is the win: without split ODC gains " in decision["reason"]
     rl = run_cli(odc_cli, "compare", "--lengths", str(data_dir / "aime_rl_like.txt"), *common)
-    assert rl.returncode == 0 and "hint:" not in rl.stdout
+    assert rl.returncode == 0 and "--split auto" not in rl.stdout
+
+
+def test_compare_says_use_fsdp2_where_odc_does_not_pay(odc_cli, tmp_path):
+    # Equal lengths: every rank gets the same work, ODC's one barrier saves nothing.
+    path = write_lengths(tmp_path, ["100"] * 64)
+    result = run_cli(odc_cli, "compare", "--lengths", str(path), "--ranks", "8", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    decision = json.loads(result.stdout)["decision"]
+    assert decision["use_odc"] is False and decision["arm"].startswith("collective + ")
+    assert decision["text"].startswith("decision: use FSDP2 (collective + ")
+    assert ": odc gains only 1.00x" in decision["text"] and len(decision["text"]) <= 160
+    assert decision["memory_assumed"] == "<= 100 tokens/microbatch"
 
 
 def test_stdin(odc_cli):
@@ -142,6 +166,33 @@ CLI_ERRORS = [
     (["10"], ["--max-tokens", "-99999999999999999999"], "--max-tokens: '-99999999999999999999'"),
     (["10"], ["--minibatch-size", "1" + "0" * 19], "--minibatch-size: '1" + "0" * 19 + "'"),
 ]
+
+
+# `odc compare` plans one rank count: a list is refused in one line that names the flag, the
+# value and the accepted form, never read as something else.
+COMPARE_LIST_ERRORS = [
+    (
+        ["--ranks", "8,16"],
+        "--ranks takes one integer, got '8,16' (compare plans one rank count; "
+        "odc simulate --ranks 8,16 compares several)",
+    ),  # fmt: skip
+    (["--ranks", "8", "16"], "--ranks takes one integer, got '8 16' (compare plans one"),
+    (
+        ["--ranks", "8", "--cost", "1", "0", "0"],
+        "--cost takes a comma-separated list without " "spaces, got '1 0 0': --cost 1,0,0",
+    ),  # fmt: skip
+    (["--ranks", "8", "--samples-per-rank", "4,8"], "--samples-per-rank takes one integer"),
+    (["--ranks", "8", "--format", "json", "csv"], "--format takes one value (table, json or csv)"),
+]
+
+
+@pytest.mark.parametrize("extra,message", COMPARE_LIST_ERRORS)
+def test_compare_list_shaped_mistakes_are_named(odc_cli, tmp_path, extra, message):
+    path = write_lengths(tmp_path, ["10", "20"])
+    result = run_cli(odc_cli, "compare", "--lengths", str(path), *extra)
+    assert result.returncode == 2 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("odc compare: error: ") and message in line, line
 
 
 @pytest.mark.parametrize("lines,extra,message", CLI_ERRORS)

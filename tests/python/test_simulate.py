@@ -188,13 +188,35 @@ def test_errors_name_the_problem(odc_cli, data_dir):
         (["--lengths", lengths, "--model", "70b"], "unknown model preset '70b'"),
         (["--lengths", lengths, "--layers", "4"], "needs all of --layers"),
         (["--lengths", lengths, "--network-gbits", "0"], "bandwidths must be > 0"),
-        (["--lengths", lengths, "--ranks", "8", "16"], "lists are comma-separated"),
+        # List-shaped mistakes: one line naming the option, the value typed and its form.
+        (
+            ["--lengths", lengths, "--ranks", "8", "16"],
+            "--ranks takes a comma-separated list without spaces, got '8 16': --ranks 8,16",
+        ),
+        (
+            ["--lengths", lengths, "--ranks=8", "--ranks=16"],
+            "--ranks was given 2 times ('8', '16'): give it once, as a comma-separated list "
+            "without spaces: --ranks 8,16",
+        ),
+        (
+            ["--lengths", lengths, "--modes", "odc", "collective"],
+            "--modes takes a comma-separated list without spaces, got 'odc collective'",
+        ),
+        (
+            ["--lengths", lengths, "--minibatches", "2,4"],
+            "--minibatches takes one integer, got '2,4'",
+        ),
+        (
+            ["--lengths", lengths, "--gpu-memory-gbytes", "80,141"],
+            "--gpu-memory-gbytes takes one number, got '80,141'",
+        ),
         (["--lengths", "/nonexistent/lengths.txt"], "nonexistent"),
     ]
     for arguments, message in cases:
         result = simulate(odc_cli, *arguments)
         assert result.returncode == 2, arguments
         assert message in result.stderr, (arguments, result.stderr)
+        assert len(result.stderr.splitlines()) == 1
 
 
 def test_bad_sizes_and_files_are_one_line_errors(odc_cli, data_dir, tmp_path, monkeypatch):
@@ -241,23 +263,32 @@ def test_bad_sizes_and_files_are_one_line_errors(odc_cli, data_dir, tmp_path, mo
     ]
 
 
-def test_verdict_and_memory(odc_cli, data_dir):
-    # One verdict line naming the fastest arm, the baseline, the compute-only figure
-    # (odc compare's basis) and what else the time includes; memory per GPU per layout.
+def test_decision_and_memory(odc_cli, data_dir):
+    # The table ends with one decision line (within 160 characters, naming the GPU memory it
+    # assumed) and one line of why; the JSON carries both in "decision"; memory per GPU per layout.
     common = ["--lengths", str(data_dir / "aime_rl_like.txt"), "--ranks", "8,16"]
     common += ["--minibatches", "2", "--policies", "lb-micro,lb-mini"]
     table = simulate(odc_cli, *common)
     assert table.returncode == 0, table.stderr
-    (verdict,) = [line for line in table.stdout.splitlines() if line.startswith("verdict:")]
-    # The compute-only figure covers the simulated minibatches only, and says so.
-    assert (
-        "over the baseline collective + lb-micro (compute only on the same 2 minibatches, "
-        "odc compare's basis: " in verdict
-    )
-    assert "compare plans the whole file)" in verdict
-    assert "includes modelled communication (NVLink 290 GB/s" in verdict
+    lines = table.stdout.splitlines()
+    decision, why = lines[-2:]
+    assert decision.startswith("decision: ") and why.startswith("why (at 8 GPUs): ")
+    assert len(decision) <= 160
+    assert decision.endswith("(141 GB/GPU, default --gpu-memory-gbytes)")
+    assert not any(line.startswith(("verdict:", "hint:")) for line in lines)
+    assert "includes modelled communication (NVLink 290 GB/s" in table.stdout
     document = json.loads(simulate(odc_cli, *common, "--format", "json").stdout)
-    assert document["verdict"] == verdict
+    assert document["decision"]["text"] == decision and document["decision"]["reason"] == why
+    assert document["decision"]["gpu_memory_bytes"] == 141e9
+    # Each rank count's entry against the rows: ODC's fastest arm over FSDP2's, both fitting.
+    rows = document["results"]
+    for entry in document["decision"]["by_ranks"]:
+        at = [r for r in rows if r["ranks"] == entry["ranks"]]
+        step = {f"{r['mode']} + {r['policy']}": r["step_seconds"] for r in at}
+        odc = min((r for r in at if r["mode"].startswith("odc")), key=lambda r: r["step_seconds"])
+        assert entry["odc_arm"] == f"{odc['mode']} + {odc['policy']}"
+        assert entry["gain"] == pytest.approx(step[entry["baseline"]] / odc["step_seconds"])
+        assert entry["use_odc"] == (entry["gain"] >= 1.03)
     memory = {(row["ranks"], row["mode"]): row for row in document["memory_per_gpu"]}
     modes = ("collective", "fsdp2-deferred", "fsdp2-unsharded", "odc", "odc-hybrid")
     assert set(memory) == {(n, m) for n in (8, 16) for m in modes}
@@ -286,27 +317,31 @@ def test_verdict_and_memory(odc_cli, data_dir):
     assert "18 B" not in table.stdout and "bf16 copy" not in table.stdout
 
 
-def test_split_auto_and_the_split_hint(odc_cli, data_dir):
-    # simulate takes --split auto (the split plans, simulated) and, without it, names
-    # where splitting would pay, as compare does: heavy_tailed.txt gets compare's hint line and
-    # a mention in the verdict; the split rows are lb-micro+split and lb-mini+split.
+def test_split_auto_and_the_split_check(odc_cli, data_dir):
+    # simulate takes --split auto (the split plans, simulated: ODC's and FSDP2's alike) and,
+    # without it, its why names where splitting would pay: on heavy_tailed.txt ODC without split
+    # gains too little to be worth it, and with split it wins over FSDP2 with split.
     common = ["--lengths", str(data_dir / "heavy_tailed.txt"), "--ranks", "8"]
     common += ["--minibatches", "4", "--policies", "lb-micro,lb-mini"]
     table = simulate(odc_cli, *common)
     assert table.returncode == 0, table.stderr
-    lines = table.stdout.splitlines()
-    (verdict,) = [line for line in lines if line.startswith("verdict:")]
-    (hint,) = [line for line in lines if line.startswith("hint: --split auto predicts ")]
-    assert "--split auto would give " in verdict and "odc + lb-mini+split at 8 GPUs" in verdict
-    with_split, without = (float(x) for x in re.findall(r"([0-9.]+)x", hint)[:2])
-    assert with_split >= 1.05 * without
+    decision, why = table.stdout.splitlines()[-2:]
+    assert decision.startswith("decision: use FSDP2 (fsdp2-unsharded + lb-micro) at 8 GPUs: ")
+    (gain,) = re.findall(r"rerun with --split auto: splitting outliers made odc \+ lb-mini "
+                         r"([0-9.]+)x faster at 8 GPUs", why)  # fmt: skip
     split = json.loads(simulate(odc_cli, *common, "--split", "auto", "--format", "json").stdout)
-    assert split["split"] == "auto" and split["split_hint"] is None
+    assert split["split"] == "auto"
+    chosen = split["decision"]
+    assert chosen["use_odc"] and chosen["arm"] == "odc + lb-mini+split" and chosen["split"]
+    assert chosen["baseline"] == "fsdp2-unsharded + lb-micro+split" and chosen["gain"] > 1.1
+    assert "splitting outliers is the win: without split ODC gains " in chosen["reason"]
     rows = {(r["policy"], r["mode"]): r for r in split["results"]}
     assert ("lb-mini+split", "odc") in rows and ("lb-micro+split", "collective") in rows
     assert ("lb-mini+split", "collective") not in rows
-    # The hint's figure is the simulated speedup of the split arm.
-    assert rows[("lb-mini+split", "odc")]["speedup"] == pytest.approx(with_split, abs=0.006)
+    # The why's figure is the split arm's simulated speedup over the unsplit one.
+    assert rows[("lb-mini", "odc")]["step_seconds"] / rows[("lb-mini+split", "odc")][
+        "step_seconds"
+    ] == pytest.approx(float(gain), abs=0.006)
     # --rank-speed names every rank, so it takes one rank count of that many ranks.
     slow = simulate(odc_cli, *common, "--rank-speed", "1,1,1,1,1,1,1,0.5", "--format", "json")
     assert slow.returncode == 0, slow.stderr
@@ -457,11 +492,11 @@ def test_plots_keep_lines_apart_and_legends_off_the_data(odc_cli, data_dir, monk
         assert not any(box.overlaps(axis.get_window_extent(renderer)) for axis in figure.axes)
 
 
-def test_verdicts_name_only_arms_that_fit(odc_cli, data_dir):
+def test_decision_names_only_arms_that_fit(odc_cli, data_dir):
     # A 14B-like model on 16 x 80 GB GPUs. fsdp2-unsharded (the whole model's
     # bf16 parameters and fp32 gradients on every GPU) and fsdp2-deferred do not fit; the verdict
-    # named fsdp2-unsharded the strongest baseline all the same. Now it names the fastest arm
-    # that fits, and says which faster arm does not.
+    # named fsdp2-unsharded the strongest baseline all the same. Now the decision compares ODC
+    # with the fastest arm that fits, and its why says which faster arm does not.
     arguments = ["--lengths", str(data_dir / "longalign_like.txt"), "--ranks", "16"]
     arguments += ["--minibatches", "2", "--layers", "48", "--layer-params", "2.9e8"]
     arguments += ["--other-params", "1.5e9", "--cost", "2e-5,1e-10,0.05"]
@@ -476,21 +511,32 @@ def test_verdicts_name_only_arms_that_fit(odc_cli, data_dir):
         "odc": True,
         "odc-hybrid": True,
     }
+    # The issue's case: fsdp2-unsharded is fastest but does not fit; never the baseline.
     (strongest,) = document["strongest_baseline"]
     assert strongest["baseline"].split(" + ")[0] == "collective"
-    verdict = document["verdict"]
-    assert "strongest baseline arm (the fastest FSDP2 arm that fits): collective + " in verdict
-    # Only FSDP2 arms: the fastest of them does not fit, and the verdict says so.
+    decision = document["decision"]
+    assert decision["use_odc"] and decision["baseline"] == strongest["baseline"]
+    assert decision["text"].endswith("(80 GB/GPU, --gpu-memory-gbytes)")
+    assert "fsdp2-unsharded" not in decision["text"]
+    assert " + lb-mini would beat collective + " in decision["reason"]
+    assert "but needs 113.94 GB/GPU" in decision["reason"]
+    # Only FSDP2 arms: the fastest of them does not fit, and the why says so.
     only_fsdp2 = arguments + ["--modes", "collective,fsdp2-unsharded", "--format", "json"]
     only_fsdp2 += ["--gpu-memory-gbytes", "80"]
-    verdict = json.loads(simulate(odc_cli, *only_fsdp2).stdout)["verdict"]
-    assert verdict.startswith("verdict: collective + ")
-    assert "faster but its state does not fit a 80 GB GPU: fsdp2-unsharded + " in verdict
-    # Nothing fits: said first, with the fastest arm regardless.
-    tiny_gpu = arguments + ["--gpu-memory-gbytes", "10", "--format", "json"]
-    verdict = json.loads(simulate(odc_cli, *tiny_gpu).stdout)["verdict"]
-    assert verdict.startswith("verdict: no arm's state fits a 10 GB GPU at 16 GPUs (memory table")
-    assert "the fastest regardless: " in verdict
+    decision = json.loads(simulate(odc_cli, *only_fsdp2).stdout)["decision"]
+    assert decision["text"].startswith("decision: use FSDP2 (collective + ")
+    assert ": no ODC arm fits" in decision["text"] and decision["use_odc"] is False
+    assert "fsdp2-unsharded + lb-mini is faster but needs 113.94 GB/GPU" in decision["reason"]
+    # Nothing fits: said, with the smallest state and the rank count from which it fits.
+    # (collective: 15.42 GB of state at 16 GPUs plus 10.16 GB gathered: 20 GB fit from 32 GPUs.)
+    small_gpu = arguments + ["--gpu-memory-gbytes", "20", "--format", "json"]
+    decision = json.loads(simulate(odc_cli, *small_gpu).stdout)["decision"]
+    assert decision["text"] == "decision: nothing fits at 16 GPUs (20 GB/GPU, --gpu-memory-gbytes)"
+    assert decision["use_odc"] is None and decision["by_ranks"][0]["choice"] == "nothing fits"
+    assert decision["reason"] == (
+        "why: the smallest state, collective's, needs 25.58 GB/GPU > 20 GB/GPU; "
+        "collective's state fits from 32 GPUs"
+    )
 
 
 def test_grpo_phases_and_the_strongest_baseline(odc_cli, data_dir):
@@ -528,9 +574,9 @@ def test_grpo_phases_and_the_strongest_baseline(odc_cli, data_dir):
     assert strongest["odc_speedup"] == pytest.approx(
         fastest["step_seconds"] / strongest["odc_step_seconds"]
     )
-    named = f"strongest baseline arm (the fastest FSDP2 arm that fits): {strongest['baseline']}"
-    assert named in document["verdict"]
-    assert "2 forward-only phases and 2 update minibatches" in document["verdict"]
+    (decided,) = document["decision"]["by_ranks"]
+    assert decided["baseline"] == strongest["baseline"]
+    assert decided["gain"] == pytest.approx(strongest["odc_speedup"])
     table = simulate(odc_cli, *arguments)
     assert table.returncode == 0 and "fwd-only" in table.stdout and "unsharded" in table.stdout
     cases = [
