@@ -63,12 +63,12 @@ def run_compare(odc: str, output_format: str) -> str:
 
 
 def planner_block(odc: str) -> str:
-    """The block's body: the table as main.sh prints it (header and policy rows; the verdict and
-    hint lines that follow it are left out) and the sentence quoting its bubbles."""
+    """The block's body: the table as main.sh prints it (header and policy rows; the decision
+    and why lines that follow it are left out) and the sentence quoting its bubbles."""
     table = run_compare(odc, "table").splitlines()
     rows = []
     for line in table:
-        if not line.strip() or line.startswith(("verdict:", "hint:")):
+        if not line.strip() or line.startswith(("decision:", "why:")):
             break
         rows.append(line.rstrip())
     if len(rows) != 4 or not rows[0].startswith("policy"):
