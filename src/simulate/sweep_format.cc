@@ -242,6 +242,15 @@ void json_settings(const SweepResult& sweep, nlohmann::ordered_json& root) {
   root["split"] = std::string(planner::split_mode_name(base.plan.split));
   root["split_exchange"] = base.plan.split_exchange;
   if (!base.plan.rank_speed.empty()) root["rank_speed"] = base.plan.rank_speed;
+  // Only when asked for: documents without them keep their keys.
+  if (request.steal) root["steal"] = true;
+  if (!request.rank_slowdown.empty()) {
+    nlohmann::ordered_json slowdowns = nlohmann::ordered_json::array();
+    for (const auto& [rank, factor] : request.rank_slowdown) {
+      slowdowns.push_back({{"rank", rank}, {"factor", factor}});
+    }
+    root["rank_slowdown"] = std::move(slowdowns);
+  }
 }
 
 // Per rank count: the fastest FSDP2 arm and ODC's fastest arm that fit, ODC's speedup over it.

@@ -1,0 +1,136 @@
+// The work-stealing simulation of steal.h: an event queue of free ranks ordered by (time, rank),
+// and an ordered set of queues with unclaimed items ordered by (predicted sum desc, rank asc), so
+// every claim costs O(log ranks).
+#include "planner/steal.h"
+
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <queue>
+#include <set>
+#include <string>
+#include <utility>
+
+namespace odc::planner {
+namespace {
+
+Status check_values(std::span<const double> values, const char* what, bool positive) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double v = values[i];
+    if (!std::isfinite(v) || (positive ? !(v > 0) : !(v >= 0))) {
+      return Status::InvalidArgument(std::string(what) + " " + std::to_string(i) + " is " +
+                                     std::to_string(v) + ": expected a finite number " +
+                                     (positive ? "> 0" : ">= 0"));
+    }
+  }
+  return Status::Ok();
+}
+
+Status check_input(const StealInput& input, size_t& num_items) {
+  const size_t num_ranks = input.counts.size();
+  num_items = 0;
+  for (size_t r = 0; r < num_ranks; ++r) {
+    if (input.counts[r] < 0) {
+      return Status::InvalidArgument("queue " + std::to_string(r) + " has a negative count " +
+                                     std::to_string(input.counts[r]));
+    }
+    num_items += static_cast<size_t>(input.counts[r]);
+  }
+  if (input.predicted.size() != num_items) {
+    return Status::InvalidArgument("predicted costs: got " +
+                                   std::to_string(input.predicted.size()) + " values for " +
+                                   std::to_string(num_items) + " items (the sum of the counts)");
+  }
+  if (!input.actual.empty() && input.actual.size() != num_items) {
+    return Status::InvalidArgument(
+        "actual costs: got " + std::to_string(input.actual.size()) + " values for " +
+        std::to_string(num_items) +
+        " items (the sum of the counts); give none to use the predicted");
+  }
+  for (const auto& [values, what] :
+       {std::pair{input.rank_speed, "rank_speed"}, std::pair{input.rank_start, "rank_start"}}) {
+    if (!values.empty() && values.size() != num_ranks) {
+      return Status::InvalidArgument(std::string(what) + " must have one entry per rank: got " +
+                                     std::to_string(values.size()) + " for " +
+                                     std::to_string(num_ranks) + " ranks");
+    }
+  }
+  ODC_RETURN_IF_ERROR(check_values(input.predicted, "predicted cost of item", false));
+  ODC_RETURN_IF_ERROR(check_values(input.actual, "actual cost of item", false));
+  ODC_RETURN_IF_ERROR(check_values(input.rank_speed, "speed of rank", true));
+  ODC_RETURN_IF_ERROR(check_values(input.rank_start, "start of rank", false));
+  return Status::Ok();
+}
+
+}  // namespace
+
+double StealResult::total_busy() const {
+  return std::accumulate(busy.begin(), busy.end(), 0.0);
+}
+
+Result<StealResult> simulate_stealing(const StealInput& input) {
+  size_t num_items = 0;
+  ODC_RETURN_IF_ERROR(check_input(input, num_items));
+  const size_t num_ranks = input.counts.size();
+  std::vector<size_t> first(num_ranks + 1, 0);  // queue r's items are flat [first[r], first[r+1])
+  for (size_t r = 0; r < num_ranks; ++r) {
+    first[r + 1] = first[r] + static_cast<size_t>(input.counts[r]);
+  }
+  // prefix[first[r] + r + i]: queue r's predicted costs summed over items 0..i-1 (plan order).
+  std::vector<double> prefix(num_items + num_ranks, 0.0);
+  for (size_t r = 0; r < num_ranks; ++r) {
+    double sum = 0.0;
+    for (size_t i = first[r]; i < first[r + 1]; ++i) {
+      prefix[i + r] = sum;
+      sum += input.predicted[i];
+    }
+    prefix[first[r + 1] + r] = sum;
+  }
+  std::vector<size_t> front(first.begin(), first.end() - 1), back(first.begin() + 1, first.end());
+  auto unclaimed_sum = [&](size_t r) { return prefix[back[r] + r] - prefix[front[r] + r]; };
+  // Queues with unclaimed items, the thieves' choice first: largest sum, then lowest rank.
+  using Victim = std::pair<double, size_t>;
+  auto victim_order = [](const Victim& x, const Victim& y) {
+    return x.first != y.first ? x.first > y.first : x.second < y.second;
+  };
+  std::set<Victim, decltype(victim_order)> victims(victim_order);
+  for (size_t r = 0; r < num_ranks; ++r) {
+    if (front[r] < back[r]) victims.insert({unclaimed_sum(r), r});
+  }
+
+  StealResult result;
+  result.finish.assign(num_ranks, 0.0);
+  result.busy.assign(num_ranks, 0.0);
+  result.runner.assign(num_items, -1);
+  result.run_order.reserve(num_items);
+  using Event = std::pair<double, size_t>;  // (time the rank is free, rank)
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> free_ranks;
+  for (size_t r = 0; r < num_ranks; ++r) {
+    result.finish[r] = input.rank_start.empty() ? 0.0 : input.rank_start[r];
+    free_ranks.push({result.finish[r], r});
+  }
+  while (!free_ranks.empty()) {
+    const auto [now, rank] = free_ranks.top();
+    free_ranks.pop();
+    size_t owner = rank;
+    if (front[rank] == back[rank]) {
+      if (victims.empty()) continue;  // nothing unclaimed: this rank stops at `now`
+      owner = victims.begin()->second;
+    }
+    victims.erase({unclaimed_sum(owner), owner});
+    const size_t item = owner == rank ? front[owner]++ : --back[owner];
+    if (front[owner] < back[owner]) victims.insert({unclaimed_sum(owner), owner});
+    const double cost = input.actual.empty() ? input.predicted[item] : input.actual[item];
+    const double duration = cost / (input.rank_speed.empty() ? 1.0 : input.rank_speed[rank]);
+    result.runner[item] = static_cast<int64_t>(rank);
+    result.run_order.push_back(static_cast<int64_t>(item));
+    result.busy[rank] += duration;
+    result.finish[rank] = now + duration;
+    if (owner != rank) ++result.num_moved;
+    free_ranks.push({result.finish[rank], rank});
+  }
+  for (double finish : result.finish) result.span = std::max(result.span, finish);
+  return result;
+}
+
+}  // namespace odc::planner
