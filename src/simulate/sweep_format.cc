@@ -366,6 +366,28 @@ std::string step_table(const SweepResult& sweep) {
         "idle (waiting for other ranks), optimizer; speedup against collective + lb-micro at "
         "the same rank count\n\n";
   }
+  // Said where it applies, so that the rows above read right; tables without them are unchanged.
+  const Sweep& request = sweep.request;
+  if (!request.rank_slowdown.empty()) {
+    out.resize(out.size() - 1);  // this line joins the legend
+    std::string ranks;
+    for (const auto& [rank, factor] : request.rank_slowdown) {
+      char text[64];
+      std::snprintf(text, sizeof(text), "%s%lld %gx", ranks.empty() ? "" : ", ",
+                    static_cast<long long>(rank), factor);
+      ranks += text;
+    }
+    out +=
+        "unplanned slowdown (--rank-slowdown, every arm; the plans assume planned speeds): rank " +
+        ranks + " slower\n\n";
+  }
+  if (request.steal) {
+    out.resize(out.size() - 1);
+    out +=
+        "+steal: the same plan under odc with work stealing (a rank out of microbatches takes the "
+        "tail of the queue with the most predicted work left; docs/planner.md, \"Work "
+        "stealing\")\n\n";
+  }
   return out;
 }
 
