@@ -8,19 +8,36 @@
 #include <numeric>
 #include <queue>
 #include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 
 namespace odc::planner {
 namespace {
 
-Status check_values(std::span<const double> values, const char* what, bool positive) {
-  for (size_t i = 0; i < values.size(); ++i) {
-    const double v = values[i];
-    if (!std::isfinite(v) || (positive ? !(v > 0) : !(v >= 0))) {
-      return Status::InvalidArgument(std::string(what) + " " + std::to_string(i) + " is " +
-                                     std::to_string(v) + ": expected a finite number " +
-                                     (positive ? "> 0" : ">= 0"));
+std::string number_text(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// `what` names one value (e.g. "speed of rank 2"); ok when finite and > 0 (positive) or >= 0.
+Status check_value(double value, const std::string& what, bool positive) {
+  if (std::isfinite(value) && (positive ? value > 0 : value >= 0)) return Status::Ok();
+  return Status::InvalidArgument(what + " is " + number_text(value) +
+                                 ": expected a finite number " + (positive ? "> 0" : ">= 0"));
+}
+
+// Item costs, flat queue by queue; messages name the queue and the item's index in it.
+Status check_costs(std::span<const double> costs, std::span<const int64_t> counts,
+                   const char* what) {
+  size_t item = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    for (int64_t i = 0; i < counts[r] && item < costs.size(); ++i, ++item) {
+      ODC_RETURN_IF_ERROR(check_value(
+          costs[item],
+          std::string(what) + " of queue " + std::to_string(r) + "'s item " + std::to_string(i),
+          false));
     }
   }
   return Status::Ok();
@@ -55,10 +72,16 @@ Status check_input(const StealInput& input, size_t& num_items) {
                                      std::to_string(num_ranks) + " ranks");
     }
   }
-  ODC_RETURN_IF_ERROR(check_values(input.predicted, "predicted cost of item", false));
-  ODC_RETURN_IF_ERROR(check_values(input.actual, "actual cost of item", false));
-  ODC_RETURN_IF_ERROR(check_values(input.rank_speed, "speed of rank", true));
-  ODC_RETURN_IF_ERROR(check_values(input.rank_start, "start of rank", false));
+  ODC_RETURN_IF_ERROR(check_costs(input.predicted, input.counts, "predicted cost"));
+  ODC_RETURN_IF_ERROR(check_costs(input.actual, input.counts, "actual cost"));
+  for (size_t r = 0; r < input.rank_speed.size(); ++r) {
+    ODC_RETURN_IF_ERROR(
+        check_value(input.rank_speed[r], "speed of rank " + std::to_string(r), true));
+  }
+  for (size_t r = 0; r < input.rank_start.size(); ++r) {
+    ODC_RETURN_IF_ERROR(
+        check_value(input.rank_start[r], "start of rank " + std::to_string(r), false));
+  }
   return Status::Ok();
 }
 

@@ -43,7 +43,7 @@ def test_counts_ties_actual_and_starts():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"queues": [[1.0], [-1.0]]}, "predicted cost of item 1 is -1"),
+        ({"queues": [[1.0], [-1.0]]}, "predicted cost of queue 1's item 0 is -1: expected"),
         ({"queues": [[1.0], [1.0]], "actual": [[1.0]]}, "actual must have one list per rank"),
         ({"queues": [[1.0], [1.0]], "actual": [[1.0], []]}, "actual[1] must hold one cost"),
         ({"queues": [[1.0], [1.0]], "rank_speed": [1.0]}, "rank_speed must have one entry"),
