@@ -178,8 +178,9 @@ ODC_API odcResult_t odcPlanDestroy(odcPlan_t plan);
  * the runtime's rule (docs/planner.md, "Work stealing"). Queue r holds rank r's counts[r] items in
  * plan order; `predicted` has counts[0]+...+counts[num_ranks-1] costs, queue by queue. A free rank
  * (served in order of time, then rank) takes the front item of its own queue while it has one;
- * then the tail item of the queue whose unclaimed items have the largest predicted sum (ties: the
- * lowest rank); it stops when nothing is unclaimed. An item lasts its actual cost divided by the
+ * then the tail item of the queue whose unclaimed items have the largest predicted sum (added in
+ * index order from the first unclaimed item, as the work board adds it; ties: the lowest rank); it
+ * stops when nothing is unclaimed. An item lasts its actual cost divided by the
  * speed of the rank that runs it.
  *   actual:     NULL (the predicted costs) or one cost per item, as `predicted`.
  *   rank_speed: NULL (all 1) or num_ranks positive speeds.

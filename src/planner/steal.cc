@@ -1,10 +1,13 @@
 // The work-stealing simulation of steal.h: an event queue of free ranks ordered by (time, rank),
 // and an ordered set of queues with unclaimed items ordered by (predicted sum desc, rank asc), so
-// every claim costs O(log ranks).
+// a claim costs O(log ranks); a theft re-adds exact sums only where rounding could decide.
 #include "planner/steal.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <iterator>
+#include <limits>
 #include <numeric>
 #include <queue>
 #include <set>
@@ -99,8 +102,16 @@ Result<StealResult> simulate_stealing(const StealInput& input) {
   for (size_t r = 0; r < num_ranks; ++r) {
     first[r + 1] = first[r] + static_cast<size_t>(input.counts[r]);
   }
-  // prefix[first[r] + r + i]: queue r's predicted costs summed over items 0..i-1 (plan order).
-  std::vector<double> prefix(num_items + num_ranks, 0.0);
+  std::vector<size_t> front(first.begin(), first.end() - 1), back(first.begin() + 1, first.end());
+  // The thieves' key: a queue's unclaimed predicted sum as the runtime's work board adds it, item
+  // by item from its front in index order (src/core/work_board.cc, WorkPlan::cost), so that sums
+  // equal only up to rounding break ties the same way. That sum cannot be updated per claim, so
+  // the queues are ordered by prefix[back] - prefix[front] (O(log ranks) per claim), which is
+  // within `slack` of it, and the exact sums are added up only for the queues whose ordered sum
+  // lies within both slacks of the largest one: usually just the largest, so one theft costs
+  // O(log ranks), and the choice is the exact rule's whatever the rounding.
+  std::vector<double> prefix(num_items + num_ranks, 0.0);  // queue r: prefix[first[r] + r + i]
+  std::vector<double> slack(num_ranks, 0.0);
   for (size_t r = 0; r < num_ranks; ++r) {
     double sum = 0.0;
     for (size_t i = first[r]; i < first[r + 1]; ++i) {
@@ -108,18 +119,44 @@ Result<StealResult> simulate_stealing(const StealInput& input) {
       sum += input.predicted[i];
     }
     prefix[first[r + 1] + r] = sum;
+    // Both sums are within (items + 1) roundings of the exact one, each at most eps x the
+    // queue's total: 4 (items + 2) eps x total bounds their difference with room to spare.
+    slack[r] = 4.0 * static_cast<double>(first[r + 1] - first[r] + 2) *
+               std::numeric_limits<double>::epsilon() * sum;
   }
-  std::vector<size_t> front(first.begin(), first.end() - 1), back(first.begin() + 1, first.end());
-  auto unclaimed_sum = [&](size_t r) { return prefix[back[r] + r] - prefix[front[r] + r]; };
-  // Queues with unclaimed items, the thieves' choice first: largest sum, then lowest rank.
-  using Victim = std::pair<double, size_t>;
+  const double most_slack = num_ranks ? *std::max_element(slack.begin(), slack.end()) : 0.0;
+  auto ordered_sum = [&](size_t r) { return prefix[back[r] + r] - prefix[front[r] + r]; };
+  auto exact_sum = [&](size_t r) {
+    double sum = 0.0;
+    for (size_t i = front[r]; i < back[r]; ++i) sum += input.predicted[i];
+    return sum;
+  };
+  using Victim = std::pair<double, size_t>;  // (ordered sum, rank): largest sum, then lowest rank
   auto victim_order = [](const Victim& x, const Victim& y) {
     return x.first != y.first ? x.first > y.first : x.second < y.second;
   };
   std::set<Victim, decltype(victim_order)> victims(victim_order);
   for (size_t r = 0; r < num_ranks; ++r) {
-    if (front[r] < back[r]) victims.insert({unclaimed_sum(r), r});
+    if (front[r] < back[r]) victims.insert({ordered_sum(r), r});
   }
+  // The rule's victim: the largest exact sum, ties the lowest rank. A queue whose exact sum is at
+  // least the top one's has an ordered sum of at least the top's minus both slacks.
+  auto choose_victim = [&]() {
+    const auto top = victims.begin();
+    const double lowest_candidate = top->first - slack[top->second] - most_slack;
+    auto next = std::next(top);
+    if (next == victims.end() || next->first < lowest_candidate) return top->second;
+    size_t best = top->second;
+    double best_sum = exact_sum(best);
+    for (auto it = next; it != victims.end() && it->first >= lowest_candidate; ++it) {
+      const double sum = exact_sum(it->second);
+      if (sum > best_sum || (sum == best_sum && it->second < best)) {
+        best = it->second;
+        best_sum = sum;
+      }
+    }
+    return best;
+  };
 
   StealResult result;
   result.finish.assign(num_ranks, 0.0);
@@ -138,11 +175,11 @@ Result<StealResult> simulate_stealing(const StealInput& input) {
     size_t owner = rank;
     if (front[rank] == back[rank]) {
       if (victims.empty()) continue;  // nothing unclaimed: this rank stops at `now`
-      owner = victims.begin()->second;
+      owner = choose_victim();
     }
-    victims.erase({unclaimed_sum(owner), owner});
+    victims.erase({ordered_sum(owner), owner});
     const size_t item = owner == rank ? front[owner]++ : --back[owner];
-    if (front[owner] < back[owner]) victims.insert({unclaimed_sum(owner), owner});
+    if (front[owner] < back[owner]) victims.insert({ordered_sum(owner), owner});
     const double cost = input.actual.empty() ? input.predicted[item] : input.actual[item];
     const double duration = cost / (input.rank_speed.empty() ? 1.0 : input.rank_speed[rank]);
     result.runner[item] = static_cast<int64_t>(rank);

@@ -40,11 +40,11 @@ struct StealResult {
 // (lowest unclaimed) item of its own queue while it has one; then, among queues with unclaimed
 // items, the one whose unclaimed items have the largest sum of predicted costs (ties: the lowest
 // rank), and its tail (highest unclaimed) item; it stops when nothing is unclaimed. A queue's
-// unclaimed items are always a contiguous range [front, back), and their predicted sum is
-// computed as prefix[back] - prefix[front] over the queue's prefix sums in plan order (the
-// runtime computes it the same way, so sums that are equal only up to rounding break ties alike).
-// O((items + ranks) log ranks). Errors name the bad input: sizes that disagree, negative counts,
-// costs that are negative or not finite, speeds <= 0, starts < 0.
+// unclaimed items are always a contiguous range [front, back), and their predicted sum is added
+// up item by item from `front` in index order, as the runtime's work board adds it, so sums equal
+// only up to rounding break ties alike. O((items + ranks) log ranks), plus exact sums where
+// ordered ones come within rounding of each other (ties). Errors name the bad input: sizes that
+// disagree, negative counts, costs that are negative or not finite, speeds <= 0, starts < 0.
 Result<StealResult> simulate_stealing(const StealInput& input);
 
 }  // namespace odc::planner

@@ -65,6 +65,18 @@ TEST(Steal, TiesGoToTheLowestRankAndSumsArePredicted) {
   EXPECT_EQ(r.num_moved, 2);
 }
 
+TEST(Steal, SumsAreAddedAsTheWorkBoardAddsThem) {
+  // Rank 0 starts at 0.5, when queue 1 has 2.5 and 2.3 left (added from the front: exactly 4.8,
+  // the double) and queue 2 has 4.8: a tie, so queue 1 (the lower rank) loses its tail. Prefix
+  // sums would have made queue 1's 4.799999999999999 and robbed queue 2. (Both owners' first
+  // items last 1 in truth, so neither has moved on by 0.5.)
+  const std::vector<double> predicted{0.4, 2.5, 2.3, 1.0, 4.8};
+  const std::vector<double> actual{1.0, 2.5, 2.3, 1.0, 4.8};
+  const StealResult r = run({0, 3, 2}, predicted, actual, {}, {0.5, 0.0, 0.0});
+  EXPECT_EQ(r.runner, (std::vector<int64_t>{1, 1, 0, 2, 2}));
+  EXPECT_EQ(r.num_moved, 1);
+}
+
 TEST(Steal, OneRankHoldingEverythingIsEmptiedFromTheTail) {
   const StealResult r = run({4, 0, 0}, {4, 3, 2, 1});
   EXPECT_EQ(r.runner, (std::vector<int64_t>{0, 1, 2, 1}));
@@ -160,7 +172,8 @@ TEST(Steal, ASlowThiefCanLengthenTheSpan) {
 }
 
 TEST(Steal, ScalesTo256RanksAndManyItems) {
-  // 256 ranks x 8 items and one rank with 100,000: O((items + ranks) log ranks) keeps it instant.
+  // 256 ranks x 8 items and one rank with 100,000, unit costs (so thefts meet ties and add exact
+  // sums): still instant.
   std::vector<int64_t> counts(256, 8);
   counts[3] = 100000;
   const size_t num_items = static_cast<size_t>(std::accumulate(counts.begin(), counts.end(), 0));
