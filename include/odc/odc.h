@@ -180,8 +180,8 @@ ODC_API odcResult_t odcPlanDestroy(odcPlan_t plan);
  * (served in order of time, then rank) takes the front item of its own queue while it has one;
  * then the tail item of the queue whose unclaimed items have the largest predicted sum (added in
  * index order from the first unclaimed item, as the work board adds it; ties: the lowest rank); it
- * stops when nothing is unclaimed. An item lasts its actual cost divided by the
- * speed of the rank that runs it.
+ * stops when nothing is unclaimed. An item lasts its actual cost divided by the speed of the rank
+ * that runs it.
  *   actual:     NULL (the predicted costs) or one cost per item, as `predicted`.
  *   rank_speed: NULL (all 1) or num_ranks positive speeds.
  *   rank_start: NULL (all 0) or num_ranks times >= 0 at which each rank starts taking items.
