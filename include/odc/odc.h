@@ -83,7 +83,7 @@ typedef enum {
 #define ODC_PLAN_ALL_SAMPLES INT64_MAX
 
 #define ODC_PLAN_OPTIONS_MAGIC 0x0dc09a4eu
-#define ODC_PLAN_OPTIONS_VERSION 1
+#define ODC_PLAN_OPTIONS_VERSION 2
 
 /* Planner options, sized and versioned (as odcCommConfig_t and NCCL's ncclConfig_t): declare them
  * with ODC_PLAN_OPTIONS_INIT, which sets the header (size, magic, version) and the defaults, then
@@ -103,17 +103,18 @@ typedef enum {
  * written or read past its struct, because:
  *   - odcPlanOptionsInit writes nothing before it has checked the header (the first 16 bytes,
  *     which every version of the struct has): in an old caller's struct they hold num_ranks and
- *     max_tokens, or stack garbage, and are accepted only if they spell exactly size 120, the
- *     magic and version 1 (2^-128 for random bytes);
+ *     max_tokens, or stack garbage, and are accepted only if they spell exactly a known size, the
+ *     magic and its version (2^-128 for random bytes);
  *   - odcPlanCreate checks the same header before it reads any other field: in an old caller's
  *     struct `version` is the high half of max_tokens, 0 for every max_tokens below 2^32, and
  *     version 0 is never valid, so the old layout is refused deterministically.
  * Callers built against this header and run with an older library (no header) are not protected:
  * that library reads num_ranks from `size`; rebuild them together. Later versions append fields
  * only, keep accepting every earlier version's header (reading defaults for the fields it lacks),
- * and bump ODC_PLAN_OPTIONS_VERSION. */
+ * and bump ODC_PLAN_OPTIONS_VERSION. Version 2 appended `steal`; a version-1 header (size 120) is
+ * still accepted, planned without stealing, and odcPlanOptionsInit writes only its 120 bytes. */
 typedef struct {
-  size_t size;          /* sizeof(odcPlanOptions_t) as the caller was compiled: 120 in version 1 */
+  size_t size; /* sizeof(odcPlanOptions_t) as the caller was compiled: 120 in version 1, 128 in 2 */
   unsigned int magic;   /* ODC_PLAN_OPTIONS_MAGIC: catches a struct that was never initialized */
   unsigned int version; /* ODC_PLAN_OPTIONS_VERSION */
   int64_t num_ranks;    /* >= 1 */
@@ -131,16 +132,18 @@ typedef struct {
   odcMicrobatchMemory_t microbatch_memory; /* default odcMicrobatchMemoryLbMicro */
   double cost_floor; /* least cost of any microbatch: cost = max(cost_floor, cost_c + sum(...));
                         >= 0, default 0 (none; docs/planner.md, "Cost model") */
+  int steal; /* version 2: nonzero also predicts every minibatch under ODC with work stealing
+                (odcStealSimulate's rule); the JSON then has "steal" keys (docs/planner.md) */
 } odcPlanOptions_t;
 
 /* The header and the defaults: 1 rank, max_tokens 0 (must be set), LB-Mini, all samples in one
  * minibatch, cost 1,0,0 with no floor, uniform speed, no splitting (exchange 0.05), LB-Mini's
- * microbatches within LB-Micro's largest. */
+ * microbatches within LB-Micro's largest, no stealing predicted. */
 #define ODC_PLAN_OPTIONS_INIT                                                             \
   {                                                                                       \
     sizeof(odcPlanOptions_t), ODC_PLAN_OPTIONS_MAGIC, ODC_PLAN_OPTIONS_VERSION, 1, 0,     \
         odcPolicyLbMini, ODC_PLAN_ALL_SAMPLES, 1.0, 0.0, 0.0, NULL, 0, odcSplitOff, 0.05, \
-        odcMicrobatchMemoryLbMicro, 0.0                                                   \
+        odcMicrobatchMemoryLbMicro, 0.0, 0                                                \
   }
 
 typedef struct odcPlan* odcPlan_t;
@@ -170,6 +173,27 @@ ODC_API odcResult_t odcPlanToJson(odcPlan_t plan, const char** json);
 /* Releases a plan. NULL is accepted and ignored; a handle that is not a live plan (destroyed, or
  * never made by odcPlanCreate) is refused with odcInvalidArgument and nothing is freed. */
 ODC_API odcResult_t odcPlanDestroy(odcPlan_t plan);
+
+/* Local, pure CPU, thread-safe: work stealing within one minibatch, simulated event by event with
+ * the runtime's rule (docs/planner.md, "Work stealing"). Queue r holds rank r's counts[r] items in
+ * plan order; `predicted` has counts[0]+...+counts[num_ranks-1] costs, queue by queue. A free rank
+ * (served in order of time, then rank) takes the front item of its own queue while it has one;
+ * then the tail item of the queue whose unclaimed items have the largest predicted sum (added in
+ * index order from the first unclaimed item, as the work board adds it; ties: the lowest rank); it
+ * stops when nothing is unclaimed. An item lasts its actual cost divided by the speed of the rank
+ * that runs it.
+ *   actual:     NULL (the predicted costs) or one cost per item, as `predicted`.
+ *   rank_speed: NULL (all 1) or num_ranks positive speeds.
+ *   rank_start: NULL (all 0) or num_ranks times >= 0 at which each rank starts taking items.
+ * Outputs (caller-owned; any may be NULL): *span, the time the last rank finishes; finish[r] and
+ * busy[r] (num_ranks each): when rank r finished and the time it spent on items; runner[i] (one
+ * per item): the rank that ran item i; *num_moved: items run by a rank other than their owner.
+ * A bad input (a negative count or cost, a speed <= 0, ...) gives odcInvalidArgument naming it and
+ * writes nothing. */
+ODC_API odcResult_t odcStealSimulate(int num_ranks, const int64_t* counts, const double* predicted,
+                                     const double* actual, const double* rank_speed,
+                                     const double* rank_start, double* span, double* finish,
+                                     double* busy, int64_t* runner, int64_t* num_moved);
 
 /* Reads a lengths file in the `odc plan` format (one positive integer per line, blank and '#'
  * lines skipped; "-" is stdin). On success *lengths (owned by the caller, release with

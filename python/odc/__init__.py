@@ -16,7 +16,7 @@ from .errors import (
 )
 from .comm import Buffer, Comm
 from .launch import LaunchError, launch
-from .planner import plan, read_lengths
+from .planner import StealResult, plan, read_lengths, steal_minibatch, steal_span
 
 __version__ = version()
 __all__ = [
@@ -33,6 +33,9 @@ __all__ = [
     "plan",
     "read_lengths",
     "RemoteError",
+    "StealResult",
+    "steal_minibatch",
+    "steal_span",
     "SystemFailure",
     "Timeout",
     "__version__",

@@ -37,7 +37,7 @@ BFLOAT16 = 1
 
 ODC_PLAN_ALL_SAMPLES = 2**63 - 1
 PLAN_OPTIONS_MAGIC = 0x0DC09A4E
-PLAN_OPTIONS_VERSION = 1
+PLAN_OPTIONS_VERSION = 2
 
 
 class PlanOptions(ctypes.Structure):
@@ -62,6 +62,7 @@ class PlanOptions(ctypes.Structure):
         ("split_exchange", ctypes.c_double),
         ("microbatch_memory", ctypes.c_int),  # odcMicrobatchMemory_t
         ("cost_floor", ctypes.c_double),
+        ("steal", ctypes.c_int),  # version 2
     ]
 
 
@@ -228,6 +229,13 @@ _PLAN_FUNCTIONS = [
     ("odcPlanDestroy", _RESULT, [_HANDLE]),
     ("odcLengthsRead", _RESULT, [ctypes.c_char_p, _P(_P(ctypes.c_int64)), _P(_SIZE)]),
     ("odcLengthsFree", _RESULT, [_P(ctypes.c_int64)]),
+    (
+        "odcStealSimulate",
+        _RESULT,
+        [ctypes.c_int, _P(ctypes.c_int64)]
+        + [_P(ctypes.c_double)] * 7
+        + [_P(ctypes.c_int64), _P(ctypes.c_int64)],
+    ),
     # The document (char**) is freed by odcSimulateFree, so kept as void*.
     ("odcSimulateRequestInit", _RESULT, [_P(SimulateRequest), _SIZE]),
     ("odcSimulateSweep", _RESULT, [_P(SimulateRequest), _P(_HANDLE)]),

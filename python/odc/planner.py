@@ -1,6 +1,7 @@
-"""`odc.plan`: load-balancing plans computed by the C++ planner (through the C API).
+"""`odc.plan`: load-balancing plans computed by the C++ planner (through the C API), and
+`odc.steal_span`: one minibatch run with work stealing, simulated by the same C++ code.
 
-The returned structure is exactly the JSON document of `odc plan` (docs/planner.md).
+The returned plan is exactly the JSON document of `odc plan` (docs/planner.md).
 """
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from __future__ import annotations
 import ctypes
 import json
 import numbers
-from typing import Any, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Union
 
 from . import _capi
 from .errors import InvalidArgument
@@ -53,6 +55,7 @@ def plan(
     split: str = "off",
     split_exchange: Optional[float] = None,
     microbatch_memory: str = "lb-micro",
+    steal: bool = False,
 ) -> dict:
     """Plans microbatches for every rank and predicts the bubble (docs/design.md, "Load
     balancing: exact definitions").
@@ -76,6 +79,10 @@ def plan(
         LB-Micro builds for the same minibatch, so ODC + LB-Mini needs no more activation memory
         than collective + LB-Micro; "cap" fills up to max_tokens (the fastest predicted plan).
         Other policies ignore it (docs/planner.md, "Microbatch memory").
+    steal: also predict every minibatch under ODC with work stealing (docs/planner.md, "Work
+        stealing"): each minibatch gains "steal": {"time", "odc_time", "busy", "bubble", "moved"}
+        and the root "steal": {"time", "odc_time", "bubble", "moved"} (times summed over
+        minibatches, the bubble weighted by time). The plan itself is the same.
 
     Returns {"policy", "ranks", "max_tokens", "cost", "minibatches", "bubble"} as dicts and lists.
     Raises odc.InvalidArgument (a ValueError), with the same message as the CLI, for bad
@@ -126,6 +133,9 @@ def plan(
             f"unknown microbatch memory {microbatch_memory!r}: expected lb-micro or cap"
         )
     options.microbatch_memory = 1 if microbatch_memory == "cap" else 0
+    if not isinstance(steal, bool):
+        raise InvalidArgument(f"steal must be True or False, got {steal!r}")
+    options.steal = 1 if steal else 0
 
     array = _lengths_array(lengths)
     handle = ctypes.c_void_p()
@@ -151,3 +161,165 @@ def read_lengths(path: str) -> List[int]:
         return [int(values[i]) for i in range(count.value)]
     finally:
         _capi.lib.odcLengthsFree(values)
+
+
+@dataclass(frozen=True)
+class StealResult:
+    """One minibatch run with work stealing (odc.steal_span)."""
+
+    span: float  # when the last rank finishes
+    finish: List[float]  # per rank: the end of its last item (its start if it ran none)
+    busy: List[float]  # per rank: time spent on items
+    runner: List[List[int]]  # runner[q][i]: the rank that ran item i of queue q
+    moved: int  # items run by a rank other than their queue's owner
+
+    @property
+    def bubble(self) -> float:
+        """1 - sum(busy) / (N * span); 0 when nothing runs."""
+        ranks = len(self.busy)
+        return 1.0 - sum(self.busy) / (ranks * self.span) if ranks and self.span > 0 else 0.0
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidArgument(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _per_rank(name: str, values: Optional[Sequence[float]], ranks: int):
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise InvalidArgument(f"{name} must be a list of one number per rank, got {values!r}")
+    if len(values) != ranks:
+        raise InvalidArgument(
+            f"{name} must have one entry per rank: got {len(values)} for {ranks} ranks"
+        )
+    return (ctypes.c_double * ranks)(*[_number(f"{name}[{r}]", v) for r, v in enumerate(values)])
+
+
+def steal_minibatch(
+    minibatch: dict,
+    lengths: Sequence[int],
+    cost: Sequence[float] = (1.0, 0.0, 0.0),
+    rank_speed: Optional[Sequence[float]] = None,
+    actual: Optional[Sequence[Sequence[float]]] = None,
+) -> StealResult:
+    """steal_span on one minibatch of an odc.plan document ({"ranks": [{"microbatches": ...}],
+    optional "splits"}), as the planner predicts it with steal=True: queue r is rank r's
+    microbatches, each predicted at max(floor, c + sum(a*L + b*L^2)) of its samples' `lengths`
+    (the plan's global indices); a split group's members start when its slowest chunk ends
+    (chunk_cost / speed). `rank_speed`: the speeds the ranks run at (the plan's, or measured);
+    `actual`: measured costs per rank's microbatch, as steal_span takes them. Busy excludes the
+    split chunks."""
+    if not isinstance(minibatch, dict) or "ranks" not in minibatch:
+        raise InvalidArgument('minibatch must be one entry of a plan\'s "minibatches"')
+    values = tuple(cost) if isinstance(cost, (list, tuple)) else ()
+    if len(values) not in (3, 4):
+        raise InvalidArgument(f"malformed cost {cost!r}: {_COST_MESSAGE}")
+    a, b, c = (_number("cost", v) for v in values[:3])
+    floor = _number("cost", values[3]) if len(values) == 4 else 0.0
+    queues = [
+        [
+            max(floor, c + sum(a * lengths[i] + b * lengths[i] * lengths[i] for i in microbatch))
+            for microbatch in rank["microbatches"]
+        ]
+        for rank in minibatch["ranks"]
+    ]
+    ranks = len(queues)
+    speeds = [1.0] * ranks if rank_speed is None else list(rank_speed)
+    start = [0.0] * ranks
+    for split in minibatch.get("splits", []):
+        if len(speeds) != ranks:
+            break  # steal_span names the mismatch
+        slowest = max(cost / speeds[r] for r, cost in zip(split["ranks"], split["chunk_costs"]))
+        for r in split["ranks"]:
+            start[r] = slowest
+    return steal_span(queues, actual=actual, rank_speed=rank_speed, rank_start=start)
+
+
+def steal_span(
+    queues: Sequence[Union[int, Sequence[float]]],
+    actual: Optional[Sequence[Sequence[float]]] = None,
+    rank_speed: Optional[Sequence[float]] = None,
+    rank_start: Optional[Sequence[float]] = None,
+) -> StealResult:
+    """Simulates one minibatch with work stealing, the rule the runtime's work board follows
+    (docs/planner.md, "Work stealing"): a free rank takes the front of its own queue while it has
+    items, then the tail of the queue with the largest sum of unclaimed predicted costs (ties: the
+    lowest rank); simultaneous ranks are served in rank order.
+
+    queues: per rank, its microbatches' predicted costs in plan order (e.g. a plan's microbatch
+        costs), or per rank a count of microbatches that all cost 1.0 (the board's default).
+    actual: per rank, the actual cost of each of its queue's items (same shape); default: the
+        predicted ones. An item lasts actual / rank_speed of the rank that runs it.
+    rank_speed: relative speed of each rank (> 0); default all 1. A rank 1.3x slower: 1 / 1.3.
+    rank_start: when each rank starts taking items (>= 0; e.g. after a split chunk); default 0.
+
+    Raises odc.InvalidArgument naming the input at fault."""
+    if isinstance(queues, (str, bytes)) or not isinstance(queues, Sequence):
+        raise InvalidArgument(f"queues must be a list with one entry per rank, got {queues!r}")
+    ranks = len(queues)
+    counts, predicted = [], []
+    for r, queue in enumerate(queues):
+        if isinstance(queue, numbers.Integral) and not isinstance(queue, bool):
+            counts.append(_integer(f"queues[{r}]", queue))
+            predicted.extend([1.0] * max(0, int(queue)))
+        elif isinstance(queue, Sequence) and not isinstance(queue, (str, bytes)):
+            counts.append(len(queue))
+            predicted.extend(_number(f"queues[{r}][{i}]", c) for i, c in enumerate(queue))
+        else:
+            raise InvalidArgument(
+                f"queues[{r}] must be a count or a list of predicted costs, got {queue!r}"
+            )
+    actual_array = None
+    if actual is not None:
+        if isinstance(actual, (str, bytes)) or not isinstance(actual, Sequence):
+            raise InvalidArgument(f"actual must be a list of per-rank cost lists, got {actual!r}")
+        if len(actual) != ranks:
+            raise InvalidArgument(
+                f"actual must have one list per rank: got {len(actual)} for {ranks} ranks"
+            )
+        flat = []
+        for r, (queue_actual, count) in enumerate(zip(actual, counts)):
+            if not isinstance(queue_actual, Sequence) or len(queue_actual) != count:
+                raise InvalidArgument(
+                    f"actual[{r}] must hold one cost per item of queue {r} ({count}), got "
+                    f"{queue_actual!r}"
+                )
+            flat.extend(_number(f"actual[{r}][{i}]", c) for i, c in enumerate(queue_actual))
+        actual_array = (ctypes.c_double * len(flat))(*flat)
+    speeds = _per_rank("rank_speed", rank_speed, ranks)
+    starts = _per_rank("rank_start", rank_start, ranks)
+    num_items = len(predicted)
+    span = ctypes.c_double()
+    moved = ctypes.c_int64()
+    finish = (ctypes.c_double * max(1, ranks))()
+    busy = (ctypes.c_double * max(1, ranks))()
+    runner = (ctypes.c_int64 * max(1, num_items))()
+    _capi.check(
+        _capi.lib.odcStealSimulate(
+            ranks,
+            (ctypes.c_int64 * max(1, ranks))(*counts),
+            (ctypes.c_double * max(1, num_items))(*predicted),
+            actual_array,
+            speeds,
+            starts,
+            ctypes.byref(span),
+            finish,
+            busy,
+            runner,
+            ctypes.byref(moved),
+        )
+    )
+    runners, first = [], 0
+    for count in counts:
+        runners.append([int(runner[first + i]) for i in range(count)])
+        first += count
+    return StealResult(
+        span=span.value,
+        finish=[finish[r] for r in range(ranks)],
+        busy=[busy[r] for r in range(ranks)],
+        runner=runners,
+        moved=int(moved.value),
+    )

@@ -16,6 +16,7 @@
 #include "planner/plan.h"
 #include "planner/plan_format.h"
 #include "planner/plan_io.h"
+#include "planner/steal.h"
 
 struct odcPlan {
   odc::planner::Plan plan;
@@ -58,15 +59,20 @@ Status check_live(std::set<const void*>& live, const void* pointer, const char* 
 // The defaults live in the public header (ODC_PLAN_OPTIONS_INIT) only; odcPlanOptionsInit copies
 // them. The header documents the size of version 1 and the planner's split exchange default.
 constexpr odcPlanOptions_t kDefaultOptions = ODC_PLAN_OPTIONS_INIT;
-static_assert(sizeof(odcPlanOptions_t) == 120, "odc.h documents version 1 as 120 bytes");
+static_assert(sizeof(odcPlanOptions_t) == 128, "odc.h documents version 2 as 128 bytes");
+// Version 1 ended after cost_floor; a caller built against it passes that size and version.
+constexpr size_t kVersion1Size = offsetof(odcPlanOptions_t, cost_floor) + sizeof(double);
+static_assert(kVersion1Size == 120, "odc.h documents version 1 as 120 bytes");
 static_assert(kDefaultOptions.split_exchange == odc::planner::kDefaultSplitExchange);
 
 // The caller's options header: Ok when it is one this library reads (odc.h, "Compatibility").
 // Reads the first 16 bytes only, which every layout of odcPlanOptions_t has (the unversioned one
 // held num_ranks and max_tokens there): nothing else is read or written before this passes.
 Status check_header(const odcPlanOptions_t* options, const char* function) {
-  if (options->magic == ODC_PLAN_OPTIONS_MAGIC && options->version == ODC_PLAN_OPTIONS_VERSION &&
-      options->size == sizeof(odcPlanOptions_t)) {
+  if (options->magic == ODC_PLAN_OPTIONS_MAGIC &&
+      ((options->version == ODC_PLAN_OPTIONS_VERSION &&
+        options->size == sizeof(odcPlanOptions_t)) ||
+       (options->version == 1 && options->size == kVersion1Size))) {
     return Status::Ok();
   }
   char magic[16];
@@ -75,7 +81,7 @@ Status check_header(const odcPlanOptions_t* options, const char* function) {
       std::string(function) + ": options have size " + std::to_string(options->size) + ", magic " +
       magic + " and version " + std::to_string(options->version) + "; this library reads version " +
       std::to_string(ODC_PLAN_OPTIONS_VERSION) + " (size " +
-      std::to_string(sizeof(odcPlanOptions_t)) +
+      std::to_string(sizeof(odcPlanOptions_t)) + ") or 1 (size " + std::to_string(kVersion1Size) +
       "): declare them with ODC_PLAN_OPTIONS_INIT (a caller built against an odc header without "
       "it must be rebuilt)");
 }
@@ -87,8 +93,8 @@ extern "C" odcResult_t odcPlanOptionsInit(odcPlanOptions_t* options) {
   if (Status header = check_header(options, "odcPlanOptionsInit"); !header.ok()) {
     return report(header);
   }
-  // The header's defaults, past the header, up to the caller's size (version 1 is the only
-  // layout so far: the whole struct; a later version copies its own fields only).
+  // The header's defaults, past the header, up to the caller's size (check_header accepted it:
+  // version 1's 120 bytes or version 2's whole struct), so an older caller's fields only.
   constexpr size_t header_bytes = offsetof(odcPlanOptions_t, num_ranks);
   std::memcpy(reinterpret_cast<char*>(options) + header_bytes,
               reinterpret_cast<const char*>(&kDefaultOptions) + header_bytes,
@@ -138,6 +144,7 @@ extern "C" odcResult_t odcPlanCreate(const int64_t* lengths, size_t num_samples,
     plan_options.split =
         split == odcSplitAuto ? odc::planner::SplitMode::kAuto : odc::planner::SplitMode::kOff;
     plan_options.split_exchange = options->split_exchange;
+    plan_options.steal = options->version >= 2 && options->steal != 0;  // version 2's field
     plan_options.microbatch_memory = memory == odcMicrobatchMemoryCap
                                          ? odc::planner::MicrobatchMemory::kCap
                                          : odc::planner::MicrobatchMemory::kLbMicro;
@@ -200,6 +207,45 @@ extern "C" odcResult_t odcPlanDestroy(odcPlan_t plan) {
       return report(live);
     }
     delete plan;
+    return success();
+  });
+}
+
+extern "C" odcResult_t odcStealSimulate(int num_ranks, const int64_t* counts,
+                                        const double* predicted, const double* actual,
+                                        const double* rank_speed, const double* rank_start,
+                                        double* span, double* finish, double* busy, int64_t* runner,
+                                        int64_t* num_moved) {
+  return guarded([&]() -> odcResult_t {
+    if (num_ranks < 0) {
+      return report(Status::InvalidArgument("odcStealSimulate: num_ranks must be >= 0, got " +
+                                            std::to_string(num_ranks)));
+    }
+    const auto ranks = static_cast<size_t>(num_ranks);
+    if (counts == nullptr && ranks > 0) return report(null_argument("odcStealSimulate", "counts"));
+    const std::span<const int64_t> count_span(counts, counts ? ranks : 0);
+    size_t num_items = 0;
+    for (int64_t count : count_span) num_items += count > 0 ? static_cast<size_t>(count) : 0;
+    if (predicted == nullptr && num_items > 0) {
+      return report(null_argument("odcStealSimulate", "predicted"));
+    }
+    auto rank_values = [&](const double* values) {
+      return std::span<const double>(values, values ? ranks : 0);
+    };
+    odc::planner::StealInput input;
+    input.counts = count_span;
+    input.predicted = std::span<const double>(predicted, predicted ? num_items : 0);
+    input.actual = std::span<const double>(actual, actual ? num_items : 0);
+    input.rank_speed = rank_values(rank_speed);
+    input.rank_start = rank_values(rank_start);
+    auto result = odc::planner::simulate_stealing(input);  // checks the counts first
+    if (!result.ok()) return report(result.status());
+    const odc::planner::StealResult& played = result.value();
+    if (span != nullptr) *span = played.span;
+    if (finish != nullptr) std::copy(played.finish.begin(), played.finish.end(), finish);
+    if (busy != nullptr) std::copy(played.busy.begin(), played.busy.end(), busy);
+    if (runner != nullptr) std::copy(played.runner.begin(), played.runner.end(), runner);
+    if (num_moved != nullptr) *num_moved = played.num_moved;
     return success();
   });
 }

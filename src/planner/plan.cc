@@ -10,6 +10,7 @@
 #include "planner/packing.h"
 #include "planner/partition.h"
 #include "planner/plan_io.h"
+#include "planner/steal.h"
 
 namespace odc::planner {
 namespace {
@@ -638,7 +639,60 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
   }
   plan.bubble.collective = bubble_rate(busy, options.num_ranks, collective);
   plan.bubble.odc = bubble_rate(busy, options.num_ranks, odc);
+  if (options.steal) {
+    double steal_busy = 0.0, steal_span = 0.0;
+    for (MinibatchPlan& minibatch : plan.minibatches) {
+      auto steal = predict_stealing(minibatch, lengths, options);
+      if (!steal.ok()) return steal.status();
+      minibatch.steal = steal.value();
+      steal_busy += minibatch.steal.busy;
+      steal_span += minibatch.steal.span;
+    }
+    plan.steal_bubble = bubble_rate(steal_busy, options.num_ranks, steal_span);
+  }
   return plan;
+}
+
+Result<StealTimes> predict_stealing(const MinibatchPlan& minibatch,
+                                    std::span<const int64_t> lengths, const PlanOptions& options,
+                                    std::span<const double> rank_slowdown) {
+  const size_t num_ranks = minibatch.ranks.size();
+  if (!rank_slowdown.empty() && rank_slowdown.size() != num_ranks) {
+    return Status::InvalidArgument("rank slowdown must have one entry per rank: got " +
+                                   std::to_string(rank_slowdown.size()) + " for " +
+                                   std::to_string(num_ranks) + " ranks");
+  }
+  std::vector<int64_t> counts(num_ranks);
+  std::vector<double> predicted, speed(num_ranks), start(num_ranks, 0.0);
+  double busy = 0.0;
+  for (size_t r = 0; r < num_ranks; ++r) {
+    speed[r] = rank_speed(options, r) / (rank_slowdown.empty() ? 1.0 : rank_slowdown[r]);
+    counts[r] = static_cast<int64_t>(minibatch.ranks[r].microbatches.size());
+    for (const Microbatch& microbatch : minibatch.ranks[r].microbatches) {
+      double samples = 0.0;
+      for (int64_t sample : microbatch) samples += options.cost.sample_cost(lengths[sample]);
+      predicted.push_back(options.cost.microbatch(samples));
+    }
+  }
+  // A split group moves at its slowest member (predict_times): every member starts taking
+  // microbatches when the group is done; busy counts each member's own chunk.
+  for (const SplitSample& split : minibatch.splits) {
+    double slowest = 0.0;
+    for (size_t m = 0; m < split.ranks.size(); ++m) {
+      const double time = split.chunk_costs[m] / speed[static_cast<size_t>(split.ranks[m])];
+      slowest = std::max(slowest, time);
+      busy += time;
+    }
+    for (int64_t rank : split.ranks) start[static_cast<size_t>(rank)] = slowest;
+  }
+  auto played = simulate_stealing({counts, predicted, {}, speed, start});
+  if (!played.ok()) return played.status();
+  StealTimes times;
+  times.span = played.value().span;
+  times.busy = busy + played.value().total_busy();
+  times.num_moved = played.value().num_moved;
+  times.bubble = bubble_rate(times.busy, static_cast<int64_t>(num_ranks), times.span);
+  return times;
 }
 
 }  // namespace odc::planner

@@ -68,6 +68,9 @@ struct PlanOptions {
   SplitMode split = SplitMode::kOff;
   double split_exchange = kDefaultSplitExchange;                    // >= 0, see split_chunk_cost
   MicrobatchMemory microbatch_memory = MicrobatchMemory::kLbMicro;  // LB-Mini only
+  // Also predict every minibatch with work stealing (steal.h; docs/planner.md, "Work stealing"):
+  // MinibatchPlan::steal and Plan::steal_bubble. The plan itself does not change.
+  bool steal = false;
 };
 
 // Checks options, then lengths against them; the messages are the ones the CLI and Python show.
@@ -94,6 +97,15 @@ struct Bubble {
   double odc = 0.0;
 };
 
+// A minibatch run under ODC with work stealing (steal.h): span and busy time (seconds or cost
+// units, as the plan's times) and how many microbatches ran on a rank other than their planned one.
+struct StealTimes {
+  double span = 0.0;
+  double busy = 0.0;
+  int64_t num_moved = 0;
+  double bubble = 0.0;  // 1 - busy / (N * span)
+};
+
 struct MinibatchPlan {
   std::vector<int64_t> samples;  // global indices, in file order
   std::vector<RankPlan> ranks;   // num_ranks entries; split samples appear in none
@@ -102,12 +114,15 @@ struct MinibatchPlan {
   std::vector<SplitSample> splits;
   MinibatchTimes times;
   Bubble bubble;
+  StealTimes steal;  // with options.steal only
 };
 
 struct Plan {
   PlanOptions options;
   std::vector<MinibatchPlan> minibatches;
   Bubble bubble;  // over all minibatches: 1 - sum(busy) / (N * sum(T))
+  // With options.steal: ODC with stealing over all minibatches, 1 - sum(busy) / (N * sum(span)).
+  double steal_bubble = 0.0;
 };
 
 // Validates, then plans every minibatch. Same inputs give the same plan on every machine.
@@ -122,6 +137,15 @@ MinibatchTimes predict_times(const std::vector<RankPlan>& ranks, std::span<const
 MinibatchTimes predict_times(const std::vector<RankPlan>& ranks,
                              const std::vector<SplitSample>& splits,
                              std::span<const int64_t> lengths, const PlanOptions& options);
+
+// One minibatch of a plan run under ODC with work stealing (steal.h): queue r is rank r's
+// microbatches in plan order, predicted cost = the microbatch's cost (cost model, floor included);
+// rank r runs an item in cost / (rank speed x its slowdown) and starts after its split group's time
+// (the group's slowest chunk), which counts as busy as in predict_times. `rank_slowdown`: empty,
+// or one factor > 0 per rank the plan did not know of (the rank runs that many times slower).
+Result<StealTimes> predict_stealing(const MinibatchPlan& minibatch,
+                                    std::span<const int64_t> lengths, const PlanOptions& options,
+                                    std::span<const double> rank_slowdown = {});
 
 // 1 - busy / (num_ranks * span); 0 when nothing runs.
 double bubble_rate(double busy, int64_t num_ranks, double span);

@@ -61,6 +61,23 @@ SplitCounts split_counts(const Plan& plan) {
   return counts;
 }
 
+// Stealing over all minibatches (options.steal): the span summed, against ODC's time without it.
+struct StealTotals {
+  double time = 0.0;
+  double odc_time = 0.0;
+  int64_t moved = 0;
+};
+
+StealTotals steal_totals(const Plan& plan) {
+  StealTotals totals;
+  for (const auto& minibatch : plan.minibatches) {
+    totals.time += minibatch.steal.span;
+    totals.odc_time += minibatch.times.odc;
+    totals.moved += minibatch.steal.num_moved;
+  }
+  return totals;
+}
+
 std::string policy_label(const PlanOptions& options) {
   std::string label(policy_name(options.policy));
   if (options.split == SplitMode::kAuto) label += "+split";
@@ -79,8 +96,9 @@ std::string cost_text(const CostModel& cost) {
 
 namespace {
 
-// The document through nlohmann: with splitting on (opt-in, the "split" and "splits" keys).
-std::string plan_to_json_with_splits(const Plan& plan) {
+// The document through nlohmann: with splitting on (opt-in, the "split" and "splits" keys) or
+// stealing predicted (opt-in, the "steal" keys).
+std::string plan_to_json_with_extras(const Plan& plan) {
   using nlohmann::ordered_json;
   const PlanOptions& options = plan.options;
   ordered_json root;
@@ -113,17 +131,34 @@ std::string plan_to_json_with_splits(const Plan& plan) {
       entry["splits"] = std::move(splits);
     }
     entry["bubble"] = {{"collective", minibatch.bubble.collective}, {"odc", minibatch.bubble.odc}};
+    if (options.steal) {
+      const StealTimes& steal = minibatch.steal;
+      entry["steal"] = {{"time", steal.span},
+                        {"odc_time", minibatch.times.odc},
+                        {"busy", steal.busy},
+                        {"bubble", steal.bubble},
+                        {"moved", steal.num_moved}};
+    }
     minibatches.push_back(std::move(entry));
   }
   root["minibatches"] = std::move(minibatches);
   root["bubble"] = {{"collective", plan.bubble.collective}, {"odc", plan.bubble.odc}};
+  if (options.steal) {
+    const StealTotals totals = steal_totals(plan);
+    root["steal"] = {{"time", totals.time},
+                     {"odc_time", totals.odc_time},
+                     {"bubble", plan.steal_bubble},
+                     {"moved", totals.moved}};
+  }
   return root.dump();
 }
 
 }  // namespace
 
 std::string plan_to_json(const Plan& plan) {
-  if (plan.options.split != SplitMode::kOff) return plan_to_json_with_splits(plan);
+  if (plan.options.split != SplitMode::kOff || plan.options.steal) {
+    return plan_to_json_with_extras(plan);
+  }
   // Written by hand for speed (a plan of 1M samples is a 10 MB document; building an
   // nlohmann::json tree of it costs more than planning). The bytes equal
   // nlohmann::ordered_json::dump() of the documented structure (tests compare the two); numbers
@@ -258,6 +293,15 @@ std::string plan_to_table(const Plan& plan) {
     std::snprintf(line, sizeof(line), "  odc per minibatch: median %s, worst %s\n",
                   percent(odc_bubbles[odc_bubbles.size() / 2]).c_str(),
                   percent(odc_bubbles.back()).c_str());
+    out << line;
+  }
+  if (options.steal) {
+    const StealTotals totals = steal_totals(plan);
+    std::snprintf(line, sizeof(line),
+                  "  odc + stealing  %18s (time %.4g against %.4g without, %lld microbatches "
+                  "moved)\n",
+                  percent(plan.steal_bubble).c_str(), totals.time, totals.odc_time,
+                  static_cast<long long>(totals.moved));
     out << line;
   }
   return out.str();

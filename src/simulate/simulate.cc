@@ -16,6 +16,7 @@
 #include <random>
 
 #include "planner/plan_io.h"
+#include "planner/steal.h"
 
 namespace odc::simulate {
 namespace {
@@ -24,30 +25,66 @@ double rank_speed(const planner::PlanOptions& options, size_t rank) {
   return options.rank_speed.empty() ? 1.0 : options.rank_speed[rank];
 }
 
-// Per-microbatch, per-rank costs of one minibatch (seconds), as the planner's predict_times steps
-// them: a split sample's group members first run their chunk, each taking the group's time (the
-// slowest member's chunk: the chunks exchange K/V, so the group moves together), then their own
-// microbatches. A chunk is a forward and backward over every layer like a microbatch, so it
-// gathers and pushes the same units.
-std::vector<std::vector<double>> microbatch_costs(const planner::MinibatchPlan& minibatch,
-                                                  std::span<const int64_t> lengths,
-                                                  const planner::PlanOptions& options) {
-  std::vector<std::vector<double>> costs(minibatch.ranks.size());
+// Rank r's speed as it runs: the plan's speed over the slowdown the plan did not know of.
+double run_speed(const planner::PlanOptions& plan, const SimulateOptions& options, size_t rank) {
+  const double slowdown = options.rank_slowdown.empty() ? 1.0 : options.rank_slowdown[rank];
+  return rank_speed(plan, rank) / slowdown;
+}
+
+// Each split group's time (its slowest member's chunk: the chunks exchange K/V, so the group
+// moves together), per rank; 0 for ranks in no group. Groups are disjoint.
+std::vector<double> split_group_times(const planner::MinibatchPlan& minibatch,
+                                      const planner::PlanOptions& plan,
+                                      const SimulateOptions& options) {
+  std::vector<double> group_time(minibatch.ranks.size(), 0.0);
   for (const planner::SplitSample& split : minibatch.splits) {
     double slowest = 0.0;
     for (size_t m = 0; m < split.ranks.size(); ++m) {
-      slowest = std::max(
-          slowest, split.chunk_costs[m] / rank_speed(options, static_cast<size_t>(split.ranks[m])));
+      slowest =
+          std::max(slowest, split.chunk_costs[m] /
+                                run_speed(plan, options, static_cast<size_t>(split.ranks[m])));
     }
-    for (int64_t rank : split.ranks) costs[static_cast<size_t>(rank)].push_back(slowest);
+    for (int64_t rank : split.ranks) group_time[static_cast<size_t>(rank)] = slowest;
   }
-  for (size_t r = 0; r < minibatch.ranks.size(); ++r) {
-    const double speed = rank_speed(options, r);
+  return group_time;
+}
+
+// Per-microbatch, per-rank costs of one minibatch (seconds), as the planner's predict_times steps
+// them, at the speeds the ranks run: a split sample's group members first run their chunk, each
+// taking the group's time, then their own microbatches. A chunk is a forward and backward over
+// every layer like a microbatch, so it gathers and pushes the same units.
+// With options.steal: the microbatches each rank runs under work stealing, in the order it claims
+// them (planner::simulate_stealing on the plan's predicted costs, at the speeds the ranks run).
+Result<std::vector<std::vector<double>>> microbatch_costs(const planner::MinibatchPlan& minibatch,
+                                                          std::span<const int64_t> lengths,
+                                                          const planner::PlanOptions& plan,
+                                                          const SimulateOptions& options) {
+  const size_t num_ranks = minibatch.ranks.size();
+  const std::vector<double> group_time = split_group_times(minibatch, plan, options);
+  std::vector<std::vector<double>> costs(num_ranks);
+  for (const planner::SplitSample& split : minibatch.splits) {
+    for (int64_t rank : split.ranks) {
+      costs[static_cast<size_t>(rank)].push_back(group_time[static_cast<size_t>(rank)]);
+    }
+  }
+  std::vector<int64_t> counts(num_ranks);
+  std::vector<double> predicted, speed(num_ranks);
+  for (size_t r = 0; r < num_ranks; ++r) {
+    speed[r] = run_speed(plan, options, r);
+    counts[r] = static_cast<int64_t>(minibatch.ranks[r].microbatches.size());
     for (const auto& microbatch : minibatch.ranks[r].microbatches) {
       double samples = 0.0;
-      for (int64_t sample : microbatch) samples += options.cost.sample_cost(lengths[sample]);
-      costs[r].push_back(options.cost.microbatch(samples) / speed);
+      for (int64_t sample : microbatch) samples += plan.cost.sample_cost(lengths[sample]);
+      predicted.push_back(plan.cost.microbatch(samples));
+      if (!options.steal) costs[r].push_back(predicted.back() / speed[r]);
     }
+  }
+  if (!options.steal) return costs;
+  auto played = planner::simulate_stealing({counts, predicted, {}, speed, group_time});
+  if (!played.ok()) return played.status();
+  for (int64_t item : played.value().run_order) {
+    const auto runner = static_cast<size_t>(played.value().runner[static_cast<size_t>(item)]);
+    costs[runner].push_back(predicted[static_cast<size_t>(item)] / speed[runner]);
   }
   return costs;
 }
@@ -599,6 +636,23 @@ Status validate_simulate_options(const SimulateOptions& options) {
         "padding to equal microbatch counts is lb-mini-padded's: "
         "the policy must be lb-mini");
   }
+  if (options.steal && !is_odc(options.mode)) {
+    return Status::InvalidArgument("work stealing is odc's (any rank may run any microbatch): " +
+                                   std::string(mode_name(options.mode)) +
+                                   " runs every microbatch on its planned rank");
+  }
+  if (!options.rank_slowdown.empty()) {
+    if (static_cast<int64_t>(options.rank_slowdown.size()) != options.plan.num_ranks) {
+      return Status::InvalidArgument("rank slowdown must have one entry per rank: got " +
+                                     std::to_string(options.rank_slowdown.size()) + " for " +
+                                     std::to_string(options.plan.num_ranks) + " ranks");
+    }
+    for (double factor : options.rank_slowdown) {
+      if (!(factor > 0) || !std::isfinite(factor)) {
+        return Status::InvalidArgument("rank slowdowns must be finite numbers > 0");
+      }
+    }
+  }
   if (lockstep(options.mode) && options.plan.policy == planner::Policy::kLbMini &&
       !options.pad_to_equal_counts) {
     const std::string mode(mode_name(options.mode));
@@ -652,13 +706,21 @@ Result<SimulateResult> simulate_plan(const planner::Plan& plan, std::span<const 
   double busy = 0.0, busy_free = 0.0, free_seconds = 0.0;
   const double n = static_cast<double>(options.plan.num_ranks);
   for (const auto& minibatch : adapted.minibatches) {
-    const auto costs = compute_only(microbatch_costs(minibatch, lengths, adapted.options));
+    auto run = microbatch_costs(minibatch, lengths, adapted.options, options);
+    if (!run.ok()) return run.status();
+    const auto costs = compute_only(std::move(run).value());
     const double seconds = full.minibatch(costs, busy);
     free_seconds += free.minibatch(costs, busy_free);
     result.minibatch_seconds.push_back(seconds);
     result.seconds += seconds;
-    result.planner_seconds +=
-        lockstep(options.mode) ? minibatch.times.collective : minibatch.times.odc;
+    if (options.steal) {  // the planner's own prediction of stealing: it knows no slowdown
+      auto predicted = planner::predict_stealing(minibatch, lengths, adapted.options);
+      if (!predicted.ok()) return predicted.status();
+      result.planner_seconds += predicted.value().span;
+    } else {
+      result.planner_seconds +=
+          lockstep(options.mode) ? minibatch.times.collective : minibatch.times.odc;
+    }
   }
   result.num_minibatches = static_cast<int64_t>(adapted.minibatches.size());
   const int64_t shard_ranks = options.mode == Mode::kOdcHybrid

@@ -131,6 +131,14 @@ struct SimulateOptions {
   double optimizer_bytes_per_param = 32.0;
   double hbm_bytes_per_second = 3.0e12;
   bool free_communication = false;  // every transfer takes no time (tests and the breakdown)
+  // ODC modes only: ranks steal microbatches (planner/steal.h, docs/planner.md "Work stealing").
+  // Which rank runs which microbatch, and in which order, is played out on compute times with the
+  // runtime's rule (choices by the plan's predicted costs, durations by the actual ones, slowdowns
+  // included); the per-layer simulation then runs each rank's resulting sequence.
+  bool steal = false;
+  // What the plan does not know: rank r runs rank_slowdown[r] times slower than planned (> 0;
+  // empty: none). Every arm runs slower alike; only stealing can move work off such a rank.
+  std::vector<double> rank_slowdown;
   // When > 0, the cost model was fitted (odc.train's calibration) under FSDP2 on this many ranks
   // of one node with these links, every rank running the same microbatch: its times include
   // that run's exposed collective time. The simulator removes it from each microbatch's cost

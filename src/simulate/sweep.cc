@@ -96,6 +96,38 @@ Status resolve_split_and_speed(const Sweep& request, SimulateOptions& base) {
   return Status::Ok();
 }
 
+std::string slowdown_text(const std::pair<int64_t, double>& slowdown) {
+  std::ostringstream text;
+  text << slowdown.first << ":" << slowdown.second;
+  return text.str();
+}
+
+// --rank-slowdown RANK:FACTOR names a rank of every rank count, once, with a factor > 0.
+Status check_rank_slowdown(const Sweep& request) {
+  const int64_t fewest =
+      request.ranks.empty() ? 0 : *std::min_element(request.ranks.begin(), request.ranks.end());
+  std::vector<int64_t> seen;
+  for (const auto& slowdown : request.rank_slowdown) {
+    const auto& [rank, factor] = slowdown;
+    if (rank < 0 || rank >= fewest) {
+      return Status::InvalidArgument(
+          "--rank-slowdown " + slowdown_text(slowdown) + ": rank " + std::to_string(rank) +
+          " does not exist with --ranks " + std::to_string(fewest) + " (ranks 0 to " +
+          std::to_string(fewest - 1) + "): name a rank below every rank count");
+    }
+    if (!(factor > 0) || !std::isfinite(factor)) {
+      return Status::InvalidArgument("--rank-slowdown " + slowdown_text(slowdown) +
+                                     ": the factor must be a finite number > 0 (1.3: 1.3x slower)");
+    }
+    if (std::find(seen.begin(), seen.end(), rank) != seen.end()) {
+      return Status::InvalidArgument("--rank-slowdown names rank " + std::to_string(rank) +
+                                     " twice: give one factor per rank");
+    }
+    seen.push_back(rank);
+  }
+  return Status::Ok();
+}
+
 // Checked before any allocation: N x samples per rank x minibatches samples are drawn and planned
 // per rank count, and an overflowed product would turn into a negative minibatch.
 Status check_sizes(const Sweep& request) {
@@ -181,6 +213,7 @@ Status resolve(const Sweep& request, SimulateOptions& base, std::vector<int64_t>
   }
   ODC_RETURN_IF_ERROR(resolve_split_and_speed(request, base));
   ODC_RETURN_IF_ERROR(check_sizes(request));
+  ODC_RETURN_IF_ERROR(check_rank_slowdown(request));
   ODC_RETURN_IF_ERROR(check_ranges(request));
   ODC_RETURN_IF_ERROR(resolve_topology(request, base.topology));
   base.forward_fraction = request.forward_fraction;
@@ -193,18 +226,28 @@ Status resolve(const Sweep& request, SimulateOptions& base, std::vector<int64_t>
   return Status::Ok();
 }
 
-using Arm = std::pair<PolicyChoice, planner::SplitMode>;
+struct Arm {
+  PolicyChoice policy;
+  planner::SplitMode split = planner::SplitMode::kOff;
+  bool steal = false;  // ODC modes only
+};
 
 // Every policy unsplit, then, with split auto, the policies that can split (lb-micro, lb-mini)
-// split, in odc compare's order.
+// split, in odc compare's order; with steal, each unpadded one of those again with stealing.
 std::vector<Arm> sweep_arms(const Sweep& request) {
   std::vector<Arm> arms;
-  for (auto policy : request.policies) arms.emplace_back(policy, planner::SplitMode::kOff);
+  for (auto policy : request.policies) arms.push_back({policy, planner::SplitMode::kOff});
   if (request.split == planner::SplitMode::kAuto) {
     for (auto policy : request.policies) {
       if (policy.policy != planner::Policy::kLocalSort && !policy.padded) {
-        arms.emplace_back(policy, request.split);
+        arms.push_back({policy, request.split});
       }
+    }
+  }
+  if (request.steal) {
+    const size_t unstolen = arms.size();
+    for (size_t i = 0; i < unstolen; ++i) {
+      if (!arms[i].policy.padded) arms.push_back({arms[i].policy, arms[i].split, true});
     }
   }
   return arms;
@@ -228,7 +271,7 @@ struct RankCount {
 };
 
 Result<const GrpoPlans*> RankCount::plans_for(const Arm& arm) {
-  const std::pair<planner::Policy, planner::SplitMode> key{arm.first.policy, arm.second};
+  const std::pair<planner::Policy, planner::SplitMode> key{arm.policy.policy, arm.split};
   auto cached = std::find_if(plans.begin(), plans.end(),
                              [&](const auto& entry) { return entry.first == key; });
   if (cached != plans.end()) return &cached->second;
@@ -248,16 +291,20 @@ Result<const GrpoPlans*> RankCount::plans_for(const Arm& arm) {
 }
 
 Status RankCount::simulate_arm(const Arm& arm, std::vector<SweepRow>& rows) {
-  const auto& [choice, split_mode] = arm;
+  const PolicyChoice& choice = arm.policy;
+  const planner::SplitMode split_mode = arm.split;
   options.plan.policy = choice.policy;
   options.plan.split = split_mode;
   options.pad_to_equal_counts = choice.padded;
+  options.steal = arm.steal;
   auto found = plans_for(arm);
   if (!found.ok()) return found.status();
   const GrpoPlans& made = *found.value();
-  const std::string label =
-      policy_label(choice) + (split_mode == planner::SplitMode::kAuto ? "+split" : "");
+  const std::string label = policy_label(choice) +
+                            (split_mode == planner::SplitMode::kAuto ? "+split" : "") +
+                            (arm.steal ? "+steal" : "");
   for (auto mode : request.modes) {
+    if (arm.steal && !is_odc(mode)) continue;  // only ODC's ranks may run any microbatch
     // Lockstep modes cannot run lb-mini's unequal counts; padding buys the others nothing (they
     // run unequal counts), so lb-mini-padded is simulated where it is needed only.
     if (lockstep(mode) ? choice.policy == planner::Policy::kLbMini && !choice.padded
@@ -281,7 +328,7 @@ Status RankCount::simulate_arm(const Arm& arm, std::vector<SweepRow>& rows) {
       row.result = std::move(result).value();
     }
     if (mode == Mode::kCollective && choice.policy == planner::Policy::kLbMicro &&
-        split_mode == planner::SplitMode::kOff) {
+        split_mode == planner::SplitMode::kOff && !arm.steal) {
       baseline = row.result.seconds;
       baseline_planner = row.result.planner_seconds;
     }
@@ -297,6 +344,7 @@ void RankCount::split_check(const std::vector<SweepRow>& rows, size_t first, Spl
   if (request.split == planner::SplitMode::kAuto || grpo() || num_ranks > kSplitCheckMaxRanks) {
     return;
   }
+  options.steal = false;  // lb-mini against lb-mini+split, both as planned
   const SweepRow* lb_mini = nullptr;
   for (size_t i = first; i < rows.size(); ++i) {
     if (rows[i].policy == "lb-mini" && is_odc(parse_mode(rows[i].mode).value()) &&
@@ -331,6 +379,12 @@ Status simulate_rank_count(const std::vector<int64_t>& source, int64_t num_ranks
       request, sweep.base, resample_lengths(source, per_minibatch * request.minibatches, 0), {}};
   count.options.plan.num_ranks = num_ranks;
   count.options.plan.minibatch_size = per_minibatch;
+  if (!request.rank_slowdown.empty()) {
+    count.options.rank_slowdown.assign(static_cast<size_t>(num_ranks), 1.0);
+    for (const auto& [rank, factor] : request.rank_slowdown) {
+      count.options.rank_slowdown[static_cast<size_t>(rank)] = factor;
+    }
+  }
   std::vector<SweepRow>& rows = sweep.rows;
   const size_t first = rows.size();
   for (const Arm& arm : sweep_arms(request)) ODC_RETURN_IF_ERROR(count.simulate_arm(arm, rows));

@@ -73,6 +73,11 @@ struct Sweep {
   planner::SplitMode split = planner::SplitMode::kOff;
   double split_exchange = planner::kDefaultSplitExchange;
   std::vector<double> rank_speed;  // one speed per rank (so one rank count); empty: all equal
+  // Also simulate every unpadded arm with work stealing ("+steal", ODC modes only).
+  bool steal = false;
+  // (rank, factor): that rank runs `factor` times slower than the plan assumes, in every arm and
+  // at every rank count (so rank < every --ranks); at most one entry per rank.
+  std::vector<std::pair<int64_t, double>> rank_slowdown;
   std::vector<Mode> modes = {Mode::kCollective, Mode::kFsdp2Deferred, Mode::kFsdp2Unsharded,
                              Mode::kOdcFlat, Mode::kOdcHybrid};
   Task task = Task::kSft;
@@ -91,7 +96,7 @@ struct Sweep {
 // One simulated arm at one rank count.
 struct SweepRow {
   int64_t ranks = 0;
-  std::string policy, mode;  // the labels printed ("lb-mini+split", "odc-hybrid")
+  std::string policy, mode;  // the labels printed ("lb-mini+split", "lb-mini+steal", "odc")
   SimulateResult result;     // grpo: per RL step (GrpoResult::rl_step)
   // grpo: one forward-only phase and the update minibatches (GrpoResult).
   SimulateResult forward_phase, update;
@@ -126,8 +131,9 @@ inline constexpr int64_t kSplitCheckMaxRanks = 64;
 
 struct SweepResult {
   Sweep request;
-  SimulateOptions base;           // what every arm shares: model, cost, topology, plan options
-  std::vector<SweepRow> rows;     // by rank count, then policy (unsplit, then split), then mode
+  SimulateOptions base;  // what every arm shares: model, cost, topology, plan options
+  // By rank count, then policy (unsplit, then split, then each of those with stealing), then mode.
+  std::vector<SweepRow> rows;
   std::vector<MemoryRow> memory;  // by rank count, then mode
   SplitCheck split_check;
   double gpu_memory_bytes = 0.0;

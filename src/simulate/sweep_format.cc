@@ -163,6 +163,15 @@ void json_settings(const SweepResult& sweep, nlohmann::ordered_json& root) {
   root["split"] = std::string(planner::split_mode_name(base.plan.split));
   root["split_exchange"] = base.plan.split_exchange;
   if (!base.plan.rank_speed.empty()) root["rank_speed"] = base.plan.rank_speed;
+  // Only when asked for: documents without them keep their keys.
+  if (request.steal) root["steal"] = true;
+  if (!request.rank_slowdown.empty()) {
+    nlohmann::ordered_json slowdowns = nlohmann::ordered_json::array();
+    for (const auto& [rank, factor] : request.rank_slowdown) {
+      slowdowns.push_back({{"rank", rank}, {"factor", factor}});
+    }
+    root["rank_slowdown"] = std::move(slowdowns);
+  }
 }
 
 // Per rank count: the fastest FSDP2 arm and ODC's fastest arm that fit, ODC's speedup over it.
@@ -277,6 +286,26 @@ std::string step_table(const SweepResult& sweep) {
         "seconds per minibatch (step) and its parts per rank: compute, exposed communication, "
         "idle (waiting for other ranks), optimizer; speedup against collective + lb-micro at "
         "the same rank count\n";
+  }
+  // Said where it applies, so that the rows above read right; tables without them are unchanged.
+  const Sweep& request = sweep.request;
+  if (!request.rank_slowdown.empty()) {
+    std::string ranks;
+    for (const auto& [rank, factor] : request.rank_slowdown) {
+      char text[64];
+      std::snprintf(text, sizeof(text), "%s%lld %gx", ranks.empty() ? "" : ", ",
+                    static_cast<long long>(rank), factor);
+      ranks += text;
+    }
+    out +=
+        "unplanned slowdown (--rank-slowdown, every arm; the plans assume planned speeds): rank " +
+        ranks + " slower\n";
+  }
+  if (request.steal) {
+    out +=
+        "+steal: the same plan under odc with work stealing (a rank out of microbatches takes the "
+        "tail of the queue with the most predicted work left; docs/planner.md, \"Work "
+        "stealing\")\n";
   }
   return out + assumption_words(sweep) + "\n";
 }

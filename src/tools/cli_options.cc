@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <climits>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -18,6 +19,27 @@ namespace {
 // The type name of the options that take a list (--ranks of simulate, --cost, ...): shown by
 // --help, and how parse_error_message knows to suggest joining stray values with commas.
 constexpr const char* kListForm = "LIST";
+
+// "RANK:FACTOR" of --rank-slowdown; whether the rank exists is the sweep's to check.
+Result<std::pair<int64_t, double>> parse_rank_slowdown(const std::string& text) {
+  const std::string usage = "--rank-slowdown " + planner::quote_text(text) +
+                            ": expected RANK:FACTOR, e.g. 3:1.3 (rank 3 runs 1.3x slower)";
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) return Status::InvalidArgument(usage);
+  int64_t rank = 0;
+  const char* begin = text.data();
+  const auto parsed_rank = std::from_chars(begin, begin + colon, rank);
+  if (parsed_rank.ec != std::errc() || parsed_rank.ptr != begin + colon) {
+    return Status::InvalidArgument(usage);
+  }
+  const std::string factor_text = text.substr(colon + 1);
+  char* end = nullptr;
+  const double factor = factor_text.empty() ? 0.0 : std::strtod(factor_text.c_str(), &end);
+  if (factor_text.empty() || end != factor_text.c_str() + factor_text.size()) {
+    return Status::InvalidArgument(usage);
+  }
+  return std::pair<int64_t, double>{rank, factor};
+}
 
 Result<std::vector<int64_t>> parse_int_list(const std::string& text, const std::string& what) {
   std::vector<int64_t> values;
@@ -89,6 +111,15 @@ void add_arm_options(CLI::App& command, SimulateArgs& args) {
   add_rank_speed_option(command, args.planner.rank_speed,
                         "relative speed of each rank, S0,S1,... (default: all equal; one rank "
                         "count in --ranks, with as many ranks)");
+  command.add_flag("--steal", args.steal,
+                   "also simulate each unpadded arm with work stealing (+steal; odc modes): a "
+                   "rank out of microbatches takes another's");
+  // One value per occurrence (a stray word after it is not a second slowdown); repeatable.
+  command
+      .add_option("--rank-slowdown", args.rank_slowdown,
+                  "RANK:FACTOR: that rank runs FACTOR times slower than planned, in every arm "
+                  "(unlike --rank-speed, the planner does not know); repeatable")
+      ->allow_extra_args(false);
 }
 
 // The machine: links, GPUs per node, GPU memory.
@@ -258,6 +289,12 @@ Result<simulate::Sweep> to_sweep(const SimulateArgs& args) {
   auto memory = planner::parse_microbatch_memory(args.planner.microbatch_memory);
   if (!memory.ok()) return memory.status();
   sweep.microbatch_memory = memory.value();
+  sweep.steal = args.steal;
+  for (const std::string& text : args.rank_slowdown) {
+    auto slowdown = parse_rank_slowdown(text);
+    if (!slowdown.ok()) return slowdown.status();
+    sweep.rank_slowdown.push_back(slowdown.value());
+  }
   sweep.gpus_per_node = args.gpus_per_node;
   sweep.nvlink_gbytes = args.nvlink_gbytes;
   sweep.nvlink_collective_gbytes = args.nvlink_collective_gbytes;

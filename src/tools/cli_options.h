@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "planner/plan.h"
@@ -66,6 +67,8 @@ struct SimulateArgs {
   int64_t minibatches = 20;
   std::string policies = "local-sort,lb-micro,lb-mini,lb-mini-padded";
   std::string modes = "collective,fsdp2-deferred,fsdp2-unsharded,odc,odc-hybrid";
+  bool steal = false;
+  std::vector<std::string> rank_slowdown;  // RANK:FACTOR, one per --rank-slowdown
   // The cluster's defaults are simulate::Sweep's, named there once.
   int64_t gpus_per_node = kSweepDefaults.gpus_per_node;
   double nvlink_gbytes = kSweepDefaults.nvlink_gbytes;

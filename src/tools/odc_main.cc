@@ -509,6 +509,7 @@ struct PlanCommand {
   CommonArgs args;
   std::string policy;
   std::string format = "json";
+  bool steal = false;
 };
 
 struct CompareCommand {
@@ -578,6 +579,7 @@ int run_plan(PlanCommand& command) {
   odc::simulate::Samples samples;
   PlanOptions options;
   options.policy = policy.value();
+  options.steal = command.steal;
   if (Status status = build_inputs(command.args, samples, options); !status.ok()) {
     return fail("plan", status.message());
   }
@@ -703,6 +705,9 @@ int main(int argc, char** argv) {
   add_common_options(*plan_command, plan.args);
   plan_command->add_option("--policy", plan.policy, "local-sort, lb-micro or lb-mini")->required();
   plan_command->add_option("--format", plan.format, "json or table")->capture_default_str();
+  plan_command->add_flag("--steal", plan.steal,
+                         "also predict ODC with work stealing (a rank out of microbatches takes "
+                         "another's; docs/planner.md, \"Work stealing\")");
 
   CompareCommand compare;
   CLI::App* compare_command = app.add_subcommand(

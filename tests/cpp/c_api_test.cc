@@ -172,12 +172,14 @@ TEST(CApi, PlanOptionsInitKeepsToTheDeclaredHeader) {
   EXPECT_EQ(reset.split_exchange, 0.05);
   EXPECT_EQ(reset.microbatch_memory, declared.microbatch_memory);
   EXPECT_EQ(reset.cost_floor, declared.cost_floor);
+  EXPECT_EQ(reset.steal, 0);
 
   // A header never set (garbage or zeros) or of another size is refused and nothing is written.
   for (const auto& [size, magic, version] :
        {std::tuple<size_t, unsigned, unsigned>{0, 0, 0},
         {sizeof(odcPlanOptions_t), 0, ODC_PLAN_OPTIONS_VERSION},
-        {sizeof(odcPlanOptions_t), ODC_PLAN_OPTIONS_MAGIC, 2},
+        {sizeof(odcPlanOptions_t), ODC_PLAN_OPTIONS_MAGIC, ODC_PLAN_OPTIONS_VERSION + 1},
+        {sizeof(odcPlanOptions_t), ODC_PLAN_OPTIONS_MAGIC, 1},  // version 1 is 120 bytes
         {sizeof(odcPlanOptions_t) + 8, ODC_PLAN_OPTIONS_MAGIC, ODC_PLAN_OPTIONS_VERSION},
         {0xa5a5a5a5a5a5a5a5ull, 0xa5a5a5a5u, 0xa5a5a5a5u}}) {
     odcPlanOptions_t options;
@@ -197,6 +199,81 @@ TEST(CApi, PlanOptionsInitKeepsToTheDeclaredHeader) {
     EXPECT_EQ(odcPlanCreate(lengths, 1, &options, &plan), odcInvalidArgument);
     EXPECT_EQ(plan, nullptr);
   }
+}
+
+TEST(CApi, Version1OptionsStillPlanWithoutStealing) {
+  // A caller built against version 1 (no `steal`, 120 bytes): init writes its 120 bytes only,
+  // and the plan is made as before, with no "steal" keys.
+  unsigned char bytes[sizeof(odcPlanOptions_t)];
+  std::memset(bytes, 0xa5, sizeof(bytes));
+  auto* options = reinterpret_cast<odcPlanOptions_t*>(bytes);
+  options->size = 120;
+  options->magic = ODC_PLAN_OPTIONS_MAGIC;
+  options->version = 1;
+  ASSERT_EQ(odcPlanOptionsInit(options), odcSuccess) << odcGetLastError();
+  for (size_t i = 120; i < sizeof(bytes); ++i) EXPECT_EQ(bytes[i], 0xa5) << i;
+  options->num_ranks = 2;
+  options->max_tokens = 100;
+  const int64_t lengths[] = {10, 50, 30, 90, 20};
+  odcPlan_t plan = nullptr;
+  ASSERT_EQ(odcPlanCreate(lengths, 5, options, &plan), odcSuccess) << odcGetLastError();
+  const char* json = nullptr;
+  ASSERT_EQ(odcPlanToJson(plan, &json), odcSuccess);
+  EXPECT_EQ(std::string(json).find("steal"), std::string::npos) << json;
+  EXPECT_EQ(odcPlanDestroy(plan), odcSuccess);
+
+  // Version 2 with steal set: the C++ render of the same plan with stealing predicted.
+  odcPlanOptions_t stealing = default_options();
+  stealing.steal = 1;
+  ASSERT_EQ(odcPlanCreate(lengths, 5, &stealing, &plan), odcSuccess) << odcGetLastError();
+  ASSERT_EQ(odcPlanToJson(plan, &json), odcSuccess);
+  odc::planner::PlanOptions cpp_options;
+  cpp_options.num_ranks = 2;
+  cpp_options.max_tokens = 100;
+  cpp_options.steal = true;
+  auto cpp_plan = odc::planner::make_plan(lengths, cpp_options);
+  ASSERT_TRUE(cpp_plan.ok());
+  EXPECT_EQ(std::string(json), odc::planner::plan_to_json(cpp_plan.value()));
+  EXPECT_NE(std::string(json).find("\"steal\":{\"time\""), std::string::npos) << json;
+  EXPECT_EQ(odcPlanDestroy(plan), odcSuccess);
+}
+
+TEST(CApi, StealSimulateRoundTrip) {
+  // Queue 0 holds everything (4, 3, 2, 1): ranks 1 and 2 empty it from the tail (steal_test.cc).
+  const int64_t counts[] = {4, 0, 0};
+  const double predicted[] = {4, 3, 2, 1};
+  double span = 0.0, finish[3], busy[3];
+  int64_t runner[4], moved = 0;
+  ASSERT_EQ(odcStealSimulate(3, counts, predicted, nullptr, nullptr, nullptr, &span, finish, busy,
+                             runner, &moved),
+            odcSuccess)
+      << odcGetLastError();
+  EXPECT_EQ(span, 4.0);
+  EXPECT_EQ(moved, 3);
+  EXPECT_EQ(std::vector<int64_t>(runner, runner + 4), (std::vector<int64_t>{0, 1, 2, 1}));
+  EXPECT_EQ(std::vector<double>(busy, busy + 3), (std::vector<double>{4, 4, 2}));
+  // Every output may be NULL; bad input names the problem and writes nothing.
+  EXPECT_EQ(odcStealSimulate(3, counts, predicted, nullptr, nullptr, nullptr, nullptr, nullptr,
+                             nullptr, nullptr, nullptr),
+            odcSuccess);
+  const double speeds[] = {1.0, 0.0, 1.0};
+  span = -1.0;
+  EXPECT_EQ(odcStealSimulate(3, counts, predicted, nullptr, speeds, nullptr, &span, nullptr,
+                             nullptr, nullptr, nullptr),
+            odcInvalidArgument);
+  EXPECT_NE(std::string(odcGetLastError()).find("speed of rank 1 is 0"), std::string::npos)
+      << odcGetLastError();
+  EXPECT_EQ(span, -1.0);
+  EXPECT_EQ(odcStealSimulate(3, nullptr, predicted, nullptr, nullptr, nullptr, &span, nullptr,
+                             nullptr, nullptr, nullptr),
+            odcInvalidArgument);
+  EXPECT_EQ(odcStealSimulate(-1, counts, predicted, nullptr, nullptr, nullptr, &span, nullptr,
+                             nullptr, nullptr, nullptr),
+            odcInvalidArgument);
+  EXPECT_EQ(odcStealSimulate(0, nullptr, nullptr, nullptr, nullptr, nullptr, &span, nullptr,
+                             nullptr, nullptr, nullptr),
+            odcSuccess);
+  EXPECT_EQ(span, 0.0);
 }
 
 TEST(CApi, PlanCreateRefusesTheUnversionedLayout) {

@@ -97,6 +97,64 @@ TEST(Simulate, SplitSamplesRunAsThePlannerStepsThem) {
   EXPECT_GT(splits, 0u);  // the case splits, or it tests nothing
 }
 
+TEST(Simulate, StealingWithFreeCommunicationGivesThePlannersStealingTimes) {
+  // With stealing on and free communication, the simulated minibatch is the planner's stealing
+  // span (predict_stealing), never above the plan's ODC time at equal speeds (steal_test.cc's
+  // invariant), splits included.
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < 200; ++i) lengths.push_back(i % 20 == 0 ? 60 : 1 + i % 8);
+  for (auto split : {planner::SplitMode::kOff, planner::SplitMode::kAuto}) {
+    for (Mode mode : {Mode::kOdcFlat, Mode::kOdcHybrid}) {
+      auto options = small_options(mode, planner::Policy::kLbMini, 4);
+      options.plan.minibatch_size = 20;
+      options.plan.split = split;
+      options.free_communication = true;
+      auto plan = planner::make_plan(lengths, options.plan);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      double odc = 0.0;
+      for (const auto& minibatch : plan.value().minibatches) odc += minibatch.times.odc;
+      options.steal = true;
+      auto result = simulate_plan(plan.value(), lengths, options);
+      ASSERT_TRUE(result.ok()) << result.status().message();
+      EXPECT_NEAR(result.value().seconds, result.value().planner_seconds,
+                  1e-9 * result.value().seconds);
+      EXPECT_LE(result.value().seconds, odc * (1 + 1e-12));
+    }
+  }
+}
+
+TEST(Simulate, AnUnplannedSlowdownSlowsEveryArmAndStealingMovesWorkOffIt) {
+  // local-sort on 2 ranks, 4 samples of 10 tokens per minibatch at 1 s per token, no c: rank 0
+  // runs samples 0 and 2, rank 1 samples 1 and 3, 10 s each. Rank 1 runs 3x slower than planned:
+  // without stealing it takes 60 s; with stealing rank 0 (free at 20) takes rank 1's second
+  // microbatch, and the minibatch ends at 30 when both finish.
+  const std::vector<int64_t> lengths(4, 10);
+  auto options = small_options(Mode::kOdcFlat, planner::Policy::kLocalSort, 2);
+  options.plan.cost = planner::CostModel{1.0, 0.0, 0.0};
+  options.free_communication = true;
+  options.rank_slowdown = {1.0, 3.0};
+  EXPECT_DOUBLE_EQ(run(lengths, options).seconds, 60.0);
+  options.steal = true;
+  const SimulateResult stolen = run(lengths, options);
+  EXPECT_DOUBLE_EQ(stolen.seconds, 30.0);
+  EXPECT_DOUBLE_EQ(stolen.planner_seconds, 20.0);  // the planner knows no slowdown
+  EXPECT_DOUBLE_EQ(stolen.compute_seconds, (10 + 10 + 10 + 30) / 2.0);
+  // Collective arms run slower too, and cannot steal.
+  options.steal = false;
+  options.mode = Mode::kCollective;
+  EXPECT_DOUBLE_EQ(run(lengths, options).seconds, 60.0);
+  options.steal = true;
+  auto refused = simulate(lengths, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("work stealing is odc's"), std::string::npos);
+  options.mode = Mode::kOdcFlat;
+  options.rank_slowdown = {1.0};
+  refused = simulate(lengths, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(),
+            "rank slowdown must have one entry per rank: got 1 for 2 ranks");
+}
+
 TEST(Simulate, CollectiveIsNeverFasterThanOdcOnTheSamePlanWhenCommunicationIsFree) {
   for (uint64_t seed = 1; seed <= 5; ++seed) {
     const auto lengths = planner::testing::random_lengths(240, 64, seed);
@@ -526,6 +584,36 @@ TEST(Sweep, RowsFollowTheRequest) {
   EXPECT_EQ(sweep_to_json(sweep.value()).front(), '{');
 }
 
+TEST(Sweep, StealAddsOdcArmsThatOvertakeASlowRank) {
+  // A rank 1.5x slower than planned: every arm slows; +steal rows (odc modes only) win back time.
+  Sweep request;
+  request.samples.given_lengths = planner::testing::random_lengths(400, 2000, 11);
+  request.samples.samples_per_rank = 8;
+  request.ranks = {4};
+  request.minibatches = 4;
+  request.policies = {{planner::Policy::kLbMicro, false}, {planner::Policy::kLbMini, false}};
+  request.modes = {Mode::kCollective, Mode::kOdcFlat};
+  request.model = "tiny";
+  request.cost = planner::CostModel{1e-3, 2e-7, 5e-3};
+  request.steal = true;
+  request.rank_slowdown = {{2, 1.5}};
+  auto sweep = run_sweep(request);
+  ASSERT_TRUE(sweep.ok()) << sweep.status().message();
+  std::vector<std::string> labels;
+  double lb_mini = 0.0, lb_mini_steal = 0.0;
+  for (const SweepRow& row : sweep.value().rows) {
+    labels.push_back(row.label());
+    if (row.label() == "odc + lb-mini") lb_mini = row.result.seconds;
+    if (row.label() == "odc + lb-mini+steal") lb_mini_steal = row.result.seconds;
+  }
+  EXPECT_EQ(labels,
+            (std::vector<std::string>{"collective + lb-micro", "odc + lb-micro", "odc + lb-mini",
+                                      "odc + lb-micro+steal", "odc + lb-mini+steal"}));
+  EXPECT_LT(lb_mini_steal, lb_mini);
+  const std::string json = sweep_to_json(sweep.value());
+  EXPECT_NE(json.find("\"rank_slowdown\":[{\"rank\":2,\"factor\":1.5}]"), std::string::npos);
+}
+
 // Refusals name the command's option at fault.
 TEST(Sweep, RefusalsNameTheOption) {
   Sweep request;
@@ -542,6 +630,21 @@ TEST(Sweep, RefusalsNameTheOption) {
   ASSERT_FALSE(speeds.ok());
   EXPECT_NE(speeds.status().message().find("--rank-speed gives 2 speeds"), std::string::npos);
   request.rank_speed.clear();
+  request.ranks = {4, 8};
+  request.rank_slowdown = {{9, 1.3}};
+  auto slowdown = run_sweep(request);
+  ASSERT_FALSE(slowdown.ok());
+  EXPECT_EQ(slowdown.status().message(),
+            "--rank-slowdown 9:1.3: rank 9 does not exist with --ranks 4 (ranks 0 to 3): name a "
+            "rank below every rank count");
+  request.rank_slowdown = {{1, 0.0}};
+  ASSERT_FALSE(run_sweep(request).ok());
+  request.rank_slowdown = {{1, 1.3}, {1, 2.0}};
+  auto twice = run_sweep(request);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("names rank 1 twice"), std::string::npos);
+  request.rank_slowdown.clear();
+  request.ranks = {8};
   request.modes = {Mode::kCollective};
   request.policies = {{planner::Policy::kLbMini, false}};
   auto nothing = run_sweep(request);
