@@ -510,5 +510,42 @@ TEST(WorkBoard, ShmProcessesTakeEachMicrobatchOnce) {
   munmap(records, bytes);
 }
 
+// A process that dies holding a claim (it exits right after taking its first microbatch of the
+// third minibatch): the survivors' takes or minibatch_end fail naming it, none hangs.
+TEST(WorkBoard, ShmProcessDyingWithAClaimIsNamed) {
+  constexpr int kWorld = 3;
+  constexpr int kDying = 2;
+  const auto outcome = testing::run_ranks(
+      kWorld,
+      [&](int rank, int world, const std::string& key) -> std::string {
+        auto transport = shm::ShmTransport::create(rank, world, key, std::chrono::seconds(20));
+        if (!transport.ok()) return transport.status().message();
+        Communicator comm(std::move(transport).value());
+        const std::vector<int32_t> counts(static_cast<size_t>(world), 3);
+        for (int m = 0; m < 5; ++m) {
+          Status s = comm.minibatch_begin(nullptr);
+          if (!s.ok()) return s.message();
+          s = comm.work_board_open(world, counts.data(), nullptr);
+          if (!s.ok()) return s.message();
+          for (;;) {
+            auto claim = comm.work_board_take();
+            if (!claim.ok()) return claim.status().message();
+            if (claim.value().done()) break;
+            if (rank == kDying && m == 2) _exit(3);  // a crash while computing it
+          }
+          s = comm.minibatch_end(nullptr);
+          if (!s.ok()) return s.message();
+        }
+        return "finished every minibatch";
+      },
+      std::chrono::seconds(60), "board-death");
+  for (int rank = 0; rank < kWorld; ++rank) {
+    if (rank == kDying) continue;
+    const std::string& verdict = outcome[static_cast<size_t>(rank)];
+    EXPECT_TRUE(contains(verdict, "rank 2") && contains(verdict, "died"))
+        << "rank " << rank << ": " << verdict;
+  }
+}
+
 }  // namespace
 }  // namespace odc
