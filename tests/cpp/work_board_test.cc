@@ -303,6 +303,46 @@ TEST(WorkBoard, DifferentPlansAreNamed) {
   EXPECT_EQ(describe(outcome), "");
 }
 
+// A sub-communicator has a board of its own: its queues are its members', its claims never reach
+// the parent's board or the other group's.
+TEST(WorkBoard, SubCommunicatorsHaveBoardsOfTheirOwn) {
+  constexpr int kWorld = 4;
+  auto world = make_world(kWorld);
+  std::vector<std::atomic<int>> taken(4 * 5);  // per group of 2 and its 2 queues: up to 5 each
+  const auto outcome = run_threads(kWorld, [&](int rank) -> std::string {
+    auto parent = make_comm(world, rank);
+    auto made = parent->split(rank % 2, rank);
+    if (!made.ok()) return made.status().message();
+    std::unique_ptr<Communicator> group = std::move(made).value();
+    const int color = rank % 2;
+    const std::vector<int32_t> counts = {5, color == 0 ? 2 : 4};
+    if (!group->minibatch_begin(nullptr).ok()) return "begin failed";
+    Status s = group->work_board_open(2, counts.data(), nullptr);
+    if (!s.ok()) return s.message();
+    for (;;) {
+      auto claim = group->work_board_take();
+      if (!claim.ok()) return claim.status().message();
+      if (claim.value().done()) break;
+      taken[static_cast<size_t>((color * 2 + claim.value().queue) * 5 + claim.value().index)]
+          .fetch_add(1);
+    }
+    if (!group->minibatch_end(nullptr).ok()) return "end failed";
+    if (parent->memory().work_board_bytes != 0) return "the parent got a board";
+    return "";
+  });
+  ASSERT_EQ(describe(outcome), "");
+  for (int color = 0; color < 2; ++color) {
+    const int counts[2] = {5, color == 0 ? 2 : 4};
+    for (int queue = 0; queue < 2; ++queue) {
+      for (int index = 0; index < 5; ++index) {
+        EXPECT_EQ(taken[static_cast<size_t>((color * 2 + queue) * 5 + index)].load(),
+                  index < counts[queue] ? 1 : 0)
+            << "group " << color << " queue " << queue << " index " << index;
+      }
+    }
+  }
+}
+
 // ---- exactly once under load ----------------------------------------------------------------
 
 struct BoardPlan {
