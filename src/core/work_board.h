@@ -72,8 +72,8 @@ class WorkPlan {
   uint8_t fingerprint_ = 0;
 };
 
-// One per communicator, made at its first open; the transport and the words region (8 bytes per
-// rank, allocated by the communicator, collectively) outlive it.
+// One per communicator, made at its first open with the claim words (8 bytes per rank, allocated
+// collectively by the communicator), which it owns; the transport outlives it.
 class WorkBoard {
  public:
   WorkBoard(Transport& transport, std::unique_ptr<SymmetricRegion> words);
