@@ -626,7 +626,7 @@ ODC_API odcResult_t odcMinibatchEnd(odcComm_t comm, odcStream_t stream);
 /* Collective: returns when every rank has called it. */
 ODC_API odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream);
 
-/* ---- The work board: work stealing inside a minibatch (docs/protocol.md "Work board") ------
+/* ---- The work board: work stealing inside a minibatch (docs/runtime.md "The work board") ---
  * Queue r holds rank r's microbatches of the minibatch's plan, indices 0..counts[r]-1. A rank
  * takes the front of its own queue while it has one, then the tail of the open queue with the
  * most predicted cost left (ties: lowest rank). Every take is one atomic claim at the queue's
