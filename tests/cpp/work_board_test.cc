@@ -473,12 +473,14 @@ void expect_exactly_once(int world_size, int minibatches) {
 }
 
 TEST(WorkBoard, ExactlyOnceUnderRandomDelays) {
-  expect_exactly_once(64, 100);
+  expect_exactly_once(64, 100 / testing::kSanitizerDivisor);
 }
 
-// The full tier's run (ctest names with _256ranks; scripts/test.sh --full).
+// The full tier's run (ctest names with _256ranks; scripts/test.sh --full): ~15 s of a busy
+// 2-core machine. Scaled down in the sanitizer builds, as protocol_test.cc's scale tests are.
 TEST(WorkBoard, ThousandMinibatchesExactlyOnce_256ranks) {
-  expect_exactly_once(256, 1000);
+  const int divisor = testing::kSanitizerDivisor;
+  expect_exactly_once(divisor == 1 ? 256 : 64, 1000 / divisor);
 }
 
 // A rank dies at call k of a sweep (its takes, opens and barriers are calls): every survivor
