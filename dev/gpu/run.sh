@@ -385,7 +385,9 @@ gpu_suite_shard() {  # gpu_suite_shard NAME FILE...
   build_dirs "$snapshot"
   stage "$name" 300 env $env_new python3 -m pytest -rs -q "${@/#/$src_dir/tests/gpu/}"
 }
-stage_gpu_suite_1() { gpu_suite_shard pytest-gpu-1 test_cuda_comm.py test_hardening_gpu.py; }
+stage_gpu_suite_1() {
+  gpu_suite_shard pytest-gpu-1 test_cuda_comm.py test_hardening_gpu.py test_work_board_gpu.py
+}
 stage_gpu_suite_2() { gpu_suite_shard pytest-gpu-2 test_nvshmem_comm.py; }
 stage_gpu_suite_3() {
   gpu_suite_shard pytest-gpu-3 test_torch_gpu.py test_torch_hybrid_gpu.py test_train_gpu.py \

@@ -650,6 +650,40 @@ ODC_API odcResult_t odcMinibatchEnd(odcComm_t comm, odcStream_t stream);
 /* Collective: returns when every rank has called it. */
 ODC_API odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream);
 
+/* ---- The work board: work stealing inside a minibatch (docs/runtime.md "The work board") ---
+ * Queue r holds rank r's microbatches of the minibatch's plan, indices 0..counts[r]-1. A rank
+ * takes the front of its own queue while it has one, then the tail of the open queue with the
+ * most predicted cost left (ties: lowest rank). Every take is one atomic claim at the queue's
+ * owner, so each microbatch is claimed exactly once whatever the timing (host-blocking, never on
+ * the caller's stream). A rank that dies holding a claim fails the communicator as any death
+ * does: its peers' odcWorkBoardTake or odcMinibatchEnd fails naming it. Sub-communicators have
+ * boards of their own. */
+
+/* Collective per minibatch (every rank, after odcMinibatchBegin, same plan): opens this
+ * minibatch's board. costs: counts[0]+...+counts[n-1] values, queue by queue, or NULL (all 1.0).
+ * num_queues must equal the communicator's world size; counts[r] in 0..65535; costs finite and
+ * >= 0 (else odcInvalidArgument, nothing changed). The first open of a communicator allocates its
+ * claim words (8 bytes of symmetric memory per rank; device memory on GPU transports) and meets
+ * every rank; later ones are local. odcInvalidUsage outside a minibatch, a second time in one
+ * minibatch, and in deterministic mode (work stealing changes which rank pushes a microbatch).
+ * A failure of a peer fails the communicator. */
+ODC_API odcResult_t odcWorkBoardOpen(odcComm_t comm, int num_queues, const int32_t* counts,
+                                     const double* costs);
+
+/* Local, host-blocking (never waits for work on any stream, nor on a peer): claims one
+ * microbatch, *queue (the rank whose queue it was) and *index (in that queue). *queue = -1 (and
+ * *index = -1) when none is left for this rank: every open queue is claimed to the end, and
+ * queues whose owners have not opened this minibatch yet are left to them. odcInvalidUsage before
+ * this minibatch's odcWorkBoardOpen; odcInvalidUsage naming the queue where ranks passed different
+ * plans (the communicator fails: ranks no longer agree on the work); a failed or dead peer:
+ * odcRemoteError naming it, and the communicator fails. */
+ODC_API odcResult_t odcWorkBoardTake(odcComm_t comm, int32_t* queue, int32_t* index);
+
+/* Local: microbatches this rank took from its own queue and from others', in the minibatch whose
+ * board it opened last and in total (any pointer may be NULL). */
+ODC_API odcResult_t odcWorkBoardStats(odcComm_t comm, int64_t* own_this, int64_t* stolen_this,
+                                      int64_t* own_total, int64_t* stolen_total);
+
 /* The colour of a rank that joins no sub-communicator in odcCommSplit (as NCCL_SPLIT_NOCOLOR);
  * any negative colour means the same. */
 #define ODC_SPLIT_NOCOLOR (-1)

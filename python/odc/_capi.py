@@ -310,6 +310,17 @@ _COLLECTIVE_FUNCTIONS = [
     ("odcMinibatchBegin", _RESULT, [_HANDLE, _STREAM]),
     ("odcMinibatchEnd", _RESULT, [_HANDLE, _STREAM]),
     ("odcBarrier", _RESULT, [_HANDLE, _STREAM]),
+    (
+        "odcWorkBoardOpen",
+        _RESULT,
+        [_HANDLE, ctypes.c_int, _P(ctypes.c_int32), _P(ctypes.c_double)],
+    ),
+    ("odcWorkBoardTake", _RESULT, [_HANDLE, _P(ctypes.c_int32), _P(ctypes.c_int32)]),
+    (
+        "odcWorkBoardStats",
+        _RESULT,
+        [_HANDLE, _P(ctypes.c_int64), _P(ctypes.c_int64), _P(ctypes.c_int64), _P(ctypes.c_int64)],
+    ),
 ]
 
 

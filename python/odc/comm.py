@@ -24,7 +24,7 @@ import math
 import os
 import sys
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -673,6 +673,59 @@ class Comm:
     def barrier(self, stream: Any = None) -> None:
         """Collective: completes when every rank has called it."""
         self._call(_capi.lib.odcBarrier, _stream_handle(stream, self.device))
+
+    # -- the work board (work stealing inside a minibatch) -----------------------------------
+    def work_board_open(
+        self, counts: Sequence[int], costs: Optional[Sequence[Sequence[float]]] = None
+    ) -> None:
+        """Collective per minibatch (every rank, after minibatch_begin, the same plan;
+        odcWorkBoardOpen): opens this minibatch's work board. `counts[r]`: rank r's microbatches
+        (0..65535), one entry per rank; `costs[r][i]`: the predicted cost of rank r's microbatch
+        i (finite, >= 0), None: all 1.0. Then work_board_take() hands out microbatches, each
+        exactly once across the ranks. The first open allocates 8 bytes per rank (meeting every
+        rank). Raises InvalidUsage outside a minibatch, a second time in one, and in
+        deterministic mode; InvalidArgument for a bad plan."""
+        if isinstance(counts, (str, bytes)) or not hasattr(counts, "__len__"):
+            raise _invalid(f"counts must be a sequence of ints (one per rank), got {counts!r}")
+        checked = [_checked_int(c, f"counts[{r}]", 0, 65535) for r, c in enumerate(counts)]
+        if len(checked) != self.world_size:
+            raise _invalid(
+                f"counts has {len(checked)} entries but the communicator has {self.world_size} "
+                "ranks: give one count of microbatches per rank"
+            )
+        count_array = (ctypes.c_int32 * max(len(checked), 1))(*checked)
+        cost_array = None
+        if costs is not None:
+            if isinstance(costs, (str, bytes)) or not hasattr(costs, "__len__"):
+                raise _invalid(f"costs must be one sequence of floats per rank, got {costs!r}")
+            if len(costs) != len(checked):
+                raise _invalid(f"costs has {len(costs)} queues, counts has {len(checked)}")
+            flat: List[float] = []
+            for r, (queue, count) in enumerate(zip(costs, checked)):
+                values = [float(v) for v in queue]
+                if len(values) != count:
+                    raise _invalid(f"costs[{r}] has {len(values)} values, counts[{r}] is {count}")
+                flat.extend(values)
+            cost_array = (ctypes.c_double * max(len(flat), 1))(*flat)
+        self._call(_capi.lib.odcWorkBoardOpen, len(checked), count_array, cost_array)
+
+    def work_board_take(self) -> Optional[Tuple[int, int]]:
+        """Local (odcWorkBoardTake): claims one microbatch of this minibatch's board: (queue
+        rank, index in that queue), this rank's own front first, then the tail of the queue with
+        the most predicted cost left; None when none is left for this rank. Raises InvalidUsage
+        before work_board_open; RemoteError naming a dead or failed peer."""
+        queue, index = ctypes.c_int32(), ctypes.c_int32()
+        self._call(_capi.lib.odcWorkBoardTake, ctypes.byref(queue), ctypes.byref(index))
+        return None if queue.value < 0 else (queue.value, index.value)
+
+    def work_board_stats(self) -> dict:
+        """Microbatches this rank took from its own queue (`own`) and from other ranks' queues
+        (`stolen`) in the minibatch whose board it opened last, and since the communicator was
+        made (`own_total`, `stolen_total`)."""
+        values = [ctypes.c_int64() for _ in range(4)]
+        self._call(_capi.lib.odcWorkBoardStats, *(ctypes.byref(v) for v in values))
+        own, stolen, own_total, stolen_total = (v.value for v in values)
+        return {"own": own, "stolen": stolen, "own_total": own_total, "stolen_total": stolen_total}
 
     def split(self, color: Optional[int], key: Optional[int] = None) -> Optional["Comm"]:
         """Collective over this communicator (odcCommSplit; every rank, same order; between

@@ -788,6 +788,38 @@ extern "C" odcResult_t odcMinibatchEnd(odcComm_t comm, odcStream_t stream) {
                    [&](odc::Communicator& c) { return c.minibatch_end(stream); });
 }
 
+extern "C" odcResult_t odcWorkBoardOpen(odcComm_t comm, int num_queues, const int32_t* counts,
+                                        const double* costs) {
+  return with_comm(comm, "odcWorkBoardOpen", [&](odc::Communicator& c) {
+    return c.work_board_open(num_queues, counts, costs);
+  });
+}
+
+extern "C" odcResult_t odcWorkBoardTake(odcComm_t comm, int32_t* queue, int32_t* index) {
+  return with_comm(comm, "odcWorkBoardTake", [&](odc::Communicator& c) -> Status {
+    if (queue == nullptr || index == nullptr) {
+      return Status::InvalidArgument("odcWorkBoardTake: queue and index must not be NULL");
+    }
+    auto claim = c.work_board_take();
+    if (!claim.ok()) return claim.status();
+    *queue = claim.value().queue;
+    *index = claim.value().index;
+    return Status::Ok();
+  });
+}
+
+extern "C" odcResult_t odcWorkBoardStats(odcComm_t comm, int64_t* own_this, int64_t* stolen_this,
+                                         int64_t* own_total, int64_t* stolen_total) {
+  return with_comm(comm, "odcWorkBoardStats", [&](odc::Communicator& c) {
+    const odc::WorkBoardStats stats = c.work_board_stats();
+    if (own_this != nullptr) *own_this = stats.own_this;
+    if (stolen_this != nullptr) *stolen_this = stats.stolen_this;
+    if (own_total != nullptr) *own_total = stats.own_total;
+    if (stolen_total != nullptr) *stolen_total = stats.stolen_total;
+    return Status::Ok();
+  });
+}
+
 extern "C" odcResult_t odcBarrier(odcComm_t comm, odcStream_t stream) {
   return with_comm(comm, "odcBarrier", [&](odc::Communicator& c) { return c.barrier(stream); });
 }

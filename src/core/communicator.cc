@@ -245,6 +245,7 @@ Communicator::Memory Communicator::memory() const {
   if (pull_scratch_ != nullptr) memory.scheme_bytes += pull_scratch_->bytes();
   if (staging_ != nullptr) memory.scheme_bytes += staging_->allocated_bytes();
   if (node_cache_ != nullptr) memory.node_cache_bytes = node_cache_->allocated_bytes();
+  if (work_board_ != nullptr) memory.work_board_bytes = work_board_->bytes();
   return memory;
 }
 
@@ -253,11 +254,11 @@ bool Communicator::owns(const Buffer* buffer) const {
   return buffers_.count(buffer) != 0;
 }
 
-Status Communicator::finish(const char* operation, Status status) {
+Status Communicator::finish(const char* operation, Status status, bool fails) {
   if (status.ok()) return status;
   Status named = status.with_context((label_.empty() ? "" : label_ + ": ") + "rank " +
                                      std::to_string(rank()) + ": " + operation);
-  if (is_fault(status) && state_ != CommState::kFailed) {
+  if ((fails || is_fault(status)) && state_ != CommState::kFailed) {
     state_ = CommState::kFailed;
     failure_ = named.message();
     transport_->mark_failed(failure_);
@@ -841,6 +842,68 @@ Status Communicator::pull_slices(const std::vector<Buffer*>& accs, StreamHandle 
     }
   }
   return Status::Ok();
+}
+
+Status Communicator::work_board_open(int num_queues, const int32_t* counts, const double* costs) {
+  const CallLock call(call_mutex_);
+  const char* op = "work_board_open";
+  ODC_RETURN_IF_ERROR(usable(op));
+  if (scheme_ == AccumulationScheme::kPulled) {
+    return finish(op, Status::InvalidUsage(
+                          "work stealing changes which rank pushes a microbatch, so the "
+                          "deterministic mode's fixed summation order cannot hold: turn one of "
+                          "them off"));
+  }
+  if (state_ != CommState::kInMinibatch) {
+    return finish(op, Status::InvalidUsage(
+                          "no minibatch is open (call minibatch_begin first: the board belongs "
+                          "to one minibatch)"));
+  }
+  const uint32_t tag = claim_tag(minibatch_);
+  if (work_board_ != nullptr && work_board_->is_open(tag)) {
+    return finish(op, Status::InvalidUsage(
+                          "the work board of this minibatch is open already (open it once per "
+                          "minibatch, after minibatch_begin)"));
+  }
+  auto plan = WorkPlan::make(world_size(), num_queues, counts, costs);
+  if (!plan.ok()) return finish(op, plan.status());
+  if (work_board_ == nullptr) {
+    // The first open allocates the claim words, a collective: a streamed peer may wait for this
+    // rank's credit meanwhile, so every rank meets first (as for alloc inside a minibatch).
+    ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op, nullptr)));
+    auto words = transport_->allocate(sizeof(uint64_t));
+    if (!words.ok()) return finish(op, words.status());
+    work_board_ = std::make_unique<WorkBoard>(*transport_, std::move(words).value());
+  }
+  return finish(op, as_fault(work_board_->open(tag, std::move(plan).value())));
+}
+
+Result<WorkClaim> Communicator::work_board_take() {
+  const CallLock call(call_mutex_);
+  const char* op = "work_board_take";
+  ODC_RETURN_IF_ERROR(usable(op));
+  if (state_ != CommState::kInMinibatch) {
+    return finish(op, Status::InvalidUsage("no minibatch is open (take between minibatch_begin, "
+                                           "work_board_open and minibatch_end)"));
+  }
+  if (work_board_ == nullptr || !work_board_->is_open(claim_tag(minibatch_))) {
+    return finish(op, Status::InvalidUsage(
+                          "the work board of this minibatch is not open (call work_board_open "
+                          "after minibatch_begin, on every rank)"));
+  }
+  auto claim = work_board_->take();
+  if (!claim.ok()) {
+    // Ranks that disagree on the plan would lose or repeat microbatches: out of step, as a
+    // collective mismatch is.
+    const bool disagree = claim.status().code() == StatusCode::kInvalidUsage;
+    return finish(op, disagree ? claim.status() : as_fault(claim.status()), disagree);
+  }
+  return claim;
+}
+
+WorkBoardStats Communicator::work_board_stats() const {
+  const CallLock call(call_mutex_);
+  return work_board_ != nullptr ? work_board_->stats() : WorkBoardStats{};
 }
 
 Status Communicator::poll_error() {

@@ -35,6 +35,7 @@
 #include "core/streamed_staging.h"
 #include "core/topology.h"
 #include "core/transport.h"
+#include "core/work_board.h"
 
 namespace odc {
 
@@ -203,6 +204,20 @@ class Communicator final : private ProgressClient {
   // Either may be destroyed first; a failure of this communicator (a fault, abort) fails the
   // sub-communicators alive on this rank, whose peers then name this rank.
   Result<std::unique_ptr<Communicator>> split(int color, int key);
+  // ---- the work board (core/work_board.h; work stealing inside a minibatch) ----------------
+  // Collective per minibatch (every rank, after minibatch_begin, the same plan): opens this
+  // minibatch's board, num_queues (== world_size) queues of counts[r] microbatches with costs
+  // (counts[0] + ... values queue by queue; NULL: all 1.0). The first open of a communicator
+  // allocates its claim words (8 bytes per rank), meeting every rank. Refused in deterministic
+  // mode, outside a minibatch and a second time in one minibatch (InvalidUsage).
+  Status work_board_open(int num_queues, const int32_t* counts, const double* costs);
+  // Local: claims one microbatch (done() when none is left for this rank). Before this
+  // minibatch's open: InvalidUsage. Ranks that passed different plans: InvalidUsage naming the
+  // queue, and the communicator fails (its ranks no longer agree on the work).
+  Result<WorkClaim> work_board_take();
+  // Local: what this rank took from its own queue and from others', this minibatch and in all.
+  WorkBoardStats work_board_stats() const;
+
   // "" for a communicator that was not split from another; else what its errors start with
   // ("split colour 1, parent ranks 0, 3, 5"), so that its rank numbers can be read as the parent's.
   const std::string& label() const { return label_; }
@@ -220,6 +235,7 @@ class Communicator final : private ProgressClient {
     size_t buffer_bytes = 0;
     size_t scheme_bytes = 0;
     size_t node_cache_bytes = 0;  // the node cache's rows and ready words
+    size_t work_board_bytes = 0;  // the claim words (8 bytes), after the first work_board_open
   };
   Memory memory() const;
 
@@ -227,8 +243,9 @@ class Communicator final : private ProgressClient {
   bool owns(const Buffer* buffer) const;
 
  private:
-  // Prefixes "rank R: <operation>: " to a failure and, for faults, fails the communicator.
-  Status finish(const char* operation, Status status);
+  // Prefixes "rank R: <operation>: " to a failure and, for faults (or whatever the status where
+  // `fails`), fails the communicator.
+  Status finish(const char* operation, Status status, bool fails = false);
   Status usable(const char* operation) const;
   Status check_buffer(const char* operation, const Buffer* buffer) const;
   // kPulled, inside minibatch_end: once every sender's pending sums are complete (a barrier), adds
@@ -313,6 +330,7 @@ class Communicator final : private ProgressClient {
   StreamedStaging::Destination destination_;  // fold_destination, bound to this communicator
   std::map<const Buffer*, std::unique_ptr<Buffer>> buffers_;
   std::map<uint64_t, Buffer*> accumulators_by_id_;  // kStreamed folds look chunks' targets up
+  std::unique_ptr<WorkBoard> work_board_;           // made by the first work_board_open
 };
 
 }  // namespace odc

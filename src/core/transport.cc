@@ -40,6 +40,14 @@ Result<std::unique_ptr<Transport>> Transport::split(const SplitGroup& group) {
       "in-memory transport can)");
 }
 
+Status Transport::compare_swap(const std::vector<CompareSwapOp>& ops, uint64_t* old_values) {
+  (void)ops;
+  (void)old_values;
+  return Status::InvalidUsage(
+      "this transport has no remote compare-and-swap, which the work board needs (mem, shm, "
+      "cuda and nvshmem have one)");
+}
+
 Status Transport::put_signal(const void* src, const SymmetricRegion& region, int peer,
                              size_t offset, size_t bytes, const SymmetricRegion& signals,
                              uint64_t value, StreamHandle stream) {

@@ -99,6 +99,17 @@ struct SignalWatch {
   uint64_t value = 0;
 };
 
+// One compare-and-swap of compare_swap(): the 64-bit word at byte `offset` (a multiple of 8) of
+// `region` on rank `peer`: if it equals `expected` it becomes `desired`; either way its value
+// before is returned. A read is a compare-and-swap with expected == desired.
+struct CompareSwapOp {
+  const SymmetricRegion* region = nullptr;
+  int peer = 0;
+  size_t offset = 0;
+  uint64_t expected = 0;
+  uint64_t desired = 0;
+};
+
 // What a transport is for its whole life, given at construction: plain data rather than methods
 // of the table, read by the core on every call and copied by wrappers.
 struct TransportTraits {
@@ -207,6 +218,19 @@ class Transport {
   // src[p*count : (p+1)*count] (fp32 or bf16), atomically at p.
   virtual Status add_all(const void* src, DataType src_type, const SymmetricRegion& region,
                          size_t count, StreamHandle stream);
+
+  // ---- claims (the core's work board) -------------------------------------------------------
+  // Local, host-blocking: for every i, old_values[i] = the value ops[i] found, each op one
+  // atomic compare-and-swap at its peer, atomic against every other rank's compare_swap ops on
+  // the same word (words it serves are written by nothing else) and sequentially consistent;
+  // the ops of one call are independent and may run in any order or at once. Returns when
+  // every op has been done. Never waits for work queued on any of the caller's streams (a claim
+  // must not wait behind the current microbatch's GPU work) and never waits on a peer. A peer
+  // of the call that failed, died or left: a RemoteError naming it (its op may or may not have
+  // been done). Host transports: atomics on the mapped memory; CUDA: atomicCAS_system on the
+  // peer mappings; NVSHMEM: device-side nvshmem atomics (work over NVLink and IB without
+  // GDRCopy). Default: InvalidUsage naming the transport as one without it.
+  virtual Status compare_swap(const std::vector<CompareSwapOp>& ops, uint64_t* old_values);
 
   // ---- host-side signal reads (only where !caps().stream_ordered) ---------------------------
   // Reads the watched slots of this rank's signal regions into seen[i] (acquire: every put a peer

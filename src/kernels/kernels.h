@@ -148,4 +148,21 @@ cudaError_t pack_chunk(void* dst, const ChunkHeader& header, const void* src, si
 cudaError_t device_barrier(const PeerPointers& signals, const RankInfo& info, uint64_t epoch,
                            uint32_t op, int64_t timeout_ns, WaitError* error, cudaStream_t stream);
 
+// ---- claims (the core's work board) ------------------------------------------------------
+// One 64-bit compare-and-swap: *word becomes `desired` if it is `expected`. `word` is addressable
+// from the calling device: a peer mapping (CUDA transport), or a symmetric address whose owner is
+// PE `pe` (NVSHMEM, which ignores nothing else).
+struct CompareSwapJob {
+  uint64_t* word = nullptr;
+  uint64_t expected = 0;
+  uint64_t desired = 0;
+  int32_t pe = 0;
+};
+
+// Stream-ordered, one thread per job: old_values[i] = atomicCAS_system(jobs[i].word, ...), so
+// each op is atomic against every other GPU's and the host's system-scope atomics on that word.
+// `jobs` and `old_values`: memory the device addresses (pinned, mapped host memory).
+cudaError_t compare_swap_system(const CompareSwapJob* jobs, int count, uint64_t* old_values,
+                                cudaStream_t stream);
+
 }  // namespace odc::kernels

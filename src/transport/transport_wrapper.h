@@ -78,6 +78,10 @@ class TransportWrapper : public Transport {
     return inner_->add_all(src, src_type, region, count, stream);
   }
 
+  Status compare_swap(const std::vector<CompareSwapOp>& ops, uint64_t* old_values) override {
+    return inner_->compare_swap(ops, old_values);
+  }
+
   Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
                             std::chrono::duration<double> limit,
                             std::vector<uint64_t>* seen) override {

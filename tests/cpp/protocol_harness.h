@@ -13,7 +13,27 @@
 #include "core/communicator.h"
 #include "transport/mem/mem_transport.h"
 
+// How much slower the sanitizer builds (scripts/sanitize.sh) run the threads-as-ranks tests, so
+// that a suite scales its largest runs down by it: ThreadSanitizer ~10x (and it tracks at most a
+// few thousand threads' histories), AddressSanitizer ~3x; 1 in the Release build.
+#if defined(__SANITIZE_THREAD__)
+#define ODC_HARNESS_SANITIZER_DIVISOR 10
+#elif defined(__SANITIZE_ADDRESS__)
+#define ODC_HARNESS_SANITIZER_DIVISOR 4
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define ODC_HARNESS_SANITIZER_DIVISOR 10
+#elif __has_feature(address_sanitizer)
+#define ODC_HARNESS_SANITIZER_DIVISOR 4
+#endif
+#endif
+#ifndef ODC_HARNESS_SANITIZER_DIVISOR
+#define ODC_HARNESS_SANITIZER_DIVISOR 1
+#endif
+
 namespace odc::testing {
+
+inline constexpr int kSanitizerDivisor = ODC_HARNESS_SANITIZER_DIVISOR;
 
 // The accumulation schemes: streamed (no remote add) with the host's steps, streamed with the
 // device's steps (reported stream-ordered as device transports are:

@@ -81,6 +81,9 @@ class ProbeTransport final : public Transport, private DeviceStagingOps {
   Status add_all(const void*, DataType, const SymmetricRegion&, size_t, StreamHandle) override {
     return record("add_all");
   }
+  Status compare_swap(const std::vector<CompareSwapOp>&, uint64_t*) override {
+    return record("compare_swap");
+  }
   Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t,
                             std::chrono::duration<double>, std::vector<uint64_t>* seen) override {
     note("poll_signals");
@@ -178,6 +181,11 @@ std::vector<Call> every_call(const SymmetricRegion* region, float* data) {
       {"signal", [&r](Transport& t) { return t.signal(r, 1, 1, kStream); }},
       {"add_all",
        [&r, data](Transport& t) { return t.add_all(data, DataType::kFloat32, r, 1, kStream); }},
+      {"compare_swap",
+       [&r](Transport& t) {
+         uint64_t old = 0;
+         return t.compare_swap({{&r, 1, 0, 0, 0}}, &old);
+       }},
       {"poll_signals",
        [&r](Transport& t) {
          std::vector<uint64_t> seen;

@@ -320,4 +320,13 @@ Status CudaTransport::fold_streamed(const kernels::StreamedFold&, StreamHandle) 
       "the CUDA transport has no device fold: it adds pushes remotely, so none are streamed");
 }
 
+uint64_t* CudaTransport::claim_word(const CompareSwapOp& op) const {
+  return reinterpret_cast<uint64_t*>(static_cast<char*>(op.region->peer(op.peer)) + op.offset);
+}
+
+cudaError_t CudaTransport::launch_compare_swap(const kernels::CompareSwapJob* jobs, int count,
+                                               uint64_t* old_values, cudaStream_t stream) {
+  return kernels::compare_swap_system(jobs, count, old_values, stream);
+}
+
 }  // namespace odc::cuda

@@ -69,6 +69,10 @@ class CudaTransport final : public device::DeviceTransport {
   CudaTransport(std::shared_ptr<Bootstrap> bootstrap, int device,
                 std::chrono::duration<double> timeout);
   Status init(int max_sms);
+  // compare_swap(): the peer's mapping of the word, atomicCAS_system (kernels::claim).
+  uint64_t* claim_word(const CompareSwapOp& op) const override;
+  cudaError_t launch_compare_swap(const kernels::CompareSwapJob* jobs, int count,
+                                  uint64_t* old_values, cudaStream_t stream) override;
   kernels::PeerPointers peer_pointers(const SymmetricRegion& region) const;
   Status launch_puts(const kernels::PutSignalJobs& jobs, size_t bytes, uint64_t value,
                      StreamHandle stream);

@@ -76,6 +76,51 @@ DeviceTransport::~DeviceTransport() {
   DeviceGuard guard(device_);
   cudaDeviceSynchronize();  // no kernel may still read the error record when it goes
   if (idle_fold_done_ != nullptr) cudaEventDestroy(idle_fold_done_);
+  if (claim_stream_ != nullptr) cudaStreamDestroy(claim_stream_);
+  if (claim_jobs_ != nullptr) cudaFreeHost(claim_jobs_);
+  if (claim_old_ != nullptr) cudaFreeHost(claim_old_);
+}
+
+Status DeviceTransport::compare_swap(const std::vector<CompareSwapOp>& ops, uint64_t* old_values) {
+  ODC_RETURN_IF_ERROR(poll_error());
+  if (ops.empty()) return Status::Ok();
+  DeviceGuard guard(device_);
+  if (claim_stream_ == nullptr) {
+    int least = 0;
+    int greatest = 0;
+    ODC_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    ODC_CUDA_CHECK(cudaStreamCreateWithPriority(&claim_stream_, cudaStreamNonBlocking, greatest));
+  }
+  if (ops.size() > claim_capacity_) {
+    if (claim_jobs_ != nullptr) ODC_CUDA_CHECK(cudaFreeHost(claim_jobs_));
+    if (claim_old_ != nullptr) ODC_CUDA_CHECK(cudaFreeHost(claim_old_));
+    claim_jobs_ = nullptr;
+    claim_old_ = nullptr;
+    claim_capacity_ = 0;
+    ODC_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&claim_jobs_),
+                                 ops.size() * sizeof(kernels::CompareSwapJob),
+                                 cudaHostAllocMapped));
+    ODC_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&claim_old_),
+                                 ops.size() * sizeof(uint64_t), cudaHostAllocMapped));
+    claim_capacity_ = ops.size();
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].offset % sizeof(uint64_t) != 0) {
+      return Status::InvalidArgument("compare_swap: offset " + std::to_string(ops[i].offset) +
+                                     " is not a multiple of 8");
+    }
+    claim_jobs_[i] = kernels::CompareSwapJob{claim_word(ops[i]), ops[i].expected, ops[i].desired,
+                                             static_cast<int32_t>(ops[i].peer)};
+  }
+  kernels::CompareSwapJob* device_jobs = nullptr;
+  uint64_t* device_old = nullptr;
+  ODC_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_jobs), claim_jobs_, 0));
+  ODC_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_old), claim_old_, 0));
+  ODC_CUDA_CHECK(
+      launch_compare_swap(device_jobs, static_cast<int>(ops.size()), device_old, claim_stream_));
+  ODC_CUDA_CHECK(cudaStreamSynchronize(claim_stream_));
+  std::memcpy(old_values, claim_old_, ops.size() * sizeof(uint64_t));
+  return Status::Ok();
 }
 
 Status DeviceTransport::check_device_exists(int device) {

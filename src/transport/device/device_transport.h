@@ -60,6 +60,15 @@ class DeviceTransport : public Transport, private DeviceStagingOps {
   // What a device wait recorded (device/wait_status.h), else a sticky CUDA error, else Ok.
   Status poll_error() final;
 
+  // ---- claims (the work board) ----------------------------------------------------------------
+  // The ops as kernels::CompareSwapJob in pinned mapped host memory, the transport's kernel
+  // (launch_compare_swap) on a private non-blocking stream of the highest priority (never the
+  // caller's: a claim must not wait behind the current microbatch's GPU work), then a sync of
+  // that stream only. A failure a device wait recorded is reported first (poll_error); a peer's
+  // death otherwise surfaces where this transport's other one-sided ops see it: in the next
+  // barrier, naming it.
+  Status compare_swap(const std::vector<CompareSwapOp>& ops, uint64_t* old_values) final;
+
   // ---- the background stream (the core's node fetches) --------------------------------------
   Result<StreamHandle> fork_background(StreamHandle stream) override;
   Status join_background(StreamHandle stream) final;
@@ -84,6 +93,12 @@ class DeviceTransport : public Transport, private DeviceStagingOps {
   // The first step of a transport's init: the data kernels' grid budget (`max_sms` SMs, or all
   // of the device's where fewer or <= 0) and the error record.
   Status init_device_state(int max_sms);
+
+  // compare_swap()'s per-transport half: the address its kernel gives `op`'s word (CUDA: the
+  // peer's mapping; NVSHMEM: the symmetric address, with op.peer as the PE), and the kernel.
+  virtual uint64_t* claim_word(const CompareSwapOp& op) const = 0;
+  virtual cudaError_t launch_compare_swap(const kernels::CompareSwapJob* jobs, int count,
+                                          uint64_t* old_values, cudaStream_t stream) = 0;
 
   // The word this rank announces in its next device barrier: one epoch more than the last, and
   // `op`, so that a peer in another collective at the same epoch records a mismatch naming both
@@ -112,6 +127,12 @@ class DeviceTransport : public Transport, private DeviceStagingOps {
   // Recorded after each fold_streamed_if_idle() (null before the first).
   cudaEvent_t idle_fold_done_ = nullptr;
   cuda::BackgroundStream background_;  // destroyed first: its stream may still read error_
+  // compare_swap(): its stream and pinned mapped jobs and old values (room for claim_capacity_
+  // ops), made at the first call.
+  cudaStream_t claim_stream_ = nullptr;
+  kernels::CompareSwapJob* claim_jobs_ = nullptr;
+  uint64_t* claim_old_ = nullptr;
+  size_t claim_capacity_ = 0;
 };
 
 }  // namespace odc::device

@@ -217,6 +217,11 @@ Status FaultTransport::add_all(const void* src, DataType src_type, const Symmetr
   return inner().add_all(src, src_type, region, count, stream);
 }
 
+Status FaultTransport::compare_swap(const std::vector<CompareSwapOp>& ops, uint64_t* old_values) {
+  ODC_RETURN_IF_ERROR(enter("compare_swap"));
+  return inner().compare_swap(ops, old_values);
+}
+
 Status FaultTransport::zero(void* dst, size_t bytes, StreamHandle stream) {
   ODC_RETURN_IF_ERROR(enter("zero"));
   return inner().zero(dst, bytes, stream);

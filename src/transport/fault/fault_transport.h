@@ -86,6 +86,8 @@ class FaultTransport final : public TransportWrapper, private DeviceStagingOps {
                 StreamHandle stream) override;
   Status add_all(const void* src, DataType src_type, const SymmetricRegion& region, size_t count,
                  StreamHandle stream) override;
+  // Counted (a rank may die at a claim, holding the ones it made before).
+  Status compare_swap(const std::vector<CompareSwapOp>& ops, uint64_t* old_values) override;
   Status zero(void* dst, size_t bytes, StreamHandle stream) override;
   Status accumulate(float* dst, const void* src, DataType src_type, size_t count,
                     StreamHandle stream) override;

@@ -150,6 +150,27 @@ class MemTransport final : public Transport, private DeviceStagingOps {
     return Status::Ok();
   }
 
+  Status compare_swap(const std::vector<CompareSwapOp>& ops, uint64_t* old_values) override {
+    // A dead rank's memory stays (mem_transport.h), so the op itself would succeed: the
+    // failure of a peer of the call is what the caller must hear, as from any other op.
+    if (world_->num_not_alive_.load(std::memory_order_acquire) > 0) {
+      for (const CompareSwapOp& op : ops) {
+        if (op.peer != rank()) ODC_RETURN_IF_ERROR(world_->peer_failure(op.peer));
+      }
+    }
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const CompareSwapOp& op = ops[i];
+      auto* word =
+          reinterpret_cast<uint64_t*>(static_cast<char*>(op.region->peer(op.peer)) + op.offset);
+      uint64_t expected = op.expected;
+      // On failure the builtin stores the value it found into `expected`: the old value either way.
+      __atomic_compare_exchange_n(word, &expected, op.desired, /*weak=*/false, __ATOMIC_SEQ_CST,
+                                  __ATOMIC_SEQ_CST);
+      old_values[i] = expected;
+    }
+    return Status::Ok();
+  }
+
   Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
                             std::chrono::duration<double> limit,
                             std::vector<uint64_t>* seen) override {

@@ -40,6 +40,12 @@ cudaError_t fold_streamed(const kernels::StreamedFold& fold, kernels::WaitError*
 // before any pass of the progress thread (kernels/streamed_fold.cuh says why). Synchronous.
 cudaError_t warm_up_fold_streamed(kernels::WaitError* error);
 
+// Stream-ordered, one thread per job: old_values[i] = nvshmem_uint64_atomic_compare_swap(
+// jobs[i].word (a symmetric address), expected, desired, PE jobs[i].pe). The work board's claims;
+// `jobs` and `old_values` in pinned mapped host memory.
+cudaError_t compare_swap(const kernels::CompareSwapJob* jobs, int count, uint64_t* old_values,
+                         cudaStream_t stream);
+
 // Stream-ordered: keeps the stream busy for `nanoseconds` (tests: a late node fetch).
 cudaError_t spin_for(int64_t nanoseconds, cudaStream_t stream);
 

@@ -427,6 +427,15 @@ Status NvshmemTransport::fold_streamed(const kernels::StreamedFold& fold, Stream
   return Status::Ok();
 }
 
+uint64_t* NvshmemTransport::claim_word(const CompareSwapOp& op) const {
+  return reinterpret_cast<uint64_t*>(static_cast<char*>(op.region->local()) + op.offset);
+}
+
+cudaError_t NvshmemTransport::launch_compare_swap(const kernels::CompareSwapJob* jobs, int count,
+                                                  uint64_t* old_values, cudaStream_t stream) {
+  return ::odc::nvshmem::compare_swap(jobs, count, old_values, stream);
+}
+
 }  // namespace odc::nvshmem
 
 extern "C" __attribute__((visibility("default"))) int odc_nvshmem_plugin_abi() {

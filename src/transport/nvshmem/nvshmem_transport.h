@@ -91,6 +91,11 @@ class NvshmemTransport final : public device::DeviceTransport {
   };
 
   explicit NvshmemTransport(const TransportSpec& spec);
+  // compare_swap(): the symmetric address of the word (region.local() + offset) at PE op.peer,
+  // NVSHMEM's device-side atomic compare-and-swap (nvshmem_claim.cu).
+  uint64_t* claim_word(const CompareSwapOp& op) const override;
+  cudaError_t launch_compare_swap(const kernels::CompareSwapJob* jobs, int count,
+                                  uint64_t* old_values, cudaStream_t stream) override;
   // Joins NVSHMEM, then the base's device state, then the steps below.
   Status init();
   Status allocate_control_words();

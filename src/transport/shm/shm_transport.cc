@@ -163,6 +163,27 @@ Status ShmTransport::signal(const SymmetricRegion& signals, int peer, uint64_t v
   return Status::Ok();
 }
 
+Status ShmTransport::compare_swap(const std::vector<CompareSwapOp>& ops, uint64_t* old_values) {
+  const auto now = Clock::now();
+  if (now >= next_claim_liveness_check_) {
+    for (const CompareSwapOp& op : ops) {
+      if (op.peer != rank()) ODC_RETURN_IF_ERROR(bootstrap_->peer_status(op.peer));
+    }
+    next_claim_liveness_check_ = now + std::chrono::milliseconds(10);
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const CompareSwapOp& op = ops[i];
+    auto* word =
+        reinterpret_cast<uint64_t*>(static_cast<char*>(op.region->peer(op.peer)) + op.offset);
+    uint64_t expected = op.expected;
+    // On failure compare_exchange stores the value it found into `expected`.
+    std::atomic_ref<uint64_t>(*word).compare_exchange_strong(expected, op.desired,
+                                                             std::memory_order_seq_cst);
+    old_values[i] = expected;
+  }
+  return Status::Ok();
+}
+
 Result<bool> ShmTransport::poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
                                         std::chrono::duration<double> limit,
                                         std::vector<uint64_t>* seen) {

@@ -49,6 +49,9 @@ class ShmTransport final : public Transport {
              StreamHandle stream) override;
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override;
+  // std::atomic_ref on the mapped words; the peers' liveness checked at most every 10 ms (it
+  // reads /proc).
+  Status compare_swap(const std::vector<CompareSwapOp>& ops, uint64_t* old_values) override;
   Result<bool> poll_signals(const std::vector<SignalWatch>& watches, size_t num_all,
                             std::chrono::duration<double> limit,
                             std::vector<uint64_t>* seen) override;
@@ -59,6 +62,7 @@ class ShmTransport final : public Transport {
  private:
   std::shared_ptr<ShmBootstrap> bootstrap_;
   uint64_t allocations_ = 0;  // allocate() calls so far (names the segments)
+  ShmBootstrap::Clock::time_point next_claim_liveness_check_{};  // compare_swap()
 };
 
 }  // namespace odc::shm
