@@ -198,6 +198,18 @@ def _per_rank(name: str, values: Optional[Sequence[float]], ranks: int):
     return (ctypes.c_double * ranks)(*[_number(f"{name}[{r}]", v) for r, v in enumerate(values)])
 
 
+def microbatch_cost(samples: Sequence[int], lengths: Sequence[int], cost: Sequence[float]) -> float:
+    """One microbatch's predicted cost under the planner's model: max(floor, c + sum over its
+    samples of (a*L + b*L^2)), cost = (a, b, c) or (a, b, c, floor), `lengths` indexed by the
+    plan's sample indices (docs/design.md, "Load balancing: exact definitions")."""
+    values = tuple(cost) if isinstance(cost, (list, tuple)) else ()
+    if len(values) not in (3, 4):
+        raise InvalidArgument(f"malformed cost {cost!r}: {_COST_MESSAGE}")
+    a, b, c = (_number("cost", v) for v in values[:3])
+    floor = _number("cost", values[3]) if len(values) == 4 else 0.0
+    return max(floor, c + sum(a * lengths[i] + b * lengths[i] * lengths[i] for i in samples))
+
+
 def steal_minibatch(
     minibatch: dict,
     lengths: Sequence[int],
@@ -214,16 +226,8 @@ def steal_minibatch(
     split chunks."""
     if not isinstance(minibatch, dict) or "ranks" not in minibatch:
         raise InvalidArgument('minibatch must be one entry of a plan\'s "minibatches"')
-    values = tuple(cost) if isinstance(cost, (list, tuple)) else ()
-    if len(values) not in (3, 4):
-        raise InvalidArgument(f"malformed cost {cost!r}: {_COST_MESSAGE}")
-    a, b, c = (_number("cost", v) for v in values[:3])
-    floor = _number("cost", values[3]) if len(values) == 4 else 0.0
     queues = [
-        [
-            max(floor, c + sum(a * lengths[i] + b * lengths[i] * lengths[i] for i in microbatch))
-            for microbatch in rank["microbatches"]
-        ]
+        [microbatch_cost(microbatch, lengths, cost) for microbatch in rank["microbatches"]]
         for rank in minibatch["ranks"]
     ]
     ranks = len(queues)

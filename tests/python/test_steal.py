@@ -177,3 +177,28 @@ def test_cli_simulate_steal_and_rank_slowdown(odc_cli, tmp_path):
     steal_rows = [row for row in document["results"] if row["policy"].endswith("+steal")]
     assert {row["mode"] for row in steal_rows} == {"odc", "odc-hybrid"}
     assert {row["policy"] for row in steal_rows} == {"lb-micro+steal", "lb-mini+steal"}
+
+
+def test_odc_train_predicts_a_stealing_run_with_the_planner_model():
+    """odc.train's prediction of an ODC run with --steal: the planner's model of the claims
+    (odc.steal_minibatch), the split chunk counted in its member's busy time."""
+    from odc.train.arms import prediction_mode
+    from odc.train.metrics import predict_minibatch
+
+    lengths = [10, 10, 10, 10, 40, 6]
+    ranks = [{"microbatches": [[0], [1], [2], [3]]}, {"microbatches": [[5]]}]
+    splits = [{"sample": 4, "ranks": [1], "chunks": 1, "chunk_costs": [40.0]}]
+    cost = (1.0, 0.0, 0.0)
+    assert prediction_mode("odc", steal=True) == "odc-steal"
+    assert prediction_mode("collective", steal=True) == "collective"
+    plain = predict_minibatch(ranks, lengths, cost, "odc", splits)
+    stealing = predict_minibatch(ranks, lengths, cost, "odc-steal", splits)
+    model = odc.steal_minibatch({"ranks": ranks, "splits": splits}, lengths, cost)
+    assert plain.span_seconds == 46.0  # rank 1: its chunk, then sample 5
+    # Rank 1 is free at 40, after its chunk, as rank 0 is after its four samples: rank 0 goes
+    # first (rank order) and takes sample 5, the tail of rank 1's queue (open from the start).
+    assert stealing.span_seconds == model.span == 46.0
+    assert stealing.busy_seconds == [46.0, 40.0]
+    no_split = [{"microbatches": [[0], [1], [2], [3]]}, {"microbatches": []}]
+    moved = predict_minibatch(no_split, lengths, cost, "odc-steal")
+    assert moved.span_seconds == 20.0 and moved.busy_seconds == [20.0, 20.0]

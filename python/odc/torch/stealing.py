@@ -16,6 +16,7 @@ from collections import deque
 from typing import Any, Iterator, List, Optional, Sequence
 
 from ..errors import InvalidArgument, InvalidUsage
+from ..planner import microbatch_cost
 
 # Microbatches the host may run ahead of its GPU before it claims the next one: a claim is a
 # promise to compute soon, so it waits until the GPU has at most this many of this rank's
@@ -58,13 +59,6 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _microbatch_cost(microbatch: List[int], lengths: Sequence[int], cost: Sequence[float]) -> float:
-    a, b, c = (float(v) for v in cost[:3])
-    floor = float(cost[3]) if len(cost) > 3 else 0.0
-    work = sum(a * lengths[i] + b * lengths[i] ** 2 for i in microbatch)
-    return max(floor, c + work)
-
-
 def plan_costs(
     queues: List[List[List[int]]],
     costs: Optional[Sequence[Sequence[float]]],
@@ -85,7 +79,7 @@ def plan_costs(
         if len(cost) not in (3, 4) or not all(_is_real(v) for v in cost):
             raise InvalidArgument(f"cost: expected (a, b, c) or (a, b, c, floor), got {cost!r}")
         try:
-            values = [[_microbatch_cost(mb, lengths, cost) for mb in q] for q in queues]
+            values = [[microbatch_cost(mb, lengths, cost) for mb in q] for q in queues]
         except (IndexError, TypeError) as error:
             raise InvalidArgument(
                 f"lengths: cannot price the plan's samples ({error}): pass every sample's "
@@ -124,7 +118,10 @@ def microbatches(
     cost: Sequence[float] = (1.0, 0.0, 0.0),
     steal: bool = True,
 ) -> Iterator[Claimed]:
-    """The generator behind OdcFSDP.microbatches (its docstring is the contract)."""
+    """OdcFSDP.microbatches (its docstring is the contract). Checks the arguments and opens the
+    work board when called, not at the first iteration: a rank that first runs a split chunk
+    opens its queue to thieves at the minibatch's start, as the planner's model of stealing
+    assumes (odc.steal_minibatch)."""
     comm = engine.comm
     queues = plan_queues(plan, comm.world_size)
     if not isinstance(steal, bool):
@@ -135,12 +132,18 @@ def microbatches(
             "microbatches(): outside a minibatch: iterate inside `with engine.minibatch():` "
             "(the work board belongs to the open minibatch)"
         )
-    rank = comm.rank
     if not steal:
-        for index, samples in enumerate(queues[rank]):
-            yield Claimed(samples, rank, index, stolen=False)
-        return
+        return _own(queues, comm.rank)
     comm.work_board_open([len(q) for q in queues], predicted)
+    return _claims(comm, queues)
+
+
+def _own(queues: List[List[List[int]]], rank: int) -> Iterator[Claimed]:
+    for index, samples in enumerate(queues[rank]):
+        yield Claimed(samples, rank, index, stolen=False)
+
+
+def _claims(comm: Any, queues: List[List[List[int]]]) -> Iterator[Claimed]:
     pace = _GpuPace(comm.device)
     while True:
         pace.before_claim()
@@ -148,7 +151,7 @@ def microbatches(
         if taken is None:
             return
         queue, index = taken
-        yield Claimed(queues[queue][index], queue, index, stolen=queue != rank)
+        yield Claimed(queues[queue][index], queue, index, stolen=queue != comm.rank)
         pace.after_microbatch()
 
 

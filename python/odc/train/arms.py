@@ -35,11 +35,14 @@ def planner_policy(policy: str) -> str:
     return "lb-mini" if policy == "lb-mini-padded" else policy
 
 
-def prediction_mode(comm: str) -> str:
+def prediction_mode(comm: str, steal: bool = False) -> str:
     """How the planner predicts an arm's span (metrics.predict_minibatch): "collective" where
     ranks meet per microbatch (collective, fsdp2-deferred: the per-layer all-gathers of every
     microbatch), "odc" (max over ranks of their summed costs) where they meet only at the
-    minibatch's edges (fsdp2-unsharded, odc)."""
+    minibatch's edges (fsdp2-unsharded, odc), "odc-steal" for ODC with work stealing (the
+    planner's model of the work board's claims)."""
+    if steal and comm == "odc":
+        return "odc-steal"
     return "odc" if comm in UNEQUAL_COUNTS else "collective"
 
 

@@ -271,7 +271,7 @@ class GrpoRun(Run):
             ranks = _remap(plan, indices)["ranks"]
             spans.append(
                 predict_minibatch(
-                    ranks, lengths, cost, prediction_mode(self.config.comm)
+                    ranks, lengths, cost, prediction_mode(self.config.comm, self.config.steal)
                 ).span_seconds
             )
         return spans

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import List, Sequence
 
 from ..errors import InvalidArgument
+from ..planner import microbatch_cost, steal_minibatch
 
 
 @dataclass
@@ -85,13 +86,6 @@ def describe_cost(cost: Sequence[float]) -> str:
     return f"max({floor:.4g} s, {text})" if floor > 0 else text
 
 
-def microbatch_cost(samples: Sequence[int], lengths: Sequence[int], cost: Sequence[float]) -> float:
-    """max(floor, c + sum over the microbatch's samples of (a*L + b*L^2)); cost is (a, b, c) or
-    (a, b, c, floor), as the planner's (docs/design.md, "Load balancing: exact definitions")."""
-    a, b, c, floor = cost_terms(cost)
-    return max(floor, c + sum(a * lengths[i] + b * lengths[i] * lengths[i] for i in samples))
-
-
 def predict_minibatch(
     ranks: Sequence[dict],
     lengths: Sequence[int],
@@ -100,13 +94,22 @@ def predict_minibatch(
     splits: Sequence[dict] = (),
 ) -> PredictedTiming:
     """The planner's time accounting of one minibatch of a plan (`ranks` as in odc.plan's JSON:
-    [{"microbatches": [[sample, ...], ...]}, ...]) under mode "collective" or "odc".
+    [{"microbatches": [[sample, ...], ...]}, ...]) under mode "collective", "odc" or
+    "odc-steal" (ODC with work stealing: the planner's event model of the work board,
+    odc.steal_minibatch; busy is then what each rank runs after the claims).
 
     `splits`: the minibatch's "splits" entries (split samples are in no rank's microbatches). As
     in the planner, a member's first step is its group's chunk, which lasts as long as the
     slowest member's (`chunk_costs`), while its busy time counts its own chunk's cost."""
-    if mode not in ("collective", "odc"):
-        raise InvalidArgument(f"mode must be 'collective' or 'odc', got {mode!r}")
+    if mode not in ("collective", "odc", "odc-steal"):
+        raise InvalidArgument(f"mode must be 'collective', 'odc' or 'odc-steal', got {mode!r}")
+    if mode == "odc-steal":
+        result = steal_minibatch({"ranks": list(ranks), "splits": list(splits)}, lengths, cost)
+        busy = list(result.busy)
+        for split in splits:
+            for rank, own in zip(split["ranks"], split["chunk_costs"]):
+                busy[rank] += own
+        return PredictedTiming(busy_seconds=busy, span_seconds=result.span)
     steps = [[] for _ in ranks]
     busy = [0.0 for _ in ranks]
     for split in splits:

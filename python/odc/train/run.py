@@ -579,16 +579,21 @@ class Run:
         self.probe.enter("minibatch_begin")
         self.trainer.begin()
         self.sync.begin()  # fsdp2-unsharded: every unit all-gathers here
+        # With stealing, the work board opens before the split chunks: a member's queue is open
+        # to thieves while it runs its chunk, as the prediction (odc.steal_minibatch) assumes.
+        claims = None
+        if self.config.steal:
+            claims = self.engine.microbatches(
+                minibatch, lengths=self.sample_lengths, cost=self.cost
+            )
         # Split chunks first (docs/design.md, "Splitting outliers"): the members meet at the
         # start of the minibatch and no member waits for another's unrelated work.
         for split in minibatch.get("splits", []):
             loss += self._split_chunk(split, global_tokens)
-        if self.config.steal:
+        if claims is not None:
             # Which microbatches this rank runs is decided as it goes (the work board); ODC's
             # GradientSync does nothing per microbatch, so no "last" is needed.
-            for claimed in self.engine.microbatches(
-                minibatch, lengths=self.sample_lengths, cost=self.cost
-            ):
+            for claimed in claims:
                 detail = {"queue": claimed.queue, "index": claimed.index}
                 loss += self._microbatch(list(claimed), global_tokens, detail)
         else:

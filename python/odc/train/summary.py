@@ -105,7 +105,7 @@ def _measured_and_predicted(config, plan, gathered, measured, world_size) -> dic
         )
     from .arms import prediction_mode
 
-    mode = prediction_mode(config.comm)
+    mode = prediction_mode(config.comm, getattr(config, "steal", False))
     cost = tuple(plan["cost"][k] for k in ("a", "b", "c")) + (plan["cost"].get("floor", 0.0),)
     predicted = [
         predict_minibatch(
