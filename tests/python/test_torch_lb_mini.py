@@ -1,7 +1,7 @@
-"""odc.torch.lb_mini_step: LB-Mini from a DistributedSampler loop, on 2 and 3 gloo ranks on the
-CPU, against one process planning the whole step: the same plan, the same samples on each rank,
-every sample exactly once, the samples themselves moved to the rank that runs them; and bad input
-raising the same error on every rank instead of leaving one waiting."""
+"""odc.torch.lb_mini_step: LB-Mini from a DistributedSampler loop on 3 gloo ranks on the CPU,
+against one process planning the whole step: the same plan, the same samples on each rank, every
+sample exactly once, the samples themselves moved to the rank that runs them; and bad input
+(2 ranks) raising the same error on every rank instead of leaving one waiting."""
 
 import os
 import tempfile
@@ -59,8 +59,8 @@ def _launch(world, steps):
         return odc.launch(_rank, world, store, steps, timeout=300)
 
 
-@pytest.mark.parametrize("world", [3])  # 2 ranks: test_bad_input_... and the doc example
-def test_sampler_loop_equals_one_process_planning_the_step(world):
+def test_sampler_loop_equals_one_process_planning_the_step():
+    world = 3
     steps = 2
     per_rank = _launch(world, steps)
     lengths = _dataset_lengths()
