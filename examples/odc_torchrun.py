@@ -38,7 +38,10 @@ def main():
         generator = torch.Generator().manual_seed(step)
         lengths = torch.randint(1, 48, (6 * world,), generator=generator).tolist()
         inputs = [torch.randn(n, 16, generator=generator) for n in lengths]
-        plan = odc.plan(lengths, ranks=world, max_tokens=64, policy="lb-mini")
+        # samples_per_rank=None: these 6 x world samples are one minibatch (default: 4 per rank)
+        plan = odc.plan(
+            lengths, ranks=world, max_tokens=64, policy="lb-mini", samples_per_rank=None
+        )
         mine = plan["minibatches"][0]["ranks"][rank]["microbatches"]  # counts differ by rank
         tokens = sum(lengths)  # the whole minibatch's: known from the plan, no collective
         with engine.minibatch():

@@ -22,7 +22,7 @@ def fit(folder: Path) -> None:
         result = json.loads(path.read_text())
         cost = tuple(result["cost"][k] for k in ("a", "b", "c", "floor"))
         plan = odc.plan(
-            lengths, ranks=4, max_tokens=32768, policy="lb-mini", minibatch_size=64, cost=cost
+            lengths, ranks=4, max_tokens=32768, policy="lb-mini", samples_per_rank=16, cost=cost
         )
         print(f"{path.name}: {result['flag']} ({result['model']}); stopped: {result['stopped']}")
         print(f"  odc plan takes it: bubble {plan['bubble']}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import json
 import numbers
+import warnings
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Union
 
@@ -44,24 +45,65 @@ def _integer(name: str, value: Any) -> int:
     return int(value)
 
 
+# `odc plan --samples-per-rank`'s default (src/simulate/sweep.h, SampleSelection): the same here.
+DEFAULT_SAMPLES_PER_RANK = 4
+
+
+def _samples_per_minibatch(
+    num_ranks: int, samples_per_rank: Optional[int], minibatch_size: Optional[int]
+) -> int:
+    """Consecutive samples per minibatch, as `odc plan` derives it: ranks x samples_per_rank
+    (None: every sample in one minibatch); the deprecated minibatch_size gives it directly."""
+    if minibatch_size is not None:
+        if samples_per_rank != DEFAULT_SAMPLES_PER_RANK:
+            raise InvalidArgument(
+                "pass samples_per_rank or the deprecated minibatch_size, not both: "
+                "drop minibatch_size"
+            )
+        warnings.warn(
+            "odc.plan(minibatch_size=...) is deprecated: pass samples_per_rank (a minibatch is "
+            "ranks x samples_per_rank consecutive samples, as `odc plan --samples-per-rank`), or "
+            "samples_per_rank=None for all samples in one minibatch",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return _integer("minibatch_size", minibatch_size)
+    if samples_per_rank is None:
+        return _capi.ODC_PLAN_ALL_SAMPLES
+    per_rank = _integer("samples_per_rank", samples_per_rank)
+    if per_rank < 1:
+        raise InvalidArgument(
+            f"samples_per_rank must be >= 1, got {per_rank} (None: all samples in one minibatch)"
+        )
+    if num_ranks < 1:
+        return 1  # the planner refuses the rank count itself, in its own words
+    # More samples than any list holds plans everything as one minibatch, as the CLI does.
+    return min(num_ranks * per_rank, _capi.ODC_PLAN_ALL_SAMPLES)
+
+
 def plan(
     lengths: Sequence[int],
     ranks: int,
     max_tokens: int,
     policy: str,
-    minibatch_size: Optional[int] = None,
+    *,
+    samples_per_rank: Optional[int] = DEFAULT_SAMPLES_PER_RANK,
     cost: Sequence[float] = (1.0, 0.0, 0.0),
     rank_speed: Optional[Sequence[float]] = None,
     split: str = "off",
     split_exchange: Optional[float] = None,
     microbatch_memory: str = "lb-micro",
     steal: bool = False,
+    minibatch_size: Optional[int] = None,
 ) -> dict:
     """Plans microbatches for every rank and predicts the bubble (docs/design.md, "Load
     balancing: exact definitions").
 
-    lengths: tokens per sample, in order; consecutive groups of `minibatch_size` form the
-        minibatches (default: all samples in one).
+    lengths: tokens per sample, in order; consecutive groups of ranks x `samples_per_rank`
+        form the minibatches (the last one may be short), as `odc plan --samples-per-rank`,
+        with the same default (4): the same file gives the same plan and bubble both ways.
+    samples_per_rank: samples per rank per minibatch; None: all `lengths` are one minibatch
+        (a training step planning the minibatch it holds, whatever its size).
     policy: "local-sort", "lb-micro" or "lb-mini".
     cost: (a, b, c) or (a, b, c, floor): a microbatch costs max(floor, c + sum(a*L + b*L^2));
         floor (default 0) is the least time any microbatch takes (docs/planner.md, "Cost
@@ -83,16 +125,52 @@ def plan(
         stealing"): each minibatch gains "steal": {"time", "odc_time", "busy", "bubble", "moved"}
         and the root "steal": {"time", "odc_time", "bubble", "moved"} (times summed over
         minibatches, the bubble weighted by time). The plan itself is the same.
+    minibatch_size: deprecated (DeprecationWarning): samples per minibatch, whatever the rank
+        count (`odc plan --minibatch-size`); use samples_per_rank.
+    Everything after `policy` is keyword-only: the fifth positional argument used to be
+    minibatch_size, and is refused rather than read as samples_per_rank.
 
     Returns {"policy", "ranks", "max_tokens", "cost", "minibatches", "bubble"} as dicts and lists.
     Raises odc.InvalidArgument (a ValueError), with the same message as the CLI, for bad
     arguments.
     """
+    num_ranks = _integer("ranks", ranks)
+    return plan_consecutive(
+        lengths,
+        num_ranks,
+        max_tokens,
+        policy,
+        samples_per_minibatch=_samples_per_minibatch(num_ranks, samples_per_rank, minibatch_size),
+        cost=cost,
+        rank_speed=rank_speed,
+        split=split,
+        split_exchange=split_exchange,
+        microbatch_memory=microbatch_memory,
+        steal=steal,
+    )
+
+
+def plan_consecutive(
+    lengths: Sequence[int],
+    ranks: int,
+    max_tokens: int,
+    policy: str,
+    *,
+    samples_per_minibatch: int,
+    cost: Sequence[float] = (1.0, 0.0, 0.0),
+    rank_speed: Optional[Sequence[float]] = None,
+    split: str = "off",
+    split_exchange: Optional[float] = None,
+    microbatch_memory: str = "lb-micro",
+    steal: bool = False,
+) -> dict:
+    """odc.plan with minibatches of exactly `samples_per_minibatch` consecutive samples, whatever
+    the rank count (ODC_PLAN_ALL_SAMPLES: one). For callers whose minibatch is not ranks x a
+    count: odc.train's GRPO updates hold prompts x group / K samples. Users call odc.plan."""
     options = _capi.new_plan_options()
     options.num_ranks = _integer("ranks", ranks)
     options.max_tokens = _integer("max_tokens", max_tokens)
-    if minibatch_size is not None:
-        options.minibatch_size = _integer("minibatch_size", minibatch_size)
+    options.minibatch_size = _integer("samples_per_minibatch", samples_per_minibatch)
     if not isinstance(policy, str):
         raise InvalidArgument(f"policy must be a string, got {policy!r}")
     policy_value = ctypes.c_int()

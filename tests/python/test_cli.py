@@ -58,7 +58,7 @@ def test_compare_formats_agree(odc_cli, data_dir):
         ranks=4,
         max_tokens=32768,
         policy="lb-mini",
-        minibatch_size=64,
+        samples_per_rank=16,
     )
     assert by_policy["lb-mini"]["bubble"]["odc"] == pytest.approx(plan["bubble"]["odc"])
 
@@ -326,8 +326,8 @@ def test_compare_task_grpo_counts_both_forward_only_passes_and_the_updates(odc_c
     for row in document["policies"]:
         policy = row["policy"]
         plan = dict(ranks=2, max_tokens=16, policy=policy)
-        forward = times(odc.plan(lengths, minibatch_size=8, cost=(0.25, 0, 0), **plan), 0.25)
-        update = times(odc.plan(lengths, minibatch_size=4, cost=(1, 0, 0), **plan), 1.0)
+        forward = times(odc.plan(lengths, samples_per_rank=4, cost=(0.25, 0, 0), **plan), 0.25)
+        update = times(odc.plan(lengths, samples_per_rank=2, cost=(1, 0, 0), **plan), 1.0)
         parts = [p for s in range(2) for p in (forward[s], forward[s], *update[2 * s : 2 * s + 2])]
         busy = sum(p[0] for p in parts)
         assert row["bubble"]["odc"] == pytest.approx(1 - busy / (2 * sum(p[2] for p in parts)))

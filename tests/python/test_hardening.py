@@ -156,7 +156,9 @@ def test_many_samples_in_one_minibatch_plan(odc_cli, tmp_path):
     # 100,000 short samples in one minibatch, 4 ranks, cap 4,096: over 100 s and 4.9 GB before.
     rng = np.random.default_rng(5)
     lengths = np.clip(rng.lognormal(np.log(900), 0.9, 100_000).astype(np.int64), 1, 4096)
-    plan = odc.plan(lengths.tolist(), ranks=4, max_tokens=4096, policy="lb-mini")
+    plan = odc.plan(
+        lengths.tolist(), ranks=4, max_tokens=4096, policy="lb-mini", samples_per_rank=None
+    )
     microbatches = [mb for rank in plan["minibatches"][0]["ranks"] for mb in rank["microbatches"]]
     assert sorted(i for mb in microbatches for i in mb) == list(range(len(lengths)))
     assert max(int(lengths[mb].sum()) for mb in microbatches) <= 4096

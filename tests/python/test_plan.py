@@ -25,30 +25,68 @@ def write_lengths(tmp_path, lines):
 
 
 @pytest.mark.parametrize("policy", ["local-sort", "lb-micro", "lb-mini"])
-@pytest.mark.parametrize("minibatch_size", [None, 5])
-def test_python_equals_cli(odc_cli, tmp_path, policy, minibatch_size):
+@pytest.mark.parametrize("samples_per_rank", [None, 3])  # None: neither side is told
+def test_python_equals_cli(odc_cli, tmp_path, policy, samples_per_rank):
     path = write_lengths(tmp_path, ["# a comment", "", *LENGTHS])
-    args = ["plan", "--lengths", str(path), "--ranks", "3", "--max-tokens", "32"]
-    args += ["--policy", policy, "--cost", "1,0.01,0.5", "--rank-speed", "1,2,1"]
-    if minibatch_size:
-        args += ["--minibatch-size", str(minibatch_size)]
+    args = ["plan", "--lengths", str(path), "--ranks", "2", "--max-tokens", "32"]
+    args += ["--policy", policy, "--cost", "1,0.01,0.5", "--rank-speed", "1,2"]
+    per_rank = {}
+    if samples_per_rank:
+        args += ["--samples-per-rank", str(samples_per_rank)]
+        per_rank = dict(samples_per_rank=samples_per_rank)
     result = run_cli(odc_cli, *args)
     assert result.returncode == 0, result.stderr
     from_cli = json.loads(result.stdout)
     from_python = odc.plan(
-        LENGTHS,
-        ranks=3,
-        max_tokens=32,
-        policy=policy,
-        minibatch_size=minibatch_size,
-        cost=(1, 0.01, 0.5),
-        rank_speed=[1, 2, 1],
-    )
+        LENGTHS, ranks=2, max_tokens=32, policy=policy, cost=(1, 0.01, 0.5), rank_speed=[1, 2],
+        **per_rank,
+    )  # fmt: skip
     assert from_python == from_cli
+    # 12 samples on 2 ranks: both defaults (4 per rank) cut minibatches of 8 and 4 samples.
+    size = 2 * (samples_per_rank or 4)
+    expected = [list(range(b, min(b + size, 12))) for b in range(0, 12, size)]
+    assert [m["samples"] for m in from_python["minibatches"]] == expected
+
+
+def test_default_plan_and_bubble_equal_the_cli_on_a_shipped_file(odc_cli, data_dir):
+    """The issue's case: the same file, no minibatch option on either side. Python once planned
+    the whole file as one minibatch (bubble ~0) where the CLI cut 4 samples per rank."""
+    path = data_dir / "aime_rl_like.txt"
+    result = run_cli(
+        odc_cli, "plan", "--lengths", str(path), "--ranks", "4", "--max-tokens", "32768",
+        "--policy", "lb-mini",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    from_cli = json.loads(result.stdout)
+    lengths = odc.read_lengths(str(path))
+    from_python = odc.plan(lengths, ranks=4, max_tokens=32768, policy="lb-mini")
+    assert from_python == from_cli
+    assert len(from_python["minibatches"]) == -(-len(lengths) // 16)
+    whole = odc.plan(lengths, ranks=4, max_tokens=32768, policy="lb-mini", samples_per_rank=None)
+    assert len(whole["minibatches"]) == 1
+    assert whole["bubble"]["odc"] < from_python["bubble"]["odc"]
+
+
+def test_minibatch_size_still_works_with_a_deprecation_warning(odc_cli, tmp_path):
+    path = write_lengths(tmp_path, LENGTHS)
+    result = run_cli(
+        odc_cli, "plan", "--lengths", str(path), "--ranks", "3", "--max-tokens", "32",
+        "--policy", "lb-mini", "--minibatch-size", "5",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    with pytest.warns(DeprecationWarning, match="pass samples_per_rank"):
+        old = odc.plan(LENGTHS, ranks=3, max_tokens=32, policy="lb-mini", minibatch_size=5)
+    assert old == json.loads(result.stdout)
+    assert [m["samples"] for m in old["minibatches"]][0] == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="not both: drop minibatch_size"):
+        odc.plan(LENGTHS, ranks=3, max_tokens=32, policy="lb-mini", minibatch_size=6,
+                 samples_per_rank=2)  # fmt: skip
+    with pytest.raises(TypeError):  # the old fifth positional argument is not read as per-rank
+        odc.plan(LENGTHS, 3, 32, "lb-mini", 6)
 
 
 def test_structure_and_invariants():
-    plan = odc.plan(LENGTHS, ranks=2, max_tokens=32, policy="lb-micro", minibatch_size=8)
+    plan = odc.plan(LENGTHS, ranks=2, max_tokens=32, policy="lb-micro", samples_per_rank=4)
     assert list(plan) == ["policy", "ranks", "max_tokens", "cost", "minibatches", "bubble"]
     assert plan["cost"] == {"a": 1.0, "b": 0.0, "c": 0.0}
     assert [mb["samples"] for mb in plan["minibatches"]] == [list(range(8)), list(range(8, 12))]
@@ -214,7 +252,8 @@ PYTHON_ERRORS = [
     (dict(lengths=[10, 2.5]), "sample 1: length must be an integer, got 2.5"),
     (dict(ranks=0), "ranks must be at least 1, got 0"),
     (dict(max_tokens=0), "max_tokens must be at least 1, got 0"),
-    (dict(minibatch_size=0), "minibatch_size must be at least 1, got 0"),
+    (dict(samples_per_rank=0), "samples_per_rank must be >= 1, got 0"),
+    (dict(samples_per_rank=2.5), "samples_per_rank must be an integer, got 2.5"),
     (dict(cost=(1, 2)), "malformed cost (1, 2)"),
     (dict(cost=(1, -2, 0)), "malformed cost 1,-2,0"),
     (dict(rank_speed=[1, 1, 1]), "rank_speed must have one entry per rank: got 3 for 2 ranks"),
@@ -224,7 +263,7 @@ PYTHON_ERRORS = [
     (dict(lengths=[]), "empty input: no sample lengths given"),
     # ctypes once kept the low 64 bits (2**70 became 0) and the error named 0.
     (dict(ranks=2**70), f"ranks must fit in 64 bits, got {2**70}"),
-    (dict(minibatch_size=2**64), f"minibatch_size must fit in 64 bits, got {2**64}"),
+    (dict(samples_per_rank=2**64), f"samples_per_rank must fit in 64 bits, got {2**64}"),
     (dict(lengths=[10, 2**70]), f"sample 1: length {2**70} does not fit in 64 bits"),
     (dict(policy="fsdp"), "unknown policy 'fsdp': expected local-sort, lb-micro or lb-mini"),
     (
@@ -259,7 +298,7 @@ def test_microbatch_memory_python_equals_cli(odc_cli, data_dir, memory):
     result = run_cli(odc_cli, *args, "--microbatch-memory", memory)
     assert result.returncode == 0, result.stderr
     from_python = odc.plan(
-        lengths, ranks=4, max_tokens=max(lengths), policy="lb-mini", minibatch_size=16,
+        lengths, ranks=4, max_tokens=max(lengths), policy="lb-mini", samples_per_rank=4,
         cost=(0.00027401178, 0.0000000042464424, 0), microbatch_memory=memory,
     )  # fmt: skip
     assert json.loads(result.stdout) == from_python
@@ -269,7 +308,7 @@ def test_lb_mini_microbatches_within_lb_micro_by_default(data_dir):
     # The default bound (docs/planner.md, "Microbatch memory"): no LB-Mini microbatch above
     # LB-Micro's largest in the same minibatch; "cap" exceeds it on this heavy-tailed file.
     lengths = odc.read_lengths(str(data_dir / "heavy_tailed.txt"))
-    common = dict(ranks=4, max_tokens=max(lengths), minibatch_size=16, cost=(3.1e-5, 1.2e-9, 0.07))
+    common = dict(ranks=4, max_tokens=max(lengths), samples_per_rank=4, cost=(3.1e-5, 1.2e-9, 0.07))
     micro = _largest_per_minibatch(odc.plan(lengths, policy="lb-micro", **common), lengths)
     mini = _largest_per_minibatch(odc.plan(lengths, policy="lb-mini", **common), lengths)
     cap = odc.plan(lengths, policy="lb-mini", microbatch_memory="cap", **common)
@@ -279,9 +318,11 @@ def test_lb_mini_microbatches_within_lb_micro_by_default(data_dir):
 
 def test_deterministic(data_dir):
     lengths = [int(x) for x in (data_dir / "swe_smith_like.txt").read_text().split() if x.isdigit()]
-    first = odc.plan(lengths[:2000], ranks=8, max_tokens=65536, policy="lb-mini", minibatch_size=64)
+    first = odc.plan(
+        lengths[:2000], ranks=8, max_tokens=65536, policy="lb-mini", samples_per_rank=8
+    )
     second = odc.plan(
-        lengths[:2000], ranks=8, max_tokens=65536, policy="lb-mini", minibatch_size=64
+        lengths[:2000], ranks=8, max_tokens=65536, policy="lb-mini", samples_per_rank=8
     )
     assert first == second
 
@@ -357,7 +398,7 @@ def test_lb_mini_never_predicted_slower_than_lb_micro_under_odc(
 ):
     lengths = odc.read_lengths(str(data_dir / name))[: 8 * ranks * per_rank]
     cost = (3.12326e-05, 1.18741e-09, 0.0708187)  # the 1.5b preset's fit
-    common = dict(ranks=ranks, max_tokens=65536, minibatch_size=ranks * per_rank, cost=cost)
+    common = dict(ranks=ranks, max_tokens=65536, samples_per_rank=per_rank, cost=cost)
     micro = _odc_times(odc.plan(lengths, policy="lb-micro", split=split, **common), lengths, cost)
     mini = _odc_times(odc.plan(lengths, policy="lb-mini", split=split, **common), lengths, cost)
     assert all(m <= u * (1 + 1e-9) for m, u in zip(mini, micro)), list(zip(mini, micro))

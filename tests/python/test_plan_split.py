@@ -23,7 +23,7 @@ def _plan(policy, split="auto", **kwargs):
         ranks=4,
         max_tokens=900,
         policy=policy,
-        minibatch_size=6,
+        samples_per_rank=2,
         cost=(1, 0.01, 0.5),
         split=split,
         **kwargs,
@@ -63,7 +63,7 @@ def test_python_equals_cli_with_split(odc_cli, tmp_path):
     path = tmp_path / "lengths.txt"
     path.write_text("\n".join(map(str, LENGTHS)) + "\n")
     common = ["--lengths", str(path), "--ranks", "4", "--max-tokens", "900", "--cost", COST]
-    common += ["--minibatch-size", "6", "--split", "auto"]
+    common += ["--samples-per-rank", "2", "--split", "auto"]
     result = run_cli(odc_cli, "plan", *common, "--policy", "lb-mini", "--split-exchange", "0.2")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == _plan("lb-mini", split_exchange=0.2)
@@ -106,7 +106,7 @@ def test_train_prediction_counts_split_chunks_like_the_planner():
     for policy, mode in [("lb-mini", "odc"), ("lb-micro", "collective"), ("lb-micro", "odc")]:
         plan = odc.plan(
             lengths, ranks=4, max_tokens=65536, policy=policy, cost=cost, split="auto",
-            minibatch_size=8,
+            samples_per_rank=2,
         )  # fmt: skip
         assert all(m["splits"] for m in plan["minibatches"]), policy
         for minibatch in plan["minibatches"]:
@@ -152,6 +152,7 @@ def test_planning_with_a_floor_is_never_slower_than_ignoring_it():
             policy=rng.choice(["lb-mini", "lb-micro"]),
             split=rng.choice(["off", "auto"]),
             microbatch_memory=rng.choice(["lb-micro", "cap"]),
+            samples_per_rank=None,
         )
         mode = "odc" if options["policy"] == "lb-mini" else "collective"
         (aware,) = odc.plan(lengths, cost=cost, **options)["minibatches"]
@@ -175,7 +176,7 @@ def test_a_floor_does_not_pile_short_samples_onto_one_rank():
     lengths = [40000] + [2000] * 30
     plan = odc.plan(
         lengths, ranks=4, max_tokens=40000, policy="lb-mini", split="auto",
-        cost=(3e-5, 1.2e-9, 0.07, 2.0),
+        cost=(3e-5, 1.2e-9, 0.07, 2.0), samples_per_rank=None,
     )  # fmt: skip
     (minibatch,) = plan["minibatches"]
     assert [s["ranks"] for s in minibatch["splits"]] == [[0, 1]]

@@ -106,7 +106,9 @@ def _schedule(world_size):
     schedule = []
     for step in range(STEPS - 1):
         lengths = [int(t.shape[1]) for t in _samples(step)]
-        plan = odc.plan(lengths, ranks=world_size, max_tokens=20, policy="lb-mini")
+        plan = odc.plan(
+            lengths, ranks=world_size, max_tokens=20, policy="lb-mini", samples_per_rank=None
+        )
         schedule.append([rank["microbatches"] for rank in plan["minibatches"][0]["ranks"]])
     schedule.append([[] for _ in range(world_size)])
     return schedule

@@ -251,3 +251,20 @@ def test_ranks_preparing_different_splits_fail_without_blaming_the_transport():
         messages = odc.launch(_mismatch_rank, 2, os.path.join(directory, "store"))
     assert messages[0] is not None, messages
     assert all("--kv-exchange nccl" not in (m or "") for m in messages), messages
+
+
+def test_transformers_helpers_name_bad_input():
+    """The public transformers helpers (docs/torch.md runs them on a tiny Qwen2 over 3 ranks):
+    the keywords they build, and a model without set_attn_implementation refused by name."""
+    from odc.torch.split import transformers_attention_kwargs, use_transformers_attention
+
+    kwargs = transformers_attention_kwargs([3, 1, 4])
+    assert kwargs["cu_seq_lens_q"].tolist() == [0, 3, 4, 8]
+    assert kwargs["cu_seq_lens_q"].dtype == torch.int32
+    assert kwargs["max_length_q"] == kwargs["max_length_k"] == 4
+    with pytest.raises(InvalidArgument, match="exactly one"):
+        transformers_attention_kwargs()
+    with pytest.raises(InvalidArgument, match="positive token counts"):
+        transformers_attention_kwargs([3, 0])
+    with pytest.raises(InvalidUsage, match="takes a transformers PreTrainedModel"):
+        use_transformers_attention(torch.nn.Linear(2, 2))

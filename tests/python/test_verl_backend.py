@@ -200,7 +200,13 @@ def test_lb_mini_route_from_the_plan():
     from odc.verl.engine import LbMiniRoute
 
     lengths = [LENGTHS[0], LENGTHS[1]]
-    plan = odc.plan(LENGTHS[0] + LENGTHS[1], ranks=2, max_tokens=MAX_TOKENS, policy="lb-mini")
+    plan = odc.plan(
+        LENGTHS[0] + LENGTHS[1],
+        ranks=2,
+        max_tokens=MAX_TOKENS,
+        policy="lb-mini",
+        samples_per_rank=None,
+    )
     for rank in (0, 1):
         route = LbMiniRoute.from_lengths(lengths, rank, MAX_TOKENS)
         assert route.plan == plan
@@ -561,7 +567,13 @@ def test_param_and_optimizer_offload_around_a_rollout(per_rank):
 def test_lb_mini_moves_rows_and_equals_verl_fsdp2_engine(per_rank):
     """LB-Mini on: the same plan on both ranks moves rank 0's rows to rank 1; parameters, grad
     norms, losses and summed metrics still equal verl's engine (SGD, both tasks)."""
-    plan = odc.plan(LENGTHS[0] + LENGTHS[1], ranks=2, max_tokens=MAX_TOKENS, policy="lb-mini")
+    plan = odc.plan(
+        LENGTHS[0] + LENGTHS[1],
+        ranks=2,
+        max_tokens=MAX_TOKENS,
+        policy="lb-mini",
+        samples_per_rank=None,
+    )
     counts = [len(r["microbatches"]) for r in plan["minibatches"][0]["ranks"]]
     computed = [
         sorted(g for m in r["microbatches"] for g in m) for r in plan["minibatches"][0]["ranks"]

@@ -114,6 +114,7 @@ def plans(world_size, policy, max_tokens=MAX_TOKENS, **data):
             ranks=world_size,
             max_tokens=max_tokens,
             policy=policy,
+            samples_per_rank=None,  # the step is one minibatch
             cost=(1.0, 0.0, 2.0),
             microbatch_memory="cap",
         )

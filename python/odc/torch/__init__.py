@@ -32,6 +32,7 @@ from .fsdp2 import (  # noqa: E402
 )
 from .heap import size_nvshmem_heap  # noqa: E402
 from .hybrid import node_comm  # noqa: E402
+from .lb_mini import LbMiniStep, lb_mini_step  # noqa: E402
 from .process_group import comm_from_process_group  # noqa: E402
 from . import split  # noqa: E402  (odc.torch.split: the planner's split samples in a loop)
 
@@ -40,8 +41,10 @@ __all__ = [
     "OdcFSDP",
     "CollectiveInMinibatchError",
     "GradientsNotReadyError",
+    "LbMiniStep",
     "comm_from_process_group",
     "global_count",
+    "lb_mini_step",
     "node_comm",
     "scale_loss",
     "split",

@@ -50,7 +50,13 @@ import torch.nn.functional as F
 
 from ..errors import InvalidArgument, InvalidUsage
 
-__all__ = ["SplitChunk", "SplitGroups", "attention"]
+__all__ = [
+    "SplitChunk",
+    "SplitGroups",
+    "attention",
+    "transformers_attention_kwargs",
+    "use_transformers_attention",
+]
 
 _EXCHANGES = ("odc", "process-group")
 
@@ -424,6 +430,58 @@ def attention(query, key, value, chunk: SplitChunk, scale: Optional[float] = Non
     return F.scaled_dot_product_attention(
         query, k_all, v_all, attn_mask=visible, scale=scale, enable_gqa=True
     )
+
+
+def use_transformers_attention(model) -> None:
+    """Makes a Hugging Face transformers model (a `PreTrainedModel`, before or after
+    `fully_shard`) run its attention through odc's: causal attention within each document of a
+    packed sequence, and, for a split sample's chunk, `attention` above (K/V exchanged in the
+    group). Registers odc's function in transformers' `AttentionInterface` (as "odc_packed") and
+    selects it with the model's public `set_attn_implementation`. Then call the model with one
+    packed sequence (input_ids [1, T]) and `**transformers_attention_kwargs(...)`. Local: no
+    communication."""
+    from .._packed_attention import ATTENTION_NAME, register_packed_attention
+
+    select = getattr(model, "set_attn_implementation", None)
+    if select is None:
+        raise InvalidUsage(
+            f"odc.torch.split.use_transformers_attention takes a transformers PreTrainedModel "
+            f"with set_attn_implementation (transformers 4.56 or newer), got "
+            f"{type(model).__name__}: pass the model itself (not a wrapper), or upgrade "
+            "transformers"
+        )
+    register_packed_attention()
+    select(ATTENTION_NAME)
+
+
+def transformers_attention_kwargs(
+    lengths: Optional[Sequence[int]] = None, *, chunk: Optional[SplitChunk] = None, device=None
+) -> dict:
+    """The keywords a model prepared by `use_transformers_attention` takes besides input_ids and
+    position_ids: for a packed microbatch, the tokens of its documents in order (`lengths`:
+    their boundaries, so no document attends to another); for this rank's chunk of a split
+    sample, `chunk` (from `SplitGroups.chunk`). Exactly one of the two."""
+    if (lengths is None) == (chunk is None):
+        raise InvalidArgument(
+            "odc.torch.split.transformers_attention_kwargs: pass the packed documents' lengths "
+            "or a split chunk, exactly one"
+        )
+    if chunk is not None:
+        return {"odc_split": chunk}
+    lengths = [int(n) for n in lengths]
+    if not lengths or min(lengths) < 1:
+        raise InvalidArgument(
+            f"odc.torch.split.transformers_attention_kwargs: lengths must be positive token "
+            f"counts, one per packed document, got {lengths}"
+        )
+    boundaries = torch.tensor(np.cumsum([0] + lengths), dtype=torch.int32, device=device)
+    longest = max(lengths)
+    return {
+        "cu_seq_lens_q": boundaries,
+        "cu_seq_lens_k": boundaries,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
 
 
 def _disjoint_rounds(groups: Sequence[Tuple[int, ...]]) -> List[List[Tuple[int, ...]]]:

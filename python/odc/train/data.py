@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from ..errors import InvalidArgument
-from ..planner import plan
+from ..planner import plan_consecutive
 
 IGNORE_INDEX = -100
 
@@ -81,13 +81,15 @@ def schedule(
     split: str = "off",
     microbatch_memory: str = "lb-micro",
 ) -> dict:
-    """The planner's plan (odc.plan) for consecutive minibatches of `samples_per_minibatch`."""
-    return plan(
+    """The planner's plan for consecutive minibatches of `samples_per_minibatch` (GRPO's are
+    prompts x group / K samples, not always a multiple of the ranks: odc.plan's samples_per_rank
+    cannot say it)."""
+    return plan_consecutive(
         list(lengths),
         ranks=ranks,
         max_tokens=max_tokens,
         policy=policy,
-        minibatch_size=samples_per_minibatch,
+        samples_per_minibatch=samples_per_minibatch,
         cost=cost,
         split=split,
         microbatch_memory=microbatch_memory,

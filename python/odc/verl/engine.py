@@ -295,8 +295,10 @@ class LbMiniRoute:
             offsets.append(offsets[-1] + len(lengths))
         flat = [n for lengths in all_lengths for n in lengths]
         num_ranks = len(all_lengths)
-        plan = odc_plan(flat, ranks=num_ranks, max_tokens=max_tokens, policy="lb-mini")
-        (minibatch,) = plan["minibatches"]  # no minibatch_size: all samples are one minibatch
+        plan = odc_plan(
+            flat, ranks=num_ranks, max_tokens=max_tokens, policy="lb-mini", samples_per_rank=None
+        )
+        (minibatch,) = plan["minibatches"]  # samples_per_rank=None: all samples are one minibatch
         computed = [sorted(g for m in r["microbatches"] for g in m) for r in minibatch["ranks"]]
         if any(not samples for samples in computed):
             return None
