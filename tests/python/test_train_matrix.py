@@ -280,6 +280,8 @@ def test_steal_without_an_odc_run_is_refused():
         run_matrix(comm="collective", policy="lb-micro", steal="on")
     with pytest.raises(UsageError, match="--steal must be off, on or both"):
         run_matrix(steal="yes")
+    with pytest.raises(UsageError, match="flat mesh only"):
+        run_matrix(steal="on", mesh=MESH)
 
 
 def test_rank_slowdown_parses_and_names_the_mistake():

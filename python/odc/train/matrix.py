@@ -86,6 +86,11 @@ def run_matrix(
     _check(comm, policy, compare or all_runs or baselines, split, kv_exchange, mesh)
     if steal not in ("off", "on", "both"):
         usage_error(f"--steal must be off, on or both, got {steal!r}")
+    if steal != "off" and mesh is not None:
+        usage_error(
+            f"--steal {steal} runs on a flat mesh only (on an HSDP mesh each replica's "
+            "communicator would need its own share of the plan): drop --mesh or --steal"
+        )
     if baselines and (compare or all_runs):
         usage_error("--baselines runs its own five arms: drop --compare/--all")
     if baselines and split == "auto":

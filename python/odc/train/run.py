@@ -270,6 +270,8 @@ def _check_config(config: RunConfig) -> None:
         raise InvalidArgument("the odc K/V exchange (kv_exchange 'odc') needs comm 'odc'")
     if config.kv_exchange == "odc" and config.mesh is not None:
         raise InvalidArgument("the odc K/V exchange (kv_exchange 'odc') needs a flat mesh")
+    if config.steal and config.mesh is not None:
+        raise InvalidArgument("steal runs on a flat mesh only (mesh None)")
     if config.steal and config.comm != "odc":
         raise InvalidArgument(
             f"steal needs comm 'odc' ({config.comm} runs every rank's own microbatches in step)"
