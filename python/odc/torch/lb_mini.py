@@ -11,7 +11,6 @@ Both collectives here run outside any odc minibatch: a collective inside one can
 
 from __future__ import annotations
 
-import io
 import numbers
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
@@ -20,7 +19,9 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InvalidArgument
+from ..planner import microbatch_cost
 from ..planner import plan as odc_plan
+from ._all_to_all import all_to_all_objects, to_device
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,17 @@ class LbMiniStep:
                 if source == self.rank and runs_on[g] != self.rank:
                     outgoing[runs_on[g]] = outgoing[runs_on[g]] or {}
                     outgoing[runs_on[g]][g] = local_samples[position]
-        incoming = _all_to_all_objects(outgoing, problem, group)
+        incoming = all_to_all_objects(
+            outgoing, group, problem=problem, what="exchange",
+            peer_problem="passed a wrong number of samples",
+        )  # fmt: skip
         device = next(
             (s.device for s in local_samples if isinstance(s, torch.Tensor)), torch.device("cpu")
         )
         received = {}
         for part in incoming:
             for g, sample in (part or {}).items():
-                received[g] = _to_device(sample, device)
+                received[g] = to_device(sample, device)
         for g, (source, position) in enumerate(self.origins):
             if source == self.rank and runs_on[g] == self.rank:
                 received[g] = local_samples[position]
@@ -175,81 +179,5 @@ def lb_mini_step(
     )
     (minibatch,) = planned["minibatches"]
     microbatches = [rank_plan["microbatches"] for rank_plan in minibatch["ranks"]]
-    costs = [[_microbatch_cost(m, lengths, cost) for m in mine] for mine in microbatches]
+    costs = [[microbatch_cost(m, lengths, cost) for m in mine] for mine in microbatches]
     return LbMiniStep(rank, num_ranks, lengths, all_keys, origins, microbatches, costs, planned)
-
-
-def _microbatch_cost(samples: Sequence[int], lengths: Sequence[int], cost) -> float:
-    """max(floor, c + sum(a*L + b*L^2)): the planner's cost model (docs/design.md, "Load
-    balancing: exact definitions"), in the units of `cost`."""
-    a, b, c = (float(v) for v in cost[:3])
-    floor = float(cost[3]) if len(cost) == 4 else 0.0
-    return max(floor, c + sum(a * lengths[g] + b * lengths[g] * lengths[g] for g in samples))
-
-
-def _collective_device(group) -> torch.device:
-    """Where the group's collectives take tensors: the current CUDA device under NCCL."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _all_to_all_objects(outgoing: List[Any], problem: Optional[str], group) -> List[Any]:
-    """Collective: outgoing[d] (None: nothing) to rank d; returns what each rank sent this one.
-
-    Objects travel serialized (torch.save, tensors moved to the CPU first) in one
-    all_to_all_single with split sizes, after one all_to_all_single of the byte counts. A rank
-    with a `problem` sends -1 as every count instead, so every rank raises (naming it) rather
-    than some waiting for bytes that never come."""
-    device = _collective_device(group)
-    payloads = []
-    for obj in outgoing:
-        if obj is None or problem is not None:
-            payloads.append(b"")
-            continue
-        buffer = io.BytesIO()
-        torch.save(_to_device(obj, torch.device("cpu")), buffer)
-        payloads.append(buffer.getvalue())
-    counts = [-1 if problem is not None else len(p) for p in payloads]
-    send_counts = torch.tensor(counts, dtype=torch.int64, device=device)
-    recv_counts = torch.empty_like(send_counts)
-    dist.all_to_all_single(recv_counts, send_counts, group=group)
-    received_counts = [int(n) for n in recv_counts.tolist()]
-    if problem is not None:
-        raise InvalidArgument(problem)
-    failed = [s for s, n in enumerate(received_counts) if n < 0]
-    if failed:
-        raise InvalidArgument(
-            f"exchange: rank(s) {failed} passed a wrong number of samples (their own error "
-            "names it); nothing was moved"
-        )
-    joined = b"".join(payloads)
-    send = torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined else None
-    send = (send if send is not None else torch.empty(0, dtype=torch.uint8)).to(device)
-    recv = torch.empty(sum(received_counts), dtype=torch.uint8, device=device)
-    dist.all_to_all_single(
-        recv,
-        send,
-        output_split_sizes=received_counts,
-        input_split_sizes=[len(p) for p in payloads],
-        group=group,
-    )
-    data, start, received = recv.cpu().numpy().tobytes(), 0, []
-    for size in received_counts:
-        chunk = data[start : start + size]
-        start += size
-        received.append(torch.load(io.BytesIO(chunk), weights_only=False) if size else None)
-    return received
-
-
-def _to_device(obj, device: torch.device):
-    """Tensors (also inside dicts, lists and tuples) moved to `device`; anything else as is."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_device(v, device) for v in obj]
-    if type(obj) is tuple:  # a named tuple's constructor takes fields, not one iterable
-        return tuple(_to_device(v, device) for v in obj)
-    return obj

@@ -36,7 +36,6 @@ plan gives them; per-row outputs (model_output, when asked for) go back to their
 
 from __future__ import annotations
 
-import io
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ from verl.workers.engine.utils import postprocess_batch_func, prepare_micro_batc
 
 import odc.torch
 from odc.errors import InvalidUsage
+from odc.torch._all_to_all import all_to_all_objects
 from odc.planner import plan as odc_plan
 
 LB_MINI_ENV = "ODC_VERL_LB_MINI"
@@ -155,7 +155,7 @@ class OdcEngineWithLMHead(FSDPEngineWithLMHead):
                 data=data, dp_group=group, same_micro_num_in_dp=False
             )
         else:  # this rank's rows of the plan, then its microbatches of them
-            rows = route.move_rows(data, group, device)
+            rows = route.move_rows(data, group)
             micro_batches = [tu.index_select_tensor_dict(rows, m) for m in route.microbatches]
             indices = route.microbatches
         scaler = getattr(self, "scaler", None)
@@ -175,7 +175,7 @@ class OdcEngineWithLMHead(FSDPEngineWithLMHead):
         )
         if route is not None and outputs["model_output"]:
             # In this rank's moved rows' order: back to the rows (and ranks) they came from.
-            outputs["model_output"] = route.return_rows(outputs["model_output"], group, device)
+            outputs["model_output"] = route.return_rows(outputs["model_output"], group)
         one_value_per_rank(outputs["metrics"], len(micro_batches), group, device)
         return outputs
 
@@ -312,7 +312,7 @@ class LbMiniRoute:
         own = minibatch["ranks"][rank]["microbatches"]
         return cls(rank, plan, sends, receives, [[position[g] for g in m] for m in own])
 
-    def move_rows(self, data: TensorDict, group, device) -> TensorDict:
+    def move_rows(self, data: TensorDict, group) -> TensorDict:
         """Collective (all-to-all), before the minibatch: this rank's rows of the plan, with the
         minibatch's settings (NonTensorData entries, equal on every rank) kept from `data`."""
         row_keys = [k for k, v in data.items() if not isinstance(v, NonTensorData)]
@@ -320,7 +320,7 @@ class LbMiniRoute:
             _rows(data, row_keys, rows) if rows and d != self.rank else None
             for d, rows in enumerate(self.sends)
         ]
-        incoming = _all_to_all_objects(outgoing, group, device)
+        incoming = all_to_all_objects(outgoing, group, to_cpu=_to_cpu)
         local_device = data["input_ids"].device
         parts = [
             _rows(data, row_keys, self.sends[self.rank]) if s == self.rank else part
@@ -333,7 +333,7 @@ class LbMiniRoute:
                 tu.assign_non_tensor_data(rows, key, value.data)
         return rows
 
-    def return_rows(self, model_output: dict, group, device) -> dict:
+    def return_rows(self, model_output: dict, group) -> dict:
         """Collective (all-to-all), after the minibatch: model_output's rows (nested tensors, in
         this rank's rows' order) back to the ranks and rows they came from."""
         starts = [0]
@@ -348,7 +348,7 @@ class LbMiniRoute:
         ]
         own = blocks[self.rank]
         outgoing = [None if s == self.rank else b for s, b in enumerate(blocks)]
-        incoming = _all_to_all_objects(outgoing, group, device)
+        incoming = all_to_all_objects(outgoing, group, to_cpu=_to_cpu)
         incoming[self.rank] = own
         num_rows = sum(len(rows) for rows in self.sends)
         restored = {}
@@ -366,47 +366,8 @@ def _rows(data: TensorDict, keys: List[str], rows: List[int]) -> TensorDict:
     return TensorDict({k: selected[k] for k in keys}, batch_size=[len(rows)])
 
 
-def _all_to_all_objects(objects: List[Any], group, device) -> List[Any]:
-    """Collective: objects[d] (None: nothing) to rank d; returns what each rank sent this one.
-
-    The objects are serialized (torch.save) into one byte buffer per peer and moved with
-    all_to_all_single: any row content verl's batch holds (nested tensors of any dtype,
-    NonTensorStack of strings) travels in one exchange without a per-key protocol, and with
-    split sizes nothing is padded. The byte counts go first (one all_to_all_single of one
-    integer per peer). `device`: where the group's collectives run (CUDA for NCCL)."""
-    payloads = []
-    for obj in objects:
-        if obj is None:
-            payloads.append(b"")
-            continue
-        buffer = io.BytesIO()
-        torch.save(_to_cpu(obj), buffer)
-        payloads.append(buffer.getvalue())
-    send_sizes = torch.tensor([len(p) for p in payloads], dtype=torch.int64, device=device)
-    recv_sizes = torch.empty_like(send_sizes)
-    dist.all_to_all_single(recv_sizes, send_sizes, group=group)
-    recv_list = [int(n) for n in recv_sizes.tolist()]
-    joined = b"".join(payloads)
-    send = torch.frombuffer(bytearray(joined), dtype=torch.uint8) if joined else None
-    send = (send if send is not None else torch.empty(0, dtype=torch.uint8)).to(device)
-    recv = torch.empty(sum(recv_list), dtype=torch.uint8, device=device)
-    dist.all_to_all_single(
-        recv,
-        send,
-        output_split_sizes=recv_list,
-        input_split_sizes=[len(p) for p in payloads],
-        group=group,
-    )
-    recv_bytes = recv.cpu().numpy().tobytes()
-    received, start = [], 0
-    for size in recv_list:
-        chunk = recv_bytes[start : start + size]
-        start += size
-        received.append(torch.load(io.BytesIO(chunk), weights_only=False) if size else None)
-    return received
-
-
 def _to_cpu(obj):
+    """What all_to_all_objects serializes: tensors and verl's TensorDicts on the CPU."""
     if isinstance(obj, (torch.Tensor, TensorDict)):
         return obj.cpu()
     if isinstance(obj, dict):
