@@ -20,8 +20,8 @@ from ..planner import microbatch_cost
 
 # Microbatches the host may run ahead of its GPU before it claims the next one: a claim is a
 # promise to compute soon, so it waits until the GPU has at most this many of this rank's
-# microbatches still queued (one: the GPU never waits for the host's claim, and a rank whose GPU
-# is slow stops claiming while its queue of work is still long).
+# microbatches still queued (one: the GPU never waits for the host's claim, and a host far ahead
+# of a slow GPU does not claim work that a faster rank would reach first).
 MICROBATCHES_IN_FLIGHT = 1
 
 
