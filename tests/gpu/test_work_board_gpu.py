@@ -91,3 +91,33 @@ def test_device_board_takes_each_microbatch_once(transport, world_size):
     # Some take returned while its rank's stream still ran the kernel enqueued before it (a take
     # that synchronized the caller's stream or the device would always find it idle).
     assert any(busy for _, _, flags in results for busy in flags), results
+
+
+def _first_open_behind_queued_work(rank, world_size, key, counts):
+    import torch
+
+    device = rank % torch.cuda.device_count()
+    torch.cuda.set_device(device)
+    with odc.Comm(rank, world_size, key, timeout=60, device=device) as comm:
+        # Work still queued on the caller's (legacy default) stream when the first open allocates
+        # the claim words: their zeroing must not land after the open (the claims run on a
+        # private non-blocking stream, which nothing orders after the allocation's memset).
+        torch.cuda._sleep(2_000_000_000)
+        comm.minibatch_begin()
+        comm.work_board_open(counts, None)
+        mine = [comm.work_board_take()]
+        torch.cuda.synchronize()
+        while mine[-1] is not None:
+            mine.append(comm.work_board_take())
+        comm.minibatch_end()
+        torch.cuda.synchronize()
+    return [claim for claim in mine if claim is not None]
+
+
+def test_device_board_first_open_behind_queued_work(transport):
+    if transport != "cuda":
+        pytest.skip("NVSHMEM's allocation synchronizes the device after zeroing")
+    counts = [4, 4]
+    results = odc.launch(_first_open_behind_queued_work, 2, counts, timeout=300)
+    claims = sorted(claim for taken in results for claim in taken)
+    assert claims == [(q, i) for q in range(2) for i in range(4)], results
