@@ -139,7 +139,20 @@ Result<std::unique_ptr<SymmetricRegion>> CudaTransport::allocate(size_t bytes) {
   IpcMapping mapping(device(), rank(), world_size());
   cudaIpcMemHandle_t handle{};
   cudaError_t error = cudaMalloc(&mapping[rank()], bytes);
-  if (error == cudaSuccess) error = cudaMemset(mapping[rank()], 0, bytes);
+  // Zeroed before any rank can use it: cudaMemset runs on the legacy default stream behind the
+  // caller's queued work, and neither the peers' kernels nor this rank's private non-blocking
+  // streams (the work board's claims) are ordered after it. So zero on a stream of our own and
+  // wait for that alone (not for the caller's work), as the NVSHMEM heap does.
+  if (error == cudaSuccess) {
+    cudaStream_t zeroing = nullptr;
+    error = cudaStreamCreateWithFlags(&zeroing, cudaStreamNonBlocking);
+    if (error == cudaSuccess) error = cudaMemsetAsync(mapping[rank()], 0, bytes, zeroing);
+    if (error == cudaSuccess) error = cudaStreamSynchronize(zeroing);
+    if (zeroing != nullptr) {
+      const cudaError_t destroyed = cudaStreamDestroy(zeroing);
+      if (error == cudaSuccess) error = destroyed;
+    }
+  }
   if (error == cudaSuccess) error = cudaIpcGetMemHandle(&handle, mapping[rank()]);
   std::string problem = error == cudaSuccess ? "" : cudaGetErrorString(error);
   static_assert(sizeof(cudaIpcMemHandle_t) <= sizeof(ExchangeRecord::words) - sizeof(uint64_t));
