@@ -865,16 +865,18 @@ Status Communicator::work_board_open(int num_queues, const int32_t* counts, cons
                           "the work board of this minibatch is open already (open it once per "
                           "minibatch, after minibatch_begin)"));
   }
-  auto plan = WorkPlan::make(world_size(), num_queues, counts, costs);
-  if (!plan.ok()) return finish(op, plan.status());
   if (work_board_ == nullptr) {
     // The first open allocates the claim words, a collective: a streamed peer may wait for this
-    // rank's credit meanwhile, so every rank meets first (as for alloc inside a minibatch).
+    // rank's credit meanwhile, so every rank meets first (as for alloc inside a minibatch). Before
+    // the plan is checked: a plan only this rank refuses must not leave its peers waiting here
+    // for the collective until their timeout.
     ODC_RETURN_IF_ERROR(finish(op, meet_inside_minibatch(op, nullptr)));
     auto words = transport_->allocate(sizeof(uint64_t));
     if (!words.ok()) return finish(op, words.status());
     work_board_ = std::make_unique<WorkBoard>(*transport_, std::move(words).value());
   }
+  auto plan = WorkPlan::make(world_size(), num_queues, counts, costs);
+  if (!plan.ok()) return finish(op, plan.status());
   return finish(op, as_fault(work_board_->open(tag, std::move(plan).value())));
 }
 

@@ -676,8 +676,9 @@ class OdcFSDP:
         docs/torch.md): each planned microbatch is computed exactly once, by some rank, and its
         gradients reach their owners whoever computed it. Predicted costs: `costs` (per rank,
         per microbatch), or priced from `lengths` (every sample's tokens) with the planner's
-        cost model `cost` = (a, b, c[, floor]), else 1 each. On a GPU a claim waits until this
-        rank's GPU has at most one microbatch queued, so a rank whose GPU is slow stops claiming.
+        cost model `cost` = (a, b, c[, floor]), else 1 each. On a GPU a claim of an own
+        microbatch waits until this rank's GPU has at most one microbatch queued, and a steal
+        until it has none (a rank steals when it is free, as the planner's model assumes).
         steal=False yields this rank's own microbatches only (the plan as planned). Stealing
         changes which rank pushes a microbatch, so the deterministic mode refuses it."""
         return stealing.microbatches(

@@ -18,10 +18,14 @@ from typing import Any, Iterator, List, Optional, Sequence
 from ..errors import InvalidArgument, InvalidUsage
 from ..planner import microbatch_cost
 
-# Microbatches the host may run ahead of its GPU before it claims the next one: a claim is a
-# promise to compute soon, so it waits until the GPU has at most this many of this rank's
+# Microbatches the host may run ahead of its GPU before it claims its next OWN microbatch: a claim
+# is a promise to compute soon, so it waits until the GPU has at most this many of this rank's
 # microbatches still queued (one: the GPU never waits for the host's claim, and a host far ahead
-# of a slow GPU does not claim work that a faster rank would reach first).
+# of a slow GPU does not claim work that a faster rank would reach first). Once this rank has
+# claimed all of its own, the next take (a steal, or "done") waits until its GPU has nothing
+# queued: a rank steals when it is free, as the planner's model of the claims assumes
+# (docs/planner.md, "Work stealing"); a steal decided a microbatch early could take the victim's
+# tail just before the victim reaches it, and end the minibatch later than without stealing.
 MICROBATCHES_IN_FLIGHT = 1
 
 
@@ -145,20 +149,23 @@ def _own(queues: List[List[List[int]]], rank: int) -> Iterator[Claimed]:
 
 def _claims(comm: Any, queues: List[List[List[int]]]) -> Iterator[Claimed]:
     pace = _GpuPace(comm.device)
+    own_left = len(queues[comm.rank])  # of this rank's queue, not yet claimed by this rank
     while True:
-        pace.before_claim()
+        pace.before_claim(MICROBATCHES_IN_FLIGHT if own_left > 0 else 0)
         taken = comm.work_board_take()
         if taken is None:
             return
         queue, index = taken
+        own_left -= queue == comm.rank
         yield Claimed(queues[queue][index], queue, index, stolen=queue != comm.rank)
         pace.after_microbatch()
 
 
 class _GpuPace:
-    """Claims follow the GPU, not the host: before a claim, wait until at most
-    MICROBATCHES_IN_FLIGHT of this rank's microbatches are still queued on the GPU (a host that
-    ran ahead would otherwise claim, and so keep from faster ranks, work its GPU reaches late)."""
+    """Claims follow the GPU, not the host: before a claim, wait until at most `ahead` of this
+    rank's microbatches are still queued on its GPU (a host that ran ahead would otherwise
+    claim, and so keep from faster ranks, work its GPU reaches late). No-op on the CPU, where a
+    microbatch is done when its backward returns."""
 
     def __init__(self, device: Optional[int]):
         self._events: Optional[deque] = None
@@ -169,10 +176,10 @@ class _GpuPace:
             self._device = torch.device("cuda", device)
             self._events = deque()
 
-    def before_claim(self) -> None:
+    def before_claim(self, ahead: int) -> None:
         if self._events is None:
             return
-        while len(self._events) > MICROBATCHES_IN_FLIGHT:
+        while len(self._events) > ahead:
             self._events.popleft().synchronize()
 
     def after_microbatch(self) -> None:

@@ -4,8 +4,11 @@
 // pointers (CMakeLists.txt says why).
 #include "transport/device/device_transport.h"
 
+#include <chrono>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <thread>
 
 #include "common/deadline.h"
 #include "transport/device/cuda_check.h"
@@ -118,7 +121,24 @@ Status DeviceTransport::compare_swap(const std::vector<CompareSwapOp>& ops, uint
   ODC_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_old), claim_old_, 0));
   ODC_CUDA_CHECK(
       launch_compare_swap(device_jobs, static_cast<int>(ops.size()), device_old, claim_stream_));
-  ODC_CUDA_CHECK(cudaStreamSynchronize(claim_stream_));
+  // Bounded by the transport's timeout, as every wait on a peer: a compare-and-swap to a peer
+  // that died (NVSHMEM across nodes) must end in an error naming it, not hang the host. Polled,
+  // sleeping after the first microseconds: a claim normally completes in a few.
+  const auto deadline = deadline_after(timeout());
+  for (int polls = 0;; ++polls) {
+    const cudaError_t state = cudaStreamQuery(claim_stream_);
+    if (state == cudaSuccess) break;
+    if (state != cudaErrorNotReady) ODC_CUDA_CHECK(state);
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string peers;
+      for (const CompareSwapOp& op : ops)
+        peers += (peers.empty() ? "" : ",") + std::to_string(op.peer);
+      return Status::Timeout("compare_swap (work board claim) on rank(s) " + peers +
+                             " did not complete within " + timeout_text(timeout()) +
+                             ": a peer may have died");
+    }
+    if (polls > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
   std::memcpy(old_values, claim_old_, ops.size() * sizeof(uint64_t));
   return Status::Ok();
 }
