@@ -27,7 +27,7 @@ if "$venv/bin/python" - "$verl_pin" <<'PY' >/dev/null 2>&1; then
 import sys
 from importlib.metadata import version
 assert f"verl=={version('verl')}" == sys.argv[1]
-import verl, odc.verl  # noqa: F401  (the plugin and its dependencies import)
+import verl  # noqa: F401  (odc itself may not be installed yet: the tests import odc.verl)
 PY
   echo "setup_verl: $verl_pin present in $venv"
   exit 0
@@ -35,4 +35,5 @@ fi
 echo "setup_verl: installing $verl_pin into $venv (the packages .venv already has stay there)"
 # --progress-bar off, not -q: a long download still prints a line per package.
 "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off "$verl_pin"
-"$venv/bin/python" -c 'import verl, odc.verl; from importlib.metadata import version; print("setup_verl: verl", version("verl"), "transformers", version("transformers"))'
+# verl only: the full tier runs this beside scripts/build.sh, which installs odc into .venv later.
+"$venv/bin/python" -c 'import verl; from importlib.metadata import version; print("setup_verl: verl", version("verl"), "transformers", version("transformers"))'
