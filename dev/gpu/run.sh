@@ -33,6 +33,7 @@ usage() {
 here=$(cd "$(dirname "$0")" && pwd)
 stages=(node-schemes streamed deterministic deterministic-memory cuda-timing bench-before-after
   fit torch-migration torch-frozen torch-split gpu-suite gpu-suite-1 gpu-suite-2 gpu-suite-3
+  gpu-suite-4 gpu-suite-5 gpu-suite-6
   balanced-tail small-microbatch sm-budget
   rl-baselines sft-baselines nvshmem-train nvshmem-probe host-floor steal-check steal)
 snapshot="" old="" chosen=()
@@ -375,22 +376,31 @@ stage_gpu_suite() {
   stage pytest-gpu 900 env $env_new python3 -m pytest -rs -q "$src_dir/tests/gpu"
   [ -x "$lib_dir/odc_cuda_smoke" ] && stage cuda-smoke 120 "$lib_dir/odc_cuda_smoke"
 }
-# The same suite in three shards, each to fit one device call with room to spare (a 300 s limit
-# each; tests/gpu/README.md lists them): 1 the CUDA transport and its hardening, 2 NVSHMEM,
-# 3 odc.torch and odc.train on GPUs and odc_cuda_smoke. Together they run what gpu-suite runs.
-gpu_suite_shard() {  # gpu_suite_shard NAME FILE...
-  local name=$1 env_new
-  shift
+# The same suite in six shards, each to fit one device call with room to spare (a 300 s limit
+# each; tests/gpu/README.md lists them): 1 the CUDA transport and its hardening, 2-5 NVSHMEM by
+# data path (its calls, direct loads and stores, pretended nodes of two, nodes of one with the
+# node tests), 6 odc.torch and odc.train on GPUs and odc_cuda_smoke. Together they run what
+# gpu-suite runs. On 2 x H200 the whole NVSHMEM file took over 300 s (2026-11-29).
+gpu_suite_shard() {  # gpu_suite_shard NAME PYTEST_K_EXPRESSION FILE... ("" selects every test)
+  local name=$1 select=$2 env_new
+  shift 2
   env_new=$(libs "$snapshot")
   build_dirs "$snapshot"
-  stage "$name" 300 env $env_new python3 -m pytest -rs -q "${@/#/$src_dir/tests/gpu/}"
+  stage "$name" 300 env $env_new python3 -m pytest -rs -q ${select:+-k "$select"} \
+    "${@/#/$src_dir/tests/gpu/}"
 }
 stage_gpu_suite_1() {
-  gpu_suite_shard pytest-gpu-1 test_cuda_comm.py test_hardening_gpu.py test_work_board_gpu.py
+  gpu_suite_shard pytest-gpu-1 "" test_cuda_comm.py test_hardening_gpu.py test_work_board_gpu.py
 }
-stage_gpu_suite_2() { gpu_suite_shard pytest-gpu-2 test_nvshmem_comm.py; }
-stage_gpu_suite_3() {
-  gpu_suite_shard pytest-gpu-3 test_torch_gpu.py test_torch_hybrid_gpu.py test_train_gpu.py \
+# The NVSHMEM fixture's parameter names the data path ([api], [direct-...], [nodes2], [nodes1]).
+stage_gpu_suite_2() { gpu_suite_shard pytest-gpu-2 "api" test_nvshmem_comm.py; }
+stage_gpu_suite_3() { gpu_suite_shard pytest-gpu-3 "direct" test_nvshmem_comm.py; }
+stage_gpu_suite_4() { gpu_suite_shard pytest-gpu-4 "nodes2" test_nvshmem_comm.py; }
+stage_gpu_suite_5() {
+  gpu_suite_shard pytest-gpu-5 "not api and not direct and not nodes2" test_nvshmem_comm.py
+}
+stage_gpu_suite_6() {
+  gpu_suite_shard pytest-gpu-6 "" test_torch_gpu.py test_torch_hybrid_gpu.py test_train_gpu.py \
     test_train_split_gpu.py
   [ -x "$lib_dir/odc_cuda_smoke" ] && stage cuda-smoke 120 "$lib_dir/odc_cuda_smoke"
 }
