@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <sstream>
 
 #include "planner/packing.h"
 #include "planner/partition.h"
@@ -14,12 +13,6 @@
 
 namespace odc::planner {
 namespace {
-
-std::string format_number(double value) {
-  std::ostringstream out;
-  out << value;
-  return out.str();
-}
 
 // One minibatch, in local indices.
 struct MinibatchInput {
@@ -364,14 +357,14 @@ Status validate_plan_options(const PlanOptions& options) {
   const CostModel& cost = options.cost;
   for (double coefficient : {cost.a, cost.b, cost.c}) {
     if (!std::isfinite(coefficient) || coefficient < 0.0) {
-      return Status::InvalidArgument("malformed cost " + format_number(cost.a) + "," +
-                                     format_number(cost.b) + "," + format_number(cost.c) +
+      return Status::InvalidArgument("malformed cost " + number_text(cost.a) + "," +
+                                     number_text(cost.b) + "," + number_text(cost.c) +
                                      ": expected three comma-separated non-negative numbers "
                                      "A,B,C");
     }
   }
   if (!std::isfinite(cost.floor) || cost.floor < 0.0) {
-    return Status::InvalidArgument("malformed cost floor " + format_number(cost.floor) +
+    return Status::InvalidArgument("malformed cost floor " + number_text(cost.floor) +
                                    ": expected a non-negative number (the least cost of a "
                                    "microbatch)");
   }
@@ -390,7 +383,7 @@ Status validate_plan_options(const PlanOptions& options) {
   }
   if (!std::isfinite(options.split_exchange) || options.split_exchange < 0.0) {
     return Status::InvalidArgument("split_exchange must be a non-negative number, got " +
-                                   format_number(options.split_exchange));
+                                   number_text(options.split_exchange));
   }
   if (!options.rank_speed.empty()) {
     if (static_cast<int64_t>(options.rank_speed.size()) != options.num_ranks) {
@@ -402,7 +395,7 @@ Status validate_plan_options(const PlanOptions& options) {
       const double speed = options.rank_speed[r];
       if (!std::isfinite(speed) || speed <= 0.0) {
         return Status::InvalidArgument("rank_speed entries must be positive: got " +
-                                       format_number(speed) + " for rank " + std::to_string(r));
+                                       number_text(speed) + " for rank " + std::to_string(r));
       }
     }
   }
@@ -438,8 +431,8 @@ Status validate_plan_inputs(std::span<const int64_t> lengths, const PlanOptions&
     total_cost += options.cost.sample_cost(lengths[i]) + options.cost.c + options.cost.floor;
     if (!std::isfinite(total_cost)) {
       return Status::InvalidArgument(
-          "costs overflow: the cost model " + format_number(options.cost.a) + "," +
-          format_number(options.cost.b) + "," + format_number(options.cost.c) +
+          "costs overflow: the cost model " + number_text(options.cost.a) + "," +
+          number_text(options.cost.b) + "," + number_text(options.cost.c) +
           " gives an infinite total by sample " + std::to_string(i) + " (length " +
           std::to_string(lengths[i]) + "); scale the coefficients down");
     }
@@ -632,8 +625,8 @@ Result<Plan> make_plan(std::span<const int64_t> lengths, const PlanOptions& opti
   for (double total : {busy, collective, odc}) {
     if (!std::isfinite(total) || !std::isfinite(total * static_cast<double>(options.num_ranks))) {
       return Status::InvalidArgument(
-          "predicted times overflow (cost model " + format_number(options.cost.a) + "," +
-          format_number(options.cost.b) + "," + format_number(options.cost.c) +
+          "predicted times overflow (cost model " + number_text(options.cost.a) + "," +
+          number_text(options.cost.b) + "," + number_text(options.cost.c) +
           " with the given rank speeds): scale the coefficients or speeds");
     }
   }

@@ -48,6 +48,12 @@ bool parse_double_list(const std::string& text, std::vector<double>& values) {
 
 }  // namespace
 
+std::string number_text(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
 std::string quote_text(std::string_view text) {
   constexpr size_t kMaxShown = 64;
   std::string out = "'";

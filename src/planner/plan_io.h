@@ -20,6 +20,9 @@ inline constexpr size_t kMaxLineBytes = 65536;
 // doubled, at most 64 bytes shown (then the total length), so a message stays one readable line.
 std::string quote_text(std::string_view text);
 
+// `value` as error messages show a number the user gave (shortest stream form: 0.3, 1e-09).
+std::string number_text(double value);
+
 // One positive integer per line; blank lines and lines starting with '#' are skipped. `source`
 // names the input in messages. A line longer than kMaxLineBytes, or more than kMaxSamples lengths,
 // is an error (a stream such as /dev/zero fails at once instead of growing without bound).

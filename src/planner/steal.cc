@@ -11,18 +11,13 @@
 #include <numeric>
 #include <queue>
 #include <set>
-#include <sstream>
 #include <string>
 #include <utility>
 
+#include "planner/plan_io.h"
+
 namespace odc::planner {
 namespace {
-
-std::string number_text(double value) {
-  std::ostringstream out;
-  out << value;
-  return out.str();
-}
 
 // `what` names one value (e.g. "speed of rank 2"); ok when finite and > 0 (positive) or >= 0.
 Status check_value(double value, const std::string& what, bool positive) {
