@@ -21,7 +21,8 @@
 # RL_SMOKE=0 (rl-baselines without its tiny run).
 # and for nvshmem-train NVTRAIN_7B=1, NVTRAIN_ARMS, NVTRAIN_STEPS, NVTRAIN_MAX_LENGTH, NVTRAIN_POLICY
 # (nvshmem-probe: NVPROBE_BUILDS), HOST_FLOOR_PRESET (host-floor), STEAL_SLOWDOWN (steal: the
-# slowed rank's factor, default 1.3) and STEAL_STEPS (default 6).
+# slowed rank's factor, default 1.3) and STEAL_STEPS (default 6); VERL_SITE (verl-gpu: the carried
+# verl, a folder or scripts/pack_verl_site.sh's .tar.xz; default build/verl_site.tar.xz).
 set -uo pipefail
 
 usage() {
@@ -35,7 +36,7 @@ stages=(node-schemes streamed deterministic deterministic-memory cuda-timing ben
   fit torch-migration torch-frozen torch-split gpu-suite gpu-suite-1 gpu-suite-2 gpu-suite-3
   gpu-suite-4 gpu-suite-5 gpu-suite-6
   balanced-tail small-microbatch sm-budget
-  rl-baselines sft-baselines nvshmem-train nvshmem-probe host-floor steal-check steal)
+  rl-baselines sft-baselines nvshmem-train nvshmem-probe host-floor steal-check steal verl-gpu)
 snapshot="" old="" chosen=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -87,6 +88,39 @@ stage_steal() {
     --output "$dest/sft_slow.json"
   stage grpo-slow 590 env $env_new "${train[@]}" --task grpo --rollouts data/grpo_math_like.tsv \
     --max-tokens 20480 --rank-slowdown "1:$slow" --output "$dest/grpo_slow.json"
+}
+
+# Issue #44 item 6: odc's verl engine on 2 GPUs, one process per GPU as Ray places verl's workers
+# (dev/gpu/verl_engine_gpu.py): against verl's stock FSDP2 engine on a tiny Qwen2, which transport
+# odc used, and the update phase of a GRPO minibatch under odc and stock FSDP2 (sync deferred and
+# not). The machine has no verl: VERL_SITE is the carried copy (scripts/pack_verl_site.sh), put
+# first on PYTHONPATH. If odc's CUDA transport fails with one device per process, the program
+# runs again with both GPUs visible to both ranks (--all-visible), within the same 240 s.
+stage_verl_gpu() {
+  local env_new site=${VERL_SITE:-build/verl_site.tar.xz} begin=$SECONDS left
+  env_new=$(libs "$snapshot")
+  build_dirs "$snapshot"  # src_dir here too (libs ran in a subshell)
+  if [[ $site == *.tar.xz ]]; then  # unpacked into /tmp, not under $out (which comes back)
+    stage verl-site-unpack 30 bash -c "rm -rf /tmp/odc_verl_site && mkdir -p /tmp/odc_verl_site \
+      && tar -C /tmp/odc_verl_site -xJf '$site' && du -sm /tmp/odc_verl_site"
+    site=/tmp/odc_verl_site/verl_site
+  fi
+  if ! site=$(cd "$site" 2>/dev/null && pwd); then
+    echo "verl-gpu: no carried verl at ${VERL_SITE:-build/verl_site.tar.xz}" | tee -a "$log"
+    status=1
+    return
+  fi
+  # shellcheck disable=SC2206  # $env_new: several VAR=value words, split on purpose
+  local run=(env $env_new "PYTHONPATH=$site:$src_dir/python" python3 "$here/verl_engine_gpu.py")
+  local before=$status
+  status=0
+  stage verl-engine 190 "${run[@]}" --timeout 180
+  if [ "$status" -ne 0 ]; then  # stays failed: one device per process did not work
+    left=$((235 - (SECONDS - begin)))
+    [ "$left" -ge 30 ] && stage verl-engine-all-visible "$left" "${run[@]}" --all-visible \
+      --timeout $((left - 10))
+  fi
+  status=$((status | before))
 }
 
 for name in "${chosen[@]}"; do
