@@ -3,7 +3,7 @@
 # the dependencies it pulls in) into build/verl_site/, for a GPU machine that has torch and
 # transformers but no verl, no network and no pip (dev/gpu/run.sh's stage verl-gpu: VERL_SITE).
 #
-#   scripts/pack_verl_site.sh          # then carry build/verl_site.tar.xz (or build/verl_site/)
+#   scripts/pack_verl_site.sh [--python 3.12]  # then carry build/verl_site.tar.xz
 #
 # Which files: the program runs once in --cpu mode under .venv-verl with Python's import-time log
 # on; every module it imported whose file lies in .venv-verl's site-packages, in a top-level
@@ -12,6 +12,12 @@
 # the same site-packages, the small data files of those packages (< 1 MiB: verl's version file,
 # schemas, certificates) and their .dist-info (version checks); verl and tensordict whole.
 # No __pycache__. Then build/verl_site.tar.xz of it, and both sizes.
+#
+# --python X.Y (default 3.12, the GPU machine's Python): .venv-verl is this machine's Python 3.11,
+# whose compiled modules (ray's _raylet.so, pandas, pyarrow's Python bindings, ...) do not load
+# in another Python. Every copied package with compiled files is swapped for the same version's
+# wheel for X.Y from the package index (pip download, manylinux x86_64), file for file; a compiled
+# file the new wheel lacks stops the script.
 #
 # Why it holds ray, datasets, pyarrow and pandas (most of its size), none of which the program
 # calls: verl 0.9.1 imports them on the way to its FSDP engine. `import verl` runs
@@ -22,6 +28,12 @@
 # No stubs: every module verl imports is the real one, so the GPU run is verl's own code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+target_python=3.12
+case "${1:-}" in
+  --python) target_python=${2:?--python needs a version such as 3.12} ;;
+  "") ;;
+  *) echo "pack_verl_site: unknown argument '$1' (usage: pack_verl_site.sh [--python X.Y])" >&2; exit 2 ;;
+esac
 verl_python=.venv-verl/bin/python
 [ -x "$verl_python" ] || { echo "pack_verl_site: no $verl_python (scripts/setup_verl.sh)" >&2; exit 1; }
 dest=build/verl_site
@@ -86,9 +98,11 @@ for path in [f for f in files if ".so" in os.path.basename(f)]:
             lib = os.path.realpath(parts[1].split()[0])
             if lib.startswith(verl_site + os.sep):
                 files.add(lib)
-# verl and tensordict whole (no __pycache__): their code imports more of itself inside functions,
+# verl, tensordict and datasets whole (no __pycache__): their code imports more of itself inside
+# functions or where an optional library is present (datasets imports its jax formatter where jax
+# is, as on the GPU machine),
 # on paths the --cpu run does not take (the packed forward's monkey patch, CUDA branches).
-whole = {"verl", "tensordict"}
+whole = {"verl", "tensordict", "datasets"}
 for top in whole & tops:
     for directory, subdirs, names_here in os.walk(os.path.join(verl_site, top)):
         subdirs[:] = [d for d in subdirs if d != "__pycache__"]
@@ -116,6 +130,49 @@ for path in files:
     os.makedirs(os.path.dirname(target), exist_ok=True)
     shutil.copy2(path, target)
 print("pack_verl_site: packages copied:", " ".join(sorted(t for t in tops)))
+EOF
+"$verl_python" - "$dest" "$target_python" <<'EOF'
+import importlib.metadata as metadata, os, shutil, subprocess, sys, sysconfig, tempfile, zipfile
+
+dest, target = sys.argv[1], sys.argv[2]
+here_tag = "cpython-%d%d" % sys.version_info[:2]
+target_tag = "cpython-" + target.replace(".", "")
+if target_tag == here_tag:
+    sys.exit(0)
+site = os.path.realpath(sysconfig.get_paths()["purelib"])
+owned = {}  # distribution -> the copied files it installed (namespaces such as google/ are shared)
+for dist in metadata.distributions(path=[site]):
+    for entry in dist.files or ():
+        if os.path.isfile(os.path.join(dest, str(entry))):
+            owned.setdefault(dist, []).append(str(entry))
+for dist, copied in sorted(owned.items(), key=lambda item: item[0].metadata["Name"]):
+    if not any(".so" in os.path.basename(f) for f in copied):
+        continue
+    name, version = dist.metadata["Name"], dist.version
+    with tempfile.TemporaryDirectory() as wheels:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "--python-version", target, "--implementation", "cp", "--platform",
+             "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform",
+             "manylinux2014_x86_64", "-d", wheels, f"{name}=={version}"],
+            check=True,
+        )
+        [wheel] = [os.path.join(wheels, w) for w in os.listdir(wheels) if w.endswith(".whl")]
+        with zipfile.ZipFile(wheel) as archive:
+            inside = set(archive.namelist())
+            for old in copied:
+                member = old.replace(here_tag, target_tag)
+                if member not in inside:
+                    if ".so" in os.path.basename(old):
+                        sys.exit(f"pack_verl_site: {name} {version}'s wheel for Python "
+                                 f"{target} has no {member}")
+                    continue  # metadata this install wrote (RECORD, INSTALLER): kept
+                os.remove(os.path.join(dest, old))
+                with archive.open(member) as source, open(os.path.join(dest, member), "wb") as out:
+                    shutil.copyfileobj(source, out)
+                if ".so" in os.path.basename(old):
+                    os.chmod(os.path.join(dest, member), 0o755)
+    print(f"pack_verl_site: {name} {version} from {os.path.basename(wheel)}")
 EOF
 XZ_OPT=-9 tar -C build -cJf "$dest.tar.xz" verl_site
 echo "pack_verl_site: $dest/ $(du -sm "$dest" | cut -f1) MiB; $dest.tar.xz" \

@@ -110,8 +110,10 @@ stage_verl_gpu() {
     status=1
     return
   fi
+  # USE_JAX=0 USE_TF=0: datasets (which verl imports) would import the machine's jax and TF formatters.
   # shellcheck disable=SC2206  # $env_new: several VAR=value words, split on purpose
-  local run=(env $env_new "PYTHONPATH=$site:$src_dir/python" python3 "$here/verl_engine_gpu.py")
+  local run=(env $env_new "PYTHONPATH=$site:$src_dir/python" USE_JAX=0 USE_TF=0 python3
+    "$here/verl_engine_gpu.py")
   local before=$status
   status=0
   stage verl-engine 190 "${run[@]}" --timeout 180
