@@ -11,6 +11,9 @@
 // by the owner's device).
 // --deterministic: the pulled scheme on any transport (the CUDA transport's atomics off), so
 // transports compare on the same protocol.
+// ODC_BENCH_STATS=1: each rank also prints, per size, the streamed chunks it sent during the
+// back-to-back pushes and how often they waited for their owner's credit (flow control engaged:
+// the owner's folds did not keep up), read outside the timed loop.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <sys/mman.h>
@@ -107,6 +110,8 @@ void run_rank(int rank, int world, const std::string& key, odcTransport_t transp
   BENCH_NCCL(ncclCommInitRank(&nccl, world, id, rank));
   cudaStream_t stream;
   BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const char* stats_env = std::getenv("ODC_BENCH_STATS");
+  const bool stats = stats_env != nullptr && std::strcmp(stats_env, "1") == 0;
 
   for (size_t s = 0; s < sizes.size(); ++s) {
     const size_t bytes = sizes[s];
@@ -219,10 +224,23 @@ void run_rank(int rank, int world, const std::string& key, odcTransport_t transp
       sync_all();
       // The pattern of training: many pushes into one open minibatch, one end barrier.
       BENCH_ODC(odcMinibatchBegin(comm, stream));
+      uint64_t chunks_before = 0, waits_before = 0;
+      if (stats) BENCH_ODC(odcCommGetStreamStats(comm, &chunks_before, &waits_before));
       const double push_us = time_on_stream(stream, iterations, [&] {
         BENCH_ODC(odcScatterAccumulate(comm, src, shard * world, odcFloat32, accumulator, stream));
       });
       BENCH_ODC(odcMinibatchEnd(comm, stream));
+      if (stats) {
+        BENCH_CUDA(cudaStreamSynchronize(stream));
+        uint64_t chunks = 0, waits = 0;
+        BENCH_ODC(odcCommGetStreamStats(comm, &chunks, &waits));
+        std::fprintf(stderr,
+                     "odc_bench stats rank %d %zu MiB: back-to-back pushes (%d + 3 warm-up): "
+                     "%llu chunks sent, %llu credit waits\n",
+                     rank, bytes >> 20, iterations,
+                     static_cast<unsigned long long>(chunks - chunks_before),
+                     static_cast<unsigned long long>(waits - waits_before));
+      }
       sync_all();
       // Checked minibatch: one push per rank, compared with NCCL's reduce-scatter.
       BENCH_ODC(odcMinibatchBegin(comm, stream));

@@ -3,8 +3,11 @@
 // for holds (kernels/streamed_fold.h). A template over how a credit reaches its sender (a store
 // through a peer mapping, NVSHMEM's single-word put), so each device transport instantiates it
 // with its own remote write; everything else is the protocol's, written once here.
+// A sender's chunks are folded by a group of blocks (a thread block cluster on sm_90: one
+// hardware barrier, and the leader block's shared memory read by all), so one sender's fold rate
+// is no longer one SM's.
 // Invariants: a slot is read only after an arrival signal or an end that covers it (acquired at
-// system scope by the block's leader, then a block barrier); a chunk whose header does not carry
+// system scope by the group's leader, then a group barrier); a chunk whose header does not carry
 // the expected sequence and minibatch is never added (recorded as kWaitBadChunk); every wait is
 // bounded by timeout_ns and recorded with (site, rank, peer, expected, seen); after any recorded
 // error (this launch's or an earlier one) nothing more is folded or credited.
@@ -12,6 +15,7 @@
 
 #include <cstdint>
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,14 +26,56 @@
 namespace odc::kernels {
 namespace detail {
 
-// A block folds one sender's chunks (kernels launch one per sender, up to kMaxFoldBlocks): with
-// few senders a block's loads in flight bound the owner's fold rate, so blocks are large and
-// unrolled. 256 threads with one load in flight each folded 2 H200s' streamed pushes at 14 GB/s,
-// these at 34 (docs/benchmarks-archive.md, nineteenth round; measured at 2 ranks). Below 4 MiB per
-// push the larger block is slower (a lone 1 MiB push 35 -> 42 us).
+// A group of blocks folds one sender's chunks (kernels launch one group per sender, up to
+// kMaxFoldBlocks blocks in all): a block's loads in flight bound its fold rate, so blocks are
+// large and unrolled. 256 threads with one load in flight each folded 2 H200s' streamed pushes at
+// 14 GB/s, these at 34 (docs/benchmarks-archive.md, nineteenth round; measured at 2 ranks, one
+// block per sender). That one block (one SM) was then the push's bound: 34-38 GB/s at 2 ranks
+// against the CUDA transport's 300-320, so a sender gets up to kMaxFoldGroupBlocks blocks (a
+// cluster: the portable maximum, 8) where the senders leave room under kMaxFoldBlocks.
 inline constexpr int kFoldThreads = 512;
 inline constexpr int kFoldUnroll = 8;
 inline constexpr int kMaxFoldBlocks = 32;
+inline constexpr int kMaxFoldGroupBlocks = 8;
+
+// The blocks that fold one sender together. On sm_90 a thread block cluster: sync() is the
+// cluster's barrier (release/acquire at cluster scope, so what the leader block wrote into its
+// shared memory before it is read after it by every block), leader_copy() the leader block's
+// instance of a __shared__ variable. Elsewhere (or launched without clusters) a block alone.
+struct FoldGroup {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __device__ FoldGroup()
+      : size(cooperative_groups::this_cluster().num_blocks()),
+        rank(cooperative_groups::this_cluster().block_rank()) {}
+  __device__ void sync() const {
+    cooperative_groups::this_cluster().sync();
+  }
+  template <typename T>
+  __device__ T* leader_copy(T* mine) const {
+    return size == 1 ? mine : cooperative_groups::this_cluster().map_shared_rank(mine, 0);
+  }
+#else
+  __device__ FoldGroup() : size(1), rank(0) {}
+  __device__ void sync() const {
+    __syncthreads();
+  }
+  template <typename T>
+  __device__ T* leader_copy(T* mine) const {
+    return mine;
+  }
+#endif
+  unsigned size;  // blocks in the group
+  unsigned rank;  // this block's place in it
+  __device__ int index() const {
+    return static_cast<int>(blockIdx.x / size);
+  }
+  __device__ int count() const {
+    return static_cast<int>(gridDim.x / size);
+  }
+  __device__ bool leader() const {
+    return rank == 0 && threadIdx.x == 0;
+  }
+};
 
 // What a block decided (in shared memory, so every thread takes the same branch).
 enum FoldVerdict : int { kGoOn = 0, kMet = 1, kStop = 2 };
@@ -49,20 +95,21 @@ __device__ __forceinline__ float load_payload(const __nv_bfloat16* p) {
                          << 16);
 }
 
-// sums[i] += payload[i] for i < count, by the whole block. Blocks fold different senders'
+// sums[i] += payload[i] for i < count, by the whole group. Groups fold different senders'
 // chunks at once, possibly into the same elements: adds are reductions (gpu scope: only this
 // GPU writes its sums).
 template <typename T>
-__device__ __forceinline__ void fold_payload(float* sums, const T* payload, uint64_t count) {
+__device__ __forceinline__ void fold_payload(const FoldGroup& group, float* sums, const T* payload,
+                                             uint64_t count) {
   // Vectors where both sides allow (payloads start 64-byte aligned; sums at an element offset).
   const bool aligned = (reinterpret_cast<uintptr_t>(sums) & 15) == 0 &&
                        (reinterpret_cast<uintptr_t>(payload) & (4 * sizeof(T) - 1)) == 0;
   uint64_t done = 0;
   if (aligned) {
     const uint64_t num_vec = count / 4;
-    const uint64_t stride = blockDim.x;
-    uint64_t i = threadIdx.x;
-    // One block folds a sender's whole chunk, so its speed is the loads it has in flight: the
+    const uint64_t stride = static_cast<uint64_t>(group.size) * blockDim.x;
+    uint64_t i = static_cast<uint64_t>(group.rank) * blockDim.x + threadIdx.x;
+    // One group folds a sender's whole chunk, so its speed is the loads it has in flight: the
     // reductions are asm with a memory clobber, which the compiler never moves a load across,
     // so a plain loop waits out one load's latency per vector. Load kFoldUnroll first, then add.
     for (; i + (kFoldUnroll - 1) * stride < num_vec; i += kFoldUnroll * stride) {
@@ -79,7 +126,9 @@ __device__ __forceinline__ void fold_payload(float* sums, const T* payload, uint
     }
     done = num_vec * 4;
   }
-  for (uint64_t i = done + threadIdx.x; i < count; i += blockDim.x) {
+  const uint64_t threads = static_cast<uint64_t>(group.size) * blockDim.x;
+  for (uint64_t i = done + static_cast<uint64_t>(group.rank) * blockDim.x + threadIdx.x; i < count;
+       i += threads) {
     red_add<false>(sums + i, load_payload(payload + i));
   }
 }
@@ -113,9 +162,10 @@ __device__ __forceinline__ float* check_chunk(const StreamedFold& f, const Chunk
   return nullptr;
 }
 
-// Folds can run at once (a gather's and a push's, on different streams): a block folds a sender
-// only while it holds that sender's lock, so every chunk is folded exactly once. The leader takes
-// it (false: another fold holds it; `wait`: spin until free, held only while folding).
+// Folds can run at once (a gather's and a push's, on different streams): a group folds a sender
+// only while its leader holds that sender's lock, so every chunk is folded exactly once. The
+// leader takes it (false: another fold holds it; `wait`: spin until free, held only while
+// folding).
 __device__ __forceinline__ bool lock_sender(const StreamedFold& f, int sender, bool wait) {
   unsigned long long* lock = reinterpret_cast<unsigned long long*>(f.locks + sender);
   while (atomicCAS(lock, 0ull, 1ull) != 0ull) {
@@ -130,10 +180,6 @@ __device__ __forceinline__ void unlock_sender(const StreamedFold& f, int sender)
   atomicExch(reinterpret_cast<unsigned long long*>(f.locks + sender), 0ull);
 }
 
-// With sender `sender`'s lock held: folds its chunks after folded[sender] up to `last` (covered by
-// a signal or end the leader acquired), then, when `end` is set, consumes that end (its sequence
-// follows the last chunk), and credits the sender. Returns false when a chunk or the end was
-// refused (recorded). Every thread of the block calls it.
 // kEnds: whether this launch waits for sender s's end: one of [ends_from, ends_to), not this
 // rank, and not consumed already in this minibatch (a node's ends come before the others').
 __device__ __forceinline__ bool awaits_end(const StreamedFold& f, int s) {
@@ -141,110 +187,142 @@ __device__ __forceinline__ bool awaits_end(const StreamedFold& f, int s) {
          *reinterpret_cast<const volatile uint64_t*>(f.ended + s) != f.minibatch;
 }
 
+// What a group's leader decides and every thread of the group reads (after a group barrier,
+// from the leader block's shared memory).
+struct SenderShared {
+  ChunkHeader header;
+  float* sums;
+  uint64_t start;
+  int refused;
+  int leave;
+};
+
+// With sender `sender`'s lock held (by the group's leader): folds its chunks after
+// folded[sender] up to `last` (covered by a signal or end the leader acquired), then, when `end`
+// is set, consumes that end (its sequence follows the last chunk), and credits the sender.
+// Returns false when a chunk or the end was refused (recorded). Every thread of the group calls
+// it.
 template <class SendCredit>
-__device__ bool fold_sender(const StreamedFold& f, int sender, uint64_t last, uint64_t end,
-                            const SendCredit& send_credit, WaitError* error) {
-  __shared__ ChunkHeader header;
-  __shared__ float* sums;
-  __shared__ uint64_t start;
-  __shared__ int refused;
-  __shared__ int leave;
-  if (threadIdx.x == 0) {
-    start = *reinterpret_cast<volatile uint64_t*>(f.folded + sender);
-    refused = 0;
-    leave = 0;
-    if (end != 0 && end <= start) {  // an end that covers nothing new is a stale one
-      record_error(error, kWaitBadChunk, f.rank, sender, start + 1, end);
-      refused = 1;
-    } else if (last > start + f.depth) {  // more unfolded than the ring holds: a stray signal
-      record_error(error, kWaitBadChunk, f.rank, sender, start + 1, last);
-      refused = 1;
+__device__ bool fold_sender(const FoldGroup& group, const StreamedFold& f, int sender,
+                            uint64_t last, uint64_t end, const SendCredit& send_credit,
+                            WaitError* error) {
+  __shared__ SenderShared mine;
+  SenderShared* const shared = group.leader_copy(&mine);  // written by the leader only
+  const bool leader = group.leader();
+  if (leader) {
+    shared->start = *reinterpret_cast<volatile uint64_t*>(f.folded + sender);
+    shared->refused = 0;
+    shared->leave = 0;
+    if (end != 0 && end <= shared->start) {  // an end that covers nothing new is a stale one
+      record_error(error, kWaitBadChunk, f.rank, sender, shared->start + 1, end);
+      shared->refused = 1;
+    } else if (last > shared->start + f.depth) {  // more unfolded than the ring holds: a stray
+      record_error(error, kWaitBadChunk, f.rank, sender, shared->start + 1, last);
+      shared->refused = 1;
     }
   }
-  __syncthreads();
+  group.sync();
+  const uint64_t start = shared->start;
+  const int refused = shared->refused;
+  group.sync();  // read before the leader writes again, or its block exits (its shared memory)
   if (refused != 0) return false;
   uint64_t folded = start;
   const char* ring = f.rings + static_cast<uint64_t>(sender) * f.depth * f.slot_bytes;
   while (folded < last) {
     const uint64_t sequence = folded + 1;
     const char* slot = ring + ((sequence - 1) % f.depth) * f.slot_bytes;
-    if (threadIdx.x == 0) {
+    if (leader) {
       const auto* words = reinterpret_cast<const unsigned long long*>(slot);
-      auto* copy = reinterpret_cast<unsigned long long*>(&header);
+      auto* copy = reinterpret_cast<unsigned long long*>(&shared->header);
       for (size_t w = 0; w < sizeof(ChunkHeader) / 8; ++w) copy[w] = __ldcg(words + w);
-      sums = check_chunk(f, header, sender, sequence, error, &leave);
+      shared->sums = check_chunk(f, shared->header, sender, sequence, error, &shared->leave);
     }
-    __syncthreads();
+    group.sync();
+    const int leave = shared->leave;
+    float* const sums = shared->sums;
+    const uint64_t count = shared->header.count;
+    const uint32_t dtype = shared->header.dtype;
+    group.sync();
     if (leave != 0) break;  // left to the caller's folds; what came before is credited below
     if (sums == nullptr) return false;
     const char* payload = slot + sizeof(ChunkHeader);
-    if (header.dtype == 0) {
-      fold_payload(sums, reinterpret_cast<const float*>(payload), header.count);
+    if (dtype == 0) {
+      fold_payload(group, sums, reinterpret_cast<const float*>(payload), count);
     } else {
-      fold_payload(sums, reinterpret_cast<const __nv_bfloat16*>(payload), header.count);
+      fold_payload(group, sums, reinterpret_cast<const __nv_bfloat16*>(payload), count);
     }
-    __syncthreads();  // every read of the slot is done before its credit frees it
-    if (threadIdx.x == 0) {
+    group.sync();  // every read of the slot (every block's) is done before its credit frees it
+    if (leader) {
       // The sender rewrites a slot only after the credit that frees it; a stray credit could let
       // it rewrite this one while it was being added. Look again (the header lands with the
       // payload): the communicator then fails, so the sums touched are never reported.
       const uint64_t now = __ldcg(reinterpret_cast<const unsigned long long*>(slot));
       if (now != sequence) {
         record_error(error, kWaitBadChunk, f.rank, sender, sequence, now);
-        refused = 1;
+        shared->refused = 1;
       }
     }
-    __syncthreads();
-    // `refused` is written again only after the next iteration's barrier: every thread reads it
-    // first (`sums` and `header` are rewritten before that barrier, so they are not read here).
-    if (refused != 0) return false;
+    group.sync();
+    const int rewritten = shared->refused;
+    group.sync();
+    if (rewritten != 0) return false;
     folded = sequence;
   }
   if (end != 0) folded = end;
-  if (threadIdx.x == 0 && folded != start) {
+  if (leader && folded != start) {
     f.folded[sender] = folded;
     send_credit(f.credit_slots + f.rank, folded, sender);
   }
-  __syncthreads();
+  group.sync();
   return true;
 }
+
+// What the group's leader tells the group in the kernel's loop.
+struct LoopShared {
+  uint64_t word;
+  int verdict;
+};
 
 template <class SendCredit>
 __global__ void __launch_bounds__(kFoldThreads)
     streamed_fold_kernel(const __grid_constant__ StreamedFold f, SendCredit send_credit,
                          const uint64_t* peer_failed, WaitError* error) {
-  __shared__ uint64_t word;
-  __shared__ int verdict;
-  const bool leader = threadIdx.x == 0;
+  __shared__ LoopShared mine;
+  const FoldGroup group;
+  LoopShared* const shared = group.leader_copy(&mine);  // written by the leader only
+  const bool leader = group.leader();
+  const int first_sender = group.index();
+  const int num_groups = group.count();
   const uint64_t start = global_timer_ns();
   bool final_pass = false;
   bool counted = false;
   for (;;) {
-    if (leader) verdict = failed_before(error) ? kStop : kGoOn;
-    __syncthreads();
-    if (verdict == kStop) return;
-    __syncthreads();
-    // Fold what arrived from this block's senders (those another fold holds are its to fold).
-    for (int s = blockIdx.x; s < f.world_size; s += gridDim.x) {
+    if (leader) shared->verdict = failed_before(error) ? kStop : kGoOn;
+    group.sync();
+    const int failed = shared->verdict;
+    group.sync();  // read before the leader writes again, or its block exits (its shared memory)
+    if (failed == kStop) return;
+    // Fold what arrived from this group's senders (those another fold holds are its to fold).
+    for (int s = first_sender; s < f.world_size; s += num_groups) {
       if (s == f.rank) continue;
       if (leader) {
-        word = 0;
+        shared->word = 0;
         const uint64_t arrived = ld_acquire_sys(f.arrivals + s);
         if (arrived > *reinterpret_cast<volatile uint64_t*>(f.folded + s) &&
             lock_sender(f, s, /*wait=*/false)) {
-          word = arrived;
+          shared->word = arrived;
         }
       }
-      __syncthreads();
-      const uint64_t arrived = word;
-      __syncthreads();
+      group.sync();
+      const uint64_t arrived = shared->word;
+      group.sync();
       if (arrived == 0) continue;
-      const bool folded = fold_sender(f, s, arrived, 0, send_credit, error);
+      const bool folded = fold_sender(group, f, s, arrived, 0, send_credit, error);
       if (leader) unlock_sender(f, s);
       if (!folded) return;
     }
     if (f.until == FoldUntil::kOnce || final_pass) return;
-    // Does what this launch waits for hold? The leader looks (acquire) and tells the block.
+    // Does what this launch waits for hold? The leader looks (acquire) and tells the group.
     if (leader) {
       int short_peer = -1;
       uint64_t expected = f.value;
@@ -253,13 +331,13 @@ __global__ void __launch_bounds__(kFoldThreads)
       if (f.until == FoldUntil::kCredit) {
         seen = ld_acquire_sys(f.credits + f.peer);
         if (seen < f.value) short_peer = f.peer;
-        if (short_peer >= 0 && !counted && f.credit_waits != nullptr && blockIdx.x == 0) {
+        if (short_peer >= 0 && !counted && f.credit_waits != nullptr && first_sender == 0) {
           atomicAdd(reinterpret_cast<unsigned long long*>(f.credit_waits), 1ull);
         }
         counted = true;
       } else if (f.until == FoldUntil::kEnds) {
-        // The ends of this minibatch of every sender the launch awaits, not only this block's:
-        // with a range (node-aggregated pushes) a block none of whose senders is awaited must
+        // The ends of this minibatch of every sender the launch awaits, not only this group's:
+        // with a range (node-aggregated pushes) a group none of whose senders is awaited must
         // go on folding them, since they may still be pushing and wait for its credit.
         site = kWaitStreamEnd;
         // The mark and the sequence are two signals: either may arrive first (a network may
@@ -285,39 +363,42 @@ __global__ void __launch_bounds__(kFoldThreads)
         }
       }
       if (short_peer < 0) {
-        verdict = kMet;
+        shared->verdict = kMet;
       } else if (failed_before(error)) {
-        verdict = kStop;
+        shared->verdict = kStop;
       } else if (peer_failed != nullptr &&
                  ld_acquire_sys(peer_failed + short_peer) == kBarrierPeerFailed) {
         record_error(error, kWaitPeerFailed, f.rank, short_peer, expected, seen);
-        verdict = kStop;
+        shared->verdict = kStop;
       } else if (static_cast<int64_t>(global_timer_ns() - start) > f.timeout_ns) {
         record_error(error, site, f.rank, short_peer, expected, seen);
-        verdict = kStop;
+        shared->verdict = kStop;
       } else {
-        verdict = kGoOn;
+        shared->verdict = kGoOn;
       }
     }
-    __syncthreads();
-    const int decided = verdict;
-    __syncthreads();
+    group.sync();
+    const int decided = shared->verdict;
+    group.sync();
     if (decided == kStop) return;
     if (decided != kMet) continue;
     if (f.until == FoldUntil::kCredit) return;
     if (f.until == FoldUntil::kEnds) {
-      // Every sender of this block ended: fold up to each end (its signals follow every chunk
+      // Every sender of this group ended: fold up to each end (its signals follow every chunk
       // before it, so they are all there, whatever arrival signals say), then consume the end.
-      for (int s = blockIdx.x; s < f.world_size; s += gridDim.x) {
-        if (!awaits_end(f, s)) continue;
+      for (int s = first_sender; s < f.world_size; s += num_groups) {
         if (leader) {
-          word = ld_acquire_sys(f.end_sequences + s);
-          lock_sender(f, s, /*wait=*/true);
+          shared->word = 0;  // not awaited (an end met has a sequence of at least 1)
+          if (awaits_end(f, s)) {
+            shared->word = ld_acquire_sys(f.end_sequences + s);
+            lock_sender(f, s, /*wait=*/true);
+          }
         }
-        __syncthreads();
-        const uint64_t end = word;
-        __syncthreads();
-        const bool folded = fold_sender(f, s, end - 1, end, send_credit, error);
+        group.sync();
+        const uint64_t end = shared->word;
+        group.sync();
+        if (end == 0) continue;
+        const bool folded = fold_sender(group, f, s, end - 1, end, send_credit, error);
         if (leader) {
           if (folded) *reinterpret_cast<volatile uint64_t*>(f.ended + s) = f.minibatch;
           unlock_sender(f, s);
@@ -330,16 +411,61 @@ __global__ void __launch_bounds__(kFoldThreads)
   }
 }
 
-// Launches the fold on `stream`: one block per sender up to kMaxFoldBlocks (blocks share the
-// rest). `send_credit(slot, value, sender)` writes `value` into `slot` (this rank's slot of the
-// credits region, by its local address) at rank `sender`; `peer_failed` (optional): slot p is
-// kBarrierPeerFailed once rank p failed.
+// Blocks per sender: up to kMaxFoldGroupBlocks where the senders leave room under kMaxFoldBlocks
+// (2 ranks: 8; 9 ranks: 4; 33 or more: 1, as before groups).
+inline int fold_group_blocks(int world_size) {
+  const int senders = world_size - 1;
+  const int per_sender = kMaxFoldBlocks / (senders > 0 ? senders : 1);
+  return per_sender < 1 ? 1 : (per_sender > kMaxFoldGroupBlocks ? kMaxFoldGroupBlocks : per_sender);
+}
+
+// Launches the fold on `stream`: one group per sender up to kMaxFoldBlocks blocks (groups share
+// the rest). A group of several blocks is a cluster (sm_90); where the device or the launch
+// refuses clusters, single blocks as before (the protocol holds for any grouping: a sender is
+// folded only under its lock). `send_credit(slot, value, sender)` writes `value` into `slot`
+// (this rank's slot of the credits region, by its local address) at rank `sender`;
+// `peer_failed` (optional): slot p is kBarrierPeerFailed once rank p failed.
 template <class SendCredit>
 cudaError_t launch_streamed_fold(const StreamedFold& fold, const SendCredit& send_credit,
                                  const uint64_t* peer_failed, WaitError* error,
                                  cudaStream_t stream) {
   if (fold.world_size < 2 || fold.depth == 0 || error == nullptr) return cudaErrorInvalidValue;
-  const int blocks = fold.world_size - 1 < kMaxFoldBlocks ? fold.world_size - 1 : kMaxFoldBlocks;
+  const int senders = fold.world_size - 1;
+#if defined(__CUDACC__)
+  int per_sender = fold_group_blocks(fold.world_size);
+  if (per_sender > 1) {
+    int device = 0;
+    int major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        major < 9) {
+      per_sender = 1;
+    }
+  }
+  // Smaller groups where a size is refused (not sticky), down to single blocks.
+  for (; per_sender > 1; per_sender /= 2) {
+    const int groups =
+        senders < kMaxFoldBlocks / per_sender ? senders : kMaxFoldBlocks / per_sender;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(groups * per_sender));
+    config.blockDim = dim3(kFoldThreads);
+    config.dynamicSmemBytes = 0;
+    config.stream = stream;
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = static_cast<unsigned>(per_sender);
+    attribute.val.clusterDim.y = 1;
+    attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    if (cudaLaunchKernelEx(&config, streamed_fold_kernel<SendCredit>, fold, send_credit,
+                           peer_failed, error) == cudaSuccess) {
+      return cudaSuccess;
+    }
+    (void)cudaGetLastError();
+  }
+#endif
+  const int blocks = senders < kMaxFoldBlocks ? senders : kMaxFoldBlocks;
   streamed_fold_kernel<<<blocks, kFoldThreads, 0, stream>>>(fold, send_credit, peer_failed, error);
   return cudaGetLastError();
 }
