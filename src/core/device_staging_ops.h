@@ -34,12 +34,6 @@ class DeviceStagingOps {
   // Local, host-blocking: host_dst[0 : bytes] = src[0 : bytes] (this transport's memory) as it
   // is now; work queued on streams may still change it (counters).
   virtual Status read_local(void* host_dst, const void* src, size_t bytes) = 0;
-  // The stream of the folds a push enqueues at its entry: work enqueued on the returned stream
-  // runs after everything on `stream` so far, beside what `stream` runs next (the push's packs
-  // and puts). A transport whose calls complete on return may return `stream` itself.
-  virtual Result<StreamHandle> fork_push_folds(StreamHandle stream) = 0;
-  // Work enqueued on `stream` from now on runs after everything on that stream so far.
-  virtual Status join_push_folds(StreamHandle stream) = 0;
 
  protected:
   // Owned by the transport that implements it (never deleted through this interface).

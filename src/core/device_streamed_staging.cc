@@ -177,33 +177,9 @@ Status DeviceStreamedStaging::end_progress(StreamHandle stream) {
     const std::lock_guard<std::mutex> lock(progress_mutex_);
     progress_open_ = false;
   }
-  // Every pass and push fold enqueued so far runs before what `stream` runs next (the
-  // minibatch_begin barrier, after which peers push the next minibatch, whose chunks a fold of
-  // this one would refuse, and the zeroing of the sums).
-  if (push_folds_forked_) {
-    ODC_RETURN_IF_ERROR(device_.join_push_folds(stream));
-    push_folds_forked_ = false;
-  }
+  // Every pass enqueued so far runs before what `stream` runs next (the minibatch_begin barrier,
+  // after which peers push the next minibatch, whose chunks a pass of this one would refuse).
   return transport_.join_background(stream);
-}
-
-Status DeviceStreamedStaging::fold_at_push(StreamHandle stream) {
-  bool open = false;
-  {
-    const std::lock_guard<std::mutex> lock(progress_mutex_);
-    open = progress_open_;
-  }
-  // Outside begin() .. end_progress() nothing would join the push-fold stream: the caller's.
-  if (!open || world_size_ < 2) return fold_arrived(stream);
-  // Forked from the caller's stream here: it folds what arrived by the time the caller's stream
-  // reaches this push (a fold enqueued unforked would run when the host gets here, long before),
-  // while the caller's stream packs and puts. Folds of any two streams may run at once (the
-  // kernel's per-sender locks); the sums are final only after the ends' fold, which waits for a
-  // sender's lock.
-  auto folds = device_.fork_push_folds(stream);
-  if (!folds.ok()) return folds.status();
-  push_folds_forked_ = true;
-  return fold(kernels::FoldUntil::kOnce, 0, 0, folds.value());
 }
 
 bool DeviceStreamedStaging::progress() {

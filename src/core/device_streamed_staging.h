@@ -8,11 +8,7 @@
 //                 payload, in the push's dtype), and one put-with-signal of the outbox into the
 //                 slot, raising this rank's arrival signal at p to the chunk's sequence (the
 //                 end's signals, below, quiet every earlier put first);
-//   every entry   (push, gather) a fold of whatever has arrived (one pass, no wait); a push's
-//                 on the transport's push-fold stream, forked from the caller's there, so that
-//                 it folds what peers sent beside this push's packs and puts instead of before
-//                 them (joined into the caller's stream at end_progress(), like the progress
-//                 thread's passes; credit waits, ends and meetings fold on the caller's stream);
+//   every entry   (push, gather) a fold of whatever has arrived (one pass, no wait);
 //   finish        per owner: the end's sequence and its mark (the minibatch), each a signal
 //                 after every earlier put to that owner; then a fold until every sender's mark
 //                 and end sequence arrived (in either order), which folds each sender's chunks
@@ -71,8 +67,6 @@ class DeviceStreamedStaging final : public StreamedStaging {
   // (the stream reaches this fold later than the host returns; a sender still waiting then has
   // timed out).
   Status wait_ends(int from, int to, StreamHandle stream) override;
-  // While a minibatch is open (begin() .. end_progress()): on the push-fold stream.
-  Status fold_at_push(StreamHandle stream) override;
 
  private:
   // The regions, in the order create() allocates them.
@@ -113,7 +107,6 @@ class DeviceStreamedStaging final : public StreamedStaging {
   std::chrono::steady_clock::time_point progress_until_;  // wait_ends() + the timeout
   StreamHandle progress_stream_ = nullptr;                // the background stream (begin())
   Status progress_failure_;                               // a pass that could not be enqueued
-  bool push_folds_forked_ = false;  // a push fold enqueued since the last end_progress()
 };
 
 }  // namespace odc

@@ -155,7 +155,7 @@ Status StreamedStaging::push(const void* src, DataType dtype, size_t count, uint
                              StreamHandle stream) {
   const size_t element = element_bytes(dtype);
   // An entry into odc: fold what arrived, so senders waiting on this rank move on.
-  ODC_RETURN_IF_ERROR(fold_at_push(stream));
+  ODC_RETURN_IF_ERROR(fold_arrived(stream));
   // Start with the next rank, so that the ranks' first chunks go to different owners.
   for (int i = 0; i < world_size_; ++i) {
     const int owner = (rank_ + 1 + i) % world_size_;

@@ -221,8 +221,6 @@ class StreamedStaging {
   virtual Status end_at(int owner, StreamHandle stream) = 0;
   // folds until the ends of senders [from, to) (this rank aside) of this minibatch are consumed.
   virtual Status wait_ends(int from, int to, StreamHandle stream) = 0;
-  // A push's entry fold (fold_arrived() unless a staging runs it beside the push's sends).
-  virtual Status fold_at_push(StreamHandle stream) { return fold_arrived(stream); }
   // send_chunk, counted in node_traffic() when `owner` is on another node.
   Status send(int owner, uint64_t target_id, uint64_t first, const void* data, DataType dtype,
               size_t count, StreamHandle stream);

@@ -182,6 +182,11 @@ __device__ __forceinline__ void unlock_sender(const StreamedFold& f, int sender)
 
 // kEnds: whether this launch waits for sender s's end: one of [ends_from, ends_to), not this
 // rank, and not consumed already in this minibatch (a node's ends come before the others').
+// The rank of this owner's j-th sender (j in [0, world - 1)): every rank but this one.
+__device__ __forceinline__ int sender_of(const StreamedFold& f, int j) {
+  return j < f.rank ? j : j + 1;
+}
+
 __device__ __forceinline__ bool awaits_end(const StreamedFold& f, int s) {
   return s != f.rank && s >= f.ends_from && s < f.ends_to &&
          *reinterpret_cast<const volatile uint64_t*>(f.ended + s) != f.minibatch;
@@ -303,8 +308,9 @@ __global__ void __launch_bounds__(kFoldThreads)
     group.sync();  // read before the leader writes again, or its block exits (its shared memory)
     if (failed == kStop) return;
     // Fold what arrived from this group's senders (those another fold holds are its to fold).
-    for (int s = first_sender; s < f.world_size; s += num_groups) {
-      if (s == f.rank) continue;
+    // Senders are numbered without this rank, so that world - 1 groups get one sender each.
+    for (int j = first_sender; j < f.world_size - 1; j += num_groups) {
+      const int s = sender_of(f, j);
       if (leader) {
         shared->word = 0;
         const uint64_t arrived = ld_acquire_sys(f.arrivals + s);
@@ -386,7 +392,8 @@ __global__ void __launch_bounds__(kFoldThreads)
     if (f.until == FoldUntil::kEnds) {
       // Every sender of this group ended: fold up to each end (its signals follow every chunk
       // before it, so they are all there, whatever arrival signals say), then consume the end.
-      for (int s = first_sender; s < f.world_size; s += num_groups) {
+      for (int j = first_sender; j < f.world_size - 1; j += num_groups) {
+        const int s = sender_of(f, j);
         if (leader) {
           shared->word = 0;  // not awaited (an end met has a sequence of at least 1)
           if (awaits_end(f, s)) {

@@ -118,11 +118,6 @@ class ProbeTransport final : public Transport, private DeviceStagingOps {
     return record("pack_chunk");
   }
   Status read_local(void*, const void*, size_t) override { return record("read_local"); }
-  Result<StreamHandle> fork_push_folds(StreamHandle stream) override {
-    note("fork_push_folds");
-    return stream;
-  }
-  Status join_push_folds(StreamHandle) override { return record("join_push_folds"); }
 
   void note(const char* name) { calls_->push_back(name); }
   Status record(const char* name) {
@@ -208,9 +203,6 @@ std::vector<Call> every_call(const SymmetricRegion* region, float* data) {
       {"pack_chunk",
        [data](Transport& t) { return staging_of(t).pack_chunk(data, kHeader, data, 4, kStream); }},
       {"read_local", [data](Transport& t) { return staging_of(t).read_local(data, data, 4); }},
-      {"fork_push_folds",
-       [](Transport& t) { return status_of(staging_of(t).fork_push_folds(kStream)); }},
-      {"join_push_folds", [](Transport& t) { return staging_of(t).join_push_folds(kStream); }},
   };
 }
 

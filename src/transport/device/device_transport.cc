@@ -73,8 +73,7 @@ DeviceTransport::DeviceTransport(std::shared_ptr<Bootstrap> bootstrap, int devic
       bootstrap_(std::move(bootstrap)),
       device_(device),
       timeout_ns_(timeout_nanoseconds(timeout)),
-      background_(device),
-      push_folds_(device) {}
+      background_(device) {}
 
 DeviceTransport::~DeviceTransport() {
   DeviceGuard guard(device_);
@@ -258,14 +257,6 @@ Status DeviceTransport::pack_chunk(void* dst, const kernels::ChunkHeader& header
 
 Status DeviceTransport::read_local(void* host_dst, const void* src, size_t bytes) {
   return local().read_local(host_dst, src, bytes);
-}
-
-Result<StreamHandle> DeviceTransport::fork_push_folds(StreamHandle stream) {
-  return push_folds_.fork(stream);
-}
-
-Status DeviceTransport::join_push_folds(StreamHandle stream) {
-  return push_folds_.join(stream);
 }
 
 }  // namespace odc::device

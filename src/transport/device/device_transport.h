@@ -83,10 +83,6 @@ class DeviceTransport : public Transport, private DeviceStagingOps {
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
                     StreamHandle stream) final;
   Status read_local(void* host_dst, const void* src, size_t bytes) final;
-  // A second background stream, the push folds' (never the progress thread's, which must not
-  // wait behind the caller's stream, nor the node fetches').
-  Result<StreamHandle> fork_push_folds(StreamHandle stream) final;
-  Status join_push_folds(StreamHandle stream) final;
 
  protected:
   // Nothing touches the device until init_device_state().
@@ -131,7 +127,6 @@ class DeviceTransport : public Transport, private DeviceStagingOps {
   // Recorded after each fold_streamed_if_idle() (null before the first).
   cudaEvent_t idle_fold_done_ = nullptr;
   cuda::BackgroundStream background_;  // destroyed first: its stream may still read error_
-  cuda::BackgroundStream push_folds_;  // the same
   // compare_swap(): its stream and pinned mapped jobs and old values (room for claim_capacity_
   // ops), made at the first call.
   cudaStream_t claim_stream_ = nullptr;

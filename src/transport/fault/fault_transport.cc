@@ -102,14 +102,6 @@ Status FaultTransport::read_local(void* host_dst, const void* src, size_t bytes)
   return inner().device_staging()->read_local(host_dst, src, bytes);
 }
 
-Result<StreamHandle> FaultTransport::fork_push_folds(StreamHandle stream) {
-  return inner().device_staging()->fork_push_folds(stream);
-}
-
-Status FaultTransport::join_push_folds(StreamHandle stream) {
-  return inner().device_staging()->join_push_folds(stream);
-}
-
 Result<bool> FaultTransport::fold_streamed_if_idle(const kernels::StreamedFold& fold,
                                                    StreamHandle stream) {
   if (dead_) return Status::RemoteError("this rank died earlier (injected)");

@@ -120,9 +120,6 @@ class FaultTransport final : public TransportWrapper, private DeviceStagingOps {
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
                     StreamHandle stream) override;
   Status read_local(void* host_dst, const void* src, size_t bytes) override;
-  // Not counted (no data moves): the inner transport's.
-  Result<StreamHandle> fork_push_folds(StreamHandle stream) override;
-  Status join_push_folds(StreamHandle stream) override;
 
   FaultPlan plan_;
   std::function<void()> die_;

@@ -253,9 +253,6 @@ class MemTransport final : public Transport, private DeviceStagingOps {
     std::memcpy(host_dst, src, bytes);
     return Status::Ok();
   }
-  // Calls complete on return: a push's entry fold runs in its call, as on the caller's stream.
-  Result<StreamHandle> fork_push_folds(StreamHandle stream) override { return stream; }
-  Status join_push_folds(StreamHandle) override { return Status::Ok(); }
 
   Status zero(void* dst, size_t bytes, StreamHandle) override {
     std::memset(dst, 0, bytes);
