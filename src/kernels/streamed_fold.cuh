@@ -180,13 +180,13 @@ __device__ __forceinline__ void unlock_sender(const StreamedFold& f, int sender)
   atomicExch(reinterpret_cast<unsigned long long*>(f.locks + sender), 0ull);
 }
 
-// kEnds: whether this launch waits for sender s's end: one of [ends_from, ends_to), not this
-// rank, and not consumed already in this minibatch (a node's ends come before the others').
 // The rank of this owner's j-th sender (j in [0, world - 1)): every rank but this one.
 __device__ __forceinline__ int sender_of(const StreamedFold& f, int j) {
   return j < f.rank ? j : j + 1;
 }
 
+// kEnds: whether this launch waits for sender s's end: one of [ends_from, ends_to), not this
+// rank, and not consumed already in this minibatch (a node's ends come before the others').
 __device__ __forceinline__ bool awaits_end(const StreamedFold& f, int s) {
   return s != f.rank && s >= f.ends_from && s < f.ends_to &&
          *reinterpret_cast<const volatile uint64_t*>(f.ended + s) != f.minibatch;
