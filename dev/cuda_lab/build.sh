@@ -20,6 +20,6 @@ echo "NCCL headers: $nccl_inc  library: $nccl_lib"
 mkdir -p "$out"
 nvcc -std=c++17 -O3 -arch=sm_90 -lineinfo -Xcompiler -Wall,-Wextra -Werror all-warnings \
   -I"$root/src" -I"$nccl_inc" \
-  "$root/dev/cuda_lab/lab.cu" "$root/dev/cuda_lab/lab_kernels.cu" "$root"/src/kernels/*.cu \
+  "$root/dev/cuda_lab/lab.cu" "$root/dev/cuda_lab/lab_kernels.cu" "$root/dev/cuda_lab/bulk_kernels.cu" "$root"/src/kernels/*.cu \
   -L"$nccl_lib" "$nccl_link" -Xlinker -rpath="$nccl_lib" -o "$out/odc_cuda_lab"
 echo "built $out/odc_cuda_lab"

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bulk_kernels.h"
 #include "kernels/kernels.h"
 #include "lab_kernels.h"
 
@@ -243,6 +244,13 @@ struct Lab {
       if (v == "ce")
         CK(gather_copy_engine(gpus[g].gather_out + dst_offset, shards, shard_bytes, info(g),
                               gpus[g].engines, gpus[g].stream));
+      else if (v == "hint" || v == "bulk" || v == "write")
+        CK(lab::gather_variant(v == "hint"   ? lab::GatherVariant::kLoadHint
+                               : v == "bulk" ? lab::GatherVariant::kBulk
+                                             : lab::GatherVariant::kWrite,
+                               gpus[g].gather_out + dst_offset,
+                               peers([](const Gpu& x) { return (void*)x.gather_out; }), shards,
+                               shard_bytes, info(g), blocks, gpus[g].stream));
       else
         CK(gather_sm(gpus[g].gather_out + dst_offset, shards, shard_bytes, info(g), blocks,
                      gpus[g].stream));
@@ -270,7 +278,10 @@ struct Lab {
       CK(cudaSetDevice(gpus[g].dev));
       const void* src = t == ElemType::kFloat32 ? (const void*)(gpus[g].src32 + src_off)
                                                 : (const void*)(gpus[g].src16 + src_off);
-      if (v == "red" || v == "red-gpu") {
+      if (v == "bulk-red") {
+        CK(lab::scatter_accumulate_bulk(src, t, accs, shard_elems, info(g), blocks,
+                                        gpus[g].stream));
+      } else if (v == "red" || v == "red-gpu") {
         CK(scatter_accumulate_reduce(src, t, accs, shard_elems, info(g), blocks, gpus[g].stream,
                                      v == "red"));
       } else {
@@ -399,12 +410,92 @@ std::string fmt_err(float e) {
   return b;
 }
 
+// Issue #47: every GPU gathers (pushes) at once. Variants of the read path (load hint, bulk
+// copies through the TMA, the write path as reference) and bulk reductions for pushes, beside
+// the product's kernels and NCCL in the same run; then a block-count sweep at 256 MiB.
+int run_bulk_section(Lab& lab, size_t min_mib, size_t max_mib) {
+  const int n = lab.n;
+  std::vector<size_t> sizes;
+  for (size_t m : {1, 4, 16, 64, 256, 512, 1024})
+    if (m >= min_mib && m <= max_mib) sizes.push_back(m * kMiB);
+  header(lab, "bulk section: gather (bf16 payload), all GPUs at once, vs ncclAllGather");
+  for (size_t size : sizes) {
+    const size_t sb = size / n;
+    std::vector<Row> rows;
+    const double nccl = lab.time_op([&] { lab.gather_all("nccl", sb); });
+    rows.push_back({"nccl", nccl, "ref"});
+    for (const char* v : {"sm", "hint", "bulk", "write", "sm"}) {
+      const double t = lab.time_op([&] { lab.gather_all(v, sb); });
+      const auto bad_ref = lab.gather_mismatches(sb);
+      const auto bad_nccl = lab.gather_mismatches(sb, 0, 0, true);
+      rows.push_back(
+          {v, t,
+           "mismatch ref " + std::to_string(bad_ref) + ", vs nccl " + std::to_string(bad_nccl)});
+    }
+    print_rows(lab, "gather", size, nccl, rows);
+  }
+  for (ElemType t : {ElemType::kFloat32, ElemType::kBfloat16}) {
+    const bool f32 = t == ElemType::kFloat32;
+    header(lab, f32 ? "bulk section: scatter-accumulate fp32 source vs ncclReduceScatter fp32"
+                    : "bulk section: scatter-accumulate bf16 source vs ncclReduceScatter bf16");
+    for (size_t size : sizes) {
+      const size_t se = size / elem_bytes(t) / n;
+      std::vector<Row> rows;
+      const double nccl = lab.time_op([&] { lab.scatter_all("nccl", t, se); });
+      rows.push_back({"nccl", nccl, "ref"});
+      for (const char* v : {"red", "bulk-red", "red"}) {
+        lab.zero_acc(se);
+        lab.scatter_all(v, t, se);
+        lab.check_errors(v);
+        std::string check = "err " + fmt_err(lab.odc_error(se, 0, 0, 1.0f, 0, 1));
+        lab.scatter_all(v, t, se);
+        lab.scatter_all(v, t, se);
+        lab.check_errors(v);
+        check += ", x3 err " + fmt_err(lab.odc_error(se, 0, 0, 3.0f, 0, 1));
+        const double us = lab.time_op([&] { lab.scatter_all(v, t, se); });
+        lab.check_errors(v);
+        rows.push_back({v, us, check});
+      }
+      print_rows(lab, f32 ? "rs-fp32" : "rs-bf16", size, nccl, rows);
+    }
+  }
+  const size_t size = std::min<size_t>(256 * kMiB, lab.max_bytes);
+  std::printf(
+      "\n## bulk section: block-count sweep at %zu MiB (time us; bulk: blocks of one warp)\n",
+      size / kMiB);
+  const int saved = lab.blocks;
+  const double nccl_gather = lab.time_op([&] { lab.gather_all("nccl", size / n); });
+  const double nccl_rs =
+      lab.time_op([&] { lab.scatter_all("nccl", ElemType::kFloat32, size / 4 / n); });
+  std::printf("nccl: all-gather %8.1f  reduce-scatter fp32 %8.1f\n", nccl_gather, nccl_rs);
+  for (int b : {n * 8, n * 16, 66, 132, 264, 396, 528}) {
+    lab.blocks = b;
+    const double g = lab.time_op([&] { lab.gather_all("sm", size / n); });
+    const double h = lab.time_op([&] { lab.gather_all("hint", size / n); });
+    const double k = lab.time_op([&] { lab.gather_all("bulk", size / n); });
+    const double r = lab.time_op([&] { lab.scatter_all("red", ElemType::kFloat32, size / 4 / n); });
+    const double br =
+        lab.time_op([&] { lab.scatter_all("bulk-red", ElemType::kFloat32, size / 4 / n); });
+    lab.check_errors("bulk sweep");
+    std::printf(
+        "blocks %5d: gather sm %8.1f  hint %8.1f  bulk %8.1f   push red %8.1f  bulk-red %8.1f\n", b,
+        g, h, k, r, br);
+  }
+  lab.blocks = saved;
+  std::fflush(stdout);
+  for (int g = 0; g < n; ++g) NK(ncclCommDestroy(lab.comms[g]));
+  if (lab.md) std::fclose(lab.md);
+  std::printf("\ndone\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Lab lab;
   size_t min_mib = 1, max_mib = 1024;
   bool sweep = false;
+  bool bulk = false;  // only the #47 section: bulk-copy and load-hint variants, then exit
   std::string md_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -421,12 +512,14 @@ int main(int argc, char** argv) {
       lab.blocks = std::stoi(next());
     else if (a == "--sweep")
       sweep = true;
+    else if (a == "--bulk")
+      bulk = true;
     else if (a == "--md")
       md_path = next();
     else {
       std::fprintf(stderr,
                    "usage: %s [--min-mib N] [--max-mib N] [--iters N] [--warmup N] [--blocks N] "
-                   "[--sweep] [--md FILE]\n",
+                   "[--sweep] [--bulk] [--md FILE]\n",
                    argv[0]);
       return 1;
     }
@@ -506,6 +599,8 @@ int main(int argc, char** argv) {
         "Device: %d x %s (%d SMs), NCCL %d. size = per-rank full buffer (nccl-tests' size), "
         "busbw = algbw * (N-1)/N, vs NCCL = NCCL time / ODC time, of NVLink = busbw / %.0f GB/s.\n",
         n, prop.name, prop.multiProcessorCount, nccl_version, kNvlinkGBs);
+
+  if (bulk) return run_bulk_section(lab, min_mib, max_mib);
 
   // ---- 1. edge cases: odd sizes and misaligned pointers (checked against the formula) ----
   std::printf("\n## edge cases (odd sizes, misaligned pointers)\n");

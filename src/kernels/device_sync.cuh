@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/grid_size.h"
 #include "kernels/kernels.h"
 
 // Host side: returns the CUDA error of `expr` from the enclosing function.
@@ -202,15 +203,13 @@ __device__ __forceinline__ T pick(const T (&arr)[kN], int i) {
   return v;
 }
 
-// Blocks per job: `num_blocks` / num_jobs when given, else two blocks per SM shared by the jobs,
-// but no more than one block per 16 KiB of a job (small transfers: fewer blocks to launch, fence
-// and count; measured in dev/cuda_lab).
+// Blocks per job (kernels/grid_size.h has the rules and why): writes, reductions and local
+// copies, and reads of peer memory.
 inline int auto_blocks(const RankInfo& info, int num_blocks, int num_jobs, size_t bytes_per_job) {
-  if (num_blocks > 0) return num_blocks / num_jobs > 0 ? num_blocks / num_jobs : 1;
-  const int sms = info.num_sms > 0 ? info.num_sms : 132;
-  size_t per_job = static_cast<size_t>(2 * sms / num_jobs);
-  per_job = per_job < bytes_per_job / (16 << 10) ? per_job : bytes_per_job / (16 << 10);
-  return per_job > 0 ? static_cast<int>(per_job) : 1;
+  return write_blocks_per_job(info.num_sms, num_blocks, num_jobs, bytes_per_job);
+}
+inline int read_blocks(const RankInfo& info, int num_blocks, int num_jobs, size_t bytes_per_job) {
+  return read_blocks_per_job(info.num_sms, num_blocks, num_jobs, bytes_per_job);
 }
 
 }  // namespace odc::kernels::detail

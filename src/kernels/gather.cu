@@ -1,6 +1,7 @@
 // gather: every rank pulls every owner's shard into its own full buffer through one SM kernel
-// reading peer memory (the copy-engine variant lost: dev/cuda_lab). Owners take no part; the
-// caller's stream orders everything.
+// reading peer memory, on a grid that keeps about 1 MiB of reads in flight (kernels/grid_size.h).
+// The copy-engine, bulk-copy (TMA) and load-hint variants lost: dev/cuda_lab. Owners take no
+// part; the caller's stream orders everything.
 #include <cuda_bf16.h>
 
 #include "kernels/device_sync.cuh"
@@ -73,16 +74,22 @@ __global__ void __launch_bounds__(kThreads)
   for (size_t i = done + tid; i < count; i += num_threads) dst[i] = to_bf16_bits(src[i]);
 }
 
+cudaError_t launch_narrow(const NarrowJobs& jobs, size_t count, int blocks_per_job,
+                          cudaStream_t stream, const WaitError* error) {
+  const dim3 grid(blocks_per_job, jobs.num_jobs);
+  narrow_copy_kernel<<<grid, kThreads, 0, stream>>>(jobs, count, error);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t copy_narrow(const NarrowJobs& jobs, size_t count, const RankInfo& info, int num_blocks,
                         cudaStream_t stream, const WaitError* error) {
   if (jobs.num_jobs < 0 || jobs.num_jobs > kMaxRanks) return cudaErrorInvalidValue;
   if (jobs.num_jobs == 0 || count == 0) return cudaSuccess;
-  const dim3 grid(detail::auto_blocks(info, num_blocks, jobs.num_jobs, count * sizeof(float)),
-                  jobs.num_jobs);
-  narrow_copy_kernel<<<grid, kThreads, 0, stream>>>(jobs, count, error);
-  return cudaGetLastError();
+  return launch_narrow(jobs, count,
+                       detail::auto_blocks(info, num_blocks, jobs.num_jobs, count * sizeof(float)),
+                       stream, error);
 }
 
 cudaError_t gather_sm_narrow(void* dst, const PeerPointers& shards, size_t shard_elems,
@@ -96,7 +103,12 @@ cudaError_t gather_sm_narrow(void* dst, const PeerPointers& shards, size_t shard
     jobs.src[i] = shards.ptr[owner];
   }
   jobs.num_jobs = info.num_ranks;
-  return copy_narrow(jobs, shard_elems, info, num_blocks, stream, error);
+  if (shard_elems == 0) return cudaSuccess;
+  // Reads of every owner at once: the peer-read grid (kernels/grid_size.h), not copy_narrow's.
+  return launch_narrow(
+      jobs, shard_elems,
+      detail::read_blocks(info, num_blocks, info.num_ranks, shard_elems * sizeof(float)), stream,
+      error);
 }
 
 cudaError_t gather_sm(void* dst, const PeerPointers& shards, size_t shard_bytes,
@@ -111,7 +123,7 @@ cudaError_t gather_sm(void* dst, const PeerPointers& shards, size_t shard_bytes,
     jobs.dst[i] = static_cast<char*>(dst) + owner * shard_bytes;
     jobs.src[i] = static_cast<const char*>(shards.ptr[owner]);
   }
-  const dim3 grid(detail::auto_blocks(info, num_blocks, info.num_ranks, shard_bytes),
+  const dim3 grid(detail::read_blocks(info, num_blocks, info.num_ranks, shard_bytes),
                   info.num_ranks);
   multi_copy_kernel<<<grid, kThreads, 0, stream>>>(jobs, shard_bytes);
   return cudaGetLastError();
