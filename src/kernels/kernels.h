@@ -9,7 +9,8 @@
 // Measured (dev/cuda_lab, docs/cuda_lab.md; 4 x H200, NCCL 2.28.9, 2026-11-21), all GPUs at once:
 // gather: gather_sm wins at every size, 2.01x NCCL all-gather at 1 MiB, 1.19x at 64 MiB, 1.03x at
 //   512 MiB; gather_copy_engine reaches 390 GB/s for one GPU alone but ~195 GB/s busbw when all
-//   pull.
+//   pull; bulk copies (TMA) and L2 load hints are no faster (2026-11-29, bulk_kernels.h). Its
+//   grid keeps ~24 blocks reading remote owners (kernels/grid_size.h).
 // scatter-accumulate, fp32 source: scatter_accumulate_reduce wins (1.85x / 1.15x / 0.99x NCCL
 //   reduce-scatter at 1 / 64 / 512 MiB). bf16 source: reduce up to 4 MiB (1.61x at 1 MiB), then
 //   staged with PushEngine::kSm (0.91x / 0.89x NCCL bf16 at 64 / 512 MiB): reductions carry fp32.
@@ -62,7 +63,8 @@ struct RankInfo {
 // Owners do nothing; their shards must not be rewritten until the call completes (stream order).
 
 // One SM kernel with 16-byte loads from peer memory (byte-wise head/tail; pairs whose
-// addresses differ in alignment mod 16 fall back to byte copies). num_blocks == 0: automatic.
+// addresses differ in alignment mod 16 fall back to byte copies). num_blocks == 0: automatic,
+// read_blocks_per_job (kernels/grid_size.h); else num_blocks / ranks per owner.
 // `error` (optional): when it records a failed wait, the kernel copies nothing.
 cudaError_t gather_sm(void* dst, const PeerPointers& shards, size_t shard_bytes,
                       const RankInfo& info, int num_blocks, cudaStream_t stream,
