@@ -28,6 +28,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[2]
+# The batch builder and the CPU patches shared with tests/python/test_verl_backend.py.
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+from verl_batches import point_verl_at_cpu, ppo_minibatch  # noqa: E402
+
 WORLD_SIZE = 2
 
 
@@ -95,21 +99,6 @@ def launch(args) -> int:
 # ----- one rank -----
 
 
-def verl_on_cpu():
-    """verl 0.9.1 asks its platform for the device (CUDA without a GPU); point it at the CPU
-    (the same six names as tests/python/test_verl_backend.py's _verl_on_cpu)."""
-    from verl.utils import fsdp_utils, seqlen_balancing
-    from verl.workers.engine.fsdp import transformer_impl
-    from verl.workers.engine.fsdp import utils as fsdp_engine_utils
-
-    fsdp_engine_utils.get_device_name = lambda: "cpu"
-    transformer_impl.log_gpu_memory_usage = lambda *a, **k: None
-    transformer_impl.get_device_id = lambda: "cpu"
-    transformer_impl.get_device_name = lambda: "cpu"
-    seqlen_balancing.get_device_name = lambda: "cpu"
-    fsdp_utils.get_device_id = lambda: "cpu"
-
-
 def packed_path(cpu: bool) -> bool:
     """verl's packed forward (use_remove_padding=True) attends through flash-attn's varlen
     kernels; without flash-attn (or on the CPU) verl's padded path runs instead."""
@@ -144,53 +133,6 @@ def draw(rollouts, per_rank, scale, seed):
         chosen.extend(generator.choice(groups))
     chosen = [(max(1, p // scale), max(1, r // scale)) for p, r in chosen[: per_rank * WORLD_SIZE]]
     return [chosen[r * per_rank : (r + 1) * per_rank] for r in range(WORLD_SIZE)]
-
-
-def ppo_minibatch(samples_by_rank, rank, vocab, max_tokens, remove_padding):
-    """A rollout batch as verl's trainer hands it to the actor (left-padded prompts, right-padded
-    responses to the whole batch's widths), turned into nested rows by verl's
-    left_right_2_no_padding (as tests/python/test_verl_backend.py builds it)."""
-    import torch
-    from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding
-
-    samples = samples_by_rank[rank]
-    num = len(samples)
-    prompt_width = max(p for s in samples_by_rank for p, _ in s)
-    response_width = max(r for s in samples_by_rank for _, r in s)
-    generator = torch.Generator().manual_seed(200 + rank)
-    prompts = torch.zeros(num, prompt_width, dtype=torch.long)
-    responses = torch.zeros(num, response_width, dtype=torch.long)
-    attention_mask = torch.zeros(num, prompt_width + response_width, dtype=torch.long)
-    response_mask = torch.zeros(num, response_width, dtype=torch.long)
-    for i, (p, r) in enumerate(samples):
-        prompts[i, prompt_width - p :] = torch.randint(0, vocab, (p,), generator=generator)
-        responses[i, :r] = torch.randint(0, vocab, (r,), generator=generator)
-        attention_mask[i, prompt_width - p : prompt_width + r] = 1
-        response_mask[i, :r] = 1
-    # GRPO: one advantage per rollout, over its response tokens.
-    advantages = torch.randn(num, 1, generator=generator).expand(num, response_width).clone()
-    data = tu.get_tensordict(
-        {
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
-            "response_mask": response_mask,
-            # Old log-probs away from the current ones, so that PPO's clip acts.
-            "old_log_probs": -4.0 + 0.5 * torch.randn(num, response_width, generator=generator),
-            "advantages": advantages,
-        },
-        non_tensor_dict=dict(
-            use_dynamic_bsz=True,
-            max_token_len_per_gpu=max_tokens,
-            use_remove_padding=remove_padding,
-            temperature=1.0,
-            global_batch_size=sum(len(s) for s in samples_by_rank),
-        ),
-    )
-    return left_right_2_no_padding(data)
 
 
 def make_engine(stock: bool, model_fn, cpu: bool, remove_padding: bool, defer_sync=True):
@@ -348,7 +290,10 @@ def check_against_stock(args, rank, remove_padding, say):
                 f"devices seen): {devices}"
             )
         outputs = engine.train_batch(
-            ppo_minibatch(samples, rank, vocab, max_tokens, remove_padding), loss_function=loss_fn
+            ppo_minibatch(
+                samples, rank, vocab, max_tokens, remove_padding, advantage_per_rollout=True
+            ),
+            loss_function=loss_fn,
         )
         loss, norm, count = step_summary(outputs)
         counts = gathered(count)
@@ -398,7 +343,9 @@ def time_update(args, rank, remove_padding, say):
         if lb_mini is not None:  # read when odc's engine is built
             os.environ["ODC_VERL_LB_MINI"] = lb_mini
         engine = make_engine(stock, model_fn, args.cpu, remove_padding, defer_sync)
-        data = ppo_minibatch(samples, rank, args.vocab, args.max_tokens, remove_padding)
+        data = ppo_minibatch(
+            samples, rank, args.vocab, args.max_tokens, remove_padding, advantage_per_rollout=True
+        )
         if torch.cuda.is_available():
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -450,7 +397,7 @@ def rank_main(args) -> int:
         import verl
 
         if args.cpu:
-            verl_on_cpu()
+            point_verl_at_cpu()
         remove_padding = packed_path(args.cpu)
         say(
             f"verl {verl.__version__} from {Path(verl.__file__).parent}; torch "

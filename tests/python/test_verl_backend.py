@@ -46,6 +46,8 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # no
 
 from odc.verl.engine import OdcEngineWithLMHead, OdcEngineWithValueHead  # noqa: E402
 
+import verl_batches  # noqa: E402
+
 # The odc this test imports (the source tree with ODC_LIBRARY, or an installed package, as in the
 # full tier's .venv-verl): its subprocesses import the same one.
 PYTHON = Path(odc.__file__).resolve().parents[1]
@@ -230,21 +232,6 @@ def test_the_critic_fails_at_initialization():
 # ----- two gloo ranks: odc vs verl's stock FSDP2 engine -----
 
 
-def _verl_on_cpu():
-    """verl 0.9.1 asks its platform for the device (CUDA without a GPU); point it at the CPU.
-    Each name patched is a module-level import verl's engine calls with no device argument."""
-    from verl.utils import fsdp_utils, seqlen_balancing
-    from verl.workers.engine.fsdp import transformer_impl
-    from verl.workers.engine.fsdp import utils as fsdp_engine_utils
-
-    fsdp_engine_utils.get_device_name = lambda: "cpu"
-    transformer_impl.log_gpu_memory_usage = lambda *args, **kwargs: None  # reads CUDA memory
-    transformer_impl.get_device_id = lambda: "cpu"
-    transformer_impl.get_device_name = lambda: "cpu"
-    seqlen_balancing.get_device_name = lambda: "cpu"
-    fsdp_utils.get_device_id = lambda: "cpu"
-
-
 class _TestModel:
     """verl's engine with the test's model (no HF checkpoint) and no LR scheduler; the rest of
     initialization (_build_fsdp_module, the optimizer, odc's attach) is verl's and odc's."""
@@ -351,46 +338,9 @@ def _engine(cls, optimizer: str, lb_mini: bool = False):
 
 
 def _ppo_minibatch(rank: int) -> TensorDict:
-    """A rollout batch as verl's trainer hands it to the actor (left-padded prompts, right-padded
-    responses), turned into nested rows by verl's own left_right_2_no_padding."""
-    from verl.workers.utils.padding import left_right_2_no_padding
-
-    samples = PPO_SAMPLES[rank]
-    num = len(samples)
-    # verl's trainer pads the whole batch to one width, then splits it among the ranks.
-    prompt_width = max(p for s in PPO_SAMPLES.values() for p, _ in s)
-    response_width = max(r for s in PPO_SAMPLES.values() for _, r in s)
-    generator = torch.Generator().manual_seed(200 + rank)
-    prompts = torch.zeros(num, prompt_width, dtype=torch.long)
-    responses = torch.zeros(num, response_width, dtype=torch.long)
-    attention_mask = torch.zeros(num, prompt_width + response_width, dtype=torch.long)
-    response_mask = torch.zeros(num, response_width, dtype=torch.long)
-    for i, (p, r) in enumerate(samples):
-        prompts[i, prompt_width - p :] = torch.randint(0, VOCAB, (p,), generator=generator)
-        responses[i, :r] = torch.randint(0, VOCAB, (r,), generator=generator)
-        attention_mask[i, prompt_width - p : prompt_width + r] = 1
-        response_mask[i, :r] = 1
-    data = tu.get_tensordict(
-        {
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": torch.cat([prompts, responses], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
-            "response_mask": response_mask,
-            # Old log-probs away from the current ones, so that PPO's clip acts.
-            "old_log_probs": -4.0 + 0.5 * torch.randn(num, response_width, generator=generator),
-            "advantages": torch.randn(num, response_width, generator=generator),
-        },
-        non_tensor_dict=dict(
-            use_dynamic_bsz=True,
-            max_token_len_per_gpu=MAX_TOKENS,
-            use_remove_padding=False,
-            temperature=1.0,
-            global_batch_size=sum(len(s) for s in PPO_SAMPLES.values()),
-        ),
+    return verl_batches.ppo_minibatch(
+        [PPO_SAMPLES[r] for r in range(len(PPO_SAMPLES))], rank, VOCAB, MAX_TOKENS
     )
-    return left_right_2_no_padding(data)
 
 
 def _one_microbatch(rank: int) -> TensorDict:
@@ -479,7 +429,7 @@ def _two_engines_rank(rank, world_size, key, store_path):
         "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
     )
     try:
-        _verl_on_cpu()
+        verl_batches.point_verl_at_cpu()
         results = {}
         for optimizer, task in ARMS:
             stock = _engine(StockEngine, optimizer)
