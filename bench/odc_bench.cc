@@ -32,7 +32,10 @@
 
 namespace {
 
-constexpr double kNvlinkGBs = 478.0;  // per direction per GPU, docs/design.md "Measuring"
+// The links' nominal bandwidth per direction per GPU: NVLink 4 (H100 / H200 SXM), 18 links of
+// 25 GB/s. ODC_BENCH_LINK_GBS overrides it for other machines. (A GPU pulling alone measured
+// 478 GB/s into itself on such a machine, docs/design.md "Measuring": nominal is the lower bound.)
+constexpr double kNominalLinkGBs = 450.0;
 
 #define BENCH_CUDA(call)                                                         \
   do {                                                                           \
@@ -264,14 +267,16 @@ void run_rank(int rank, int world, const std::string& key, odcTransport_t transp
   BENCH_ODC(odcCommDestroy(comm));
 }
 
+// odc/link and nccl/link: each one's bus bandwidth as a share of the links' (link_gbs).
 void print_table(const char* title, const char* odc_name, const char* nccl_name,
-                 const std::vector<size_t>& sizes, const Measurement* table, int world) {
+                 const std::vector<size_t>& sizes, const Measurement* table, int world,
+                 double link_gbs) {
   std::printf("\n%s (%d ranks; size = per-rank bytes; slowest rank; busbw = size/time*(N-1)/N)\n",
               title, world);
-  std::printf("%10s %12s %12s %12s %12s %8s %9s %6s\n", "size",
+  std::printf("%10s %12s %12s %12s %12s %8s %9s %9s %6s\n", "size",
               (std::string(odc_name) + "_us").c_str(), "odc_busbw",
-              (std::string(nccl_name) + "_us").c_str(), "nccl_busbw", "speedup", "odc/nvl",
-              "check");
+              (std::string(nccl_name) + "_us").c_str(), "nccl_busbw", "speedup", "odc/link",
+              "nccl/link", "check");
   for (size_t s = 0; s < sizes.size(); ++s) {
     Measurement worst{0, 0, 0};
     for (int r = 0; r < world; ++r) {
@@ -289,9 +294,10 @@ void print_table(const char* title, const char* odc_name, const char* nccl_name,
     } else {
       std::snprintf(size_text, sizeof(size_text), "%zuMiB", sizes[s] >> 20);
     }
-    std::printf("%10s %12.1f %12.1f %12.1f %12.1f %7.2fx %8.1f%% %6s\n", size_text, worst.odc_us,
-                odc_bus, worst.nccl_us, nccl_bus, worst.nccl_us / worst.odc_us,
-                100.0 * odc_bus / kNvlinkGBs, worst.mismatches == 0 ? "ok" : "FAIL");
+    std::printf("%10s %12.1f %12.1f %12.1f %12.1f %7.2fx %8.1f%% %8.1f%% %6s\n", size_text,
+                worst.odc_us, odc_bus, worst.nccl_us, nccl_bus, worst.nccl_us / worst.odc_us,
+                100.0 * odc_bus / link_gbs, 100.0 * nccl_bus / link_gbs,
+                worst.mismatches == 0 ? "ok" : "FAIL");
   }
 }
 
@@ -325,18 +331,37 @@ int main(int argc, char** argv) {
   }
   const size_t min_mib = args.size() > 0 ? std::strtoull(args[0].c_str(), nullptr, 10) : 1;
   const size_t max_mib = args.size() > 1 ? std::strtoull(args[1].c_str(), nullptr, 10) : 1024;
-  int world = args.size() > 2 ? std::atoi(args[2].c_str()) : 0;
-  if (world <= 0) {
-    // Count GPUs in a child: a CUDA context must not exist in the parent before fork().
-    int* shared = static_cast<int*>(
-        mmap(nullptr, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-    if (fork() == 0) {
-      if (cudaGetDeviceCount(shared) != cudaSuccess) *shared = 0;
-      _exit(0);
+  double link_gbs = kNominalLinkGBs;
+  if (const char* text = std::getenv("ODC_BENCH_LINK_GBS")) {
+    char* end = nullptr;
+    link_gbs = std::strtod(text, &end);
+    if (end == text || *end != '\0' || !(link_gbs > 0)) {
+      std::fprintf(stderr,
+                   "odc_bench: ODC_BENCH_LINK_GBS='%s': expected a positive number (GB/s per "
+                   "direction per GPU)\n",
+                   text);
+      return 2;
     }
-    wait(nullptr);
-    world = *shared;
   }
+  // Count GPUs and name the first in a child: a CUDA context must not exist in the parent
+  // before fork().
+  struct DeviceFacts {
+    int count;
+    char name[256];
+  };
+  auto* facts = static_cast<DeviceFacts*>(mmap(nullptr, sizeof(DeviceFacts), PROT_READ | PROT_WRITE,
+                                               MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (fork() == 0) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceCount(&facts->count) != cudaSuccess) facts->count = 0;
+    if (facts->count > 0 && cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
+      std::snprintf(facts->name, sizeof(facts->name), "%s", prop.name);
+    }
+    _exit(0);
+  }
+  wait(nullptr);
+  int world = args.size() > 2 ? std::atoi(args[2].c_str()) : 0;
+  if (world <= 0) world = facts->count;
   if (world < 2) {
     std::fprintf(stderr, "odc_bench needs at least 2 GPUs, found %d\n", world);
     return 2;
@@ -368,24 +393,31 @@ int main(int argc, char** argv) {
   }
   int nccl_version = 0;
   ncclGetVersion(&nccl_version);
-  std::printf("odc-bench: %d GPUs, NCCL %d, odc transport %s%s\n", world, nccl_version,
-              transport_name.c_str(), deterministic ? " (deterministic: pulled pushes)" : "");
-  print_table("gather (bf16) vs ncclAllGather", "odc", "nccl", sizes, gather_table, world);
+  std::printf(
+      "odc-bench: %d x %s, NCCL %d, odc transport %s%s; links %.0f GB/s per direction "
+      "per GPU%s\n",
+      world, facts->name[0] != '\0' ? facts->name : "GPU", nccl_version, transport_name.c_str(),
+      deterministic ? " (deterministic: pulled pushes)" : "", link_gbs,
+      std::getenv("ODC_BENCH_LINK_GBS") != nullptr
+          ? " (ODC_BENCH_LINK_GBS)"
+          : " (nominal NVLink 4, 18 x 25 GB/s: H100 / H200 SXM)");
+  print_table("gather (bf16) vs ncclAllGather", "odc", "nccl", sizes, gather_table, world,
+              link_gbs);
   print_table(
       "gather (bf16), one rank at a time while the others wait (ranks out of step), vs "
       "ncclAllGather",
-      "solo", "nccl", sizes, solo_table, world);
+      "solo", "nccl", sizes, solo_table, world, link_gbs);
   const std::string window_title = "gather (bf16), " + std::to_string(kGathersPerMinibatch) +
                                    " per minibatch incl. its begin/end barriers, per gather, vs "
                                    "ncclAllGather";
-  print_table(window_title.c_str(), "odc", "nccl", sizes, window_table, world);
+  print_table(window_title.c_str(), "odc", "nccl", sizes, window_table, world, link_gbs);
   print_table(
       "scatter-accumulate (fp32 -> fp32), one push per minibatch incl. its begin/end "
       "barriers, vs ncclReduceScatter",
-      "odc", "nccl", sizes, scatter_table, world);
+      "odc", "nccl", sizes, scatter_table, world, link_gbs);
   print_table(
       "scatter-accumulate (fp32 -> fp32), back-to-back pushes in one open minibatch, vs "
       "ncclReduceScatter",
-      "odc", "nccl", sizes, push_table, world);
+      "odc", "nccl", sizes, push_table, world, link_gbs);
   return 0;
 }

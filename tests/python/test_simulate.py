@@ -125,7 +125,25 @@ scatter-accumulate (fp32 -> fp32), back-to-back pushes in one open minibatch, vs
 """
 
 
+# Since 2026-11-29: the device named in the header and NCCL's share of the links beside ODC's.
+ODC_BENCH_SAMPLE_WITH_LINKS = """odc-bench: 4 x NVIDIA H200, NCCL 22803, odc transport cuda; \
+links 450 GB/s per direction per GPU (nominal NVLink 4, 18 x 25 GB/s: H100 / H200 SXM)
+
+gather (bf16) vs ncclAllGather (4 ranks; size = per-rank bytes; slowest rank; busbw = x)
+      size       odc_us    odc_busbw      nccl_us   nccl_busbw  speedup  odc/link nccl/link  check
+    512MiB       1249.6        322.2       1294.0        311.2    1.04x     71.6%     69.2%     ok
+
+scatter-accumulate (fp32 -> fp32), back-to-back pushes in one open minibatch, vs x
+      size       odc_us    odc_busbw      nccl_us   nccl_busbw  speedup  odc/link nccl/link  check
+    512MiB       1430.2        281.5       1282.4        314.0    0.90x     62.6%     69.8%     ok
+"""
+
+
 def test_odc_bench_output_becomes_curves(odc_cli, data_dir, tmp_path):
+    linked = parse_odc_bench(ODC_BENCH_SAMPLE_WITH_LINKS)
+    assert linked["ranks"] == 4
+    assert linked["curves"]["gather"] == [[512.0 * 2**20, 322.2]]
+    assert linked["curves"]["reduce_scatter"] == [[512.0 * 2**20, 314.0]]
     document = parse_odc_bench(ODC_BENCH_SAMPLE)
     assert document["ranks"] == 2
     curves = document["curves"]
