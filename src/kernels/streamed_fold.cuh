@@ -438,16 +438,23 @@ cudaError_t launch_streamed_fold(const StreamedFold& fold, const SendCredit& sen
                                  cudaStream_t stream) {
   if (fold.world_size < 2 || fold.depth == 0 || error == nullptr) return cudaErrorInvalidValue;
   const int senders = fold.world_size - 1;
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) && CUDART_VERSION >= 11080  // clusters and cudaLaunchKernelEx: CUDA 11.8
   int per_sender = fold_group_blocks(fold.world_size);
   if (per_sender > 1) {
-    int device = 0;
-    int major = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        major < 9) {
-      per_sender = 1;
-    }
+    // Groups only where the kernel that runs was compiled for sm_90 (FoldGroup's cluster branch):
+    // its PTX version, not the device's, decides (code built for an older architecture and
+    // compiled just in time on an H100 folds in single blocks, so clusters would only idle).
+    // Asked once per process (the same code on every device), first by warm_up_streamed_fold at
+    // the transport's start, where loading the kernel may synchronize the context harmlessly.
+    static const bool compiled_for_clusters = [] {
+      cudaFuncAttributes attributes{};
+      if (cudaFuncGetAttributes(&attributes, streamed_fold_kernel<SendCredit>) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+      }
+      return attributes.ptxVersion >= 90;
+    }();
+    if (!compiled_for_clusters) per_sender = 1;
   }
   // Smaller groups where a size is refused (not sticky), down to single blocks.
   for (; per_sender > 1; per_sender /= 2) {
