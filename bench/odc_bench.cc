@@ -14,6 +14,8 @@
 // ODC_BENCH_STATS=1: each rank also prints, per size, the streamed chunks it sent during the
 // back-to-back pushes and how often they waited for their owner's credit (flow control engaged:
 // the owner's folds did not keep up), read outside the timed loop.
+// ODC_BENCH_LINK_GBS=G: the links' GB/s per direction per GPU that the odc/link and nccl/link
+// columns divide by (default: nominal NVLink 4, kNominalLinkGBs).
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <sys/mman.h>
@@ -21,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,8 +36,9 @@
 namespace {
 
 // The links' nominal bandwidth per direction per GPU: NVLink 4 (H100 / H200 SXM), 18 links of
-// 25 GB/s. ODC_BENCH_LINK_GBS overrides it for other machines. (A GPU pulling alone measured
-// 478 GB/s into itself on such a machine, docs/design.md "Measuring": nominal is the lower bound.)
+// 25 GB/s. ODC_BENCH_LINK_GBS overrides it for other machines. A column can pass 100%: copy
+// engines pulling alone measured 478 GB/s into one GPU of such a machine (docs/design.md,
+// "Measuring").
 constexpr double kNominalLinkGBs = 450.0;
 
 #define BENCH_CUDA(call)                                                         \
@@ -332,10 +336,12 @@ int main(int argc, char** argv) {
   const size_t min_mib = args.size() > 0 ? std::strtoull(args[0].c_str(), nullptr, 10) : 1;
   const size_t max_mib = args.size() > 1 ? std::strtoull(args[1].c_str(), nullptr, 10) : 1024;
   double link_gbs = kNominalLinkGBs;
-  if (const char* text = std::getenv("ODC_BENCH_LINK_GBS")) {
+  const char* link_text = std::getenv("ODC_BENCH_LINK_GBS");
+  if (link_text != nullptr) {
+    const char* text = link_text;
     char* end = nullptr;
     link_gbs = std::strtod(text, &end);
-    if (end == text || *end != '\0' || !(link_gbs > 0)) {
+    if (end == text || *end != '\0' || !(link_gbs > 0) || !std::isfinite(link_gbs)) {
       std::fprintf(stderr,
                    "odc_bench: ODC_BENCH_LINK_GBS='%s': expected a positive number (GB/s per "
                    "direction per GPU)\n",
@@ -349,9 +355,19 @@ int main(int argc, char** argv) {
     int count;
     char name[256];
   };
-  auto* facts = static_cast<DeviceFacts*>(mmap(nullptr, sizeof(DeviceFacts), PROT_READ | PROT_WRITE,
-                                               MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  if (fork() == 0) {
+  void* shared =
+      mmap(nullptr, sizeof(DeviceFacts), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) {
+    std::perror("odc_bench: mmap");
+    return 1;
+  }
+  auto* facts = static_cast<DeviceFacts*>(shared);
+  const pid_t child = fork();
+  if (child < 0) {
+    std::perror("odc_bench: fork");
+    return 1;
+  }
+  if (child == 0) {
     cudaDeviceProp prop{};
     if (cudaGetDeviceCount(&facts->count) != cudaSuccess) facts->count = 0;
     if (facts->count > 0 && cudaGetDeviceProperties(&prop, 0) == cudaSuccess) {
@@ -359,11 +375,21 @@ int main(int argc, char** argv) {
     }
     _exit(0);
   }
-  wait(nullptr);
+  int child_status = 0;
+  if (waitpid(child, &child_status, 0) != child || !WIFEXITED(child_status) ||
+      WEXITSTATUS(child_status) != 0) {
+    std::fprintf(stderr, "odc_bench: the process counting GPUs failed (status %d)\n", child_status);
+    return 1;
+  }
   int world = args.size() > 2 ? std::atoi(args[2].c_str()) : 0;
   if (world <= 0) world = facts->count;
   if (world < 2) {
     std::fprintf(stderr, "odc_bench needs at least 2 GPUs, found %d\n", world);
+    return 2;
+  }
+  if (world > facts->count) {
+    std::fprintf(stderr, "odc_bench: %d ranks asked for, but %d GPU(s) visible (one per rank)\n",
+                 world, facts->count);
     return 2;
   }
   std::vector<size_t> sizes;
@@ -394,13 +420,12 @@ int main(int argc, char** argv) {
   int nccl_version = 0;
   ncclGetVersion(&nccl_version);
   std::printf(
-      "odc-bench: %d x %s, NCCL %d, odc transport %s%s; links %.0f GB/s per direction "
+      "odc-bench: %d x %s, NCCL %d, odc transport %s%s; links %g GB/s per direction "
       "per GPU%s\n",
       world, facts->name[0] != '\0' ? facts->name : "GPU", nccl_version, transport_name.c_str(),
       deterministic ? " (deterministic: pulled pushes)" : "", link_gbs,
-      std::getenv("ODC_BENCH_LINK_GBS") != nullptr
-          ? " (ODC_BENCH_LINK_GBS)"
-          : " (nominal NVLink 4, 18 x 25 GB/s: H100 / H200 SXM)");
+      link_text != nullptr ? " (ODC_BENCH_LINK_GBS)"
+                           : " (nominal NVLink 4, 18 x 25 GB/s: H100 / H200 SXM)");
   print_table("gather (bf16) vs ncclAllGather", "odc", "nccl", sizes, gather_table, world,
               link_gbs);
   print_table(

@@ -1,5 +1,6 @@
 // gather: every rank pulls every owner's shard into its own full buffer through one SM kernel
-// reading peer memory, on a grid that keeps about 1 MiB of reads in flight (kernels/grid_size.h).
+// reading peer memory, on a grid that keeps about 24 blocks (~0.8 MiB of loads) on remote owners
+// (kernels/grid_size.h).
 // The copy-engine, bulk-copy (TMA) and load-hint variants lost: dev/cuda_lab. Owners take no
 // part; the caller's stream orders everything.
 #include <cuda_bf16.h>
@@ -104,7 +105,8 @@ cudaError_t gather_sm_narrow(void* dst, const PeerPointers& shards, size_t shard
   }
   jobs.num_jobs = info.num_ranks;
   if (shard_elems == 0) return cudaSuccess;
-  // Reads of every owner at once: the peer-read grid (kernels/grid_size.h), not copy_narrow's.
+  // Reads of every owner at once: the peer-read grid (kernels/grid_size.h), not copy_narrow's
+  // write rule (which its other callers keep: local copies and NVSHMEM's direct pulls).
   return launch_narrow(
       jobs, shard_elems,
       detail::read_blocks(info, num_blocks, info.num_ranks, shard_elems * sizeof(float)), stream,

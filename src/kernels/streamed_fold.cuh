@@ -427,11 +427,11 @@ inline int fold_group_blocks(int world_size) {
 }
 
 // Launches the fold on `stream`: one group per sender up to kMaxFoldBlocks blocks (groups share
-// the rest). A group of several blocks is a cluster (sm_90); where the device or the launch
-// refuses clusters, single blocks as before (the protocol holds for any grouping: a sender is
-// folded only under its lock). `send_credit(slot, value, sender)` writes `value` into `slot`
-// (this rank's slot of the credits region, by its local address) at rank `sender`;
-// `peer_failed` (optional): slot p is kBarrierPeerFailed once rank p failed.
+// the rest). A group of several blocks is a cluster (sm_90); where the kernel was not compiled for
+// sm_90 or the launch refuses clusters, single blocks as before (the protocol holds for any
+// grouping: a sender is folded only under its lock). `send_credit(slot, value, sender)` writes
+// `value` into `slot` (this rank's slot of the credits region, by its local address) at rank
+// `sender`; `peer_failed` (optional): slot p is kBarrierPeerFailed once rank p failed.
 template <class SendCredit>
 cudaError_t launch_streamed_fold(const StreamedFold& fold, const SendCredit& send_credit,
                                  const uint64_t* peer_failed, WaitError* error,
@@ -444,8 +444,10 @@ cudaError_t launch_streamed_fold(const StreamedFold& fold, const SendCredit& sen
     // Groups only where the kernel that runs was compiled for sm_90 (FoldGroup's cluster branch):
     // its PTX version, not the device's, decides (code built for an older architecture and
     // compiled just in time on an H100 folds in single blocks, so clusters would only idle).
-    // Asked once per process (the same code on every device), first by warm_up_streamed_fold at
-    // the transport's start, where loading the kernel may synchronize the context harmlessly.
+    // Asked once per process (a process drives GPUs of one architecture; a mixed one would get
+    // the first device's answer, correct either way), first by warm_up_streamed_fold at the
+    // transport's start, where loading the kernel may synchronize the context harmlessly. A
+    // failed query means single blocks (the fold without clusters: correct, slower).
     static const bool compiled_for_clusters = [] {
       cudaFuncAttributes attributes{};
       if (cudaFuncGetAttributes(&attributes, streamed_fold_kernel<SendCredit>) != cudaSuccess) {

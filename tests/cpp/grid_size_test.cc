@@ -22,7 +22,9 @@ TEST(GridSize, ReadsKeepAboutTwentyFourBlocksOnRemoteOwners) {
   EXPECT_EQ(read_blocks_per_job(132, 0, 2, 256 * kMiB), 24);
   EXPECT_EQ(read_blocks_per_job(132, 0, 8, 256 * kMiB), 3);
   EXPECT_EQ(read_blocks_per_job(132, 0, 4, 256 * kMiB) * 3, kRemoteReadBlocks);
-  EXPECT_EQ(read_blocks_per_job(132, 0, 1, 256 * kMiB), 24);  // one rank: a local copy
+  EXPECT_EQ(read_blocks_per_job(132, 0, 1, 256 * kMiB), 264);     // one rank: a local copy
+  EXPECT_EQ(read_blocks_per_job(132, 0, 8, 256 * kMiB) * 7, 21);  // 24 / 7 rounds down
+  EXPECT_EQ(read_blocks_per_job(132, 0, 32, 256 * kMiB), 1);      // at least one per owner
 }
 
 TEST(GridSize, ReadsStayWithinASmallerSmBudget) {
