@@ -12,7 +12,7 @@
 # --old DIR       the same for the "before" build of the before/after stages (streamed,
 #                 cuda-timing, bench-before-after).
 # Stage knobs come from the environment: BENCH_ROUNDS, BENCH_MIN_MIB, BENCH_MAX_MIB, BENCH_ORDER
-# (bench-before-after), SKIP_FIT=1 (torch-migration without fit), SM_BUDGET_SECONDS (sm-budget),
+# (bench-before-after, byte-movers), SKIP_FIT=1 (torch-migration without fit), SM_BUDGET_SECONDS (sm-budget),
 # BASELINE_STEPS (rl-baselines, sft-baselines); for rl-baselines RL_PROMPTS (prompts per RL step,
 # 8 responses each; default 4), RL_K (update minibatches per RL step; default 2), RL_ARMS
 # (baselines: ODC + LB-Mini and the four FSDP2 baselines, the default; compare: collective +
@@ -36,7 +36,8 @@ stages=(node-schemes streamed deterministic deterministic-memory cuda-timing ben
   fit torch-migration torch-frozen torch-split gpu-suite gpu-suite-1 gpu-suite-2 gpu-suite-3
   gpu-suite-4 gpu-suite-5 gpu-suite-6
   balanced-tail small-microbatch sm-budget
-  rl-baselines sft-baselines nvshmem-train nvshmem-probe host-floor steal-check steal verl-gpu)
+  rl-baselines sft-baselines nvshmem-train nvshmem-probe host-floor steal-check steal verl-gpu
+  byte-movers)
 snapshot="" old="" chosen=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -336,6 +337,34 @@ stage_bench_before_after() {
       dir=$lib_dir
       stage "$build-$round" 280 bash -c "LD_LIBRARY_PATH=$dir:\$LD_LIBRARY_PATH $dir/odc_bench \
         ${BENCH_MIN_MIB:-1} ${BENCH_MAX_MIB:-256} > $out/bench_${build}_${round}.txt 2>&1"
+    done
+  done
+}
+
+# Issue #47's byte movers, before/after on one machine: odc_bench on the CUDA transport with every
+# GPU and (with more than 2) with 2, then over NVSHMEM with every rank its own pretended node, for
+# --old (when given) and the snapshot, alternated BENCH_ROUNDS times (default 2) in BENCH_ORDER;
+# sizes BENCH_MIN_MIB..BENCH_MAX_MIB (default 1..1024; NVSHMEM up to 256). One file per run in
+# $out/byte_movers/ (the tables carry both sides' share of the links).
+stage_byte_movers() {
+  local dest="$out/byte_movers" round build dir gpus builds max=${BENCH_MAX_MIB:-1024}
+  mkdir -p "$dest"
+  gpus=$(nvidia-smi -L | wc -l)
+  builds="new"
+  [ -n "$old" ] && builds=${BENCH_ORDER:-old new}
+  for round in $(seq "${BENCH_ROUNDS:-2}"); do
+    for build in $builds; do
+      if [ "$build" = old ]; then build_dirs "$old"; else build_dirs "$snapshot"; fi
+      dir=$lib_dir
+      stage "cuda-$build-$round" 150 bash -c "LD_LIBRARY_PATH=$dir:\$LD_LIBRARY_PATH \
+        $dir/odc_bench ${BENCH_MIN_MIB:-1} $max > $dest/cuda_${gpus}gpus_${build}_$round.txt 2>&1"
+      [ "$gpus" -gt 2 ] && stage "cuda-2gpus-$build-$round" 150 bash -c \
+        "LD_LIBRARY_PATH=$dir:\$LD_LIBRARY_PATH $dir/odc_bench ${BENCH_MIN_MIB:-1} $max 2 \
+        > $dest/cuda_2gpus_${build}_$round.txt 2>&1"
+      stage "nvshmem-$build-$round" 150 bash -c "LD_LIBRARY_PATH=$dir:\$LD_LIBRARY_PATH \
+        ODC_NVSHMEM_PLUGIN=$dir/libodc_nvshmem.so ODC_LOCAL_WORLD_SIZE=1 $dir/odc_bench \
+        --transport nvshmem ${BENCH_MIN_MIB:-1} $((max < 256 ? max : 256)) \
+        > $dest/nvshmem_${gpus}nodes_${build}_$round.txt 2>&1"
     done
   done
 }
