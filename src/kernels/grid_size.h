@@ -27,14 +27,15 @@ inline int write_blocks_per_job(int num_sms, int num_blocks, int num_jobs, size_
 // when every GPU gathers at once, each GPU also serves N-1 readers, and more reads in flight only
 // queue on the links. Measured with odc_bench, 4 x H200 (NVLink, 18 links per GPU), 2026-11-29:
 // lockstep gathers with 66 blocks per owner (the write rule) 0.91-0.97x NCCL's all-gather from
-// 128 MiB to 1 GiB, with 8 per owner (24 remote) 0.99-1.10x, with 12 per owner 0.99-1.04x, 6 per
+// 128 MiB to 1 GiB, with 8 per owner (24 remote) 0.99-1.10x, with 12 per owner 0.99-1.06x, 6 per
 // owner 0.98-1.09x; one rank gathering alone 1-3% slower with 8 per owner from 256 MiB (1.19 /
 // 1.16 / 1.13x NCCL against 1.22 / 1.19 / 1.15x), the same below. On 2 ranks 32 per owner
-// (1 remote owner) is as fast as 132, 16 per owner 2-4% slower from 256 MiB, 8 per owner 10-27%
-// slower (docs/benchmarks.md, "Gathers: reads in flight"). Not measured: 3+ remote owners beyond
-// 4 ranks (8 ranks get 3 per owner), and the other peer reads, which keep the write rule: the
-// NVSHMEM transport's direct pulls and the node cache's fetches (copy_narrow, put_signal) and the
-// pulled scheme's reads of one sender. One rank (no remote owner): a local copy, the write rule.
+// (1 remote owner) is as fast as 132, 16 per owner 3-5% slower from 256 MiB, 8 per owner 22-41%
+// slower from 16 MiB (docs/benchmarks.md, "Gathers: reads in flight"). Not measured: 3+ remote
+// owners beyond 4 ranks (8 ranks get 3 per owner), and the other peer reads, which keep the write
+// rule: the NVSHMEM transport's direct pulls and the node cache's fetches (copy_narrow, put_signal)
+// and the pulled scheme's reads of one sender. One rank (no remote owner): a local copy, the write
+// rule.
 inline constexpr int kRemoteReadBlocks = 24;
 inline int read_blocks_per_job(int num_sms, int num_blocks, int num_jobs, size_t bytes_per_job) {
   const int by_budget = write_blocks_per_job(num_sms, num_blocks, num_jobs, bytes_per_job);
