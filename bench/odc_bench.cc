@@ -36,9 +36,8 @@
 namespace {
 
 // The links' nominal bandwidth per direction per GPU: NVLink 4 (H100 / H200 SXM), 18 links of
-// 25 GB/s. ODC_BENCH_LINK_GBS overrides it for other machines. A column can pass 100%: copy
-// engines pulling alone measured 478 GB/s into one GPU of such a machine (docs/design.md,
-// "Measuring").
+// 25 GB/s. ODC_BENCH_LINK_GBS overrides it for other machines. A column can pass 100%: such a
+// machine's links carried about 478 GB/s per direction per GPU (docs/design.md, "Measuring").
 constexpr double kNominalLinkGBs = 450.0;
 
 #define BENCH_CUDA(call)                                                         \
@@ -338,14 +337,13 @@ int main(int argc, char** argv) {
   double link_gbs = kNominalLinkGBs;
   const char* link_text = std::getenv("ODC_BENCH_LINK_GBS");
   if (link_text != nullptr) {
-    const char* text = link_text;
     char* end = nullptr;
-    link_gbs = std::strtod(text, &end);
-    if (end == text || *end != '\0' || !(link_gbs > 0) || !std::isfinite(link_gbs)) {
+    link_gbs = std::strtod(link_text, &end);
+    if (end == link_text || *end != '\0' || !(link_gbs > 0) || !std::isfinite(link_gbs)) {
       std::fprintf(stderr,
                    "odc_bench: ODC_BENCH_LINK_GBS='%s': expected a positive number (GB/s per "
                    "direction per GPU)\n",
-                   text);
+                   link_text);
       return 2;
     }
   }
@@ -384,7 +382,9 @@ int main(int argc, char** argv) {
   int world = args.size() > 2 ? std::atoi(args[2].c_str()) : 0;
   if (world <= 0) world = facts->count;
   if (world < 2) {
-    std::fprintf(stderr, "odc_bench needs at least 2 GPUs, found %d\n", world);
+    std::fprintf(stderr,
+                 "odc_bench needs at least 2 ranks (one per GPU), got %d (%d GPU(s) visible)\n",
+                 world, facts->count);
     return 2;
   }
   if (world > facts->count) {
