@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -410,21 +411,25 @@ std::string fmt_err(float e) {
   return b;
 }
 
-// Issue #47: every GPU gathers (pushes) at once. Variants of the read path (load hint, bulk
-// copies through the TMA, the write path as reference) and bulk reductions for pushes, beside
-// the product's kernels and NCCL in the same run; then a block-count sweep at 256 MiB.
-int run_bulk_section(Lab& lab, size_t min_mib, size_t max_mib) {
-  const int n = lab.n;
+// The table sizes (nccl-tests' per-rank full buffer) within [min_mib, max_mib].
+std::vector<size_t> table_sizes(size_t min_mib, size_t max_mib) {
   std::vector<size_t> sizes;
   for (size_t m : {1, 4, 16, 64, 256, 512, 1024})
     if (m >= min_mib && m <= max_mib) sizes.push_back(m * kMiB);
-  header(lab, "bulk section: gather (bf16 payload), all GPUs at once, vs ncclAllGather");
+  return sizes;
+}
+
+// One gather table: NCCL's all-gather, then each variant timed and checked against the reference
+// and NCCL's output.
+void gather_table(Lab& lab, const char* title, const std::vector<size_t>& sizes,
+                  std::initializer_list<const char*> variants) {
+  header(lab, title);
   for (size_t size : sizes) {
-    const size_t sb = size / n;
+    const size_t sb = size / lab.n;
     std::vector<Row> rows;
     const double nccl = lab.time_op([&] { lab.gather_all("nccl", sb); });
     rows.push_back({"nccl", nccl, "ref"});
-    for (const char* v : {"sm", "hint", "bulk", "write", "sm"}) {
+    for (const char* v : variants) {
       const double t = lab.time_op([&] { lab.gather_all(v, sb); });
       const auto bad_ref = lab.gather_mismatches(sb);
       const auto bad_nccl = lab.gather_mismatches(sb, 0, 0, true);
@@ -434,20 +439,36 @@ int run_bulk_section(Lab& lab, size_t min_mib, size_t max_mib) {
     }
     print_rows(lab, "gather", size, nccl, rows);
   }
+}
+
+// The scatter-accumulate tables, fp32 and bf16 sources: NCCL's reduce-scatter, then each variant
+// checked after one call (against the reference, and for fp32 against NCCL) and after three,
+// then timed. `prefix` starts each table's title.
+void scatter_tables(Lab& lab, const std::string& prefix, const std::vector<size_t>& sizes,
+                    std::initializer_list<const char*> variants) {
   for (ElemType t : {ElemType::kFloat32, ElemType::kBfloat16}) {
     const bool f32 = t == ElemType::kFloat32;
-    header(lab, f32 ? "bulk section: scatter-accumulate fp32 source vs ncclReduceScatter fp32"
-                    : "bulk section: scatter-accumulate bf16 source vs ncclReduceScatter bf16");
+    header(lab, (prefix + (f32 ? "scatter-accumulate fp32 source vs ncclReduceScatter fp32"
+                               : "scatter-accumulate bf16 source (fp32 acc) vs ncclReduceScatter "
+                                 "bf16 (bf16 out)"))
+                    .c_str());
     for (size_t size : sizes) {
-      const size_t se = size / elem_bytes(t) / n;
+      const size_t se = size / elem_bytes(t) / lab.n;
       std::vector<Row> rows;
       const double nccl = lab.time_op([&] { lab.scatter_all("nccl", t, se); });
-      rows.push_back({"nccl", nccl, "ref"});
-      for (const char* v : {"red", "bulk-red", "red"}) {
+      std::string nccl_check = "ref";
+      if (f32) {
+        std::vector<const float*> outs;
+        for (auto& gp : lab.gpus) outs.push_back(gp.nccl_out32);
+        nccl_check = "err " + fmt_err(lab.acc_error(outs.data(), se, 0, 1.0f, 0, 1));
+      }
+      rows.push_back({"nccl", nccl, nccl_check});
+      for (const char* v : variants) {
         lab.zero_acc(se);
         lab.scatter_all(v, t, se);
         lab.check_errors(v);
         std::string check = "err " + fmt_err(lab.odc_error(se, 0, 0, 1.0f, 0, 1));
+        if (f32) check += ", vs nccl " + fmt_err(lab.odc_vs_nccl(se));
         lab.scatter_all(v, t, se);
         lab.scatter_all(v, t, se);
         lab.check_errors(v);
@@ -459,6 +480,17 @@ int run_bulk_section(Lab& lab, size_t min_mib, size_t max_mib) {
       print_rows(lab, f32 ? "rs-fp32" : "rs-bf16", size, nccl, rows);
     }
   }
+}
+
+// Issue #47: every GPU gathers (pushes) at once. Variants of the read path (load hint, bulk
+// copies through the TMA, the write path as reference) and bulk reductions for pushes, beside
+// the product's kernels and NCCL in the same run; then a block-count sweep at 256 MiB.
+int run_bulk_section(Lab& lab, size_t min_mib, size_t max_mib) {
+  const int n = lab.n;
+  const std::vector<size_t> sizes = table_sizes(min_mib, max_mib);
+  gather_table(lab, "bulk section: gather (bf16 payload), all GPUs at once, vs ncclAllGather",
+               sizes, {"sm", "hint", "bulk", "write", "sm"});
+  scatter_tables(lab, "bulk section: ", sizes, {"red", "bulk-red", "red"});
   const size_t size = std::min<size_t>(256 * kMiB, lab.max_bytes);
   std::printf(
       "\n## bulk section: block-count sweep at %zu MiB (time us; bulk: blocks of one warp)\n",
@@ -692,61 +724,9 @@ int main(int argc, char** argv) {
   }
 
   // ---- 4. tables ----
-  std::vector<size_t> sizes;
-  for (size_t m : {1, 4, 16, 64, 256, 512, 1024})
-    if (m >= min_mib && m <= max_mib) sizes.push_back(m * kMiB);
-
-  header(lab, "gather (bf16 payload) vs ncclAllGather");
-  for (size_t size : sizes) {
-    const size_t sb = size / n;
-    std::vector<Row> rows;
-    const double nccl = lab.time_op([&] { lab.gather_all("nccl", sb); });
-    rows.push_back({"nccl", nccl, "ref"});
-    for (const char* v : {"ce", "sm"}) {
-      const double t = lab.time_op([&] { lab.gather_all(v, sb); });
-      const auto bad_ref = lab.gather_mismatches(sb);
-      const auto bad_nccl = lab.gather_mismatches(sb, 0, 0, true);
-      rows.push_back(
-          {v, t,
-           "mismatch ref " + std::to_string(bad_ref) + ", vs nccl " + std::to_string(bad_nccl)});
-    }
-    print_rows(lab, "gather", size, nccl, rows);
-  }
-
-  for (ElemType t : {ElemType::kFloat32, ElemType::kBfloat16}) {
-    const bool f32 = t == ElemType::kFloat32;
-    header(lab,
-           f32 ? "scatter-accumulate fp32 source vs ncclReduceScatter fp32"
-               : "scatter-accumulate bf16 source (fp32 acc) vs ncclReduceScatter bf16 (bf16 out)");
-    for (size_t size : sizes) {
-      const size_t se = size / elem_bytes(t) / n;
-      std::vector<Row> rows;
-      const double nccl = lab.time_op([&] { lab.scatter_all("nccl", t, se); });
-      std::string nccl_check = "ref";
-      if (f32) {
-        std::vector<const float*> outs;
-        for (auto& gp : lab.gpus) outs.push_back(gp.nccl_out32);
-        nccl_check = "err " + fmt_err(lab.acc_error(outs.data(), se, 0, 1.0f, 0, 1));
-      }
-      rows.push_back({"nccl", nccl, nccl_check});
-      for (const char* v : {"red", "staged-ce", "staged-sm"}) {
-        lab.zero_acc(se);
-        lab.scatter_all(v, t, se);
-        lab.check_errors(v);
-        const float e1 = lab.odc_error(se, 0, 0, 1.0f, 0, 1);
-        std::string check = "err " + fmt_err(e1);
-        if (f32) check += ", vs nccl " + fmt_err(lab.odc_vs_nccl(se));
-        lab.scatter_all(v, t, se);
-        lab.scatter_all(v, t, se);
-        lab.check_errors(v);
-        check += ", x3 err " + fmt_err(lab.odc_error(se, 0, 0, 3.0f, 0, 1));
-        const double us = lab.time_op([&] { lab.scatter_all(v, t, se); });
-        lab.check_errors(v);
-        rows.push_back({v, us, check});
-      }
-      print_rows(lab, f32 ? "rs-fp32" : "rs-bf16", size, nccl, rows);
-    }
-  }
+  const std::vector<size_t> sizes = table_sizes(min_mib, max_mib);
+  gather_table(lab, "gather (bf16 payload) vs ncclAllGather", sizes, {"ce", "sm"});
+  scatter_tables(lab, "", sizes, {"red", "staged-ce", "staged-sm"});
 
   // ---- 5. barrier: latency, and a timeout that must name the missing rank ----
   {
