@@ -189,14 +189,26 @@ bool DeviceStreamedStaging::progress() {
   // One pass over what has arrived, on the background stream: it runs beside the caller's
   // stream, whatever that waits in (a collective, a long kernel), so senders waiting for this
   // rank's credit move on. Skipped while the last pass has not run yet.
+  auto enqueued = enqueue_pass();
+  if (!enqueued.ok()) {
+    progress_failure_ =
+        enqueued.with_context("while its progress thread enqueued a fold (outside its calls)");
+  }
+  return true;
+}
+
+Status DeviceStreamedStaging::enqueue_pass() {
   kernels::StreamedFold pass = fold_of(kernels::FoldUntil::kOnce, 0, 0);
   pass.leave_unknown = true;  // its table may be older than a peer's newest accumulator
   auto enqueued = device_.fold_streamed_if_idle(pass, progress_stream_);
-  if (!enqueued.ok()) {
-    progress_failure_ = enqueued.status().with_context(
-        "while its progress thread enqueued a fold (outside its calls)");
-  }
-  return true;
+  return enqueued.ok() ? Status::Ok() : enqueued.status();
+}
+
+Status DeviceStreamedStaging::fold_beside() {
+  const std::lock_guard<std::mutex> lock(progress_mutex_);
+  ODC_RETURN_IF_ERROR(progress_failure_);
+  if (!progress_open_ || world_size_ < 2) return Status::Ok();
+  return enqueue_pass();
 }
 
 Status DeviceStreamedStaging::add_local(uint64_t target_id, uint64_t first, const void* data,
@@ -216,6 +228,10 @@ Status DeviceStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t
                                          StreamHandle stream) {
   const auto o = static_cast<size_t>(owner);
   const uint64_t sequence = sent_[o] + 1;
+  // What arrived here is folded beside this rank's sends: the caller's stream only waits for a
+  // slot that is still taken, packs and puts (before, a fold ran on it between every two
+  // chunks).
+  ODC_RETURN_IF_ERROR(fold_beside());
   // The slot was last used by sequence - depth: wait (on the device, folding meanwhile) until
   // the owner consumed it.
   if (sequence > geometry_.depth) {

@@ -2,12 +2,15 @@
 // core/streamed_staging.h, with every step enqueued on the caller's stream and the owner's folds
 // run by its device (kernels/streamed_fold.cuh, through DeviceStagingOps::fold_streamed). The host
 // only counts sequences; no CPU thread polls and no call waits on the host.
-//   push          per chunk to owner p: a fold that returns once p's credit frees the chunk's
-//                 slot (folding what arrived here meanwhile, so ranks waiting for each other's
-//                 credit all progress), the chunk packed into this rank's outbox (header and
-//                 payload, in the push's dtype), and one put-with-signal of the outbox into the
-//                 slot, raising this rank's arrival signal at p to the chunk's sequence (the
-//                 end's signals, below, quiet every earlier put first);
+//   push          per chunk to owner p: a one-pass fold of what arrived here, on the background
+//                 stream (skipped while the last one there runs), so that the owner's folding
+//                 runs beside this rank's sends instead of between them; on the caller's stream
+//                 a fold that returns once p's credit frees the chunk's slot (at once where it
+//                 is free; folding what arrived meanwhile while it waits, so ranks waiting for
+//                 each other's credit all progress), the chunk packed into this rank's outbox
+//                 (header and payload, in the push's dtype), and one put-with-signal of the
+//                 outbox into the slot, raising this rank's arrival signal at p to the chunk's
+//                 sequence (the end's signals, below, quiet every earlier put first);
 //   every entry   (push, gather) a fold of whatever has arrived (one pass, no wait);
 //   finish        per owner: the end's sequence and its mark (the minibatch), each a signal
 //                 after every earlier put to that owner; then a fold until every sender's mark
@@ -92,6 +95,12 @@ class DeviceStreamedStaging final : public StreamedStaging {
   // That fold enqueued on `stream`.
   Status fold(kernels::FoldUntil until, int peer, uint64_t value, StreamHandle stream,
               int ends_from = 0, int ends_to = 0);
+  // A one-pass fold on the background stream, unless the last one there still runs: the
+  // progress thread's pass, also enqueued by each chunk a push sends. Where the minibatch is open
+  // only (begin() .. end_progress()). Takes progress_mutex_.
+  Status fold_beside();
+  // That pass, enqueued (progress_mutex_ held).
+  Status enqueue_pass();
 
   Transport& transport_;
   DeviceStagingOps& device_;  // transport_.device_staging(): folds, packing, local reads

@@ -60,12 +60,13 @@ inline constexpr size_t kDefaultStagingBytes = size_t{256} << 20;
 // ring of a large world still holds several.
 inline constexpr size_t kChunkHeaderBytes = 64;
 inline constexpr size_t kMaxChunkPayloadBytes = size_t{1} << 20;
-// On device transports every chunk is a pack, a put with its signal and the owner's fold, each
-// enqueued by the host: larger chunks amortize them (4 MiB against 1 MiB: back-to-back streamed
-// pushes of 32-256 MiB between 2 H200s at 37.8-40.1 GB/s instead of 34.2-34.7;
-// docs/benchmarks-archive.md, nineteenth round). The rings then take 132 MiB of the default budget
-// at 2 ranks, 244 at 4.
-inline constexpr size_t kMaxDeviceChunkPayloadBytes = size_t{4} << 20;
+// On device transports every chunk is a credit check, a pack and a put with its signal on the
+// caller's stream, each with a fixed cost, and a fold at the owner: larger chunks amortize them.
+// With the folds beside the sends, back-to-back NVSHMEM pushes between 2 H200s moved 92, 125 and
+// 135 GB/s from 64 MiB with 4, 8 and 16 MiB payloads (docs/benchmarks.md, section 4; 4 MiB
+// against 1 MiB before: 38-40 GB/s instead of 34). The budget bounds the rings: at the default
+// 256 MiB, 16 MiB slots at 2 and 3 ranks, smaller ones from 4 ranks (8 slots per sender first).
+inline constexpr size_t kMaxDeviceChunkPayloadBytes = size_t{16} << 20;
 // The smallest slot the budget may come down to: 64 fp32 elements of payload.
 inline constexpr size_t kMinChunkPayloadBytes = 256;
 

@@ -32,11 +32,16 @@ namespace detail {
 // 14 GB/s, these at 34 (docs/benchmarks-archive.md, nineteenth round; measured at 2 ranks, one
 // block per sender). That one block (one SM) was then the push's bound: 34-38 GB/s at 2 ranks
 // against the CUDA transport's 300-320, so a sender gets up to kMaxFoldGroupBlocks blocks (a
-// cluster: the portable maximum, 8) where the senders leave room under kMaxFoldBlocks.
+// cluster) where the senders leave room under kMaxFoldBlocks. 16, above the portable 8 (sm_90
+// runs clusters of up to 16 where the kernel asks): with folds beside the sends and 16 MiB
+// chunks, back-to-back NVSHMEM pushes between 2 H200s moved 126-149 GB/s from 128 MiB against
+// 115-123 with 8 (the fold bounds them there), and odc.train's 1.5b step over NVSHMEM was the
+// same (docs/benchmarks.md, section 4).
 inline constexpr int kFoldThreads = 512;
 inline constexpr int kFoldUnroll = 8;
 inline constexpr int kMaxFoldBlocks = 32;
-inline constexpr int kMaxFoldGroupBlocks = 8;
+inline constexpr int kMaxFoldGroupBlocks = 16;
+inline constexpr int kPortableClusterBlocks = 8;
 
 // The blocks that fold one sender together. On sm_90 a thread block cluster: sync() is the
 // cluster's barrier (release/acquire at cluster scope, so what the leader block wrote into its
@@ -301,6 +306,17 @@ __global__ void __launch_bounds__(kFoldThreads)
   const uint64_t start = global_timer_ns();
   bool final_pass = false;
   bool counted = false;
+  if (f.until == FoldUntil::kCredit) {
+    // A credit already there needs no pass: the caller's stream goes straight on to its put.
+    // Folding for peers is then the passes' beside it (DeviceStreamedStaging::send_chunk enqueues
+    // one per chunk on the background stream); this fold folds only while it has to wait, which
+    // keeps ranks waiting for each other's credit progressing (as the host emulation does).
+    if (leader) shared->verdict = ld_acquire_sys(f.credits + f.peer) >= f.value ? kMet : kGoOn;
+    group.sync();
+    const int free = shared->verdict;
+    group.sync();  // read before the leader writes again
+    if (free == kMet) return;
+  }
   for (;;) {
     if (leader) shared->verdict = failed_before(error) ? kStop : kGoOn;
     group.sync();
@@ -419,7 +435,7 @@ __global__ void __launch_bounds__(kFoldThreads)
 }
 
 // Blocks per sender: up to kMaxFoldGroupBlocks where the senders leave room under kMaxFoldBlocks
-// (2 ranks: 8; 9 ranks: 4; 33 or more: 1, as before groups).
+// (2 and 3 ranks: 16; 4 ranks: 10; 9 ranks: 4; 33 or more: 1, as before groups).
 inline int fold_group_blocks(int world_size) {
   const int senders = world_size - 1;
   const int per_sender = kMaxFoldBlocks / (senders > 0 ? senders : 1);
@@ -457,6 +473,16 @@ cudaError_t launch_streamed_fold(const StreamedFold& fold, const SendCredit& sen
       return attributes.ptxVersion >= 90;
     }();
     if (!compiled_for_clusters) per_sender = 1;
+  }
+  if (per_sender > kPortableClusterBlocks) {
+    // Above the portable size only where the kernel may (asked once; refused: the portable size).
+    static const bool non_portable = [] {
+      const cudaError_t asked = cudaFuncSetAttribute(
+          streamed_fold_kernel<SendCredit>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      if (asked != cudaSuccess) (void)cudaGetLastError();
+      return asked == cudaSuccess;
+    }();
+    if (!non_portable) per_sender = kPortableClusterBlocks;
   }
   // Smaller groups where a size is refused (not sticky), down to single blocks.
   for (; per_sender > 1; per_sender /= 2) {

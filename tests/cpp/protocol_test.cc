@@ -557,6 +557,8 @@ TEST(NodeAggregation, SeveralPushesPerMinibatchExactAndOneRowPerOwnerAtMinibatch
 TEST(NodeAggregation, RelayedAndDirectAccumulatorsTogether) {
   const int world = 4;
   const size_t count = 1000;  // 16 chunks per slice through six-slot rings: credit waits
+  // The sums each minibatch must give (seeding a generator per element and push took a minute).
+  const Expected expected = expected_sums(3, world, 20);
   for (Scheme scheme : {Scheme::kStreamed, Scheme::kStreamedDevice}) {
     SCOPED_TRACE(scheme_label(scheme));
     auto mem_world = mem::MemWorld::create(world, mem_options_for(scheme, 10, 2));
@@ -588,10 +590,8 @@ TEST(NodeAggregation, RelayedAndDirectAccumulatorsTogether) {
             return s.message();
           }
           for (size_t j = 0; j < sums.size(); ++j) {
-            double want = 0;
-            for (int r = 0; r < world; ++r) {
-              for (int call = 0; call < num_pushes(3, m, r); ++call) want += value(m, r, call, j);
-            }
+            const double want =
+                expected.base[m] + static_cast<double>(expected.pushes[m]) * (j % 64);
             if (sums[j] != want) return "wrong sum at element " + std::to_string(j);
           }
         }
@@ -803,26 +803,28 @@ TEST(Memory, StagingBudgetTooSmallForTheWorldIsNamed) {
 }
 
 // The device transports' rings at the default budget, as docs/runtime.md ("streamed") lists
-// them: 4 MiB payloads up to 8 ranks, 16 slots per sender at 2 and 3 ranks, then shallower as the
-// outbox slot and the fold's words come out of the same budget, never below 7 from 7 ranks up,
-// and never beyond the budget (what DeviceStreamedStaging::create allocates).
+// them: 7 slots per sender (8 of an eighth of a sender's share each, less one for the outbox slot
+// and the fold's words, which come out of the same budget), of 16 MiB at 2 ranks (the largest
+// payload, less its header), 8 MiB at 4, 4 MiB at 8, and never beyond the budget (what
+// DeviceStreamedStaging::create allocates).
 TEST(Memory, DeviceRingsAtTheDefaultBudget) {
   const size_t mib = size_t{1} << 20;
-  struct Want {
-    int world;
-    size_t depth;
-  };
-  for (Want want : {Want{2, 16}, Want{3, 16}, Want{4, 15}, Want{5, 12}, Want{6, 10}, Want{7, 8}}) {
-    auto g = DeviceStreamedStaging::geometry_for(kDefaultStagingBytes, want.world);
+  for (int world : {2, 3, 4, 5, 6, 7}) {
+    auto g = DeviceStreamedStaging::geometry_for(kDefaultStagingBytes, world);
     ASSERT_TRUE(g.ok()) << g.status().message();
-    EXPECT_EQ(g.value().payload_bytes(), kMaxDeviceChunkPayloadBytes) << want.world << " ranks";
-    EXPECT_EQ(g.value().depth, want.depth) << want.world << " ranks";
-    EXPECT_LE(DeviceStreamedStaging::bytes_for(g.value(), want.world), kDefaultStagingBytes);
+    // The slot is the share's eighth, rounded down to 64 bytes, header included.
+    const size_t share = (kDefaultStagingBytes - 5 * world * sizeof(uint64_t)) / world;
+    EXPECT_EQ(g.value().slot_bytes, share / 8 / 64 * 64) << world << " ranks";
+    EXPECT_EQ(g.value().depth, 7u) << world << " ranks";
+    EXPECT_LE(g.value().payload_bytes(), kMaxDeviceChunkPayloadBytes);
+    EXPECT_LE(DeviceStreamedStaging::bytes_for(g.value(), world), kDefaultStagingBytes);
   }
-  EXPECT_EQ(DeviceStreamedStaging::bytes_for(
-                DeviceStreamedStaging::geometry_for(kDefaultStagingBytes, 2).value(), 2) /
-                mib,
-            132u);  // docs/multinode.md: 132 MiB at 2 ranks
+  const auto two = DeviceStreamedStaging::geometry_for(kDefaultStagingBytes, 2).value();
+  EXPECT_EQ(kMaxDeviceChunkPayloadBytes - two.payload_bytes(), 128u);           // 16 MiB less 128 B
+  EXPECT_EQ((DeviceStreamedStaging::bytes_for(two, 2) + mib / 2) / mib, 240u);  // docs/multinode.md
+  EXPECT_EQ(DeviceStreamedStaging::geometry_for(kDefaultStagingBytes, 4).value().payload_bytes() /
+                (mib / 8),
+            63u);  // 8 MiB less 128 B at 4 ranks
   for (int world : {8, 16, 32, 64, 256, 16384}) {
     auto g = DeviceStreamedStaging::geometry_for(kDefaultStagingBytes, world);
     ASSERT_TRUE(g.ok()) << g.status().message();
