@@ -48,8 +48,9 @@ phase "C++ tests (ctest, $tier tier)"
 ctest --test-dir "$build_dir" --output-on-failure --timeout 300 -j "$(nproc)" --progress \
   "${ctest_filter[@]}"
 phase "Python tests (pytest)"
-ODC_CLI="$repo_root/.venv/bin/odc" .venv/bin/python -m pytest -rs tests/python tests/gpu \
-  "${pytest_filter[@]}"
+# --durations: the slowest tests in every log, where CI's time goes.
+ODC_CLI="$repo_root/.venv/bin/odc" .venv/bin/python -m pytest -rs --durations=15 tests/python \
+  tests/gpu "${pytest_filter[@]}"
 if [ -n "$verl_setup_pid" ]; then
   phase "odc as a verl backend (pytest with .venv-verl: verl $(sed -n 's/.*"verl==\(.*\)".*/\1/p' pyproject.toml))"
   if ! wait "$verl_setup_pid"; then
