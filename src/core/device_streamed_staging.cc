@@ -230,8 +230,14 @@ Status DeviceStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t
   const uint64_t sequence = sent_[o] + 1;
   // What arrived here is folded beside this rank's sends: the caller's stream only waits for a
   // slot that is still taken, packs and puts (before, a fold ran on it between every two
-  // chunks).
-  ODC_RETURN_IF_ERROR(fold_beside());
+  // chunks). One pass per slot's worth of bytes sent: per chunk where chunks are whole slots,
+  // not a launch (and, emulated, a scan of every sender) per chunk of a tiny slice.
+  const size_t bytes = count * element_bytes(dtype);
+  bytes_since_pass_ += bytes;
+  if (bytes_since_pass_ >= geometry_.payload_bytes()) {
+    bytes_since_pass_ = 0;
+    ODC_RETURN_IF_ERROR(fold_beside());
+  }
   // The slot was last used by sequence - depth: wait (on the device, folding meanwhile) until
   // the owner consumed it.
   if (sequence > geometry_.depth) {
@@ -239,7 +245,6 @@ Status DeviceStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t
         fold(kernels::FoldUntil::kCredit, owner, sequence - geometry_.depth, stream));
   }
   void* outbox = region(kOutbox).local();
-  const size_t bytes = count * element_bytes(dtype);
   ODC_RETURN_IF_ERROR(device_.pack_chunk(
       outbox, chunk_header(sequence, buffer_id, first, count, dtype), data, bytes, stream));
   const size_t slot = geometry_.slot_offset(rank_, sequence);

@@ -3,8 +3,9 @@
 // run by its device (kernels/streamed_fold.cuh, through DeviceStagingOps::fold_streamed). The host
 // only counts sequences; no CPU thread polls and no call waits on the host.
 //   push          per chunk to owner p: a one-pass fold of what arrived here, on the background
-//                 stream (skipped while the last one there runs), so that the owner's folding
-//                 runs beside this rank's sends instead of between them; on the caller's stream
+//                 stream (per slot's worth of bytes sent; skipped while the last one there
+//                 runs), so that the owner's folding runs beside this rank's sends instead of
+//                 between them; on the caller's stream
 //                 a fold that returns once p's credit frees the chunk's slot (at once where it
 //                 is free; folding what arrived meanwhile while it waits, so ranks waiting for
 //                 each other's credit all progress), the chunk packed into this rank's outbox
@@ -108,6 +109,7 @@ class DeviceStreamedStaging final : public StreamedStaging {
   std::vector<kernels::FoldTarget> targets_;
   std::vector<uint64_t> sent_;  // per owner: the last sequence used there (chunk or end)
   uint64_t meetings_entered_ = 0;
+  size_t bytes_since_pass_ = 0;  // sent since the last pass beside the sends (send_chunk)
 
   // The progress thread's side. Written by the caller's thread under progress_mutex_ (with
   // targets_ and minibatch_, which the passes read), read by the progress thread under it.
