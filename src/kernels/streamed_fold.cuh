@@ -309,8 +309,9 @@ __global__ void __launch_bounds__(kFoldThreads)
   if (f.until == FoldUntil::kCredit) {
     // A credit already there needs no pass: the caller's stream goes straight on to its put.
     // Folding for peers is then the passes' beside it (DeviceStreamedStaging::send_chunk enqueues
-    // one per chunk on the background stream); this fold folds only while it has to wait, which
-    // keeps ranks waiting for each other's credit progressing (as the host emulation does).
+    // one per slot's worth of bytes sent, on the background stream); this fold folds only while
+    // it has to wait, which keeps ranks waiting for each other's credit progressing (as the host
+    // emulation does).
     if (leader) shared->verdict = ld_acquire_sys(f.credits + f.peer) >= f.value ? kMet : kGoOn;
     group.sync();
     const int free = shared->verdict;

@@ -803,9 +803,9 @@ TEST(Memory, StagingBudgetTooSmallForTheWorldIsNamed) {
 }
 
 // The device transports' rings at the default budget, as docs/runtime.md ("streamed") lists
-// them: 7 slots per sender (8 of an eighth of a sender's share each, less one for the outbox slot
-// and the fold's words, which come out of the same budget), of 16 MiB at 2 ranks (the largest
-// payload, less its header), 8 MiB at 4, 4 MiB at 8, and never beyond the budget (what
+// them: 7 slots per sender (8 slots of an eighth of a sender's share, less one: the outbox slot
+// and the fold's words come out of the same budget), of 16 MiB at 2 ranks (the largest payload,
+// less its header), 8 MiB at 4, 4 MiB at 8, and never beyond the budget (what
 // DeviceStreamedStaging::create allocates).
 TEST(Memory, DeviceRingsAtTheDefaultBudget) {
   const size_t mib = size_t{1} << 20;
