@@ -96,7 +96,7 @@ Expected expected_sums(uint32_t seed, int world, int num_minibatches) {
     double base = 0;
     int pushes = 0;
     for (int s = 0; s < world; ++s) {
-      for (int call = 0; call < num_pushes(seed, m, s); ++call) {
+      for (int call = 0, calls = num_pushes(seed, m, s); call < calls; ++call) {
         base += value(m, s, call, 0);
         ++pushes;
       }
@@ -180,7 +180,7 @@ std::string run_rank(Communicator& comm, const RunOptions& o, const Expected& ex
     if (params != nullptr) {
       if (std::string wrong = check_published(comm, params, m); !wrong.empty()) return wrong;
     }
-    for (int call = 0; call < num_pushes(o.seed, m, comm.rank()); ++call) {
+    for (int call = 0, calls = num_pushes(o.seed, m, comm.rank()); call < calls; ++call) {
       for (size_t j = 0; j < src.size(); ++j) src[j] = value(m, comm.rank(), call, j);
       if (Status s = comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32,
                                              acc.value(), nullptr);
@@ -576,7 +576,7 @@ TEST(NodeAggregation, RelayedAndDirectAccumulatorsTogether) {
       std::vector<float> src(world * count), sums(world * count);
       for (int m = 0; m < 20; ++m) {
         if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
-        for (int call = 0; call < num_pushes(3, m, rank); ++call) {
+        for (int call = 0, calls = num_pushes(3, m, rank); call < calls; ++call) {
           for (size_t j = 0; j < src.size(); ++j) src[j] = value(m, rank, call, j);
           for (Buffer* acc : accs) {
             Status s =
@@ -1127,7 +1127,7 @@ TEST(Faults, StreamedSlowOwnerStarvesSendersOfCreditSumsStayExact) {
       std::vector<float> sums(src.size());
       for (int m = 0; m < o.num_minibatches; ++m) {
         if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
-        for (int call = 0; call < num_pushes(o.seed, m, rank); ++call) {
+        for (int call = 0, calls = num_pushes(o.seed, m, rank); call < calls; ++call) {
           if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // "compute"
           for (size_t j = 0; j < src.size(); ++j) src[j] = value(m, rank, call, j);
           if (Status s = comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32,

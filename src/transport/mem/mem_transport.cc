@@ -3,6 +3,7 @@
 #include "transport/mem/mem_transport.h"
 
 #include <algorithm>
+#include <memory>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -66,7 +67,8 @@ class MemTransport final : public Transport, private DeviceStagingOps {
     // The fold emulation finds a region from its local address (the world keeps the memory).
     {
       std::lock_guard<std::mutex> lock(regions_mutex_);
-      regions_[pointers[static_cast<size_t>(rank())]] = {pointers, bytes};
+      regions_[pointers[static_cast<size_t>(rank())]] =
+          std::make_unique<const MemRegion>(pointers, rank(), bytes);
     }
     return std::unique_ptr<SymmetricRegion>(new MemRegion(std::move(pointers), rank(), bytes));
   }
@@ -123,7 +125,8 @@ class MemTransport final : public Transport, private DeviceStagingOps {
     const uint64_t old = slots[rank()];
     slots[rank()] = std::max(old, value);
     if (value > old) {
-      for (const MemWorld::Mailbox::Polled& entry : box.polled) {
+      for (size_t i = 0; i < box.num_polled; ++i) {
+        const MemWorld::Mailbox::Polled& entry = box.polled[i];
         if (entry.slots != slots) continue;
         const uint64_t any_at = entry.any_at[rank()];
         const uint64_t all_at = entry.all_at[rank()];
@@ -202,24 +205,27 @@ class MemTransport final : public Transport, private DeviceStagingOps {
       if (Clock::now() >= deadline) return false;
       // Woken only by the signals that make a condition hold (or a rank's failure), so that
       // ranks waiting on many peers do not wake for every signal of a large world.
-      box.polled.clear();
+      box.num_polled = 0;
       box.all_missing = all_missing;
+      const auto world = static_cast<size_t>(world_size());
       for (size_t i = 0; i < watches.size(); ++i) {
         const SignalWatch& watch = watches[i];
         const auto* slots = static_cast<const uint64_t*>(watch.signals->local());
-        auto found = std::find_if(box.polled.begin(), box.polled.end(),
+        const auto live_end = box.polled.begin() + static_cast<std::ptrdiff_t>(box.num_polled);
+        auto found = std::find_if(box.polled.begin(), live_end,
                                   [&](const auto& entry) { return entry.slots == slots; });
-        if (found == box.polled.end()) {
-          const auto world = static_cast<size_t>(world_size());
-          box.polled.push_back({slots, std::vector<uint64_t>(world, UINT64_MAX),
-                                std::vector<uint64_t>(world, UINT64_MAX)});
-          found = box.polled.end() - 1;
+        if (found == live_end) {
+          if (box.num_polled == box.polled.size()) box.polled.emplace_back();
+          found = box.polled.begin() + static_cast<std::ptrdiff_t>(box.num_polled++);
+          found->slots = slots;
+          found->any_at.assign(world, UINT64_MAX);
+          found->all_at.assign(world, UINT64_MAX);
         }
         uint64_t& at = (i < num_all ? found->all_at : found->any_at)[watch.peer];
         at = std::min(at, watch.value);
       }
       box.wake.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
-      box.polled.clear();
+      box.num_polled = 0;
     }
   }
 
@@ -277,10 +283,10 @@ class MemTransport final : public Transport, private DeviceStagingOps {
   }
 
   // A region of this transport by its local address (the fold gets only addresses).
-  MemRegion region_of(const void* local) const {
+  // Regions stay until the transport closes (the world keeps their memory), so a reference does.
+  const MemRegion& region_of(const void* local) const {
     std::lock_guard<std::mutex> lock(regions_mutex_);
-    const auto& found = regions_.at(const_cast<void*>(local));
-    return MemRegion(found.first, rank(), found.second);
+    return *regions_.at(local);
   }
 
   class HostFold {
@@ -438,16 +444,16 @@ class MemTransport final : public Transport, private DeviceStagingOps {
 
     MemTransport& t_;
     const kernels::StreamedFold& f_;
-    MemRegion arrivals_;
-    MemRegion credits_;
-    MemRegion end_marks_;
-    MemRegion end_sequences_;
-    MemRegion meetings_;
+    const MemRegion& arrivals_;
+    const MemRegion& credits_;
+    const MemRegion& end_marks_;
+    const MemRegion& end_sequences_;
+    const MemRegion& meetings_;
   };
 
   std::shared_ptr<MemWorld> world_;
-  // Every region this rank allocated: its local address -> (every rank's address, bytes).
-  std::map<void*, std::pair<std::vector<void*>, size_t>> regions_;
+  // Every region this rank allocated, by its local address (a copy: the caller owns its own).
+  std::map<const void*, std::unique_ptr<const MemRegion>> regions_;
   mutable std::mutex regions_mutex_;  // regions_: the progress thread's folds look regions up too
   std::mutex fold_mutex_;  // held by every emulated fold, and by accumulate when stream-ordered
 };

@@ -64,7 +64,10 @@ class MemWorld : public std::enable_shared_from_this<MemWorld> {
       std::vector<uint64_t> any_at;
       std::vector<uint64_t> all_at;
     };
+    // The first num_polled entries are live; the rest keep their vectors for the next wait (a wait
+    // of a large world would otherwise allocate two world-sized vectors per watched region).
     std::vector<Polled> polled;
+    size_t num_polled = 0;
     size_t all_missing = 0;
   };
 
