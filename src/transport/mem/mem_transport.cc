@@ -3,9 +3,9 @@
 #include "transport/mem/mem_transport.h"
 
 #include <algorithm>
-#include <memory>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
 
