@@ -18,7 +18,11 @@ started=$SECONDS
 for sanitizer in address thread; do
   build_dir="build/sanitize-$sanitizer"
   echo "== [$((SECONDS - started)) s] $sanitizer sanitizer: building the C++ tests into $build_dir =="
-  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DODC_WITH_CUDA=OFF \
+  # -O1 -g1 (line tables: stacks still name files and lines): on a 2-core machine the ASan build
+  # took 484 s at -O2 -g and 211 s at -O1 -g1, TSan's about 210 and 127 s, and the tests run
+  # as fast (the protocol tests: ASan 71 s against 85, TSan 98 against 121).
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DODC_WITH_CUDA=OFF \
     -DODC_SANITIZE="$sanitizer" -DODC_BUILD_BENCHMARKS=OFF >/dev/null
   cmake --build "$build_dir" --parallel "$(nproc)" --target odc_cpp_tests odc_protocol_tests
   if [ "$build_only" = true ]; then continue; fi
