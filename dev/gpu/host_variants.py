@@ -17,11 +17,13 @@ compare variants within one run.
 """
 
 import argparse
+import functools
 import gc
 import os
 import statistics
 import sys
 import time
+import types
 
 import torch
 import torch.distributed as dist
@@ -61,15 +63,34 @@ def compare_attention_ops():
         print(f"aten op vs varlen_attn, {name}: max abs difference {diff:.3e}")
 
 
+def _checkpointed_forward(layer, *args, **kwargs):
+    """A block's forward inside torch's checkpoint, compiled as one function (with the block's
+    own checkpointing turned off, type(layer).forward runs the block as is)."""
+    from torch.utils.checkpoint import checkpoint
+
+    forward = functools.partial(type(layer).forward, layer)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
 def compile_blocks_with(model, inductor):
     """compile_blocks with one of inductor's launch-overhead options: "cpp_wrapper" (the
     generated code launches its kernels from C++ rather than Python) or "cudagraphs" (each block's
-    forward and backward replayed as CUDA graphs, one per token count: torch's reduce-overhead)."""
+    forward and backward replayed as CUDA graphs, one per token count: torch's reduce-overhead),
+    or "checkpoint inside" (+ " cudagraphs"): the checkpoint inside the compiled function instead
+    of around it."""
     import torch._dynamo.config as dynamo_config
 
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, train_model.RECOMPILE_LIMIT)
     for layer in model.layers:
-        if inductor == "cpp_wrapper":
+        if inductor.startswith("checkpoint inside"):
+            # The recomputation inside the compiled function: AOTAutograd's backward graph
+            # recomputes, so no forward runs during backward (which CUDA graph trees refuse).
+            layer.gradient_checkpointing = False
+            mode = "reduce-overhead" if inductor.endswith("cudagraphs") else None
+            layer.forward = torch.compile(
+                types.MethodType(_checkpointed_forward, layer), dynamic=False, mode=mode
+            )
+        elif inductor == "cpp_wrapper":
             layer.forward = torch.compile(
                 layer.forward, dynamic=True, options={"cpp_wrapper": True}
             )
@@ -161,6 +182,15 @@ VARIANTS = [  # name: attention, compiled, fsdp, liger[, inductor option]
     ("compiled, aten op", "aten", True, False, None),
     ("compiled cpp_wrapper, aten op", "aten", True, False, None, "cpp_wrapper"),
     ("compiled cudagraphs, aten op", "aten", True, False, None, "cudagraphs"),
+    ("compiled, checkpoint inside, aten op", "aten", True, False, None, "checkpoint inside"),
+    (
+        "compiled cudagraphs, checkpoint inside, aten op",
+        "aten",
+        True,
+        False,
+        None,
+        "checkpoint inside cudagraphs",
+    ),  # fmt: skip
     ("fsdp2 eager, varlen_attn", "varlen", False, True, None),
     ("fsdp2 eager, aten op", "aten", False, True, None),
     ("fsdp2 compiled, varlen_attn", "varlen", True, True, None),
