@@ -315,7 +315,7 @@ def _r12_rank(rank, world_size, key, store_path):
                 output_tensor.zero_()
                 return None
 
-        active, pushed, hooked, reduces = [False], [], [], [0]
+        active, pushed, hooked, reduces, marks = [False], [], [], [0], []
         original_reduce = param_group_module.foreach_reduce
 
         def counting_reduce(*args, **kwargs):
@@ -328,14 +328,35 @@ def _r12_rank(rank, world_size, key, store_path):
             recorders[module] = RecordingReduceScatter()
             module.set_custom_reduce_scatter(recorders[module])
             installed = internals.install_reduce_without_bookkeeping(
-                module, lambda: active[0], lambda source, group: pushed.append(source.clone())
+                module,
+                lambda: active[0],
+                lambda source, group: pushed.append(source.clone()),
+                lambda indices, module=module: marks.append((module, list(indices))),
             )
             if not installed:
                 problems.append("R12: a parameter group lacks what the direct push reads")
+        keeper_calls = []  # a hook the direct push skips (odc.torch's placeholder keeper)
+
+        def keeper(param):
+            keeper_calls.append(param)
+
+        setattr(keeper, internals.NOT_AFTER_DIRECT_PUSH, True)
         for param in model.parameters():
             param.register_post_accumulate_grad_hook(lambda p: hooked.append(p))
+            param.register_post_accumulate_grad_hook(keeper)
         x = torch.randn(4, 5, generator=torch.Generator().manual_seed(rank))
         model(x).sum().backward()  # FSDP2's reduce: the recorders see its inputs
+        # R8: each group's post_backward named every parameter (all got a gradient), both paths.
+        want_marks = sorted(
+            (id(module), list(range(len(internals.group_layout(module).slots))))
+            for module in (model[0], model)
+        )
+        if sorted((id(m), i) for m, i in marks) != want_marks:
+            problems.append(f"R8: the post_backward marked {marks}, expected every parameter")
+        if len(keeper_calls) != len(list(model.parameters())):
+            problems.append("R12: inactive, FSDP2's reduce must call every hook")
+        marks.clear()
+        keeper_calls.clear()
         fsdp2_inputs = [t for module in (model, model[0]) for t in recorders[module].inputs]
         if reduces[0] != 2 or len(fsdp2_inputs) != 2:
             problems.append(f"R12: inactive, FSDP2 reduced {reduces[0]} times, expected 2")
@@ -351,12 +372,26 @@ def _r12_rank(rank, world_size, key, store_path):
             problems.append("R12: the direct push differs from FSDP2's reduce-scatter input")
         if len(hooked) != len(list(model.parameters())):
             problems.append(f"R12: {len(hooked)} post-accumulate-grad hooks ran, expected 4")
+        # zero_grad left .grad None: the keeper runs, as after FSDP2's reduce.
+        if len(keeper_calls) != len(list(model.parameters())):
+            problems.append("R12: with .grad None the direct push must call every hook")
+        if sorted((id(m), i) for m, i in marks) != want_marks:
+            problems.append(f"R8: active, the post_backward marked {marks}")
         for module in (model[0], model):
             for index in range(len(internals.group_layout(module).slots)):
                 unsharded = internals.unsharded_param(module, index)
                 if unsharded is not None and unsharded.grad is not None:
                     problems.append("R12: an unsharded gradient outlived the direct push")
+        for param in model.parameters():  # a .grad the direct push leaves as it is
+            param.grad = torch.zeros_like(param)
+        keeper_calls.clear()
+        hooked.clear()
         model(x).sum().backward()  # FSDP2 took the groups back to IDLE: a second one runs
+        if keeper_calls or len(hooked) != len(list(model.parameters())):
+            problems.append(
+                f"R12: with .grad set the direct push called the keeper {len(keeper_calls)} "
+                f"times (expected 0) and the other hook {len(hooked)} times"
+            )
         if len(pushed) != 4:
             problems.append(f"R12: {len(pushed)} direct pushes after two backwards, expected 4")
         return problems

@@ -111,6 +111,9 @@ class GroupState:
         self.marked: Set[int] = set()
         self.pushed: Set[int] = set()
         self._watched = {}  # id(unsharded param) -> (param, hook handle)
+        # Whether the group's post_backward marks the slots itself (R12 installed): then no hook
+        # per unsharded parameter does (watch_unsharded).
+        self.marks_in_post_backward = False
         # During a minibatch every trainable parameter's .grad is a placeholder without storage
         # (_sums_pending: it raises, naming the fix, when clipping or a read uses it, and
         # absorbs FSDP2's add of the zeroed reduce-scatter output). Where FSDP2 finds no .grad
@@ -235,7 +238,10 @@ class GroupState:
                 target.copy_(internals.all_gather_input(self.layout.module, index))
 
     def watch_unsharded(self) -> None:
-        """Hooks each unsharded parameter (R8) so that a gradient it gets marks its slot."""
+        """Hooks each unsharded parameter (R8) so that a gradient it gets marks its slot, unless
+        the group's post_backward marks them (mark_reduced)."""
+        if self.marks_in_post_backward:
+            return
         for index in range(len(self.layout.slots)):
             param = internals.unsharded_param(self.layout.module, index)
             if param is None or not param.requires_grad:  # frozen: no gradient to watch for
@@ -244,6 +250,10 @@ class GroupState:
             if watched is None or watched[0] is not param:
                 handle = param.register_post_accumulate_grad_hook(_slot_marker(self, index))
                 self._watched[id(param)] = (param, handle)
+
+    def mark_reduced(self, indices) -> None:
+        """The slots the group's next reduce covers (R8), from its post_backward (R12)."""
+        self.marked.update(indices)
 
     def push_source(self, input_tensor: torch.Tensor) -> torch.Tensor:
         """FSDP2's reduce-scatter input in the accumulator's layout: itself when it holds every
@@ -446,6 +456,8 @@ def _grad_replacer(group: GroupState):
                 alive.grad_replaced(param)
             param.grad = pending
 
+    # Not called by the direct push while .grad is set: that push leaves .grad as it is.
+    setattr(replace, internals.NOT_AFTER_DIRECT_PUSH, True)
     return replace
 
 

@@ -167,7 +167,9 @@ class OdcFSDP:
             module.set_custom_reduce_scatter(pushes)
             # Inside a minibatch on a 1-D mesh: push without FSDP2's per-parameter bookkeeping
             # of the zeros it would add (_fsdp2_internals R12); elsewhere FSDP2's own reduce.
-            internals.install_reduce_without_bookkeeping(module, self._pushes_directly, pushes.push)
+            group.marks_in_post_backward = internals.install_reduce_without_bookkeeping(
+                module, self._pushes_directly, pushes.push, group.mark_reduced
+            )
             self._groups.append(group)
         # Which parameters some rank pushed a gradient for in a minibatch: one float per
         # parameter of every group (slot), summed like the gradients (see minibatch_end).
