@@ -85,10 +85,14 @@ def compile_blocks_with(model, inductor):
         if inductor.startswith("checkpoint inside"):
             # The recomputation inside the compiled function: AOTAutograd's backward graph
             # recomputes, so no forward runs during backward (which CUDA graph trees refuse).
+            # Dynamic token dimension as compile_blocks (the "compiled" rows), static for CUDA
+            # graphs as the "cudagraphs" rows: one change against each.
             layer.gradient_checkpointing = False
-            mode = "reduce-overhead" if inductor.endswith("cudagraphs") else None
+            graphs = inductor.endswith("cudagraphs")
             layer.forward = torch.compile(
-                types.MethodType(_checkpointed_forward, layer), dynamic=False, mode=mode
+                types.MethodType(_checkpointed_forward, layer),
+                dynamic=not graphs,
+                mode="reduce-overhead" if graphs else None,
             )
         elif inductor == "cpp_wrapper":
             layer.forward = torch.compile(
