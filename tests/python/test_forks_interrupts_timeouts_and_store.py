@@ -24,10 +24,20 @@ def _key(name):
     return f"hard26-{name}-{os.getpid()}"
 
 
+# Python turns SIGINT into KeyboardInterrupt only where the process did not inherit it ignored,
+# and a test run started in the background by a non-interactive shell (`nohup ... &`, as a CI
+# runner may) passes SIGINT on ignored: the Ctrl-C tests then waited in vain. Every interpreter
+# started here handles SIGINT as one started from a terminal does.
+_SIGINT_AS_FROM_A_TERMINAL = (
+    "import signal as _signal\n_signal.signal(_signal.SIGINT, _signal.default_int_handler)\n"
+)
+
+
 def _python(code, **kwargs):
-    """Starts `code` in a new interpreter (stdin, stdout and stderr are pipes)."""
+    """Starts `code` in a new interpreter (stdin, stdout and stderr are pipes), SIGINT raising
+    KeyboardInterrupt whatever this process inherited."""
     return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", _SIGINT_AS_FROM_A_TERMINAL + textwrap.dedent(code)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
