@@ -35,6 +35,20 @@ class DeviceStagingOps {
   // is now; work queued on streams may still change it (counters).
   virtual Status read_local(void* host_dst, const void* src, size_t bytes) = 0;
 
+  // ---- the send lane: a stream of the transport's own for the chunks' puts ---------------------
+  // A chunk's put reads only the outbox, never the caller's data, so it may run beside the
+  // caller's stream: the next chunk's credit wait and pack (into another outbox slot), and the
+  // push's own slice, run while this chunk moves (before, one after another on one stream).
+  // Local: the lane, ordered after everything enqueued on `stream` so far (made at the first
+  // call). Transports whose calls complete on return give `stream` back.
+  virtual Result<StreamHandle> fork_sends(StreamHandle stream) = 0;
+  // Local: what the lane has enqueued so far is mark `index` (0 or 1), until marked again.
+  virtual Status mark_sends(int index) = 0;
+  // Local: `stream` runs on once the lane ran up to mark `index` as last set (none: at once).
+  virtual Status wait_sends(int index, StreamHandle stream) = 0;
+  // Local: `stream` runs on once everything enqueued on the lane so far ran.
+  virtual Status join_sends(StreamHandle stream) = 0;
+
  protected:
   // Owned by the transport that implements it (never deleted through this interface).
   ~DeviceStagingOps() = default;

@@ -15,9 +15,10 @@ size_t fold_words(int world_size) {
 }
 
 // What the device variant holds beyond the rings and the five signal regions RingGeometry
-// counts: the fold's words and one outbox slot.
+// counts: the fold's words and the outbox slots.
 size_t extra_bytes(const RingGeometry& geometry, int world_size) {
-  return fold_words(world_size) * sizeof(uint64_t) + geometry.slot_bytes;
+  return fold_words(world_size) * sizeof(uint64_t) +
+         DeviceStreamedStaging::kOutboxSlots * geometry.slot_bytes;
 }
 
 int64_t timeout_ns(const Transport& transport) {
@@ -66,7 +67,7 @@ Result<std::unique_ptr<StreamedStaging>> DeviceStreamedStaging::create(Transport
     sizes[signals] = static_cast<size_t>(world_size) * sizeof(uint64_t);  // a word per peer
   }
   sizes[kFolded] = fold_words(world_size) * sizeof(uint64_t);
-  sizes[kOutbox] = g.slot_bytes;
+  sizes[kOutbox] = kOutboxSlots * g.slot_bytes;
   std::vector<std::unique_ptr<SymmetricRegion>> regions;
   for (size_t bytes : sizes) {
     auto made = transport.allocate(bytes);  // zeroed
@@ -244,14 +245,23 @@ Status DeviceStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t
     ODC_RETURN_IF_ERROR(
         fold(kernels::FoldUntil::kCredit, owner, sequence - geometry_.depth, stream));
   }
-  void* outbox = region(kOutbox).local();
+  // Packed on the caller's stream (which then may reuse `data`) into the outbox slot after the
+  // last one, once the lane's put of the chunk packed there before has run; put from the lane,
+  // so that it moves while the caller's stream packs the next chunk or adds the push's own slice.
+  const int turn = static_cast<int>(chunks_sent_ % kOutboxSlots);
+  char* outbox = static_cast<char*>(region(kOutbox).local()) + turn * geometry_.slot_bytes;
+  ODC_RETURN_IF_ERROR(device_.wait_sends(turn, stream));
   ODC_RETURN_IF_ERROR(device_.pack_chunk(
       outbox, chunk_header(sequence, buffer_id, first, count, dtype), data, bytes, stream));
+  auto lane = device_.fork_sends(stream);
+  if (!lane.ok()) return lane.status();
   const size_t slot = geometry_.slot_offset(rank_, sequence);
-  // The signal follows its data: the owner sees the chunk whole.
+  // The signal follows its data: the owner sees the chunk whole. One lane: every put to an owner
+  // lands in sequence order, so an arrival signal never runs ahead of an earlier chunk's data.
   ODC_RETURN_IF_ERROR(transport_.put_signal(outbox, region(kRings), owner, slot,
                                             kChunkHeaderBytes + bytes, region(kArrivals), sequence,
-                                            stream));
+                                            lane.value()));
+  ODC_RETURN_IF_ERROR(device_.mark_sends(turn));
   sent_[o] = sequence;
   ++chunks_sent_;
   return Status::Ok();
@@ -266,6 +276,8 @@ Status DeviceStreamedStaging::end_at(int owner, StreamHandle stream) {
   // then the mark that says it is this minibatch's (each after every earlier put).
   const auto o = static_cast<size_t>(owner);
   sent_[o] += 1;
+  // After every chunk's put (the lane's): the end covers them all.
+  ODC_RETURN_IF_ERROR(device_.join_sends(stream));
   ODC_RETURN_IF_ERROR(transport_.signal(region(kEndSequences), owner, sent_[o], stream));
   return transport_.signal(region(kEndMarks), owner, minibatch_, stream);
 }
@@ -285,6 +297,8 @@ Status DeviceStreamedStaging::wait_ends(int from, int to, StreamHandle stream) {
 
 Status DeviceStreamedStaging::meet(const char*, StreamHandle stream) {
   ++meetings_entered_;
+  // Everything put before a meeting is there once it is over: the lane's puts first.
+  ODC_RETURN_IF_ERROR(device_.join_sends(stream));
   for (int i = 0; i < world_size_; ++i) {
     const int peer = (rank_ + 1 + i) % world_size_;
     if (peer != rank_) {

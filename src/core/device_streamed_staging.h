@@ -8,10 +8,14 @@
 //                 between them; on the caller's stream
 //                 a fold that returns once p's credit frees the chunk's slot (at once where it
 //                 is free; folding what arrived meanwhile while it waits, so ranks waiting for
-//                 each other's credit all progress), the chunk packed into this rank's outbox
-//                 (header and payload, in the push's dtype), and one put-with-signal of the
-//                 outbox into the slot, raising this rank's arrival signal at p to the chunk's
-//                 sequence (the end's signals, below, quiet every earlier put first);
+//                 each other's credit all progress), the chunk packed into the next of this
+//                 rank's two outbox slots (header and payload, in the push's dtype; once the
+//                 put of the chunk packed there before has run), and on the transport's send
+//                 lane (DeviceStagingOps::fork_sends: one stream, so puts land in order) one
+//                 put-with-signal of that slot into the ring's, raising this rank's arrival
+//                 signal at p to the chunk's sequence. The caller's stream packs the next chunk
+//                 and adds the push's own slice while the lane moves this one (the end's and
+//                 the meetings' signals, below, wait for the lane and quiet every earlier put);
 //   every entry   (push, gather) a fold of whatever has arrived (one pass, no wait);
 //   finish        per owner: the end's sequence and its mark (the minibatch), each a signal
 //                 after every earlier put to that owner; then a fold until every sender's mark
@@ -21,7 +25,7 @@
 //                 node-aggregated pushes the node's ends consumed first count in the last fold);
 //   meet          a meeting signal to every rank, then a fold until every rank's arrived, and
 //                 one more pass (everything put before a meeting is there).
-// Memory per rank: the rings and signals of the budget's geometry, one outbox slot and the fold's
+// Memory per rank: the rings and signals of the budget's geometry, two outbox slots and the fold's
 // counters, all inside the budget.
 #pragma once
 
@@ -39,10 +43,15 @@ namespace odc {
 
 class DeviceStreamedStaging final : public StreamedStaging {
  public:
+  // The outbox: chunks are packed into its slots in turn, so that one is packed while the put of
+  // the other runs (one slot more of the budget than a single outbox; measured in
+  // docs/benchmarks.md, section 4, "The puts on a lane of their own").
+  static constexpr size_t kOutboxSlots = 2;
+
   // Collective (every rank, same budget).
   static Result<std::unique_ptr<StreamedStaging>> create(Transport& transport, size_t budget_bytes);
   // The rings create() cuts from `budget_bytes` for `world_size` ranks: RingGeometry's cut with
-  // payloads up to kMaxDeviceChunkPayloadBytes, shallower where the outbox slot and the fold's
+  // payloads up to kMaxDeviceChunkPayloadBytes, shallower where the outbox slots and the fold's
   // words must fit too; InvalidArgument naming the least that works when nothing does.
   static Result<RingGeometry> geometry_for(size_t budget_bytes, int world_size);
   // What create() allocates per rank for that geometry (rings, signals, fold words, outbox).

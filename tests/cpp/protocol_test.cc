@@ -22,10 +22,12 @@
 
 #include "common/env.h"
 #include "core/communicator.h"
+#include "core/device_staging_ops.h"
 #include "core/device_streamed_staging.h"
 #include "protocol_harness.h"
 #include "transport/fault/fault_transport.h"
 #include "transport/mem/mem_transport.h"
+#include "transport/transport_wrapper.h"
 
 namespace odc {
 namespace {
@@ -605,7 +607,7 @@ TEST(NodeAggregation, RelayedAndDirectAccumulatorsTogether) {
 // What each scheme adds per rank, from the bytes the core asks the transport for: the shards
 // (count fp32), and per scheme: remote add nothing; streamed the rings and signals cut from the
 // staging budget, once per communicator, at most the budget whatever the model and world size;
-// streamed with the device's steps the same geometry, shallower where one outbox slot and the
+// streamed with the device's steps the same geometry, shallower where two outbox slots and the
 // fold's words must fit too; pulled (deterministic) one pending buffer of world x count fp32 (4
 // bytes per full-gradient element) plus one fixed scratch per communicator.
 TEST(Memory, EachSchemeAllocatesItsDocumentedBytes) {
@@ -655,12 +657,12 @@ TEST(Memory, EachSchemeAllocatesItsDocumentedBytes) {
         EXPECT_GE(geometry.value().depth, 8u) << "at " << world << " ranks";
       }
       if (scheme == Scheme::kStreamedDevice) {
-        // The device steps add the fold's words (folded, locks, ended, a counter) and one
-        // outbox slot, from the same budget, with the device's larger payloads.
+        // The device steps add the fold's words (folded, locks, ended, a counter) and two
+        // outbox slots, from the same budget, with the device's larger payloads.
         const auto geometry = RingGeometry::for_budget(budget, world, kMaxDeviceChunkPayloadBytes);
         ASSERT_TRUE(geometry.ok());
-        const size_t extra =
-            (3 * static_cast<size_t>(world) + 1) * sizeof(uint64_t) + geometry.value().slot_bytes;
+        const size_t extra = (3 * static_cast<size_t>(world) + 1) * sizeof(uint64_t) +
+                             2 * geometry.value().slot_bytes;
         size_t depth = geometry.value().depth;
         RingGeometry fitted = geometry.value();
         while (fitted.total_bytes(world) + extra > budget && fitted.depth > 1) --fitted.depth;
@@ -803,7 +805,7 @@ TEST(Memory, StagingBudgetTooSmallForTheWorldIsNamed) {
 }
 
 // The device transports' rings at the default budget, as docs/runtime.md ("streamed") lists
-// them: 7 slots per sender (8 slots of an eighth of a sender's share, less one: the outbox slot
+// them: 7 slots per sender (8 slots of an eighth of a sender's share, less one: the outbox slots
 // and the fold's words come out of the same budget), of 16 MiB at 2 ranks (the largest payload,
 // less its header), 8 MiB at 4, 4 MiB at 8, and never beyond the budget (what
 // DeviceStreamedStaging::create allocates).
@@ -821,7 +823,7 @@ TEST(Memory, DeviceRingsAtTheDefaultBudget) {
   }
   const auto two = DeviceStreamedStaging::geometry_for(kDefaultStagingBytes, 2).value();
   EXPECT_EQ(kMaxDeviceChunkPayloadBytes - two.payload_bytes(), 128u);           // 16 MiB less 128 B
-  EXPECT_EQ((DeviceStreamedStaging::bytes_for(two, 2) + mib / 2) / mib, 240u);  // docs/multinode.md
+  EXPECT_EQ((DeviceStreamedStaging::bytes_for(two, 2) + mib / 2) / mib, 256u);  // docs/multinode.md
   EXPECT_EQ(DeviceStreamedStaging::geometry_for(kDefaultStagingBytes, 4).value().payload_bytes() /
                 (mib / 8),
             63u);  // 8 MiB less 128 B at 4 ranks
@@ -1201,6 +1203,162 @@ TEST(Streamed, DeviceFoldRefusesOneAccumulatorTooManyAndGoesOn) {
   EXPECT_EQ(describe(outcome), "");
 }
 
+// The device staging's puts leave from the transport's send lane, packed into the two outbox
+// slots in turn (each packed only once the lane's put of the chunk packed there before has run),
+// and the end's and the meetings' signals wait for the lane: what a device transport's streams
+// rely on (DeviceStagingOps::fork_sends). Rank 0's calls are recorded over the in-memory
+// transport (whose streams are the caller's order; the lane gets a handle of its own here).
+class LaneRecorder final : public TransportWrapper, private DeviceStagingOps {
+ public:
+  LaneRecorder(std::unique_ptr<Transport> inner, std::vector<std::string>* log)
+      : TransportWrapper(std::move(inner)), log_(log) {}
+  static StreamHandle lane() { return reinterpret_cast<StreamHandle>(uintptr_t{0x1a4e}); }
+
+  DeviceStagingOps* device_staging() override { return this; }
+  Status put_signal(const void* src, const SymmetricRegion& region, int peer, size_t offset,
+                    size_t bytes, const SymmetricRegion& signals, uint64_t value,
+                    StreamHandle stream) override {
+    note("put_signal " + address(src) + (stream == lane() ? " lane" : " caller"));
+    return inner().put_signal(src, region, peer, offset, bytes, signals, value, stream);
+  }
+  Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
+                StreamHandle stream) override {
+    note(std::string("signal") + (stream == lane() ? " lane" : " caller"));
+    return inner().signal(signals, peer, value, stream);
+  }
+
+ private:
+  DeviceStagingOps& ops() { return *inner().device_staging(); }
+  Status fold_streamed(const kernels::StreamedFold& fold, StreamHandle stream) override {
+    return ops().fold_streamed(fold, stream);
+  }
+  Result<bool> fold_streamed_if_idle(const kernels::StreamedFold& fold,
+                                     StreamHandle stream) override {
+    return ops().fold_streamed_if_idle(fold, stream);
+  }
+  Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
+                    StreamHandle stream) override {
+    note("pack " + address(dst) + (stream == lane() ? " lane" : " caller"));
+    return ops().pack_chunk(dst, header, src, bytes, stream);
+  }
+  Status read_local(void* host_dst, const void* src, size_t bytes) override {
+    return ops().read_local(host_dst, src, bytes);
+  }
+  Result<StreamHandle> fork_sends(StreamHandle stream) override {
+    note("fork_sends");
+    auto forked = ops().fork_sends(stream);
+    if (!forked.ok()) return forked;
+    return lane();
+  }
+  Status mark_sends(int index) override {
+    note("mark_sends " + std::to_string(index));
+    return ops().mark_sends(index);
+  }
+  Status wait_sends(int index, StreamHandle stream) override {
+    note("wait_sends " + std::to_string(index) + (stream == lane() ? " lane" : " caller"));
+    return ops().wait_sends(index, stream);
+  }
+  Status join_sends(StreamHandle stream) override {
+    note(std::string("join_sends") + (stream == lane() ? " lane" : " caller"));
+    return ops().join_sends(stream);
+  }
+  static std::string address(const void* p) {
+    return std::to_string(reinterpret_cast<uintptr_t>(p));
+  }
+  void note(std::string entry) {
+    if (log_ != nullptr) log_->push_back(std::move(entry));
+  }
+  std::vector<std::string>* log_;
+};
+
+// "" when `log` (rank 0's calls) keeps the send lane's rules, else the first break and where.
+std::string lane_rule_break(const std::vector<std::string>& log) {
+  std::string packed, slot[2];
+  int waited = -1, puts = 0, joined_since_put = 0;
+  bool forked = false, marked = true;
+  for (size_t i = 0; i < log.size(); ++i) {
+    const std::string& e = log[i];
+    const std::string at = " at call " + std::to_string(i) + " (" + e + ")";
+    const int turn = puts % 2;
+    if (e.rfind("wait_sends ", 0) == 0) {
+      if (e != "wait_sends " + std::to_string(turn) + " caller") return "wrong turn wait" + at;
+      if (!marked) return "waited before the last put was marked" + at;
+      waited = turn;
+    } else if (e.rfind("pack ", 0) == 0) {
+      if (waited != turn) return "packed without waiting for its slot's last put" + at;
+      if (e.size() < 7 || e.substr(e.size() - 7) != " caller") return "packed off the caller" + at;
+      packed = e.substr(5, e.size() - 12);
+      if (slot[turn].empty()) slot[turn] = packed;
+      if (packed != slot[turn]) return "a turn's slot moved" + at;
+      if (!slot[1 - turn].empty() && slot[1 - turn] == packed) return "one slot for both" + at;
+      forked = false;
+    } else if (e == "fork_sends") {
+      if (packed.empty()) return "forked before packing" + at;
+      forked = true;
+    } else if (e.rfind("put_signal ", 0) == 0) {
+      if (e != "put_signal " + packed + " lane") return "put not from the lane's packed slot" + at;
+      if (!forked) return "put before the lane was forked after the pack" + at;
+      packed.clear();
+      waited = -1;
+      marked = false;
+      joined_since_put = 0;
+      ++puts;
+    } else if (e.rfind("mark_sends ", 0) == 0) {
+      if (e != "mark_sends " + std::to_string((puts + 1) % 2)) return "wrong mark" + at;
+      marked = true;
+    } else if (e == "join_sends caller") {
+      ++joined_since_put;
+    } else if (e.rfind("signal", 0) == 0) {
+      if (e != "signal caller") return "a signal off the caller's stream" + at;
+      if (puts > 0 && joined_since_put == 0) return "a signal before joining the lane" + at;
+    } else {
+      return "unexpected record" + at;
+    }
+  }
+  if (puts < 4) return "only " + std::to_string(puts) + " puts recorded";
+  return "";
+}
+
+TEST(Streamed, DevicePutsLeaveFromTheSendLaneInTurnAndSignalsWaitForIt) {
+  const int world_size = 2;
+  auto world = mem::MemWorld::create(world_size, mem_options_for(Scheme::kStreamedDevice, 30));
+  std::vector<std::string> log;
+  const auto outcome = run_threads(world_size, [&](int rank) -> std::string {
+    Communicator comm(std::make_unique<LaneRecorder>(world->join(rank), rank == 0 ? &log : nullptr),
+                      comm_options_for(Scheme::kStreamedDevice, world_size));
+    // 600 fp32 per owner: 2,400 bytes, ten chunks of the test budget's 256-byte payloads.
+    const size_t count = 600;
+    auto acc = comm.allocate(count, DataType::kFloat32, true);
+    if (!acc.ok()) return acc.status().message();
+    std::vector<float> src(world_size * count), sums(src.size());
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i % 7 + rank);
+    for (int minibatch = 0; minibatch < 2; ++minibatch) {
+      if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+      for (int push = 0; push < 2; ++push) {
+        if (Status s = comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32,
+                                               acc.value(), nullptr);
+            !s.ok()) {
+          return s.message();
+        }
+        if (push == 0) {  // a collective inside the minibatch: its meeting's signals too
+          if (Status s = comm.barrier(nullptr); !s.ok()) return s.message();
+        }
+      }
+      if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+    }
+    if (Status s = comm.gather(sums.data(), sums.size(), acc.value(), nullptr); !s.ok()) {
+      return s.message();
+    }
+    for (size_t i = 0; i < sums.size(); ++i) {  // the last minibatch: two pushes of ranks 0, 1
+      const float want = 4.0f * static_cast<float>(i % 7) + 2.0f;
+      if (sums[i] != want) return "sum " + std::to_string(i) + " is " + std::to_string(sums[i]);
+    }
+    return "";
+  });
+  ASSERT_EQ(describe(outcome), "");
+  EXPECT_EQ(lane_rule_break(log), "");
+}
+
 // A progress pass copies the fold table when it is enqueued; a peer may push into an accumulator
 // allocated since (it pushes once its own allocation returned, before this rank set its table).
 // The pass leaves such a chunk to the caller's folds, which know the accumulator, instead of
@@ -1448,9 +1606,9 @@ TEST(Streamed, RandomProgramsTinyBudgets) {
       auto g = RingGeometry::for_budget(budget, world_size);
       ASSERT_TRUE(g.ok());
       ASSERT_EQ(g.value().depth, slots);
-      // The device's steps also take one outbox slot and three words per sender (and a counter)
+      // The device's steps also take two outbox slots and three words per sender (and a counter)
       // from the budget.
-      const size_t device_budget = budget + 320 + (3 * static_cast<size_t>(world_size) + 1) * 8;
+      const size_t device_budget = budget + 2 * 320 + (3 * static_cast<size_t>(world_size) + 1) * 8;
       for (uint32_t seed = 1; seed <= 3; ++seed) {
         random_program(Scheme::kStreamed, world_size, budget, seed, 8);
         random_program(Scheme::kStreamedDevice, world_size, device_budget, seed, 8);

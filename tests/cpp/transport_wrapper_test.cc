@@ -118,6 +118,13 @@ class ProbeTransport final : public Transport, private DeviceStagingOps {
     return record("pack_chunk");
   }
   Status read_local(void*, const void*, size_t) override { return record("read_local"); }
+  Result<StreamHandle> fork_sends(StreamHandle stream) override {
+    note("fork_sends");
+    return stream;
+  }
+  Status mark_sends(int) override { return record("mark_sends"); }
+  Status wait_sends(int, StreamHandle) override { return record("wait_sends"); }
+  Status join_sends(StreamHandle) override { return record("join_sends"); }
 
   void note(const char* name) { calls_->push_back(name); }
   Status record(const char* name) {
@@ -203,6 +210,10 @@ std::vector<Call> every_call(const SymmetricRegion* region, float* data) {
       {"pack_chunk",
        [data](Transport& t) { return staging_of(t).pack_chunk(data, kHeader, data, 4, kStream); }},
       {"read_local", [data](Transport& t) { return staging_of(t).read_local(data, data, 4); }},
+      {"fork_sends", [](Transport& t) { return status_of(staging_of(t).fork_sends(kStream)); }},
+      {"mark_sends", [](Transport& t) { return staging_of(t).mark_sends(1); }},
+      {"wait_sends", [](Transport& t) { return staging_of(t).wait_sends(1, kStream); }},
+      {"join_sends", [](Transport& t) { return staging_of(t).join_sends(kStream); }},
   };
 }
 

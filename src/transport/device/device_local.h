@@ -6,6 +6,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -148,8 +149,10 @@ struct DeviceLocal {
   }
 };
 
-// A device transport's background stream (Transport::fork_background): its own non-blocking
-// stream, ordered after the caller's stream by events. Made at the first fork.
+// A stream of a device transport's own beside the caller's (the background stream of
+// Transport::fork_background, the device staging's send lane): non-blocking, ordered after the
+// caller's stream by events, and the caller's after it likewise (join, or a mark). Made at the
+// first fork.
 class BackgroundStream {
  public:
   explicit BackgroundStream(int device) : device_(device) {}
@@ -160,6 +163,9 @@ class BackgroundStream {
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
     if (forked_ != nullptr) cudaEventDestroy(forked_);
     if (done_ != nullptr) cudaEventDestroy(done_);
+    for (cudaEvent_t mark : marks_) {
+      if (mark != nullptr) cudaEventDestroy(mark);
+    }
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
   // Work enqueued on the returned stream runs after everything on `stream` so far.
@@ -184,12 +190,39 @@ class BackgroundStream {
     ODC_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), done_, 0));
     return Status::Ok();
   }
+  // Marks: what this stream has enqueued so far is mark `index` (< kMarks), until marked again;
+  // wait_mark() makes another stream wait for the mark as last set (none set: no wait). So a
+  // caller may wait for an earlier point of this stream than join() would.
+  static constexpr int kMarks = 2;
+  Status mark(int index) {
+    if (stream_ == nullptr || index < 0 || index >= kMarks) {
+      return Status::InternalError("a mark " + std::to_string(index) + " of a stream " +
+                                   (stream_ == nullptr ? "never forked" : "beyond its marks"));
+    }
+    DeviceGuard guard(device_);
+    cudaEvent_t& event = marks_[static_cast<size_t>(index)];
+    if (event == nullptr) ODC_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    ODC_CUDA_CHECK(cudaEventRecord(event, stream_));
+    return Status::Ok();
+  }
+  Status wait_mark(int index, void* stream) {
+    if (index < 0 || index >= kMarks) {
+      return Status::InternalError("a wait for mark " + std::to_string(index) + " of " +
+                                   std::to_string(kMarks));
+    }
+    const cudaEvent_t event = marks_[static_cast<size_t>(index)];
+    if (event == nullptr) return Status::Ok();  // never marked: nothing to wait for
+    DeviceGuard guard(device_);
+    ODC_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), event, 0));
+    return Status::Ok();
+  }
 
  private:
   int device_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t forked_ = nullptr;
   cudaEvent_t done_ = nullptr;
+  std::array<cudaEvent_t, kMarks> marks_{};
 };
 
 }  // namespace odc::cuda

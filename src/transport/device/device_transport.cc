@@ -73,7 +73,8 @@ DeviceTransport::DeviceTransport(std::shared_ptr<Bootstrap> bootstrap, int devic
       bootstrap_(std::move(bootstrap)),
       device_(device),
       timeout_ns_(timeout_nanoseconds(timeout)),
-      background_(device) {}
+      background_(device),
+      sends_(device) {}
 
 DeviceTransport::~DeviceTransport() {
   DeviceGuard guard(device_);
@@ -229,6 +230,22 @@ Result<StreamHandle> DeviceTransport::fork_background(StreamHandle stream) {
 
 Status DeviceTransport::join_background(StreamHandle stream) {
   return background_.join(stream);
+}
+
+Result<StreamHandle> DeviceTransport::fork_sends(StreamHandle stream) {
+  return sends_.fork(stream);
+}
+
+Status DeviceTransport::mark_sends(int index) {
+  return sends_.mark(index);
+}
+
+Status DeviceTransport::wait_sends(int index, StreamHandle stream) {
+  return sends_.wait_mark(index, stream);
+}
+
+Status DeviceTransport::join_sends(StreamHandle stream) {
+  return sends_.join(stream);
 }
 
 Result<bool> DeviceTransport::fold_streamed_if_idle(const kernels::StreamedFold& fold,

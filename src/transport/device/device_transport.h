@@ -83,6 +83,11 @@ class DeviceTransport : public Transport, private DeviceStagingOps {
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
                     StreamHandle stream) final;
   Status read_local(void* host_dst, const void* src, size_t bytes) final;
+  // The send lane: a stream of its own (sends_), marks as cuda::BackgroundStream's.
+  Result<StreamHandle> fork_sends(StreamHandle stream) final;
+  Status mark_sends(int index) final;
+  Status wait_sends(int index, StreamHandle stream) final;
+  Status join_sends(StreamHandle stream) final;
 
  protected:
   // Nothing touches the device until init_device_state().
@@ -116,6 +121,8 @@ class DeviceTransport : public Transport, private DeviceStagingOps {
   }
   // The background stream, null before the first fork_background().
   cudaStream_t background_stream() const { return background_.stream(); }
+  // The device staging's send lane, null before the first fork_sends().
+  cudaStream_t sends_stream() const { return sends_.stream(); }
 
  private:
   std::shared_ptr<Bootstrap> bootstrap_;
@@ -127,6 +134,7 @@ class DeviceTransport : public Transport, private DeviceStagingOps {
   // Recorded after each fold_streamed_if_idle() (null before the first).
   cudaEvent_t idle_fold_done_ = nullptr;
   cuda::BackgroundStream background_;  // destroyed first: its stream may still read error_
+  cuda::BackgroundStream sends_;       // the send lane (fork_sends), likewise
   // compare_swap(): its stream and pinned mapped jobs and old values (room for claim_capacity_
   // ops), made at the first call.
   cudaStream_t claim_stream_ = nullptr;

@@ -102,6 +102,22 @@ Status FaultTransport::read_local(void* host_dst, const void* src, size_t bytes)
   return inner().device_staging()->read_local(host_dst, src, bytes);
 }
 
+Result<StreamHandle> FaultTransport::fork_sends(StreamHandle stream) {
+  return inner().device_staging()->fork_sends(stream);
+}
+
+Status FaultTransport::mark_sends(int index) {
+  return inner().device_staging()->mark_sends(index);
+}
+
+Status FaultTransport::wait_sends(int index, StreamHandle stream) {
+  return inner().device_staging()->wait_sends(index, stream);
+}
+
+Status FaultTransport::join_sends(StreamHandle stream) {
+  return inner().device_staging()->join_sends(stream);
+}
+
 Result<bool> FaultTransport::fold_streamed_if_idle(const kernels::StreamedFold& fold,
                                                    StreamHandle stream) {
   if (dead_) return Status::RemoteError("this rank died earlier (injected)");

@@ -120,6 +120,11 @@ class FaultTransport final : public TransportWrapper, private DeviceStagingOps {
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
                     StreamHandle stream) override;
   Status read_local(void* host_dst, const void* src, size_t bytes) override;
+  // The send lane's stream order, forwarded without counting (no fault is planned on them).
+  Result<StreamHandle> fork_sends(StreamHandle stream) override;
+  Status mark_sends(int index) override;
+  Status wait_sends(int index, StreamHandle stream) override;
+  Status join_sends(StreamHandle stream) override;
 
   FaultPlan plan_;
   std::function<void()> die_;

@@ -149,9 +149,10 @@ Status NvshmemTransport::allocate_control_words() {
   auto words = allocate(slots_bytes);
   if (!words.ok()) return words.status();
   barrier_words_ = std::move(words).value();
-  // Two halves: the caller's streams' signals, and the background stream's (the node cache's
-  // ready words), so that a value stored for one is never put by the other.
-  auto outbox = allocate(2 * slots_bytes);
+  // Three parts: the caller's streams' signals, the background stream's (the node cache's ready
+  // words) and the send lane's (the streamed staging's arrivals), so that a value stored for one
+  // is never put by another.
+  auto outbox = allocate(kSignalOutboxParts * slots_bytes);
   if (!outbox.ok()) return outbox.status();
   outbox_ = std::move(outbox).value();
   auto barrier_outbox = allocate(slots_bytes);
@@ -385,11 +386,14 @@ Status NvshmemTransport::send_signal(uint64_t* signal, uint64_t value, int peer,
   // before the signal is sent. The value goes out from this rank's outbox slot for `peer`
   // (symmetric memory, as remote transports need), reusable once the put completes in stream
   // order. Values fit in 32 bits in practice, so a torn 8-byte write cannot fake a larger one.
-  // The background stream has its own half: its puts and the caller's run concurrently.
+  // The background stream and the send lane have parts of their own: their puts and the
+  // caller's run concurrently.
   nvshmemx_quiet_on_stream(stream);
-  const bool background = background_stream() != nullptr && stream == background_stream();
-  const size_t half = background ? static_cast<size_t>(world_size()) : 0;
-  uint64_t* slot = static_cast<uint64_t*>(outbox_->local()) + half + peer;
+  size_t part = 0;
+  if (background_stream() != nullptr && stream == background_stream()) part = 1;
+  if (sends_stream() != nullptr && stream == sends_stream()) part = 2;
+  uint64_t* slot = static_cast<uint64_t*>(outbox_->local()) +
+                   part * static_cast<size_t>(world_size()) + static_cast<size_t>(peer);
   ODC_CUDA_CHECK(store_u64(slot, value, stream));
   nvshmemx_putmem_on_stream(signal, slot, sizeof(uint64_t), peer, stream);
   ODC_CUDA_CHECK(cudaGetLastError());

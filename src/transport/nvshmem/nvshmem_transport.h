@@ -130,7 +130,9 @@ class NvshmemTransport final : public device::DeviceTransport {
   // world_size uint64 slots per rank: slot p holds the barrier word rank p last announced here.
   std::unique_ptr<SymmetricRegion> barrier_words_;
   std::unique_ptr<SymmetricRegion> barrier_outbox_;  // the words this rank announced, per peer
-  // Signal values sent as puts, per peer: the caller's streams', then the background stream's.
+  // Signal values sent as puts, per peer: the caller's streams', then the background stream's,
+  // then the send lane's (DeviceStagingOps::fork_sends).
+  static constexpr size_t kSignalOutboxParts = 3;
   std::unique_ptr<SymmetricRegion> outbox_;
   // The copy kernel's per-job block counters (device memory, kernels::kMaxRanks of them).
   struct CudaFree {
