@@ -19,7 +19,8 @@ host time too, so only the arms' difference and the profile mean anything.
 
   python dev/gpu/host_floor.py [--preset 1.5b] [--tokens 512,2048,8192,32768]
       [--microbatches 4] [--minibatches 3] [--arms fsdp2,odc] [--compile on|off|both]
-      [--profile] [--cpu] [--rounds N] [--attribute] [--ranks N]
+      [--profile] [--cpu] [--rounds N] [--attribute] [--ranks N] [--kernels]
+      [--checkpoint-inside]
 
 The loss column is the warm-up minibatch's mean token loss (rank 0): the same data in every arm
 and mode, so compiled and eager, FSDP2 and odc must agree to bf16's precision. "warm-up s" is
@@ -74,11 +75,12 @@ def _is_data_movement(name: str) -> bool:
     return "nccl" in name.lower() or "odc::" in name or name.startswith(("Memcpy", "Memset"))
 
 
-def _busy_seconds(run):
+def _busy_seconds(run, kernels=None):
     """(compute, data movement): how long the GPU ran `run`'s kernels, as the union of their
     intervals on the device's timeline (torch's profiler), compute kernels apart from NCCL's and
     odc's transfers and copies. A sum of kernel times would count overlapping streams twice and
-    a collective's wait for its peers as work."""
+    a collective's wait for its peers as work. With a dict `kernels`, also adds there per kernel
+    name (data movement by name, compute as one row) [count, summed microseconds]."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -89,8 +91,41 @@ def _busy_seconds(run):
     for event in prof.events():
         if event.device_type == DeviceType.CUDA:
             span = (event.time_range.start, event.time_range.end)
-            (moving if _is_data_movement(event.name) else compute).append(span)
+            is_moving = _is_data_movement(event.name)
+            (moving if is_moving else compute).append(span)
+            if kernels is not None:
+                row = kernels.setdefault(event.name[:60] if is_moving else "(compute)", [0, 0.0])
+                row[0] += 1
+                row[1] += span[1] - span[0]
     return _union_seconds(compute), _union_seconds(moving)
+
+
+def _checkpointed_block_forward(layer, *args, **kwargs):
+    """A block's forward inside torch's checkpoint, compiled as one function (--checkpoint
+    inside: the block's own checkpointing turned off, type(layer).forward runs it as is)."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    forward = functools.partial(type(layer).forward, layer)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def _compile_checkpoint_inside(model) -> None:
+    """odc.train's compile_blocks (dynamic token dimension) with the checkpoint inside the compiled
+    function instead of around the block's __call__ (docs/benchmarks.md, section 5)."""
+    import types
+
+    import torch._dynamo.config as dynamo_config
+
+    from odc.train.model import RECOMPILE_LIMIT
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+    for layer in model.layers:
+        layer.gradient_checkpointing = False
+        layer.forward = torch.compile(
+            types.MethodType(_checkpointed_block_forward, layer), dynamic=True
+        )
 
 
 # Where the two arms' code differs, timed on whatever thread runs it (the autograd engine's device
@@ -175,7 +210,8 @@ def _time_differences(arm: str, totals: dict) -> None:
 
 
 def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, minibatches,
-          profile, on_cpu, compiled, attribute):  # fmt: skip
+          profile, on_cpu, compiled, attribute, kernels=False,
+          checkpoint_inside=False):  # fmt: skip
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -210,7 +246,13 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
         model.gradient_checkpointing_enable()
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         # The blocks compiled after fully_shard, as odc.train does.
-        compiled = shard_blocks(model, compile=compiled, mp_policy=policy, **shard_options)
+        inside = checkpoint_inside and compiled and not on_cpu
+        compiled = shard_blocks(
+            model, compile=compiled and not inside, mp_policy=policy, **shard_options
+        )
+        if inside:
+            _compile_checkpoint_inside(model)
+            compiled = True
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-6)
         # Lines the ranks up before each measured microbatch (a group of its own, which odc.torch
         # is told of: a collective inside a minibatch is otherwise refused).
@@ -245,6 +287,7 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
                     losses.append(loss_sum.detach())
 
             walls, hosts, busy = [], [], []  # busy: (compute, moving) seconds
+            kernel_rows = {} if kernels and rank == 0 else None  # the profiled microbatches
             parts = []  # per measured microbatch: {part: host seconds}
 
             def run_minibatch(measure: bool):
@@ -259,7 +302,7 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
                     dist.barrier(group=align)  # ranks start each microbatch together
                     started = time.perf_counter()
                     if measure and not on_cpu and index == 0:
-                        busy.append(_busy_seconds(microbatch))
+                        busy.append(_busy_seconds(microbatch, kernel_rows))
                         continue
                     before = dict(totals)
                     microbatch()
@@ -289,6 +332,15 @@ def _rank(rank, world_size, key, store, arm, preset, tokens_list, microbatches, 
                 text = io.StringIO()
                 pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(20)
                 profile_text = (profile_text or "") + f"--- {tokens} tokens\n" + text.getvalue()
+            if kernel_rows:
+                lines = [
+                    f"--- {tokens} tokens, kernels per profiled microbatch (rank 0): count, ms"
+                ]
+                for name, (count, us) in sorted(kernel_rows.items(), key=lambda r: -r[1][1]):
+                    lines.append(
+                        f"  {count / minibatches:8.1f} {us / 1e3 / minibatches:9.2f}  {name}"
+                    )
+                profile_text = (profile_text or "") + "\n".join(lines) + "\n"
             loss = sum(float(x) for x in losses) / (tokens * len(losses))
             rows[tokens] = (walls, hosts, busy, loss, warm_up_seconds, parts)
         return rows, profile_text, compiled
@@ -322,6 +374,18 @@ def main(argv=None) -> int:
         "odc.train's default; both: each arm eager, then compiled)",
     )
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even with a GPU")
+    parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="also list the profiled microbatch's kernels (rank 0): NCCL's, odc's and the copies "
+        "by name, compute as one row; count and device ms per microbatch",
+    )
+    parser.add_argument(
+        "--checkpoint-inside",
+        action="store_true",
+        help="compiled blocks with torch's checkpoint inside the compiled function instead of "
+        "around the block (an experiment: docs/benchmarks.md, section 5)",
+    )
     parser.add_argument(
         "--ranks",
         type=int,
@@ -382,7 +446,7 @@ def main(argv=None) -> int:
                     out = odc.launch(
                         _rank, ranks, os.path.join(folder, "store"), arm, args.preset, tokens,
                         args.microbatches, args.minibatches, args.profile, on_cpu, compiled,
-                        args.attribute, timeout=3000,
+                        args.attribute, args.kernels, args.checkpoint_inside, timeout=3000,
                     )  # fmt: skip
                 blocks = blocks_of[compiled] = "compiled" if out[0][2] else "eager"
                 for size in tokens:
@@ -408,7 +472,7 @@ def main(argv=None) -> int:
                         flush=True,
                     )
                 if out[0][1]:
-                    print(f"=== {arm} ({blocks}), round {round_index + 1}, rank 0, cProfile")
+                    print(f"=== {arm} ({blocks}), round {round_index + 1}, rank 0, profiles")
                     sys.stdout.write(out[0][1])
     for (arm, blocks, size), (walls, hosts, busy, losses, warm_ups, _) in cells.items():
         compute, moving = [b[0] for b in busy], [b[1] for b in busy]
