@@ -14,6 +14,9 @@ size_t fold_words(int world_size) {
   return 3 * static_cast<size_t>(world_size) + 1;
 }
 
+// Each outbox slot's last put is one of the send lane's marks (DeviceStagingOps::mark_sends).
+static_assert(DeviceStreamedStaging::kOutboxSlots == 2, "the send lane keeps two marks");
+
 // What the device variant holds beyond the rings and the five signal regions RingGeometry
 // counts: the fold's words and the outbox slots.
 size_t extra_bytes(const RingGeometry& geometry, int world_size) {
@@ -248,22 +251,36 @@ Status DeviceStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t
   // Packed on the caller's stream (which then may reuse `data`) into the outbox slot after the
   // last one, once the lane's put of the chunk packed there before has run; put from the lane,
   // so that it moves while the caller's stream packs the next chunk or adds the push's own slice.
-  const int turn = static_cast<int>(chunks_sent_ % kOutboxSlots);
+  const int turn = static_cast<int>(outbox_turns_ % kOutboxSlots);
   char* outbox = static_cast<char*>(region(kOutbox).local()) + turn * geometry_.slot_bytes;
   ODC_RETURN_IF_ERROR(device_.wait_sends(turn, stream));
   ODC_RETURN_IF_ERROR(device_.pack_chunk(
       outbox, chunk_header(sequence, buffer_id, first, count, dtype), data, bytes, stream));
   auto lane = device_.fork_sends(stream);
   if (!lane.ok()) return lane.status();
+  lane_joined_.reset();
   const size_t slot = geometry_.slot_offset(rank_, sequence);
   // The signal follows its data: the owner sees the chunk whole. One lane: every put to an owner
   // lands in sequence order, so an arrival signal never runs ahead of an earlier chunk's data.
-  ODC_RETURN_IF_ERROR(transport_.put_signal(outbox, region(kRings), owner, slot,
-                                            kChunkHeaderBytes + bytes, region(kArrivals), sequence,
-                                            lane.value()));
-  ODC_RETURN_IF_ERROR(device_.mark_sends(turn));
+  const Status put =
+      transport_.put_signal(outbox, region(kRings), owner, slot, kChunkHeaderBytes + bytes,
+                            region(kArrivals), sequence, lane.value());
+  // Marked and turned whatever the put returned: one queued before its error surfaced still
+  // reads this slot, so the next pack into it must wait for it.
+  const Status marked = device_.mark_sends(turn);
+  ++outbox_turns_;
+  ODC_RETURN_IF_ERROR(put);
+  ODC_RETURN_IF_ERROR(marked);
   sent_[o] = sequence;
   ++chunks_sent_;
+  return Status::Ok();
+}
+
+Status DeviceStreamedStaging::join_sends(StreamHandle stream) {
+  // Once per stream and batch of puts: minibatch_end ends the sequence at every owner in turn.
+  if (lane_joined_.has_value() && *lane_joined_ == stream) return Status::Ok();
+  ODC_RETURN_IF_ERROR(device_.join_sends(stream));
+  lane_joined_ = stream;
   return Status::Ok();
 }
 
@@ -277,7 +294,7 @@ Status DeviceStreamedStaging::end_at(int owner, StreamHandle stream) {
   const auto o = static_cast<size_t>(owner);
   sent_[o] += 1;
   // After every chunk's put (the lane's): the end covers them all.
-  ODC_RETURN_IF_ERROR(device_.join_sends(stream));
+  ODC_RETURN_IF_ERROR(join_sends(stream));
   ODC_RETURN_IF_ERROR(transport_.signal(region(kEndSequences), owner, sent_[o], stream));
   return transport_.signal(region(kEndMarks), owner, minibatch_, stream);
 }
@@ -298,7 +315,7 @@ Status DeviceStreamedStaging::wait_ends(int from, int to, StreamHandle stream) {
 Status DeviceStreamedStaging::meet(const char*, StreamHandle stream) {
   ++meetings_entered_;
   // Everything put before a meeting is there once it is over: the lane's puts first.
-  ODC_RETURN_IF_ERROR(device_.join_sends(stream));
+  ODC_RETURN_IF_ERROR(join_sends(stream));
   for (int i = 0; i < world_size_; ++i) {
     const int peer = (rank_ + 1 + i) % world_size_;
     if (peer != rank_) {

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "core/device_staging_ops.h"
@@ -111,6 +112,9 @@ class DeviceStreamedStaging final : public StreamedStaging {
   Status fold_beside();
   // That pass, enqueued (progress_mutex_ held).
   Status enqueue_pass();
+  // `stream` waits for the send lane's puts so far (DeviceStagingOps::join_sends), unless it
+  // already did since the last chunk was sent.
+  Status join_sends(StreamHandle stream);
 
   Transport& transport_;
   DeviceStagingOps& device_;  // transport_.device_staging(): folds, packing, local reads
@@ -119,6 +123,9 @@ class DeviceStreamedStaging final : public StreamedStaging {
   std::vector<uint64_t> sent_;  // per owner: the last sequence used there (chunk or end)
   uint64_t meetings_entered_ = 0;
   size_t bytes_since_pass_ = 0;  // sent since the last pass beside the sends (send_chunk)
+  uint64_t outbox_turns_ = 0;    // chunks packed so far: the next one's outbox slot is this % 2
+  // The stream that last joined the send lane, unset once a chunk went out after it.
+  std::optional<StreamHandle> lane_joined_;
 
   // The progress thread's side. Written by the caller's thread under progress_mutex_ (with
   // targets_ and minibatch_, which the passes read), read by the progress thread under it.

@@ -15,6 +15,7 @@
 #include <future>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -1205,25 +1206,29 @@ TEST(Streamed, DeviceFoldRefusesOneAccumulatorTooManyAndGoesOn) {
 
 // The device staging's puts leave from the transport's send lane, packed into the two outbox
 // slots in turn (each packed only once the lane's put of the chunk packed there before has run),
-// and the end's and the meetings' signals wait for the lane: what a device transport's streams
-// rely on (DeviceStagingOps::fork_sends). Rank 0's calls are recorded over the in-memory
-// transport (whose streams are the caller's order; the lane gets a handle of its own here).
+// and the end's and the meetings' signals wait for the lane on their own stream: what a device
+// transport's streams rely on (DeviceStagingOps::fork_sends). Rank 0's calls are recorded over
+// the in-memory transport (calls complete on return, streams are only names there): the caller
+// passes a stream of its own per kind of call, and the lane gets a handle of its own.
 class LaneRecorder final : public TransportWrapper, private DeviceStagingOps {
  public:
   LaneRecorder(std::unique_ptr<Transport> inner, std::vector<std::string>* log)
       : TransportWrapper(std::move(inner)), log_(log) {}
   static StreamHandle lane() { return reinterpret_cast<StreamHandle>(uintptr_t{0x1a4e}); }
+  static std::string name(StreamHandle stream) {
+    return stream == lane() ? "lane" : std::to_string(reinterpret_cast<uintptr_t>(stream));
+  }
 
   DeviceStagingOps* device_staging() override { return this; }
   Status put_signal(const void* src, const SymmetricRegion& region, int peer, size_t offset,
                     size_t bytes, const SymmetricRegion& signals, uint64_t value,
                     StreamHandle stream) override {
-    note("put_signal " + address(src) + (stream == lane() ? " lane" : " caller"));
+    note("put_signal " + address(src) + " " + name(stream));
     return inner().put_signal(src, region, peer, offset, bytes, signals, value, stream);
   }
   Status signal(const SymmetricRegion& signals, int peer, uint64_t value,
                 StreamHandle stream) override {
-    note(std::string("signal") + (stream == lane() ? " lane" : " caller"));
+    note("signal - " + name(stream));
     return inner().signal(signals, peer, value, stream);
   }
 
@@ -1238,28 +1243,28 @@ class LaneRecorder final : public TransportWrapper, private DeviceStagingOps {
   }
   Status pack_chunk(void* dst, const kernels::ChunkHeader& header, const void* src, size_t bytes,
                     StreamHandle stream) override {
-    note("pack " + address(dst) + (stream == lane() ? " lane" : " caller"));
+    note("pack " + address(dst) + " " + name(stream));
     return ops().pack_chunk(dst, header, src, bytes, stream);
   }
   Status read_local(void* host_dst, const void* src, size_t bytes) override {
     return ops().read_local(host_dst, src, bytes);
   }
   Result<StreamHandle> fork_sends(StreamHandle stream) override {
-    note("fork_sends");
+    note("fork_sends - " + name(stream));
     auto forked = ops().fork_sends(stream);
     if (!forked.ok()) return forked;
     return lane();
   }
   Status mark_sends(int index) override {
-    note("mark_sends " + std::to_string(index));
+    note("mark_sends " + std::to_string(index) + " lane");
     return ops().mark_sends(index);
   }
   Status wait_sends(int index, StreamHandle stream) override {
-    note("wait_sends " + std::to_string(index) + (stream == lane() ? " lane" : " caller"));
+    note("wait_sends " + std::to_string(index) + " " + name(stream));
     return ops().wait_sends(index, stream);
   }
   Status join_sends(StreamHandle stream) override {
-    note(std::string("join_sends") + (stream == lane() ? " lane" : " caller"));
+    note("join_sends - " + name(stream));
     return ops().join_sends(stream);
   }
   static std::string address(const void* p) {
@@ -1271,46 +1276,57 @@ class LaneRecorder final : public TransportWrapper, private DeviceStagingOps {
   std::vector<std::string>* log_;
 };
 
-// "" when `log` (rank 0's calls) keeps the send lane's rules, else the first break and where.
+// "" when `log` (one rank's calls, each "call argument stream") keeps the send lane's rules,
+// else the first break and where: per chunk, on one caller stream, a wait for the lane's mark
+// of the slot's turn, the pack into that turn's slot (its own, never the other turn's), the
+// lane forked from that stream; the put from that slot on the lane, then that turn's mark; and
+// no signal on a stream that has not joined the lane since the last put.
 std::string lane_rule_break(const std::vector<std::string>& log) {
-  std::string packed, slot[2];
-  int waited = -1, puts = 0, joined_since_put = 0;
+  std::string packed, slot[2], caller;
+  std::vector<std::string> joined;  // streams joined since the last put
+  int waited = -1, puts = 0;
   bool forked = false, marked = true;
   for (size_t i = 0; i < log.size(); ++i) {
-    const std::string& e = log[i];
-    const std::string at = " at call " + std::to_string(i) + " (" + e + ")";
+    std::istringstream words(log[i]);
+    std::string call, argument, stream;
+    words >> call >> argument >> stream;
+    const std::string at = " at call " + std::to_string(i) + " (" + log[i] + ")";
     const int turn = puts % 2;
-    if (e.rfind("wait_sends ", 0) == 0) {
-      if (e != "wait_sends " + std::to_string(turn) + " caller") return "wrong turn wait" + at;
+    if (call == "wait_sends") {
+      if (argument != std::to_string(turn) || stream == "lane") return "wrong wait" + at;
       if (!marked) return "waited before the last put was marked" + at;
       waited = turn;
-    } else if (e.rfind("pack ", 0) == 0) {
+      caller = stream;
+    } else if (call == "pack") {
       if (waited != turn) return "packed without waiting for its slot's last put" + at;
-      if (e.size() < 7 || e.substr(e.size() - 7) != " caller") return "packed off the caller" + at;
-      packed = e.substr(5, e.size() - 12);
+      if (stream != caller) return "packed on another stream than it waited on" + at;
+      packed = argument;
       if (slot[turn].empty()) slot[turn] = packed;
       if (packed != slot[turn]) return "a turn's slot moved" + at;
-      if (!slot[1 - turn].empty() && slot[1 - turn] == packed) return "one slot for both" + at;
+      if (slot[1 - turn] == packed) return "one slot for both turns" + at;
       forked = false;
-    } else if (e == "fork_sends") {
+    } else if (call == "fork_sends") {
       if (packed.empty()) return "forked before packing" + at;
+      if (stream != caller) return "forked from another stream than it packed on" + at;
       forked = true;
-    } else if (e.rfind("put_signal ", 0) == 0) {
-      if (e != "put_signal " + packed + " lane") return "put not from the lane's packed slot" + at;
+    } else if (call == "put_signal") {
+      if (argument != packed || stream != "lane") return "put not from the packed slot" + at;
       if (!forked) return "put before the lane was forked after the pack" + at;
       packed.clear();
       waited = -1;
       marked = false;
-      joined_since_put = 0;
+      joined.clear();
       ++puts;
-    } else if (e.rfind("mark_sends ", 0) == 0) {
-      if (e != "mark_sends " + std::to_string((puts + 1) % 2)) return "wrong mark" + at;
+    } else if (call == "mark_sends") {
+      if (argument != std::to_string((puts + 1) % 2)) return "wrong mark" + at;
       marked = true;
-    } else if (e == "join_sends caller") {
-      ++joined_since_put;
-    } else if (e.rfind("signal", 0) == 0) {
-      if (e != "signal caller") return "a signal off the caller's stream" + at;
-      if (puts > 0 && joined_since_put == 0) return "a signal before joining the lane" + at;
+    } else if (call == "join_sends") {
+      joined.push_back(stream);
+    } else if (call == "signal") {
+      if (stream == "lane") return "a signal on the lane" + at;
+      if (puts > 0 && std::find(joined.begin(), joined.end(), stream) == joined.end()) {
+        return "a signal on a stream that has not joined the lane since the last put" + at;
+      }
     } else {
       return "unexpected record" + at;
     }
@@ -1319,43 +1335,61 @@ std::string lane_rule_break(const std::vector<std::string>& log) {
   return "";
 }
 
-TEST(Streamed, DevicePutsLeaveFromTheSendLaneInTurnAndSignalsWaitForIt) {
-  const int world_size = 2;
-  auto world = mem::MemWorld::create(world_size, mem_options_for(Scheme::kStreamedDevice, 30));
-  std::vector<std::string> log;
+// Two minibatches of two pushes (a barrier between them) on `world_size` ranks, pretended nodes
+// of `ranks_per_node` with node-aggregated pushes where set; pushes, the barrier and
+// minibatch_end each on a stream of their own. Rank 0's calls go into `log`; checks the sums.
+std::string run_lane_program(int world_size, int ranks_per_node, std::vector<std::string>* log) {
+  auto world = mem::MemWorld::create(world_size,
+                                     mem_options_for(Scheme::kStreamedDevice, 30, ranks_per_node));
+  const auto pushes = reinterpret_cast<StreamHandle>(uintptr_t{0x51});
+  const auto collectives = reinterpret_cast<StreamHandle>(uintptr_t{0x52});
+  const auto ends = reinterpret_cast<StreamHandle>(uintptr_t{0x53});
   const auto outcome = run_threads(world_size, [&](int rank) -> std::string {
-    Communicator comm(std::make_unique<LaneRecorder>(world->join(rank), rank == 0 ? &log : nullptr),
-                      comm_options_for(Scheme::kStreamedDevice, world_size));
+    Communicator comm(std::make_unique<LaneRecorder>(world->join(rank), rank == 0 ? log : nullptr),
+                      comm_options_for(Scheme::kStreamedDevice, world_size, 0,
+                                       /*aggregate=*/ranks_per_node > 0));
     // 600 fp32 per owner: 2,400 bytes, ten chunks of the test budget's 256-byte payloads.
     const size_t count = 600;
     auto acc = comm.allocate(count, DataType::kFloat32, true);
     if (!acc.ok()) return acc.status().message();
-    std::vector<float> src(world_size * count), sums(src.size());
+    const auto world = static_cast<size_t>(world_size);
+    std::vector<float> src(world * count), sums(src.size());
     for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<float>(i % 7 + rank);
     for (int minibatch = 0; minibatch < 2; ++minibatch) {
-      if (Status s = comm.minibatch_begin(nullptr); !s.ok()) return s.message();
+      if (Status s = comm.minibatch_begin(pushes); !s.ok()) return s.message();
       for (int push = 0; push < 2; ++push) {
         if (Status s = comm.scatter_accumulate(src.data(), src.size(), DataType::kFloat32,
-                                               acc.value(), nullptr);
+                                               acc.value(), pushes);
             !s.ok()) {
           return s.message();
         }
         if (push == 0) {  // a collective inside the minibatch: its meeting's signals too
-          if (Status s = comm.barrier(nullptr); !s.ok()) return s.message();
+          if (Status s = comm.barrier(collectives); !s.ok()) return s.message();
         }
       }
-      if (Status s = comm.minibatch_end(nullptr); !s.ok()) return s.message();
+      if (Status s = comm.minibatch_end(ends); !s.ok()) return s.message();
     }
     if (Status s = comm.gather(sums.data(), sums.size(), acc.value(), nullptr); !s.ok()) {
       return s.message();
     }
-    for (size_t i = 0; i < sums.size(); ++i) {  // the last minibatch: two pushes of ranks 0, 1
-      const float want = 4.0f * static_cast<float>(i % 7) + 2.0f;
+    // The last minibatch: two pushes of every rank, i % 7 + rank each.
+    const float ranks = static_cast<float>(world_size * (world_size - 1) / 2);
+    for (size_t i = 0; i < sums.size(); ++i) {
+      const float want = 2.0f * (static_cast<float>(world_size) * (i % 7) + ranks);
       if (sums[i] != want) return "sum " + std::to_string(i) + " is " + std::to_string(sums[i]);
     }
     return "";
   });
-  ASSERT_EQ(describe(outcome), "");
+  return describe(outcome);
+}
+
+TEST(Streamed, DevicePutsLeaveFromTheSendLaneInTurnAndSignalsWaitForIt) {
+  std::vector<std::string> log;
+  ASSERT_EQ(run_lane_program(2, 0, &log), "");
+  EXPECT_EQ(lane_rule_break(log), "");
+  // Node-aggregated pushes: rank 0 also forwards its relay rows at minibatch_end, from the lane.
+  log.clear();
+  ASSERT_EQ(run_lane_program(4, 2, &log), "");
   EXPECT_EQ(lane_rule_break(log), "");
 }
 
