@@ -167,6 +167,7 @@ Status DeviceStreamedStaging::begin(uint64_t minibatch, StreamHandle stream) {
   // after it.
   auto background = transport_.fork_background(stream);
   if (!background.ok()) return background.status();
+  lane_joined_.reset();
   const std::lock_guard<std::mutex> lock(progress_mutex_);
   minibatch_ = minibatch;
   progress_stream_ = background.value();
@@ -277,7 +278,10 @@ Status DeviceStreamedStaging::send_chunk(int owner, uint64_t buffer_id, uint64_t
 }
 
 Status DeviceStreamedStaging::join_sends(StreamHandle stream) {
-  // Once per stream and batch of puts: minibatch_end ends the sequence at every owner in turn.
+  // Once per stream and batch of puts inside one minibatch_end, which ends the sequence at every
+  // owner in turn on one stream from one thread. Not across calls: one handle value may name
+  // another stream there (cudaStreamPerThread on another thread, a stream made anew at a freed
+  // one's address), so wait_ends() and begin() forget the join.
   if (lane_joined_.has_value() && *lane_joined_ == stream) return Status::Ok();
   ODC_RETURN_IF_ERROR(device_.join_sends(stream));
   lane_joined_ = stream;
@@ -300,6 +304,7 @@ Status DeviceStreamedStaging::end_at(int owner, StreamHandle stream) {
 }
 
 Status DeviceStreamedStaging::wait_ends(int from, int to, StreamHandle stream) {
+  lane_joined_.reset();
   {
     const std::lock_guard<std::mutex> lock(progress_mutex_);
     const auto timeout = transport_.timeout();
@@ -314,8 +319,9 @@ Status DeviceStreamedStaging::wait_ends(int from, int to, StreamHandle stream) {
 
 Status DeviceStreamedStaging::meet(const char*, StreamHandle stream) {
   ++meetings_entered_;
-  // Everything put before a meeting is there once it is over: the lane's puts first.
-  ODC_RETURN_IF_ERROR(join_sends(stream));
+  // Everything put before a meeting is there once it is over: the lane's puts first (always:
+  // the join-once of minibatch_end holds only inside one finish()).
+  ODC_RETURN_IF_ERROR(device_.join_sends(stream));
   for (int i = 0; i < world_size_; ++i) {
     const int peer = (rank_ + 1 + i) % world_size_;
     if (peer != rank_) {

@@ -112,8 +112,8 @@ class DeviceStreamedStaging final : public StreamedStaging {
   Status fold_beside();
   // That pass, enqueued (progress_mutex_ held).
   Status enqueue_pass();
-  // `stream` waits for the send lane's puts so far (DeviceStagingOps::join_sends), unless it
-  // already did since the last chunk was sent.
+  // end_at(): `stream` waits for the send lane's puts so far (DeviceStagingOps::join_sends),
+  // unless it already did in this minibatch_end since the last chunk was sent.
   Status join_sends(StreamHandle stream);
 
   Transport& transport_;
@@ -124,7 +124,8 @@ class DeviceStreamedStaging final : public StreamedStaging {
   uint64_t meetings_entered_ = 0;
   size_t bytes_since_pass_ = 0;  // sent since the last pass beside the sends (send_chunk)
   uint64_t outbox_turns_ = 0;    // chunks packed so far: the next one's outbox slot is this % 2
-  // The stream that last joined the send lane, unset once a chunk went out after it.
+  // The stream that last joined the send lane in end_at(), unset once a chunk went out after it
+  // and at each wait_ends() and begin().
   std::optional<StreamHandle> lane_joined_;
 
   // The progress thread's side. Written by the caller's thread under progress_mutex_ (with

@@ -11,8 +11,8 @@
 // Grows with the Transport vtable and class layout (2: split; 3: fold_streamed_if_idle; 4: an
 // intermediate build of 5's branch; 5: get_all narrowing, the device staging's hooks behind
 // device_staging(), rank, world size, caps and timeout as data; 6: TransportSpec carries the
-// resolved SM budget, ranks per node and NVSHMEM settings; 7: a reverted branch's layout; 8: the
-// device staging's send lane, four hooks more and a stream in DeviceTransport).
+// resolved SM budget, ranks per node and NVSHMEM settings; 7: a layout since reverted (d2b102e); 8:
+// the device staging's send lane, four hooks more and a stream in DeviceTransport).
 #define ODC_NVSHMEM_PLUGIN_ABI 8
 #define ODC_NVSHMEM_PLUGIN_NAME "libodc_nvshmem.so"
 
