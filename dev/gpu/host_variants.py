@@ -17,7 +17,6 @@ compare variants within one run.
 """
 
 import argparse
-import functools
 import gc
 import os
 import statistics
@@ -28,7 +27,8 @@ import types
 import torch
 import torch.distributed as dist
 
-from host_floor import _union_seconds  # this folder's: the union of kernel intervals
+# this folder's: the union of kernel intervals, a block's forward inside torch's checkpoint
+from host_floor import _checkpointed_block_forward, _union_seconds
 from odc import _packed_attention as packed_attention_module
 from odc.train import model as train_model
 
@@ -63,15 +63,6 @@ def compare_attention_ops():
         print(f"aten op vs varlen_attn, {name}: max abs difference {diff:.3e}")
 
 
-def _checkpointed_forward(layer, *args, **kwargs):
-    """A block's forward inside torch's checkpoint, compiled as one function (with the block's
-    own checkpointing turned off, type(layer).forward runs the block as is)."""
-    from torch.utils.checkpoint import checkpoint
-
-    forward = functools.partial(type(layer).forward, layer)
-    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-
 def compile_blocks_with(model, inductor):
     """compile_blocks with one of inductor's launch-overhead options: "cpp_wrapper" (the
     generated code launches its kernels from C++ rather than Python) or "cudagraphs" (each block's
@@ -90,7 +81,7 @@ def compile_blocks_with(model, inductor):
             layer.gradient_checkpointing = False
             graphs = inductor.endswith("cudagraphs")
             layer.forward = torch.compile(
-                types.MethodType(_checkpointed_forward, layer),
+                types.MethodType(_checkpointed_block_forward, layer),
                 dynamic=not graphs,
                 mode="reduce-overhead" if graphs else None,
             )
